@@ -1,0 +1,58 @@
+"""coderouterd: the router daemon. `coderouterd [--config PATH] [--host H] [--port N] [--check]`."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import sys
+
+from . import __version__
+
+
+def _args(argv: list[str] | None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(prog="coderouterd", description="Local-first LLM router for coding agents.")
+    ap.add_argument("--config", help="config file (default: $CODEROUTER_CONFIG, the per-OS config file, "
+                                     "else the embedded default)")
+    ap.add_argument("--host", help="override [server] host")
+    ap.add_argument("--port", type=int, help="override [server] port")
+    ap.add_argument("--check", action="store_true", help="validate the configuration and exit")
+    ap.add_argument("--log-level", default=None, help="debug | info | warning | error")
+    ap.add_argument("--version", action="version", version=f"coderouterd {__version__}")
+    return ap.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _args(argv)
+    from .config import ConfigError, load_config
+
+    try:
+        loaded = load_config(args.config)
+    except ConfigError as e:
+        print(f"coderouterd: {e}", file=sys.stderr)
+        return 2
+    server = loaded.model.server
+    if args.host:
+        server.host = args.host
+    if args.port is not None:
+        server.port = args.port
+    if args.host and not server.is_loopback() and not server.api_keys:
+        print(f"coderouterd: server.api_keys: binding {server.host!r} (not loopback) requires client api_keys",
+              file=sys.stderr)
+        return 2
+    if args.check:
+        print(f"coderouterd: configuration OK ({loaded.path})")
+        return 0
+    level = (args.log_level or server.log_level).upper()
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    from .serve import _install_uvloop, serve
+
+    _install_uvloop()
+    try:
+        return asyncio.run(serve(loaded))
+    except KeyboardInterrupt:
+        return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

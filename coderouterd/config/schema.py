@@ -1,0 +1,217 @@
+"""The configuration schema: the TOML keys users and scripts rely on (see config.example.toml)."""
+
+from __future__ import annotations
+
+import ipaddress
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+
+class _Strict(BaseModel):
+    # Unknown keys are errors: a typo in a config file must not be silently ignored.
+    model_config = ConfigDict(extra="forbid")
+
+
+class ServerConfig(_Strict):
+    host: str = "127.0.0.1"
+    port: int = Field(8088, ge=0, le=65535)
+    api_keys: list[str] = []
+    max_body_mb: float = Field(32, gt=0)
+    default_profile: str = "default"
+    ping_interval_s: float = Field(15.0, gt=0)
+    # A streaming request holds its HTTP status this long waiting for the first upstream event, so that an
+    # early failure is still a real HTTP error (or a silent failover) rather than an error event.
+    stream_hold_s: float = Field(1.0, ge=0)
+    drain_timeout_s: float = Field(10.0, ge=0)
+    log_level: str = "info"
+
+    def is_loopback(self) -> bool:
+        if self.host == "localhost":
+            return True
+        try:
+            return ipaddress.ip_address(self.host).is_loopback
+        except ValueError:
+            return False
+
+
+class AdminConfig(_Strict):
+    socket: str = ""
+
+
+class StateConfig(_Strict):
+    dir: str = ""
+    journal_retention_days: float = Field(90, gt=0)
+    audit_max_mb: float = Field(10, gt=0)
+    audit_keep: int = Field(3, ge=1)
+    flush_interval_s: float = Field(1.0, gt=0)
+
+
+class Capabilities(_Strict):
+    tools: bool = True
+    thinking: bool = True
+    vision: bool = False
+
+
+class Cost(_Strict):
+    input: float = Field(0.0, ge=0)
+    output: float = Field(0.0, ge=0)
+    cache_read: float = Field(0.0, ge=0)
+    cache_write: float = Field(0.0, ge=0)
+
+
+class Timeouts(_Strict):
+    connect: float = Field(5.0, gt=0)
+    first_byte: float = Field(300.0, gt=0)
+    idle: float = Field(120.0, gt=0)
+    total: float = Field(1800.0, gt=0)
+
+
+class ProcessConfig(_Strict):
+    command: list[str] = Field(min_length=1)
+    env: dict[str, str] = {}
+    cwd: str | None = None
+    ready_url: str | None = None
+    autostart: bool = True
+    stop_timeout_s: float = Field(10.0, gt=0)
+    start_timeout_s: float = Field(120.0, gt=0)
+    startsecs: float = Field(1.0, ge=0)
+    max_restarts: int = Field(5, ge=0)
+    restart_window_s: float = Field(300.0, gt=0)
+
+
+class ProviderConfig(_Strict):
+    kind: Literal["openai", "anthropic", "ollama"] = "openai"
+    base_url: str
+    model: str = ""
+    default_model: str = ""
+    api_key_env: str = ""
+    forward_client_key: bool = False
+    paid: bool = False
+    context_window: int = Field(0, ge=0)
+    capabilities: Capabilities = Capabilities()
+    cost: Cost = Cost()
+    monthly_budget_usd: float = Field(0.0, ge=0)
+    timeouts: Timeouts = Timeouts()
+    headers: dict[str, str] = {}
+    # Either an inline process block, or the name of a shared [processes.NAME] entry.
+    process: ProcessConfig | str | None = None
+    restart_command: list[str] = []
+
+    @field_validator("base_url")
+    @classmethod
+    def _url(cls, v: str) -> str:
+        if not v.startswith(("http://", "https://")):
+            raise ValueError("must start with http:// or https://")
+        return v.rstrip("/")
+
+
+class ToolLoopConfig(_Strict):
+    action: Literal["warn", "inject", "break"] = "warn"
+    threshold: int = Field(3, ge=2)
+    window: int = Field(5, ge=2)
+    max_tool_calls: int = Field(0, ge=0)  # 0 = no cap
+
+
+class ProfileConfig(_Strict):
+    providers: list[str] = Field(min_length=1)
+    mode: Literal["fallback", "race"] = "fallback"
+    race_width: int = Field(2, ge=2)
+    race_delay_ms: float = Field(0, ge=0)
+    adaptive: bool = False
+    health_action: Literal["warn", "demote", "exclude"] = "exclude"
+    health_threshold: int = Field(3, ge=1)
+    tool_loop: ToolLoopConfig = ToolLoopConfig()
+
+
+class RouteConfig(_Strict):
+    model: str
+    profile: str
+
+
+class BreakerConfig(_Strict):
+    failures: int = Field(3, ge=1)
+    recovery_s: float = Field(30.0, gt=0)
+
+
+class AdaptiveConfig(_Strict):
+    window_s: float = Field(60.0, gt=0)
+    latency_ratio: float = Field(1.5, gt=1)
+    min_latency_samples: int = Field(3, ge=1)
+    error_rate: float = Field(0.10, gt=0, le=1)
+    min_error_samples: int = Field(5, ge=1)
+    debounce_s: float = Field(30.0, ge=0)
+    probe_interval_s: float = Field(15.0, gt=0)
+    max_probes_per_minute: int = Field(4, ge=0)
+    probe_paid: bool = False
+
+
+class HealthConfig(_Strict):
+    probe_interval_s: float = Field(30.0, gt=0)
+    recovery_backoff_s: list[float] = [30, 60, 120, 300]
+
+
+class BudgetConfig(_Strict):
+    global_monthly_usd: float = Field(0.0, ge=0)
+    warn_ratio: float = Field(0.8, gt=0, le=1)
+
+
+class MetricsConfig(_Strict):
+    bearer_token: str = ""
+
+
+class ConfigModel(_Strict):
+    server: ServerConfig = ServerConfig()
+    admin: AdminConfig = AdminConfig()
+    state: StateConfig = StateConfig()
+    providers: dict[str, ProviderConfig] = {}
+    processes: dict[str, ProcessConfig] = {}
+    profiles: dict[str, ProfileConfig] = {}
+    routes: list[RouteConfig] = []
+    breaker: BreakerConfig = BreakerConfig()
+    adaptive: AdaptiveConfig = AdaptiveConfig()
+    health: HealthConfig = HealthConfig()
+    budget: BudgetConfig = BudgetConfig()
+    metrics: MetricsConfig = MetricsConfig()
+
+    @model_validator(mode="after")
+    def _references(self) -> ConfigModel:
+        problems: list[str] = []
+        if not self.providers:
+            problems.append("providers: at least one provider is required")
+        if not self.profiles:
+            problems.append("profiles: at least one profile is required")
+        for pname, prof in self.profiles.items():
+            for i, prov in enumerate(prof.providers):
+                if prov not in self.providers:
+                    problems.append(
+                        f"profiles.{pname}.providers[{i}]: unknown provider {prov!r}"
+                        f" (known: {', '.join(sorted(self.providers)) or 'none'})"
+                    )
+        for i, route in enumerate(self.routes):
+            if route.profile not in self.profiles:
+                problems.append(f"routes[{i}].profile: unknown profile {route.profile!r}")
+        if self.profiles and self.server.default_profile not in self.profiles:
+            problems.append(
+                f"server.default_profile: unknown profile {self.server.default_profile!r}"
+                f" (known: {', '.join(sorted(self.profiles))})"
+            )
+        for name, prov in self.providers.items():
+            if isinstance(prov.process, str) and prov.process not in self.processes:
+                problems.append(f"providers.{name}.process: unknown process {prov.process!r}")
+        if not self.server.is_loopback() and not self.server.api_keys:
+            problems.append(
+                f"server.api_keys: binding {self.server.host!r} (not loopback) requires client api_keys"
+            )
+        if problems:
+            raise ValueError("\n".join(problems))
+        return self
+
+    def process_for(self, provider: str) -> tuple[str, ProcessConfig] | None:
+        """The process that serves a provider, as (process id, spec); shared processes keep their own name."""
+        p = self.providers[provider].process
+        if p is None:
+            return None
+        if isinstance(p, str):
+            return p, self.processes[p]
+        return provider, p

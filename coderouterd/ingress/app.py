@@ -1,0 +1,259 @@
+"""The proxy's HTTP surface as a raw ASGI app: no framework middleware on the hot path (measured, see
+docs/decisions.md). Dispatch, body limits, auth, profile selection; the work itself is in routing/."""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import logging
+import time
+import uuid
+
+import orjson
+
+from ..routing.executor import Exchange
+from ..routing.request import ClientRequest
+from ..runtime import UnknownProfile
+from .responder import Responder
+from .tokens import count_tokens
+from .validate import validate_anthropic, validate_openai
+
+log = logging.getLogger("coderouterd.request")
+
+_TEXT = [(b"content-type", b"text/plain; charset=utf-8")]
+
+
+class BodyTooLarge(Exception):
+    pass
+
+
+def _headers(scope) -> dict[str, str]:
+    return {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
+
+
+async def _read_body(receive, limit: int) -> bytes:
+    chunks = []
+    size = 0
+    more = True
+    while more:
+        msg = await receive()
+        if msg["type"] == "http.disconnect":
+            raise asyncio.CancelledError
+        chunk = msg.get("body", b"")
+        size += len(chunk)
+        if size > limit:
+            raise BodyTooLarge
+        chunks.append(chunk)
+        more = msg.get("more_body", False)
+    return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+
+async def _watch_disconnect(receive, task: asyncio.Task, responder: Responder) -> None:
+    """Cancel the request's work when the client goes away, so a hung upstream is dropped at once."""
+    while True:
+        msg = await receive()
+        if msg["type"] == "http.disconnect":
+            if not responder.finished:
+                task.cancel()
+            return
+
+
+class ProxyApp:
+    def __init__(self, daemon) -> None:
+        self.daemon = daemon
+
+    async def __call__(self, scope, receive, send) -> None:
+        kind = scope["type"]
+        if kind == "http":
+            await self.http(scope, receive, send)
+        elif kind == "lifespan":
+            await self.lifespan(receive, send)
+
+    async def lifespan(self, receive, send) -> None:
+        while True:
+            msg = await receive()
+            if msg["type"] == "lifespan.startup":
+                try:
+                    await self.daemon.startup()
+                except Exception as e:  # a failed start must be reported, not hang the server
+                    await send({"type": "lifespan.startup.failed", "message": str(e)})
+                    return
+                await send({"type": "lifespan.startup.complete"})
+            elif msg["type"] == "lifespan.shutdown":
+                await self.daemon.shutdown()
+                await send({"type": "lifespan.shutdown.complete"})
+                return
+
+    async def http(self, scope, receive, send) -> None:
+        path = scope["path"]
+        method = scope["method"]
+        if method == "POST":
+            if path == "/v1/messages":
+                return await self.proxy(scope, receive, send, "anthropic")
+            if path == "/v1/chat/completions":
+                return await self.proxy(scope, receive, send, "openai")
+            if path == "/v1/messages/count_tokens":
+                return await self.count_tokens(scope, receive, send)
+        elif method in ("GET", "HEAD"):
+            if path == "/healthz":
+                return await _plain(send, 200, b'{"status":"ok"}', json=True)
+            if path == "/":
+                return await _plain(send, 200, b"coderouterd is running\n", head=method == "HEAD")
+            if path == "/v1/models":
+                return await self.models(scope, send)
+            if path == "/metrics":
+                return await self.daemon.metrics_endpoint(scope, send)
+        ingress = "anthropic" if path.startswith("/v1/messages") else "openai"
+        r = Responder(send, ingress, "req_" + uuid.uuid4().hex[:24])
+        known = path in ("/v1/messages", "/v1/chat/completions", "/v1/messages/count_tokens", "/v1/models",
+                         "/healthz", "/", "/metrics")
+        if known:
+            await r.error(405, f"method {method} not allowed on {path}", error_type="invalid_request_error")
+        else:
+            await r.error(404, f"no such endpoint: {method} {path}", error_type="not_found_error")
+
+    def _authorized(self, headers: dict[str, str]) -> bool:
+        keys = self.daemon.runtime.config.server.api_keys
+        if not keys:
+            return True
+        given = headers.get("x-api-key") or ""
+        auth = headers.get("authorization") or ""
+        if auth.lower().startswith("bearer "):
+            given = given or auth[7:].strip()
+        return any(hmac.compare_digest(given.encode(), k.encode()) for k in keys)
+
+    async def _read_json(self, scope, receive, r: Responder, runtime):
+        """The request body parsed, or None after an error was sent."""
+        limit = int(runtime.config.server.max_body_mb * 1024 * 1024)
+        for k, v in scope["headers"]:
+            if k == b"content-length":
+                try:
+                    if int(v) > limit:
+                        await r.error(413, f"request body exceeds the {runtime.config.server.max_body_mb:g} MB limit",
+                                      error_type="request_too_large")
+                        return None, None
+                except ValueError:
+                    pass
+                break
+        try:
+            raw = await _read_body(receive, limit)
+        except BodyTooLarge:
+            await r.error(413, f"request body exceeds the {runtime.config.server.max_body_mb:g} MB limit",
+                          error_type="request_too_large")
+            return None, None
+        try:
+            return orjson.loads(raw), raw
+        except orjson.JSONDecodeError as e:
+            await r.error(400, f"request body is not valid JSON: {e}", error_type="invalid_request_error")
+            return None, None
+
+    async def proxy(self, scope, receive, send, ingress: str) -> None:
+        daemon = self.daemon
+        runtime = daemon.runtime  # this request keeps this generation even if a reload swaps it meanwhile
+        headers = _headers(scope)
+        rid = headers.get("x-request-id") or "req_" + uuid.uuid4().hex[:24]
+        r = Responder(send, ingress, rid)
+        if not self._authorized(headers):
+            await r.error(401, "missing or invalid API key for this coderouterd", error_type="authentication_error")
+            return
+        body, raw = await self._read_json(scope, receive, r, runtime)
+        if body is None:
+            return
+        problem = validate_anthropic(body) if ingress == "anthropic" else validate_openai(body)
+        if problem:
+            await r.error(400, problem, error_type="invalid_request_error", param=problem.split(":")[0])
+            return
+        model = body.get("model") or ""
+        try:
+            profile = runtime.select_profile(headers.get("x-coderouter-profile"), model, daemon.active_profile)
+        except UnknownProfile as e:
+            await r.error(400, str(e), error_type="invalid_request_error", extra={"valid_profiles": e.valid})
+            return
+        req = ClientRequest(ingress=ingress, body=body, raw=raw, headers=headers, stream=bool(body.get("stream")),
+                            model=model, request_id=rid)
+        ex = Exchange(req, r, runtime=runtime, router=daemon.router, profile=profile)
+        guard = daemon.guard_request(ex)
+        if guard is not None and await guard:
+            daemon.finish(ex)
+            return
+        task = asyncio.current_task()
+        watcher = asyncio.ensure_future(_watch_disconnect(receive, task, r))
+        try:
+            await ex.run()
+        except asyncio.CancelledError:
+            if not r.finished:
+                ex.status = ex.status or 499
+                ex.error_class = "client_disconnected"
+                # The client left: swallow the cancellation so the server finishes this cycle quietly.
+                if task is not None and task.cancelling():
+                    task.uncancel()
+            else:
+                raise
+        except Exception as e:  # a bug must cost one request, never the daemon
+            log.exception("request %s failed: %s", rid, e)
+            ex.status = 500
+            ex.error_class = "internal_error"
+            if not r.headers_sent:
+                await r.error(500, f"internal error in coderouterd: {type(e).__name__}", error_type="api_error")
+            elif not r.finished:
+                await r.stream_error("api_error", f"internal error in coderouterd: {type(e).__name__}")
+        finally:
+            watcher.cancel()
+        daemon.finish(ex)
+
+    async def count_tokens(self, scope, receive, send) -> None:
+        daemon = self.daemon
+        runtime = daemon.runtime
+        headers = _headers(scope)
+        rid = headers.get("x-request-id") or "req_" + uuid.uuid4().hex[:24]
+        r = Responder(send, "anthropic", rid)
+        if not self._authorized(headers):
+            await r.error(401, "missing or invalid API key for this coderouterd", error_type="authentication_error")
+            return
+        body, raw = await self._read_json(scope, receive, r, runtime)
+        if body is None:
+            return
+        problem = validate_anthropic(body, count_tokens=True)
+        if problem:
+            await r.error(400, problem, error_type="invalid_request_error")
+            return
+        try:
+            profile = runtime.select_profile(headers.get("x-coderouter-profile"), body["model"], daemon.active_profile)
+        except UnknownProfile as e:
+            await r.error(400, str(e), error_type="invalid_request_error", extra={"valid_profiles": e.valid})
+            return
+        req = ClientRequest(ingress="anthropic", body=body, raw=raw, headers=headers, stream=False,
+                            model=body["model"], request_id=rid)
+        n, source = await count_tokens(req, runtime, daemon.router, profile)
+        r.add_header("x-coderouter-token-count", source)
+        await r.json(200, orjson.dumps({"input_tokens": n}))
+
+    async def models(self, scope, send) -> None:
+        headers = _headers(scope)
+        runtime = self.daemon.runtime
+        anthropic = "anthropic-version" in headers
+        r = Responder(send, "anthropic" if anthropic else "openai", "req_" + uuid.uuid4().hex[:24])
+        if not self._authorized(headers):
+            await r.error(401, "missing or invalid API key for this coderouterd", error_type="authentication_error")
+            return
+        ids: list[tuple[str, str]] = []
+        for name, p in runtime.providers.items():
+            ids.append((p.cfg.model or name, name))
+        ids += [(f"profile:{n}", n) for n in runtime.profile_names]
+        now = int(time.time())
+        if anthropic:
+            data = [{"type": "model", "id": i, "display_name": f"{i} (coderouter {src})",
+                     "created_at": "2026-01-01T00:00:00Z"} for i, src in ids]
+            body = {"data": data, "has_more": False, "first_id": data[0]["id"] if data else None,
+                    "last_id": data[-1]["id"] if data else None}
+        else:
+            body = {"object": "list", "data": [{"id": i, "object": "model", "created": now, "owned_by": src}
+                                                for i, src in ids]}
+        await r.json(200, orjson.dumps(body))
+
+
+async def _plain(send, status: int, body: bytes, *, json: bool = False, head: bool = False) -> None:
+    hs = [(b"content-type", b"application/json")] if json else list(_TEXT)
+    hs.append((b"content-length", str(len(body)).encode()))
+    await send({"type": "http.response.start", "status": status, "headers": hs})
+    await send({"type": "http.response.body", "body": b"" if head else body})

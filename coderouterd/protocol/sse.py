@@ -1,0 +1,106 @@
+"""Server-sent events: encoding for both wire dialects and an incremental parser.
+
+Anthropic clients dispatch on the ``event:`` line, so every Anthropic event carries one; OpenAI
+streams are bare ``data:`` lines ending in ``[DONE]``.
+"""
+
+from __future__ import annotations
+
+import re
+
+import orjson
+
+DONE: bytes = b"data: [DONE]\n\n"
+
+# A lone "\r" is a line end too (per the SSE grammar), so all three forms are matched.
+_EOL = re.compile(rb"\r\n|\r|\n")
+
+
+def encode_event(event: dict) -> bytes:
+    """Anthropic framing: ``event: <type>`` + ``data: <compact json>``."""
+    return b"event: " + str(event["type"]).encode() + b"\ndata: " + orjson.dumps(event) + b"\n\n"
+
+
+def encode_data(obj: dict) -> bytes:
+    """OpenAI framing: a single ``data:`` line."""
+    return b"data: " + orjson.dumps(obj) + b"\n\n"
+
+
+class SSEParser:
+    """Incremental SSE parser; chunks may split lines, CRLF pairs or UTF-8 sequences anywhere.
+
+    Lines are decoded only once complete, so a multibyte character split across chunks is never
+    seen half-way. Fields other than ``event`` and ``data`` (``id``, ``retry``) are irrelevant to
+    a proxy and ignored.
+    """
+
+    __slots__ = ("_buf", "_scan", "_event", "_data", "_first_line")
+
+    def __init__(self) -> None:
+        self._buf = bytearray()
+        self._scan = 0  # bytes before this offset are known to hold no line end
+        self._event: str | None = None
+        self._data: list[str] = []
+        self._first_line = True
+
+    def feed(self, chunk: bytes) -> list[tuple[str | None, str]]:
+        out: list[tuple[str | None, str]] = []
+        if not chunk:
+            return out
+        buf = self._buf
+        buf += chunk
+        start = 0
+        pos = self._scan
+        end = len(buf)
+        while True:
+            m = _EOL.search(buf, pos)
+            if m is None:
+                break
+            if m.end() == end and buf[m.start()] == 0x0D and m.end() - m.start() == 1:
+                # A trailing "\r" may be the first half of "\r\n": wait for the next byte.
+                break
+            self._line(bytes(buf[start : m.start()]), out)
+            start = pos = m.end()
+        if start:
+            del buf[:start]
+        self._scan = len(buf) - 1 if buf.endswith(b"\r") else len(buf)
+        return out
+
+    def flush(self) -> list[tuple[str | None, str]]:
+        """End of stream: a last line or event without its terminating blank line still counts."""
+        out: list[tuple[str | None, str]] = []
+        if self._buf:
+            tail = bytes(self._buf)
+            self._buf.clear()
+            self._scan = 0
+            if tail.endswith(b"\r"):
+                tail = tail[:-1]
+            if tail:
+                self._line(tail, out)
+        self._dispatch(out)
+        return out
+
+    def _line(self, raw: bytes, out: list[tuple[str | None, str]]) -> None:
+        line = raw.decode("utf-8", "replace")
+        if self._first_line:
+            self._first_line = False
+            if line.startswith("\ufeff"):
+                line = line[1:]
+        if not line:
+            self._dispatch(out)
+            return
+        if line[0] == ":":
+            return
+        name, sep, value = line.partition(":")
+        if sep and value.startswith(" "):
+            value = value[1:]
+        if name == "data":
+            self._data.append(value)
+        elif name == "event":
+            self._event = value
+
+    def _dispatch(self, out: list[tuple[str | None, str]]) -> None:
+        if self._data:
+            out.append((self._event, "\n".join(self._data)))
+            self._data = []
+        self._event = None

@@ -1,0 +1,143 @@
+"""One attempt against one upstream: open the request, then read the answer as client-wire bytes."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import aiohttp
+
+from ..protocol.sse import SSEParser
+from .errors import (
+    BAD_RESPONSE,
+    CONNECT,
+    DISCONNECT,
+    FIRST_BYTE_TIMEOUT,
+    TOTAL_TIMEOUT,
+    UpstreamError,
+)
+from .runtime import Provider
+
+_CONNECT_ERRORS = (aiohttp.ClientConnectorError, aiohttp.ServerDisconnectedError, aiohttp.ClientOSError,
+                   ConnectionError, OSError)
+
+# Client headers forwarded to a native Anthropic upstream (passthrough keeps betas and the API version).
+_ANTHROPIC_FORWARD = ("anthropic-version", "anthropic-beta")
+
+
+class Call:
+    def __init__(self, provider: Provider, strategy, *, raw_body: bytes, stream: bool,
+                 client_headers: dict[str, str]) -> None:
+        self.provider = provider
+        self.strategy = strategy
+        self.stream = stream
+        self.raw_body = raw_body
+        self.client_headers = client_headers
+        self.resp: aiohttp.ClientResponse | None = None
+        self.parser = SSEParser()
+        self.started = time.monotonic()
+        t = provider.cfg.timeouts
+        self.total_deadline = self.started + t.total
+        self.first_byte_deadline = self.started + t.first_byte
+        self.ttfb: float | None = None
+        self.request_chars = 0
+
+    def _url_and_headers(self) -> tuple[str, dict[str, str]]:
+        p = self.provider
+        headers = {"content-type": "application/json", **p.cfg.headers}
+        if self.strategy.upstream_kind == "anthropic":
+            for h in _ANTHROPIC_FORWARD:
+                v = self.client_headers.get(h)
+                if v:
+                    headers[h] = v
+            headers.setdefault("anthropic-version", "2023-06-01")
+        if p.cfg.forward_client_key:
+            for h in ("x-api-key", "authorization"):
+                v = self.client_headers.get(h)
+                if v:
+                    headers[h] = v
+        headers.update(p.auth_headers())
+        base = p.cfg.base_url
+        if p.cfg.kind == "ollama" and not base.endswith("/v1"):
+            base = base + "/v1"
+        if self.stream:
+            headers["accept"] = "text/event-stream"
+        return base + self.strategy.path(), headers
+
+    async def open(self) -> None:
+        """Send the request and wait for the status line. Raises UpstreamError on any failure."""
+        url, headers = self._url_and_headers()
+        body = self.strategy.request(self.raw_body, self.stream)
+        self.request_chars = len(body)
+        try:
+            async with asyncio.timeout_at(self._loop_deadline(min(self.first_byte_deadline, self.total_deadline))):
+                self.resp = await self.provider.session().post(url, data=body, headers=headers)
+                if self.resp.status >= 400:
+                    err_body = await self.resp.read()
+                    self.resp.release()
+                    raise self.strategy.http_error(self.resp.status, err_body, self.resp.headers)
+        except UpstreamError:
+            raise
+        except TimeoutError:
+            self.close()
+            raise UpstreamError(FIRST_BYTE_TIMEOUT, message=f"no response within {self.provider.cfg.timeouts.first_byte:g}s") from None
+        except _CONNECT_ERRORS as e:
+            self.close()
+            raise UpstreamError(CONNECT, message=f"{type(e).__name__}: {e}") from None
+        except aiohttp.ClientError as e:
+            self.close()
+            raise UpstreamError(DISCONNECT, message=f"{type(e).__name__}: {e}") from None
+
+    def _loop_deadline(self, monotonic_deadline: float) -> float:
+        loop = asyncio.get_running_loop()
+        return loop.time() + (monotonic_deadline - time.monotonic())
+
+    async def result(self) -> bytes:
+        """Non-streaming: the whole answer, translated to the client's wire."""
+        assert self.resp is not None
+        try:
+            async with asyncio.timeout_at(self._loop_deadline(self.total_deadline)):
+                body = await self.resp.read()
+        except TimeoutError:
+            self.close()
+            raise UpstreamError(TOTAL_TIMEOUT, message="upstream did not finish in time") from None
+        except aiohttp.ClientError as e:
+            self.close()
+            raise UpstreamError(DISCONNECT, message=f"{type(e).__name__}: {e}") from None
+        self.ttfb = time.monotonic() - self.started
+        try:
+            return self.strategy.response(body)
+        except (ValueError, KeyError, TypeError, AttributeError) as e:
+            raise UpstreamError(BAD_RESPONSE, message=f"unreadable upstream response: {e}") from None
+
+    async def read(self, timeout: float) -> bytes | None:
+        """Streaming: the next client-wire bytes (b"" when an upstream event produced nothing to send), None at
+        the clean end. Raises TimeoutError when the upstream sent nothing for `timeout` seconds."""
+        st = self.strategy
+        if st.done:
+            return None
+        assert self.resp is not None
+        content = self.resp.content
+        try:
+            async with asyncio.timeout(timeout):
+                chunk = await content.readany()
+        except aiohttp.ClientError as e:
+            raise UpstreamError(DISCONNECT, message=f"{type(e).__name__}: {e}",
+                                after_content=st.started_content) from None
+        if not chunk:
+            return st.eof()
+        if self.ttfb is None:
+            self.ttfb = time.monotonic() - self.started
+        try:
+            return st.events(self.parser.feed(chunk))
+        except UpstreamError:
+            raise
+        except (ValueError, KeyError, TypeError, AttributeError) as e:
+            raise UpstreamError(BAD_RESPONSE, message=f"unreadable upstream event: {e}",
+                                after_content=st.started_content) from None
+
+    def close(self) -> None:
+        """Drop the upstream connection now (a race loser, a client that went away): the upstream sees it."""
+        r = self.resp
+        if r is not None and not r.closed:
+            r.close()

@@ -1,0 +1,88 @@
+"""How an upstream attempt can fail, and what each failure means for routing."""
+
+from __future__ import annotations
+
+# Reasons are short machine words: they appear in x-coderouter-attempts, the journal and the audit log.
+CONNECT = "connect_error"
+FIRST_BYTE_TIMEOUT = "first_byte_timeout"
+IDLE_TIMEOUT = "idle_timeout"
+TOTAL_TIMEOUT = "total_timeout"
+DISCONNECT = "upstream_disconnect"
+STREAM_ERROR = "stream_error"
+BAD_RESPONSE = "bad_response"
+OVERFLOW = "context_overflow"
+MODEL_DISCOVERY = "model_discovery_failed"
+
+# Statuses that say "try somewhere else": a bad key or a missing model on one provider must not sink the chain.
+_FAILOVER_STATUSES = {401, 402, 403, 404, 408, 409, 429}
+# Statuses that say the provider itself is in trouble (these count against its circuit breaker).
+_BREAKER_STATUSES = {408, 429}
+
+
+class UpstreamError(Exception):
+    def __init__(
+        self,
+        reason: str,
+        *,
+        status: int | None = None,
+        message: str = "",
+        retry_after: float | None = None,
+        after_content: bool = False,
+        overflow: tuple[int, int] | None = None,
+        error_type: str | None = None,
+    ) -> None:
+        super().__init__(message or reason)
+        self.reason = reason
+        self.status = status
+        self.message = message or reason
+        self.retry_after = retry_after
+        self.after_content = after_content
+        self.overflow = overflow  # (prompt tokens, window) when the backend said the prompt is too long
+        self.error_type = error_type
+
+    @property
+    def failover(self) -> bool:
+        """Whether another provider should be tried. A 400 caused by the request itself would fail everywhere."""
+        if self.reason == OVERFLOW:
+            return True  # the executor only moves on when a larger window exists
+        if self.status is None:
+            return True
+        return self.status in _FAILOVER_STATUSES or self.status >= 500
+
+    @property
+    def counts_against_provider(self) -> bool:
+        """Whether this failure is the provider's fault (feeds breakers and health), not the request's."""
+        if self.reason == OVERFLOW:
+            return False
+        if self.status is None:
+            return True
+        return self.status in _BREAKER_STATUSES or self.status >= 500
+
+    @property
+    def label(self) -> str:
+        if self.status is not None and self.reason.startswith("http"):
+            return self.reason
+        return self.reason if self.status is None else f"{self.reason}:{self.status}"
+
+    def __repr__(self) -> str:
+        return f"UpstreamError({self.reason!r}, status={self.status}, message={self.message[:80]!r})"
+
+
+def http_error(status: int, message: str, *, retry_after: float | None = None) -> UpstreamError:
+    return UpstreamError(f"http_{status}", status=status, message=message, retry_after=retry_after)
+
+
+def parse_retry_after(headers) -> float | None:
+    ms = headers.get("retry-after-ms")
+    if ms:
+        try:
+            return float(ms) / 1000.0
+        except ValueError:
+            pass
+    v = headers.get("retry-after")
+    if not v:
+        return None
+    try:
+        return float(v)
+    except ValueError:
+        return None

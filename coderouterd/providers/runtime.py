@@ -1,0 +1,119 @@
+"""A configured upstream at run time: its connection pool, credentials and model discovery."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+
+import aiohttp
+import orjson
+
+from ..config.schema import ProviderConfig
+from .errors import CONNECT, MODEL_DISCOVERY, UpstreamError
+
+MODEL_CACHE_TTL_S = 300.0
+
+
+class Provider:
+    """One named upstream. The aiohttp session (its connection pool) lives as long as the provider's endpoint
+    settings do: a config reload that leaves them unchanged keeps the same Provider and its warm connections."""
+
+    def __init__(self, name: str, cfg: ProviderConfig) -> None:
+        self.name = name
+        self.cfg = cfg
+        self._session: aiohttp.ClientSession | None = None
+        self._models: list[str] | None = None
+        self._models_at = 0.0
+        self._models_lock: asyncio.Lock | None = None
+        # Characters per token observed on this backend (prompt size vs reported prompt tokens), for estimates.
+        self.chars_per_token = 3.6
+        self.tokenize_supported: bool | None = None
+
+    def pool_key(self) -> tuple:
+        c = self.cfg
+        return (c.kind, c.base_url, c.timeouts.connect, c.api_key_env, tuple(sorted(c.headers.items())))
+
+    def session(self) -> aiohttp.ClientSession:
+        s = self._session
+        if s is None or s.closed:
+            connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=60, ttl_dns_cache=300)
+            timeout = aiohttp.ClientTimeout(total=None, sock_connect=self.cfg.timeouts.connect)
+            s = self._session = aiohttp.ClientSession(
+                connector=connector, timeout=timeout, auto_decompress=True, skip_auto_headers=("User-Agent",)
+            )
+        return s
+
+    async def close(self) -> None:
+        if self._session is not None and not self._session.closed:
+            await self._session.close()
+
+    def api_key(self) -> str | None:
+        env = self.cfg.api_key_env
+        return os.environ.get(env) or None if env else None
+
+    @property
+    def root_url(self) -> str:
+        """base_url without a trailing /v1 (where llama.cpp's /tokenize and Ollama's /api live)."""
+        b = self.cfg.base_url
+        return b[:-3] if b.endswith("/v1") else b
+
+    def auth_headers(self) -> dict[str, str]:
+        key = self.api_key()
+        if not key:
+            return {}
+        if self.cfg.kind == "anthropic":
+            return {"x-api-key": key}
+        return {"authorization": f"Bearer {key}"}
+
+    # -- models ---------------------------------------------------------------------------------------------
+
+    async def list_models(self, *, refresh: bool = False) -> list[str]:
+        now = time.monotonic()
+        if not refresh and self._models is not None and now - self._models_at < MODEL_CACHE_TTL_S:
+            return self._models
+        if self._models_lock is None:
+            self._models_lock = asyncio.Lock()
+        async with self._models_lock:
+            if not refresh and self._models is not None and time.monotonic() - self._models_at < MODEL_CACHE_TTL_S:
+                return self._models
+            headers = {**self.cfg.headers, **self.auth_headers()}
+            if self.cfg.kind == "anthropic":
+                headers.setdefault("anthropic-version", "2023-06-01")
+            try:
+                async with asyncio.timeout(self.cfg.timeouts.connect + 5):
+                    async with self.session().get(f"{self.cfg.base_url}/models", headers=headers) as r:
+                        if r.status >= 400:
+                            raise UpstreamError(MODEL_DISCOVERY, status=r.status,
+                                                message=f"listing models failed with HTTP {r.status}")
+                        data = orjson.loads(await r.read())
+            except (aiohttp.ClientError, OSError, TimeoutError) as e:
+                raise UpstreamError(CONNECT, message=f"listing models: {type(e).__name__}: {e}") from None
+            except orjson.JSONDecodeError:
+                raise UpstreamError(MODEL_DISCOVERY, message="model list is not JSON") from None
+            models = [m.get("id") or m.get("name") for m in data.get("data") or data.get("models") or []]
+            self._models = [m for m in models if isinstance(m, str) and m]
+            self._models_at = time.monotonic()
+            return self._models
+
+    async def resolve_model(self, requested: str) -> str:
+        """SPEC model mapping: configured model wins; else the client's, except claude-* names on a
+        non-Anthropic backend, which get the backend's default model (configured, else the first it lists)."""
+        if self.cfg.model:
+            return self.cfg.model
+        if self.cfg.kind != "anthropic" and (not requested or requested.startswith("claude")):
+            if self.cfg.default_model:
+                return self.cfg.default_model
+            models = await self.list_models()
+            if not models:
+                raise UpstreamError(MODEL_DISCOVERY, message="the backend lists no models")
+            return models[0]
+        return requested
+
+    def learn_ratio(self, chars: int, prompt_tokens: int) -> None:
+        if chars > 200 and prompt_tokens > 20:
+            observed = chars / prompt_tokens
+            self.chars_per_token = 0.8 * self.chars_per_token + 0.2 * observed
+
+    def estimate_tokens(self, chars: int) -> int:
+        return int(chars / self.chars_per_token) + 1

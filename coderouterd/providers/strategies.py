@@ -1,0 +1,315 @@
+"""Per (client wire, upstream wire) pair: how to build the upstream request and turn its answer into the
+client's wire. Same-wire pairs pass bytes through; the others translate incrementally."""
+
+from __future__ import annotations
+
+import re
+
+import orjson
+
+from ..protocol.sse import DONE, encode_data, encode_event
+from ..translate.anthropic_to_openai import openai_error_is_context_overflow, request_to_openai
+from ..translate.openai_ingress import (
+    AnthropicStreamToOpenAI,
+    anthropic_response_to_openai,
+    openai_request_to_anthropic,
+)
+from ..translate.openai_to_anthropic import OpenAIStreamToAnthropic, response_to_anthropic
+from .errors import DISCONNECT, OVERFLOW, STREAM_ERROR, UpstreamError, http_error, parse_retry_after
+
+_ANTHROPIC_OVERFLOW = re.compile(r"prompt is too long:\s*(\d+)\s*tokens\s*>\s*(\d+)")
+_PING = encode_event({"type": "ping"})
+
+
+def _openai_usage_to_anthropic(u: dict | None) -> dict:
+    if not u:
+        return {}
+    cached = ((u.get("prompt_tokens_details") or {}).get("cached_tokens")) or 0
+    return {
+        "input_tokens": max(0, (u.get("prompt_tokens") or 0) - cached),
+        "output_tokens": u.get("completion_tokens") or 0,
+        "cache_read_input_tokens": cached,
+        "cache_creation_input_tokens": 0,
+    }
+
+
+def _error_message(body: bytes) -> tuple[str, object]:
+    try:
+        data = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return body[:500].decode("utf-8", "replace").strip(), body.decode("utf-8", "replace")
+    if isinstance(data, dict):
+        err = data.get("error")
+        if isinstance(err, dict):
+            return str(err.get("message") or err), data
+        if isinstance(err, str):
+            return err, data
+        if "message" in data:
+            return str(data["message"]), data
+    return body[:500].decode("utf-8", "replace"), data
+
+
+def openai_http_error(status: int, body: bytes, headers) -> UpstreamError:
+    message, parsed = _error_message(body)
+    if status in (400, 413, 422, 500):
+        ov = openai_error_is_context_overflow(status, parsed if isinstance(parsed, dict) else str(parsed))
+        if ov is not None:
+            return UpstreamError(OVERFLOW, status=400, message=message, overflow=ov)
+    return http_error(status, message, retry_after=parse_retry_after(headers))
+
+
+def anthropic_http_error(status: int, body: bytes, headers) -> UpstreamError:
+    message, parsed = _error_message(body)
+    m = _ANTHROPIC_OVERFLOW.search(message)
+    if status == 400 and m:
+        return UpstreamError(OVERFLOW, status=400, message=message, overflow=(int(m.group(1)), int(m.group(2))))
+    err_type = None
+    if isinstance(parsed, dict) and isinstance(parsed.get("error"), dict):
+        err_type = parsed["error"].get("type")
+    e = http_error(status, message, retry_after=parse_retry_after(headers))
+    e.error_type = err_type
+    return e
+
+
+class Strategy:
+    """Stream state for one attempt. events() returns the bytes to send to the client for a batch of parsed
+    SSE events; `done` is set when the upstream finished cleanly."""
+
+    upstream_kind = "openai"
+    done = False
+    started_content = False
+    usage: dict
+
+    def __init__(self, *, model: str, skip_prologue: bool, client_body: dict) -> None:
+        self.model = model
+        self.skip_prologue = skip_prologue
+        self.client_body = client_body
+        self.usage = {}
+
+    def path(self) -> str:
+        return "/chat/completions" if self.upstream_kind == "openai" else "/messages"
+
+    def http_error(self, status: int, body: bytes, headers) -> UpstreamError:
+        if self.upstream_kind == "openai":
+            return openai_http_error(status, body, headers)
+        return anthropic_http_error(status, body, headers)
+
+
+class OpenAIPassthrough(Strategy):
+    """OpenAI client -> OpenAI upstream: forward each event's data verbatim. Usage is always requested upstream
+    (exact accounting) and its extra chunk is hidden from clients that did not ask for it."""
+
+    def __init__(self, **kw) -> None:
+        super().__init__(**kw)
+        so = self.client_body.get("stream_options") or {}
+        self.client_wants_usage = bool(so.get("include_usage"))
+
+    def request(self, raw: bytes, stream: bool) -> bytes:
+        body = dict(self.client_body)
+        body["model"] = self.model
+        if stream:
+            so = dict(body.get("stream_options") or {})
+            so["include_usage"] = True
+            body["stream_options"] = so
+        return orjson.dumps(body)
+
+    def response(self, body: bytes) -> bytes:
+        try:
+            u = orjson.loads(body).get("usage")
+        except (orjson.JSONDecodeError, AttributeError):
+            u = None
+        self.usage = _openai_usage_to_anthropic(u)
+        return body
+
+    def events(self, events: list[tuple[str | None, str]]) -> bytes:
+        out = []
+        for _name, data in events:
+            if data == "[DONE]":
+                self.done = True
+                out.append(DONE)
+                continue
+            obj = orjson.loads(data)
+            if "error" in obj and not obj.get("choices"):
+                raise UpstreamError(STREAM_ERROR, message=str((obj["error"] or {}).get("message", obj["error"])),
+                                    after_content=self.started_content)
+            u = obj.get("usage")
+            if u:
+                self.usage = _openai_usage_to_anthropic(u)
+            choices = obj.get("choices")
+            if not choices:
+                if not self.client_wants_usage:
+                    continue
+            elif not self.started_content:
+                d = choices[0].get("delta") or {}
+                if d.get("content") or d.get("tool_calls") or d.get("reasoning_content") or d.get("reasoning"):
+                    self.started_content = True
+            out.append(b"data: " + data.encode() + b"\n\n")
+        return b"".join(out)
+
+    def eof(self) -> bytes:
+        raise UpstreamError(DISCONNECT, message="upstream closed the stream before [DONE]",
+                            after_content=self.started_content)
+
+
+class AnthropicPassthrough(Strategy):
+    """Anthropic client -> Anthropic upstream: the body goes untouched (except model), events verbatim."""
+
+    upstream_kind = "anthropic"
+
+    def request(self, raw: bytes, stream: bool) -> bytes:
+        if self.client_body.get("model") == self.model:
+            return raw
+        body = dict(self.client_body)
+        body["model"] = self.model
+        return orjson.dumps(body)
+
+    def response(self, body: bytes) -> bytes:
+        try:
+            self.usage = orjson.loads(body).get("usage") or {}
+        except (orjson.JSONDecodeError, AttributeError):
+            self.usage = {}
+        return body
+
+    def events(self, events: list[tuple[str | None, str]]) -> bytes:
+        out = []
+        for name, data in events:
+            if name == "ping":
+                out.append(_PING)
+                continue
+            if name == "message_start":
+                obj = orjson.loads(data)
+                self.usage.update((obj.get("message") or {}).get("usage") or {})
+                if self.skip_prologue:
+                    continue
+            elif name == "content_block_start":
+                self.started_content = True
+            elif name == "message_delta":
+                obj = orjson.loads(data)
+                self.usage.update(obj.get("usage") or {})
+            elif name == "message_stop":
+                self.done = True
+            elif name == "error":
+                obj = orjson.loads(data)
+                err = obj.get("error") or {}
+                raise UpstreamError(STREAM_ERROR, message=str(err.get("message", "upstream error")),
+                                    error_type=err.get("type"), after_content=self.started_content)
+            out.append(b"event: " + (name or "").encode() + b"\ndata: " + data.encode() + b"\n\n")
+        return b"".join(out)
+
+    def eof(self) -> bytes:
+        if self.usage.get("output_tokens") is not None and self.started_content:
+            # A stream that ends after message_delta without message_stop is tolerated by clients.
+            return b""
+        raise UpstreamError(DISCONNECT, message="upstream closed the stream before message_stop",
+                            after_content=self.started_content)
+
+
+class AnthropicToOpenAIUpstream(Strategy):
+    """Anthropic client -> OpenAI upstream (the common local case)."""
+
+    def __init__(self, *, input_tokens: int = 0, **kw) -> None:
+        super().__init__(**kw)
+        self.warnings: list[str] = []
+        self.translator = OpenAIStreamToAnthropic(self.model, input_tokens=input_tokens)
+        self._started = False
+
+    def request(self, raw: bytes, stream: bool) -> bytes:
+        body, self.warnings = request_to_openai(self.client_body, self.model, stream=stream)
+        return orjson.dumps(body)
+
+    def response(self, body: bytes) -> bytes:
+        resp = orjson.loads(body)
+        msg = response_to_anthropic(resp, self.model, stop_sequences=self.client_body.get("stop_sequences"))
+        self.usage = msg.get("usage") or {}
+        return orjson.dumps(msg)
+
+    def _encode(self, evs: list[dict]) -> list[bytes]:
+        return [encode_event(e) for e in evs]
+
+    def events(self, events: list[tuple[str | None, str]]) -> bytes:
+        out: list[bytes] = []
+        if not self._started:
+            self._started = True
+            start = self.translator.start()
+            if not self.skip_prologue:
+                out.extend(self._encode(start))
+        tr = self.translator
+        for _name, data in events:
+            if data == "[DONE]":
+                out.extend(self._encode(tr.finish()))
+                self.done = True
+                continue
+            obj = orjson.loads(data)
+            if "error" in obj and not obj.get("choices"):
+                err = obj["error"] if isinstance(obj["error"], dict) else {"message": str(obj["error"])}
+                raise UpstreamError(STREAM_ERROR, message=str(err.get("message", "upstream error")),
+                                    after_content=tr.started_content)
+            out.extend(self._encode(tr.feed(obj)))
+        self.started_content = tr.started_content
+        self.usage = tr.usage
+        return b"".join(out)
+
+    def eof(self) -> bytes:
+        # Some servers omit [DONE]; a stream that already reported its finish reason is complete.
+        if getattr(self.translator, "finish_reason", None):
+            self.done = True
+            out = b"".join(self._encode(self.translator.finish()))
+            self.usage = self.translator.usage
+            return out
+        raise UpstreamError(DISCONNECT, message="upstream closed the stream before it finished",
+                            after_content=self.translator.started_content)
+
+
+class OpenAIToAnthropicUpstream(Strategy):
+    """OpenAI client -> Anthropic upstream."""
+
+    upstream_kind = "anthropic"
+
+    def __init__(self, **kw) -> None:
+        super().__init__(**kw)
+        so = self.client_body.get("stream_options") or {}
+        self.translator = AnthropicStreamToOpenAI(self.model, include_usage=bool(so.get("include_usage")))
+
+    def request(self, raw: bytes, stream: bool) -> bytes:
+        body = openai_request_to_anthropic(self.client_body, self.model)
+        body["stream"] = stream
+        return orjson.dumps(body)
+
+    def response(self, body: bytes) -> bytes:
+        resp = orjson.loads(body)
+        self.usage = resp.get("usage") or {}
+        return orjson.dumps(anthropic_response_to_openai(resp, self.model))
+
+    def events(self, events: list[tuple[str | None, str]]) -> bytes:
+        out: list[bytes] = []
+        tr = self.translator
+        for name, data in events:
+            if name == "ping" or not data:
+                continue
+            obj = orjson.loads(data)
+            etype = name or obj.get("type")
+            if etype == "error":
+                err = obj.get("error") or {}
+                raise UpstreamError(STREAM_ERROR, message=str(err.get("message", "upstream error")),
+                                    error_type=err.get("type"), after_content=tr.started_content)
+            out.extend(encode_data(c) for c in tr.feed(obj))
+            if etype == "message_stop":
+                out.extend(encode_data(c) for c in tr.finish())
+                out.append(DONE)
+                self.done = True
+        self.started_content = tr.started_content
+        self.usage = tr.usage
+        return b"".join(out)
+
+    def eof(self) -> bytes:
+        if self.translator.started_content and self.usage.get("output_tokens"):
+            self.done = True
+            return b"".join(encode_data(c) for c in self.translator.finish()) + DONE
+        raise UpstreamError(DISCONNECT, message="upstream closed the stream before message_stop",
+                            after_content=self.translator.started_content)
+
+
+def strategy_for(ingress: str, upstream_kind: str):
+    if ingress == "anthropic":
+        return AnthropicPassthrough if upstream_kind == "anthropic" else AnthropicToOpenAIUpstream
+    return OpenAIToAnthropicUpstream if upstream_kind == "anthropic" else OpenAIPassthrough

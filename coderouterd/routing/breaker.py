@@ -1,0 +1,294 @@
+"""Per-provider circuit breakers: stop calling a provider that keeps failing, then test it with one request.
+
+Single-threaded by design: every call happens on the daemon's event loop, so there are no locks.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Callable
+from enum import StrEnum
+from typing import Any
+
+from .clock import Clock, SystemClock, wall_time
+
+log = logging.getLogger(__name__)
+
+
+class BreakerState(StrEnum):
+    CLOSED = "closed"
+    OPEN = "open"
+    HALF_OPEN = "half_open"
+
+
+TransitionHook = Callable[[str, BreakerState, BreakerState, str], None]
+
+
+class CircuitBreaker:
+    def __init__(
+        self,
+        name: str,
+        *,
+        failures: int = 3,
+        recovery_s: float = 30.0,
+        clock: Clock | None = None,
+        on_transition: TransitionHook | None = None,
+    ) -> None:
+        if failures < 1:
+            raise ValueError("failures must be >= 1")
+        if recovery_s <= 0:
+            raise ValueError("recovery_s must be > 0")
+        self.name = name
+        self.failures = failures
+        self.recovery_s = float(recovery_s)
+        self._clock: Clock = clock or SystemClock()
+        self._on_transition = on_transition
+        self._state = BreakerState.CLOSED
+        self._consecutive = 0
+        self._opened_at: float | None = None  # monotonic
+        self._retry_at: float | None = None  # monotonic
+        self._trial_in_flight = False
+
+    # -- state -------------------------------------------------------------------------------------------
+
+    @property
+    def state(self) -> BreakerState:
+        # Half-open is reached lazily: nothing needs a timer, the next reader observes it.
+        if (
+            self._state is BreakerState.OPEN
+            and self._retry_at is not None
+            and self._clock.now() >= self._retry_at
+        ):
+            self._trial_in_flight = False
+            self._move(BreakerState.HALF_OPEN, "recovery time elapsed")
+        return self._state
+
+    @property
+    def consecutive_failures(self) -> int:
+        return self._consecutive
+
+    @property
+    def retry_in_s(self) -> float | None:
+        """Seconds until an open breaker admits its trial; None unless open."""
+        if self.state is not BreakerState.OPEN or self._retry_at is None:
+            return None
+        return max(0.0, self._retry_at - self._clock.now())
+
+    @property
+    def trial_in_flight(self) -> bool:
+        return self.state is BreakerState.HALF_OPEN and self._trial_in_flight
+
+    def allow(self) -> bool:
+        state = self.state
+        if state is BreakerState.CLOSED:
+            return True
+        if state is BreakerState.OPEN:
+            return False
+        if self._trial_in_flight:
+            return False
+        self._trial_in_flight = True
+        return True
+
+    # -- outcomes ----------------------------------------------------------------------------------------
+
+    def record_success(self) -> None:
+        state = self.state
+        if state is BreakerState.OPEN:
+            # A late success from an attempt started before the breaker opened says little about now;
+            # the half-open trial is what decides, so the open period is not cut short.
+            return
+        self._consecutive = 0
+        self._trial_in_flight = False
+        if state is BreakerState.HALF_OPEN:
+            self._opened_at = None
+            self._retry_at = None
+            self._move(BreakerState.CLOSED, "trial request succeeded")
+
+    def record_failure(self, *, retry_after: float | None = None, reason: str = "") -> None:
+        state = self.state
+        now = self._clock.now()
+        hint = (
+            retry_after
+            if retry_after is not None and math.isfinite(retry_after) and retry_after > 0
+            else None
+        )
+        self._consecutive += 1
+        detail = f": {reason}" if reason else ""
+        if state is BreakerState.HALF_OPEN:
+            self._trial_in_flight = False
+            self._open(now, max(self.recovery_s, hint or 0.0), f"trial request failed{detail}")
+            return
+        if state is BreakerState.OPEN:
+            # Only a longer upstream hint matters here; the breaker is already refusing traffic.
+            if hint is not None and self._retry_at is not None and now + hint > self._retry_at:
+                self._retry_at = now + hint
+            return
+        if self._consecutive >= self.failures:
+            why = f"{self._consecutive} consecutive failures{detail}"
+            if hint is not None:
+                why += f" (retry-after {hint:g}s)"
+            self._open(now, max(self.recovery_s, hint or 0.0), why)
+        elif hint is not None:
+            # The upstream said when to come back; calling earlier only earns more 429s.
+            self._open(now, hint, f"retry-after {hint:g}s{detail}")
+
+    def record_neutral(self) -> None:
+        """An attempt that said nothing about the provider's health (client 4xx, cancelled race loser)."""
+        if self.state is BreakerState.HALF_OPEN:
+            self._trial_in_flight = False
+
+    def release(self) -> None:
+        self.record_neutral()
+
+    # -- persistence -------------------------------------------------------------------------------------
+
+    def snapshot(self) -> dict[str, Any]:
+        state = self.state
+        now = self._clock.now()
+        wall = wall_time(self._clock)
+        opened_at = None if self._opened_at is None else wall - (now - self._opened_at)
+        retry_in = None
+        retry_at = None
+        if state is BreakerState.OPEN and self._retry_at is not None:
+            retry_in = max(0.0, self._retry_at - now)
+            retry_at = wall + retry_in
+        return {
+            "state": state.value,
+            "consecutive_failures": self._consecutive,
+            "opened_at": opened_at,
+            "retry_at": retry_at,
+            "retry_in_s": retry_in,
+            "trial_in_flight": state is BreakerState.HALF_OPEN and self._trial_in_flight,
+        }
+
+    def restore(self, snap: dict[str, Any]) -> None:
+        """Load a snapshot taken by a previous process. Raises ValueError on malformed data."""
+        if not isinstance(snap, dict):
+            raise ValueError("breaker snapshot must be an object")
+        try:
+            state = BreakerState(snap.get("state", "closed"))
+        except ValueError as exc:
+            raise ValueError(f"unknown breaker state {snap.get('state')!r}") from exc
+        consecutive = _non_negative_int(snap.get("consecutive_failures", 0), "consecutive_failures")
+        now = self._clock.now()
+        wall = wall_time(self._clock)
+        opened_at = _optional_float(snap.get("opened_at"), "opened_at")
+        retry_in = _optional_float(snap.get("retry_in_s"), "retry_in_s")
+        retry_at = _optional_float(snap.get("retry_at"), "retry_at")
+
+        self._consecutive = consecutive
+        # The trial that was in flight died with the old process; a new one must be admitted.
+        self._trial_in_flight = False
+        self._opened_at = None if opened_at is None else now - max(0.0, wall - opened_at)
+        self._retry_at = None
+        if state is BreakerState.OPEN:
+            remaining = self.recovery_s if retry_in is None else max(0.0, retry_in)
+            if retry_at is not None:
+                # Downtime counts toward recovery; a wall clock that went backwards must not extend it.
+                remaining = min(remaining, max(0.0, retry_at - wall))
+            self._retry_at = now + remaining
+            if self._opened_at is None:
+                self._opened_at = now
+        elif state is BreakerState.CLOSED:
+            self._opened_at = None
+        self._state = state
+
+    # -- internals ---------------------------------------------------------------------------------------
+
+    def _open(self, now: float, duration: float, reason: str) -> None:
+        self._opened_at = now
+        self._retry_at = now + duration
+        self._move(BreakerState.OPEN, reason)
+
+    def _move(self, new: BreakerState, reason: str) -> None:
+        old = self._state
+        self._state = new
+        if old is new or self._on_transition is None:
+            return
+        try:
+            self._on_transition(self.name, old, new, reason)
+        except Exception:
+            # Auditing a transition must never break routing.
+            log.exception("breaker transition hook failed for %s", self.name)
+
+
+def _optional_float(value: Any, field: str) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise ValueError(f"{field} must be a finite number")
+    return float(value)
+
+
+def _non_negative_int(value: Any, field: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"{field} must be a non-negative integer")
+    return value
+
+
+class BreakerRegistry:
+    """One breaker per provider, shared by every profile that routes to it."""
+
+    def __init__(
+        self,
+        *,
+        failures: int = 3,
+        recovery_s: float = 30.0,
+        clock: Clock | None = None,
+        on_transition: TransitionHook | None = None,
+    ) -> None:
+        self._failures = failures
+        self._recovery_s = recovery_s
+        self._clock: Clock = clock or SystemClock()
+        self._on_transition = on_transition
+        self._breakers: dict[str, CircuitBreaker] = {}
+
+    def get(self, name: str) -> CircuitBreaker:
+        breaker = self._breakers.get(name)
+        if breaker is None:
+            breaker = CircuitBreaker(
+                name,
+                failures=self._failures,
+                recovery_s=self._recovery_s,
+                clock=self._clock,
+                on_transition=self._on_transition,
+            )
+            self._breakers[name] = breaker
+        return breaker
+
+    def configure(self, failures: int, recovery_s: float) -> None:
+        """New defaults (config reload); applied to existing breakers without resetting their state."""
+        if failures < 1:
+            raise ValueError("failures must be >= 1")
+        if recovery_s <= 0:
+            raise ValueError("recovery_s must be > 0")
+        self._failures = failures
+        self._recovery_s = float(recovery_s)
+        for breaker in self._breakers.values():
+            breaker.failures = failures
+            breaker.recovery_s = float(recovery_s)
+
+    def names(self) -> list[str]:
+        return list(self._breakers)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._breakers
+
+    def snapshot(self) -> dict[str, dict[str, Any]]:
+        return {name: breaker.snapshot() for name, breaker in self._breakers.items()}
+
+    def restore(self, data: dict[str, Any]) -> list[str]:
+        """Restore every well-formed entry; returns the names whose snapshot was rejected (and logged),
+        because a damaged persisted record must not stop the daemon from serving."""
+        rejected: list[str] = []
+        if not isinstance(data, dict):
+            log.warning("ignoring breaker state: expected an object, got %s", type(data).__name__)
+            return rejected
+        for name, snap in data.items():
+            try:
+                self.get(str(name)).restore(snap)
+            except ValueError as exc:
+                log.warning("ignoring persisted breaker state for %s: %s", name, exc)
+                rejected.append(str(name))
+        return rejected

@@ -1,0 +1,170 @@
+"""The routing plan for one request: which providers to try, in which order, and why others were skipped.
+
+Pure: reads breaker/health/budget state handed in, performs no I/O. The executor still calls
+`CircuitBreaker.allow()` right before each attempt, so a half-open provider admits exactly one trial.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from .adaptive import AdaptiveOrderer
+from .breaker import BreakerRegistry, BreakerState
+
+HEALTH_ACTIONS = ("warn", "demote", "exclude")
+SKIP_REASONS = ("tools", "vision", "thinking", "context", "budget", "breaker_open", "unhealthy")
+
+
+@dataclass
+class ProviderFacts:
+    name: str
+    tools: bool = True
+    vision: bool = False
+    thinking: bool = True
+    context_window: int = 0  # 0 = unknown: no context gate
+    paid: bool = False
+
+
+@dataclass
+class RequestFeatures:
+    has_tools: bool = False
+    has_images: bool = False
+    # Thinking enabled on a request is a preference: a provider without thinking still answers. Only a
+    # caller that cannot accept an answer without reasoning sets this.
+    thinking_required: bool = False
+    estimated_tokens: int = 0
+
+
+@dataclass
+class Skip:
+    provider: str
+    reason: str
+    message: str
+
+    def as_dict(self) -> dict[str, str]:
+        return {"provider": self.provider, "reason": self.reason, "message": self.message}
+
+
+@dataclass
+class Plan:
+    candidates: list[str]
+    skips: list[Skip] = field(default_factory=list)
+    order_notes: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def empty(self) -> bool:
+        return not self.candidates
+
+    def explain(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "candidates": list(self.candidates),
+            "skips": [s.as_dict() for s in self.skips],
+            "order": [dict(n) for n in self.order_notes],
+            "all_gated": not self.candidates,
+        }
+        if self.candidates:
+            out["summary"] = f"trying {', '.join(self.candidates)}"
+        elif self.skips:
+            out["summary"] = "no provider can serve this request: " + "; ".join(
+                f"{s.provider}: {s.message}" for s in self.skips
+            )
+        else:
+            out["summary"] = "no provider can serve this request: the chain is empty"
+        return out
+
+
+def _health_word(value: Any) -> str:
+    # Health may arrive as a plain string or as an Enum from the health monitor.
+    raw = getattr(value, "value", value)
+    return str(raw).upper() if raw is not None else "HEALTHY"
+
+
+def plan(
+    chain: list[str],
+    facts: dict[str, ProviderFacts],
+    features: RequestFeatures,
+    *,
+    breakers: BreakerRegistry,
+    health: dict[str, str],
+    health_action: str,
+    orderer: AdaptiveOrderer | None = None,
+    budget_ok: Callable[[str], bool] | None = None,
+) -> Plan:
+    if health_action not in HEALTH_ACTIONS:
+        raise ValueError(f"health_action must be one of {', '.join(HEALTH_ACTIONS)}, got {health_action!r}")
+    chain = list(dict.fromkeys(chain))
+
+    # Provider state that makes a provider unusable for any request; computed once, used for both the
+    # adaptive debounce and the gates.
+    open_breakers: dict[str, float | None] = {}
+    for p in chain:
+        breaker = breakers.get(p)
+        if breaker.state is BreakerState.OPEN:
+            open_breakers[p] = breaker.retry_in_s
+    unhealthy = {p for p in chain if _health_word(health.get(p)) == "UNHEALTHY"}
+    excluded = unhealthy if health_action == "exclude" else set()
+    over_budget = {p for p in chain if budget_ok is not None and not budget_ok(p)}
+
+    notes: list[dict[str, Any]] = []
+    order = chain
+    if orderer is not None:
+        ineligible = set(open_breakers) | excluded | over_budget
+        order, adaptive_notes = orderer.order(chain, ineligible=ineligible)
+        notes.extend(adaptive_notes)
+
+    demoted: list[str] = []
+    for p in order:
+        word = _health_word(health.get(p))
+        if word == "UNHEALTHY" and health_action == "demote":
+            demoted.append(p)
+            notes.append({"provider": p, "moved": "back", "why": "health UNHEALTHY (health_action=demote)"})
+        elif word == "UNHEALTHY" and health_action == "warn":
+            notes.append({"provider": p, "moved": "none", "why": "health UNHEALTHY (health_action=warn)"})
+        elif word == "DEGRADED":
+            notes.append({"provider": p, "moved": "none", "why": "health DEGRADED"})
+    if demoted:
+        order = [p for p in order if p not in demoted] + demoted
+
+    candidates: list[str] = []
+    skips: list[Skip] = []
+    for p in order:
+        skip = _gate(p, facts.get(p) or ProviderFacts(name=p), features, open_breakers, excluded, over_budget)
+        if skip is None:
+            candidates.append(p)
+        else:
+            skips.append(skip)
+    return Plan(candidates=candidates, skips=skips, order_notes=notes)
+
+
+def _gate(
+    p: str,
+    f: ProviderFacts,
+    req: RequestFeatures,
+    open_breakers: dict[str, float | None],
+    excluded: set[str],
+    over_budget: set[str],
+) -> Skip | None:
+    # Capability gates first: they are permanent for this request and the most useful thing to report.
+    if req.has_tools and not f.tools:
+        return Skip(p, "tools", f"request uses tools but {p} has capabilities.tools = false")
+    if req.has_images and not f.vision:
+        return Skip(p, "vision", f"request contains images but {p} has capabilities.vision = false")
+    if req.thinking_required and not f.thinking:
+        return Skip(p, "thinking", f"request requires thinking but {p} has capabilities.thinking = false")
+    if f.context_window > 0 and req.estimated_tokens > f.context_window:
+        return Skip(
+            p,
+            "context",
+            f"request needs ~{req.estimated_tokens:,} tokens, over {p}'s context window of {f.context_window:,}",
+        )
+    if p in over_budget:
+        return Skip(p, "budget", f"{p} is over its monthly budget")
+    if p in open_breakers:
+        retry = open_breakers[p]
+        when = f" (trial in {retry:.1f}s)" if retry is not None else ""
+        return Skip(p, "breaker_open", f"circuit breaker for {p} is open{when}")
+    if p in excluded:
+        return Skip(p, "unhealthy", f"{p} is UNHEALTHY and the profile's health_action is exclude")
+    return None

@@ -1,0 +1,51 @@
+"""The request as the router sees it, whatever wire it came in on."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+
+@dataclass(slots=True)
+class ClientRequest:
+    ingress: str  # "anthropic" | "openai"
+    body: dict
+    raw: bytes
+    headers: dict[str, str]
+    stream: bool
+    model: str
+    request_id: str
+    started: float = field(default_factory=time.monotonic)
+    wall_started: float = field(default_factory=time.time)
+
+    def has_tools(self) -> bool:
+        return bool(self.body.get("tools"))
+
+    def has_images(self) -> bool:
+        # Cheap byte scan first: most requests carry no image at all.
+        if self.ingress == "anthropic":
+            return b'"image"' in self.raw and _anthropic_has_image(self.body.get("messages") or [])
+        return b'"image_url"' in self.raw
+
+    def thinking_requested(self) -> bool:
+        t = self.body.get("thinking")
+        return isinstance(t, dict) and t.get("type") in ("enabled", "adaptive")
+
+    def estimated_tokens(self, chars_per_token: float = 4.0) -> int:
+        return int(len(self.raw) / chars_per_token)
+
+
+def _anthropic_has_image(messages: list) -> bool:
+    for m in messages:
+        c = m.get("content") if isinstance(m, dict) else None
+        if not isinstance(c, list):
+            continue
+        for b in c:
+            if not isinstance(b, dict):
+                continue
+            if b.get("type") == "image":
+                return True
+            if b.get("type") == "tool_result" and isinstance(b.get("content"), list):
+                if any(isinstance(x, dict) and x.get("type") == "image" for x in b["content"]):
+                    return True
+    return False

@@ -1,0 +1,113 @@
+"""The router's live state, shared by every profile: circuit breakers, latency/error figures, health,
+adaptive orderers. The executor asks it for a plan and reports each attempt's outcome back."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from ..providers.errors import UpstreamError
+from .adaptive import AdaptiveOrderer, AdaptiveSettings, ProbeScheduler, ProviderStats
+from .breaker import BreakerRegistry, BreakerState
+from .clock import Clock, SystemClock
+from .planner import Plan, ProviderFacts, RequestFeatures, plan
+from .request import ClientRequest
+
+
+class Router:
+    def __init__(self, config, *, clock: Clock | None = None,
+                 on_breaker: Callable[[str, BreakerState, BreakerState, str], None] | None = None) -> None:
+        self.clock = clock or SystemClock()
+        self._on_breaker = on_breaker
+        self.breakers = BreakerRegistry(failures=config.breaker.failures, recovery_s=config.breaker.recovery_s,
+                                        clock=self.clock, on_transition=self._breaker_moved)
+        self.settings = AdaptiveSettings(**config.adaptive.model_dump())
+        self.stats = ProviderStats(self.settings, self.clock)
+        self.probes = ProbeScheduler(self.stats, self.settings, self.clock)
+        self._orderers: dict[str, AdaptiveOrderer] = {}
+        # provider -> HEALTHY | DEGRADED | UNHEALTHY, written by the health monitor and self-healing.
+        self.health: dict[str, str] = {}
+        # provider -> bool, asked before planning a paid provider (the budget guard plugs in here).
+        self.budget_ok: Callable[[str], bool] | None = None
+        self.passive_failures: dict[str, int] = {}
+        self.on_passive: Callable[[str, int], None] | None = None
+
+    def _breaker_moved(self, name, old, new, reason) -> None:
+        if self._on_breaker is not None:
+            self._on_breaker(name, old, new, reason)
+
+    def reconfigure(self, config) -> None:
+        self.breakers.configure(config.breaker.failures, config.breaker.recovery_s)
+        new = AdaptiveSettings(**config.adaptive.model_dump())
+        for k, v in vars(new).items():
+            setattr(self.settings, k, v)
+
+    def orderer(self, profile: str) -> AdaptiveOrderer:
+        o = self._orderers.get(profile)
+        if o is None:
+            o = self._orderers[profile] = AdaptiveOrderer(self.stats, self.settings, self.clock)
+        return o
+
+    @staticmethod
+    def facts(runtime) -> dict[str, ProviderFacts]:
+        out = {}
+        for name, p in runtime.providers.items():
+            c = p.cfg
+            out[name] = ProviderFacts(name=name, tools=c.capabilities.tools, vision=c.capabilities.vision,
+                                      thinking=c.capabilities.thinking, context_window=c.context_window, paid=c.paid)
+        return out
+
+    def plan(self, profile_name: str, profile, runtime, req: ClientRequest) -> Plan:
+        features = RequestFeatures(
+            has_tools=req.has_tools(),
+            has_images=req.has_images(),
+            thinking_required=False,
+            estimated_tokens=req.estimated_tokens(),
+        )
+        return plan(
+            list(profile.providers), runtime.facts, features,
+            breakers=self.breakers, health=self.health, health_action=profile.health_action,
+            orderer=self.orderer(profile_name) if profile.adaptive else None,
+            budget_ok=self.budget_ok,
+        )
+
+    def effective_order(self, profile_name: str, profile, runtime) -> Plan:
+        return self.plan(profile_name, profile, runtime, ClientRequest(
+            ingress="anthropic", body={}, raw=b"", headers={}, stream=False, model="", request_id="status"))
+
+    # -- outcomes -------------------------------------------------------------------------------------------
+
+    def admit(self, provider: str) -> bool:
+        return self.breakers.get(provider).allow()
+
+    def release(self, provider: str) -> None:
+        self.breakers.get(provider).release()
+
+    def report_success(self, provider: str, latency_s: float) -> None:
+        self.breakers.get(provider).record_success()
+        self.stats.record(provider, latency_s=latency_s, ok=True)
+        if self.passive_failures.get(provider):
+            self.passive_failures[provider] = 0
+            if self.on_passive is not None:
+                self.on_passive(provider, 0)
+
+    def report_failure(self, provider: str, e: UpstreamError, elapsed_s: float) -> None:
+        br = self.breakers.get(provider)
+        if e.counts_against_provider:
+            br.record_failure(retry_after=e.retry_after, reason=e.label)
+            self.stats.record(provider, latency_s=elapsed_s, ok=False)
+            n = self.passive_failures.get(provider, 0) + 1
+            self.passive_failures[provider] = n
+            if self.on_passive is not None:
+                self.on_passive(provider, n)
+        else:
+            br.release()
+
+    def report_probe(self, provider: str, latency_s: float | None, ok: bool) -> None:
+        self.stats.record(provider, latency_s=latency_s, ok=ok, probe=True)
+
+    def snapshot(self) -> dict:
+        return {
+            "breakers": self.breakers.snapshot(),
+            "figures": self.stats.all_figures(),
+            "health": dict(self.health),
+        }

@@ -1,0 +1,55 @@
+"""State and history: typed events, the bus that carries them, SQLite store, journal, audit log."""
+
+from coderouterd.state.audit import AuditLog, follow_audit, read_audit
+from coderouterd.state.bus import EventBus
+from coderouterd.state.cost import cache_savings_usd, cost_usd
+from coderouterd.state.events import (
+    AttemptFailed,
+    BreakerTransition,
+    BudgetBlocked,
+    BudgetWarning,
+    ConfigRejected,
+    ConfigReloaded,
+    DaemonLifecycle,
+    Event,
+    FallbackUsed,
+    GuardFired,
+    HealthTransition,
+    PersistenceFault,
+    ProcessEvent,
+    ProfileSwitched,
+    RecoveryProbe,
+    RequestFinished,
+)
+from coderouterd.state.journal import export_rows, journal_rows
+from coderouterd.state.replay import compare
+from coderouterd.state.store import Store
+
+__all__ = [
+    "AttemptFailed",
+    "AuditLog",
+    "BreakerTransition",
+    "BudgetBlocked",
+    "BudgetWarning",
+    "ConfigRejected",
+    "ConfigReloaded",
+    "DaemonLifecycle",
+    "Event",
+    "EventBus",
+    "FallbackUsed",
+    "GuardFired",
+    "HealthTransition",
+    "PersistenceFault",
+    "ProcessEvent",
+    "ProfileSwitched",
+    "RecoveryProbe",
+    "RequestFinished",
+    "Store",
+    "cache_savings_usd",
+    "compare",
+    "cost_usd",
+    "export_rows",
+    "follow_audit",
+    "journal_rows",
+    "read_audit",
+]

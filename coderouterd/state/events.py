@@ -1,0 +1,239 @@
+"""Typed events: everything notable the daemon does, as small dataclasses.
+
+Producers build an event and hand it to the bus; sinks (journal, audit, metrics, log) decide what
+to keep. Each class declares `kind` (stable wire name, used in the audit log and for sink filters)
+and `audited` (whether the audit log keeps it). `ts` is wall-clock seconds taken at construction,
+so an event written later by the writer thread still carries the moment it happened.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field, fields
+from typing import Any, ClassVar
+
+_FIELD_NAMES: dict[type, tuple[str, ...]] = {}
+
+
+@dataclass(slots=True)
+class Event:
+    kind: ClassVar[str] = "event"
+    audited: ClassVar[bool] = False
+
+    ts: float = field(default_factory=time.time, kw_only=True)
+
+    def to_dict(self) -> dict[str, Any]:
+        cls = type(self)
+        names = _FIELD_NAMES.get(cls)
+        if names is None:
+            names = tuple(f.name for f in fields(cls))
+            _FIELD_NAMES[cls] = names
+        out: dict[str, Any] = {"kind": cls.kind}
+        for name in names:
+            out[name] = getattr(self, name)
+        return out
+
+
+@dataclass(slots=True)
+class RequestFinished(Event):
+    kind: ClassVar[str] = "request_finished"
+
+    request_id: str
+    ingress: str
+    profile: str
+    provider: str
+    attempts: list[dict] = field(default_factory=list)
+    model_requested: str = ""
+    model_used: str = ""
+    status: int = 200
+    error_class: str | None = None
+    latency_ms: float = 0.0
+    ttfb_ms: float | None = None
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cache_read_tokens: int = 0
+    cache_write_tokens: int = 0
+    cost_usd: float = 0.0
+    streaming: bool = False
+    fallback_count: int = 0
+    race_outcome: str | None = None
+
+    @property
+    def audited(self) -> bool:  # type: ignore[override]
+        # A plain success is journal material only; a request that needed the fallback chain or
+        # ended in a server-side failure is worth reading later.
+        return self.fallback_count > 0 or self.status >= 500
+
+
+@dataclass(slots=True)
+class AttemptFailed(Event):
+    kind: ClassVar[str] = "attempt_failed"
+
+    request_id: str
+    provider: str
+    reason: str
+    status: int | None = None
+    elapsed_ms: float = 0.0
+
+
+@dataclass(slots=True)
+class FallbackUsed(Event):
+    kind: ClassVar[str] = "fallback_used"
+    audited: ClassVar[bool] = True
+
+    request_id: str
+    profile: str
+    chain: list[dict] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class BreakerTransition(Event):
+    kind: ClassVar[str] = "breaker_transition"
+    audited: ClassVar[bool] = True
+
+    provider: str
+    old: str
+    new: str
+    reason: str = ""
+
+
+@dataclass(slots=True)
+class HealthTransition(Event):
+    kind: ClassVar[str] = "health_transition"
+    audited: ClassVar[bool] = True
+
+    provider: str
+    old: str
+    new: str
+    reason: str = ""
+
+
+@dataclass(slots=True)
+class GuardFired(Event):
+    kind: ClassVar[str] = "guard_fired"
+    audited: ClassVar[bool] = True
+
+    request_id: str | None
+    guard: str
+    action: str
+    detail: dict = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class BudgetWarning(Event):
+    kind: ClassVar[str] = "budget_warning"
+    audited: ClassVar[bool] = True
+
+    provider: str
+    spent_usd: float
+    cap_usd: float
+    ratio: float
+
+
+@dataclass(slots=True)
+class BudgetBlocked(Event):
+    kind: ClassVar[str] = "budget_blocked"
+    audited: ClassVar[bool] = True
+
+    provider: str
+    spent_usd: float
+    cap_usd: float
+
+
+@dataclass(slots=True)
+class ConfigReloaded(Event):
+    kind: ClassVar[str] = "config_reloaded"
+    audited: ClassVar[bool] = True
+
+    path: str
+    changed: list[str] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class ConfigRejected(Event):
+    kind: ClassVar[str] = "config_rejected"
+    audited: ClassVar[bool] = True
+
+    path: str
+    reason: str
+
+
+@dataclass(slots=True)
+class ProfileSwitched(Event):
+    kind: ClassVar[str] = "profile_switched"
+    audited: ClassVar[bool] = True
+
+    old: str | None
+    new: str
+    source: str = ""
+
+
+PROCESS_EVENTS = frozenset(
+    {"started", "ready", "exited", "restarting", "fatal", "adopted", "stopped", "excluded", "rejoined"}
+)
+
+
+@dataclass(slots=True)
+class ProcessEvent(Event):
+    kind: ClassVar[str] = "process"
+    audited: ClassVar[bool] = True
+
+    provider: str
+    process: str
+    event: str  # one of PROCESS_EVENTS
+    pid: int | None = None
+    detail: str | dict = ""
+
+
+@dataclass(slots=True)
+class RecoveryProbe(Event):
+    kind: ClassVar[str] = "recovery_probe"
+    audited: ClassVar[bool] = True
+
+    provider: str
+    ok: bool
+    attempt: int
+    next_in_s: float | None = None
+
+
+@dataclass(slots=True)
+class DaemonLifecycle(Event):
+    kind: ClassVar[str] = "daemon"
+    audited: ClassVar[bool] = True
+
+    event: str  # "start" | "stop"
+    pid: int
+    version: str = ""
+
+
+@dataclass(slots=True)
+class PersistenceFault(Event):
+    kind: ClassVar[str] = "persistence_fault"
+    audited: ClassVar[bool] = True
+
+    component: str
+    problem: str
+    # True on the event that reports the end of an outage, so the audit trail shows both edges.
+    recovered: bool = False
+
+
+EVENT_TYPES: dict[str, type[Event]] = {
+    cls.kind: cls
+    for cls in (
+        RequestFinished,
+        AttemptFailed,
+        FallbackUsed,
+        BreakerTransition,
+        HealthTransition,
+        GuardFired,
+        BudgetWarning,
+        BudgetBlocked,
+        ConfigReloaded,
+        ConfigRejected,
+        ProfileSwitched,
+        ProcessEvent,
+        RecoveryProbe,
+        DaemonLifecycle,
+        PersistenceFault,
+    )
+}

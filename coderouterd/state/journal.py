@@ -1,0 +1,183 @@
+"""Request journal: one metadata row per request (never bodies), and read-only queries over it.
+
+The store owns writing (in the event writer thread); this module owns the row shape and the
+readers used by the admin API and corectl, which open their own read-only connection so a query
+can never block or corrupt the daemon's writes.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import sqlite3
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from coderouterd.state.events import RequestFinished
+
+JOURNAL_COLUMNS: tuple[str, ...] = (
+    "ts",
+    "request_id",
+    "ingress",
+    "profile",
+    "provider",
+    "attempts",
+    "model_requested",
+    "model_used",
+    "status",
+    "error_class",
+    "latency_ms",
+    "ttfb_ms",
+    "input_tokens",
+    "output_tokens",
+    "cache_read_tokens",
+    "cache_write_tokens",
+    "cost_usd",
+    "streaming",
+    "fallback_count",
+    "race_outcome",
+)
+
+JOURNAL_DDL = (
+    "CREATE TABLE IF NOT EXISTS journal ("
+    " id INTEGER PRIMARY KEY,"
+    " ts REAL NOT NULL, request_id TEXT, ingress TEXT, profile TEXT, provider TEXT,"
+    " attempts TEXT, model_requested TEXT, model_used TEXT, status INTEGER, error_class TEXT,"
+    " latency_ms REAL, ttfb_ms REAL, input_tokens INTEGER, output_tokens INTEGER,"
+    " cache_read_tokens INTEGER, cache_write_tokens INTEGER, cost_usd REAL, streaming INTEGER,"
+    " fallback_count INTEGER, race_outcome TEXT)",
+    "CREATE INDEX IF NOT EXISTS journal_ts ON journal(ts)",
+    "CREATE INDEX IF NOT EXISTS journal_provider_ts ON journal(provider, ts)",
+    "CREATE INDEX IF NOT EXISTS journal_profile_ts ON journal(profile, ts)",
+)
+
+INSERT_SQL = (
+    f"INSERT INTO journal ({', '.join(JOURNAL_COLUMNS)}) VALUES ({', '.join('?' for _ in JOURNAL_COLUMNS)})"
+)
+
+
+def row_from_event(ev: RequestFinished) -> tuple:
+    return (
+        ev.ts,
+        ev.request_id,
+        ev.ingress,
+        ev.profile,
+        ev.provider,
+        orjson.dumps(ev.attempts or []).decode(),
+        ev.model_requested,
+        ev.model_used,
+        ev.status,
+        ev.error_class,
+        ev.latency_ms,
+        ev.ttfb_ms,
+        ev.input_tokens,
+        ev.output_tokens,
+        ev.cache_read_tokens,
+        ev.cache_write_tokens,
+        ev.cost_usd,
+        1 if ev.streaming else 0,
+        ev.fallback_count,
+        ev.race_outcome,
+    )
+
+
+def _epoch(value: datetime | float | int | None) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, datetime):
+        if value.tzinfo is None:
+            # Naive datetimes are taken as UTC, the only zone the journal knows.
+            value = value.replace(tzinfo=UTC)
+        return value.timestamp()
+    return float(value)
+
+
+def _decode(raw: sqlite3.Row) -> dict[str, Any]:
+    row = dict(zip(JOURNAL_COLUMNS, raw, strict=True))
+    try:
+        row["attempts"] = orjson.loads(row["attempts"]) if row["attempts"] else []
+    except orjson.JSONDecodeError:
+        row["attempts"] = []
+    row["streaming"] = bool(row["streaming"])
+    return row
+
+
+def journal_rows(
+    db_path: str | Path,
+    since: datetime | float | None = None,
+    until: datetime | float | None = None,
+    provider: str | None = None,
+    profile: str | None = None,
+    limit: int | None = None,
+) -> list[dict[str, Any]]:
+    """Journal rows oldest first; with `limit`, the newest `limit` rows (still oldest first).
+
+    `since` is inclusive, `until` exclusive; both accept a datetime (naive = UTC) or epoch seconds.
+    A missing database or one without a journal yet reads as empty.
+    """
+    path = Path(db_path)
+    if not path.is_file():
+        return []
+    where: list[str] = []
+    args: list[Any] = []
+    for clause, value in (("ts >= ?", _epoch(since)), ("ts < ?", _epoch(until))):
+        if value is not None:
+            where.append(clause)
+            args.append(value)
+    for clause, value in (("provider = ?", provider), ("profile = ?", profile)):
+        if value is not None:
+            where.append(clause)
+            args.append(value)
+    sql = f"SELECT {', '.join(JOURNAL_COLUMNS)} FROM journal"
+    if where:
+        sql += " WHERE " + " AND ".join(where)
+    if limit is not None:
+        sql += " ORDER BY ts DESC, id DESC LIMIT ?"
+        args.append(int(limit))
+    else:
+        sql += " ORDER BY ts, id"
+    conn = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True, timeout=5.0)
+    try:
+        try:
+            raw = conn.execute(sql, args).fetchall()
+        except sqlite3.OperationalError as exc:
+            if "no such table" in str(exc):
+                return []
+            raise
+    finally:
+        conn.close()
+    if limit is not None:
+        raw.reverse()
+    return [_decode(r) for r in raw]
+
+
+def _iso(ts: float) -> str:
+    return datetime.fromtimestamp(ts, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def export_rows(rows: list[dict[str, Any]], fmt: str = "jsonl") -> str:
+    """Render journal rows as JSON Lines or CSV, with `ts` as ISO 8601 UTC."""
+    if fmt == "jsonl":
+        lines = [orjson.dumps({**r, "ts": _iso(r["ts"])}).decode() for r in rows]
+        return "".join(line + "\n" for line in lines)
+    if fmt == "csv":
+        buf = io.StringIO()
+        writer = csv.writer(buf, lineterminator="\n")
+        writer.writerow(JOURNAL_COLUMNS)
+        for r in rows:
+            out = []
+            for col in JOURNAL_COLUMNS:
+                value = r.get(col)
+                if col == "ts":
+                    value = _iso(value)
+                elif col == "attempts":
+                    value = orjson.dumps(value or []).decode()
+                elif value is None:
+                    value = ""
+                out.append(value)
+            writer.writerow(out)
+        return buf.getvalue()
+    raise ValueError(f"unknown export format {fmt!r}; expected 'jsonl' or 'csv'")

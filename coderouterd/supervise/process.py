@@ -1,0 +1,632 @@
+"""One supervised child process as an explicit state machine.
+
+Every transition happens inside a single actor task that reads commands (start/stop/restart from
+callers) and observations (exited/ready/timeout from helper tasks) from one queue. Callers never
+touch the process themselves, so no interleaving of two callers can spawn a second copy, and a
+helper's word about a process instance that has since been replaced is recognised as stale by
+its generation number and dropped.
+
+    STOPPED --start--> STARTING --ready--> READY
+       ^                  |  exit/timeout    | exit
+       |                  v                  v
+       +----stop---- BACKOFF <-----------(restart budget left)   else FATAL (until restart())
+    STOPPING is held while a tree is being terminated.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import enum
+import inspect
+import logging
+import os
+import shlex
+import signal
+import ssl
+import time
+from collections import deque
+from collections.abc import Callable, Coroutine, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+from . import tree
+from .logs import DEFAULT_KEEP, DEFAULT_MAX_BYTES, RotatingLog
+
+log = logging.getLogger("coderouterd.supervise")
+
+# on_event(process name, event, pid, detail); record(name, info | None); lookup(name) -> info | None.
+# record and lookup may be plain functions or coroutine functions.
+EventCallback = Callable[[str, str, int | None, str], Any]
+RecordCallback = Callable[[str, dict[str, Any] | None], Any]
+LookupCallback = Callable[[str], Any]
+
+DEFAULT_BACKOFF: tuple[float, ...] = (1.0, 2.0, 4.0, 8.0, 16.0, 30.0)
+ADOPTED_POLL_S = 0.5  # a process we did not spawn cannot be wait()ed on; psutil is polled instead
+PROBE_TIMEOUT_S = 2.0
+READY_POLL_FIRST_S = 0.1
+READY_POLL_MAX_S = 2.0
+
+
+class SupervisorError(RuntimeError):
+    pass
+
+
+class ExternalProcessError(SupervisorError):
+    """Stop/restart asked for a backend that coderouterd adopted by its URL and does not own."""
+
+
+@dataclass
+class ProcessSpec:
+    name: str
+    command: list[str]
+    env: dict[str, str] = field(default_factory=dict)
+    cwd: str | None = None
+    ready_url: str | None = None
+    autostart: bool = True
+    stop_timeout_s: float = 10.0
+    start_timeout_s: float = 120.0
+    startsecs: float = 1.0
+    max_restarts: int = 5
+    restart_window_s: float = 300.0
+
+    def __post_init__(self) -> None:
+        # A string would be split by nobody and run by nothing: commands are argv, never a shell line.
+        if isinstance(self.command, str) or not self.command:
+            raise ValueError(f"process {self.name!r}: command must be a non-empty argv list")
+        if not all(isinstance(arg, str) for arg in self.command):
+            raise ValueError(f"process {self.name!r}: every command argument must be a string")
+        self.command = list(self.command)
+        self.env = {str(k): str(v) for k, v in self.env.items()}
+
+
+class ProcessState(str, enum.Enum):
+    STOPPED = "stopped"
+    STARTING = "starting"
+    READY = "ready"
+    STOPPING = "stopping"
+    BACKOFF = "backoff"
+    FATAL = "fatal"
+
+
+@dataclass
+class _Msg:
+    kind: str
+    gen: int = 0
+    value: Any = None
+    reply: asyncio.Future[Any] | None = None
+
+
+_ssl_context: ssl.SSLContext | None = None
+
+
+async def http_ready(url: str, timeout: float = PROBE_TIMEOUT_S) -> bool:
+    """True if GET url answers 2xx. A bare request on a fresh connection: probes run a few times
+    per start, and a client library's pool would only keep sockets to a server that may vanish."""
+    global _ssl_context
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        return False
+    ctx = None
+    if parts.scheme == "https":
+        _ssl_context = _ssl_context or ssl.create_default_context()
+        ctx = _ssl_context
+    target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+    host = parts.netloc.rpartition("@")[2]
+    request = f"GET {target} HTTP/1.1\r\nHost: {host}\r\nAccept: */*\r\nConnection: close\r\n\r\n".encode()
+    try:
+        port = parts.port or (443 if ctx else 80)
+        async with asyncio.timeout(timeout):
+            reader, writer = await asyncio.open_connection(parts.hostname, port, ssl=ctx)
+            try:
+                writer.write(request)
+                await writer.drain()
+                status = await reader.readline()
+            finally:
+                writer.close()
+                with contextlib.suppress(OSError):
+                    await writer.wait_closed()
+    except (OSError, TimeoutError, ValueError):
+        return False
+    fields = status.split(None, 2)
+    return len(fields) >= 2 and fields[0].startswith(b"HTTP/") and fields[1][:1] == b"2"
+
+
+def describe_exit(code: int | None) -> str:
+    if code is None:
+        return "exited (code unknown: not our child)"
+    if code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exited with code {code}"
+
+
+async def _maybe_await(value: Any) -> Any:
+    return await value if inspect.isawaitable(value) else value
+
+
+class ManagedProcess:
+    def __init__(
+        self,
+        spec: ProcessSpec,
+        *,
+        log_dir: Path,
+        on_event: EventCallback | None = None,
+        record: RecordCallback | None = None,
+        lookup: LookupCallback | None = None,
+        backoff: Sequence[float] = DEFAULT_BACKOFF,
+        clock: Callable[[], float] = time.monotonic,
+        log_max_bytes: int = DEFAULT_MAX_BYTES,
+        log_keep: int = DEFAULT_KEEP,
+        log_check_s: float = 2.0,
+    ) -> None:
+        if not backoff:
+            raise ValueError("backoff needs at least one delay")
+        self.spec = spec
+        self.log = RotatingLog(Path(log_dir) / f"{spec.name}.log", max_bytes=log_max_bytes, keep=log_keep)
+        self._on_event = on_event
+        self._record = record
+        self._lookup = lookup
+        self._backoff = tuple(float(b) for b in backoff)
+        self._clock = clock
+        self._log_check_s = log_check_s
+
+        self.state = ProcessState.STOPPED
+        self.pid: int | None = None
+        self.external = False  # found answering on ready_url; not ours, pid unknown
+        self.adopted = False  # spawned by a previous daemon; ours, watched by pid
+        self.restarts_total = 0
+        self.last_exit_code: int | None = None
+        self.started_at: float | None = None  # wall clock, for people
+        self.fatal_reason: str | None = None
+
+        self._ctime: float | None = None
+        self._proc: asyncio.subprocess.Process | None = None
+        self._started_mono: float | None = None
+        self._restart_times: deque[float] = deque()
+        self._gen = 0
+        self._inbox: asyncio.Queue[_Msg] | None = None
+        self._changed: asyncio.Event | None = None
+        self._actor: asyncio.Task[None] | None = None
+        self._helpers: set[asyncio.Task[Any]] = set()
+        self._rotation: asyncio.Task[Any] | None = None
+        self._closed = False
+        self._meter = tree.UsageMeter()
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    # ---- public API: every call is a message to the actor -------------------------------------
+
+    async def start(self) -> None:
+        """Adopt a running backend or spawn one; returns once it is STARTING (or READY if adopted)."""
+        await self._call("start")
+
+    async def stop(self) -> None:
+        await self._call("stop")
+
+    async def restart(self, reason: str = "") -> bool:
+        """False (and a `restart_skipped` event) when a start or restart is already under way."""
+        return bool(await self._call("restart", reason))
+
+    async def close(self) -> None:
+        """Stop what we own (not external backends) and end the actor; the object is then inert."""
+        if self._closed:
+            return
+        if self._actor is None or self._actor.done():
+            self._closed = True
+            return
+        await self._call("close")
+
+    async def wait_ready(self, timeout: float | None = None) -> bool:
+        """Wait for READY; False on timeout or if the process settles in STOPPED or FATAL."""
+        self._ensure_actor()
+
+        async def until_settled() -> bool:
+            while True:
+                if self.state is ProcessState.READY:
+                    return True
+                if self.state in (ProcessState.STOPPED, ProcessState.FATAL):
+                    return False
+                assert self._changed is not None
+                await self._changed.wait()
+
+        try:
+            return await asyncio.wait_for(until_settled(), timeout)
+        except TimeoutError:
+            return False
+
+    def snapshot(self) -> dict[str, Any]:
+        rss, cpu = self._meter.measure(self.pid, self._ctime)
+        now = self._clock()
+        return {
+            "name": self.name,
+            "state": self.state.value,
+            "pid": self.pid,
+            "external": self.external,
+            "adopted": self.adopted,
+            "uptime_s": round(now - self._started_mono, 3) if self._started_mono is not None else None,
+            "restarts_recent": self._recent_restarts(now),
+            "restarts_total": self.restarts_total,
+            "rss_bytes": rss,
+            "cpu_percent": cpu,
+            "last_exit_code": self.last_exit_code,
+            "started_at": self.started_at,
+            "log": str(self.log.path),
+            "fatal_reason": self.fatal_reason,
+            "ready_url": self.spec.ready_url,
+        }
+
+    # ---- actor -------------------------------------------------------------------------------
+
+    def _ensure_actor(self) -> None:
+        if self._actor is not None and not self._actor.done():
+            return
+        if self._actor is not None and not self._actor.cancelled() and self._actor.exception():
+            log.error("%s: supervisor actor died; starting a new one", self.name)
+        self._inbox = asyncio.Queue()
+        self._changed = asyncio.Event()
+        self._actor = asyncio.get_running_loop().create_task(self._run(), name=f"supervise:{self.name}")
+
+    async def _call(self, kind: str, value: Any = None) -> Any:
+        if self._closed:
+            raise SupervisorError(f"{self.name}: supervisor is shut down")
+        self._ensure_actor()
+        assert self._inbox is not None
+        reply: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self._inbox.put_nowait(_Msg(kind, value=value, reply=reply))
+        return await reply
+
+    def _post(self, kind: str, gen: int, value: Any = None) -> None:
+        if self._inbox is not None:
+            self._inbox.put_nowait(_Msg(kind, gen=gen, value=value))
+
+    async def _run(self) -> None:
+        assert self._inbox is not None
+        loop = asyncio.get_running_loop()
+        next_rotation = loop.time() + self._log_check_s
+        while True:
+            try:
+                msg = await asyncio.wait_for(self._inbox.get(), max(0.0, next_rotation - loop.time()))
+            except TimeoutError:
+                msg = None
+            if loop.time() >= next_rotation:
+                self._check_rotation()
+                next_rotation = loop.time() + self._log_check_s
+            if msg is None:
+                continue
+            try:
+                result = await self._handle(msg)
+            except Exception as exc:
+                if msg.reply is None:
+                    log.exception("%s: error while handling %s", self.name, msg.kind)
+                elif not msg.reply.done():
+                    msg.reply.set_exception(exc)
+            else:
+                if msg.reply is not None and not msg.reply.done():
+                    msg.reply.set_result(result)
+            if msg.kind == "close":
+                return
+
+    async def _handle(self, msg: _Msg) -> Any:
+        if msg.kind == "start":
+            return await self._cmd_start()
+        if msg.kind == "stop":
+            return await self._cmd_stop()
+        if msg.kind == "restart":
+            return await self._cmd_restart(msg.value or "")
+        if msg.kind == "close":
+            return await self._cmd_close()
+        if msg.gen != self._gen:
+            return None  # news about a process instance that has already been replaced
+        if msg.kind == "ready" and self.state is ProcessState.STARTING:
+            self._set_state(ProcessState.READY)
+            self._emit("ready", self.pid, f"after {self._clock() - (self._started_mono or 0):.1f}s")
+        elif msg.kind == "exited" and self.state in (ProcessState.STARTING, ProcessState.READY):
+            await self._on_exit(msg.value)
+        elif msg.kind == "start_timeout" and self.state is ProcessState.STARTING:
+            pid = self.pid
+            await self._terminate()
+            reason = f"pid {pid} not ready after {self.spec.start_timeout_s:g}s"
+            self._emit("exited", pid, f"{reason}; stopped")
+            await self._after_failure(reason)
+        elif msg.kind == "backoff_done" and self.state is ProcessState.BACKOFF:
+            await self._bring_up()
+        return None
+
+    # ---- commands ----------------------------------------------------------------------------
+
+    async def _cmd_start(self) -> None:
+        if self.state not in (ProcessState.STOPPED, ProcessState.FATAL):
+            return
+        self._reset_failures()
+        await self._bring_up()
+
+    async def _cmd_stop(self) -> None:
+        self._refuse_if_external("stop")
+        if self.state is ProcessState.STOPPED:
+            return
+        pid = self.pid
+        if self.state in (ProcessState.FATAL, ProcessState.BACKOFF):
+            self._invalidate()
+        else:
+            await self._terminate()
+        self._reset_failures()
+        self._set_state(ProcessState.STOPPED)
+        self._emit("stopped", pid, describe_exit(self.last_exit_code) if pid else "")
+
+    async def _cmd_restart(self, reason: str) -> bool:
+        self._refuse_if_external("restart")
+        if self.state in (ProcessState.STARTING, ProcessState.STOPPING, ProcessState.BACKOFF):
+            detail = f"{self.state.value}: a start or restart is already in progress"
+            log.info("%s: restart skipped (%s)", self.name, detail)
+            self._emit("restart_skipped", self.pid, detail)
+            return False
+        self._emit("restarting", self.pid, reason or "requested")
+        if self.state is ProcessState.READY:
+            await self._terminate()
+        self._reset_failures()
+        self.restarts_total += 1
+        await self._bring_up()
+        return True
+
+    async def _cmd_close(self) -> None:
+        self._closed = True
+        if not self.external and self.state is not ProcessState.STOPPED:
+            await self._cmd_stop()
+        self._invalidate()
+        if self._rotation is not None:
+            await asyncio.gather(self._rotation, return_exceptions=True)
+
+    def _refuse_if_external(self, action: str) -> None:
+        if self.external:
+            raise ExternalProcessError(
+                f"{self.name}: cannot {action} a backend coderouterd did not start (it was already "
+                f"answering on {self.spec.ready_url}); {action} it where it was started"
+            )
+
+    # ---- bringing a process up ---------------------------------------------------------------
+
+    async def _bring_up(self) -> None:
+        if await self._adopt_leftover():
+            return
+        url = self.spec.ready_url
+        if url and await http_ready(url):
+            # Someone else serves this backend; a second copy would only fight it for the port.
+            self._invalidate()
+            self.external = True
+            self._started_mono = self._clock()
+            self.started_at = time.time()
+            self._set_state(ProcessState.READY)
+            self._emit("adopted", None, f"{url} already answers; not started by coderouterd")
+            return
+        await self._spawn()
+
+    async def _adopt_leftover(self) -> bool:
+        """A child recorded by a previous daemon: adopt it if it serves, else stop it (tree)."""
+        if self._lookup is None:
+            return False
+        try:
+            rec = await _maybe_await(self._lookup(self.name))
+        except Exception:
+            log.warning("%s: lookup of a recorded process failed", self.name, exc_info=True)
+            return False
+        if not rec:
+            return False
+        pid, ctime = rec.get("pid"), rec.get("create_time")
+        # Without a create_time a pid may name an unrelated process by now: never act on it.
+        if isinstance(pid, int) and isinstance(ctime, int | float) and tree.process_alive(pid, ctime):
+            same_command = rec.get("command") == self.spec.command
+            url = self.spec.ready_url
+            if same_command and url and await http_ready(url):
+                self._invalidate()
+                gen = self._gen
+                self.pid, self._ctime, self._proc = pid, float(ctime), None
+                self.adopted, self.external = True, False
+                self._started_mono = self._clock()
+                self.started_at = float(ctime)
+                self._set_state(ProcessState.READY)
+                self._emit("adopted", pid, "left running by a previous coderouterd; ready_url answers")
+                self._helper(self._watch_pid(gen, pid, float(ctime)))
+                return True
+            why = "its command changed" if not same_command else (
+                "it answers no ready_url" if url else "there is no ready_url to check it")
+            log.warning("%s: stopping pid %s left by a previous coderouterd: %s", self.name, pid, why)
+            self._emit("stopped", pid, f"left by a previous coderouterd; {why}; stopping it")
+            survivors = await tree.kill_tree(pid, ctime=float(ctime), timeout=self.spec.stop_timeout_s)
+            if survivors:
+                log.error("%s: pids %s survived SIGKILL", self.name, survivors)
+        await self._persist(None)
+        return False
+
+    async def _spawn(self) -> None:
+        self._invalidate()
+        gen = self._gen
+        argv = self.spec.command
+        await asyncio.to_thread(self.log.append, f"starting: {shlex.join(argv)}")
+        fd = await asyncio.to_thread(self.log.open_for_child)
+        try:
+            proc = await asyncio.create_subprocess_exec(
+                *argv,
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=fd,
+                stderr=fd,
+                env={**os.environ, **self.spec.env},
+                cwd=self.spec.cwd,
+                start_new_session=True,  # its own group: one signal reaches the whole server
+            )
+        except OSError as exc:
+            # A missing binary or a bad cwd will not fix itself; retrying only hides the message.
+            await self._go_fatal(f"cannot execute {argv[0]!r}: {exc.strerror or exc}")
+            return
+        finally:
+            os.close(fd)
+        self._proc, self.pid = proc, proc.pid
+        self._ctime = tree.create_time(proc.pid)
+        self.external = self.adopted = False
+        self._started_mono = self._clock()
+        self.started_at = time.time()
+        self._set_state(ProcessState.STARTING)
+        self._emit("started", proc.pid, shlex.join(argv))
+        if self._ctime is not None:
+            await self._persist({"pid": proc.pid, "create_time": self._ctime, "command": list(argv)})
+        self._helper(self._watch_child(gen, proc))
+        self._helper(self._await_ready(gen))
+
+    # ---- helpers: they only observe and post messages -----------------------------------------
+
+    async def _watch_child(self, gen: int, proc: asyncio.subprocess.Process) -> None:
+        self._post("exited", gen, await proc.wait())
+
+    async def _watch_pid(self, gen: int, pid: int, ctime: float) -> None:
+        while tree.process_alive(pid, ctime):
+            await asyncio.sleep(ADOPTED_POLL_S)
+        self._post("exited", gen, None)
+
+    async def _await_ready(self, gen: int) -> None:
+        url = self.spec.ready_url
+        if not url:
+            await asyncio.sleep(self.spec.startsecs)
+            self._post("ready", gen)
+            return
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.spec.start_timeout_s
+        delay = READY_POLL_FIRST_S
+        while True:
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                self._post("start_timeout", gen)
+                return
+            if await http_ready(url, min(PROBE_TIMEOUT_S, remaining)):
+                self._post("ready", gen)
+                return
+            await asyncio.sleep(max(0.0, min(delay, deadline - loop.time())))
+            delay = min(delay * 2, READY_POLL_MAX_S)
+
+    async def _backoff_timer(self, gen: int, delay: float) -> None:
+        await asyncio.sleep(delay)
+        self._post("backoff_done", gen)
+
+    def _helper(self, coro: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._helpers.add(task)
+        task.add_done_callback(self._helpers.discard)
+
+    def _invalidate(self) -> None:
+        """Start a new generation: whatever the previous instance's helpers say is now ignored."""
+        self._gen += 1
+        for task in list(self._helpers):
+            task.cancel()
+
+    # ---- failures and stopping ---------------------------------------------------------------
+
+    async def _on_exit(self, code: int | None) -> None:
+        pid = self.pid
+        proc = self._proc
+        self.last_exit_code = code
+        self._invalidate()
+        # Anything the server left behind in its group or tree must not keep holding the port.
+        if pid is not None:
+            await tree.kill_tree(pid, ctime=self._ctime, timeout=self.spec.stop_timeout_s)
+            if proc is None:
+                tree.kill_tree_now(pid)
+        self._clear_instance()
+        desc = describe_exit(code)
+        await asyncio.to_thread(self.log.append, f"pid {pid} {desc}")
+        self._emit("exited", pid, desc)
+        await self._persist(None)
+        await self._after_failure(f"pid {pid} {desc}")
+
+    async def _after_failure(self, reason: str) -> None:
+        now = self._clock()
+        recent = self._recent_restarts(now)
+        if recent >= self.spec.max_restarts:
+            await self._go_fatal(f"{reason}; {recent} restarts within {self.spec.restart_window_s:g}s")
+            return
+        delay = self._backoff[min(recent, len(self._backoff) - 1)]
+        self._restart_times.append(now)
+        self.restarts_total += 1
+        self._set_state(ProcessState.BACKOFF)
+        self._emit("restarting", None, f"{reason}; restart {recent + 1}/{self.spec.max_restarts} in {delay:g}s")
+        self._helper(self._backoff_timer(self._gen, delay))
+
+    async def _go_fatal(self, reason: str) -> None:
+        self._invalidate()
+        self._clear_instance()
+        self.fatal_reason = reason
+        self._set_state(ProcessState.FATAL)
+        log.error("%s: fatal: %s", self.name, reason)
+        await asyncio.to_thread(self.log.append, f"fatal: {reason}")
+        self._emit("fatal", None, reason)
+
+    async def _terminate(self) -> None:
+        self._invalidate()
+        self._set_state(ProcessState.STOPPING)
+        pid, ctime, proc = self.pid, self._ctime, self._proc
+        if pid is not None:
+            survivors = await tree.kill_tree(pid, ctime=ctime, timeout=self.spec.stop_timeout_s)
+            if survivors:
+                log.error("%s: pids %s survived SIGKILL", self.name, survivors)
+            if proc is not None:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(proc.wait(), 2.0)  # reaped by the child watcher promptly
+                self.last_exit_code = proc.returncode
+            else:
+                self.last_exit_code = None
+            await asyncio.to_thread(self.log.append, f"stopped pid {pid} ({describe_exit(self.last_exit_code)})")
+        self._clear_instance()
+        await self._persist(None)
+
+    def _clear_instance(self) -> None:
+        self.pid = self._ctime = self._proc = self._started_mono = None
+        self.external = self.adopted = False
+
+    def _reset_failures(self) -> None:
+        self._restart_times.clear()
+        self.fatal_reason = None
+
+    def _recent_restarts(self, now: float) -> int:
+        while self._restart_times and now - self._restart_times[0] > self.spec.restart_window_s:
+            self._restart_times.popleft()
+        return len(self._restart_times)
+
+    # ---- small effects -----------------------------------------------------------------------
+
+    def _set_state(self, state: ProcessState) -> None:
+        self.state = state
+        if self._changed is not None:
+            self._changed.set()
+            self._changed = asyncio.Event()
+
+    def _emit(self, event: str, pid: int | None, detail: str = "") -> None:
+        log.info("%s: %s pid=%s %s", self.name, event, pid, detail)
+        if self._on_event is None:
+            return
+        try:
+            self._on_event(self.name, event, pid, detail)
+        except Exception:
+            log.exception("%s: on_event callback failed for %s", self.name, event)
+
+    async def _persist(self, info: dict[str, Any] | None) -> None:
+        if self._record is None:
+            return
+        try:
+            await _maybe_await(self._record(self.name, info))
+        except Exception:
+            # The store being unusable must not stop supervision; adoption after a crash is lost.
+            log.warning("%s: could not record process info", self.name, exc_info=True)
+
+    def _check_rotation(self) -> None:
+        if self._rotation is not None and not self._rotation.done():
+            return
+        self._rotation = asyncio.get_running_loop().create_task(asyncio.to_thread(self.log.rotate_if_needed))
+        self._rotation.add_done_callback(self._rotation_done)
+
+    def _rotation_done(self, task: asyncio.Task[Any]) -> None:
+        if not task.cancelled() and task.exception() is not None:
+            log.warning("%s: log rotation failed: %s", self.name, task.exception())

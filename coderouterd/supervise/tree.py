@@ -1,0 +1,171 @@
+"""psutil helpers for process identity, tree termination and resource usage.
+
+A pid alone is not an identity (pids are reused), so everything here that outlives one moment
+takes the pair (pid, create_time). A process that is a zombie counts as gone: it runs no code,
+holds no port, and in a container whose PID 1 does not reap, orphans may stay zombies forever.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import time
+
+import psutil
+
+# create_time is derived from boot time + start ticks; the same process reads back the same float,
+# a reused pid would have to be created within this window to be mistaken for the old one.
+_CREATE_TIME_TOLERANCE_S = 0.05
+
+
+def create_time(pid: int) -> float | None:
+    try:
+        return psutil.Process(pid).create_time()
+    except (psutil.NoSuchProcess, psutil.AccessDenied, ProcessLookupError):
+        return None
+
+
+def _open(pid: int, ctime: float | None) -> psutil.Process | None:
+    try:
+        proc = psutil.Process(pid)
+        if ctime is not None and abs(proc.create_time() - ctime) > _CREATE_TIME_TOLERANCE_S:
+            return None
+        return proc
+    except (psutil.NoSuchProcess, psutil.AccessDenied, ProcessLookupError):
+        return None
+
+
+def is_gone(proc: psutil.Process) -> bool:
+    try:
+        return not proc.is_running() or proc.status() == psutil.STATUS_ZOMBIE
+    except (psutil.NoSuchProcess, ProcessLookupError):
+        return True
+    except psutil.AccessDenied:
+        return False
+
+
+def process_alive(pid: int, ctime: float | None) -> bool:
+    """True if the process that had this pid at `ctime` still runs (not reused, not a zombie)."""
+    proc = _open(pid, ctime)
+    return proc is not None and not is_gone(proc)
+
+
+def _descendants(proc: psutil.Process) -> list[psutil.Process]:
+    try:
+        return proc.children(recursive=True)
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        return []
+
+
+def _own_group(proc: psutil.Process) -> int | None:
+    """The group to signal: only if `proc` leads its own group, and never the daemon's group."""
+    try:
+        pgid = os.getpgid(proc.pid)
+    except (ProcessLookupError, PermissionError):
+        return None
+    if pgid != proc.pid or pgid == os.getpgrp():
+        return None
+    return pgid
+
+
+def _leads_group(pid: int) -> bool:
+    try:
+        return os.getpgid(pid) == pid
+    except (ProcessLookupError, PermissionError):
+        return False
+
+
+def _killpg(pgid: int, root: psutil.Process, sig: int) -> None:
+    # Once the leader is dead the id can be reused for a new group only after the old group
+    # empties; refuse if the id now names a different live process that leads its own group.
+    holder = _open(pgid, None)
+    if holder is not None and holder != root and _leads_group(pgid):
+        return
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, sig)
+
+
+def _signal_all(procs: list[psutil.Process], sig: int) -> None:
+    for proc in procs:
+        # psutil refuses to signal a pid that now belongs to another process.
+        with contextlib.suppress(psutil.NoSuchProcess, psutil.AccessDenied, ProcessLookupError):
+            proc.send_signal(sig)
+
+
+async def _wait_gone(procs: list[psutil.Process], timeout: float, poll: float) -> list[psutil.Process]:
+    deadline = time.monotonic() + timeout
+    while True:
+        alive = [p for p in procs if not is_gone(p)]
+        if not alive or time.monotonic() >= deadline:
+            return alive
+        await asyncio.sleep(poll)
+
+
+async def kill_tree(pid: int, *, timeout: float, ctime: float | None = None, poll: float = 0.05) -> list[int]:
+    """SIGTERM the process group, wait up to `timeout`, then SIGKILL the tree and the group.
+
+    The descendants are collected before the first signal: once the root dies its children are
+    reparented and can no longer be found from it. Members of the group that left the tree
+    (double-forked helpers) are reached by the group signal; descendants that left the group
+    (setsid) are reached through the collected list. Returns pids still alive afterwards.
+    """
+    root = _open(pid, ctime)
+    if root is None or is_gone(root):
+        return []
+    procs = [root, *_descendants(root)]
+    pgid = _own_group(root)
+    if pgid is not None:
+        _killpg(pgid, root, signal.SIGTERM)
+    _signal_all(procs, signal.SIGTERM)
+    alive = await _wait_gone(procs, timeout, poll)
+    # Children forked during the grace period are part of the tree too.
+    for proc in alive:
+        procs.extend(p for p in _descendants(proc) if p not in procs)
+    if pgid is not None:
+        _killpg(pgid, root, signal.SIGKILL)
+    _signal_all([p for p in procs if not is_gone(p)], signal.SIGKILL)
+    return [p.pid for p in await _wait_gone(procs, 2.0, poll)]
+
+
+def kill_tree_now(pid: int, ctime: float | None = None) -> None:
+    """SIGKILL a tree and its group at once; for last-resort cleanup where waiting is not possible."""
+    root = _open(pid, ctime)
+    if root is None:
+        return
+    procs = [root, *_descendants(root)]
+    pgid = _own_group(root)
+    if pgid is not None:
+        _killpg(pgid, root, signal.SIGKILL)
+    _signal_all(procs, signal.SIGKILL)
+
+
+class UsageMeter:
+    """rss and cpu% summed over a process tree.
+
+    psutil's cpu_percent() measures since the previous call on the same Process object, so the
+    objects are kept between snapshots; model servers (ollama) do their work in child runners,
+    which is why the whole tree is counted.
+    """
+
+    def __init__(self) -> None:
+        self._procs: dict[int, psutil.Process] = {}
+
+    def measure(self, pid: int | None, ctime: float | None = None) -> tuple[int | None, float | None]:
+        root = _open(pid, ctime) if pid is not None else None
+        if root is None:
+            self._procs.clear()
+            return None, None
+        current: dict[int, psutil.Process] = {}
+        for proc in [root, *_descendants(root)]:
+            kept = self._procs.get(proc.pid)
+            current[proc.pid] = kept if kept is not None and kept == proc else proc
+        self._procs = current
+        rss, cpu = 0, 0.0
+        for proc in current.values():
+            with contextlib.suppress(psutil.NoSuchProcess, psutil.AccessDenied, ProcessLookupError):
+                with proc.oneshot():
+                    rss += proc.memory_info().rss
+                    cpu += proc.cpu_percent(None)
+        return rss, round(cpu, 1)

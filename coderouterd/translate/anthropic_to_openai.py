@@ -1,0 +1,425 @@
+"""Anthropic Messages request -> OpenAI chat.completions request, and OpenAI overflow errors."""
+
+from __future__ import annotations
+
+import re
+
+import orjson
+
+BILLING_HEADER_PREFIX = "x-anthropic-billing-header:"
+TOOL_IMAGE_PLACEHOLDER = "[image attached in the next user message]"
+
+# Top-level request keys that have no OpenAI counterpart and are dropped with a warning.
+_DROPPED_TOP_LEVEL = ("metadata", "context_management", "service_tier", "container", "mcp_servers")
+# Keys handled explicitly, so they never trigger the "unknown key" warning.
+_KNOWN_TOP_LEVEL = frozenset(
+    {
+        "model", "messages", "system", "tools", "tool_choice", "max_tokens", "stop_sequences",
+        "temperature", "top_p", "top_k", "stream", "thinking", "output_config", *_DROPPED_TOP_LEVEL,
+    }
+)
+
+
+class _Warnings:
+    """Collects one warning per dropped kind of thing, in first-seen order."""
+
+    __slots__ = ("items",)
+
+    def __init__(self) -> None:
+        self.items: list[str] = []
+
+    def add(self, message: str) -> None:
+        if message not in self.items:
+            self.items.append(message)
+
+
+def _not_expressible(what: str) -> str:
+    return f"{what} dropped: not expressible on an OpenAI backend"
+
+
+def _blocks_text(content, warnings: _Warnings, sep: str = "\n\n") -> str:
+    """Text of a string-or-blocks content; non-text blocks are dropped with a warning."""
+    if isinstance(content, str):
+        return content
+    parts: list[str] = []
+    for block in content or ():
+        if not isinstance(block, dict):
+            continue
+        if "cache_control" in block:
+            warnings.add(_not_expressible("cache_control"))
+        btype = block.get("type")
+        if btype == "text":
+            parts.append(block.get("text", ""))
+        elif btype not in ("thinking", "redacted_thinking"):
+            warnings.add(_not_expressible(f"{btype} content block"))
+    return sep.join(parts)
+
+
+def _image_part(block: dict, warnings: _Warnings) -> dict | None:
+    source = block.get("source") or {}
+    stype = source.get("type")
+    if stype == "base64":
+        url = f"data:{source.get('media_type', 'image/png')};base64,{source.get('data', '')}"
+    elif stype == "url":
+        url = source.get("url", "")
+    else:
+        warnings.add(_not_expressible(f"image source {stype!r}"))
+        return None
+    return {"type": "image_url", "image_url": {"url": url}}
+
+
+def _document_text(block: dict, warnings: _Warnings) -> str | None:
+    source = block.get("source") or {}
+    if source.get("type") == "text":
+        return source.get("data", "")
+    if source.get("type") == "content":
+        return _blocks_text(source.get("content"), warnings)
+    warnings.add(_not_expressible(f"document source {source.get('type')!r}"))
+    return None
+
+
+def _parts_content(parts: list[dict]) -> str | list[dict]:
+    # Text-only content is sent as a plain string: several local chat templates reject part lists.
+    if all(p["type"] == "text" for p in parts):
+        return "\n\n".join(p["text"] for p in parts)
+    return parts
+
+
+def _tool_result(block: dict, warnings: _Warnings) -> tuple[dict, list[dict]]:
+    """One tool message, plus image parts that must travel in a following user message."""
+    content = block.get("content")
+    images: list[dict] = []
+    if isinstance(content, str) or content is None:
+        text = content or ""
+    else:
+        texts: list[str] = []
+        for item in content:
+            if not isinstance(item, dict):
+                continue
+            if "cache_control" in item:
+                warnings.add(_not_expressible("cache_control"))
+            itype = item.get("type")
+            if itype == "text":
+                texts.append(item.get("text", ""))
+            elif itype == "image":
+                part = _image_part(item, warnings)
+                if part is not None:
+                    images.append(part)
+                    texts.append(TOOL_IMAGE_PLACEHOLDER)
+            elif itype == "document":
+                doc = _document_text(item, warnings)
+                if doc is not None:
+                    texts.append(doc)
+            else:
+                warnings.add(_not_expressible(f"{itype} block in tool_result"))
+        text = "\n".join(texts)
+    if block.get("is_error"):
+        text = "Error: " + text
+    message = {"role": "tool", "tool_call_id": block.get("tool_use_id", ""), "content": text}
+    return message, images
+
+
+def _user_messages(content, warnings: _Warnings) -> list[dict]:
+    if isinstance(content, str):
+        return [{"role": "user", "content": content}]
+    tool_messages: list[dict] = []
+    tool_images: list[dict] = []
+    parts: list[dict] = []
+    for block in content or ():
+        if not isinstance(block, dict):
+            continue
+        if "cache_control" in block:
+            warnings.add(_not_expressible("cache_control"))
+        btype = block.get("type")
+        if btype == "tool_result":
+            message, images = _tool_result(block, warnings)
+            tool_messages.append(message)
+            if images:
+                tool_images.append(
+                    {"type": "text", "text": f"Image(s) returned by tool call {message['tool_call_id']}:"}
+                )
+                tool_images.extend(images)
+        elif btype == "text":
+            parts.append({"type": "text", "text": block.get("text", "")})
+        elif btype == "image":
+            part = _image_part(block, warnings)
+            if part is not None:
+                parts.append(part)
+        elif btype == "document":
+            doc = _document_text(block, warnings)
+            if doc is not None:
+                parts.append({"type": "text", "text": doc})
+        elif btype not in ("thinking", "redacted_thinking"):
+            warnings.add(_not_expressible(f"{btype} content block"))
+    out = list(tool_messages)
+    # Tool-result images come first so they sit next to the tool messages they belong to.
+    user_parts = tool_images + parts
+    if user_parts:
+        out.append({"role": "user", "content": _parts_content(user_parts)})
+    return out
+
+
+def _assistant_message(content, warnings: _Warnings) -> dict | None:
+    if isinstance(content, str):
+        return {"role": "assistant", "content": content} if content else None
+    texts: list[str] = []
+    tool_calls: list[dict] = []
+    for block in content or ():
+        if not isinstance(block, dict):
+            continue
+        if "cache_control" in block:
+            warnings.add(_not_expressible("cache_control"))
+        btype = block.get("type")
+        if btype == "text":
+            if block.get("text"):
+                texts.append(block["text"])
+        elif btype == "tool_use":
+            arguments = orjson.dumps(block.get("input") or {}).decode()
+            tool_calls.append(
+                {
+                    "id": block.get("id", ""),
+                    "type": "function",
+                    "function": {"name": block.get("name", ""), "arguments": arguments},
+                }
+            )
+        elif btype not in ("thinking", "redacted_thinking"):
+            warnings.add(_not_expressible(f"{btype} content block"))
+    if not texts and not tool_calls:
+        return None  # e.g. a turn that held only thinking
+    message: dict = {"role": "assistant", "content": "\n\n".join(texts) if texts else None}
+    if tool_calls:
+        message["tool_calls"] = tool_calls
+    return message
+
+
+def _as_parts(content) -> list[dict]:
+    if isinstance(content, list):
+        return content
+    return [{"type": "text", "text": content}] if content else []
+
+
+def _merge_into(prev: dict, msg: dict) -> None:
+    """Merge ``msg`` into the previous message of the same role (user or assistant)."""
+    if prev["role"] == "assistant":
+        texts = [t for t in (prev.get("content"), msg.get("content")) if t]
+        prev["content"] = "\n\n".join(texts) if texts else None
+        calls = prev.get("tool_calls", []) + msg.get("tool_calls", [])
+        if calls:
+            prev["tool_calls"] = calls
+        return
+    prev["content"] = _parts_content(_as_parts(prev["content"]) + _as_parts(msg["content"]))
+
+
+def _append_message(messages: list[dict], msg: dict) -> None:
+    if messages and msg["role"] in ("user", "assistant") and messages[-1]["role"] == msg["role"]:
+        _merge_into(messages[-1], msg)
+    else:
+        messages.append(msg)
+
+
+def _system_texts(system, warnings: _Warnings) -> list[str]:
+    if isinstance(system, str):
+        return [system] if system else []
+    texts: list[str] = []
+    for block in system or ():
+        if not isinstance(block, dict):
+            continue
+        if "cache_control" in block:
+            warnings.add(_not_expressible("cache_control"))
+        text = block.get("text", "")
+        # The billing header changes every session and would defeat the backend's prefix cache.
+        if block.get("type") == "text" and text and not text.lstrip().startswith(BILLING_HEADER_PREFIX):
+            texts.append(text)
+    return texts
+
+
+def _tool(tool: dict, warnings: _Warnings) -> dict | None:
+    if "cache_control" in tool:
+        warnings.add(_not_expressible("cache_control"))
+    ttype = tool.get("type")
+    if ttype not in (None, "custom") and "input_schema" not in tool:
+        warnings.add(_not_expressible(f"server tool {ttype}"))
+        return None
+    schema = tool.get("input_schema") or {"type": "object", "properties": {}}
+    if "$schema" in schema:
+        schema = {k: v for k, v in schema.items() if k != "$schema"}
+    function: dict = {"name": tool.get("name", "")}
+    if tool.get("description"):
+        function["description"] = tool["description"]
+    function["parameters"] = schema
+    return {"type": "function", "function": function}
+
+
+def _tool_choice(choice: dict) -> str | dict | None:
+    ctype = choice.get("type")
+    if ctype == "auto":
+        return "auto"
+    if ctype == "any":
+        return "required"
+    if ctype == "none":
+        return "none"
+    if ctype == "tool":
+        return {"type": "function", "function": {"name": choice.get("name", "")}}
+    return None
+
+
+def request_to_openai(body: dict, model: str, *, stream: bool) -> tuple[dict, list[str]]:
+    """Translate an Anthropic Messages request for ``model``; returns (request, warnings)."""
+    warnings = _Warnings()
+    system_texts = _system_texts(body.get("system"), warnings)
+    messages: list[dict] = []
+    for entry in body.get("messages") or ():
+        role = entry.get("role")
+        content = entry.get("content")
+        if role == "system":
+            # Many templates (Qwen3's among them) reject a system message anywhere but first.
+            text = _blocks_text(content, warnings)
+            if text:
+                system_texts.append(text)
+        elif role == "assistant":
+            msg = _assistant_message(content, warnings)
+            if msg is not None:
+                _append_message(messages, msg)
+        else:
+            for msg in _user_messages(content, warnings):
+                _append_message(messages, msg)
+    if system_texts:
+        messages.insert(0, {"role": "system", "content": "\n\n".join(system_texts)})
+
+    req: dict = {"model": model, "messages": messages}
+
+    tools = [t for t in (_tool(tool, warnings) for tool in body.get("tools") or ()) if t is not None]
+    if tools:
+        req["tools"] = tools
+        choice = body.get("tool_choice")
+        if isinstance(choice, dict):
+            mapped = _tool_choice(choice)
+            if mapped is not None:
+                req["tool_choice"] = mapped
+            if choice.get("disable_parallel_tool_use"):
+                req["parallel_tool_calls"] = False
+
+    if body.get("max_tokens") is not None:
+        req["max_tokens"] = body["max_tokens"]
+    for key in ("temperature", "top_p", "top_k"):
+        if body.get(key) is not None:
+            req[key] = body[key]
+    if body.get("stop_sequences"):
+        req["stop"] = list(body["stop_sequences"])
+
+    output_config = body.get("output_config")
+    if isinstance(output_config, dict):
+        fmt = output_config.get("format")
+        if isinstance(fmt, dict) and fmt.get("type") == "json_schema":
+            req["response_format"] = {
+                "type": "json_schema",
+                "json_schema": {"name": "out", "schema": fmt.get("schema") or {}},
+            }
+        for key in output_config:
+            if key != "format":
+                warnings.add(_not_expressible(f"output_config.{key}"))
+
+    thinking = body.get("thinking")
+    if isinstance(thinking, dict) and thinking.get("type") == "disabled":
+        req["chat_template_kwargs"] = {"enable_thinking": False}
+
+    req["stream"] = stream
+    if stream:
+        req["stream_options"] = {"include_usage": True}
+
+    for key in _DROPPED_TOP_LEVEL:
+        if key in body:
+            warnings.add(_not_expressible(key))
+    for key in body:
+        if key not in _KNOWN_TOP_LEVEL:
+            warnings.add(_not_expressible(key))
+    return req, warnings.items
+
+
+# --- context overflow recognition -------------------------------------------------------------
+
+_OVERFLOW_MARKERS = (
+    "context length",
+    "context_length",
+    "maximum context",
+    "context window",
+    "context size",
+    "prompt is too long",
+    "prompt too long",
+    "n_ctx",
+    "exceed_context_size",
+)
+# Statuses whose errors are never overflows, even when the message mentions a context.
+_NOT_OVERFLOW_STATUS = frozenset({401, 403, 404, 429})
+
+_MAX_PATTERNS = tuple(
+    re.compile(p)
+    for p in (
+        r"tokens? > (\d+) maximum",
+        r"maximum context length is (\d+)",
+        r"context length of (?:only )?(\d+)",
+        r"context (?:window|size|length)(?: of| is)?:? (\d+)",
+        r"n_ctx(?:_slot)?\s*[=:]?\s*(\d+)",
+        r"\((\d+)\)\s*exceeds? the (?:context|maximum)",
+    )
+)
+_PROMPT_PATTERNS = tuple(
+    re.compile(p)
+    for p in (
+        r"prompt is too long: (\d+)",
+        r"(\d+) input tokens",
+        r"prompt contains (?:at least )?(\d+)",
+        r"requested (\d+) tokens",
+        r"keep the first (\d+) tokens",
+        r"n_prompt_tokens\s*[=:]?\s*(\d+)",
+        r"prompt (?:has|is|of) (\d+) tokens",
+        r"(?:input|prompt) length \(?(\d+)",
+    )
+)
+
+
+def _first_number(patterns: tuple[re.Pattern, ...], text: str) -> int:
+    for pattern in patterns:
+        m = pattern.search(text)
+        if m:
+            return int(m.group(1))
+    return 0
+
+
+def openai_error_is_context_overflow(status: int, body: dict | str) -> tuple[int, int] | None:
+    """(prompt_tokens, max_tokens) if ``body`` reports a context overflow (0 = unknown), else None."""
+    if status in _NOT_OVERFLOW_STATUS:
+        return None
+    if isinstance(body, (bytes, bytearray)):
+        body = body.decode("utf-8", "replace")
+    if isinstance(body, str):
+        try:
+            parsed = orjson.loads(body)
+        except orjson.JSONDecodeError:
+            parsed = None
+        body = parsed if isinstance(parsed, dict) else {"error": {"message": body}}
+    if not isinstance(body, dict):
+        return None
+    err = body.get("error", body)
+    if isinstance(err, str):
+        err = {"message": err}
+    if not isinstance(err, dict):
+        return None
+    etype = str(err.get("type") or "")
+    code = str(err.get("code") or "")
+    message = str(err.get("message") or body.get("message") or "")
+    if etype == "exceed_context_size_error" or code == "context_length_exceeded":
+        overflow = True
+    else:
+        lowered = message.lower()
+        overflow = any(marker in lowered for marker in _OVERFLOW_MARKERS)
+    if not overflow:
+        return None
+    lowered = message.lower()
+    prompt = err.get("n_prompt_tokens")
+    limit = err.get("n_ctx")
+    if not isinstance(prompt, int):
+        prompt = _first_number(_PROMPT_PATTERNS, lowered)
+    if not isinstance(limit, int):
+        limit = _first_number(_MAX_PATTERNS, lowered)
+    return prompt, limit

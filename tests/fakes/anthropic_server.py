@@ -1,0 +1,180 @@
+"""Fake Anthropic Messages API: ``/v1/messages`` (SSE and non-stream), ``count_tokens``, ``/v1/models``.
+
+Option ``max_context`` (default 200000) is the M of the ``overflow`` message.
+"""
+
+import asyncio
+import time
+
+import orjson
+from aiohttp import web
+
+from .behaviour import (
+    THINKING_SIGNATURE,
+    Call,
+    FakeBase,
+    Plan,
+    dumps,
+    json_response,
+    make_plan,
+    next_id,
+    write_frames,
+)
+
+SSE_HEADERS = {"content-type": "text/event-stream", "cache-control": "no-cache"}
+STOP_REASONS = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use"}
+PING = b'event: ping\ndata: {"type":"ping"}\n\n'
+
+
+def event(kind: str, data: dict) -> bytes:
+    return b"event: " + kind.encode() + b"\ndata: " + dumps(data) + b"\n\n"
+
+
+def block_start(index: int, block: dict) -> bytes:
+    return event("content_block_start", {"type": "content_block_start", "index": index, "content_block": block})
+
+
+def block_delta(index: int, delta: dict) -> bytes:
+    return event("content_block_delta", {"type": "content_block_delta", "index": index, "delta": delta})
+
+
+def block_stop(index: int) -> bytes:
+    return event("content_block_stop", {"type": "content_block_stop", "index": index})
+
+
+def anthropic_tool_names(body: dict | None) -> list[str]:
+    names = []
+    for tool in (body or {}).get("tools") or ():
+        if isinstance(tool, dict) and isinstance(tool.get("name"), str):
+            names.append(tool["name"])
+    return names
+
+
+class AnthropicFake(FakeBase):
+    kind = "anthropic"
+
+    def setup_routes(self) -> None:
+        self.max_context = int(self.options.get("max_context", 200_000))
+        self.created_at = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        self.route("POST", "/v1/messages", self.messages, generation=True)
+        self.route("POST", "/v1/messages/count_tokens", self.count_tokens)
+        self.route("GET", "/v1/models", self.list_models)
+
+    def error_response(self, call: Call, name: str | None = None) -> web.StreamResponse:
+        b = call.behaviour
+        name = name or b.name
+        headers = {"request-id": f"req_fake{next_id():012d}"}
+        if name == "503_loading":
+            # llama.cpp's /v1/messages answers with its own shape while the model loads.
+            return json_response({"error": {"code": 503, "message": "Loading model", "type": "unavailable_error"}},
+                                 503, headers)
+        if name == "overflow":
+            limit = b.integer("max", self.max_context)
+            tokens = b.integer("tokens", max(call.prompt_tokens, limit + 1))
+            status, kind, message = 400, "invalid_request_error", f"prompt is too long: {tokens} tokens > {limit} maximum"
+        elif name == "429":
+            headers["retry-after"] = b.get("retry_after", "1")
+            status, kind, message = 429, "rate_limit_error", "Number of request tokens has exceeded your rate limit"
+        elif name == "401":
+            status, kind, message = 401, "authentication_error", "invalid x-api-key"
+        elif name == "404_model":
+            status, kind, message = 404, "not_found_error", f"model: {call.model(self.models[0])}"
+        elif name == "529":
+            status, kind, message = 529, "overloaded_error", "Overloaded"
+        elif name == "400":
+            status, kind, message = 400, "invalid_request_error", "messages: field required"
+        else:
+            status, kind, message = 500, "api_error", "Internal server error"
+        return json_response({"type": "error", "error": {"type": kind, "message": message},
+                              "request_id": headers["request-id"]}, status, headers)
+
+    async def list_models(self, call: Call) -> web.StreamResponse:
+        data = [{"type": "model", "id": m, "display_name": m, "created_at": self.created_at} for m in self.models]
+        return json_response({"data": data, "has_more": False, "first_id": self.models[0],
+                              "last_id": self.models[-1]})
+
+    async def count_tokens(self, call: Call) -> web.StreamResponse:
+        return json_response({"input_tokens": call.prompt_tokens})
+
+    async def messages(self, call: Call) -> web.StreamResponse:
+        body = call.body
+        if not isinstance(body, dict):
+            return self.error_response(call, "400")
+        model = call.model(self.models[0])
+        plan = make_plan(call.behaviour, self.name, anthropic_tool_names(body), split_default=3,
+                         id_prefix="toolu_fake")
+        if body.get("stream"):
+            return await self._stream(call, plan, model)
+        return await self._complete(call, plan, model)
+
+    def _frames(self, plan: Plan, complete: bool) -> list[bytes]:
+        """Content events; when not ``complete`` the last open block is left unclosed (cut stream)."""
+        frames: list[bytes] = []
+        index = 0
+        if plan.reasoning:
+            frames.append(block_start(index, {"type": "thinking", "thinking": "", "signature": ""}))
+            frames += [block_delta(index, {"type": "thinking_delta", "thinking": p}) for p in plan.reasoning]
+            frames.append(block_delta(index, {"type": "signature_delta", "signature": THINKING_SIGNATURE}))
+            frames.append(block_stop(index))
+            index += 1
+        if plan.content:
+            frames.append(block_start(index, {"type": "text", "text": ""}))
+            frames += [block_delta(index, {"type": "text_delta", "text": p}) for p in plan.content]
+            if complete:
+                frames.append(block_stop(index))
+            index += 1
+        for tc in plan.tool_calls:
+            frames.append(block_start(index, {"type": "tool_use", "id": tc.id, "name": tc.name, "input": {}}))
+            frames += [block_delta(index, {"type": "input_json_delta", "partial_json": f}) for f in tc.fragments]
+            frames.append(block_stop(index))
+            index += 1
+        return frames
+
+    def _message(self, call: Call, model: str, content: list, stop_reason: str | None, output: int) -> dict:
+        return {"id": f"msg_fake{next_id():012d}", "type": "message", "role": "assistant", "model": model,
+                "content": content, "stop_reason": stop_reason, "stop_sequence": None,
+                "usage": {"input_tokens": call.prompt_tokens, "output_tokens": output,
+                          "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0}}
+
+    async def _stream(self, call: Call, plan: Plan, model: str) -> web.StreamResponse:
+        resp = web.StreamResponse(status=200, headers={**SSE_HEADERS, "request-id": f"req_fake{next_id():012d}"})
+        await resp.prepare(call.request)
+        start = event("message_start", {"type": "message_start",
+                                        "message": self._message(call, model, [], None, 1)})
+        frames = [start, PING, *self._frames(plan, complete=plan.fail is None)]
+        if plan.fail == "disconnect":
+            await write_frames(call, resp, frames, plan.delay)
+            call.close_connection()
+            return resp
+        if plan.fail == "error":
+            frames.append(event("error", {"type": "error",
+                                          "error": {"type": "overloaded_error", "message": "Overloaded"}}))
+            await write_frames(call, resp, frames, plan.delay)
+            return resp
+        frames.append(event("message_delta", {
+            "type": "message_delta",
+            "delta": {"stop_reason": STOP_REASONS[plan.finish], "stop_sequence": None},
+            "usage": {"output_tokens": plan.output_tokens},
+        }))
+        frames.append(b'event: message_stop\ndata: {"type":"message_stop"}\n\n')
+        await write_frames(call, resp, frames, plan.delay)
+        return resp
+
+    async def _complete(self, call: Call, plan: Plan, model: str) -> web.StreamResponse:
+        if plan.fail == "disconnect":
+            call.close_connection()
+            return web.Response(status=200)
+        if plan.fail == "error":
+            return self.error_response(call, "529")
+        if plan.delay > 0:
+            await asyncio.sleep(plan.delay * plan.output_tokens)
+        content: list[dict] = []
+        if plan.reasoning:
+            content.append({"type": "thinking", "thinking": "".join(plan.reasoning),
+                            "signature": THINKING_SIGNATURE})
+        if plan.content:
+            content.append({"type": "text", "text": plan.text})
+        for tc in plan.tool_calls:
+            content.append({"type": "tool_use", "id": tc.id, "name": tc.name, "input": orjson.loads(tc.arguments)})
+        message = self._message(call, model, content, STOP_REASONS[plan.finish], plan.output_tokens)
+        return json_response(message, headers={"request-id": f"req_fake{next_id():012d}"})

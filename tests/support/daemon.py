@@ -1,0 +1,86 @@
+"""Start the real coderouterd as a child process for end-to-end tests, and always stop it by its PID."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class DaemonProcess:
+    def __init__(self, config_text: str, tmp: Path, *, env: dict[str, str] | None = None,
+                 port: int | None = None) -> None:
+        self.tmp = tmp
+        self.port = port or free_port()
+        self.state_dir = tmp / "state"
+        self.config_path = tmp / "config.toml"
+        self.config_path.write_text(config_text.replace("{PORT}", str(self.port)))
+        self.env = {**os.environ, "CODEROUTER_STATE_DIR": str(self.state_dir), **(env or {})}
+        self.env.pop("CODEROUTER_CONFIG", None)
+        self.proc: subprocess.Popen | None = None
+        self.log_path = tmp / "daemon.log"
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self, timeout: float = 15.0) -> DaemonProcess:
+        self._log = open(self.log_path, "ab")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "coderouterd", "--config", str(self.config_path), "--port", str(self.port)],
+            cwd=ROOT, env=self.env, stdout=self._log, stderr=subprocess.STDOUT,
+        )
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"coderouterd exited with {self.proc.returncode}:\n{self.log()}")
+            try:
+                if httpx.get(self.url + "/healthz", timeout=0.5).status_code == 200:
+                    return self
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.05)
+        self.stop()
+        raise RuntimeError(f"coderouterd did not become ready:\n{self.log()}")
+
+    def log(self) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")
+        except OSError:
+            return ""
+
+    def signal(self, sig: int) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            os.kill(self.proc.pid, sig)
+
+    def stop(self, timeout: float = 10.0) -> int | None:
+        if self.proc is None:
+            return None
+        if self.proc.poll() is None:
+            os.kill(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                os.kill(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(5)
+        self._log.close()
+        return self.proc.returncode
+
+    def kill9(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            os.kill(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(5)

@@ -1,0 +1,128 @@
+import orjson
+import pytest
+
+from coderouterd.protocol.sse import DONE, SSEParser, encode_data, encode_event
+
+ENCODE_CASES = [
+    (
+        "message_stop",
+        {"type": "message_stop"},
+        b'event: message_stop\ndata: {"type":"message_stop"}\n\n',
+    ),
+    (
+        "unicode kept as utf-8",
+        {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": "é😀"}},
+        b'event: content_block_delta\ndata: {"type":"content_block_delta","index":0,'
+        b'"delta":{"type":"text_delta","text":"\xc3\xa9\xf0\x9f\x98\x80"}}\n\n',
+    ),
+    (
+        "error",
+        {"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}},
+        b'event: error\ndata: {"type":"error","error":{"type":"overloaded_error","message":"Overloaded"}}\n\n',
+    ),
+]
+
+
+@pytest.mark.parametrize("name,event,expected", ENCODE_CASES, ids=[c[0] for c in ENCODE_CASES])
+def test_encode_event(name, event, expected):
+    assert encode_event(event) == expected
+
+
+def test_encode_data_and_done():
+    assert encode_data({"a": [1, "x"]}) == b'data: {"a":[1,"x"]}\n\n'
+    assert DONE == b"data: [DONE]\n\n"
+
+
+PARSE_CASES = [
+    (
+        "anthropic pair",
+        b'event: ping\ndata: {"type":"ping"}\n\n',
+        [("ping", '{"type":"ping"}')],
+    ),
+    (
+        "openai data and done",
+        b'data: {"a":1}\n\ndata: [DONE]\n\n',
+        [(None, '{"a":1}'), (None, "[DONE]")],
+    ),
+    ("crlf line ends", b"event: x\r\ndata: 1\r\n\r\n", [("x", "1")]),
+    ("bare cr line ends", b"event: x\rdata: 1\r\rdata: 2\n\n", [("x", "1"), (None, "2")]),
+    ("comment ping ignored", b": ping\n\n:keepalive\ndata: a\n\n", [(None, "a")]),
+    ("multi-line data joined", b"data: a\ndata:b\ndata:  c\n\n", [(None, "a\nb\n c")]),
+    ("empty data value", b"data:\n\n", [(None, "")]),
+    ("event without data is not dispatched", b"event: x\n\ndata: y\n\n", [(None, "y")]),
+    ("event name reset after dispatch", b"event: x\ndata: 1\n\ndata: 2\n\n", [("x", "1"), (None, "2")]),
+    ("id and retry ignored", b"id: 7\nretry: 10\ndata: z\n\n", [(None, "z")]),
+    ("leading bom stripped", b"\xef\xbb\xbfdata: q\n\n", [(None, "q")]),
+    ("multibyte utf-8", "data: héllo 😀 中\n\n".encode(), [(None, "héllo 😀 中")]),
+    ("unterminated last event flushed", b"data: a\n\ndata: tail", [(None, "a"), (None, "tail")]),
+    ("unterminated with newline flushed", b"event: e\ndata: t\n", [("e", "t")]),
+    ("trailing cr flushed", b"data: t\r", [(None, "t")]),
+    ("line without colon ignored", b"garbage\ndata: ok\n\n", [(None, "ok")]),
+]
+
+
+def _parse_whole(raw: bytes):
+    parser = SSEParser()
+    return parser.feed(raw) + parser.flush()
+
+
+def _parse_pieces(pieces):
+    parser = SSEParser()
+    out = []
+    for piece in pieces:
+        out += parser.feed(piece)
+    return out + parser.flush()
+
+
+@pytest.mark.parametrize("name,raw,expected", PARSE_CASES, ids=[c[0] for c in PARSE_CASES])
+def test_parse_whole(name, raw, expected):
+    assert _parse_whole(raw) == expected
+
+
+@pytest.mark.parametrize("name,raw,expected", PARSE_CASES, ids=[c[0] for c in PARSE_CASES])
+def test_parse_one_byte_at_a_time_equals_whole(name, raw, expected):
+    assert _parse_pieces([raw[i : i + 1] for i in range(len(raw))]) == expected
+
+
+@pytest.mark.parametrize("name,raw,expected", PARSE_CASES, ids=[c[0] for c in PARSE_CASES])
+def test_parse_every_two_way_split(name, raw, expected):
+    for i in range(len(raw) + 1):
+        assert _parse_pieces([raw[:i], raw[i:]]) == expected, i
+
+
+def test_crlf_split_between_cr_and_lf_is_one_line_end():
+    parser = SSEParser()
+    assert parser.feed(b"data: a\r") == []
+    # Had the "\r" been taken as a line end on its own, the "\n" would dispatch the event here.
+    assert parser.feed(b"\n") == []
+    assert parser.feed(b"\r\n") == [(None, "a")]
+
+
+def test_events_dispatched_as_soon_as_complete():
+    parser = SSEParser()
+    assert parser.feed(b"data: 1\n\ndata: 2") == [(None, "1")]
+    assert parser.feed(b"\n\n") == [(None, "2")]
+    assert parser.flush() == []
+
+
+def test_encoded_events_round_trip_through_parser():
+    events = [
+        {"type": "message_start", "message": {"id": "msg_1", "content": []}},
+        {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": "a\nb\r\n😀"}},
+        {"type": "message_stop"},
+    ]
+    raw = b"".join(encode_event(e) for e in events) + encode_data({"x": "y"}) + DONE
+    parsed = _parse_pieces([raw[i : i + 3] for i in range(0, len(raw), 3)])
+    assert [name for name, _ in parsed] == ["message_start", "content_block_delta", "message_stop", None, None]
+    assert [orjson.loads(data) for _, data in parsed[:4]] == events + [{"x": "y"}]
+    assert parsed[4] == (None, "[DONE]")
+
+
+def test_large_line_in_many_small_chunks():
+    payload = "x" * 200_000
+    raw = f"data: {payload}\n\n".encode()
+    parser = SSEParser()
+    out = []
+    for i in range(0, len(raw), 7):
+        out += parser.feed(raw[i : i + 7])
+    assert out == [(None, payload)]
