@@ -243,6 +243,28 @@ def follow_audit(
     return _follow(path, fh, ino, poll_s, stop)
 
 
+def _records_after(dir: Path, ino: int | None) -> Iterator[dict]:
+    rotated = audit_files(dir)
+    if rotated and rotated[-1].name == AUDIT_FILE:
+        rotated.pop()
+    start = 0  # the finished file fell off the end entirely: every rotated file is newer
+    for i, p in enumerate(rotated):
+        try:
+            if os.stat(p).st_ino == ino:
+                start = i + 1
+        except FileNotFoundError:
+            continue
+    for p in rotated[start:]:
+        try:
+            data = p.read_bytes()
+        except FileNotFoundError:
+            continue
+        for line in data.splitlines():
+            rec = _parse(line)
+            if rec is not None:
+                yield rec
+
+
 def _follow(path: Path, fh: Any, ino: int | None, poll_s: float, stop: Callable[[], bool] | None) -> Iterator[dict]:
     buf = b""
     try:
@@ -268,6 +290,9 @@ def _follow(path: Path, fh: Any, ino: int | None, poll_s: float, stop: Callable[
                         fh.seek(-1, os.SEEK_CUR)
                         continue
                     fh.close()
+                    # Several rotations may have happened since the last poll: replay the
+                    # rotated files that are newer than the one just finished.
+                    yield from _records_after(path.parent, ino)
                 fh = open(path, "rb")
                 ino = os.fstat(fh.fileno()).st_ino
                 buf = b""

@@ -66,7 +66,7 @@ def row_from_event(ev: RequestFinished) -> tuple:
         ev.ingress,
         ev.profile,
         ev.provider,
-        orjson.dumps(ev.attempts or []).decode(),
+        orjson.dumps(ev.attempts or [], default=str).decode(),
         ev.model_requested,
         ev.model_used,
         ev.status,

@@ -73,6 +73,9 @@ class ProcessSpec:
     restart_window_s: float = 300.0
 
     def __post_init__(self) -> None:
+        # The name becomes a log file name and a store key.
+        if not self.name or "/" in self.name or self.name in (".", ".."):
+            raise ValueError(f"process name {self.name!r} is not usable as a file name")
         # A string would be split by nobody and run by nothing: commands are argv, never a shell line.
         if isinstance(self.command, str) or not self.command:
             raise ValueError(f"process {self.name!r}: command must be a non-empty argv list")
@@ -527,14 +530,11 @@ class ManagedProcess:
 
     async def _on_exit(self, code: int | None) -> None:
         pid = self.pid
-        proc = self._proc
         self.last_exit_code = code
         self._invalidate()
-        # Anything the server left behind in its group or tree must not keep holding the port.
+        # Whatever the server left running in its group must not keep holding the port.
         if pid is not None:
             await tree.kill_tree(pid, ctime=self._ctime, timeout=self.spec.stop_timeout_s)
-            if proc is None:
-                tree.kill_tree_now(pid)
         self._clear_instance()
         desc = describe_exit(code)
         await asyncio.to_thread(self.log.append, f"pid {pid} {desc}")

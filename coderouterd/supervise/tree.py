@@ -77,14 +77,37 @@ def _leads_group(pid: int) -> bool:
         return False
 
 
-def _killpg(pgid: int, root: psutil.Process, sig: int) -> None:
-    # Once the leader is dead the id can be reused for a new group only after the old group
-    # empties; refuse if the id now names a different live process that leads its own group.
+def _killpg(pgid: int, ctime: float, sig: int) -> None:
+    # A group id stays reserved while the group has members; once it is empty the id can name a
+    # new process. Refuse if it now belongs to a different process that leads its own group.
     holder = _open(pgid, None)
-    if holder is not None and holder != root and _leads_group(pgid):
-        return
+    if holder is not None and _leads_group(pgid):
+        try:
+            reused = abs(holder.create_time() - ctime) > _CREATE_TIME_TOLERANCE_S
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            reused = False
+        if reused:
+            return
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pgid, sig)
+
+
+def group_members(pgid: int) -> list[psutil.Process]:
+    """Live members of a process group. Needed because a double-forked helper is reparented away
+    from the tree, and because kill(-pgid, 0) also succeeds for a group of unreaped zombies."""
+    if pgid == os.getpgrp():
+        return []
+    members = []
+    for pid in psutil.pids():
+        try:
+            if os.getpgid(pid) != pgid:
+                continue
+            proc = psutil.Process(pid)
+        except (ProcessLookupError, PermissionError, psutil.Error):
+            continue
+        if not is_gone(proc):
+            members.append(proc)
+    return members
 
 
 def _signal_all(procs: list[psutil.Process], sig: int) -> None:
@@ -103,41 +126,49 @@ async def _wait_gone(procs: list[psutil.Process], timeout: float, poll: float) -
         await asyncio.sleep(poll)
 
 
-async def kill_tree(pid: int, *, timeout: float, ctime: float | None = None, poll: float = 0.05) -> list[int]:
-    """SIGTERM the process group, wait up to `timeout`, then SIGKILL the tree and the group.
-
-    The descendants are collected before the first signal: once the root dies its children are
-    reparented and can no longer be found from it. Members of the group that left the tree
-    (double-forked helpers) are reached by the group signal; descendants that left the group
-    (setsid) are reached through the collected list. Returns pids still alive afterwards.
-    """
+def _collect(pid: int, ctime: float | None) -> tuple[list[psutil.Process], int | None, float | None]:
+    """Everything that belongs to the server: root, descendants and its group, found before any
+    signal (once the root dies its children are reparented and unreachable from it)."""
     root = _open(pid, ctime)
-    if root is None or is_gone(root):
-        return []
-    procs = [root, *_descendants(root)]
-    pgid = _own_group(root)
+    if root is not None and not is_gone(root):
+        procs, pgid, ctime = [root, *_descendants(root)], _own_group(root), root.create_time()
+    elif ctime is not None:
+        # Root already gone: what it started in its own group (pgid == pid) may still run.
+        procs, pgid = [], (pid if pid != os.getpgrp() else None)
+    else:
+        return [], None, None
     if pgid is not None:
-        _killpg(pgid, root, signal.SIGTERM)
+        procs += [p for p in group_members(pgid) if p not in procs]
+    return procs, pgid, ctime
+
+
+async def kill_tree(pid: int, *, timeout: float, ctime: float | None = None, poll: float = 0.05) -> list[int]:
+    """SIGTERM the group and the tree, wait up to `timeout`, then SIGKILL both.
+
+    Descendants that left the group (setsid) are reached through the collected list; group
+    members that left the tree (double fork) through the group. Returns pids still alive.
+    """
+    procs, pgid, ctime = await asyncio.to_thread(_collect, pid, ctime)
+    if not procs:
+        return []
+    if pgid is not None and ctime is not None:
+        _killpg(pgid, ctime, signal.SIGTERM)
     _signal_all(procs, signal.SIGTERM)
     alive = await _wait_gone(procs, timeout, poll)
     # Children forked during the grace period are part of the tree too.
     for proc in alive:
         procs.extend(p for p in _descendants(proc) if p not in procs)
-    if pgid is not None:
-        _killpg(pgid, root, signal.SIGKILL)
+    if pgid is not None and ctime is not None:
+        _killpg(pgid, ctime, signal.SIGKILL)
     _signal_all([p for p in procs if not is_gone(p)], signal.SIGKILL)
     return [p.pid for p in await _wait_gone(procs, 2.0, poll)]
 
 
 def kill_tree_now(pid: int, ctime: float | None = None) -> None:
     """SIGKILL a tree and its group at once; for last-resort cleanup where waiting is not possible."""
-    root = _open(pid, ctime)
-    if root is None:
-        return
-    procs = [root, *_descendants(root)]
-    pgid = _own_group(root)
-    if pgid is not None:
-        _killpg(pgid, root, signal.SIGKILL)
+    procs, pgid, ctime = _collect(pid, ctime)
+    if pgid is not None and ctime is not None:
+        _killpg(pgid, ctime, signal.SIGKILL)
     _signal_all(procs, signal.SIGKILL)
 
 

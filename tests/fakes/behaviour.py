@@ -38,6 +38,7 @@ DEFAULT_MODELS = ("fake-model",)
 
 JSON_HEADERS = {"content-type": "application/json"}
 _ids = itertools.count(1)
+SELF_CLOSED = web.RequestKey("fake_self_closed", bool)
 
 
 def next_id() -> int:
@@ -262,7 +263,7 @@ class Call:
 
     def close_connection(self) -> None:
         """Drop the TCP connection abruptly (after already written bytes are flushed)."""
-        self.request["fake_self_closed"] = True
+        self.request[SELF_CLOSED] = True
         transport = self.request.transport
         if transport is not None:
             transport.close()
@@ -352,7 +353,7 @@ class FakeBase:
                         os._exit(1)
                 return resp
             except (asyncio.CancelledError, ConnectionResetError):
-                if not state.closing and not request.get("fake_self_closed"):
+                if not state.closing and not request.get(SELF_CLOSED):
                     state.disconnects += 1
                 raise
             finally:

@@ -150,7 +150,7 @@ class OllamaFake(OpenAIFake):
                                                 "tool_calls": self._tool_calls(plan)}))
             final = self._final(call, model, plan, DONE_REASONS[plan.finish],
                                 {"message": {"role": "assistant", "content": ""}})
-            return await self._stream(call, plan, lines, final)
+            return await self._ndjson(call, plan, lines, final)
         if plan.fail:
             return await self._fail_whole(call)
         message: dict = {"role": "assistant", "content": plan.text}
@@ -173,7 +173,7 @@ class OllamaFake(OpenAIFake):
             lines = [self._gen_line(model, {"response": "", "thinking": p}) for p in plan.reasoning]
             lines += [self._gen_line(model, {"response": p}) for p in plan.content]
             final = self._final(call, model, plan, DONE_REASONS[plan.finish], {"response": ""})
-            return await self._stream(call, plan, lines, final)
+            return await self._ndjson(call, plan, lines, final)
         if plan.fail:
             return await self._fail_whole(call)
         extra = {"response": plan.text}
@@ -193,7 +193,7 @@ class OllamaFake(OpenAIFake):
             return web.Response(status=200)
         return self.native_error(call, "500")
 
-    async def _stream(self, call: Call, plan: Plan, lines: list[bytes], final: dict) -> web.StreamResponse:
+    async def _ndjson(self, call: Call, plan: Plan, lines: list[bytes], final: dict) -> web.StreamResponse:
         resp = web.StreamResponse(status=200, headers=NDJSON_HEADERS)
         await resp.prepare(call.request)
         if plan.fail == "disconnect":

@@ -1,7 +1,7 @@
+import importlib
 import json
 import random
 
-import httpx
 import orjson
 import pytest
 
@@ -121,6 +121,27 @@ def assemble(events):
 
 def text_of(result):
     return [(b["type"], b.get("text") or b.get("thinking") or b.get("name")) for b in result["content"]]
+
+
+def sdk_client(factory, base_url, body):
+    """An SDK client whose HTTP layer replays ``body`` as an SSE response, with no socket at all.
+
+    Recent SDK releases moved from ``httpx`` to ``httpx2`` and reject the other one's objects.
+    """
+    for name in ("httpx2", "httpx"):
+        try:
+            http = importlib.import_module(name)
+        except ImportError:
+            continue
+
+        def handler(request, http=http):
+            return http.Response(200, headers={"content-type": "text/event-stream"}, content=body)
+
+        try:
+            return factory(api_key="k", base_url=base_url, http_client=http.Client(transport=http.MockTransport(handler)))
+        except TypeError:
+            continue
+    pytest.skip("no HTTP library usable by the SDK")
 
 
 NASTY_ARGS = [
@@ -376,12 +397,7 @@ def test_anthropic_sdk_accepts_translated_stream():
     chunks += [tc(0, p) for p in fragments(args, rng)] + [chunk(finish="tool_calls"), usage_chunk(40, 12, cached=30)]
     _, events = run(chunks)
     body = b"".join(encode_event(e) for e in events)
-
-    def handler(request):
-        return httpx.Response(200, headers={"content-type": "text/event-stream"}, content=body)
-
-    client = anthropic.Anthropic(api_key="k", base_url="http://127.0.0.1:9",
-                                 http_client=httpx.Client(transport=httpx.MockTransport(handler)))
+    client = sdk_client(anthropic.Anthropic, "http://127.0.0.1:9", body)
     with client.messages.stream(model="m", max_tokens=10, messages=[{"role": "user", "content": "x"}]) as stream:
         message = stream.get_final_message()
     assert [b.type for b in message.content] == ["thinking", "text", "tool_use"]
@@ -527,12 +543,7 @@ def test_openai_sdk_accepts_translated_stream():
         chunks += conv.feed(e)
     chunks += conv.finish()
     body = b"".join(encode_data(c) for c in chunks) + DONE
-
-    def handler(request):
-        return httpx.Response(200, headers={"content-type": "text/event-stream"}, content=body)
-
-    client = openai.OpenAI(api_key="k", base_url="http://127.0.0.1:9/v1",
-                           http_client=httpx.Client(transport=httpx.MockTransport(handler)))
+    client = sdk_client(openai.OpenAI, "http://127.0.0.1:9/v1", body)
     got = list(client.chat.completions.create(model="g", messages=[{"role": "user", "content": "x"}], stream=True))
     args = "".join(c.choices[0].delta.tool_calls[0].function.arguments or ""
                    for c in got if c.choices and c.choices[0].delta.tool_calls)
@@ -546,11 +557,6 @@ def test_openai_sdk_raises_on_error_chunk():
     chunks = conv.feed({"type": "message_start", "message": {"usage": {}}})
     chunks += conv.feed({"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}})
     body = b"".join(encode_data(c) for c in chunks)
-
-    def handler(request):
-        return httpx.Response(200, headers={"content-type": "text/event-stream"}, content=body)
-
-    client = openai.OpenAI(api_key="k", base_url="http://127.0.0.1:9/v1",
-                           http_client=httpx.Client(transport=httpx.MockTransport(handler)))
+    client = sdk_client(openai.OpenAI, "http://127.0.0.1:9/v1", body)
     with pytest.raises(openai.APIError, match="Overloaded"):
         list(client.chat.completions.create(model="g", messages=[{"role": "user", "content": "x"}], stream=True))

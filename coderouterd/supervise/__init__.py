@@ -1,0 +1,29 @@
+"""Managed child processes: local model servers the daemon starts, watches, restarts and stops."""
+
+from .logs import RotatingLog
+from .process import (
+    DEFAULT_BACKOFF,
+    ExternalProcessError,
+    ManagedProcess,
+    ProcessSpec,
+    ProcessState,
+    SupervisorError,
+    http_ready,
+)
+from .registry import Supervisor
+from .tree import kill_tree, kill_tree_now, process_alive
+
+__all__ = [
+    "DEFAULT_BACKOFF",
+    "ExternalProcessError",
+    "ManagedProcess",
+    "ProcessSpec",
+    "ProcessState",
+    "RotatingLog",
+    "Supervisor",
+    "SupervisorError",
+    "http_ready",
+    "kill_tree",
+    "kill_tree_now",
+    "process_alive",
+]

@@ -1,0 +1,122 @@
+"""The set of supervised processes, and which providers each one serves.
+
+Processes are keyed by their own id, not by provider: two providers (say a coder model and a
+chat model) can be served by one `ollama serve`, and restarting "both" must restart it once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+from .logs import DEFAULT_KEEP, DEFAULT_MAX_BYTES
+from .process import (
+    DEFAULT_BACKOFF,
+    EventCallback,
+    LookupCallback,
+    ManagedProcess,
+    ProcessSpec,
+    RecordCallback,
+)
+
+log = logging.getLogger("coderouterd.supervise")
+
+
+class Supervisor:
+    def __init__(
+        self,
+        *,
+        log_dir: Path,
+        on_event: EventCallback | None = None,
+        record: RecordCallback | None = None,
+        lookup: LookupCallback | None = None,
+        backoff: Sequence[float] = DEFAULT_BACKOFF,
+        clock: Callable[[], float] = time.monotonic,
+        log_max_bytes: int = DEFAULT_MAX_BYTES,
+        log_keep: int = DEFAULT_KEEP,
+        log_check_s: float = 2.0,
+    ) -> None:
+        self._log_dir = Path(log_dir)
+        self._options: dict[str, Any] = {
+            "on_event": on_event,
+            "record": record,
+            "lookup": lookup,
+            "backoff": backoff,
+            "clock": clock,
+            "log_max_bytes": log_max_bytes,
+            "log_keep": log_keep,
+            "log_check_s": log_check_s,
+        }
+        self._processes: dict[str, ManagedProcess] = {}
+        self._providers: dict[str, str] = {}
+
+    def add(self, spec: ProcessSpec, *, providers: Iterable[str] = ()) -> ManagedProcess:
+        """Register a process (idempotent for an identical spec) and the providers it serves."""
+        existing = self._processes.get(spec.name)
+        if existing is not None:
+            if existing.spec != spec:
+                raise ValueError(f"process {spec.name!r} is already defined with a different spec")
+            proc = existing
+        else:
+            proc = ManagedProcess(spec, log_dir=self._log_dir, **self._options)
+            self._processes[spec.name] = proc
+        for provider in providers:
+            self.bind(provider, spec.name)
+        return proc
+
+    def bind(self, provider: str, name: str) -> None:
+        if name not in self._processes:
+            raise KeyError(f"unknown process {name!r}")
+        self._providers[provider] = name
+
+    def get(self, name: str) -> ManagedProcess:
+        try:
+            return self._processes[name]
+        except KeyError:
+            raise KeyError(f"unknown process {name!r}; known: {', '.join(self.names()) or 'none'}") from None
+
+    def for_provider(self, provider: str) -> ManagedProcess | None:
+        name = self._providers.get(provider)
+        return self._processes.get(name) if name is not None else None
+
+    def providers_of(self, name: str) -> list[str]:
+        return sorted(p for p, n in self._providers.items() if n == name)
+
+    def names(self) -> list[str]:
+        return sorted(self._processes)
+
+    async def remove(self, name: str) -> None:
+        """Stop (if ours) and forget a process, e.g. when a reload drops its provider."""
+        proc = self._processes.pop(name, None)
+        if proc is None:
+            return
+        self._providers = {p: n for p, n in self._providers.items() if n != name}
+        await proc.close()
+
+    async def start_all(self) -> None:
+        """Start the autostart processes concurrently; each adopts what already runs."""
+        procs = [p for p in self._processes.values() if p.spec.autostart]
+        results = await asyncio.gather(*(p.start() for p in procs), return_exceptions=True)
+        for proc, result in zip(procs, results, strict=True):
+            if isinstance(result, BaseException):
+                log.error("%s: start failed: %s", proc.name, result)
+
+    async def shutdown(self) -> None:
+        """Stop every process tree this daemon owns, concurrently; external backends stay up."""
+        procs = list(self._processes.values())
+        results = await asyncio.gather(*(p.close() for p in procs), return_exceptions=True)
+        for proc, result in zip(procs, results, strict=True):
+            if isinstance(result, BaseException):
+                log.error("%s: shutdown failed: %s", proc.name, result)
+
+    def snapshot(self) -> dict[str, dict[str, Any]]:
+        out = {}
+        for name in self.names():
+            snap = self._processes[name].snapshot()
+            snap["providers"] = self.providers_of(name)
+            out[name] = snap
+        return out
