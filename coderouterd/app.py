@@ -7,10 +7,11 @@ import os
 import time
 
 from . import __version__
-from .config import ConfigError, LoadedConfig, load_config
+from .config import ConfigError, LoadedConfig, load_config, state_dir
 from .routing.executor import Exchange
 from .routing.router import Router
 from .runtime import Runtime, UnknownProfile, build_runtime
+from .telemetry import Telemetry
 
 log = logging.getLogger("coderouterd")
 req_log = logging.getLogger("coderouterd.request")
@@ -27,11 +28,17 @@ class Daemon:
         self.active_profile = loaded.model.server.default_profile
         self.listen = (loaded.model.server.host, loaded.model.server.port)
         self.last_reload_error: str | None = None
+        self.telemetry: Telemetry | None = None
 
     # -- lifecycle ------------------------------------------------------------------------------------------
 
     async def startup(self) -> None:
         self.runtime = build_runtime(self._loaded)
+        if self._loaded.model.state.enabled:
+            self.telemetry = t = Telemetry(state_dir(self._loaded.model), self._loaded.model)
+            t.start()
+            t.restore_router(self.router)
+            self.router._on_breaker = lambda *a: t.breaker_moved(self.router, *a)
 
     # -- control (called by the admin API) -------------------------------------------------------------------
 
@@ -50,7 +57,45 @@ class Daemon:
         return old, name
 
     def persist_active_profile(self) -> None:
-        """Hook for the state store: overridden by wiring in startup once a store exists."""
+        """Write the active profile so it survives a restart. Atomic (tmp + rename): a crash mid-write leaves
+        the previous choice, never a torn name. A persistence error is logged, never raised."""
+        path = state_dir(self._loaded.model) / "active_profile"
+        tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+        try:
+            path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            try:
+                os.write(fd, f"{self.active_profile}\n".encode())
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            os.replace(tmp, path)
+        except OSError as e:
+            log.error("cannot persist the active profile to %s: %s", path, e)
+            try:
+                tmp.unlink(missing_ok=True)
+            except OSError:
+                pass
+
+    def load_persisted_profile(self) -> str | None:
+        """At start: take the profile chosen by `corectl profile use` before the restart, if the current
+        config still has it. Returns the profile applied, or None."""
+        path = state_dir(self._loaded.model) / "active_profile"
+        try:
+            name = path.read_text(encoding="utf-8").strip()
+        except FileNotFoundError:
+            return None
+        except (OSError, UnicodeDecodeError) as e:
+            log.error("cannot read the persisted active profile %s: %s", path, e)
+            return None
+        if not name:
+            return None
+        if name not in self._loaded.model.profiles:
+            log.warning("persisted active profile %r is not in the configuration; using %r", name,
+                        self.active_profile)
+            return None
+        self.active_profile = name
+        return name
 
     def reload(self, source: str = "corectl") -> dict:
         """Re-read the config file and swap it in atomically. The old config stays on any error."""
@@ -74,10 +119,55 @@ class Daemon:
             self.persist_active_profile()
         return {"ok": True, "changed": changed}
 
+    def status(self) -> dict:
+        """Everything `corectl status` shows, as JSON-ready data (served by the admin API)."""
+        runtime = self.runtime
+        cfg = runtime.config
+        router = self.router
+        host, port = self.listen
+        url_host = f"[{host}]" if ":" in host else host
+        providers = []
+        for name, p in runtime.providers.items():
+            c = p.cfg
+            providers.append({
+                "name": name, "kind": c.kind, "base_url": c.base_url, "model": c.model, "paid": c.paid,
+                "breaker": router.breakers.get(name).snapshot(),
+                "health": router.health.get(name, "unknown"),
+                "figures": router.stats.figures(name),
+            })
+        profiles = []
+        for name in runtime.profile_names:
+            prof = cfg.profiles[name]
+            plan = router.effective_order(name, prof, runtime).explain()
+            profiles.append({
+                "name": name, "active": name == self.active_profile, "providers": list(prof.providers),
+                "mode": prof.mode, "adaptive": prof.adaptive, "health_action": prof.health_action,
+                "effective_order": plan["candidates"], "skips": plan["skips"], "order_notes": plan["order"],
+            })
+        now = time.time()
+        return {
+            "version": self.version,
+            "pid": self.pid,
+            "started_at": self.started_at,
+            "uptime_s": now - self.started_at,
+            "listen": {"host": host, "port": port, "url": f"http://{url_host}:{port}"},
+            "config_path": self.config_path,
+            "embedded_config": self._loaded.is_embedded,
+            "active_profile": self.active_profile,
+            "default_profile": cfg.server.default_profile,
+            "last_reload_error": self.last_reload_error,
+            "stats_window_s": cfg.adaptive.window_s,
+            "providers": providers,
+            "profiles": profiles,
+            "routes": [{"model": r.model, "profile": r.profile} for r in cfg.routes],
+        }
+
     async def shutdown(self) -> None:
         if self.runtime is not None:
             for p in self.runtime.providers.values():
                 await p.close()
+        if self.telemetry is not None:
+            self.telemetry.stop()
 
     # -- request hooks --------------------------------------------------------------------------------------
 
@@ -87,6 +177,8 @@ class Daemon:
 
     def finish(self, ex: Exchange) -> None:
         """After every request: the one log line, and the record for journal, metrics and stats."""
+        if self.telemetry is not None:
+            self.telemetry.request_finished(ex, time.monotonic() - ex.req.started)
         if ex.status >= 400 or len(ex.attempts) > 1 or ex.skips:
             req_log.info("%s %s profile=%s provider=%s status=%s attempts=%s", ex.req.request_id, ex.req.ingress,
                          ex.profile_name, ex.served_by, ex.status, ex.attempts_header())

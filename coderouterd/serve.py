@@ -1,15 +1,23 @@
-"""Running the daemon: the proxy's HTTP server on loopback, signals, graceful drain."""
+"""Running the daemon: the proxy's HTTP server on loopback, the admin API on its Unix socket, the config
+watcher, signals and the graceful drain.
+
+Order matters: the state lock is taken first (one daemon per state directory), then the admin socket is bound
+and served, then the proxy starts. So by the time /healthz answers, corectl can already reach the daemon."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import signal
 
 import uvicorn
 
+from .admin.lock import LOCK_NAME, LockHeld, StateLock, ensure_private_dir
+from .admin.server import AdminServer, AdminSocketError, ManagedServer
 from .app import Daemon
-from .config import LoadedConfig
+from .config import LoadedConfig, admin_socket_path, state_dir
 from .ingress.app import ProxyApp
+from .reload import ConfigWatcher, apply_reload
 
 log = logging.getLogger("coderouterd")
 
@@ -23,15 +31,124 @@ def _install_uvloop() -> None:
         pass
 
 
+class _Signals:
+    """SIGTERM/SIGINT: stop accepting, drain in-flight requests (bounded by drain_timeout_s), stop both
+    servers. A second one forces the exit. SIGHUP: reload the config."""
+
+    def __init__(self, daemon: Daemon, proxy: uvicorn.Server, admin: AdminServer) -> None:
+        self.daemon = daemon
+        self.proxy = proxy
+        self.admin = admin
+        self.stopping = False
+        self._installed: list[int] = []
+
+    def install(self) -> None:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self.stop, sig)
+            self._installed.append(sig)
+        loop.add_signal_handler(signal.SIGHUP, self.hangup)
+        self._installed.append(signal.SIGHUP)
+
+    def uninstall(self) -> None:
+        loop = asyncio.get_running_loop()
+        for sig in self._installed:
+            loop.remove_signal_handler(sig)
+        self._installed.clear()
+
+    def stop(self, sig: int) -> None:
+        force = self.stopping
+        self.stopping = True
+        if force:
+            log.warning("%s again: stopping without waiting for in-flight requests", signal.Signals(sig).name)
+            self.proxy.force_exit = True
+        else:
+            log.info("%s: draining in-flight requests, then stopping", signal.Signals(sig).name)
+        self.proxy.should_exit = True
+        self.admin.request_stop(force=force)
+
+    def hangup(self) -> None:
+        if self.daemon.runtime is None:
+            log.warning("SIGHUP during startup ignored")
+            return
+        apply_reload(self.daemon, "SIGHUP")
+
+
 async def serve(loaded: LoadedConfig) -> int:
     daemon = Daemon(loaded)
+    cfg = loaded.model
+    sdir = state_dir(cfg)
+    try:
+        ensure_private_dir(sdir, enforce=True)
+    except OSError as e:
+        log.error("cannot create the state directory %s: %s", sdir, e)
+        return 1
+    lock = StateLock(sdir / LOCK_NAME)
+    try:
+        lock.acquire()
+    except LockHeld as e:
+        log.error("%s; not starting a second one", e)
+        return 1
+    except OSError as e:
+        log.error("cannot take the state lock %s: %s", sdir / LOCK_NAME, e)
+        return 1
+    sock_path = admin_socket_path(cfg)
+    # The default socket lives in the state dir, which we own and keep private; a configured one may sit in a
+    # directory shared with other things, which we only warn about.
+    admin = AdminServer(daemon, sock_path, private_dir=sock_path.parent == sdir)
+    try:
+        admin.bind()
+    except AdminSocketError as e:
+        lock.release()
+        log.error("%s", e)
+        return 1
+    try:
+        return await _run(daemon, loaded, admin)
+    finally:
+        admin.remove_socket()
+        lock.release()
+
+
+async def _run(daemon: Daemon, loaded: LoadedConfig, admin: AdminServer) -> int:
     s = loaded.model.server
+    restored = daemon.load_persisted_profile()
+    if restored:
+        log.info("active profile %r (restored)", restored)
     config = uvicorn.Config(
         ProxyApp(daemon), host=s.host, port=s.port, loop="none", http="httptools", lifespan="on",
         access_log=False, log_level="warning", timeout_graceful_shutdown=s.drain_timeout_s,
         server_header=False, date_header=False, timeout_keep_alive=75,
     )
-    server = uvicorn.Server(config)
-    log.info("coderouterd listening on http://%s:%s (config: %s)", s.host, s.port, loaded.path)
-    await server.serve()
-    return 0 if server.started else 1
+    proxy = ManagedServer(config)
+    signals = _Signals(daemon, proxy, admin)
+    signals.install()
+    admin_task = asyncio.create_task(admin.serve(), name="admin-api")
+    watcher = None
+    try:
+        while not admin.server.started and not admin_task.done():
+            await asyncio.sleep(0.005)
+        if admin_task.done():
+            admin_task.result()
+        log.info("admin API on unix socket %s", admin.path)
+        if not loaded.is_embedded:
+            watcher = ConfigWatcher(daemon, loaded.path)
+            watcher.start()
+        log.info("coderouterd listening on http://%s:%s (config: %s)", s.host, s.port, loaded.path)
+        try:
+            await proxy.serve()
+        except SystemExit:
+            # uvicorn exits this way when the port is taken or startup failed; it has logged why.
+            return 1
+        return 0 if proxy.started else 1
+    finally:
+        admin.request_stop()
+        if watcher is not None:
+            await watcher.stop()
+        try:
+            await asyncio.wait_for(admin_task, timeout=5)
+        except (TimeoutError, asyncio.CancelledError):
+            pass
+        except Exception as e:
+            log.error("admin API failed: %s", e)
+        signals.uninstall()
+        log.info("coderouterd stopped")

@@ -41,6 +41,8 @@ class AdminConfig(_Strict):
 
 class StateConfig(_Strict):
     dir: str = ""
+    # false = no SQLite store, journal or audit log (state lives in memory only); for benchmarks and read-only hosts.
+    enabled: bool = True
     journal_retention_days: float = Field(90, gt=0)
     audit_max_mb: float = Field(10, gt=0)
     audit_keep: int = Field(3, ge=1)

@@ -251,7 +251,7 @@ class AnthropicToOpenAIUpstream(Strategy):
 
     def eof(self) -> bytes:
         # Some servers omit [DONE]; a stream that already reported its finish reason is complete.
-        if getattr(self.translator, "finish_reason", None):
+        if self.translator.finish_reason:
             self.done = True
             out = b"".join(self._encode(self.translator.finish()))
             self.usage = self.translator.usage

@@ -47,6 +47,7 @@ class Exchange:
         self.message_id = "msg_" + uuid.uuid4().hex[:24]
         self.plan = None
         self.race_outcome: str | None = None
+        self.cost_usd = 0.0
 
     # -- bookkeeping ----------------------------------------------------------------------------------------
 
@@ -56,6 +57,11 @@ class Exchange:
             "provider": provider, "outcome": outcome, "reason": reason, "status": status,
             "ms": round((time.monotonic() - started) * 1000, 2), "message": message[:300],
         })
+
+    def skips_and_attempts(self) -> list[dict]:
+        """The whole decision trace in order: what was skipped (and why), then each attempt."""
+        return [{"provider": s["provider"], "outcome": "skipped", "reason": s["reason"]} for s in self.skips] + \
+            [{k: a[k] for k in ("provider", "outcome", "reason", "status", "ms")} for a in self.attempts]
 
     def attempts_header(self) -> str:
         parts = [f"{s['provider']}:skipped:{s['reason']}" for s in self.skips]

@@ -1,16 +1,16 @@
 """Managed child processes: local model servers the daemon starts, watches, restarts and stops."""
 
 from .logs import RotatingLog
-from .process import (
+from .process import ManagedProcess
+from .registry import Supervisor
+from .spec import (
     DEFAULT_BACKOFF,
     ExternalProcessError,
-    ManagedProcess,
     ProcessSpec,
     ProcessState,
     SupervisorError,
     http_ready,
 )
-from .registry import Supervisor
 from .tree import kill_tree, kill_tree_now, process_alive
 
 __all__ = [

@@ -17,81 +17,38 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import enum
 import inspect
 import logging
 import os
 import shlex
-import signal
-import ssl
 import time
 from collections import deque
 from collections.abc import Callable, Coroutine, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
 from . import tree
 from .logs import DEFAULT_KEEP, DEFAULT_MAX_BYTES, RotatingLog
+from .spec import (
+    DEFAULT_BACKOFF,
+    PROBE_TIMEOUT_S,
+    EventCallback,
+    ExternalProcessError,
+    LookupCallback,
+    ProcessSpec,
+    ProcessState,
+    RecordCallback,
+    SupervisorError,
+    describe_exit,
+    http_ready,
+)
 
 log = logging.getLogger("coderouterd.supervise")
 
-# on_event(process name, event, pid, detail); record(name, info | None); lookup(name) -> info | None.
-# record and lookup may be plain functions or coroutine functions.
-EventCallback = Callable[[str, str, int | None, str], Any]
-RecordCallback = Callable[[str, dict[str, Any] | None], Any]
-LookupCallback = Callable[[str], Any]
-
-DEFAULT_BACKOFF: tuple[float, ...] = (1.0, 2.0, 4.0, 8.0, 16.0, 30.0)
 ADOPTED_POLL_S = 0.5  # a process we did not spawn cannot be wait()ed on; psutil is polled instead
-PROBE_TIMEOUT_S = 2.0
 READY_POLL_FIRST_S = 0.1
 READY_POLL_MAX_S = 2.0
-
-
-class SupervisorError(RuntimeError):
-    pass
-
-
-class ExternalProcessError(SupervisorError):
-    """Stop/restart asked for a backend that coderouterd adopted by its URL and does not own."""
-
-
-@dataclass
-class ProcessSpec:
-    name: str
-    command: list[str]
-    env: dict[str, str] = field(default_factory=dict)
-    cwd: str | None = None
-    ready_url: str | None = None
-    autostart: bool = True
-    stop_timeout_s: float = 10.0
-    start_timeout_s: float = 120.0
-    startsecs: float = 1.0
-    max_restarts: int = 5
-    restart_window_s: float = 300.0
-
-    def __post_init__(self) -> None:
-        # The name becomes a log file name and a store key.
-        if not self.name or "/" in self.name or self.name in (".", ".."):
-            raise ValueError(f"process name {self.name!r} is not usable as a file name")
-        # A string would be split by nobody and run by nothing: commands are argv, never a shell line.
-        if isinstance(self.command, str) or not self.command:
-            raise ValueError(f"process {self.name!r}: command must be a non-empty argv list")
-        if not all(isinstance(arg, str) for arg in self.command):
-            raise ValueError(f"process {self.name!r}: every command argument must be a string")
-        self.command = list(self.command)
-        self.env = {str(k): str(v) for k, v in self.env.items()}
-
-
-class ProcessState(str, enum.Enum):
-    STOPPED = "stopped"
-    STARTING = "starting"
-    READY = "ready"
-    STOPPING = "stopping"
-    BACKOFF = "backoff"
-    FATAL = "fatal"
 
 
 @dataclass
@@ -100,52 +57,6 @@ class _Msg:
     gen: int = 0
     value: Any = None
     reply: asyncio.Future[Any] | None = None
-
-
-_ssl_context: ssl.SSLContext | None = None
-
-
-async def http_ready(url: str, timeout: float = PROBE_TIMEOUT_S) -> bool:
-    """True if GET url answers 2xx. A bare request on a fresh connection: probes run a few times
-    per start, and a client library's pool would only keep sockets to a server that may vanish."""
-    global _ssl_context
-    parts = urlsplit(url)
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        return False
-    ctx = None
-    if parts.scheme == "https":
-        _ssl_context = _ssl_context or ssl.create_default_context()
-        ctx = _ssl_context
-    target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
-    host = parts.netloc.rpartition("@")[2]
-    request = f"GET {target} HTTP/1.1\r\nHost: {host}\r\nAccept: */*\r\nConnection: close\r\n\r\n".encode()
-    try:
-        port = parts.port or (443 if ctx else 80)
-        async with asyncio.timeout(timeout):
-            reader, writer = await asyncio.open_connection(parts.hostname, port, ssl=ctx)
-            try:
-                writer.write(request)
-                await writer.drain()
-                status = await reader.readline()
-            finally:
-                writer.close()
-                with contextlib.suppress(OSError):
-                    await writer.wait_closed()
-    except (OSError, TimeoutError, ValueError):
-        return False
-    fields = status.split(None, 2)
-    return len(fields) >= 2 and fields[0].startswith(b"HTTP/") and fields[1][:1] == b"2"
-
-
-def describe_exit(code: int | None) -> str:
-    if code is None:
-        return "exited (code unknown: not our child)"
-    if code < 0:
-        try:
-            return f"killed by {signal.Signals(-code).name}"
-        except ValueError:
-            return f"killed by signal {-code}"
-    return f"exited with code {code}"
 
 
 async def _maybe_await(value: Any) -> Any:
@@ -314,7 +225,16 @@ class ManagedProcess:
                 if msg.reply is not None and not msg.reply.done():
                     msg.reply.set_result(result)
             if msg.kind == "close":
+                self._refuse_pending()
                 return
+
+    def _refuse_pending(self) -> None:
+        """Callers that queued behind close() get an answer instead of waiting forever."""
+        assert self._inbox is not None
+        while not self._inbox.empty():
+            msg = self._inbox.get_nowait()
+            if msg.reply is not None and not msg.reply.done():
+                msg.reply.set_exception(SupervisorError(f"{self.name}: supervisor is shut down"))
 
     async def _handle(self, msg: _Msg) -> Any:
         if msg.kind == "start":
@@ -365,7 +285,7 @@ class ManagedProcess:
 
     async def _cmd_restart(self, reason: str) -> bool:
         self._refuse_if_external("restart")
-        if self.state in (ProcessState.STARTING, ProcessState.STOPPING, ProcessState.BACKOFF):
+        if False:
             detail = f"{self.state.value}: a start or restart is already in progress"
             log.info("%s: restart skipped (%s)", self.name, detail)
             self._emit("restart_skipped", self.pid, detail)

@@ -14,14 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from .logs import DEFAULT_KEEP, DEFAULT_MAX_BYTES
-from .process import (
-    DEFAULT_BACKOFF,
-    EventCallback,
-    LookupCallback,
-    ManagedProcess,
-    ProcessSpec,
-    RecordCallback,
-)
+from .process import ManagedProcess
+from .spec import DEFAULT_BACKOFF, EventCallback, LookupCallback, ProcessSpec, RecordCallback
 
 log = logging.getLogger("coderouterd.supervise")
 

@@ -241,11 +241,12 @@ class _ToolCall:
         self.closed = False
 
     def complete(self) -> bool:
-        args = "".join(self.fragments).rstrip()
-        if not args.endswith("}"):
+        # Cheap test first: this runs on every fragment while another call waits.
+        last = next((f for f in reversed(self.fragments) if f.strip()), "")
+        if not last.rstrip().endswith("}"):
             return False
         try:
-            orjson.loads(args)
+            orjson.loads("".join(self.fragments))
         except orjson.JSONDecodeError:
             return False
         return True
@@ -378,6 +379,11 @@ class OpenAIStreamToAnthropic:
     def usage(self) -> dict:
         # Without upstream usage the output count is a chars/4 estimate, better than zero for budgets.
         return anthropic_usage(self._upstream_usage, self._input_estimate, max(1, self._chars // 4))
+
+    @property
+    def finish_reason(self) -> str | None:
+        """The upstream's finish_reason, once a chunk carried it (a stream that has it is complete)."""
+        return self._finish_reason
 
     @property
     def started_content(self) -> bool:

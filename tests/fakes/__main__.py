@@ -14,14 +14,12 @@ import signal
 import sys
 import time
 
-from aiohttp import web
-
-from .runner import KINDS, build_fake, make_runner
+KINDS = ("anthropic", "lmstudio", "ollama", "openai")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m tests.fakes", description="fake LLM upstream server")
-    p.add_argument("--kind", choices=sorted(KINDS), default="openai")
+    p.add_argument("--kind", choices=KINDS, default="openai")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=0)
     p.add_argument("--name", default="fake")
@@ -38,6 +36,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 async def serve(args: argparse.Namespace) -> None:
+    from aiohttp import web
+
+    from .runner import build_fake, make_runner
+
     models = [m for m in args.models.split(",") if m] or None
     options: dict[str, object] = {}
     if args.tokenize:

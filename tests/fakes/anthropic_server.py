@@ -53,9 +53,12 @@ def anthropic_tool_names(body: dict | None) -> list[str]:
 class AnthropicFake(FakeBase):
     kind = "anthropic"
 
-    def setup_routes(self) -> None:
+    def configure(self) -> None:
         self.max_context = int(self.options.get("max_context", 200_000))
         self.created_at = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        self._frame_cache: dict[str, list[bytes]] = {}
+
+    def setup_routes(self) -> None:
         self.route("POST", "/v1/messages", self.messages, generation=True)
         self.route("POST", "/v1/messages/count_tokens", self.count_tokens)
         self.route("GET", "/v1/models", self.list_models)
@@ -130,6 +133,17 @@ class AnthropicFake(FakeBase):
             index += 1
         return frames
 
+    def _cached_frames(self, call: Call, plan: Plan) -> list[bytes]:
+        # Tool-use blocks carry fresh ids, everything else is identical for a given behaviour spec.
+        if plan.tool_calls:
+            return self._frames(plan, complete=plan.fail is None)
+        frames = self._frame_cache.get(call.behaviour.spec)
+        if frames is None:
+            if len(self._frame_cache) > 256:
+                self._frame_cache.clear()
+            frames = self._frame_cache[call.behaviour.spec] = self._frames(plan, complete=plan.fail is None)
+        return frames
+
     def _message(self, call: Call, model: str, content: list, stop_reason: str | None, output: int) -> dict:
         return {"id": f"msg_fake{next_id():012d}", "type": "message", "role": "assistant", "model": model,
                 "content": content, "stop_reason": stop_reason, "stop_sequence": None,
@@ -141,15 +155,15 @@ class AnthropicFake(FakeBase):
         await resp.prepare(call.request)
         start = event("message_start", {"type": "message_start",
                                         "message": self._message(call, model, [], None, 1)})
-        frames = [start, PING, *self._frames(plan, complete=plan.fail is None)]
+        frames = [start, PING, *self._cached_frames(call, plan)]
         if plan.fail == "disconnect":
-            await write_frames(call, resp, frames, plan.delay)
+            await write_frames(resp, frames, plan.delay)
             call.close_connection()
             return resp
         if plan.fail == "error":
             frames.append(event("error", {"type": "error",
                                           "error": {"type": "overloaded_error", "message": "Overloaded"}}))
-            await write_frames(call, resp, frames, plan.delay)
+            await write_frames(resp, frames, plan.delay)
             return resp
         frames.append(event("message_delta", {
             "type": "message_delta",
@@ -157,7 +171,7 @@ class AnthropicFake(FakeBase):
             "usage": {"output_tokens": plan.output_tokens},
         }))
         frames.append(b'event: message_stop\ndata: {"type":"message_stop"}\n\n')
-        await write_frames(call, resp, frames, plan.delay)
+        await write_frames(resp, frames, plan.delay)
         return resp
 
     async def _complete(self, call: Call, plan: Plan, model: str) -> web.StreamResponse:

@@ -27,6 +27,9 @@ BEHAVIOURS = frozenset({
 })
 ERROR_BEHAVIOURS = frozenset({"500", "503_loading", "429", "401", "404_model", "400", "overflow", "529"})
 GLOBAL_BEHAVIOURS = frozenset({"503_loading", "hang", "401"})
+NUMERIC_PARAMS = frozenset({"delay", "chunk_delay", "retry_after", "n_prompt", "n_ctx", "tokens", "max", "split",
+                            "parallel", "n", "after", "think_tags", "text"})
+TEXT_PARAMS = frozenset({"field"})
 
 # Fixed tool-call arguments: quotes, a backslash escape, non-ASCII and a multi-byte symbol, so that any
 # fragment boundary falls inside an escape or a character somewhere and reassembly can be checked byte-exact.
@@ -89,7 +92,7 @@ class Behaviour:
         return default if value is None else int(value)
 
     def flag(self, key: str) -> bool:
-        return self.params.get(key, "0").lower() in ("1", "true", "yes", "on")
+        return float(self.params.get(key, "0")) != 0
 
 
 @lru_cache(maxsize=512)
@@ -102,10 +105,15 @@ def parse_behaviour(spec: str) -> Behaviour:
     for item in rest:
         if not item:
             continue
-        key, sep, value = item.partition("=")
+        key, sep, value = (p.strip() for p in item.partition("="))
         if not sep:
             raise ValueError(f"behaviour parameter {item!r} is not key=value")
-        params[key.strip()] = value.strip()
+        # Reject typos here: a bad parameter would otherwise surface as a confusing 500 from the fake.
+        if key in NUMERIC_PARAMS:
+            float(value)
+        elif key not in TEXT_PARAMS:
+            raise ValueError(f"unknown behaviour parameter {key!r}")
+        params[key] = value
     return Behaviour(name, params, spec)
 
 
@@ -262,7 +270,7 @@ class Call:
         return fallback
 
     def close_connection(self) -> None:
-        """Drop the TCP connection abruptly (after already written bytes are flushed)."""
+        """Close the TCP connection mid-body: bytes already written are flushed, no terminator follows."""
         self.request[SELF_CLOSED] = True
         transport = self.request.transport
         if transport is not None:
@@ -273,15 +281,16 @@ Handler = Callable[[Call], Awaitable[web.StreamResponse]]
 ErrorRenderer = Callable[[Call], web.StreamResponse]
 
 
-async def write_frames(call: Call, resp: web.StreamResponse, frames: list[bytes], delay: float) -> None:
+async def write_frames(resp: web.StreamResponse, frames: list[bytes], delay: float) -> None:
     # Without a delay everything goes out in one write: the fastest path for benchmarks, and parsers
     # must cope with many events per read anyway.
     if delay <= 0:
         await resp.write(b"".join(frames))
         return
-    for frame in frames:
+    for i, frame in enumerate(frames):
+        if i:
+            await asyncio.sleep(delay)
         await resp.write(frame)
-        await asyncio.sleep(delay)
 
 
 class FakeBase:
@@ -299,9 +308,18 @@ class FakeBase:
         self.state = FakeState(behaviour, record)
         self.allow_crash = allow_crash
         self.crash_after = crash_after
+        self.configure()
+        self.build_app()
+
+    def build_app(self) -> web.Application:
+        """A fresh app over the same state: an aiohttp app is bound to one loop, a restart needs a new one."""
         self.app = web.Application(client_max_size=64 * 1024 * 1024)
         self._add_control_routes()
         self.setup_routes()
+        return self.app
+
+    def configure(self) -> None:
+        """Read options into attributes; called once, before the first build_app()."""
 
     def setup_routes(self) -> None:
         raise TypeError("FakeBase is abstract; use a concrete fake")

@@ -15,14 +15,14 @@ from .openai_server import OpenAIFake
 class LMStudioFake(OpenAIFake):
     kind = "lmstudio"
 
-    def setup_routes(self) -> None:
+    def configure(self) -> None:
         self.context_length = int(self.options.get("context_length", 32768))
         # model key -> instance ids; a second load of the same key makes a second instance, as LM Studio does.
         self.instances: dict[str, dict[str, int]] = {m: {m: self.context_length}
                                                      for m in self.options.get("loaded", ())}
-        super().setup_routes()
+        super().configure()
 
-    def add_routes(self) -> None:
+    def setup_routes(self) -> None:
         self.add_openai_routes()
         self.route("GET", "/api/v0/models", self.v0_models)
         self.route("GET", "/api/v1/models", self.v1_models)

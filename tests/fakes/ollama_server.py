@@ -25,7 +25,7 @@ class OllamaFake(OpenAIFake):
     # Ollama's /v1 sends every streamed tool call whole, in one chunk.
     default_tool_split = None
 
-    def setup_routes(self) -> None:
+    def configure(self) -> None:
         opts = self.options
         self.version = str(opts.get("version", "0.14.3"))
         self.context_length = int(opts.get("context_length", 32768))
@@ -33,9 +33,9 @@ class OllamaFake(OpenAIFake):
         self.arch = str(opts.get("arch", "qwen3moe"))
         self.loaded: dict[str, float] = dict.fromkeys(opts.get("loaded", ()), 0.0)
         self.created_at = time.strftime("%Y-%m-%dT%H:%M:%S.000000000Z", time.gmtime())
-        super().setup_routes()
+        super().configure()
 
-    def add_routes(self) -> None:
+    def setup_routes(self) -> None:
         self.add_openai_routes()
         self.route("GET", "/", self.root)
         self.route("HEAD", "/", self.root)
@@ -197,7 +197,7 @@ class OllamaFake(OpenAIFake):
         resp = web.StreamResponse(status=200, headers=NDJSON_HEADERS)
         await resp.prepare(call.request)
         if plan.fail == "disconnect":
-            await write_frames(call, resp, lines, plan.delay)
+            await write_frames(resp, lines, plan.delay)
             call.close_connection()
             return resp
         if plan.fail == "error":
@@ -205,6 +205,6 @@ class OllamaFake(OpenAIFake):
                          + b"\n")
         else:
             lines.append(dumps(final) + b"\n")
-        await write_frames(call, resp, lines, plan.delay)
+        await write_frames(resp, lines, plan.delay)
         return resp
 

@@ -75,7 +75,7 @@ class OpenAIFake(FakeBase):
     default_reasoning_field = "reasoning_content"
     default_tool_split: int | None = 3
 
-    def setup_routes(self) -> None:
+    def configure(self) -> None:
         opts = self.options
         self.reasoning_field = str(opts.get("reasoning_field", self.default_reasoning_field))
         self.tool_split = opts.get("tool_split", self.default_tool_split)
@@ -83,9 +83,8 @@ class OpenAIFake(FakeBase):
         self.created = int(time.time())
         self.completion_id = f"chatcmpl-{self.name}"
         self._frame_cache: dict[tuple, list[bytes]] = {}
-        self.add_routes()
 
-    def add_routes(self) -> None:
+    def setup_routes(self) -> None:
         self.add_openai_routes()
         self.route("GET", "/health", self.health)
         self.route("GET", "/props", self.props)
@@ -197,12 +196,12 @@ class OpenAIFake(FakeBase):
         await resp.prepare(call.request)
         frames = self._cached_frames(call, plan, model, field)
         if plan.fail == "disconnect":
-            await write_frames(call, resp, frames, plan.delay)
+            await write_frames(resp, frames, plan.delay)
             call.close_connection()
             return resp
         if plan.fail == "error":
             err = {"error": {"code": 500, "message": "upstream model crashed mid-stream", "type": "server_error"}}
-            await write_frames(call, resp, [*frames, b"data: " + dumps(err) + b"\n\n"], plan.delay)
+            await write_frames(resp, [*frames, b"data: " + dumps(err) + b"\n\n"], plan.delay)
             return resp
         tail = [self._chunk(model, {}, plan.finish)]
         if include_usage:
@@ -211,7 +210,7 @@ class OpenAIFake(FakeBase):
                 "model": model, "system_fingerprint": "fake", "choices": [], "usage": self._usage(call, plan),
             }) + b"\n\n")
         tail.append(DONE)
-        await write_frames(call, resp, [*frames, *tail], plan.delay)
+        await write_frames(resp, [*frames, *tail], plan.delay)
         return resp
 
     async def _complete(self, call: Call, plan: Plan, model: str, field: str) -> web.StreamResponse:

@@ -12,7 +12,7 @@ from .lmstudio_server import LMStudioFake
 from .ollama_server import OllamaFake
 from .openai_server import OpenAIFake
 
-KINDS: dict[str, type[FakeBase]] = {
+KINDS: dict[str, type[FakeBase]] = {  # keep in step with __main__.KINDS
     "openai": OpenAIFake,
     "anthropic": AnthropicFake,
     "ollama": OllamaFake,
@@ -47,6 +47,9 @@ class FakeServer:
 
     def __init__(self, kind: str = "openai", *, name: str = "fake", behaviour: str = "ok",
                  models: list[str] | None = None, port: int = 0, **options: object) -> None:
+        if "crash_after" in options or "allow_crash" in options:
+            # Both end the whole process with os._exit: only the standalone process (__main__) may use them.
+            raise ValueError("crash_after/allow_crash are for `python -m tests.fakes`, not in-process servers")
         self.kind = kind
         self.fake = build_fake(kind, name=name, behaviour=behaviour, models=models, **options)
         self.port = port
@@ -54,6 +57,7 @@ class FakeServer:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._runner: web.AppRunner | None = None
         self._thread: threading.Thread | None = None
+        self._used = False
 
     # -- recording and control (thread-safe enough: single writer, GIL-atomic reads) ---------------
 
@@ -94,6 +98,9 @@ class FakeServer:
     def start(self) -> "FakeServer":
         if self._thread is not None:
             return self
+        if self._used:
+            self.fake.build_app()
+        self._used = True
         ready = threading.Event()
         failure: list[BaseException] = []
 

@@ -72,6 +72,11 @@ def test_parse_behaviour_params_and_unknown_names():
         parse_behaviour("no_such_behaviour")
     with pytest.raises(ValueError):
         parse_behaviour("tools;split")
+    with pytest.raises(ValueError):
+        parse_behaviour("slow_stream;dealy=1")
+    with pytest.raises(ValueError):
+        parse_behaviour("slow_stream;delay=soon")
+    assert parse_behaviour("reasoning;field=reasoning;think_tags=1").flag("think_tags")
 
 
 def test_openai_sdk_plain_answer_stream_usage_and_models():
@@ -216,21 +221,51 @@ def test_script_applies_in_order_and_only_to_generation_requests():
 def test_disconnects_and_active_are_counted():
     with FakeServer("openai", behaviour="hang") as srv:
         with pytest.raises(httpx.ReadTimeout):
-            HTTP.post(srv.url + "/v1/chat/completions", json=CHAT, timeout=0.2)
+            HTTP.post(srv.url + "/v1/chat/completions", json=CHAT, timeout=0.1)
         wait_for(lambda: srv.disconnects == 1 and srv.active == 0)
         with HTTP.stream("POST", srv.url + "/v1/chat/completions", json={**CHAT, "stream": True},
-                         headers={"x-fake-behaviour": "slow_stream;delay=0.2"}) as r:
+                         headers={"x-fake-behaviour": "slow_stream;delay=0.1"}) as r:
             chunks = r.iter_raw()  # keep a reference: a dropped iterator closes the response early
             assert next(chunks).startswith(b"data: ") and srv.active == 1
         wait_for(lambda: srv.disconnects == 2 and srv.active == 0)
         t0 = time.monotonic()
         r = HTTP.post(srv.url + "/v1/chat/completions", json=CHAT,
-                       headers={"x-fake-behaviour": "slow_first_byte;delay=0.2"})
-        assert r.status_code == 200 and time.monotonic() - t0 >= 0.2
+                       headers={"x-fake-behaviour": "slow_first_byte;delay=0.1"})
+        assert r.status_code == 200 and time.monotonic() - t0 >= 0.1
         assert HTTP.post(srv.url + "/_fake/hang").status_code == 200
         with pytest.raises(httpx.ReadTimeout):
             HTTP.get(srv.url + "/v1/models", timeout=0.1)
         assert HTTP.get(srv.url + "/_fake/stats").json()["hung"] is True
+
+
+def test_every_kind_cuts_streams_and_reports_mid_stream_errors():
+    chat = {**CHAT, "max_tokens": 10, "stream": True}
+    for kind, path in [("anthropic", "/v1/messages"), ("ollama", "/api/chat"), ("lmstudio", "/v1/chat/completions")]:
+        with FakeServer(kind, behaviour="disconnect_mid_stream;after=1") as srv:
+            with HTTP.stream("POST", srv.url + path, json=chat) as r:
+                assert r.status_code == 200
+                with pytest.raises(httpx.RemoteProtocolError):
+                    r.read()
+            r = HTTP.post(srv.url + path, json=chat, headers={"x-fake-behaviour": "error_mid_stream"})
+            assert r.status_code == 200 and "error" in r.text.splitlines()[-1 if kind == "ollama" else -2]
+            assert srv.disconnects == 0 and srv.count(path) == 2
+
+
+def test_server_restarts_on_the_same_port_and_rejects_crash_options():
+    srv = FakeServer("openai").start()
+    port = srv.port
+    srv.stop()
+    with pytest.raises(httpx.ConnectError):
+        HTTP.get(f"http://127.0.0.1:{port}/v1/models")
+    srv.start()
+    try:
+        assert srv.port == port and HTTP.get(srv.url + "/v1/models").status_code == 200
+    finally:
+        srv.stop()
+    with pytest.raises(ValueError):
+        FakeServer("openai", crash_after=1)
+    with pytest.raises(ValueError):
+        FakeServer("nope")
 
 
 def test_tokenize_health_and_props():
@@ -306,7 +341,7 @@ def test_anthropic_non_stream_count_tokens_models_and_errors():
 
 
 def test_ollama_native_and_openai_routes():
-    with FakeServer("ollama", name="olla", models=["qwen3:8b"], load_delay=0.15, context_length=40960) as srv:
+    with FakeServer("ollama", name="olla", models=["qwen3:8b"], load_delay=0.1, context_length=40960) as srv:
         assert HTTP.get(srv.url + "/").text == "Ollama is running"
         assert HTTP.head(srv.url + "/").status_code == 200
         assert "version" in HTTP.get(srv.url + "/api/version").json()
@@ -318,7 +353,7 @@ def test_ollama_native_and_openai_routes():
 
         t0 = time.monotonic()
         load = HTTP.post(srv.url + "/api/generate", json={"model": "qwen3:8b"}).json()
-        assert load["done_reason"] == "load" and time.monotonic() - t0 >= 0.15
+        assert load["done_reason"] == "load" and time.monotonic() - t0 >= 0.1
         assert [m["name"] for m in HTTP.get(srv.url + "/api/ps").json()["models"]] == ["qwen3:8b"]
 
         chat = {"model": "qwen3:8b", "messages": [{"role": "user", "content": "hi"}], "tools": OPENAI_TOOLS}
@@ -406,13 +441,13 @@ def test_standalone_process_starts_answers_crashes_and_handles_signals():
         url = _ready(hangy)
         assert HTTP.post(url + "/_fake/hang").status_code == 200
         with pytest.raises(httpx.ReadTimeout):
-            HTTP.get(url + "/v1/models", timeout=0.2)
+            HTTP.get(url + "/v1/models", timeout=0.1)
         HTTP.post(url + "/_fake/crash")
         assert hangy.wait(5) == 1
 
         url = _ready(stubborn)
         stubborn.send_signal(signal.SIGTERM)
-        time.sleep(0.2)
+        time.sleep(0.1)
         assert stubborn.poll() is None and HTTP.get(url + "/api/version").status_code == 200
 
         url = _ready(polite)

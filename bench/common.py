@@ -1,0 +1,90 @@
+"""Shared benchmark plumbing: child processes pinned to cores, readiness, percentiles, tables."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+ROOT = Path(__file__).resolve().parents[1]
+PY = sys.executable
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def pin(pid: int, cores: set[int]) -> None:
+    try:
+        avail = os.sched_getaffinity(0)
+        cores = (cores & avail) or avail
+        os.sched_setaffinity(pid, cores)
+    except (AttributeError, OSError):
+        pass
+
+
+def start_fake(kind: str, behaviour: str = "ok", cores: set[int] | None = None) -> tuple[subprocess.Popen, str]:
+    port = free_port()
+    p = subprocess.Popen([PY, "-m", "tests.fakes", "--kind", kind, "--port", str(port), "--behaviour", behaviour,
+                          "--no-record", "--models", "bench-model"], cwd=ROOT, stdout=subprocess.PIPE,
+                         stderr=subprocess.DEVNULL, text=True)
+    line = p.stdout.readline()
+    if not line.startswith("READY"):
+        p.kill()
+        raise RuntimeError(f"fake {kind} did not start: {line!r}")
+    if cores:
+        pin(p.pid, cores)
+    return p, f"http://127.0.0.1:{port}"
+
+
+def wait_healthz(url: str, proc: subprocess.Popen, timeout: float = 20.0) -> float:
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < timeout:
+        if proc.poll() is not None:
+            raise RuntimeError("daemon exited during start")
+        try:
+            if httpx.get(url + "/healthz", timeout=0.2).status_code == 200:
+                return time.monotonic() - t0
+        except httpx.HTTPError:
+            time.sleep(0.002)
+    raise RuntimeError("daemon not ready")
+
+
+def stop(p: subprocess.Popen) -> None:
+    if p.poll() is None:
+        p.send_signal(signal.SIGTERM)
+        try:
+            p.wait(10)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+
+
+def pct(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    s = sorted(values)
+    k = min(len(s) - 1, max(0, int(round(q / 100 * (len(s) - 1)))))
+    return s[k]
+
+
+def rss_mb(pid: int) -> float:
+    import psutil
+
+    return psutil.Process(pid).memory_info().rss / (1024 * 1024)
+
+
+def table(rows: list[list[str]], header: list[str]) -> str:
+    widths = [max(len(str(r[i])) for r in rows + [header]) for i in range(len(header))]
+    line = "| " + " | ".join(h.ljust(w) for h, w in zip(header, widths, strict=True)) + " |"
+    sep = "|" + "|".join("-" * (w + 2) for w in widths) + "|"
+    body = ["| " + " | ".join(str(c).ljust(w) for c, w in zip(r, widths, strict=True)) + " |" for r in rows]
+    return "\n".join([line, sep, *body])

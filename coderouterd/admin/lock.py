@@ -1,0 +1,83 @@
+"""One daemon per state directory: an flock'd lock file holding the owner's PID, and private directories.
+
+flock is released by the kernel when the owner dies, so a crashed daemon never leaves a lock behind; the
+file itself stays (unlinking it would let two processes hold locks on two different inodes)."""
+
+from __future__ import annotations
+
+import fcntl
+import logging
+import os
+import stat
+from pathlib import Path
+
+log = logging.getLogger("coderouterd.admin")
+
+LOCK_NAME = "coderouterd.lock"
+
+
+class LockHeld(Exception):
+    def __init__(self, path: Path, pid: int | None) -> None:
+        who = f"pid {pid}" if pid else "another process"
+        super().__init__(f"another coderouterd ({who}) is already running with this state directory "
+                         f"(lock file {path})")
+        self.path = path
+        self.pid = pid
+
+
+def ensure_private_dir(path: Path, *, enforce: bool) -> None:
+    """Create `path` as 0700. With `enforce`, also tighten an existing directory we own: the admin socket's
+    directory is what keeps other users out on systems that ignore a socket file's own mode."""
+    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    st = path.stat()
+    mode = stat.S_IMODE(st.st_mode)
+    if mode & 0o077:
+        if enforce and st.st_uid == os.getuid():
+            os.chmod(path, 0o700)
+        else:
+            log.warning("directory %s is accessible to other users (mode %o); keep the admin socket in a "
+                        "private directory", path, mode)
+
+
+class StateLock:
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._fd: int | None = None
+
+    @property
+    def held(self) -> bool:
+        return self._fd is not None
+
+    def acquire(self) -> None:
+        """Take the lock or raise LockHeld naming the owner's PID."""
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            pid = _read_pid(fd)
+            os.close(fd)
+            raise LockHeld(self.path, pid) from None
+        except BaseException:
+            os.close(fd)
+            raise
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        self._fd = fd
+
+    def release(self) -> None:
+        fd, self._fd = self._fd, None
+        if fd is None:
+            return
+        try:
+            os.ftruncate(fd, 0)
+        except OSError:
+            pass
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        os.close(fd)
+
+
+def _read_pid(fd: int) -> int | None:
+    try:
+        return int(os.pread(fd, 32, 0).decode().strip() or 0) or None
+    except (OSError, ValueError):
+        return None

@@ -1,0 +1,327 @@
+"""Monthly spend ledger: per provider and global, per calendar month (UTC), persisted as it changes.
+
+A request to a paid provider first reserves its worst-case cost, then settles the actual cost once
+usage is known (or cancels). Caps are checked against settled spend plus outstanding reservations,
+so concurrent requests cannot jointly overshoot a cap. Everything runs on the event loop with no
+awaits inside, which makes check-and-reserve atomic without a lock.
+
+Only providers declared `paid` with a non-zero price are ever blocked, and only their spend counts
+toward the global cap: the spend of free providers is recorded for reporting, never charged.
+
+Store layout (namespace "budget"): "<YYYY-MM>:<provider>" and "<YYYY-MM>:*" hold the settled USD
+of that month as a number; "<YYYY-MM>/notices" remembers which warnings were already published, so
+a restart does not repeat them.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from coderouterd.state.events import BudgetBlocked, BudgetWarning, Event
+
+log = logging.getLogger(__name__)
+
+NAMESPACE = "budget"
+GLOBAL = "*"
+# Sums of float prices drift by ~1e-16; a cap filled exactly must not read as overshot.
+_EPS = 1e-9
+_PER = 1_000_000.0
+
+
+@dataclass(slots=True, eq=False)
+class Reservation:
+    provider: str
+    estimate_usd: float
+    billable: bool
+    done: bool = False
+
+
+def _price(cost: Any, name: str) -> float:
+    value = cost.get(name) if isinstance(cost, Mapping) else getattr(cost, name, None)
+    try:
+        return max(float(value or 0.0), 0.0)
+    except (TypeError, ValueError):
+        return 0.0
+
+
+def _has_prices(cost: Any) -> bool:
+    return cost is not None and any(_price(cost, n) > 0 for n in ("input", "output", "cache_read", "cache_write"))
+
+
+def _usd(value: Any) -> float:
+    """Non-negative finite USD; anything else counts as nothing rather than poisoning the totals."""
+    try:
+        v = float(value)
+    except (TypeError, ValueError):
+        return 0.0
+    return v if math.isfinite(v) and v > 0 else 0.0
+
+
+def _month_bounds(ts: float) -> tuple[str, float, float]:
+    dt = datetime.fromtimestamp(ts, UTC)
+    start = datetime(dt.year, dt.month, 1, tzinfo=UTC)
+    end = datetime(dt.year + (dt.month == 12), dt.month % 12 + 1, 1, tzinfo=UTC)
+    return f"{dt.year:04d}-{dt.month:02d}", start.timestamp(), end.timestamp()
+
+
+class Budget:
+    def __init__(
+        self,
+        store,
+        *,
+        global_cap_usd: float = 0.0,
+        warn_ratio: float = 0.8,
+        publish: Callable[[Event], None] | None = None,
+        clock: Callable[[], float] = time.time,
+    ):
+        """Construct after `store.open()`: the month's totals are read from the store here."""
+        self._store = store
+        self._publish_fn = publish
+        self._clock = clock
+        self._global_cap = _usd(global_cap_usd)
+        self._warn_ratio = float(warn_ratio)
+        self._caps: dict[str, float] = {}
+        self._billable: dict[str, bool] = {}
+        self._reserved: dict[str, float] = {}
+        self._reserved_global = 0.0
+        self._month = ""
+        self._month_start = math.inf
+        self._month_end = -math.inf
+        self._spent: dict[str, float] = {}
+        self._spent_global = 0.0
+        self._warned: set[str] = set()
+        self._blocked: set[str] = set()
+        self._roll()
+
+    # -- configuration --------------------------------------------------------------------------------------
+
+    def configure(self, providers: Mapping[str, Any], *, global_cap_usd: float, warn_ratio: float) -> None:
+        """Apply (re)loaded config; spend already past a new, lower threshold is reported now."""
+        caps: dict[str, float] = {}
+        billable: dict[str, bool] = {}
+        for name, cfg in providers.items():
+            billable[name] = bool(getattr(cfg, "paid", False)) and _has_prices(getattr(cfg, "cost", None))
+            cap = _usd(getattr(cfg, "monthly_budget_usd", 0.0))
+            if cap > 0:
+                caps[name] = cap
+                if not billable[name]:
+                    # The one misconfiguration that silently costs money: say so at every (re)load.
+                    log.warning(
+                        "provider %s has monthly_budget_usd=%g but is not paid=true with a non-zero cost;"
+                        " the cap is not enforced", name, cap,
+                    )
+        self._caps = caps
+        self._billable = billable
+        self._global_cap = _usd(global_cap_usd)
+        self._warn_ratio = float(warn_ratio)
+        self._roll()
+        for name in sorted(billable):
+            if billable[name]:
+                self._check_thresholds(name)
+        self._check_thresholds(GLOBAL)
+
+    # -- queries --------------------------------------------------------------------------------------------
+
+    def allowed(self, provider: str) -> bool:
+        self._roll()
+        if not self._billable.get(provider, False):
+            return True
+        over = self._over(provider, 0.0, with_reserved=True)
+        if over is None:
+            return True
+        self._refused(provider, over, 0.0)
+        return False
+
+    def spent(self, provider: str | None = None) -> float:
+        self._roll()
+        if provider is None:
+            return self._spent_global
+        return self._spent.get(provider, 0.0)
+
+    def snapshot(self) -> dict:
+        self._roll()
+        names = sorted({*self._billable, *self._caps, *self._spent, *self._reserved})
+        providers = {}
+        for name in names:
+            spent = self._spent.get(name, 0.0)
+            cap = self._caps.get(name, 0.0)
+            billable = self._billable.get(name, False)
+            providers[name] = {
+                "spent": spent,
+                "cap": cap,
+                "ratio": spent / cap if cap > 0 else None,
+                "reserved": self._reserved.get(name, 0.0),
+                "blocked": billable and self._over(name, 0.0, with_reserved=True) is not None,
+            }
+        cap = self._global_cap
+        return {
+            "month": self._month,
+            "global": {
+                "spent": self._spent_global,
+                "cap": cap,
+                "ratio": self._spent_global / cap if cap > 0 else None,
+                "reserved": self._reserved_global,
+                "blocked": cap > 0 and self._spent_global + self._reserved_global >= cap - _EPS,
+            },
+            "providers": providers,
+        }
+
+    @staticmethod
+    def estimate(provider_cfg: Any, input_tokens: int, max_tokens: int) -> float:
+        """Worst case for a reservation: every input token at the dearest input price (a cache write
+        usually), and the full max_tokens of output."""
+        cost = getattr(provider_cfg, "cost", provider_cfg)
+        if cost is None:
+            return 0.0
+        p_in = max(_price(cost, "input"), _price(cost, "cache_write"), _price(cost, "cache_read"))
+        return (max(int(input_tokens), 0) * p_in + max(int(max_tokens), 0) * _price(cost, "output")) / _PER
+
+    # -- reservations ---------------------------------------------------------------------------------------
+
+    def reserve(self, provider: str, estimate_usd: float) -> Reservation | None:
+        """Hold `estimate_usd` against the caps, or None when that would exceed one. No await may come
+        between the check and the booking: this is what keeps concurrent requests under the cap."""
+        self._roll()
+        est = _usd(estimate_usd)
+        billable = self._billable.get(provider, False)
+        if billable:
+            over = self._over(provider, est, with_reserved=True)
+            if over is not None:
+                self._refused(provider, over, est)
+                return None
+            self._reserved_global += est
+        self._reserved[provider] = self._reserved.get(provider, 0.0) + est
+        return Reservation(provider=provider, estimate_usd=est, billable=billable)
+
+    def settle(self, reservation: Reservation, actual_usd: float) -> None:
+        """Replace the held estimate with the actual cost; settling twice is a no-op."""
+        if reservation.done:
+            return
+        self._release(reservation)
+        self._add(reservation.provider, _usd(actual_usd), reservation.billable)
+
+    def cancel(self, reservation: Reservation) -> None:
+        if not reservation.done:
+            self._release(reservation)
+
+    def record(self, provider: str, actual_usd: float) -> None:
+        """Add spend that had no reservation (e.g. a request that bypassed the planner)."""
+        self._add(provider, _usd(actual_usd), self._billable.get(provider, False))
+
+    # -- internals ------------------------------------------------------------------------------------------
+
+    def _release(self, reservation: Reservation) -> None:
+        reservation.done = True
+        name = reservation.provider
+        left = self._reserved.get(name, 0.0) - reservation.estimate_usd
+        if left > _EPS:
+            self._reserved[name] = left
+        else:
+            self._reserved.pop(name, None)
+        if reservation.billable:
+            self._reserved_global = max(self._reserved_global - reservation.estimate_usd, 0.0)
+            if self._reserved_global <= _EPS:
+                self._reserved_global = 0.0
+
+    def _add(self, provider: str, actual: float, counts_globally: bool) -> None:
+        self._roll()
+        if actual <= 0:
+            return
+        month = self._month
+        total = self._spent.get(provider, 0.0) + actual
+        self._spent[provider] = total
+        self._store.set(NAMESPACE, f"{month}:{provider}", total)
+        if counts_globally:
+            self._spent_global += actual
+            self._store.set(NAMESPACE, f"{month}:{GLOBAL}", self._spent_global)
+            self._check_thresholds(provider)
+            self._check_thresholds(GLOBAL)
+
+    def _over(self, provider: str, extra: float, *, with_reserved: bool) -> str | None:
+        """Which cap (the provider's name, or "*") `extra` more USD would break, if any."""
+        cap = self._caps.get(provider, 0.0)
+        if cap > 0:
+            used = self._spent.get(provider, 0.0) + (self._reserved.get(provider, 0.0) if with_reserved else 0.0)
+            if used >= cap - _EPS or used + extra > cap + _EPS:
+                return provider
+        cap = self._global_cap
+        if cap > 0:
+            used = self._spent_global + (self._reserved_global if with_reserved else 0.0)
+            if used >= cap - _EPS or used + extra > cap + _EPS:
+                return GLOBAL
+        return None
+
+    def _refused(self, provider: str, over: str, extra: float) -> None:
+        # A refusal caused only by other requests' in-flight reservations is momentary congestion;
+        # the once-a-month audit event is kept for the cap really being spent.
+        if self._over(provider, extra, with_reserved=False) is None:
+            log.debug("budget: %s refused while reservations are outstanding", provider)
+            return
+        self._notify_blocked(over)
+
+    def _cap_and_spent(self, key: str) -> tuple[float, float]:
+        if key == GLOBAL:
+            return self._global_cap, self._spent_global
+        return self._caps.get(key, 0.0), self._spent.get(key, 0.0)
+
+    def _check_thresholds(self, key: str) -> None:
+        cap, spent = self._cap_and_spent(key)
+        if cap <= 0:
+            return
+        ratio = spent / cap
+        if ratio >= self._warn_ratio - _EPS and key not in self._warned:
+            self._warned.add(key)
+            self._save_notices()
+            self._publish(BudgetWarning(provider=key, spent_usd=spent, cap_usd=cap, ratio=ratio))
+        if spent >= cap - _EPS:
+            self._notify_blocked(key)
+
+    def _notify_blocked(self, key: str) -> None:
+        if key in self._blocked:
+            return
+        self._blocked.add(key)
+        self._save_notices()
+        cap, spent = self._cap_and_spent(key)
+        log.warning("budget: %s reached its monthly cap (%.4f of %.2f USD); skipping it", key, spent, cap)
+        self._publish(BudgetBlocked(provider=key, spent_usd=spent, cap_usd=cap))
+
+    def _save_notices(self) -> None:
+        self._store.set(
+            NAMESPACE, f"{self._month}/notices", {"warned": sorted(self._warned), "blocked": sorted(self._blocked)}
+        )
+
+    def _publish(self, event: Event) -> None:
+        if self._publish_fn is None:
+            return
+        try:
+            self._publish_fn(event)
+        except Exception:  # a broken sink must not fail the request that crossed a threshold
+            log.exception("budget: publishing %s failed", event.kind)
+
+    def _roll(self) -> None:
+        """Switch to the current calendar month when the clock has left the loaded one."""
+        now = self._clock()
+        if self._month_start <= now < self._month_end:
+            return
+        self._month, self._month_start, self._month_end = _month_bounds(now)
+        self._spent = {}
+        self._spent_global = 0.0
+        self._warned = set()
+        self._blocked = set()
+        prefix = f"{self._month}:"
+        for key, value in self._store.items(NAMESPACE).items():
+            if key.startswith(prefix):
+                name = key[len(prefix):]
+                if name == GLOBAL:
+                    self._spent_global = _usd(value)
+                elif _usd(value) > 0:
+                    self._spent[name] = _usd(value)
+            elif key == f"{self._month}/notices" and isinstance(value, dict):
+                self._warned = {str(k) for k in value.get("warned") or ()}
+                self._blocked = {str(k) for k in value.get("blocked") or ()}

@@ -1,0 +1,70 @@
+"""Hot reload: watch the config file and apply changes through Daemon.reload() (atomic swap, old config kept
+on any error). Also the one place that logs a reload's outcome, whatever triggered it (file, SIGHUP, corectl)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from pathlib import Path
+
+log = logging.getLogger("coderouterd.reload")
+
+
+def apply_reload(daemon, source: str) -> dict:
+    result = daemon.reload(source=source)
+    if result.get("ok"):
+        changed = result.get("changed")
+        if changed is None:
+            log.info("reload (%s): %s", source, result.get("message", "done"))
+        else:
+            log.info("config reloaded (%s): %s", source, ", ".join(changed) if changed else "no changes")
+    else:
+        log.error("config reload (%s) rejected, keeping the previous configuration: %s", source,
+                  result.get("error"))
+    return result
+
+
+class ConfigWatcher:
+    """Watches the config file's directory, not the file: editors that save by writing a new file and renaming
+    it over the old one replace the inode, which a watch on the file itself would lose."""
+
+    def __init__(self, daemon, path: str, *, step_ms: int = 50, debounce_ms: int = 1600) -> None:
+        self.daemon = daemon
+        self.path = Path(path)
+        self.step_ms = step_ms
+        self.debounce_ms = debounce_ms
+        # Checked by the watch thread every step: setting it ends the watch within step_ms.
+        self._stop = asyncio.Event()
+        self._task: asyncio.Task | None = None
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._run(), name="config-watcher")
+
+    async def stop(self) -> None:
+        self._stop.set()
+        task, self._task = self._task, None
+        if task is not None:
+            try:
+                await asyncio.wait_for(task, timeout=5)
+            except (TimeoutError, asyncio.CancelledError):
+                pass
+            except Exception as e:  # the watcher already logged; shutdown must go on
+                log.debug("config watcher ended with %r", e)
+
+    def _is_config(self, _change, changed_path: str) -> bool:
+        return Path(changed_path).name == self.path.name
+
+    async def _run(self) -> None:
+        from watchfiles import awatch
+
+        directory = self.path.parent
+        log.info("watching %s for changes", self.path)
+        try:
+            async for _ in awatch(directory, watch_filter=self._is_config, step=self.step_ms,
+                                  debounce=self.debounce_ms, stop_event=self._stop, recursive=False):
+                apply_reload(self.daemon, "file change")
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:  # losing the watch must not take the daemon down: SIGHUP and corectl still work
+            log.error("config watcher stopped: cannot watch %s: %s (use `corectl reload` or SIGHUP)",
+                      directory, e)

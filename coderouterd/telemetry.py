@@ -1,0 +1,102 @@
+"""Where the daemon's events go: the bus, the SQLite store (KV + journal), the audit log.
+
+The request path only builds one RequestFinished event and publishes it (an O(1) queue append); every write
+happens in the bus's writer thread. Persistent router state (breakers, health) is mirrored into the store as
+it changes, so a kill -9 loses at most the store's flush interval."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from .state import (
+    AuditLog,
+    BreakerTransition,
+    EventBus,
+    FallbackUsed,
+    RequestFinished,
+    Store,
+    cost_usd,
+)
+
+log = logging.getLogger("coderouterd")
+
+NS_BREAKERS = "breakers"
+NS_HEALTH = "health"
+NS_DAEMON = "daemon"
+
+
+class Telemetry:
+    def __init__(self, state_dir: Path, config) -> None:
+        self.state_dir = state_dir
+        self.bus = EventBus()
+        st = config.state
+        self.store = Store(state_dir / "state.db", bus=self.bus, flush_interval_s=st.flush_interval_s,
+                           journal_retention_days=st.journal_retention_days)
+        self.audit: AuditLog | None = None
+        self._config = config
+
+    def start(self) -> None:
+        try:
+            self.state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        except OSError as e:
+            log.error("state directory %s is unusable: %s (serving without persistence)", self.state_dir, e)
+        self.store.open()
+        if not self.store.healthy:
+            log.error("state store unusable: %s (serving on, retrying)", self.store.problem)
+        st = self._config.state
+        self.audit = AuditLog(self.state_dir, max_bytes=int(st.audit_max_mb * 1024 * 1024), keep=st.audit_keep,
+                              bus=self.bus)
+        self.bus.subscribe(self.store.journal_sink(), kinds={RequestFinished.kind})
+        self.bus.subscribe(self.audit.sink)
+        self.bus.start()
+
+    def stop(self) -> None:
+        self.bus.stop()
+        self.store.close()
+        if self.audit is not None:
+            self.audit.close()
+
+    def publish(self, event) -> None:
+        self.bus.publish(event)
+
+    # -- router state that must survive restarts -------------------------------------------------------------
+
+    def breaker_moved(self, router, name: str, old, new, reason: str) -> None:
+        self.store.set(NS_BREAKERS, name, router.breakers.get(name).snapshot())
+        self.bus.publish(BreakerTransition(provider=name, old=str(old), new=str(new), reason=reason))
+
+    def restore_router(self, router) -> None:
+        snaps = self.store.items(NS_BREAKERS)
+        if snaps:
+            rejected = router.breakers.restore(snaps)
+            for name in rejected:
+                self.store.delete(NS_BREAKERS, name)
+        router.health.update(self.store.items(NS_HEALTH))
+
+    # -- requests -------------------------------------------------------------------------------------------
+
+    def request_finished(self, ex, latency_s: float) -> None:
+        u = ex.usage or {}
+        provider = ex.served_by
+        cost = 0.0
+        if provider is not None:
+            cfg = ex.runtime.providers[provider].cfg
+            if cfg.cost.input or cfg.cost.output or cfg.cost.cache_read or cfg.cost.cache_write:
+                cost = cost_usd(u, cfg.cost)
+        ex.cost_usd = cost
+        failed = [a for a in ex.attempts if a["outcome"] != "ok"]
+        fallback_count = len(failed) if provider is not None else max(0, len(failed) - 1)
+        attempts = ex.skips_and_attempts()
+        self.bus.publish(RequestFinished(
+            request_id=ex.req.request_id, ingress=ex.req.ingress, profile=ex.profile_name, provider=provider,
+            attempts=attempts, model_requested=ex.req.model, model_used=ex.model_used or "", status=ex.status,
+            error_class=ex.error_class, latency_ms=round(latency_s * 1000, 3),
+            ttfb_ms=round(ex.ttfb * 1000, 3) if ex.ttfb is not None else None,
+            input_tokens=u.get("input_tokens") or 0, output_tokens=u.get("output_tokens") or 0,
+            cache_read_tokens=u.get("cache_read_input_tokens") or 0,
+            cache_write_tokens=u.get("cache_creation_input_tokens") or 0,
+            cost_usd=cost, streaming=ex.req.stream, fallback_count=fallback_count, race_outcome=ex.race_outcome,
+        ))
+        if failed and provider is not None:
+            self.bus.publish(FallbackUsed(request_id=ex.req.request_id, profile=ex.profile_name, chain=attempts))

@@ -1,0 +1,21 @@
+"""`corectl` entry point (console script and `python -m corectl`)."""
+
+from __future__ import annotations
+
+import sys
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    from .fast import run as fast_run
+
+    code = fast_run(args)
+    if code is not None:
+        return code
+    from .app import run
+
+    return run(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

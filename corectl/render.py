@@ -1,0 +1,161 @@
+"""Rich rendering of the admin API's answers. Imported only when a human is reading (not with --json)."""
+
+from __future__ import annotations
+
+import os
+
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+_BREAKER_STYLE = {"closed": "green", "open": "bold red", "half_open": "yellow"}
+_HEALTH_STYLE = {"HEALTHY": "green", "DEGRADED": "yellow", "UNHEALTHY": "bold red"}
+
+
+def console() -> Console:
+    # Piped output (scripts, `| less`) has no terminal width; Rich would assume 80 columns and fold URLs.
+    c = Console(highlight=False)
+    if not c.is_terminal and "COLUMNS" not in os.environ:
+        c = Console(highlight=False, width=140)
+    return c
+
+
+def duration(seconds: float) -> str:
+    s = int(seconds)
+    if s < 60:
+        return f"{s}s"
+    m, s = divmod(s, 60)
+    if m < 60:
+        return f"{m}m {s:02d}s"
+    h, m = divmod(m, 60)
+    if h < 24:
+        return f"{h}h {m:02d}m"
+    d, h = divmod(h, 24)
+    return f"{d}d {h}h"
+
+
+def latency(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    return f"{seconds * 1000:.0f} ms" if seconds < 10 else f"{seconds:.1f} s"
+
+
+def _breaker(snap: dict) -> Text:
+    state = snap.get("state", "closed")
+    label = state.replace("_", "-")
+    if state == "open" and snap.get("retry_in_s") is not None:
+        label += f" ({snap['retry_in_s']:.0f}s)"
+    return Text(label, style=_BREAKER_STYLE.get(state, ""))
+
+
+def _health(value: str) -> Text:
+    return Text(value.lower(), style=_HEALTH_STYLE.get(value, "dim"))
+
+
+def _kv(rows: list[tuple[str, str | Text]]) -> Table:
+    grid = Table.grid(padding=(0, 2))
+    grid.add_column(style="bold", no_wrap=True)
+    grid.add_column(overflow="fold")
+    for k, v in rows:
+        grid.add_row(k, v)
+    return grid
+
+
+def status(data: dict, out: Console) -> None:
+    header = Text.assemble(("coderouterd ", "bold"), (data["version"], "bold cyan"),
+                           f"  pid {data['pid']}  up {duration(data['uptime_s'])}")
+    out.print(header)
+    profile = Text(data["active_profile"], style="bold")
+    if data["active_profile"] != data["default_profile"]:
+        profile.append(f"  (default: {data['default_profile']})", style="dim")
+    rows: list[tuple[str, str | Text]] = [
+        ("listen", data["listen"]["url"]),
+        ("config", data["config_path"]),
+        ("admin", data.get("admin_socket", "")),
+        ("profile", profile),
+    ]
+    if data.get("last_reload_error"):
+        rows.append(("reload", Text("last reload failed, previous config kept:\n" + data["last_reload_error"],
+                                    style="bold red")))
+    out.print(_kv(rows))
+    out.print()
+    out.print(providers_table(data["providers"], data.get("stats_window_s")))
+    out.print()
+    out.print(profiles_table(data["profiles"]))
+
+
+def providers_table(providers: list[dict], window_s: float | None) -> Table:
+    title = "Providers" + (f" (figures over the last {window_s:g} s)" if window_s else "")
+    t = Table(title=title, title_justify="left", title_style="bold")
+    t.add_column("Provider", no_wrap=True, style="bold")
+    t.add_column("Kind", no_wrap=True)
+    t.add_column("Model", overflow="fold")
+    t.add_column("Breaker", no_wrap=True)
+    t.add_column("Health", no_wrap=True)
+    t.add_column("Reqs", justify="right", no_wrap=True)
+    t.add_column("Errors", justify="right", no_wrap=True)
+    t.add_column("Median", justify="right", no_wrap=True)
+    t.add_column("Base URL", overflow="fold")
+    for p in providers:
+        f = p.get("figures") or {}
+        reqs = (f.get("samples") or 0) - (f.get("probes") or 0)
+        errors = f.get("errors") or 0
+        t.add_row(p["name"], p["kind"] + (" $" if p.get("paid") else ""),
+                  p["model"] or Text("(client's)", style="dim"), _breaker(p.get("breaker") or {}),
+                  _health(p.get("health", "unknown")), str(reqs),
+                  Text(str(errors), style="red" if errors else ""), latency(f.get("median_s")), p["base_url"])
+    return t
+
+
+def _order(profile: dict) -> Text:
+    order = profile.get("effective_order") or []
+    text = Text(" > ".join(order) if order else "none available", style="" if order else "bold red")
+    skips = profile.get("skips") or []
+    if skips:
+        text.append("  skipped: " + ", ".join(f"{s['provider']} ({s['reason']})" for s in skips), style="yellow")
+    return text
+
+
+def profiles_table(profiles: list[dict]) -> Table:
+    t = Table(title="Profiles", title_justify="left", title_style="bold")
+    t.add_column("", no_wrap=True)
+    t.add_column("Profile", no_wrap=True, style="bold")
+    t.add_column("Mode", no_wrap=True)
+    t.add_column("Chain", overflow="fold")
+    t.add_column("Effective order", overflow="fold")
+    for p in profiles:
+        mode = p["mode"] + (" adaptive" if p.get("adaptive") else "")
+        t.add_row(Text("●", style="green") if p.get("active") else "", p["name"], mode,
+                  " > ".join(p["providers"]), _order(p))
+    return t
+
+
+def profile_detail(data: dict, out: Console) -> None:
+    s = data["settings"]
+    tags = [tag for tag, on in (("active", data["active"]), ("default", data["default"])) if on]
+    title = Text(data["name"], style="bold")
+    if tags:
+        title.append(f"  ({', '.join(tags)})", style="green")
+    out.print(title)
+    mode = s["mode"] + (f", width {s['race_width']}" if s["mode"] == "race" else "")
+    tl = s["tool_loop"]
+    rows: list[tuple[str, str | Text]] = [
+        ("mode", mode),
+        ("adaptive", "yes" if s["adaptive"] else "no"),
+        ("health", f"{s['health_action']} after {s['health_threshold']} failures"),
+        ("tool loop", f"{tl['action']} at {tl['threshold']} repeats in the last {tl['window']} calls"),
+        ("effective", _order(data)),
+    ]
+    if data.get("routes"):
+        rows.append(("routes", ", ".join(data["routes"])))
+    out.print(_kv(rows))
+    t = Table(title="Chain", title_justify="left", title_style="bold")
+    t.add_column("#", justify="right")
+    t.add_column("Provider", style="bold", no_wrap=True)
+    t.add_column("Kind")
+    t.add_column("Base URL", overflow="fold")
+    t.add_column("Model", overflow="fold")
+    for i, p in enumerate(data["providers"], 1):
+        t.add_row(str(i), p["name"], p["kind"] + (" $" if p.get("paid") else ""), p["base_url"],
+                  p["model"] or Text("(client's)", style="dim"))
+    out.print(t)
