@@ -8,9 +8,13 @@ import time
 
 from . import __version__
 from .config import ConfigError, LoadedConfig, load_config, state_dir
+from .guards.apply import BudgetHooks, apply_tool_loop
+from .guards.budget import Budget
+from .health.monitor import HealthMonitor
 from .routing.executor import Exchange
 from .routing.router import Router
 from .runtime import Runtime, UnknownProfile, build_runtime
+from .state.memory import MemoryStore
 from .telemetry import Telemetry
 
 log = logging.getLogger("coderouterd")
@@ -29,6 +33,8 @@ class Daemon:
         self.listen = (loaded.model.server.host, loaded.model.server.port)
         self.last_reload_error: str | None = None
         self.telemetry: Telemetry | None = None
+        self.health: HealthMonitor | None = None
+        self.budget: Budget | None = None
 
     # -- lifecycle ------------------------------------------------------------------------------------------
 
@@ -39,6 +45,14 @@ class Daemon:
             t.start()
             t.restore_router(self.router)
             self.router._on_breaker = lambda *a: t.breaker_moved(self.router, *a)
+        t = self.telemetry
+        self.budget = Budget(t.store if t else MemoryStore(), publish=t.publish if t else None)
+        self._configure_budget(self._loaded.model)
+        self.router.budget_ok = self.budget.allowed
+        self.router.budget_hooks = BudgetHooks(self.budget)
+        self.health = HealthMonitor(self, publish=t.publish if t else None, store=t.store if t else None)
+        self.router.on_passive = self.health.on_passive
+        self.health.start()
 
     # -- control (called by the admin API) -------------------------------------------------------------------
 
@@ -111,6 +125,8 @@ class Daemon:
         self.runtime = build_runtime(loaded, previous=old)
         self._loaded = loaded
         self.router.reconfigure(loaded.model)
+        if self.budget is not None:
+            self._configure_budget(loaded.model)
         self.last_reload_error = None
         if self.active_profile not in loaded.model.profiles:
             fallback = loaded.model.server.default_profile
@@ -163,6 +179,8 @@ class Daemon:
         }
 
     async def shutdown(self) -> None:
+        if self.health is not None:
+            await self.health.stop()
         if self.runtime is not None:
             for p in self.runtime.providers.values():
                 await p.close()
@@ -171,9 +189,13 @@ class Daemon:
 
     # -- request hooks --------------------------------------------------------------------------------------
 
-    def guard_request(self, ex: Exchange):
-        """An awaitable that answers True when a guard already answered the request, or None (no guard)."""
-        return None
+    def _configure_budget(self, cfg) -> None:
+        self.budget.configure(cfg.providers, global_cap_usd=cfg.budget.global_monthly_usd,
+                              warn_ratio=cfg.budget.warn_ratio)
+
+    async def guard_request(self, ex: Exchange) -> bool:
+        """Guards that act before routing. True when a guard already answered the request."""
+        return await apply_tool_loop(ex, self.telemetry.publish if self.telemetry else None)
 
     def finish(self, ex: Exchange) -> None:
         """After every request: the one log line, and the record for journal, metrics and stats."""

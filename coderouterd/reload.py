@@ -14,8 +14,8 @@ def apply_reload(daemon, source: str) -> dict:
     result = daemon.reload(source=source)
     if result.get("ok"):
         changed = result.get("changed")
-        if changed is None:
-            log.info("reload (%s): %s", source, result.get("message", "done"))
+        if result.get("message"):
+            log.info("reload (%s): %s", source, result["message"])
         else:
             log.info("config reloaded (%s): %s", source, ", ".join(changed) if changed else "no changes")
     else:

@@ -123,17 +123,17 @@ async def _run(daemon: Daemon, loaded: LoadedConfig, admin: AdminServer) -> int:
     signals = _Signals(daemon, proxy, admin)
     signals.install()
     admin_task = asyncio.create_task(admin.serve(), name="admin-api")
-    watcher = None
+    # Not on the embedded default: there is no file to watch.
+    watcher = None if loaded.is_embedded else ConfigWatcher(daemon, loaded.path)
+    announce = None
     try:
         while not admin.server.started and not admin_task.done():
             await asyncio.sleep(0.005)
         if admin_task.done():
-            admin_task.result()
+            log.error("the admin API could not start: %r", admin_task.exception())
+            return 1
         log.info("admin API on unix socket %s", admin.path)
-        if not loaded.is_embedded:
-            watcher = ConfigWatcher(daemon, loaded.path)
-            watcher.start()
-        log.info("coderouterd listening on http://%s:%s (config: %s)", s.host, s.port, loaded.path)
+        announce = asyncio.create_task(_after_start(proxy, watcher, s.host, s.port, loaded.path))
         try:
             await proxy.serve()
         except SystemExit:
@@ -141,6 +141,8 @@ async def _run(daemon: Daemon, loaded: LoadedConfig, admin: AdminServer) -> int:
             return 1
         return 0 if proxy.started else 1
     finally:
+        if announce is not None:
+            announce.cancel()
         admin.request_stop()
         if watcher is not None:
             await watcher.stop()
@@ -152,3 +154,13 @@ async def _run(daemon: Daemon, loaded: LoadedConfig, admin: AdminServer) -> int:
             log.error("admin API failed: %s", e)
         signals.uninstall()
         log.info("coderouterd stopped")
+
+
+async def _after_start(proxy: uvicorn.Server, watcher: ConfigWatcher | None, host: str, port: int,
+                       config_path: str) -> None:
+    """Once the proxy is bound (so the runtime a reload replaces exists): announce it, start watching."""
+    while not proxy.started:
+        await asyncio.sleep(0.01)
+    log.info("coderouterd listening on http://%s:%s (config: %s)", host, port, config_path)
+    if watcher is not None:
+        watcher.start()

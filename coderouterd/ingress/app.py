@@ -172,8 +172,7 @@ class ProxyApp:
         req = ClientRequest(ingress=ingress, body=body, raw=raw, headers=headers, stream=bool(body.get("stream")),
                             model=model, request_id=rid)
         ex = Exchange(req, r, runtime=runtime, router=daemon.router, profile=profile)
-        guard = daemon.guard_request(ex)
-        if guard is not None and await guard:
+        if await daemon.guard_request(ex):
             daemon.finish(ex)
             return
         task = asyncio.current_task()

@@ -12,6 +12,7 @@ STREAM_ERROR = "stream_error"
 BAD_RESPONSE = "bad_response"
 OVERFLOW = "context_overflow"
 MODEL_DISCOVERY = "model_discovery_failed"
+BUDGET = "budget_exhausted"
 
 # Statuses that say "try somewhere else": a bad key or a missing model on one provider must not sink the chain.
 _FAILOVER_STATUSES = {401, 402, 403, 404, 408, 409, 429}
@@ -52,7 +53,7 @@ class UpstreamError(Exception):
     @property
     def counts_against_provider(self) -> bool:
         """Whether this failure is the provider's fault (feeds breakers and health), not the request's."""
-        if self.reason == OVERFLOW:
+        if self.reason in (OVERFLOW, BUDGET):
             return False
         if self.status is None:
             return True

@@ -132,6 +132,9 @@ class Exchange:
             kw["input_tokens"] = provider.estimate_tokens(len(req.raw))
         strategy = cls(**kw)
         call = Call(provider, strategy, raw_body=req.raw, stream=req.stream, client_headers=req.headers)
+        hooks = self.router.budget_hooks
+        reservation = hooks.reserve(provider, req) if hooks is not None else None
+        ok = False
         try:
             if req.stream:
                 await self._stream(call, provider)
@@ -141,8 +144,12 @@ class Exchange:
                 self.ttfb = call.ttfb
                 self._succeeded(provider, call, started)
                 await self.resp.json(200, body)
+            ok = True
         finally:
             call.close()
+            if reservation is not None:
+                hooks.settle(reservation, provider, call.strategy.usage if ok or call.strategy.started_content
+                             else None)
 
     def _succeeded(self, provider: Provider, call: Call, started: float) -> None:
         self.served_by = provider.name

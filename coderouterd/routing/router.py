@@ -28,6 +28,7 @@ class Router:
         self.health: dict[str, str] = {}
         # provider -> bool, asked before planning a paid provider (the budget guard plugs in here).
         self.budget_ok: Callable[[str], bool] | None = None
+        self.budget_hooks = None  # guards.apply.BudgetHooks when budgets are configured
         self.passive_failures: dict[str, int] = {}
         self.on_passive: Callable[[str, int], None] | None = None
 

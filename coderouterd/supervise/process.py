@@ -285,7 +285,7 @@ class ManagedProcess:
 
     async def _cmd_restart(self, reason: str) -> bool:
         self._refuse_if_external("restart")
-        if False:
+        if self.state in (ProcessState.STARTING, ProcessState.STOPPING, ProcessState.BACKOFF):
             detail = f"{self.state.value}: a start or restart is already in progress"
             log.info("%s: restart skipped (%s)", self.name, detail)
             self._emit("restart_skipped", self.pid, detail)
@@ -394,10 +394,11 @@ class ManagedProcess:
         self.external = self.adopted = False
         self._started_mono = self._clock()
         self.started_at = time.time()
-        self._set_state(ProcessState.STARTING)
-        self._emit("started", proc.pid, shlex.join(argv))
+        # Recorded first: a daemon crash from here on leaves a child the next daemon can find.
         if self._ctime is not None:
             await self._persist({"pid": proc.pid, "create_time": self._ctime, "command": list(argv)})
+        self._set_state(ProcessState.STARTING)
+        self._emit("started", proc.pid, shlex.join(argv))
         self._helper(self._watch_child(gen, proc))
         self._helper(self._await_ready(gen))
 

@@ -40,7 +40,7 @@ def _post(d, path, content=None, json=None, headers=None):
 
 
 A = "/v1/messages"
-O = "/v1/chat/completions"
+OA = "/v1/chat/completions"
 OK_A = {"model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": "hi"}]}
 
 
@@ -56,11 +56,11 @@ OK_A = {"model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": 
     (A, b'{"model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": 5}]}', "messages.0.content"),
     (A, b'{"model": "m", "max_tokens": 5, "stream": "yes", "messages": []}', "stream"),
     (A, b'{"model": "m", "max_tokens": 5, "messages": [], "tools": [{}]}', "tools.0.name"),
-    (O, b"{not json", "JSON"),
-    (O, b'{"messages": [{"role": "user", "content": "x"}]}', "model"),
-    (O, b'{"model": "m"}', "messages"),
-    (O, b'{"model": "m", "messages": [{"role": "robot"}]}', "messages[0].role"),
-    (O, b'{"model": "m", "messages": [{"role": "user", "content": "x"}], "max_tokens": -1}', "max_tokens"),
+    (OA, b"{not json", "JSON"),
+    (OA, b'{"messages": [{"role": "user", "content": "x"}]}', "model"),
+    (OA, b'{"model": "m"}', "messages"),
+    (OA, b'{"model": "m", "messages": [{"role": "robot"}]}', "messages[0].role"),
+    (OA, b'{"model": "m", "messages": [{"role": "user", "content": "x"}], "max_tokens": -1}', "max_tokens"),
 ])
 def test_malformed_requests(env, path, body, field):
     r = _post(env, path, content=body, headers={"content-type": "application/json"})
@@ -74,7 +74,7 @@ def test_malformed_requests(env, path, body, field):
     assert httpx.get(env.url + "/healthz").status_code == 200
 
 
-@pytest.mark.parametrize("path", [A, O])
+@pytest.mark.parametrize("path", [A, OA])
 def test_huge_body_is_413(env, path):
     big = b'{"model":"m","max_tokens":5,"messages":[{"role":"user","content":"' + b"x" * (1_200_000) + b'"}]}'
     r = _post(env, path, content=big, headers={"content-type": "application/json"})

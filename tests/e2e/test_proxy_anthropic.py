@@ -43,12 +43,15 @@ base_url = "@BAD401@/v1"
 
 [profiles.default]
 providers = ["local"]
+health_action = "warn"
 
 [profiles.cloud]
 providers = ["cloud"]
+health_action = "warn"
 
 [profiles.chain]
 providers = ["dead", "err500", "bad401", "local"]
+health_action = "warn"
 
 [providers.limited]
 kind = "openai"
@@ -56,9 +59,11 @@ base_url = "@LIMITED@/v1"
 
 [profiles.limited]
 providers = ["limited"]
+health_action = "warn"
 
 [profiles.allbad]
 providers = ["dead", "err500"]
+health_action = "warn"
 
 [[routes]]
 model = "*passthrough*"

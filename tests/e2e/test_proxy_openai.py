@@ -30,9 +30,11 @@ model = "claude-sonnet-5"
 
 [profiles.default]
 providers = ["local"]
+health_action = "warn"
 
 [profiles.cloud]
 providers = ["cloud"]
+health_action = "warn"
 """
 
 TOOLS = [{"type": "function", "function": {"name": "Bash", "parameters": {

@@ -389,6 +389,26 @@ def test_stop_kills_sigterm_ignoring_server_and_its_whole_tree(h: Harness) -> No
     asyncio.run(scenario())
 
 
+def test_stop_reaches_descendants_that_outlive_a_server_dying_on_sigterm(h: Harness) -> None:
+    # The server exits at once, its grandchildren do not: they must have been found before the
+    # first signal, since a dead root no longer leads to them.
+    port = free_port()
+    pid_file = h.tmp / "tree.json"
+
+    async def scenario() -> None:
+        sup = h.supervisor()
+        flags = ("--children-ignore-sigterm", "--spawn-escapees", "--pid-file", str(pid_file))
+        mp = sup.add(h.spec("leaky", port, *flags, stop_timeout_s=0.5))
+        await mp.start()
+        assert await mp.wait_ready(5)
+        procs = h.read_pid_file(pid_file)
+        await mp.stop()
+        assert [p.pid for p in procs if not is_gone(p)] == []
+        assert mp.last_exit_code == -signal.SIGTERM
+
+    asyncio.run(scenario())
+
+
 def test_shutdown_leaves_no_orphans(h: Harness) -> None:
     ports = free_port(), free_port()
     files = h.tmp / "a.json", h.tmp / "b.json"

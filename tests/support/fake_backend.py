@@ -1,7 +1,7 @@
 """A tiny stand-in for a local model server (ollama / LM Studio) that tests supervise as a real child.
 
     python tests/support/fake_backend.py --port N [--start-delay S] [--crash-after-s S]
-        [--ignore-sigterm] [--exit-at-start CODE] [--fail-while-exists PATH] [--spawn-child]
+        [--ignore-sigterm] [--children-ignore-sigterm] [--exit-at-start CODE] [--fail-while-exists PATH] [--spawn-child]
         [--spawn-escapees] [--pid-file PATH] [--spam-bytes N]
 
 Serves GET /api/tags and GET /v1/models with 200 JSON. Standard library only so it starts fast.
@@ -71,6 +71,7 @@ def main() -> None:
     ap.add_argument("--start-delay", type=float, default=0.0)
     ap.add_argument("--crash-after-s", type=float, default=None)
     ap.add_argument("--ignore-sigterm", action="store_true")
+    ap.add_argument("--children-ignore-sigterm", action="store_true")
     ap.add_argument("--exit-at-start", type=int, default=None)
     ap.add_argument("--fail-while-exists", default=None)
     ap.add_argument("--spawn-child", action="store_true")
@@ -85,10 +86,12 @@ def main() -> None:
         sys.exit(args.exit_at_start)
     if args.fail_while_exists and os.path.exists(args.fail_while_exists):
         sys.exit(3)
-    if args.ignore_sigterm:
-        # Before spawning, so the grandchildren inherit it and only SIGKILL ends the tree.
+    if args.ignore_sigterm or args.children_ignore_sigterm:
+        # Before spawning, so the grandchildren inherit it and only SIGKILL ends them.
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
     children = spawn_children(args.spawn_escapees) if (args.spawn_child or args.spawn_escapees) else []
+    if not args.ignore_sigterm:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
     if args.pid_file:
         write_pid_file(args.pid_file, children)
     if args.spam_bytes:

@@ -1,0 +1,67 @@
+"""Applying the guards to a live request: the tool-loop guard before routing, budget reservations around
+each paid attempt."""
+
+from __future__ import annotations
+
+import logging
+
+import orjson
+
+from ..providers.errors import BUDGET, UpstreamError
+from ..state import cost_usd
+from . import tool_loop
+from .budget import Budget
+
+log = logging.getLogger("coderouterd.guards")
+
+
+async def apply_tool_loop(ex, publish) -> bool:
+    """Returns True when the guard answered the request itself (action = break)."""
+    cfg = ex.profile.tool_loop
+    req = ex.req
+    finding = tool_loop.check(req.ingress, req.body, cfg)
+    if finding is None:
+        return False
+    action = cfg.action
+    if publish is not None:
+        publish(finding.event(req.request_id, action))
+    if action == "warn":
+        log.warning("%s %s (profile %s)", req.request_id, finding.message(), ex.profile_name)
+        return False
+    if action == "inject":
+        req.body = tool_loop.inject(req.ingress, req.body, finding)
+        req.raw = orjson.dumps(req.body)
+        return False
+    ex.status = 400
+    ex.error_class = "tool_loop"
+    ex.resp.add_header("x-coderouter-profile", ex.profile_name)
+    await ex.resp.error(400, finding.message(), error_type="invalid_request_error",
+                        extra={"detail": finding.detail()})
+    return True
+
+
+class BudgetHooks:
+    """Reserve a worst-case estimate before a paid call and settle with the real cost after, so concurrent
+    requests cannot overshoot a cap together."""
+
+    def __init__(self, budget: Budget) -> None:
+        self.budget = budget
+
+    def reserve(self, provider, req):
+        cfg = provider.cfg
+        if not cfg.paid:
+            return None
+        max_tokens = req.body.get("max_tokens") or req.body.get("max_completion_tokens") or 4096
+        est = Budget.estimate(cfg, provider.estimate_tokens(len(req.raw)), int(max_tokens))
+        res = self.budget.reserve(provider.name, est)
+        if res is None:
+            raise UpstreamError(BUDGET, message=f"monthly budget for {provider.name} would be exceeded")
+        return res
+
+    def settle(self, reservation, provider, usage: dict | None) -> None:
+        if reservation is None:
+            return
+        if usage is None:
+            self.budget.cancel(reservation)
+        else:
+            self.budget.settle(reservation, cost_usd(usage, provider.cfg.cost))

@@ -1,0 +1,200 @@
+"""Resilient routing over real sockets: breakers, adaptive demotion with probes, races, capability gates."""
+
+from __future__ import annotations
+
+import time
+
+import httpx
+import pytest
+
+from tests.fakes.runner import FakeServer
+from tests.support.daemon import DaemonProcess
+
+USER = [{"role": "user", "content": "hi"}]
+
+
+def post(d, profile, *, stream=False, body=None, timeout=20):
+    body = body or {"model": "m", "max_tokens": 10, "messages": USER}
+    if stream:
+        body = {**body, "stream": True}
+    return httpx.post(d.url + "/v1/messages", json=body, headers={"x-coderouter-profile": profile}, timeout=timeout)
+
+
+def test_breaker_stops_calling_a_failing_provider(tmp_path):
+    with FakeServer("openai", name="bad", behaviour="500") as bad, FakeServer("openai", name="good") as good:
+        cfg = f"""
+[server]
+port = {{PORT}}
+[breaker]
+failures = 3
+recovery_s = 0.6
+[providers.bad]
+base_url = "{bad.url}/v1"
+[providers.good]
+base_url = "{good.url}/v1"
+[profiles.default]
+providers = ["bad", "good"]
+health_action = "warn"
+"""
+        d = DaemonProcess(cfg, tmp_path).start()
+        try:
+            for _ in range(10):
+                r = post(d, "default")
+                assert r.status_code == 200 and r.headers["x-coderouter-provider"] == "good"
+            # closed -> open after exactly 3 failures: the other 7 requests never touched it
+            assert bad.count("/v1/chat/completions") == 3
+            assert "bad:skipped:breaker_open" in r.headers["x-coderouter-attempts"]
+            time.sleep(0.7)  # recovery period: exactly one trial goes through, fails, and re-opens
+            for _ in range(5):
+                post(d, "default")
+            assert bad.count("/v1/chat/completions") == 4
+            bad.set_behaviour("ok")
+            time.sleep(0.7)
+            r = post(d, "default")
+            assert r.headers["x-coderouter-provider"] == "bad"  # half-open trial succeeded: closed again
+            r = post(d, "default")
+            assert r.headers["x-coderouter-provider"] == "bad"
+        finally:
+            d.stop()
+
+
+def test_slow_first_provider_is_demoted_without_traffic_to_peers(tmp_path):
+    with FakeServer("openai", name="slow", behaviour="slow_first_byte;delay=0.25") as slow, \
+            FakeServer("openai", name="fast") as fast:
+        cfg = f"""
+[server]
+port = {{PORT}}
+[adaptive]
+window_s = 30
+min_latency_samples = 3
+debounce_s = 0
+probe_interval_s = 0.3
+max_probes_per_minute = 120
+[providers.slow]
+base_url = "{slow.url}/v1"
+[providers.fast]
+base_url = "{fast.url}/v1"
+[profiles.default]
+providers = ["slow", "fast"]
+adaptive = true
+"""
+        d = DaemonProcess(cfg, tmp_path).start()
+        try:
+            served = []
+            deadline = time.monotonic() + 15
+            while time.monotonic() < deadline:
+                r = post(d, "default")
+                assert r.status_code == 200
+                served.append(r.headers["x-coderouter-provider"])
+                if served[-3:] == ["fast"] * 3:
+                    break
+            assert served[0] == "slow"
+            assert served[-3:] == ["fast"] * 3, served
+            # fast got no real traffic before the switch, only probes: the sampling gap was closed by probing
+            assert fast.count("/v1/chat/completions") >= 3
+        finally:
+            d.stop()
+
+
+def _race_config(a, b, extra=""):
+    return f"""
+[server]
+port = {{PORT}}
+stream_hold_s = 0.2
+[providers.a]
+base_url = "{a.url}/v1"
+[providers.b]
+base_url = "{b.url}/v1"
+[profiles.default]
+providers = ["a", "b"]
+mode = "race"
+race_width = 2
+{extra}
+"""
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_race_returns_the_faster_and_closes_the_loser(tmp_path, stream):
+    with FakeServer("openai", name="a", behaviour="slow_first_byte;delay=3") as a, FakeServer("openai", name="b") as b:
+        d = DaemonProcess(_race_config(a, b), tmp_path).start()
+        try:
+            t0 = time.monotonic()
+            r = post(d, "default", stream=stream)
+            elapsed = time.monotonic() - t0
+            assert r.status_code == 200
+            assert r.headers["x-coderouter-provider"] == "b"
+            assert elapsed < 2.0
+            assert "Hello from b" in r.text or "from" in r.text
+            deadline = time.monotonic() + 3
+            while a.disconnects < 1 and time.monotonic() < deadline:
+                time.sleep(0.02)
+            assert a.disconnects == 1  # the loser's upstream saw the connection close
+            assert "a:race_lost" in r.headers["x-coderouter-attempts"]
+        finally:
+            d.stop()
+
+
+def test_race_leader_dying_before_content_completes_from_the_other(tmp_path):
+    with FakeServer("openai", name="a", behaviour="disconnect_mid_stream;after=0") as a, \
+            FakeServer("openai", name="b", behaviour="slow_first_byte;delay=0.3") as b:
+        d = DaemonProcess(_race_config(a, b), tmp_path).start()
+        try:
+            r = post(d, "default", stream=True)
+            assert r.status_code == 200
+            events = [ln[7:] for ln in r.text.splitlines() if ln.startswith("event: ")]
+            assert events[-1] == "message_stop", r.text
+            assert events.count("message_start") == 1
+            assert "Hello from b" in "".join(ln for ln in r.text.splitlines() if "text_delta" in ln).replace(
+                '"text":"', "").replace('"}}', "") or "from" in r.text
+            assert r.headers["x-coderouter-provider"] in ("a", "b")
+        finally:
+            d.stop()
+
+
+def test_hedged_race_does_not_start_the_second_when_the_first_is_quick(tmp_path):
+    with FakeServer("openai", name="a") as a, FakeServer("openai", name="b") as b:
+        d = DaemonProcess(_race_config(a, b, "race_delay_ms = 500"), tmp_path).start()
+        try:
+            for _ in range(3):
+                assert post(d, "default").headers["x-coderouter-provider"] == "a"
+            assert b.count("/v1/chat/completions") == 0
+        finally:
+            d.stop()
+
+
+def test_capability_gates(tmp_path):
+    with FakeServer("openai", name="notools") as nt, FakeServer("openai", name="small") as small, \
+            FakeServer("openai", name="full") as full:
+        cfg = f"""
+[server]
+port = {{PORT}}
+[providers.notools]
+base_url = "{nt.url}/v1"
+capabilities = {{ tools = false }}
+[providers.small]
+base_url = "{small.url}/v1"
+context_window = 2000
+[providers.full]
+base_url = "{full.url}/v1"
+capabilities = {{ vision = true }}
+[profiles.default]
+providers = ["notools", "small", "full"]
+[profiles.novision]
+providers = ["notools"]
+"""
+        d = DaemonProcess(cfg, tmp_path).start()
+        try:
+            tools = [{"name": "Bash", "input_schema": {"type": "object"}}]
+            big = [{"role": "user", "content": "x" * 20000}]
+            r = post(d, "default", body={"model": "m", "max_tokens": 5, "messages": big, "tools": tools})
+            assert r.headers["x-coderouter-provider"] == "full"
+            att = r.headers["x-coderouter-attempts"]
+            assert "notools:skipped:tools" in att and "small:skipped:context" in att
+            assert nt.count("/v1/chat/completions") == 0 and small.count("/v1/chat/completions") == 0
+            img = [{"role": "user", "content": [{"type": "image", "source": {
+                "type": "base64", "media_type": "image/png", "data": "iVBORw0KGgo="}}]}]
+            r = post(d, "novision", body={"model": "m", "max_tokens": 5, "messages": img})
+            assert r.status_code == 400
+            assert "vision" in r.json()["error"]["message"]
+        finally:
+            d.stop()
