@@ -2,22 +2,30 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import time
+from collections import OrderedDict
 
 from . import __version__
 from .config import ConfigError, LoadedConfig, load_config, state_dir
 from .guards.apply import BudgetHooks, apply_tool_loop
 from .guards.budget import Budget
 from .health.monitor import HealthMonitor
+from .health.selfheal import SelfHealer
+from .processes import Processes, specs_from_config
 from .routing.executor import Exchange
 from .routing.router import Router
 from .runtime import Runtime, UnknownProfile, build_runtime
+from .state import ConfigRejected, ConfigReloaded, DaemonLifecycle, ProfileSwitched
 from .state.memory import MemoryStore
 from .telemetry import Telemetry
 
 log = logging.getLogger("coderouterd")
+
+# Decision traces kept in memory for `corectl explain`; the journal keeps the rest.
+RECENT_TRACES = 500
 req_log = logging.getLogger("coderouterd.request")
 
 
@@ -32,9 +40,12 @@ class Daemon:
         self.active_profile = loaded.model.server.default_profile
         self.listen = (loaded.model.server.host, loaded.model.server.port)
         self.last_reload_error: str | None = None
+        self.recent: OrderedDict[str, dict] = OrderedDict()  # request id -> decision trace, newest last
         self.telemetry: Telemetry | None = None
         self.health: HealthMonitor | None = None
         self.budget: Budget | None = None
+        self.processes: Processes | None = None
+        self.selfheal: SelfHealer | None = None
 
     # -- lifecycle ------------------------------------------------------------------------------------------
 
@@ -44,6 +55,7 @@ class Daemon:
             self.telemetry = t = Telemetry(state_dir(self._loaded.model), self._loaded.model)
             t.start()
             t.restore_router(self.router)
+            t.publish(DaemonLifecycle(event="start", pid=self.pid, version=self.version))
             self.router._on_breaker = lambda *a: t.breaker_moved(self.router, *a)
         t = self.telemetry
         self.budget = Budget(t.store if t else MemoryStore(), publish=t.publish if t else None)
@@ -52,6 +64,15 @@ class Daemon:
         self.router.budget_hooks = BudgetHooks(self.budget)
         self.health = HealthMonitor(self, publish=t.publish if t else None, store=t.store if t else None)
         self.router.on_passive = self.health.on_passive
+        cfg = self._loaded.model
+        if specs_from_config(cfg):
+            self.processes = Processes(state_dir(cfg) / "logs", t.store if t else MemoryStore(),
+                                       on_event=lambda *a: self.selfheal.on_process_event(*a))
+            self.processes.apply(cfg)
+        self.selfheal = SelfHealer(self, self.health, self.processes.supervisor if self.processes else None,
+                                   publish=t.publish if t else None)
+        if self.processes is not None:
+            self.processes.start_background()
         self.health.start()
 
     # -- control (called by the admin API) -------------------------------------------------------------------
@@ -68,6 +89,7 @@ class Daemon:
         old = self.active_profile
         self.active_profile = name
         self.persist_active_profile()
+        self._publish(ProfileSwitched(old=old, new=name, source=source))
         return old, name
 
     def persist_active_profile(self) -> None:
@@ -119,6 +141,8 @@ class Daemon:
             loaded = load_config(self._loaded.path)
         except ConfigError as e:
             self.last_reload_error = str(e)
+            self._publish(ConfigRejected(path=self._loaded.path, reason=str(e)))
+            log.error("config reload rejected, keeping the running config: %s", e)
             return {"ok": False, "error": str(e)}
         old = self.runtime
         changed = _changed_sections(old.config, loaded.model)
@@ -128,12 +152,28 @@ class Daemon:
         if self.budget is not None:
             self._configure_budget(loaded.model)
         self.last_reload_error = None
+        self._reload_processes(loaded.model)
+        self._publish(ConfigReloaded(path=loaded.path, changed=changed))
         if self.active_profile not in loaded.model.profiles:
             fallback = loaded.model.server.default_profile
             log.warning("active profile %r disappeared in the reload; falling back to %r", self.active_profile, fallback)
             self.active_profile = fallback
             self.persist_active_profile()
         return {"ok": True, "changed": changed}
+
+    def _publish(self, event) -> None:
+        if self.telemetry is not None:
+            self.telemetry.publish(event)
+
+    def _reload_processes(self, cfg) -> None:
+        if self.processes is None and specs_from_config(cfg):
+            t = self.telemetry
+            self.processes = Processes(state_dir(cfg) / "logs", t.store if t else MemoryStore(),
+                                       on_event=lambda *a: self.selfheal.on_process_event(*a))
+            if self.selfheal is not None:
+                self.selfheal.supervisor = self.processes.supervisor
+        if self.processes is not None:
+            asyncio.ensure_future(self.processes.reload(cfg))
 
     def status(self) -> dict:
         """Everything `corectl status` shows, as JSON-ready data (served by the admin API)."""
@@ -179,12 +219,17 @@ class Daemon:
         }
 
     async def shutdown(self) -> None:
+        if self.selfheal is not None:
+            await self.selfheal.stop()
         if self.health is not None:
             await self.health.stop()
+        if self.processes is not None:
+            await self.processes.shutdown()
         if self.runtime is not None:
             for p in self.runtime.providers.values():
                 await p.close()
         if self.telemetry is not None:
+            self.telemetry.publish(DaemonLifecycle(event="stop", pid=self.pid, version=self.version))
             self.telemetry.stop()
 
     # -- request hooks --------------------------------------------------------------------------------------
@@ -199,8 +244,13 @@ class Daemon:
 
     def finish(self, ex: Exchange) -> None:
         """After every request: the one log line, and the record for journal, metrics and stats."""
+        latency = time.monotonic() - ex.req.started
         if self.telemetry is not None:
-            self.telemetry.request_finished(ex, time.monotonic() - ex.req.started)
+            self.telemetry.request_finished(ex, latency)
+        recent = self.recent
+        recent[ex.req.request_id] = ex.trace(latency)
+        if len(recent) > RECENT_TRACES:
+            recent.popitem(last=False)
         if ex.status >= 400 or len(ex.attempts) > 1 or ex.skips:
             req_log.info("%s %s profile=%s provider=%s status=%s attempts=%s", ex.req.request_id, ex.req.ingress,
                          ex.profile_name, ex.served_by, ex.status, ex.attempts_header())

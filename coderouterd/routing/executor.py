@@ -63,6 +63,23 @@ class Exchange:
         return [{"provider": s["provider"], "outcome": "skipped", "reason": s["reason"]} for s in self.skips] + \
             [{k: a[k] for k in ("provider", "outcome", "reason", "status", "ms")} for a in self.attempts]
 
+    def trace(self, latency_s: float) -> dict:
+        """The decision trace of this request, for `corectl explain` and GET /v1/requests/{id}."""
+        plan = self.plan
+        return {
+            "request_id": self.req.request_id, "ts": self.req.wall_started, "ingress": self.req.ingress,
+            "stream": self.req.stream, "model_requested": self.req.model, "model_used": self.model_used,
+            "profile": self.profile_name, "mode": self.profile.mode,
+            "candidates": list(self.profile.providers),
+            "effective_order": list(plan.candidates) if plan is not None else [],
+            "order_notes": list(plan.order_notes) if plan is not None else [],
+            "skips": list(self.skips), "attempts": list(self.attempts), "served_by": self.served_by,
+            "status": self.status, "error_class": self.error_class, "race_outcome": self.race_outcome,
+            "latency_ms": round(latency_s * 1000, 3),
+            "ttfb_ms": round(self.ttfb * 1000, 3) if self.ttfb is not None else None,
+            "usage": dict(self.usage), "cost_usd": self.cost_usd,
+        }
+
     def attempts_header(self) -> str:
         parts = [f"{s['provider']}:skipped:{s['reason']}" for s in self.skips]
         parts += [f"{a['provider']}:{a['reason'] if a['outcome'] != 'ok' else 'ok'}" for a in self.attempts]

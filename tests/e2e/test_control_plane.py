@@ -345,3 +345,50 @@ def test_sigterm_drains_the_stream_then_removes_socket_and_lock(daemons, tmp_pat
         assert (d.state_dir / "coderouterd.lock").read_text() == ""
         assert "SIGTERM: draining" in d.log()
         assert corectl("status", env_socket=sock).returncode == 3
+
+
+# -- building blocks, in process -----------------------------------------------------------------------------
+
+def test_state_lock_names_the_owner_and_frees_on_release(tmp_path):
+    from coderouterd.admin.lock import LockHeld, StateLock
+
+    first = StateLock(tmp_path / "coderouterd.lock")
+    first.acquire()
+    # flock belongs to the open file description, so a second open in this process contends like a 2nd daemon.
+    with pytest.raises(LockHeld) as e:
+        StateLock(tmp_path / "coderouterd.lock").acquire()
+    assert e.value.pid == os.getpid() and f"pid {os.getpid()}" in str(e.value)
+    first.release()
+    again = StateLock(tmp_path / "coderouterd.lock")
+    again.acquire()
+    again.release()
+
+
+def test_admin_socket_never_replaces_a_live_socket_or_a_regular_file(tmp_path):
+    import socket as _socket
+
+    from coderouterd.admin.server import AdminSocketError, bind_admin_socket
+
+    path = tmp_path / "run" / "admin.sock"
+    live = bind_admin_socket(path, private_dir=True)
+    try:
+        assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
+        assert stat.S_IMODE(os.stat(path.parent).st_mode) == 0o700
+        with pytest.raises(AdminSocketError, match="another process is serving"):
+            bind_admin_socket(path, private_dir=True)
+    finally:
+        live.close()
+    # Closed without unlinking, as after a crash: replaced.
+    replacement = bind_admin_socket(path, private_dir=True)
+    probe = _socket.socket(_socket.AF_UNIX)
+    probe.connect(str(path))
+    probe.close()
+    replacement.close()
+
+    plain = tmp_path / "run" / "not-a-socket"
+    plain.write_text("keep me")
+    with pytest.raises(AdminSocketError, match="not a socket"):
+        bind_admin_socket(plain, private_dir=True)
+    assert plain.read_text() == "keep me"
+    with pytest.raises(AdminSocketError, match="too long"):
+        bind_admin_socket(tmp_path / ("x" * 120) / "s.sock", private_dir=True)

@@ -1,0 +1,145 @@
+"""Self-healing: when a managed backend crashes or turns UNHEALTHY, take it out of routing at once, restart
+it (one restart at a time per process, whoever asks), then probe with back-off until it answers and let it
+rejoin at its original place in every chain. Unmanaged providers may have a `restart_command`; otherwise
+recovery is probe-only. Every step is an audit event."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import subprocess
+import time
+
+from ..state import ProcessEvent, RecoveryProbe
+from .monitor import HEALTHY, UNHEALTHY
+
+log = logging.getLogger("coderouterd.selfheal")
+
+RESTART_COMMAND_TIMEOUT_S = 120.0
+
+
+class SelfHealer:
+    def __init__(self, daemon, monitor, supervisor, *, publish=None, sleep=asyncio.sleep) -> None:
+        self.daemon = daemon
+        self.monitor = monitor
+        self.supervisor = supervisor
+        self.publish = publish
+        self.sleep = sleep
+        # provider -> the recovery task watching it; a second trigger while one runs is a logged no-op
+        self._recovering: dict[str, asyncio.Task] = {}
+        self.next_probe_at: dict[str, float] = {}
+        monitor.listeners.append(self._on_health)
+
+    def _event(self, provider: str, process: str, event: str, pid=None, detail: str = "") -> None:
+        if self.publish is not None:
+            self.publish(ProcessEvent(provider=provider, process=process, event=event, pid=pid, detail=detail))
+
+    # -- triggers -------------------------------------------------------------------------------------------
+
+    def on_process_event(self, name: str, event: str, pid, detail: str) -> None:
+        """Supervisor callback. An unexpected exit takes the process's providers out of routing at once."""
+        providers = self.supervisor.providers_of(name) if self.supervisor else []
+        for p in providers or [name]:
+            self._event(p, name, event, pid, detail)
+        if event in ("exited", "fatal"):
+            for p in providers:
+                self.trigger(p, f"process {name} {event}: {detail}", restart=False)
+
+    def _on_health(self, provider: str, old: str, new: str) -> None:
+        if new == UNHEALTHY and provider not in self._recovering:
+            self.trigger(provider, "health became UNHEALTHY", restart=True)
+
+    def trigger(self, provider: str, reason: str, *, restart: bool) -> bool:
+        task = self._recovering.get(provider)
+        if task is not None and not task.done():
+            log.info("recovery of %s already in progress; ignoring trigger (%s)", provider, reason)
+            return False
+        self.monitor.held.add(provider)
+        self.monitor.set_state(provider, UNHEALTHY, reason)
+        self._event(provider, self._process_name(provider), "excluded", None, reason)
+        self._recovering[provider] = asyncio.ensure_future(self._recover(provider, reason, restart))
+        return True
+
+    def _process_name(self, provider: str) -> str:
+        mp = self.supervisor.for_provider(provider) if self.supervisor else None
+        return mp.spec.name if mp is not None else ""
+
+    # -- recovery -------------------------------------------------------------------------------------------
+
+    async def _recover(self, provider: str, reason: str, restart: bool) -> None:
+        try:
+            mp = self.supervisor.for_provider(provider) if self.supervisor else None
+            if mp is not None:
+                if restart and not mp.external:
+                    if await mp.restart(reason):
+                        self._event(provider, mp.spec.name, "restarting", mp.pid, reason)
+                    else:
+                        log.info("restart of %s skipped: one is already in progress", mp.spec.name)
+                # The first probe waits for readiness: a server still loading its model is not dead.
+                await mp.wait_ready(mp.spec.start_timeout_s)
+            elif restart and self.daemon.runtime.providers[provider].cfg.restart_command:
+                await self._run_restart_command(provider)
+            else:
+                # Probe-only recovery: give the backend the first back-off step before asking again.
+                first = (list(self.daemon.runtime.config.health.recovery_backoff_s) or [30.0])[0]
+                self.next_probe_at[provider] = time.time() + first
+                await self.sleep(first)
+            await self._probe_until_healthy(provider)
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:  # recovery must never die silently
+            log.exception("recovery of %s failed: %s", provider, e)
+        finally:
+            self._recovering.pop(provider, None)
+            self.next_probe_at.pop(provider, None)
+
+    async def _probe_until_healthy(self, provider: str) -> None:
+        backoff = list(self.daemon.runtime.config.health.recovery_backoff_s) or [30.0]
+        attempt = 0
+        while True:
+            runtime = self.daemon.runtime
+            p = runtime.providers.get(provider)
+            if p is None:  # removed by a reload
+                self.monitor.held.discard(provider)
+                return
+            ok, detail, _ = await self.monitor.probe(p)
+            attempt += 1
+            wait = backoff[min(attempt - 1, len(backoff) - 1)]
+            if self.publish is not None:
+                self.publish(RecoveryProbe(provider=provider, ok=ok, attempt=attempt, next_in_s=None if ok else wait))
+            if ok:
+                self.monitor.held.discard(provider)
+                self.monitor.failures[provider] = 0
+                self.daemon.router.passive_failures[provider] = 0
+                self.daemon.router.breakers.get(provider).record_success()
+                self.monitor.set_state(provider, HEALTHY, f"recovered ({detail})")
+                self._event(provider, self._process_name(provider), "rejoined", None, detail)
+                return
+            self.next_probe_at[provider] = time.time() + wait
+            await self.sleep(wait)
+
+    async def _run_restart_command(self, provider: str) -> None:
+        cmd = self.daemon.runtime.providers[provider].cfg.restart_command
+        if not cmd:
+            return
+        self._event(provider, "", "restarting", None, "restart_command: " + " ".join(cmd))
+        try:
+            proc = await asyncio.create_subprocess_exec(
+                *cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                start_new_session=True)
+            try:
+                await asyncio.wait_for(proc.wait(), RESTART_COMMAND_TIMEOUT_S)
+            except TimeoutError:
+                proc.kill()
+                log.warning("restart_command for %s timed out", provider)
+        except OSError as e:
+            log.error("restart_command for %s failed: %s", provider, e)
+
+    def snapshot(self) -> dict:
+        return {p: {"recovering": True, "next_probe_at": self.next_probe_at.get(p)} for p in self._recovering}
+
+    async def stop(self) -> None:
+        tasks = list(self._recovering.values())
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
