@@ -14,12 +14,12 @@ from .guards.apply import BudgetHooks, apply_tool_loop
 from .guards.budget import Budget
 from .health.monitor import HealthMonitor
 from .health.selfheal import SelfHealer
+from .metrics import Metrics
 from .processes import Processes, specs_from_config
 from .routing.executor import Exchange
 from .routing.router import Router
 from .runtime import Runtime, UnknownProfile, build_runtime
 from .state import ConfigRejected, ConfigReloaded, DaemonLifecycle, ProfileSwitched
-from .state.memory import MemoryStore
 from .telemetry import Telemetry
 
 log = logging.getLogger("coderouterd")
@@ -45,32 +45,33 @@ class Daemon:
         self.health: HealthMonitor | None = None
         self.budget: Budget | None = None
         self.processes: Processes | None = None
+        self.metrics: Metrics | None = None
         self.selfheal: SelfHealer | None = None
 
     # -- lifecycle ------------------------------------------------------------------------------------------
 
     async def startup(self) -> None:
         self.runtime = build_runtime(self._loaded)
-        if self._loaded.model.state.enabled:
-            self.telemetry = t = Telemetry(state_dir(self._loaded.model), self._loaded.model)
-            t.start()
-            t.restore_router(self.router)
-            t.publish(DaemonLifecycle(event="start", pid=self.pid, version=self.version))
-            self.router._on_breaker = lambda *a: t.breaker_moved(self.router, *a)
-        t = self.telemetry
-        self.budget = Budget(t.store if t else MemoryStore(), publish=t.publish if t else None)
+        self.telemetry = t = Telemetry(state_dir(self._loaded.model), self._loaded.model)
+        self.metrics = Metrics(self)
+        t.bus.subscribe(self.metrics.sink)
+        t.start()
+        t.restore_router(self.router)
+        t.publish(DaemonLifecycle(event="start", pid=self.pid, version=self.version))
+        self.router._on_breaker = lambda *a: t.breaker_moved(self.router, *a)
+        self.budget = Budget(t.store, publish=t.publish)
         self._configure_budget(self._loaded.model)
         self.router.budget_ok = self.budget.allowed
         self.router.budget_hooks = BudgetHooks(self.budget)
-        self.health = HealthMonitor(self, publish=t.publish if t else None, store=t.store if t else None)
+        self.health = HealthMonitor(self, publish=t.publish, store=t.store)
         self.router.on_passive = self.health.on_passive
         cfg = self._loaded.model
         if specs_from_config(cfg):
-            self.processes = Processes(state_dir(cfg) / "logs", t.store if t else MemoryStore(),
+            self.processes = Processes(state_dir(cfg) / "logs", t.store,
                                        on_event=lambda *a: self.selfheal.on_process_event(*a))
             self.processes.apply(cfg)
         self.selfheal = SelfHealer(self, self.health, self.processes.supervisor if self.processes else None,
-                                   publish=t.publish if t else None)
+                                   publish=t.publish)
         if self.processes is not None:
             self.processes.start_background()
         self.health.start()
@@ -167,8 +168,7 @@ class Daemon:
 
     def _reload_processes(self, cfg) -> None:
         if self.processes is None and specs_from_config(cfg):
-            t = self.telemetry
-            self.processes = Processes(state_dir(cfg) / "logs", t.store if t else MemoryStore(),
+            self.processes = Processes(state_dir(cfg) / "logs", self.telemetry.store,
                                        on_event=lambda *a: self.selfheal.on_process_event(*a))
             if self.selfheal is not None:
                 self.selfheal.supervisor = self.processes.supervisor
@@ -259,9 +259,11 @@ class Daemon:
                           ex.profile_name, ex.served_by, ex.status)
 
     async def metrics_endpoint(self, scope, send) -> None:
-        body = b"# metrics are served once the metrics registry is enabled\n"
-        await send({"type": "http.response.start", "status": 200,
-                    "headers": [(b"content-type", b"text/plain; version=0.0.4")]})
+        if self.metrics is None or not self.metrics.authorized(scope):
+            status, body, ctype = 401, b'{"error":"metrics need the configured bearer token"}', b"application/json"
+        else:
+            status, body, ctype = 200, self.metrics.render(), b"text/plain; version=0.0.4; charset=utf-8"
+        await send({"type": "http.response.start", "status": status, "headers": [(b"content-type", ctype)]})
         await send({"type": "http.response.body", "body": body})
 
 

@@ -18,6 +18,7 @@ from .state import (
     Store,
     cost_usd,
 )
+from .state.memory import MemoryStore
 
 log = logging.getLogger("coderouterd")
 
@@ -27,16 +28,22 @@ NS_DAEMON = "daemon"
 
 
 class Telemetry:
+    """The bus always runs (metrics feed on it); the store, journal and audit log only with [state] enabled."""
+
     def __init__(self, state_dir: Path, config) -> None:
         self.state_dir = state_dir
         self.bus = EventBus()
         st = config.state
+        self.enabled = st.enabled
         self.store = Store(state_dir / "state.db", bus=self.bus, flush_interval_s=st.flush_interval_s,
-                           journal_retention_days=st.journal_retention_days)
+                           journal_retention_days=st.journal_retention_days) if st.enabled else MemoryStore()
         self.audit: AuditLog | None = None
         self._config = config
 
     def start(self) -> None:
+        if not self.enabled:
+            self.bus.start()
+            return
         try:
             self.state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         except OSError as e:
@@ -53,7 +60,8 @@ class Telemetry:
 
     def stop(self) -> None:
         self.bus.stop()
-        self.store.close()
+        if self.enabled:
+            self.store.close()
         if self.audit is not None:
             self.audit.close()
 
@@ -97,6 +105,7 @@ class Telemetry:
             cache_read_tokens=u.get("cache_read_input_tokens") or 0,
             cache_write_tokens=u.get("cache_creation_input_tokens") or 0,
             cost_usd=cost, streaming=ex.req.stream, fallback_count=fallback_count, race_outcome=ex.race_outcome,
+            overhead_ms=round(max(0.0, latency_s - ex.upstream_wait_s) * 1000, 3),
         ))
         if failed and provider is not None:
             self.bus.publish(FallbackUsed(request_id=ex.req.request_id, profile=ex.profile_name, chain=attempts))

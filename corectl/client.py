@@ -1,4 +1,4 @@
-"""The admin API client: httpx over the daemon's Unix socket, and where that socket is.
+"""The admin API client: HTTP over the daemon's Unix socket, and where that socket is.
 
 Startup time matters (`corectl status` is typed by hand and run by scripts in loops), so nothing here imports
 the daemon's config stack (pydantic) unless the cheap guesses at the socket path all fail."""
@@ -6,7 +6,6 @@ the daemon's config stack (pydantic) unless the cheap guesses at the socket path
 from __future__ import annotations
 
 import os
-import sys
 
 SOCKET_NAME = "coderouterd.sock"
 DEFAULT_TIMEOUT_S = 15.0
@@ -66,40 +65,41 @@ def resolve_socket(explicit: str | None) -> str:
     return path
 
 
-def _import_httpx():
-    # httpx's own CLI module pulls in click, rich.progress and pygments at import (~60 ms). corectl never uses
-    # it; a None entry in sys.modules makes httpx's guarded `from ._main import main` fall back to its stub.
-    if "httpx" not in sys.modules:
-        sys.modules.setdefault("httpx._main", None)
-    import httpx
+def _unix_connection(path: str, timeout: float):
+    """An http.client connection whose transport is the Unix socket at `path` (imports deferred: paths that
+    never call the daemon do not pay for http.client)."""
+    import http.client
+    import socket
 
-    return httpx
+    class UnixHTTPConnection(http.client.HTTPConnection):
+        def connect(self) -> None:
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            sock.settimeout(self.timeout)
+            try:
+                sock.connect(path)
+            except BaseException:
+                sock.close()
+                raise
+            self.sock = sock
+
+    return UnixHTTPConnection("coderouterd", timeout=timeout)
 
 
 class AdminClient:
+    """HTTP/1.1 over the daemon's Unix socket with the standard library's http.client.
+
+    Not httpx, on measurement: importing httpx + httpcore costs ~100 ms more CPU than http.client (see
+    bench/corectl_status.py), which alone would spend most of the 250 ms budget of `corectl status`."""
+
     def __init__(self, socket_path: str, *, timeout: float = DEFAULT_TIMEOUT_S) -> None:
         self.socket_path = socket_path
         self.timeout = timeout
-        self._client = None
-
-    def _http(self):
-        if self._client is None:
-            if not os.path.exists(self.socket_path):
-                raise DaemonNotRunning(self.socket_path, "no socket")
-            httpx = _import_httpx()
-            import ssl
-
-            # The admin API is plain HTTP on a Unix socket; without an explicit context httpx would load the
-            # CA bundle (tens of ms) for TLS that is never used. This context trusts nothing, so it stays safe.
-            no_tls = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
-            transport = httpx.HTTPTransport(uds=self.socket_path, verify=no_tls)
-            self._client = httpx.Client(transport=transport, base_url="http://coderouterd", timeout=self.timeout)
-        return self._client
+        self._conn = None
 
     def close(self) -> None:
-        if self._client is not None:
-            self._client.close()
-            self._client = None
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
 
     def __enter__(self) -> AdminClient:
         return self
@@ -111,33 +111,37 @@ class AdminClient:
         """(status, JSON body) of one admin call. Raises CorectlError for anything that is not a JSON answer."""
         import orjson
 
-        client = self._http()
-        httpx = sys.modules["httpx"]
-        content = orjson.dumps(body) if body is not None else None
-        headers = {"content-type": "application/json"} if body is not None else None
-        try:
-            r = client.request(method, path, content=content, headers=headers)
-        except httpx.ConnectError as e:
-            cause = e.__context__ or e.__cause__
-            if isinstance(cause, PermissionError) or "Permission denied" in str(e):
-                raise CorectlError(f"permission denied on the admin socket {self.socket_path} "
-                                   "(it belongs to another user)", code=1) from None
+        if self._conn is None:
             if not os.path.exists(self.socket_path):
-                raise DaemonNotRunning(self.socket_path, "no socket") from None
+                raise DaemonNotRunning(self.socket_path, "no socket")
+            self._conn = _unix_connection(self.socket_path, self.timeout)
+        content = orjson.dumps(body) if body is not None else None
+        headers = {"content-type": "application/json"} if body is not None else {}
+        try:
+            self._conn.request(method, path, body=content, headers=headers)
+            resp = self._conn.getresponse()
+            status, raw = resp.status, resp.read()
+        except FileNotFoundError:
+            raise DaemonNotRunning(self.socket_path, "no socket") from None
+        except ConnectionRefusedError:
             raise DaemonNotRunning(self.socket_path, "nothing is listening on the socket") from None
-        except httpx.TimeoutException:
+        except PermissionError:
+            raise CorectlError(f"permission denied on the admin socket {self.socket_path} "
+                               "(it belongs to another user)", code=1) from None
+        except TimeoutError:
             raise CorectlError(f"coderouterd did not answer within {self.timeout:g} s "
                                f"(socket {self.socket_path})", code=1) from None
-        except httpx.HTTPError as e:
-            raise CorectlError(f"talking to coderouterd over {self.socket_path} failed: {e}", code=1) from None
+        except Exception as e:  # http.client.HTTPException, a reset connection, ...
+            raise CorectlError(f"talking to coderouterd over {self.socket_path} failed: "
+                               f"{type(e).__name__}: {e}", code=1) from None
         try:
-            data = orjson.loads(r.content)
+            data = orjson.loads(raw)
         except orjson.JSONDecodeError:
-            raise CorectlError(f"coderouterd answered {method} {path} with HTTP {r.status_code} and a body that "
+            raise CorectlError(f"coderouterd answered {method} {path} with HTTP {status} and a body that "
                                "is not JSON", code=1) from None
         if not isinstance(data, dict):
             raise CorectlError(f"unexpected answer from coderouterd to {method} {path}", code=1)
-        return r.status_code, data
+        return status, data
 
     def call(self, method: str, path: str, body: dict | None = None) -> dict:
         """Like request(), but any non-2xx answer becomes a CorectlError carrying the daemon's reason."""

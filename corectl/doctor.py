@@ -256,6 +256,7 @@ class ProviderProbe:
         started = time.perf_counter()
         try:
             status, data, raw = await self.get_json(url)
+            took = f"{(time.perf_counter() - started) * 1000:.0f} ms"
         except httpx.TimeoutException:
             status, error = None, f"no answer from {url} within {self.limits.probe:g}s"
         except httpx.HTTPError as e:
@@ -269,8 +270,7 @@ class ProviderProbe:
                                       "daemon starts it"))
             self.skip_rest("provider unreachable")
             return False
-        self.checks.append(_check("reachable", OK, f"{self.backend} answers at {self.cfg.base_url} "
-                                  f"({(time.perf_counter() - started) * 1000:.0f} ms)"))
+        self.checks.append(_check("reachable", OK, f"{self.backend} answers at {self.cfg.base_url} ({took})"))
         if status in (401, 403):
             self.checks.append(_check("auth", FAIL, f"listing models: {_error_text(status, raw)}",
                                       self.key_hint()))

@@ -41,6 +41,7 @@ class Call:
         self.first_byte_deadline = self.started + t.first_byte
         self.ttfb: float | None = None
         self.request_chars = 0
+        self.wait_s = 0.0  # time spent awaiting the upstream: the rest of a request's latency is ours
 
     def _url_and_headers(self) -> tuple[str, dict[str, str]]:
         p = self.provider
@@ -69,6 +70,7 @@ class Call:
         url, headers = self._url_and_headers()
         body = self.strategy.request(self.raw_body, self.stream)
         self.request_chars = len(body)
+        t0 = time.perf_counter()
         try:
             async with asyncio.timeout_at(self._loop_deadline(min(self.first_byte_deadline, self.total_deadline))):
                 self.resp = await self.provider.session().post(url, data=body, headers=headers)
@@ -87,6 +89,8 @@ class Call:
         except aiohttp.ClientError as e:
             self.close()
             raise UpstreamError(DISCONNECT, message=f"{type(e).__name__}: {e}") from None
+        finally:
+            self.wait_s += time.perf_counter() - t0
 
     def _loop_deadline(self, monotonic_deadline: float) -> float:
         loop = asyncio.get_running_loop()
@@ -95,6 +99,7 @@ class Call:
     async def result(self) -> bytes:
         """Non-streaming: the whole answer, translated to the client's wire."""
         assert self.resp is not None
+        t0 = time.perf_counter()
         try:
             async with asyncio.timeout_at(self._loop_deadline(self.total_deadline)):
                 body = await self.resp.read()
@@ -104,6 +109,8 @@ class Call:
         except aiohttp.ClientError as e:
             self.close()
             raise UpstreamError(DISCONNECT, message=f"{type(e).__name__}: {e}") from None
+        finally:
+            self.wait_s += time.perf_counter() - t0
         self.ttfb = time.monotonic() - self.started
         try:
             return self.strategy.response(body)
@@ -118,12 +125,15 @@ class Call:
             return None
         assert self.resp is not None
         content = self.resp.content
+        t0 = time.perf_counter()
         try:
             async with asyncio.timeout(timeout):
                 chunk = await content.readany()
         except aiohttp.ClientError as e:
             raise UpstreamError(DISCONNECT, message=f"{type(e).__name__}: {e}",
                                 after_content=st.started_content) from None
+        finally:
+            self.wait_s += time.perf_counter() - t0
         if not chunk:
             return st.eof()
         if self.ttfb is None:

@@ -48,6 +48,7 @@ class Exchange:
         self.plan = None
         self.race_outcome: str | None = None
         self.cost_usd = 0.0
+        self.upstream_wait_s = 0.0
 
     # -- bookkeeping ----------------------------------------------------------------------------------------
 
@@ -164,6 +165,7 @@ class Exchange:
             ok = True
         finally:
             call.close()
+            self.upstream_wait_s += call.wait_s
             if reservation is not None:
                 hooks.settle(reservation, provider, call.strategy.usage if ok or call.strategy.started_content
                              else None)

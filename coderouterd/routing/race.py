@@ -182,6 +182,7 @@ async def run_race(ex, candidates: list[str]) -> None:
         ex._succeeded(provider, call, started)
     finally:
         call.close()
+        ex.upstream_wait_s += call.wait_s
 
 
 async def _abandon(ex, calls: dict) -> None:

@@ -293,7 +293,7 @@ def test_status_path_does_not_import_typer_or_pydantic(tmp_path):
     import subprocess
 
     code = ("import sys; from corectl.__main__ import main; rc = main(['--socket', sys.argv[1], 'status']); "
-            "bad = [m for m in ('typer', 'click', 'pydantic', 'coderouterd.config') if m in sys.modules]; "
+            "bad = [m for m in ('typer', 'click', 'pydantic', 'httpx', 'coderouterd.config') if m in sys.modules]; "
             "print(rc, bad)")
     r = subprocess.run([sys.executable, "-c", code, str(tmp_path / "none.sock")], capture_output=True, text=True,
                        timeout=30)

@@ -1,0 +1,115 @@
+"""Prometheus metrics, fed from the event bus in its writer thread (never on the request path), plus gauges
+read at scrape time (budget spend, managed processes)."""
+
+from __future__ import annotations
+
+import hmac
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily
+
+_LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
+_OVERHEAD_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1)
+_BREAKER_VALUE = {"closed": 0, "half_open": 1, "open": 2}
+_HEALTH_VALUE = {"HEALTHY": 0, "DEGRADED": 1, "UNHEALTHY": 2}
+
+
+class Metrics:
+    def __init__(self, daemon) -> None:
+        self.daemon = daemon
+        r = self.registry = CollectorRegistry()
+        self.requests = Counter("coderouter_requests_total", "Requests served", ["ingress", "profile", "provider",
+                                                                                "status"], registry=r)
+        self.attempts = Counter("coderouter_attempts_total", "Upstream attempts by outcome and reason",
+                                ["provider", "outcome", "reason"], registry=r)
+        self.failovers = Counter("coderouter_failovers_total", "Requests that moved past a failed provider",
+                                 ["profile", "reason"], registry=r)
+        self.latency = Histogram("coderouter_request_duration_seconds", "End-to-end request latency",
+                                 ["ingress", "provider"], buckets=_LATENCY_BUCKETS, registry=r)
+        self.ttfb = Histogram("coderouter_time_to_first_byte_seconds", "Upstream time to first byte",
+                              ["provider"], buckets=_LATENCY_BUCKETS, registry=r)
+        self.overhead = Histogram("coderouter_overhead_seconds", "Router overhead: latency minus upstream wait",
+                                  ["ingress"], buckets=_OVERHEAD_BUCKETS, registry=r)
+        self.tokens = Counter("coderouter_tokens_total", "Tokens by kind", ["provider", "kind"], registry=r)
+        self.cost = Counter("coderouter_cost_usd_total", "Spend in USD from declared prices", ["provider"],
+                            registry=r)
+        self.breaker = Gauge("coderouter_breaker_state", "Circuit breaker: 0 closed, 1 half-open, 2 open",
+                             ["provider"], registry=r)
+        self.health = Gauge("coderouter_health_state", "Health: 0 healthy, 1 degraded, 2 unhealthy", ["provider"],
+                            registry=r)
+        self.restarts = Counter("coderouter_process_restarts_total", "Managed process restarts", ["process"],
+                                registry=r)
+        self.guards = Counter("coderouter_guard_fired_total", "Guards fired", ["guard", "action"], registry=r)
+        r.register(_ScrapeTimeCollector(daemon))
+
+    def sink(self, events: list) -> None:
+        for ev in events:
+            kind = ev.kind
+            if kind == "request_finished":
+                prov = ev.provider or "none"
+                self.requests.labels(ev.ingress, ev.profile, prov, str(ev.status)).inc()
+                self.latency.labels(ev.ingress, prov).observe(ev.latency_ms / 1000)
+                if ev.ttfb_ms is not None and ev.provider:
+                    self.ttfb.labels(prov).observe(ev.ttfb_ms / 1000)
+                self.overhead.labels(ev.ingress).observe(max(0.0, ev.overhead_ms) / 1000)
+                for a in ev.attempts:
+                    self.attempts.labels(a["provider"], a["outcome"], a["reason"]).inc()
+                    if a["outcome"] == "failed" and ev.provider:
+                        self.failovers.labels(ev.profile, a["reason"]).inc()
+                if ev.provider:
+                    for k, v in (("input", ev.input_tokens), ("output", ev.output_tokens),
+                                 ("cache_read", ev.cache_read_tokens), ("cache_write", ev.cache_write_tokens)):
+                        if v:
+                            self.tokens.labels(prov, k).inc(v)
+                    if ev.cost_usd:
+                        self.cost.labels(prov).inc(ev.cost_usd)
+            elif kind == "breaker_transition":
+                self.breaker.labels(ev.provider).set(_BREAKER_VALUE.get(str(ev.new), 0))
+            elif kind == "health_transition":
+                self.health.labels(ev.provider).set(_HEALTH_VALUE.get(str(ev.new), 0))
+            elif kind == "process_event" and ev.event == "restarting":
+                self.restarts.labels(ev.process or ev.provider).inc()
+            elif kind == "guard_fired":
+                self.guards.labels(ev.guard, ev.action).inc()
+
+    def authorized(self, scope) -> bool:
+        token = self.daemon.runtime.config.metrics.bearer_token
+        if not token:
+            return True
+        for k, v in scope["headers"]:
+            if k == b"authorization":
+                given = v.decode("latin-1")
+                return given.lower().startswith("bearer ") and hmac.compare_digest(given[7:].strip().encode(),
+                                                                                    token.encode())
+        return False
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+class _ScrapeTimeCollector:
+    """Figures that are cheapest to read when someone asks: budget spend and managed process state."""
+
+    def __init__(self, daemon) -> None:
+        self.daemon = daemon
+
+    def collect(self):
+        spend = GaugeMetricFamily("coderouter_budget_spend_usd", "Spend this calendar month", labels=["provider"])
+        cap = GaugeMetricFamily("coderouter_budget_cap_usd", "Monthly cap (0 = none)", labels=["provider"])
+        budget = self.daemon.budget
+        if budget is not None:
+            snap = budget.snapshot()
+            for name, b in snap.get("providers", {}).items():
+                spend.add_metric([name], b.get("spent") or 0.0)
+                cap.add_metric([name], b.get("cap") or 0.0)
+            g = snap.get("global", {})
+            spend.add_metric(["*"], g.get("spent") or 0.0)
+            cap.add_metric(["*"], g.get("cap") or 0.0)
+        yield spend
+        yield cap
+        up = GaugeMetricFamily("coderouter_process_up", "Managed process ready (1) or not (0)", labels=["process"])
+        procs = self.daemon.processes
+        if procs is not None:
+            for name, snap in procs.supervisor.snapshot().items():
+                up.add_metric([name], 1.0 if snap.get("state") == "ready" else 0.0)
+        yield up

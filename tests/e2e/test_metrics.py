@@ -1,0 +1,71 @@
+"""/metrics: Prometheus text format that parses with the client library's parser and moves with traffic."""
+
+from __future__ import annotations
+
+import time
+
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.fakes.runner import FakeServer
+from tests.support.daemon import DaemonProcess
+
+
+def scrape(d, token=None) -> dict:
+    h = {"authorization": f"Bearer {token}"} if token else {}
+    r = httpx.get(d.url + "/metrics", headers=h)
+    assert r.status_code == 200, r.text
+    out = {}
+    for fam in text_string_to_metric_families(r.text):
+        for s in fam.samples:
+            key = (s.name, tuple(sorted(s.labels.items())))
+            out[key] = s.value
+    return out
+
+
+def total(samples: dict, name: str, **labels) -> float:
+    return sum(v for (n, lab), v in samples.items() if n == name and all(dict(lab).get(k) == x
+                                                                       for k, x in labels.items()))
+
+
+def test_metrics_parse_and_move(tmp_path):
+    with FakeServer("openai", name="good") as good, FakeServer("openai", name="bad", behaviour="500") as bad:
+        cfg = f"""
+[server]
+port = {{PORT}}
+[metrics]
+bearer_token = "scrape-me"
+[providers.bad]
+base_url = "{bad.url}/v1"
+[providers.good]
+base_url = "{good.url}/v1"
+cost = {{ input = 1.0, output = 2.0 }}
+[profiles.default]
+providers = ["bad", "good"]
+health_action = "warn"
+"""
+        d = DaemonProcess(cfg, tmp_path).start()
+        try:
+            assert httpx.get(d.url + "/metrics").status_code == 401
+            before = scrape(d, "scrape-me")
+            for _ in range(4):
+                r = httpx.post(d.url + "/v1/messages", json={"model": "m", "max_tokens": 5,
+                                                             "messages": [{"role": "user", "content": "hi"}]})
+                assert r.status_code == 200
+            deadline = time.monotonic() + 5
+            while True:
+                after = scrape(d, "scrape-me")
+                if total(after, "coderouter_requests_total", provider="good") >= 4 or time.monotonic() > deadline:
+                    break
+                time.sleep(0.1)
+            assert total(after, "coderouter_requests_total", provider="good", status="200") - \
+                total(before, "coderouter_requests_total", provider="good", status="200") == 4
+            assert total(after, "coderouter_attempts_total", provider="bad", outcome="failed") == 3
+            assert total(after, "coderouter_failovers_total", reason="http_500") == 3
+            assert total(after, "coderouter_breaker_state", provider="bad") == 2  # opened after 3 failures
+            assert total(after, "coderouter_tokens_total", provider="good", kind="input") > 0
+            assert total(after, "coderouter_cost_usd_total", provider="good") > 0
+            assert total(after, "coderouter_overhead_seconds_count") == 4
+            assert total(after, "coderouter_request_duration_seconds_count", provider="good") == 4
+        finally:
+            d.stop()
