@@ -18,6 +18,7 @@ app = typer.Typer(
     epilog="Exit codes: 0 ok, 1 refused or failed, 2 usage error, 3 coderouterd is not running.",
     no_args_is_help=True,
     pretty_exceptions_enable=False,
+    context_settings={"help_option_names": ["-h", "--help"]},
 )
 profile_app = typer.Typer(help="List, inspect and switch routing profiles.", no_args_is_help=True)
 config_app = typer.Typer(help="Work with configuration files.", no_args_is_help=True)

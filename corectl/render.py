@@ -79,12 +79,13 @@ def status(data: dict, out: Console) -> None:
                                     style="bold red")))
     out.print(_kv(rows))
     out.print()
-    out.print(providers_table(data["providers"], data.get("stats_window_s")))
+    # Base URLs fold into unreadable columns on a narrow terminal; --json and `profile show` have them.
+    out.print(providers_table(data["providers"], data.get("stats_window_s"), base_url=out.width >= 120))
     out.print()
     out.print(profiles_table(data["profiles"]))
 
 
-def providers_table(providers: list[dict], window_s: float | None) -> Table:
+def providers_table(providers: list[dict], window_s: float | None, *, base_url: bool = True) -> Table:
     title = "Providers" + (f" (figures over the last {window_s:g} s)" if window_s else "")
     t = Table(title=title, title_justify="left", title_style="bold")
     t.add_column("Provider", no_wrap=True, style="bold")
@@ -95,15 +96,17 @@ def providers_table(providers: list[dict], window_s: float | None) -> Table:
     t.add_column("Reqs", justify="right", no_wrap=True)
     t.add_column("Errors", justify="right", no_wrap=True)
     t.add_column("Median", justify="right", no_wrap=True)
-    t.add_column("Base URL", overflow="fold")
+    if base_url:
+        t.add_column("Base URL", overflow="fold")
     for p in providers:
         f = p.get("figures") or {}
         reqs = (f.get("samples") or 0) - (f.get("probes") or 0)
         errors = f.get("errors") or 0
-        t.add_row(p["name"], p["kind"] + (" $" if p.get("paid") else ""),
-                  p["model"] or Text("(client's)", style="dim"), _breaker(p.get("breaker") or {}),
-                  _health(p.get("health", "unknown")), str(reqs),
-                  Text(str(errors), style="red" if errors else ""), latency(f.get("median_s")), p["base_url"])
+        cells = [p["name"], p["kind"] + (" $" if p.get("paid") else ""),
+                 p["model"] or Text("(client's)", style="dim"), _breaker(p.get("breaker") or {}),
+                 _health(p.get("health", "unknown")), str(reqs),
+                 Text(str(errors), style="red" if errors else ""), latency(f.get("median_s"))]
+        t.add_row(*cells, *([p["base_url"]] if base_url else []))
     return t
 
 

@@ -16,7 +16,7 @@ import uuid
 from ..ingress.errors import anthropic_type
 from ..ingress.responder import Responder
 from ..providers.call import Call
-from ..providers.errors import IDLE_TIMEOUT, OVERFLOW, TOTAL_TIMEOUT, UpstreamError
+from ..providers.errors import BUDGET, IDLE_TIMEOUT, OVERFLOW, TOTAL_TIMEOUT, UpstreamError
 from ..providers.runtime import Provider
 from ..providers.strategies import strategy_for
 from .request import ClientRequest
@@ -119,6 +119,10 @@ class Exchange:
                 await self.attempt(provider, started)
                 return
             except UpstreamError as e:
+                if e.reason == BUDGET:  # the reservation was refused: a budget gate, not a failure
+                    self.router.release(name)
+                    self.skips.append({"provider": name, "reason": "budget", "message": e.message})
+                    continue
                 self.router.report_failure(name, e, time.monotonic() - started)
                 self._note(name, "failed", e.label, started, e.status, e.message)
                 errors.append(e)
@@ -138,6 +142,9 @@ class Exchange:
                 self._note(name, "cancelled", "client_disconnected", started)
                 self.status = 499
                 raise
+        if not errors:
+            await self._no_candidates()
+            return
         await self._all_failed(errors)
 
     async def attempt(self, provider: Provider, started: float) -> None:

@@ -298,3 +298,16 @@ def test_status_path_does_not_import_typer_or_pydantic(tmp_path):
     r = subprocess.run([sys.executable, "-c", code, str(tmp_path / "none.sock")], capture_output=True, text=True,
                        timeout=30)
     assert r.stdout.strip() == "3 []", r.stdout + r.stderr
+
+
+def test_narrow_terminal_drops_the_base_url_column():
+    from rich.console import Console
+
+    from corectl import render
+
+    con = Console(width=80, record=True, file=open("/dev/null", "w"), color_system=None)  # noqa: SIM115
+    render.status(STATUS, con)
+    text = con.export_text()
+    con.file.close()
+    assert "ollama-qwen" in text and "http://127.0.0.1:11434/v1" not in text
+    assert all(len(line) <= 80 for line in text.splitlines())

@@ -1,0 +1,266 @@
+"""State that must survive: kill -9 under load, persistence faults, budgets under concurrency, the tool-loop
+guard on both ingress paths."""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import json
+import sqlite3
+import threading
+import time
+
+import httpx
+import orjson
+import pytest
+
+from coderouterd.state import read_audit
+from tests.fakes.runner import FakeServer
+from tests.support.daemon import DaemonProcess
+
+USER = [{"role": "user", "content": "hi"}]
+
+
+def kv(db, namespace):
+    con = sqlite3.connect(db)
+    try:
+        return {k: json.loads(v) for k, v in con.execute("SELECT key, value_json FROM kv WHERE namespace=?",
+                                                          (namespace,))}
+    finally:
+        con.close()
+
+
+def paid_config(url: str, extra: str = "") -> str:
+    return f"""
+[server]
+port = {{PORT}}
+[state]
+flush_interval_s = 0.2
+[providers.paid]
+base_url = "{url}/v1"
+paid = true
+cost = {{ input = 3.0, output = 15.0 }}
+monthly_budget_usd = 100
+[profiles.default]
+providers = ["paid"]
+health_action = "warn"
+{extra}
+"""
+
+
+def test_kill_9_under_load_keeps_budget_and_state(tmp_path):
+    with FakeServer("openai", name="paid", record=False) as f:
+        d = DaemonProcess(paid_config(f.url), tmp_path).start()
+        first = httpx.post(d.url + "/v1/messages", json={"model": "m", "max_tokens": 5, "messages": USER}).json()
+        u = first["usage"]
+        per_request = (u["input_tokens"] * 3.0 + u["output_tokens"] * 15.0) / 1e6
+        done: list[float] = [time.monotonic()]
+        stop = threading.Event()
+
+        def load():
+            with httpx.Client() as c:
+                while not stop.is_set():
+                    try:
+                        r = c.post(d.url + "/v1/messages", json={"model": "m", "max_tokens": 5, "messages": USER},
+                                   timeout=5)
+                    except httpx.HTTPError:
+                        return
+                    if r.status_code == 200:
+                        done.append(time.monotonic())
+
+        threads = [threading.Thread(target=load) for _ in range(4)]
+        for t in threads:
+            t.start()
+        time.sleep(1.5)
+        t_kill = time.monotonic()
+        d.kill9()
+        stop.set()
+        for t in threads:
+            t.join(10)
+        completed = len(done)
+        settled_early = sum(1 for t in done if t < t_kill - 1.0)
+        db = d.state_dir / "state.db"
+        con = sqlite3.connect(db)
+        assert con.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+        con.close()
+        month = time.strftime("%Y-%m", time.gmtime())
+        spent = kv(db, "budget")[f"{month}:paid"]
+        assert settled_early * per_request - 1e-9 <= spent <= completed * per_request + 1e-9, \
+            (settled_early, completed, spent / per_request)
+        # The restarted daemon starts from the persisted totals.
+        d2 = DaemonProcess(paid_config(f.url), tmp_path, port=d.port).start()
+        try:
+            httpx.post(d2.url + "/v1/messages", json={"model": "m", "max_tokens": 5, "messages": USER})
+            time.sleep(0.5)
+            assert kv(db, "budget")[f"{month}:paid"] == pytest.approx(spent + per_request)
+        finally:
+            d2.stop()
+
+
+def test_breaker_state_survives_kill_9(tmp_path):
+    with FakeServer("openai", name="bad", behaviour="500") as bad, FakeServer("openai", name="good") as good:
+        cfg = f"""
+[server]
+port = {{PORT}}
+[state]
+flush_interval_s = 0.1
+[breaker]
+recovery_s = 600
+[providers.bad]
+base_url = "{bad.url}/v1"
+[providers.good]
+base_url = "{good.url}/v1"
+[profiles.default]
+providers = ["bad", "good"]
+health_action = "warn"
+"""
+        d = DaemonProcess(cfg, tmp_path).start()
+        for _ in range(3):
+            httpx.post(d.url + "/v1/messages", json={"model": "m", "max_tokens": 5, "messages": USER})
+        time.sleep(0.5)
+        d.kill9()
+        assert kv(d.state_dir / "state.db", "breakers")["bad"]["state"] == "open"
+        d2 = DaemonProcess(cfg, tmp_path, port=d.port).start()
+        try:
+            before = bad.count("/v1/chat/completions")
+            r = httpx.post(d2.url + "/v1/messages", json={"model": "m", "max_tokens": 5, "messages": USER})
+            assert r.headers["x-coderouter-provider"] == "good"
+            assert bad.count("/v1/chat/completions") == before  # still open after the restart
+        finally:
+            d2.stop()
+
+
+def test_unusable_database_keeps_serving(tmp_path):
+    with FakeServer("openai", name="paid") as f:
+        (tmp_path / "state" / "state.db").mkdir(parents=True)  # a directory where the database should be
+        d = DaemonProcess(paid_config(f.url), tmp_path).start()
+        try:
+            r = httpx.post(d.url + "/v1/messages", json={"model": "m", "max_tokens": 5, "messages": USER})
+            assert r.status_code == 200
+            assert httpx.get(d.url + "/healthz").status_code == 200
+        finally:
+            d.stop()
+        assert "state store unusable" in d.log()
+
+
+def test_corrupt_database_is_moved_aside(tmp_path):
+    with FakeServer("openai", name="paid") as f:
+        state = tmp_path / "state"
+        state.mkdir()
+        (state / "state.db").write_bytes(b"this is not a database" * 100)
+        d = DaemonProcess(paid_config(f.url), tmp_path).start()
+        try:
+            r = httpx.post(d.url + "/v1/messages", json={"model": "m", "max_tokens": 5, "messages": USER})
+            assert r.status_code == 200
+        finally:
+            d.stop()
+        assert list(state.glob("state.db.corrupt-*"))
+        con = sqlite3.connect(state / "state.db")
+        assert con.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+        con.close()
+
+
+def test_budget_cap_holds_under_32_concurrent_requests(tmp_path):
+    with FakeServer("openai", name="paid", behaviour="slow_first_byte;delay=0.2") as f:
+        # Each request reserves about 0.15 USD worst case (10000 output tokens at 15/M): a 0.5 cap fits 3.
+        d = DaemonProcess(paid_config(f.url).replace("monthly_budget_usd = 100", "monthly_budget_usd = 0.5"),
+                          tmp_path).start()
+        try:
+            def one(_):
+                return httpx.post(d.url + "/v1/messages", timeout=20,
+                                  json={"model": "m", "max_tokens": 10000, "messages": USER}).status_code
+
+            with cf.ThreadPoolExecutor(32) as pool:
+                codes = list(pool.map(one, range(32)))
+            assert codes.count(200) >= 3
+            assert set(codes) <= {200, 529}
+            time.sleep(0.5)
+            month = time.strftime("%Y-%m", time.gmtime())
+            assert kv(d.state_dir / "state.db", "budget")[f"{month}:paid"] <= 0.5
+        finally:
+            d.stop()
+
+
+def _loop_history_anthropic():
+    msgs = [{"role": "user", "content": "fix it"}]
+    for i in range(3):
+        msgs.append({"role": "assistant", "content": [
+            {"type": "tool_use", "id": f"toolu_{i}", "name": "Bash", "input": {"command": "make test"}}]})
+        msgs.append({"role": "user", "content": [{"type": "tool_result", "tool_use_id": f"toolu_{i}",
+                                                  "content": "FAILED"}]})
+    return msgs
+
+
+def _loop_history_openai():
+    msgs = [{"role": "user", "content": "fix it"}]
+    for i in range(3):
+        msgs.append({"role": "assistant", "content": None, "tool_calls": [
+            {"id": f"c{i}", "type": "function", "function": {"name": "Bash", "arguments": '{"command":"make test"}'}}]})
+        msgs.append({"role": "tool", "tool_call_id": f"c{i}", "content": "FAILED"})
+    return msgs
+
+
+@pytest.fixture(scope="module")
+def guard_env(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("guards")
+    with FakeServer("openai", name="local") as f:
+        cfg = f"""
+[server]
+port = {{PORT}}
+[providers.local]
+base_url = "{f.url}/v1"
+[profiles.default]
+providers = ["local"]
+tool_loop = {{ action = "warn", threshold = 3, window = 5 }}
+[profiles.inject]
+providers = ["local"]
+tool_loop = {{ action = "inject", threshold = 3, window = 5 }}
+[profiles.break]
+providers = ["local"]
+tool_loop = {{ action = "break", threshold = 3, window = 5 }}
+"""
+        d = DaemonProcess(cfg, tmp).start()
+        try:
+            yield d, f
+        finally:
+            d.stop()
+
+
+@pytest.mark.parametrize("ingress", ["anthropic", "openai"])
+@pytest.mark.parametrize("stream", [False, True])
+def test_tool_loop_break(guard_env, ingress, stream):
+    d, _ = guard_env
+    if ingress == "anthropic":
+        path, body = "/v1/messages", {"model": "m", "max_tokens": 5, "messages": _loop_history_anthropic()}
+    else:
+        path, body = "/v1/chat/completions", {"model": "m", "messages": _loop_history_openai()}
+    body["stream"] = stream
+    r = httpx.post(d.url + path, json=body, headers={"x-coderouter-profile": "break"})
+    assert r.status_code == 400
+    err = r.json()["error"]
+    assert err["type"] == "invalid_request_error"
+    assert "Bash" in err["message"] and "3" in err["message"]
+    assert err["detail"]["tool"] == "Bash" and err["detail"]["repeat_count"] == 3
+    assert err["detail"]["threshold"] == 3 and err["detail"]["window"] == 5
+
+
+@pytest.mark.parametrize("ingress", ["anthropic", "openai"])
+def test_tool_loop_inject_and_warn(guard_env, ingress):
+    d, f = guard_env
+    if ingress == "anthropic":
+        path, body = "/v1/messages", {"model": "m", "max_tokens": 5, "messages": _loop_history_anthropic()}
+    else:
+        path, body = "/v1/chat/completions", {"model": "m", "messages": _loop_history_openai()}
+    r = httpx.post(d.url + path, json=body, headers={"x-coderouter-profile": "inject"})
+    assert r.status_code == 200
+    sent = f.requests[-1]["json"]["messages"]
+    assert sent[0]["role"] == "system" and "Bash" in orjson.dumps(sent[0]).decode()
+    r = httpx.post(d.url + path, json=body)  # default profile: warn
+    assert r.status_code == 200
+    assert "Bash" not in orjson.dumps(f.requests[-1]["json"]["messages"][0]).decode()
+    deadline = time.monotonic() + 3
+    while time.monotonic() < deadline:
+        kinds = [(e["kind"], e.get("action")) for e in read_audit(d.state_dir)]
+        if ("guard_fired", "warn") in kinds and ("guard_fired", "inject") in kinds:
+            break
+        time.sleep(0.1)
+    assert ("guard_fired", "warn") in kinds and ("guard_fired", "inject") in kinds
