@@ -37,10 +37,16 @@ class SelfHealer:
     # -- triggers -------------------------------------------------------------------------------------------
 
     def on_process_event(self, name: str, event: str, pid, detail: str) -> None:
-        """Supervisor callback. An unexpected exit takes the process's providers out of routing at once."""
+        """Supervisor callback. A process that is not ready takes its providers out of routing at once, so no
+        request waits on a server that is starting, restarting or gone."""
         providers = self.supervisor.providers_of(name) if self.supervisor else []
         for p in providers or [name]:
             self._event(p, name, event, pid, detail)
+        down = self.daemon.router.down
+        if event in ("ready", "adopted"):  # adoption happens only when the backend answers
+            down.difference_update(providers)
+        elif event in ("started", "exited", "fatal", "stopped", "restarting"):
+            down.update(providers)
         if event in ("exited", "fatal"):
             for p in providers:
                 self.trigger(p, f"process {name} {event}: {detail}", restart=False)
@@ -111,7 +117,7 @@ class SelfHealer:
                 self.monitor.held.discard(provider)
                 self.monitor.failures[provider] = 0
                 self.daemon.router.passive_failures[provider] = 0
-                self.daemon.router.breakers.get(provider).record_success()
+                self.daemon.router.breakers.get(provider).reset("recovered after self-healing")
                 self.monitor.set_state(provider, HEALTHY, f"recovered ({detail})")
                 self._event(provider, self._process_name(provider), "rejoined", None, detail)
                 return

@@ -105,6 +105,15 @@ class CircuitBreaker:
             self._retry_at = None
             self._move(BreakerState.CLOSED, "trial request succeeded")
 
+    def reset(self, reason: str) -> None:
+        """Close the breaker now: the provider was verified by someone who knows (a recovery probe after a
+        restart), so waiting out the rest of the open period would only keep a good backend idle."""
+        self._consecutive = 0
+        self._trial_in_flight = False
+        self._opened_at = None
+        self._retry_at = None
+        self._move(BreakerState.CLOSED, reason)
+
     def record_failure(self, *, retry_after: float | None = None, reason: str = "") -> None:
         state = self.state
         now = self._clock.now()

@@ -9,7 +9,7 @@ from ..providers.errors import UpstreamError
 from .adaptive import AdaptiveOrderer, AdaptiveSettings, ProbeScheduler, ProviderStats
 from .breaker import BreakerRegistry, BreakerState
 from .clock import Clock, SystemClock
-from .planner import Plan, ProviderFacts, RequestFeatures, plan
+from .planner import Plan, ProviderFacts, RequestFeatures, Skip, plan
 from .request import ClientRequest
 
 
@@ -30,6 +30,8 @@ class Router:
         self.budget_ok: Callable[[str], bool] | None = None
         self.budget_hooks = None  # guards.apply.BudgetHooks when budgets are configured
         self.passive_failures: dict[str, int] = {}
+        # Providers whose managed process is not ready (starting, restarting, stopped, fatal): never attempted.
+        self.down: set[str] = set()
         self.on_passive: Callable[[str, int], None] | None = None
 
     def _breaker_moved(self, name, old, new, reason) -> None:
@@ -64,12 +66,17 @@ class Router:
             thinking_required=False,
             estimated_tokens=req.estimated_tokens(),
         )
-        return plan(
+        p = plan(
             list(profile.providers), runtime.facts, features,
             breakers=self.breakers, health=self.health, health_action=profile.health_action,
             orderer=self.orderer(profile_name) if profile.adaptive else None,
             budget_ok=self.budget_ok,
         )
+        if self.down:
+            for name in [c for c in p.candidates if c in self.down]:
+                p.candidates.remove(name)
+                p.skips.append(Skip(name, "unhealthy", f"{name}'s managed process is not ready"))
+        return p
 
     def effective_order(self, profile_name: str, profile, runtime) -> Plan:
         return self.plan(profile_name, profile, runtime, ClientRequest(

@@ -1,0 +1,150 @@
+"""The daemon owns real backend processes: starts them, notices crashes at once, fails over while it restarts
+them exactly once, lets them rejoin, and never leaves an orphan or a duplicate."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import httpx
+import psutil
+import pytest
+
+from tests.fakes.runner import FakeServer, free_port
+from tests.support.daemon import ROOT, DaemonProcess
+
+USER = [{"role": "user", "content": "hi"}]
+
+
+def managed_config(port: int, fallback_url: str, extra: str = "") -> str:
+    cmd = [sys.executable, "-m", "tests.fakes", "--kind", "ollama", "--port", str(port), "--models", "qwen3"]
+    return f"""
+[server]
+port = {{PORT}}
+[state]
+flush_interval_s = 0.1
+[health]
+probe_interval_s = 0.5
+recovery_backoff_s = [0.3, 0.6]
+[providers.ollama-qwen3]
+kind = "openai"
+base_url = "http://127.0.0.1:{port}/v1"
+[providers.ollama-qwen3.process]
+command = {cmd!r}
+cwd = "{ROOT}"
+ready_url = "http://127.0.0.1:{port}/api/tags"
+stop_timeout_s = 2
+startsecs = 0.2
+max_restarts = 3
+restart_window_s = 60
+[providers.backup]
+base_url = "{fallback_url}/v1"
+[profiles.default]
+providers = ["ollama-qwen3", "backup"]
+[profiles.coding]
+providers = ["ollama-qwen3", "backup"]
+{extra}
+""".replace("'", '"')
+
+
+def backend_pids(port: int) -> list[int]:
+    out = []
+    for p in psutil.process_iter(["cmdline"]):
+        cmd = p.info["cmdline"] or []
+        if "tests.fakes" in cmd and str(port) in cmd:
+            out.append(p.pid)
+    return out
+
+
+def wait_for(pred, timeout=10.0, step=0.05):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        v = pred()
+        if v:
+            return v
+        time.sleep(step)
+    return pred()
+
+
+def ask(d, profile="default"):
+    return httpx.post(d.url + "/v1/messages", json={"model": "m", "max_tokens": 5, "messages": USER},
+                      headers={"x-coderouter-profile": profile}, timeout=10)
+
+
+@pytest.fixture
+def backup():
+    with FakeServer("openai", name="backup") as f:
+        yield f
+
+
+def test_crash_is_failed_over_restarted_once_and_rejoins(tmp_path, backup):
+    port = free_port()
+    d = DaemonProcess(managed_config(port, backup.url), tmp_path).start()
+    try:
+        assert wait_for(lambda: ask(d).headers.get("x-coderouter-provider") == "ollama-qwen3", 20)
+        [pid] = backend_pids(port)
+        httpx.post(f"http://127.0.0.1:{port}/_fake/crash")
+        t_crash = time.monotonic()
+        # Requests during the outage are served by the backup, with no error visible to the client.
+        served = []
+        while time.monotonic() - t_crash < 1.0:
+            r = ask(d, "coding")
+            assert r.status_code == 200
+            served.append(r.headers["x-coderouter-provider"])
+        assert "backup" in served
+        # Exactly one new process, even though two profiles and the health monitor all saw the outage.
+        new = wait_for(lambda: [p for p in backend_pids(port) if p != pid], 15)
+        time.sleep(1.0)
+        assert len(backend_pids(port)) == 1 and new
+        assert wait_for(lambda: ask(d).headers.get("x-coderouter-provider") == "ollama-qwen3", 15)
+        audit = (d.state_dir / "audit.jsonl").read_text()
+        for word in ('"exited"', '"excluded"', '"rejoined"'):
+            assert word in audit
+    finally:
+        d.stop()
+    assert backend_pids(port) == []  # no orphans after SIGTERM
+
+
+def test_external_backend_is_adopted_not_duplicated(tmp_path, backup):
+    port = free_port()
+    ext = subprocess.Popen([sys.executable, "-m", "tests.fakes", "--kind", "ollama", "--port", str(port)],
+                           cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    try:
+        assert ext.stdout.readline().startswith("READY")
+        d = DaemonProcess(managed_config(port, backup.url), tmp_path).start()
+        try:
+            assert wait_for(lambda: ask(d).headers.get("x-coderouter-provider") == "ollama-qwen3", 10)
+            time.sleep(0.5)
+            assert backend_pids(port) == [ext.pid]
+        finally:
+            d.stop()
+        assert ext.poll() is None  # the user's own server is left running
+    finally:
+        ext.kill()
+        ext.wait()
+
+
+def test_daemon_kill_9_then_restart_adopts_without_duplicate(tmp_path, backup):
+    port = free_port()
+    cfg = managed_config(port, backup.url)
+    d = DaemonProcess(cfg, tmp_path).start()
+    try:
+        assert wait_for(lambda: len(backend_pids(port)) == 1, 20)
+        assert wait_for(lambda: ask(d).headers.get("x-coderouter-provider") == "ollama-qwen3", 20)
+        [pid] = backend_pids(port)
+        time.sleep(0.3)
+        d.kill9()
+        d2 = DaemonProcess(cfg, tmp_path, port=d.port).start()
+        try:
+            assert wait_for(lambda: ask(d2).headers.get("x-coderouter-provider") == "ollama-qwen3", 20)
+            time.sleep(0.5)
+            assert backend_pids(port) == [pid]  # adopted: same process, no second copy
+        finally:
+            d2.stop()
+        assert wait_for(lambda: backend_pids(port) == [], 5)
+    finally:
+        for p in backend_pids(port):
+            os.kill(p, signal.SIGKILL)
