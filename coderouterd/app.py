@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import threading
 import time
 from collections import OrderedDict
 
@@ -14,8 +15,6 @@ from .guards.apply import BudgetHooks, apply_tool_loop
 from .guards.budget import Budget
 from .health.monitor import HealthMonitor
 from .health.selfheal import SelfHealer
-from .metrics import Metrics
-from .processes import Processes, specs_from_config
 from .routing.executor import Exchange
 from .routing.router import Router
 from .runtime import Runtime, UnknownProfile, build_runtime
@@ -44,8 +43,8 @@ class Daemon:
         self.telemetry: Telemetry | None = None
         self.health: HealthMonitor | None = None
         self.budget: Budget | None = None
-        self.processes: Processes | None = None
-        self.metrics: Metrics | None = None
+        self.processes = None  # processes.Processes when any provider has a process block
+        self.metrics = LazyMetrics(self)
         self.selfheal: SelfHealer | None = None
 
     # -- lifecycle ------------------------------------------------------------------------------------------
@@ -53,7 +52,6 @@ class Daemon:
     async def startup(self) -> None:
         self.runtime = build_runtime(self._loaded)
         self.telemetry = t = Telemetry(state_dir(self._loaded.model), self._loaded.model)
-        self.metrics = Metrics(self)
         t.bus.subscribe(self.metrics.sink)
         t.start()
         t.restore_router(self.router)
@@ -66,7 +64,9 @@ class Daemon:
         self.health = HealthMonitor(self, publish=t.publish, store=t.store)
         self.router.on_passive = self.health.on_passive
         cfg = self._loaded.model
-        if specs_from_config(cfg):
+        if _has_processes(cfg):
+            from .processes import Processes
+
             self.processes = Processes(state_dir(cfg) / "logs", t.store,
                                        on_event=lambda *a: self.selfheal.on_process_event(*a))
             self.processes.apply(cfg)
@@ -167,7 +167,9 @@ class Daemon:
             self.telemetry.publish(event)
 
     def _reload_processes(self, cfg) -> None:
-        if self.processes is None and specs_from_config(cfg):
+        if self.processes is None and _has_processes(cfg):
+            from .processes import Processes
+
             self.processes = Processes(state_dir(cfg) / "logs", self.telemetry.store,
                                        on_event=lambda *a: self.selfheal.on_process_event(*a))
             if self.selfheal is not None:
@@ -200,6 +202,21 @@ class Daemon:
                 "mode": prof.mode, "adaptive": prof.adaptive, "health_action": prof.health_action,
                 "effective_order": plan["candidates"], "skips": plan["skips"], "order_notes": plan["order"],
             })
+        t = self.telemetry
+        store = {"enabled": False, "healthy": True, "problem": None}
+        if t is not None:
+            problems = [f"state database: {t.store.problem}" if not t.store.healthy else None,
+                        f"audit log: {t.audit.problem}" if t.audit is not None and not t.audit.healthy else None]
+            problems = [p for p in problems if p]
+            store = {"enabled": t.enabled, "healthy": not problems, "problem": "; ".join(problems) or None}
+        procs = self.processes.supervisor.snapshot() if self.processes is not None else {}
+        recovering = self.selfheal.snapshot() if self.selfheal is not None else {}
+        for snap in procs.values():
+            # A process serving several providers is probed for each; the soonest probe is the one to show.
+            times = [recovering[p]["next_probe_at"] for p in snap["providers"]
+                     if p in recovering and recovering[p]["next_probe_at"] is not None]
+            snap["recovering"] = any(p in recovering for p in snap["providers"])
+            snap["next_probe_at"] = min(times) if times else None
         now = time.time()
         return {
             "version": self.version,
@@ -216,6 +233,11 @@ class Daemon:
             "providers": providers,
             "profiles": profiles,
             "routes": [{"model": r.model, "profile": r.profile} for r in cfg.routes],
+            "state_dir": str(t.state_dir if t is not None else state_dir(cfg)),
+            "store": store,
+            "processes": procs,
+            "health": self.health.snapshot() if self.health is not None else {},
+            "budget": self.budget.snapshot() if self.budget is not None else None,
         }
 
     async def shutdown(self) -> None:
@@ -259,7 +281,7 @@ class Daemon:
                           ex.profile_name, ex.served_by, ex.status)
 
     async def metrics_endpoint(self, scope, send) -> None:
-        if self.metrics is None or not self.metrics.authorized(scope):
+        if not self.metrics.authorized(scope):
             status, body, ctype = 401, b'{"error":"metrics need the configured bearer token"}', b"application/json"
         else:
             status, body, ctype = 200, self.metrics.render(), b"text/plain; version=0.0.4; charset=utf-8"
@@ -279,3 +301,36 @@ def _changed_sections(old, new) -> list[str]:
         elif a.get(key) != b.get(key):
             changed.append(key)
     return changed
+
+
+def _has_processes(cfg) -> bool:
+    # Checked without importing the supervisor: most setups own no process, and start-up time matters.
+    return any(p.process is not None for p in cfg.providers.values())
+
+
+class LazyMetrics:
+    """The Prometheus registry, built on first use: its first events arrive in the bus's writer thread, so
+    importing prometheus_client there keeps it out of the daemon's start-up time."""
+
+    def __init__(self, daemon) -> None:
+        self._daemon = daemon
+        self._metrics = None
+        self._lock = threading.Lock()
+
+    def get(self):
+        if self._metrics is None:
+            with self._lock:
+                if self._metrics is None:
+                    from .metrics import Metrics
+
+                    self._metrics = Metrics(self._daemon)
+        return self._metrics
+
+    def sink(self, events: list) -> None:
+        self.get().sink(events)
+
+    def authorized(self, scope) -> bool:
+        return self.get().authorized(scope)
+
+    def render(self) -> bytes:
+        return self.get().render()

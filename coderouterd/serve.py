@@ -122,45 +122,50 @@ async def _run(daemon: Daemon, loaded: LoadedConfig, admin: AdminServer) -> int:
     proxy = ManagedServer(config)
     signals = _Signals(daemon, proxy, admin)
     signals.install()
-    admin_task = asyncio.create_task(admin.serve(), name="admin-api")
     # Not on the embedded default: there is no file to watch.
     watcher = None if loaded.is_embedded else ConfigWatcher(daemon, loaded.path)
-    announce = None
+    tasks: dict[str, asyncio.Task] = {}
+    failed = []
+    announce = asyncio.create_task(_after_start(proxy, watcher, admin, tasks, failed, s.host, s.port, loaded.path))
     try:
-        while not admin.server.started and not admin_task.done():
-            await asyncio.sleep(0.005)
-        if admin_task.done():
-            log.error("the admin API could not start: %r", admin_task.exception())
-            return 1
-        log.info("admin API on unix socket %s", admin.path)
-        announce = asyncio.create_task(_after_start(proxy, watcher, s.host, s.port, loaded.path))
         try:
             await proxy.serve()
         except SystemExit:
             # uvicorn exits this way when the port is taken or startup failed; it has logged why.
             return 1
-        return 0 if proxy.started else 1
+        return 0 if proxy.started and not failed else 1
     finally:
-        if announce is not None:
-            announce.cancel()
+        announce.cancel()
         admin.request_stop()
         if watcher is not None:
             await watcher.stop()
-        try:
-            await asyncio.wait_for(admin_task, timeout=5)
-        except (TimeoutError, asyncio.CancelledError):
-            pass
-        except Exception as e:
-            log.error("admin API failed: %s", e)
+        admin_task = tasks.get("admin")
+        if admin_task is not None:
+            try:
+                await asyncio.wait_for(admin_task, timeout=5)
+            except (TimeoutError, asyncio.CancelledError):
+                pass
+            except Exception as e:
+                log.error("admin API failed: %s", e)
         signals.uninstall()
         log.info("coderouterd stopped")
 
 
-async def _after_start(proxy: uvicorn.Server, watcher: ConfigWatcher | None, host: str, port: int,
-                       config_path: str) -> None:
-    """Once the proxy is bound (so the runtime a reload replaces exists): announce it, start watching."""
+async def _after_start(proxy: uvicorn.Server, watcher: ConfigWatcher | None, admin: AdminServer,
+                       tasks: dict, failed: list, host: str, port: int, config_path: str) -> None:
+    """Once the proxy serves (so the runtime a reload replaces exists): announce it, start the admin API and
+    the config watcher. The proxy comes first: it is what a user is waiting for at login."""
     while not proxy.started:
-        await asyncio.sleep(0.01)
+        await asyncio.sleep(0.005)
     log.info("coderouterd listening on http://%s:%s (config: %s)", host, port, config_path)
+    admin_task = tasks["admin"] = asyncio.create_task(admin.serve(), name="admin-api")
     if watcher is not None:
         watcher.start()
+    while (admin.server is None or not admin.server.started) and not admin_task.done():
+        await asyncio.sleep(0.005)
+    if admin_task.done():
+        log.error("the admin API could not start: %r; stopping", admin_task.exception())
+        failed.append("admin")
+        proxy.should_exit = True
+        return
+    log.info("admin API on unix socket %s", admin.path)
