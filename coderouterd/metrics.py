@@ -4,6 +4,7 @@ read at scrape time (budget spend, managed processes)."""
 from __future__ import annotations
 
 import hmac
+from collections import Counter as Counter_
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily
@@ -43,26 +44,33 @@ class Metrics:
         r.register(_ScrapeTimeCollector(daemon))
 
     def sink(self, events: list) -> None:
+        # Counters are summed per batch first: one labels()/inc() per label set instead of per request keeps
+        # the writer thread (which shares the GIL with the proxy) cheap.
+        requests: Counter_ = Counter_()
+        attempts: Counter_ = Counter_()
+        failovers: Counter_ = Counter_()
+        tokens: Counter_ = Counter_()
+        cost: dict[str, float] = {}
         for ev in events:
             kind = ev.kind
             if kind == "request_finished":
                 prov = ev.provider or "none"
-                self.requests.labels(ev.ingress, ev.profile, prov, str(ev.status)).inc()
+                requests[(ev.ingress, ev.profile, prov, str(ev.status))] += 1
                 self.latency.labels(ev.ingress, prov).observe(ev.latency_ms / 1000)
                 if ev.ttfb_ms is not None and ev.provider:
                     self.ttfb.labels(prov).observe(ev.ttfb_ms / 1000)
                 self.overhead.labels(ev.ingress).observe(max(0.0, ev.overhead_ms) / 1000)
                 for a in ev.attempts:
-                    self.attempts.labels(a["provider"], a["outcome"], a["reason"]).inc()
+                    attempts[(a["provider"], a["outcome"], a["reason"])] += 1
                     if a["outcome"] == "failed" and ev.provider:
-                        self.failovers.labels(ev.profile, a["reason"]).inc()
+                        failovers[(ev.profile, a["reason"])] += 1
                 if ev.provider:
                     for k, v in (("input", ev.input_tokens), ("output", ev.output_tokens),
                                  ("cache_read", ev.cache_read_tokens), ("cache_write", ev.cache_write_tokens)):
                         if v:
-                            self.tokens.labels(prov, k).inc(v)
+                            tokens[(prov, k)] += v
                     if ev.cost_usd:
-                        self.cost.labels(prov).inc(ev.cost_usd)
+                        cost[prov] = cost.get(prov, 0.0) + ev.cost_usd
             elif kind == "breaker_transition":
                 self.breaker.labels(ev.provider).set(_BREAKER_VALUE.get(str(ev.new), 0))
             elif kind == "health_transition":
@@ -71,6 +79,12 @@ class Metrics:
                 self.restarts.labels(ev.process or ev.provider).inc()
             elif kind == "guard_fired":
                 self.guards.labels(ev.guard, ev.action).inc()
+        for metric, counts in ((self.requests, requests), (self.attempts, attempts), (self.failovers, failovers),
+                               (self.tokens, tokens)):
+            for labels, n in counts.items():
+                metric.labels(*labels).inc(n)
+        for prov, usd in cost.items():
+            self.cost.labels(prov).inc(usd)
 
     def authorized(self, scope) -> bool:
         token = self.daemon.runtime.config.metrics.bearer_token

@@ -117,7 +117,7 @@ async def _run(daemon: Daemon, loaded: LoadedConfig, admin: AdminServer) -> int:
     config = uvicorn.Config(
         ProxyApp(daemon), host=s.host, port=s.port, loop="none", http="httptools", lifespan="on",
         access_log=False, log_level="warning", timeout_graceful_shutdown=s.drain_timeout_s,
-        server_header=False, date_header=False, timeout_keep_alive=75,
+        server_header=False, date_header=False, timeout_keep_alive=75, proxy_headers=False,
     )
     proxy = ManagedServer(config)
     signals = _Signals(daemon, proxy, admin)

@@ -8,13 +8,45 @@ from dataclasses import dataclass
 from typing import Annotated
 
 import typer
+from typer.core import TyperGroup
 
 from . import __version__, commands
 from .client import AdminClient, resolve_socket
 
+
+class _Root(TyperGroup):
+    """The root group, with `doctor` and `service` built only when asked for: corectl.doctor imports httpx and
+    the probe machinery (~0.2 s), which every other command would otherwise pay for on each run."""
+
+    _lazy = ("doctor", "service")
+
+    def list_commands(self, ctx):
+        return sorted({*super().list_commands(ctx), *self._lazy})
+
+    def get_command(self, ctx, name):
+        cmd = super().get_command(ctx, name)
+        if cmd is not None or name not in self._lazy:
+            return cmd
+        holder = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
+        if name == "doctor":
+            from . import doctor
+
+            doctor.register(holder)
+            cmd = typer.main.get_command(holder)  # a Typer with a single command yields that command
+        else:
+            from . import service
+
+            holder.add_typer(service.service_app, name="service")
+            cmd = typer.main.get_command(holder).commands["service"]
+        self.commands[name] = cmd
+        return cmd
+
+
 app = typer.Typer(
     name="corectl",
-    help="Control coderouterd, the local-first LLM router: status, profiles, reloads, config checks.",
+    cls=_Root,
+    help="Control coderouterd, the local-first LLM router: status, live view, profiles, processes, models, "
+         "history (audit, journal, replay comparisons), explanations of single requests, doctor, service.",
     epilog="Exit codes: 0 ok, 1 refused or failed, 2 usage error, 3 coderouterd is not running.",
     no_args_is_help=True,
     pretty_exceptions_enable=False,
@@ -22,10 +54,23 @@ app = typer.Typer(
 )
 profile_app = typer.Typer(help="List, inspect and switch routing profiles.", no_args_is_help=True)
 config_app = typer.Typer(help="Work with configuration files.", no_args_is_help=True)
+models_app = typer.Typer(help="List, load and unload models on local backends (Ollama, LM Studio).",
+                         no_args_is_help=True)
+audit_app = typer.Typer(help="The audit log (read from the state directory; works with the daemon stopped).",
+                        no_args_is_help=True)
+journal_app = typer.Typer(help="The request journal (read from the state directory; works with the daemon "
+                               "stopped).", no_args_is_help=True)
+replay_app = typer.Typer(help="Compare providers, profiles or time windows from the journal.", no_args_is_help=True)
 app.add_typer(profile_app, name="profile")
 app.add_typer(config_app, name="config")
+app.add_typer(models_app, name="models")
+app.add_typer(audit_app, name="audit")
+app.add_typer(journal_app, name="journal")
+app.add_typer(replay_app, name="replay")
 
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON.")]
+_TIME_HELP = ("T is an ISO date/time (2025-06-01, 2025-06-01T14:30; no zone = local time) or an age like "
+              "30m, 2h, 7d, 1w.")
 
 
 @dataclass
@@ -118,6 +163,230 @@ def config_check(
 ) -> None:
     """Validate a config file offline, with the daemon's own rules and messages."""
     _exit(commands.config_check(path, _opts(ctx, json_out)[1]))
+
+
+def _complete_processes(ctx: typer.Context, incomplete: str) -> list[str]:
+    try:
+        with AdminClient(resolve_socket(ctx.find_root().params.get("socket")), timeout=2.0) as client:
+            data = client.call("GET", "/v1/processes")
+        return [n for n in data.get("names", []) if n.startswith(incomplete)]
+    except Exception:  # completion must never print errors into the user's shell
+        return []
+
+
+ProcessArg = Annotated[str, typer.Argument(help="Managed process, or a provider it serves.",
+                                           autocompletion=_complete_processes)]
+WaitOpt = Annotated[float, typer.Option(
+    "--wait", metavar="SECONDS", help="Wait this long for the backend to be ready (0: return once it is "
+                                      "spawned). Exit 1 if it is not ready in time.")]
+StateDirOpt = Annotated[str | None, typer.Option(
+    "--state-dir", metavar="DIR", help="State directory (default: $CODEROUTER_STATE_DIR, else the running "
+                                        "daemon's, else the config's, else the per-OS default).")]
+SinceOpt = Annotated[str | None, typer.Option("--since", metavar="T", help="From T (inclusive). " + _TIME_HELP)]
+UntilOpt = Annotated[str | None, typer.Option("--until", metavar="T", help="Up to T (exclusive).")]
+ProviderFilter = Annotated[str | None, typer.Option("--provider", metavar="NAME", help="Only this provider.")]
+ProfileFilter = Annotated[str | None, typer.Option("--profile", metavar="NAME", help="Only this profile.")]
+
+
+@app.command()
+def providers(ctx: typer.Context, json_out: JsonOpt = False) -> None:
+    """Every provider: kind, URL, model, breaker, health, managed process, figures, spend."""
+    from . import ops
+
+    _exit(ops.providers(*_opts(ctx, json_out)))
+
+
+def _process(ctx: typer.Context, name: str, action: str, wait: float, json_out: bool) -> None:
+    from . import ops
+
+    socket, as_json = _opts(ctx, json_out)
+    _exit(ops.process_action(socket, name, action, wait, as_json))
+
+
+@app.command()
+def restart(ctx: typer.Context, name: ProcessArg, wait: WaitOpt = 60.0, json_out: JsonOpt = False) -> None:
+    """Restart a managed backend (also revives one that went FATAL after a crash loop)."""
+    _process(ctx, name, "restart", wait, json_out)
+
+
+@app.command()
+def start(ctx: typer.Context, name: ProcessArg, wait: WaitOpt = 60.0, json_out: JsonOpt = False) -> None:
+    """Start a managed backend that is stopped (or FATAL)."""
+    _process(ctx, name, "start", wait, json_out)
+
+
+@app.command()
+def stop(ctx: typer.Context, name: ProcessArg, json_out: JsonOpt = False) -> None:
+    """Stop a managed backend and its whole process tree. It stays stopped until start or restart."""
+    _process(ctx, name, "stop", 0.0, json_out)
+
+
+@app.command()
+def logs(
+    ctx: typer.Context,
+    name: ProcessArg,
+    lines: Annotated[int, typer.Option("-n", "--lines", min=0, help="How many of the last lines to show.")] = 50,
+    follow: Annotated[bool, typer.Option("-f", "--follow", help="Keep printing new lines (Ctrl-C stops).")] = False,
+    json_out: JsonOpt = False,
+) -> None:
+    """The captured output of a managed backend (its log file; rotation is followed)."""
+    from . import ops
+
+    socket, as_json = _opts(ctx, json_out)
+    _exit(ops.logs(socket, name, lines, follow, as_json))
+
+
+@models_app.command("list")
+def models_list(
+    ctx: typer.Context,
+    provider: Annotated[str | None, typer.Argument(help="Only this provider (default: all).")] = None,
+    json_out: JsonOpt = False,
+) -> None:
+    """Models each backend has, and which are loaded."""
+    from . import ops
+
+    socket, as_json = _opts(ctx, json_out)
+    _exit(ops.models_list(socket, provider, as_json))
+
+
+ModelArg = Annotated[str, typer.Argument(help="Model id, as `corectl models list` shows it.")]
+ModelProviderOpt = Annotated[str, typer.Option("--provider", "-p", metavar="NAME",
+                                               help="Provider whose backend loads the model.")]
+
+
+@models_app.command("load")
+def models_load(ctx: typer.Context, model: ModelArg, provider: ModelProviderOpt, json_out: JsonOpt = False) -> None:
+    """Load MODEL into memory on a provider's backend (may take minutes for a large model)."""
+    from . import ops
+
+    socket, as_json = _opts(ctx, json_out)
+    _exit(ops.model_control(socket, "load", model, provider, as_json))
+
+
+@models_app.command("unload")
+def models_unload(ctx: typer.Context, model: ModelArg, provider: ModelProviderOpt,
+                  json_out: JsonOpt = False) -> None:
+    """Unload MODEL from a provider's backend, freeing its memory."""
+    from . import ops
+
+    socket, as_json = _opts(ctx, json_out)
+    _exit(ops.model_control(socket, "unload", model, provider, as_json))
+
+
+@audit_app.command("tail")
+def audit_tail(
+    ctx: typer.Context,
+    lines: Annotated[int, typer.Option("-n", "--lines", min=0, help="How many of the last records.")] = 20,
+    follow: Annotated[bool, typer.Option("-f", "--follow", help="Keep printing new records (Ctrl-C stops).")] = False,
+    kind: Annotated[list[str] | None, typer.Option(
+        "--kind", metavar="K", help="Only records of this kind (repeatable): process, health_transition, "
+                                    "breaker_transition, fallback_used, guard_fired, budget_warning, budget_blocked, "
+                                    "config_reloaded, config_rejected, profile_switched, recovery_probe, daemon, "
+                                    "persistence_fault, request_finished.")] = None,
+    since: SinceOpt = None,
+    state_dir: StateDirOpt = None,
+    json_out: JsonOpt = False,
+) -> None:
+    """The newest audit records (with --json: one JSON object, or JSON Lines with -f)."""
+    from . import history
+
+    socket, as_json = _opts(ctx, json_out)
+    _exit(history.audit_tail(state_dir, socket, lines, follow, kind, since, as_json))
+
+
+@journal_app.command("tail")
+def journal_tail(
+    ctx: typer.Context,
+    lines: Annotated[int, typer.Option("-n", "--lines", min=1, help="How many of the last requests.")] = 20,
+    provider: ProviderFilter = None,
+    profile: ProfileFilter = None,
+    state_dir: StateDirOpt = None,
+    json_out: JsonOpt = False,
+) -> None:
+    """The newest requests: route, status, latency, tokens, cost (metadata only, never bodies)."""
+    from . import history
+
+    socket, as_json = _opts(ctx, json_out)
+    _exit(history.journal_tail(state_dir, socket, lines, provider, profile, as_json))
+
+
+@journal_app.command("export")
+def journal_export(
+    ctx: typer.Context,
+    fmt: Annotated[str, typer.Option("--format", metavar="jsonl|csv", help="Output format.")] = "jsonl",
+    since: SinceOpt = None,
+    until: UntilOpt = None,
+    provider: ProviderFilter = None,
+    profile: ProfileFilter = None,
+    output: Annotated[str | None, typer.Option("-o", "--output", metavar="FILE",
+                                               help="Write to FILE instead of stdout.")] = None,
+    state_dir: StateDirOpt = None,
+    json_out: JsonOpt = False,
+) -> None:
+    """Export journal rows (oldest first, times in ISO 8601 UTC)."""
+    from . import history
+
+    socket, as_json = _opts(ctx, json_out)
+    _exit(history.journal_export(state_dir, socket, fmt, since, until, provider, profile, output, as_json))
+
+
+@replay_app.command("compare")
+def replay_compare(
+    ctx: typer.Context,
+    a: Annotated[str, typer.Argument(metavar="A", help="Baseline: a provider, a profile (--by profile) or a "
+                                                       "window (--window).")],
+    b: Annotated[str, typer.Argument(metavar="B", help="Candidate, compared against A.")],
+    since: SinceOpt = None,
+    until: UntilOpt = None,
+    by: Annotated[str, typer.Option("--by", metavar="provider|profile",
+                                    help="What A and B name.")] = "provider",
+    window: Annotated[bool, typer.Option(
+        "--window", help="A and B are time windows START..END (END empty = now), e.g. `--window 14d..7d 7d..` "
+                         "compares last week with this one; --provider/--profile narrow both.")] = False,
+    profile: ProfileFilter = None,
+    provider: ProviderFilter = None,
+    state_dir: StateDirOpt = None,
+    json_out: JsonOpt = False,
+) -> None:
+    """Put A and B side by side from the journal: requests, tokens, p50/p95 latency and TTFB, error and fallback
+    rates, cost, cache hits, streaming; a delta column (B against A) and a one-line verdict.
+
+    Examples: `corectl replay compare ollama-qwen3 openrouter --since 7d`;
+    `corectl replay compare default coding --by profile`; `corectl replay compare --window 14d..7d 7d..`."""
+    from . import history
+
+    socket, as_json = _opts(ctx, json_out)
+    _exit(history.replay_compare(state_dir, socket, a, b, by=by, window=window, since=since, until=until,
+                                 profile=profile, provider=provider, as_json=as_json))
+
+
+@app.command()
+def explain(
+    ctx: typer.Context,
+    request_id: Annotated[str, typer.Argument(help="The request id (the x-request-id response header).")],
+    state_dir: StateDirOpt = None,
+    json_out: JsonOpt = False,
+) -> None:
+    """Why a request went where it went: candidates, order, skips, attempts, winner."""
+    from . import explain as explain_mod
+
+    socket, as_json = _opts(ctx, json_out)
+    _exit(explain_mod.explain(socket, request_id, state_dir, as_json))
+
+
+@app.command()
+def top(
+    ctx: typer.Context,
+    interval: Annotated[float, typer.Option("--interval", "-i", metavar="SECONDS",
+                                            help="Refresh period.")] = 1.0,
+    json_out: JsonOpt = False,
+) -> None:
+    """A live view: request rate, p50 latency and TTFB per provider, breakers, health, effective order, recent
+    requests and their routes, spend. q or Ctrl-C quits. With --json, one snapshot."""
+    from . import top as top_mod
+
+    socket, as_json = _opts(ctx, json_out)
+    _exit(top_mod.top(socket, interval, as_json))
 
 
 def run(argv: list[str] | None = None) -> int:

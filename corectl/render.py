@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import time
 
 from rich.console import Console
 from rich.table import Table
@@ -77,12 +78,121 @@ def status(data: dict, out: Console) -> None:
     if data.get("last_reload_error"):
         rows.append(("reload", Text("last reload failed, previous config kept:\n" + data["last_reload_error"],
                                     style="bold red")))
+    spend = spend_line(data.get("budget"))
+    if spend is not None:
+        rows.append(("spend", spend))
+    if data.get("state_dir"):
+        rows.append(("state", data["state_dir"]))
     out.print(_kv(rows))
+    store = data.get("store") or {}
+    if store and not store.get("healthy", True):
+        out.print(Text(f"WARNING: persistence is failing, serving on without it: {store.get('problem')}",
+                       style="bold red"))
     out.print()
     # Base URLs fold into unreadable columns on a narrow terminal; --json and `profile show` have them.
     out.print(providers_table(data["providers"], data.get("stats_window_s"), base_url=out.width >= 120))
     out.print()
     out.print(profiles_table(data["profiles"]))
+    procs = data.get("processes") or {}
+    if procs:
+        out.print()
+        out.print(processes_table(procs))
+        for name, snap in procs.items():
+            if snap.get("fatal_reason"):
+                out.print(Text(f"{name}: {snap['fatal_reason']} (corectl restart {name} once it is fixed; "
+                               f"log: {snap.get('log')})", style="red"))
+
+
+def money(value: float | None) -> str:
+    if value is None:
+        return "-"
+    return f"${value:,.2f}" if value >= 0.01 or value == 0 else f"${value:.4f}"
+
+
+def _spent(entry: dict) -> Text:
+    text = Text(money(entry.get("spent")))
+    cap = entry.get("cap") or 0
+    if cap > 0:
+        ratio = entry.get("ratio") or 0.0
+        style = "bold red" if entry.get("blocked") or ratio >= 1 else "yellow" if ratio >= 0.8 else ""
+        text.append(f" of {money(cap)} ({ratio * 100:.0f}%)", style=style)
+        if entry.get("blocked"):
+            text.append(" blocked", style="bold red")
+    return text
+
+
+def spend_line(budget: dict | None) -> Text | None:
+    """Spend this month against the caps: the global figure, then each provider that spent or has a cap."""
+    if not budget:
+        return None
+    line = _spent(budget.get("global") or {})
+    if not (budget.get("global") or {}).get("cap"):
+        line.append(" (no global cap)", style="dim")
+    parts = [(name, e) for name, e in sorted((budget.get("providers") or {}).items())
+             if (e.get("spent") or 0) > 0 or (e.get("cap") or 0) > 0]
+    for name, e in parts:
+        line.append(f"  {name} ")
+        line.append_text(_spent(e))
+    if budget.get("month"):
+        line.append(f"  ({budget['month']})", style="dim")
+    return line
+
+
+def size(n: int | None) -> str:
+    if n is None:
+        return "-"
+    value = float(n)
+    for unit in ("B", "KB", "MB", "GB"):
+        if value < 1024 or unit == "GB":
+            return f"{value:.0f} {unit}" if unit in ("B", "KB") else f"{value:.1f} {unit}"
+        value /= 1024
+    return f"{value:.1f} GB"
+
+
+_PROCESS_STYLE = {"ready": "green", "starting": "yellow", "backoff": "yellow", "stopping": "yellow",
+                  "stopped": "dim", "fatal": "bold red"}
+
+
+def process_state(snap: dict) -> Text:
+    state = snap.get("state", "?")
+    text = Text(state, style=_PROCESS_STYLE.get(state, ""))
+    if snap.get("external"):
+        text.append(" (external)", style="dim")
+    elif snap.get("adopted"):
+        text.append(" (adopted)", style="dim")
+    return text
+
+
+def next_probe(at: float | None, now: float | None = None) -> str:
+    if at is None:
+        return "-"
+    left = at - (time.time() if now is None else now)
+    return "due" if left <= 0 else f"in {duration(left)}"
+
+
+def processes_table(procs: dict[str, dict], *, now: float | None = None) -> Table:
+    t = Table(title="Managed processes", title_justify="left", title_style="bold")
+    t.add_column("Process", no_wrap=True, style="bold")
+    t.add_column("Serves", overflow="fold")
+    t.add_column("State", no_wrap=True)
+    t.add_column("PID", justify="right", no_wrap=True)
+    t.add_column("Up", justify="right", no_wrap=True)
+    t.add_column("Restarts", justify="right", no_wrap=True)
+    t.add_column("RSS", justify="right", no_wrap=True)
+    t.add_column("CPU", justify="right", no_wrap=True)
+    t.add_column("Exit", justify="right", no_wrap=True)
+    t.add_column("Next probe", no_wrap=True)
+    for name, p in procs.items():
+        up = p.get("uptime_s")
+        cpu = p.get("cpu_percent")
+        code = p.get("last_exit_code")
+        t.add_row(name, ", ".join(p.get("providers") or []), process_state(p),
+                  str(p["pid"]) if p.get("pid") else "-", duration(up) if up is not None else "-",
+                  f"{p.get('restarts_recent', 0)}/{p.get('restarts_total', 0)}", size(p.get("rss_bytes")),
+                  f"{cpu:.0f}%" if cpu is not None else "-",
+                  Text(str(code), style="red" if code else "") if code is not None else "-",
+                  next_probe(p.get("next_probe_at"), now))
+    return t
 
 
 def providers_table(providers: list[dict], window_s: float | None, *, base_url: bool = True) -> Table:

@@ -7,10 +7,10 @@ import asyncio
 import hmac
 import logging
 import time
-import uuid
 
 import orjson
 
+from ..ids import new_id
 from ..routing.executor import Exchange
 from ..routing.request import ClientRequest
 from ..runtime import UnknownProfile
@@ -104,7 +104,7 @@ class ProxyApp:
             if path == "/metrics":
                 return await self.daemon.metrics_endpoint(scope, send)
         ingress = "anthropic" if path.startswith("/v1/messages") else "openai"
-        r = Responder(send, ingress, "req_" + uuid.uuid4().hex[:24])
+        r = Responder(send, ingress, new_id("req"))
         known = path in ("/v1/messages", "/v1/chat/completions", "/v1/messages/count_tokens", "/v1/models",
                          "/healthz", "/", "/metrics")
         if known:
@@ -151,7 +151,7 @@ class ProxyApp:
         daemon = self.daemon
         runtime = daemon.runtime  # this request keeps this generation even if a reload swaps it meanwhile
         headers = _headers(scope)
-        rid = headers.get("x-request-id") or "req_" + uuid.uuid4().hex[:24]
+        rid = headers.get("x-request-id") or new_id("req")
         r = Responder(send, ingress, rid)
         if not self._authorized(headers):
             await r.error(401, "missing or invalid API key for this coderouterd", error_type="authentication_error")
@@ -204,7 +204,7 @@ class ProxyApp:
         daemon = self.daemon
         runtime = daemon.runtime
         headers = _headers(scope)
-        rid = headers.get("x-request-id") or "req_" + uuid.uuid4().hex[:24]
+        rid = headers.get("x-request-id") or new_id("req")
         r = Responder(send, "anthropic", rid)
         if not self._authorized(headers):
             await r.error(401, "missing or invalid API key for this coderouterd", error_type="authentication_error")
@@ -231,7 +231,7 @@ class ProxyApp:
         headers = _headers(scope)
         runtime = self.daemon.runtime
         anthropic = "anthropic-version" in headers
-        r = Responder(send, "anthropic" if anthropic else "openai", "req_" + uuid.uuid4().hex[:24])
+        r = Responder(send, "anthropic" if anthropic else "openai", new_id("req"))
         if not self._authorized(headers):
             await r.error(401, "missing or invalid API key for this coderouterd", error_type="authentication_error")
             return

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import time
-import uuid
 
+from ..ids import new_id
 from ..ingress.errors import anthropic_type
 from ..ingress.responder import Responder
 from ..providers.call import Call
@@ -44,7 +44,7 @@ class Exchange:
         self.status = 0
         self.error_class: str | None = None
         self.ttfb: float | None = None
-        self.message_id = "msg_" + uuid.uuid4().hex[:24]
+        self.message_id = new_id("msg")
         self.plan = None
         self.race_outcome: str | None = None
         self.cost_usd = 0.0

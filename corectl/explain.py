@@ -1,0 +1,189 @@
+"""`corectl explain REQUEST_ID`: why a request went where it went.
+
+The daemon keeps the full decision trace of its recent requests in memory (GET /v1/requests/{id}); older ones,
+or any after a daemon restart, come from the journal, which records the route but not the planning notes."""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+from urllib.parse import quote
+
+from .client import AdminClient, CorectlError, DaemonNotRunning, resolve_socket
+from .commands import emit_json, report_error
+
+
+def journal_row(db_path: Path, request_id: str) -> dict | None:
+    from coderouterd.state.journal import JOURNAL_COLUMNS
+
+    if not db_path.is_file():
+        return None
+    import orjson
+
+    conn = sqlite3.connect(f"{db_path.resolve().as_uri()}?mode=ro", uri=True, timeout=5.0)
+    try:
+        try:
+            raw = conn.execute(f"SELECT {', '.join(JOURNAL_COLUMNS)} FROM journal WHERE request_id = ? "
+                               "ORDER BY ts DESC LIMIT 1", (request_id,)).fetchone()
+        except sqlite3.OperationalError as e:
+            if "no such table" in str(e):
+                return None
+            raise
+    finally:
+        conn.close()
+    if raw is None:
+        return None
+    row = dict(zip(JOURNAL_COLUMNS, raw, strict=True))
+    try:
+        row["attempts"] = orjson.loads(row["attempts"]) if row["attempts"] else []
+    except orjson.JSONDecodeError:
+        row["attempts"] = []
+    row["streaming"] = bool(row["streaming"])
+    return row
+
+
+def trace_from_row(row: dict) -> dict:
+    """The journal row in the shape of a decision trace; what the journal does not keep is None."""
+    steps = row.get("attempts") or []
+    return {
+        "request_id": row["request_id"], "ts": row["ts"], "ingress": row.get("ingress"),
+        "stream": row.get("streaming"), "model_requested": row.get("model_requested"),
+        "model_used": row.get("model_used"), "profile": row.get("profile"), "mode": None,
+        "candidates": None, "effective_order": None, "order_notes": None,
+        "skips": [{"provider": s["provider"], "reason": s.get("reason"), "message": ""}
+                  for s in steps if s.get("outcome") == "skipped"],
+        "attempts": [a for a in steps if a.get("outcome") != "skipped"],
+        "served_by": row.get("provider"), "status": row.get("status"), "error_class": row.get("error_class"),
+        "race_outcome": row.get("race_outcome"), "latency_ms": row.get("latency_ms"), "ttfb_ms": row.get("ttfb_ms"),
+        "usage": {"input_tokens": row.get("input_tokens"), "output_tokens": row.get("output_tokens"),
+                  "cache_read_input_tokens": row.get("cache_read_tokens"),
+                  "cache_creation_input_tokens": row.get("cache_write_tokens")},
+        "cost_usd": row.get("cost_usd"),
+    }
+
+
+def find_trace(socket: str | None, request_id: str, state_dir: str | None) -> tuple[dict, str]:
+    """(trace, source) where source is "memory" or "journal". Raises CorectlError when neither has it."""
+    down: DaemonNotRunning | None = None
+    try:
+        with AdminClient(resolve_socket(socket)) as client:
+            status, data = client.request("GET", f"/v1/requests/{quote(request_id, safe='')}")
+        if status == 200:
+            return data, "memory"
+        if status != 404:
+            raise CorectlError(str(data.get("error") or f"HTTP {status}"), code=1, payload=data)
+    except DaemonNotRunning as e:
+        down = e
+    from .history import DB_FILE, resolve_state_dir
+
+    sdir, how = resolve_state_dir(state_dir, socket)
+    try:
+        row = journal_row(sdir / DB_FILE, request_id)
+    except sqlite3.Error as e:
+        raise CorectlError(f"cannot read the journal {sdir / DB_FILE}: {e}", code=1) from None
+    if row is not None:
+        return trace_from_row(row), "journal"
+    if down is not None:
+        raise CorectlError(f"request {request_id!r} is not in the journal at {sdir / DB_FILE} (from {how}), and "
+                           f"{down}", code=3, payload=down.payload)
+    raise CorectlError(f"request {request_id!r} is unknown: coderouterd no longer holds it in memory and the "
+                       f"journal at {sdir / DB_FILE} (from {how}) has no row for it", code=1,
+                       payload={"request_id": request_id})
+
+
+def explain(socket: str | None, request_id: str, state_dir: str | None, as_json: bool) -> int:
+    try:
+        trace, source = find_trace(socket, request_id, state_dir)
+    except CorectlError as e:
+        report_error(str(e), as_json, e.payload)
+        return e.code
+    if as_json:
+        emit_json({"source": source, "trace": trace})
+        return 0
+    from .render import console
+
+    render(trace, source, console())
+    return 0
+
+
+def _ms(value) -> str:
+    from .render import latency
+
+    return latency(value / 1000.0) if value is not None else "-"
+
+
+def render(trace: dict, source: str, out) -> None:
+    from rich.table import Table
+    from rich.text import Text
+
+    from .history import local_time
+    from .render import _kv, money
+
+    title = Text.assemble(("Request ", "bold"), (trace["request_id"], "bold cyan"))
+    title.append("  (from coderouterd's memory)" if source == "memory" else
+                 "  (from the journal: planning notes are not recorded there)", style="dim")
+    out.print(title)
+    status = trace.get("status") or 0
+    served = trace.get("served_by")
+    result = Text(str(status), style="bold red" if status >= 400 or not status else "bold green")
+    result.append(f"  served by {served}" if served else "  no provider served it",
+                  style="" if served else "red")
+    result.append(f" in {_ms(trace.get('latency_ms'))} (first byte {_ms(trace.get('ttfb_ms'))})")
+    if trace.get("error_class"):
+        result.append(f"  error: {trace['error_class']}", style="red")
+    model = trace.get("model_requested") or "-"
+    if trace.get("model_used") and trace.get("model_used") != trace.get("model_requested"):
+        model += f" -> {trace['model_used']}"
+    u = trace.get("usage") or {}
+    tokens = (f"in {u.get('input_tokens') or 0:,}, out {u.get('output_tokens') or 0:,}, cache read "
+              f"{u.get('cache_read_input_tokens') or 0:,}, cache write {u.get('cache_creation_input_tokens') or 0:,}; "
+              f"cost {money(trace.get('cost_usd'))}")
+    profile = (trace.get("profile") or "-") + (f" ({trace['mode']})" if trace.get("mode") else "")
+    rows: list[tuple[str, str | Text]] = [
+        ("time", local_time(trace["ts"]) if trace.get("ts") else "-"),
+        ("ingress", f"{trace.get('ingress') or '-'}{' (streaming)' if trace.get('stream') else ''}"),
+        ("model", model),
+        ("profile", profile),
+    ]
+    if trace.get("candidates") is not None:
+        rows.append(("chain", " > ".join(trace["candidates"]) or "-"))
+    if trace.get("effective_order") is not None:
+        rows.append(("order", Text(" > ".join(trace["effective_order"]) or "none available",
+                                   style="" if trace["effective_order"] else "bold red")))
+    for note in trace.get("order_notes") or []:
+        moved = f" (moved {note['moved']})" if note.get("moved") not in (None, "none") else ""
+        rows.append(("note", f"{note.get('provider', '?')}: {note.get('why', '')}{moved}"))
+    rows.append(("result", result))
+    if trace.get("race_outcome"):
+        rows.append(("race", trace["race_outcome"]))
+    rows.append(("tokens", tokens))
+    out.print(_kv(rows))
+    skips = trace.get("skips") or []
+    if skips:
+        t = Table(title="Skipped", title_justify="left", title_style="bold")
+        t.add_column("Provider", style="bold", no_wrap=True)
+        t.add_column("Reason", no_wrap=True, style="yellow")
+        t.add_column("Why", overflow="fold")
+        for s in skips:
+            t.add_row(s["provider"], s.get("reason") or "", s.get("message") or "")
+        out.print(t)
+    attempts = trace.get("attempts") or []
+    t = Table(title="Attempts", title_justify="left", title_style="bold")
+    t.add_column("#", justify="right")
+    t.add_column("Provider", style="bold", no_wrap=True)
+    t.add_column("Outcome", no_wrap=True)
+    t.add_column("Reason", no_wrap=True)
+    t.add_column("HTTP", justify="right", no_wrap=True)
+    t.add_column("Time", justify="right", no_wrap=True)
+    t.add_column("Detail", overflow="fold")
+    for i, a in enumerate(attempts, 1):
+        ok = a.get("outcome") == "ok"
+        winner = ok and a.get("provider") == served
+        t.add_row(str(i), Text(a.get("provider") or "?", style="bold green" if winner else ""),
+                  Text(a.get("outcome") or "?", style="green" if ok else "red"),
+                  "" if ok else (a.get("reason") or ""), str(a["status"]) if a.get("status") else "-",
+                  _ms(a.get("ms")), a.get("message") or "")
+    if attempts:
+        out.print(t)
+    else:
+        out.print(Text("No provider was attempted.", style="red"))

@@ -1,0 +1,403 @@
+"""History straight from the state directory: audit tail, journal tail/export, replay compare.
+
+These read the files the daemon writes (audit.jsonl*, state.db) without talking to it, so they work with the
+daemon stopped; SQLite is opened read-only, so a query never blocks or corrupts the daemon's writes."""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+
+from .client import AdminClient, CorectlError, resolve_socket
+from .commands import emit_json, report_error
+
+DB_FILE = "state.db"
+_RELATIVE = re.compile(r"^(\d+(?:\.\d+)?)\s*(s|m|min|h|d|w)$")
+_UNITS = {"s": 1, "m": 60, "min": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+
+
+# -- time expressions ---------------------------------------------------------------------------------------
+
+def parse_time(text: str, now: float | None = None) -> float:
+    """Epoch seconds for an ISO date/time or a relative age (2h = two hours ago). Raises ValueError."""
+    raw = text.strip()
+    now = time.time() if now is None else now
+    if raw.lower() == "now":
+        return now
+    m = _RELATIVE.match(raw.lower())
+    if m:
+        return now - float(m.group(1)) * _UNITS[m.group(2)]
+    try:
+        dt = datetime.fromisoformat(raw[:-1] + "+00:00" if raw.endswith(("Z", "z")) else raw)
+    except ValueError:
+        raise ValueError(f"{text!r} is not a time: use an ISO date/time (2025-06-01, 2025-06-01T14:30) "
+                         "or a relative age (30m, 2h, 7d, 1w)") from None
+    if dt.tzinfo is None:
+        dt = dt.astimezone()  # a person typing a bare date means their own clock
+    return dt.timestamp()
+
+
+def parse_window(text: str, now: float | None = None) -> tuple[float, float]:
+    """`START..END` (END empty = now) -> (since, until). Either side is a time expression."""
+    if ".." not in text:
+        raise ValueError(f"{text!r} is not a window: write START..END, e.g. 14d..7d or 7d.. (up to now)")
+    start, end = text.split("..", 1)
+    if not start.strip():
+        raise ValueError(f"window {text!r} has no start: write START..END, e.g. 14d..7d")
+    now = time.time() if now is None else now
+    since = parse_time(start, now)
+    until = parse_time(end, now) if end.strip() else now
+    if until <= since:
+        raise ValueError(f"window {text!r} ends before it starts")
+    return since, until
+
+
+def local_time(ts: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ts))
+
+
+# -- where the state is -------------------------------------------------------------------------------------
+
+def resolve_state_dir(explicit: str | None, socket: str | None) -> tuple[Path, str]:
+    """(state dir, how it was found). Order: --state-dir, the environment, the running daemon, the config file
+    the daemon would load, the per-OS default."""
+    if explicit:
+        return Path(explicit).expanduser(), "--state-dir"
+    for var in ("CODEROUTER_STATE_DIR", "CODEROUTER_STATE__DIR"):
+        if os.environ.get(var):
+            return Path(os.environ[var]).expanduser(), f"${var}"
+    try:
+        with AdminClient(resolve_socket(socket), timeout=2.0) as client:
+            sdir = client.call("GET", "/v1/status").get("state_dir")
+        if sdir:
+            return Path(sdir), "coderouterd"
+    except CorectlError:
+        pass  # not running (or unreachable): the files are still where the config says
+    from coderouterd.config import ConfigError, load_config, state_dir
+
+    try:
+        return state_dir(load_config(None).model), "config"
+    except ConfigError:
+        import platformdirs
+
+        return Path(platformdirs.user_state_dir("coderouter")), "default"
+
+
+def _state_dir_or_fail(explicit: str | None, socket: str | None) -> Path:
+    sdir, how = resolve_state_dir(explicit, socket)
+    if not sdir.is_dir():
+        raise CorectlError(f"no state directory at {sdir} (from {how}); pass --state-dir or set "
+                           "CODEROUTER_STATE_DIR", code=1, payload={"state_dir": str(sdir)})
+    return sdir
+
+
+def _run(as_json: bool, work) -> int:
+    try:
+        return work() or 0
+    except CorectlError as e:
+        report_error(str(e), as_json, e.payload)
+        return e.code
+    except KeyboardInterrupt:
+        return 0  # Ctrl-C ends a follow; that is how it is meant to stop
+
+
+def _console():
+    from .render import console
+
+    return console()
+
+
+# -- audit ----------------------------------------------------------------------------------------------------
+
+def audit_line(rec: dict) -> str:
+    ts = str(rec.get("ts", ""))
+    try:
+        shown = local_time(parse_time(ts))
+    except ValueError:
+        shown = ts
+    import orjson
+
+    fields = []
+    for k, v in rec.items():
+        if k in ("ts", "kind") or v in (None, "", [], {}):
+            continue
+        value = v if isinstance(v, str) else orjson.dumps(v).decode()
+        fields.append(f"{k}={value}")
+    return f"{shown}  {rec.get('kind', '?'):<18} {' '.join(fields)}"
+
+
+def audit_tail(state_dir: str | None, socket: str | None, n: int, follow: bool, kinds: list[str] | None,
+               since: str | None, as_json: bool, *, poll_s: float = 0.3) -> int:
+    def work() -> int:
+        from coderouterd.state import follow_audit, read_audit
+
+        since_ts = _parse_or_fail(since, "--since") if since else None
+        sdir = _state_dir_or_fail(state_dir, socket)
+        # Following starts before the backlog is read: a record written in between shows twice, never zero times.
+        stream = follow_audit(sdir, poll_s=poll_s) if follow else None
+        records = read_audit(sdir, n, kinds or None,
+                             datetime.fromtimestamp(since_ts, UTC) if since_ts is not None else None)
+        if as_json and not follow:
+            emit_json({"state_dir": str(sdir), "records": records})
+            return 0
+        for rec in records:
+            _print_record(rec, as_json)
+        if stream is not None:
+            for rec in stream:
+                if not kinds or rec.get("kind") in kinds:
+                    _print_record(rec, as_json)
+        elif not records and not as_json:
+            sys.stderr.write(f"corectl: no audit records in {sdir}\n")
+        return 0
+
+    return _run(as_json, work)
+
+
+def _print_record(rec: dict, as_json: bool) -> None:
+    if as_json:
+        import orjson
+
+        sys.stdout.write(orjson.dumps(rec).decode() + "\n")
+    else:
+        sys.stdout.write(audit_line(rec) + "\n")
+    sys.stdout.flush()
+
+
+def _parse_or_fail(text: str, flag: str) -> float:
+    try:
+        return parse_time(text)
+    except ValueError as e:
+        raise CorectlError(f"{flag}: {e}", code=2) from None
+
+
+# -- journal --------------------------------------------------------------------------------------------------
+
+def _rows(sdir: Path, **kw) -> list[dict]:
+    import sqlite3
+
+    from coderouterd.state import journal_rows
+
+    try:
+        return journal_rows(sdir / DB_FILE, **kw)
+    except sqlite3.Error as e:
+        raise CorectlError(f"cannot read the journal {sdir / DB_FILE}: {e}", code=1) from None
+
+
+def route_text(attempts: list[dict]) -> str:
+    parts = []
+    for a in attempts or []:
+        outcome = a.get("outcome")
+        if outcome == "ok":
+            parts.append(f"{a.get('provider')} ok")
+        else:
+            parts.append(f"{a.get('provider')} {outcome}:{a.get('reason')}")
+    return " > ".join(parts)
+
+
+def journal_tail(state_dir: str | None, socket: str | None, n: int, provider: str | None, profile: str | None,
+                 as_json: bool) -> int:
+    def work() -> int:
+        sdir = _state_dir_or_fail(state_dir, socket)
+        rows = _rows(sdir, provider=provider, profile=profile, limit=n)
+        if as_json:
+            emit_json({"state_dir": str(sdir), "rows": rows})
+            return 0
+        if not rows:
+            sys.stderr.write(f"corectl: no requests in the journal at {sdir / DB_FILE}\n")
+            return 0
+        _console().print(journal_table(rows))
+        return 0
+
+    return _run(as_json, work)
+
+
+def journal_table(rows: list[dict]):
+    from rich.table import Table
+    from rich.text import Text
+
+    from .render import latency, money
+
+    t = Table(title=f"Journal (last {len(rows)} requests)", title_justify="left", title_style="bold")
+    for col, kw in (("Time", {}), ("Request", {}), ("Profile", {}), ("Provider", {}), ("Status", {"justify": "right"}),
+                    ("Latency", {"justify": "right"}), ("TTFB", {"justify": "right"}),
+                    ("Tokens in/out", {"justify": "right"}), ("Cost", {"justify": "right"}), ("Route", {})):
+        t.add_column(col, no_wrap=col not in ("Route", "Request"), overflow="fold", **kw)
+    for r in rows:
+        status = r.get("status") or 0
+        t.add_row(local_time(r["ts"]), r.get("request_id") or "", r.get("profile") or "",
+                  r.get("provider") or Text("-", style="red"),
+                  Text(str(status), style="red" if status >= 400 else "green"),
+                  _ms(r.get("latency_ms"), latency), _ms(r.get("ttfb_ms"), latency),
+                  f"{r.get('input_tokens') or 0:,}/{r.get('output_tokens') or 0:,}", money(r.get("cost_usd")),
+                  route_text(r.get("attempts") or []) + (" (stream)" if r.get("streaming") else ""))
+    return t
+
+
+def _ms(value, fmt) -> str:
+    return fmt(value / 1000.0) if value is not None else "-"
+
+
+def journal_export(state_dir: str | None, socket: str | None, fmt: str, since: str | None, until: str | None,
+                   provider: str | None, profile: str | None, output: str | None, as_json: bool) -> int:
+    def work() -> int:
+        from coderouterd.state import export_rows
+
+        if fmt not in ("jsonl", "csv"):
+            raise CorectlError(f"--format must be jsonl or csv, not {fmt!r}", code=2)
+        since_ts = _parse_or_fail(since, "--since") if since else None
+        until_ts = _parse_or_fail(until, "--until") if until else None
+        sdir = _state_dir_or_fail(state_dir, socket)
+        rows = _rows(sdir, since=since_ts, until=until_ts, provider=provider, profile=profile)
+        text = export_rows(rows, fmt)
+        if output is None or output == "-":
+            sys.stdout.write(text)
+            return 0
+        path = Path(output).expanduser()
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        try:
+            tmp.write_text(text, encoding="utf-8")
+            os.replace(tmp, path)
+        except OSError as e:
+            tmp.unlink(missing_ok=True)
+            raise CorectlError(f"cannot write {path}: {e.strerror or e}", code=1) from None
+        if as_json:
+            emit_json({"ok": True, "path": str(path), "format": fmt, "rows": len(rows)})
+        else:
+            sys.stderr.write(f"Wrote {len(rows)} journal rows to {path} ({fmt}).\n")
+        return 0
+
+    return _run(as_json, work)
+
+
+# -- replay compare -------------------------------------------------------------------------------------------
+
+RATE_METRICS = frozenset({"error_rate", "fallback_rate", "cache_hit_ratio", "streaming_ratio"})
+LOWER_IS_BETTER = frozenset({"p50_latency_ms", "p95_latency_ms", "p50_ttfb_ms", "p95_ttfb_ms", "error_rate",
+                             "fallback_rate", "avg_cost_usd", "total_cost_usd"})
+HIGHER_IS_BETTER = frozenset({"cache_hit_ratio"})
+LABELS = {
+    "requests": "requests", "avg_input_tokens": "avg input tokens", "avg_output_tokens": "avg output tokens",
+    "p50_latency_ms": "p50 latency", "p95_latency_ms": "p95 latency", "p50_ttfb_ms": "p50 TTFB",
+    "p95_ttfb_ms": "p95 TTFB", "error_rate": "error rate", "fallback_rate": "fallback rate",
+    "avg_cost_usd": "avg cost", "total_cost_usd": "total cost", "cache_hit_ratio": "cache hit ratio",
+    "streaming_ratio": "streaming ratio",
+}
+
+
+def compare_sides(state_dir: Path, a: str, b: str, *, by: str, window: bool, since: float | None,
+                  until: float | None, profile: str | None, provider: str | None,
+                  now: float | None = None) -> dict:
+    """The compare() result for the two sides, plus what was selected (for --json and the title)."""
+    from coderouterd.state import compare
+
+    if window:
+        ranges = []
+        for side in (a, b):
+            try:
+                ranges.append(parse_window(side, now))
+            except ValueError as e:
+                raise CorectlError(str(e), code=2) from None
+        rows = [_rows(state_dir, since=s, until=u, provider=provider, profile=profile) for s, u in ranges]
+        selection = {"mode": "window", "provider": provider, "profile": profile,
+                     "windows": {a: _span(*ranges[0]), b: _span(*ranges[1])}}
+    else:
+        key = "provider" if by == "provider" else "profile"
+        filters = {"profile": profile} if key == "provider" else {"provider": provider}
+        rows = [_rows(state_dir, since=since, until=until, **{key: side}, **filters) for side in (a, b)]
+        selection = {"mode": key, "since": _iso(since), "until": _iso(until), **filters}
+    out = compare(rows[0], rows[1], label_a=a, label_b=b)
+    out["selection"] = selection
+    return out
+
+
+def _iso(ts: float | None) -> str | None:
+    return datetime.fromtimestamp(ts, UTC).isoformat(timespec="seconds") if ts is not None else None
+
+
+def _span(since: float, until: float) -> dict:
+    return {"since": _iso(since), "until": _iso(until)}
+
+
+def metric_value(metric: str, value) -> str:
+    if value is None:
+        return "-"
+    if metric in RATE_METRICS:
+        return f"{value * 100:.1f}%"
+    if metric.endswith("_ms"):
+        return f"{value:,.0f} ms" if value < 10_000 else f"{value / 1000:.1f} s"
+    if metric == "avg_cost_usd":
+        return f"${value:.4f}" if value else "$0"
+    if metric == "total_cost_usd":
+        return f"${value:,.2f}" if value >= 0.01 or value == 0 else f"${value:.4f}"
+    if metric == "requests":
+        return f"{value:,}"
+    return f"{value:,.0f}"
+
+
+def metric_delta(metric: str, rel: float | None, absolute: float | None) -> tuple[str, str]:
+    """(text, style) of B against A: percentage points for rates, relative percent for the rest."""
+    if metric in RATE_METRICS:
+        if absolute is None:
+            return "-", ""
+        change = absolute * 100
+        text = f"{change:+.1f} pp"
+    else:
+        if rel is None:
+            return ("new" if absolute else "-"), ""
+        change = rel
+        text = f"{rel:+.0f}%"
+    if abs(change) < 0.05:
+        return text, "dim"
+    better = change < 0 if metric in LOWER_IS_BETTER else change > 0 if metric in HIGHER_IS_BETTER else None
+    return text, "" if better is None else ("green" if better else "red")
+
+
+def compare_table(result: dict):
+    from rich.table import Table
+    from rich.text import Text
+
+    a, b = result["label_a"], result["label_b"]
+    t = Table(title=f"Replay comparison: {a} vs {b}", title_justify="left", title_style="bold")
+    t.add_column("Metric", style="bold", no_wrap=True)
+    t.add_column(f"A: {a}", justify="right", no_wrap=True)
+    t.add_column(f"B: {b}", justify="right", no_wrap=True)
+    t.add_column("Δ B vs A", justify="right", no_wrap=True)
+    for m in result["metrics"]:
+        text, style = metric_delta(m, result["delta"].get(m), result["delta_abs"].get(m))
+        t.add_row(LABELS.get(m, m), metric_value(m, result["a"][m]), metric_value(m, result["b"][m]),
+                  Text(text, style=style))
+    return t
+
+
+def replay_compare(state_dir: str | None, socket: str | None, a: str, b: str, *, by: str, window: bool,
+                   since: str | None, until: str | None, profile: str | None, provider: str | None,
+                   as_json: bool) -> int:
+    def work() -> int:
+        from rich.text import Text
+
+        if by not in ("provider", "profile"):
+            raise CorectlError(f"--by must be provider or profile, not {by!r}", code=2)
+        if window and (since or until):
+            raise CorectlError("--since/--until do not apply with --window: the windows are the time ranges",
+                               code=2)
+        since_ts = _parse_or_fail(since, "--since") if since else None
+        until_ts = _parse_or_fail(until, "--until") if until else None
+        sdir = _state_dir_or_fail(state_dir, socket)
+        result = compare_sides(sdir, a, b, by=by, window=window, since=since_ts, until=until_ts,
+                               profile=profile, provider=provider)
+        if as_json:
+            emit_json(result)
+            return 0
+        out = _console()
+        out.print(compare_table(result))
+        if result["small_sample"]:
+            out.print(Text(f"small sample: {result['a']['requests']} vs {result['b']['requests']} requests; "
+                           "treat the figures as a hint", style="yellow"))
+        out.print(Text(result["verdict"], style="bold"))
+        return 0
+
+    return _run(as_json, work)

@@ -1,0 +1,310 @@
+"""Operating the daemon from corectl: providers, managed processes (start/stop/restart, logs), model control.
+
+Each function returns the process exit status, like commands.py; the Typer definitions are in app.py."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from collections.abc import Callable
+from urllib.parse import quote
+
+from .client import DEFAULT_TIMEOUT_S, AdminClient, CorectlError, resolve_socket
+from .commands import echo, emit_json, report_error
+
+# The daemon waits up to this long for a model to load (models_control.LOAD_TIMEOUT_S); corectl a bit longer.
+MODEL_LOAD_TIMEOUT_S = 630.0
+FOLLOW_POLL_S = 0.25
+
+
+def run_with(socket: str | None, as_json: bool, work: Callable[[AdminClient], int | None], *,
+             timeout: float = DEFAULT_TIMEOUT_S) -> int:
+    try:
+        with AdminClient(resolve_socket(socket), timeout=timeout) as client:
+            return work(client) or 0
+    except CorectlError as e:
+        report_error(str(e), as_json, e.payload)
+        return e.code
+    except KeyboardInterrupt:
+        return 0
+
+
+def _console(stderr: bool = False):
+    if stderr:
+        from rich.console import Console
+
+        return Console(stderr=True, highlight=False)
+    from .render import console
+
+    return console()
+
+
+# -- providers ------------------------------------------------------------------------------------------------
+
+def providers(socket: str | None, as_json: bool) -> int:
+    def work(client: AdminClient) -> None:
+        data = client.call("GET", "/v1/providers")
+        if as_json:
+            emit_json(data)
+            return
+        out = _console()
+        out.print(providers_table(data["providers"], data.get("stats_window_s")))
+
+    return run_with(socket, as_json, work)
+
+
+def providers_table(items: list[dict], window_s: float | None):
+    from rich.table import Table
+    from rich.text import Text
+
+    from .render import _breaker, _health, latency, money
+
+    title = "Providers" + (f" (figures over the last {window_s:g} s)" if window_s else "")
+    t = Table(title=title, title_justify="left", title_style="bold")
+    for col, kw in (("Provider", {"style": "bold"}), ("Kind", {}), ("Base URL", {"overflow": "fold"}),
+                    ("Model", {"overflow": "fold"}), ("Breaker", {}), ("Health", {}), ("Process", {}),
+                    ("Median", {"justify": "right"}), ("Errors", {"justify": "right"}),
+                    ("Spent", {"justify": "right"})):
+        t.add_column(col, no_wrap="overflow" not in kw, **kw)
+    for p in items:
+        f = p.get("figures") or {}
+        spend = p.get("budget") or {}
+        proc = Text("-", style="dim")
+        if p.get("process"):
+            proc = Text(f"{p['process']} ({p.get('process_state')})",
+                        style="green" if p.get("process_state") == "ready" else "yellow")
+        spent = money(spend.get("spent")) if spend else "-"
+        if spend.get("cap"):
+            spent += f" / {money(spend['cap'])}"
+        t.add_row(p["name"], p["kind"] + (" $" if p.get("paid") else ""), p["base_url"],
+                  p["model"] or Text("(client's)", style="dim"), _breaker(p.get("breaker") or {}),
+                  _health(p.get("health", "unknown")), proc, latency(f.get("median_s")),
+                  str(f.get("errors") or 0), spent)
+    return t
+
+
+# -- managed processes ----------------------------------------------------------------------------------------
+
+def process_action(socket: str | None, name: str, action: str, wait_s: float, as_json: bool) -> int:
+    wait = 0.0 if action == "stop" else max(0.0, wait_s)
+
+    def work(client: AdminClient) -> int:
+        path = f"/v1/processes/{quote(name, safe='')}/{action}"
+        if as_json:
+            data = client.call("POST", path, {"wait_s": wait})
+        else:
+            verb = {"start": "Starting", "stop": "Stopping", "restart": "Restarting"}[action]
+            with _console(stderr=True).status(f"{verb} {name}…"):
+                data = client.call("POST", path, {"wait_s": wait})
+        snap = data.get("process") or {}
+        ready = data.get("ready")
+        failed = wait > 0 and ready is False
+        if as_json:
+            emit_json(data)
+            return 1 if failed else 0
+        pname = snap.get("name", name)
+        if action == "stop":
+            echo(f"Stopped {pname}.")
+            return 0
+        pid = f"pid {snap['pid']}" if snap.get("pid") else "no pid"
+        past = "Started" if action == "start" else "Restarted"
+        if ready:
+            echo(f"{past} {pname} ({pid}); it is ready.")
+            return 0
+        if wait == 0:
+            echo(f"{past} {pname} ({pid}); state {snap.get('state')}.")
+            return 0
+        reason = f": {snap['fatal_reason']}" if snap.get("fatal_reason") else ""
+        sys.stderr.write(f"corectl: {pname} is not ready after {wait:g} s (state {snap.get('state')}{reason}); "
+                         f"see corectl logs {pname}\n")
+        return 1
+
+    return run_with(socket, as_json, work, timeout=wait + DEFAULT_TIMEOUT_S)
+
+
+def find_process(processes: dict[str, dict], name: str) -> dict | None:
+    """A process snapshot by its own name or by a provider it serves."""
+    if name in processes:
+        return processes[name]
+    for snap in processes.values():
+        if name in (snap.get("providers") or []):
+            return snap
+    return None
+
+
+def tail_lines(path: str, n: int, block: int = 65536) -> list[str]:
+    """The last n lines of a file, reading backwards in blocks (server logs grow to megabytes)."""
+    if n <= 0:
+        return []
+    with open(path, "rb") as f:
+        f.seek(0, os.SEEK_END)
+        pos = f.tell()
+        data = b""
+        while pos > 0 and data.count(b"\n") <= n:
+            step = min(block, pos)
+            pos -= step
+            f.seek(pos)
+            data = f.read(step) + data
+    lines = data.decode("utf-8", "replace").splitlines()
+    return lines[-n:]
+
+
+def follow_file(path: str, *, poll_s: float = FOLLOW_POLL_S, stop: Callable[[], bool] | None = None):
+    """Yield lines appended to `path` from now on. Survives copy-truncate rotation (the supervisor's: the size
+    drops below our offset) and rename rotation (a new inode at the path)."""
+    fh = None
+    ino = None
+    buf = b""
+    try:
+        try:
+            fh = open(path, "rb")
+            fh.seek(0, os.SEEK_END)
+            ino = os.fstat(fh.fileno()).st_ino
+        except FileNotFoundError:
+            fh = None
+        while True:
+            chunk = fh.read() if fh is not None else b""
+            if chunk:
+                buf += chunk
+                *lines, buf = buf.split(b"\n")
+                for line in lines:
+                    yield line.decode("utf-8", "replace")
+                continue
+            try:
+                st = os.stat(path)
+            except FileNotFoundError:
+                st = None
+            if st is not None and (fh is None or st.st_ino != ino):
+                if fh is not None:
+                    fh.close()
+                fh = open(path, "rb")
+                ino = os.fstat(fh.fileno()).st_ino
+                buf = b""
+                continue
+            if st is not None and fh is not None and st.st_size < fh.tell():
+                fh.seek(0)
+                buf = b""
+                continue
+            if stop is not None and stop():
+                return
+            time.sleep(poll_s)
+    finally:
+        if fh is not None:
+            fh.close()
+
+
+def logs(socket: str | None, name: str, n: int, follow: bool, as_json: bool) -> int:
+    def work(client: AdminClient) -> int:
+        data = client.call("GET", "/v1/processes")
+        snap = find_process(data.get("processes") or {}, name)
+        if snap is None:
+            valid = data.get("names") or []
+            listed = ", ".join(valid) if valid else "none (no provider has a [process] block)"
+            raise CorectlError(f"no managed process {name!r}; valid names: {listed}", code=1, payload={"valid": valid})
+        client.close()  # following can last hours; the daemon need not hold our connection
+        path = snap["log"]
+        stream = follow_file(path) if follow else None  # position fixed before the backlog is read
+        try:
+            lines = tail_lines(path, n)
+        except FileNotFoundError:
+            if not follow:
+                raise CorectlError(f"{snap['name']} has no log yet ({path} does not exist)", code=1,
+                                   payload={"log": path}) from None
+            lines = []
+        if as_json and not follow:
+            emit_json({"process": snap["name"], "log": path, "lines": lines})
+            return 0
+        for line in lines:
+            _emit_line(line, as_json)
+        if stream is not None:
+            for line in stream:
+                _emit_line(line, as_json)
+        return 0
+
+    return run_with(socket, as_json, work)
+
+
+def _emit_line(line: str, as_json: bool) -> None:
+    if as_json:
+        import orjson
+
+        sys.stdout.write(orjson.dumps({"line": line}).decode() + "\n")
+    else:
+        sys.stdout.write(line + "\n")
+    sys.stdout.flush()
+
+
+# -- models ---------------------------------------------------------------------------------------------------
+
+def models_list(socket: str | None, provider: str | None, as_json: bool) -> int:
+    def work(client: AdminClient) -> None:
+        path = "/v1/models" + (f"?provider={quote(provider, safe='')}" if provider else "")
+        if as_json:
+            emit_json(client.call("GET", path))
+            return
+        with _console(stderr=True).status("Asking the backends for their models…"):
+            data = client.call("GET", path)
+        _console().print(models_table(data["providers"]))
+
+    return run_with(socket, as_json, work, timeout=60.0)
+
+
+def models_table(entries: list[dict]):
+    from rich.table import Table
+    from rich.text import Text
+
+    from .render import size
+
+    t = Table(title="Models", title_justify="left", title_style="bold")
+    t.add_column("Provider", style="bold", no_wrap=True)
+    t.add_column("Backend", no_wrap=True)
+    t.add_column("Model", overflow="fold")
+    t.add_column("Loaded", no_wrap=True)
+    t.add_column("Size / context", justify="right", no_wrap=True)
+    for e in entries:
+        if e.get("error"):
+            t.add_row(e["provider"], "?", Text(f"error: {e['error']}", style="red"), "", "")
+            continue
+        if not e.get("models"):
+            t.add_row(e["provider"], e.get("backend", "?"), Text("(no models)", style="dim"), "", "")
+        for m in e.get("models") or []:
+            loaded = m.get("loaded")
+            mark = Text("unknown", style="dim") if loaded is None else \
+                Text("loaded", style="green") if loaded else Text("-", style="dim")
+            extra = size(m["size"]) if m.get("size") else \
+                (f"ctx {m['max_context_length']:,}" if m.get("max_context_length") else "")
+            t.add_row(e["provider"], e.get("backend", "?"), m.get("id") or "?", mark, extra)
+    return t
+
+
+def model_control(socket: str | None, action: str, model: str, provider: str, as_json: bool) -> int:
+    def work(client: AdminClient) -> None:
+        body = {"provider": provider, "model": model}
+        if as_json:
+            emit_json(client.call("POST", f"/v1/models/{action}", body))
+            return
+        data = _with_progress(f"{'Loading' if action == 'load' else 'Unloading'} {model} on {provider}",
+                              lambda: client.call("POST", f"/v1/models/{action}", body))
+        if data.get("already_loaded"):
+            echo(f"{model} was already loaded on {provider}.")
+        elif data.get("already_unloaded"):
+            echo(f"{model} was not loaded on {provider}.")
+        elif action == "load":
+            took = data.get("load_time_seconds")
+            echo(f"Loaded {model} on {provider} ({data.get('backend')})"
+                 + (f" in {took:.1f} s." if isinstance(took, int | float) else "."))
+        else:
+            echo(f"Unloaded {model} from {provider} ({data.get('backend')}).")
+
+    return run_with(socket, as_json, work, timeout=MODEL_LOAD_TIMEOUT_S)
+
+
+def _with_progress(label: str, call: Callable[[], dict]) -> dict:
+    """A spinner with the elapsed time while a slow call runs (on stderr, so stdout stays the answer)."""
+    from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+    with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(),
+                  console=_console(stderr=True), transient=True) as progress:
+        progress.add_task(label + "…", total=None)
+        return call()
