@@ -22,7 +22,8 @@ def specs_from_config(cfg) -> dict[str, tuple[ProcessSpec, list[str]]]:
             continue
         name, p = found
         if name not in out:
-            spec = ProcessSpec(name=name, command=list(p.command), env=dict(p.env), cwd=p.cwd, ready_url=p.ready_url,
+            spec = ProcessSpec(name=name, command=list(p.command), env=dict(p.env), cwd=p.cwd or None,
+                               ready_url=p.ready_url,
                                autostart=p.autostart, stop_timeout_s=p.stop_timeout_s,
                                start_timeout_s=p.start_timeout_s, startsecs=p.startsecs,
                                max_restarts=p.max_restarts, restart_window_s=p.restart_window_s)

@@ -95,7 +95,7 @@ def process_action(socket: str | None, name: str, action: str, wait_s: float, as
             data = client.call("POST", path, {"wait_s": wait})
         else:
             verb = {"start": "Starting", "stop": "Stopping", "restart": "Restarting"}[action]
-            with _console(stderr=True).status(f"{verb} {name}…"):
+            with _spinner(f"{verb} {name}…"):
                 data = client.call("POST", path, {"wait_s": wait})
         snap = data.get("process") or {}
         ready = data.get("ready")
@@ -243,7 +243,7 @@ def models_list(socket: str | None, provider: str | None, as_json: bool) -> int:
         if as_json:
             emit_json(client.call("GET", path))
             return
-        with _console(stderr=True).status("Asking the backends for their models…"):
+        with _spinner("Asking the backends for their models…"):
             data = client.call("GET", path)
         _console().print(models_table(data["providers"]))
 
@@ -300,11 +300,22 @@ def model_control(socket: str | None, action: str, model: str, provider: str, as
     return run_with(socket, as_json, work, timeout=MODEL_LOAD_TIMEOUT_S)
 
 
+def _spinner(label: str):
+    """A spinner on stderr while a call runs; nothing at all when stderr is not a terminal (logs, scripts)."""
+    import contextlib
+
+    err = _console(stderr=True)
+    return err.status(label) if err.is_terminal else contextlib.nullcontext()
+
+
 def _with_progress(label: str, call: Callable[[], dict]) -> dict:
     """A spinner with the elapsed time while a slow call runs (on stderr, so stdout stays the answer)."""
     from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
+    err = _console(stderr=True)
+    if not err.is_terminal:
+        return call()
     with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(),
-                  console=_console(stderr=True), transient=True) as progress:
+                  console=err, transient=True) as progress:
         progress.add_task(label + "…", total=None)
         return call()

@@ -1,0 +1,78 @@
+"""Configuration: the documented example is valid, errors name the key path, env overrides file values."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from coderouterd.config import ConfigError, load_config, parse_config_text
+from coderouterd.config.loader import embedded_default_text
+
+ROOT = Path(__file__).resolve().parents[2]
+
+MIN = """
+[providers.a]
+base_url = "http://127.0.0.1:1/v1"
+[profiles.default]
+providers = ["a"]
+"""
+
+
+def test_example_config_is_valid_and_complete():
+    loaded = load_config(str(ROOT / "config.example.toml"))
+    m = loaded.model
+    assert {"ollama-qwen3", "openrouter-free", "anthropic"} <= set(m.providers)
+    assert m.providers["ollama-qwen3"].process.command == ["ollama", "serve"]
+    assert m.routes[0].model == "*haiku*"
+    # every key of the schema appears in the example, so nothing is undocumented
+    text = (ROOT / "config.example.toml").read_text()
+    from coderouterd.config.schema import ConfigModel, ProcessConfig, ProfileConfig, ProviderConfig
+
+    for model in (ConfigModel, ProviderConfig, ProfileConfig, ProcessConfig):
+        for name in model.model_fields:
+            assert name in text, f"{model.__name__}.{name} is not documented in config.example.toml"
+
+
+def test_embedded_default():
+    m = parse_config_text(embedded_default_text(), "embedded")
+    assert list(m.profiles["default"].providers) == ["lmstudio", "ollama"]
+    assert m.providers["lmstudio"].base_url == "http://127.0.0.1:1234/v1"
+    assert m.providers["ollama"].model == ""
+
+
+@pytest.mark.parametrize("text,needle", [
+    (MIN + "[server]\nport = 'x'\n", "server.port"),
+    (MIN + "[server]\nbogus = 1\n", "server.bogus: unknown key"),
+    (MIN.replace('["a"]', '["a", "zz"]'), "profiles.default.providers[1]: unknown provider 'zz'"),
+    (MIN + "[[routes]]\nmodel = '*'\nprofile = 'nope'\n", "routes[0].profile: unknown profile 'nope'"),
+    (MIN + "[server]\nhost = '0.0.0.0'\n", "server.api_keys"),
+    (MIN.replace("http://", "ftp://"), "providers.a.base_url: must start with http"),
+    (MIN + "[profiles.default.tool_loop]\naction = 'explode'\n", "profiles.default.tool_loop.action"),
+    ("[server\n", "invalid TOML"),
+])
+def test_errors_name_the_key_path(text, needle):
+    with pytest.raises(ConfigError) as ei:
+        parse_config_text(text, "f.toml")
+    assert needle in str(ei.value)
+
+
+def test_env_overrides_file(monkeypatch):
+    monkeypatch.setenv("CODEROUTER_SERVER__PORT", "9123")
+    monkeypatch.setenv("CODEROUTER_BREAKER__FAILURES", "7")
+    m = parse_config_text(MIN, "f.toml")
+    assert m.server.port == 9123 and m.breaker.failures == 7
+
+
+def test_daemon_refuses_a_bad_config(tmp_path):
+    bad = tmp_path / "bad.toml"
+    bad.write_text(MIN.replace('["a"]', '["missing"]'))
+    r = subprocess.run([sys.executable, "-m", "coderouterd", "--config", str(bad)], capture_output=True, text=True,
+                       timeout=30, cwd=ROOT)
+    assert r.returncode == 2
+    assert "profiles.default.providers[0]: unknown provider 'missing'" in r.stderr
+    r = subprocess.run([sys.executable, "-m", "coderouterd", "--config", str(tmp_path / "nope.toml")],
+                       capture_output=True, text=True, timeout=30, cwd=ROOT)
+    assert r.returncode == 2 and "cannot read config file" in r.stderr
