@@ -108,7 +108,7 @@ async def run_race(ex, candidates: list[str]) -> None:
                 ex._note(name, "failed", e.label, started, e.status, e.message)
                 errors.append(e)
                 if not e.failover and not ex.committed:
-                    await _abandon(ex, calls)
+                    await _reap(_cancel_losers(ex, calls))
                     await ex._pass_error(e)
                     return
             if winner is not None:
@@ -127,11 +127,14 @@ async def run_race(ex, candidates: list[str]) -> None:
                 else:
                     await ex.resp.ping()
     except asyncio.CancelledError:
-        await _abandon(ex, calls)
+        await _reap(_cancel_losers(ex, calls))
         raise
 
-    await _abandon(ex, calls)
+    # The losers are cancelled and their connections closed now, but reaped only after the winner's first
+    # bytes went out: waiting for their teardown first would add it to the time to first byte.
+    loser_tasks = _cancel_losers(ex, calls)
     if winner is None:
+        await _reap(loser_tasks)
         if rest:
             ex.race_outcome = "no_winner_fallback"
             for name in rest:
@@ -156,8 +159,8 @@ async def run_race(ex, candidates: list[str]) -> None:
     task, name, call, started = winner
     provider = call.provider
     won_after = time.monotonic() - race_started
-    losers = [a["provider"] for a in ex.attempts if a["outcome"] == "lost"]
-    ex.race_outcome = f"winner={name} after {won_after * 1000:.1f}ms" + (f"; losers={','.join(losers)}" if losers
+    lost = [a["provider"] for a in ex.attempts if a["outcome"] == "lost"]
+    ex.race_outcome = f"winner={name} after {won_after * 1000:.1f}ms" + (f"; losers={','.join(lost)}" if lost
                                                                        else "")
     body = task.result()
     try:
@@ -183,15 +186,22 @@ async def run_race(ex, candidates: list[str]) -> None:
     finally:
         call.close()
         ex.upstream_wait_s += call.wait_s
+        await _reap(loser_tasks)
 
 
-async def _abandon(ex, calls: dict) -> None:
-    """Cancel every still-running participant and drop its connection."""
+def _cancel_losers(ex, calls: dict) -> list[asyncio.Task]:
+    """Cancel every still-running participant and drop its connection (the upstream sees the disconnect)."""
+    tasks = []
     for task, (name, call, started) in list(calls.items()):
         task.cancel()
         call.close()
         ex.router.release(name)
         ex._note(name, "lost", "race_lost", started)
-    if calls:
-        await asyncio.gather(*calls, return_exceptions=True)
+        tasks.append(task)
     calls.clear()
+    return tasks
+
+
+async def _reap(tasks: list[asyncio.Task]) -> None:
+    if tasks:
+        await asyncio.gather(*tasks, return_exceptions=True)
