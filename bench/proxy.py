@@ -115,7 +115,11 @@ def main() -> int:
     ap.add_argument("--quick", action="store_true", help="fewer requests (a smoke run)")
     ap.add_argument("--no-state", action="store_true", help="run the daemon with journal/audit/store disabled")
     ap.add_argument("--seconds", type=float, default=3.0, help="duration of each throughput phase")
+    ap.add_argument("--state-compare", action="store_true",
+                    help="only compare journal+audit+store enabled vs disabled (issue: +0.1 ms p50, -5%% req/s)")
     args = ap.parse_args()
+    if args.state_compare:
+        return state_compare(300 if args.quick else 2000, 1.0 if args.quick else args.seconds)
     n = 300 if args.quick else 2000
     secs = 1.0 if args.quick else args.seconds
     pin(os.getpid(), {1})
@@ -203,6 +207,63 @@ def main() -> int:
         print(f"\nconditions: {os.cpu_count()} cores, daemon pinned to core 0, upstream fakes + load generator on "
               f"core 1, n={n} sequential requests per latency cell, {secs:g} s per throughput cell, "
               f"state {'disabled' if args.no_state else 'enabled (journal + audit + store)'}")
+        return 0
+    finally:
+        for p in reversed(procs):
+            stop(p)
+
+
+def _start_daemon(tmp: Path, cfg: Path, state: bool) -> tuple[subprocess.Popen, str]:
+    port = free_port()
+    text = cfg.read_text().replace("enabled = true", f"enabled = {'true' if state else 'false'}")
+    c = tmp / f"bench-{state}.toml"
+    c.write_text(text)
+    env = {**os.environ, "CODEROUTER_STATE_DIR": str(tmp / f"state-{state}")}
+    d = subprocess.Popen([PY, "-m", "coderouterd", "--config", str(c), "--port", str(port), "--log-level",
+                          "warning"], cwd=ROOT, env=env)
+    pin(d.pid, {0})
+    wait_healthz(f"http://127.0.0.1:{port}", d)
+    return d, f"http://127.0.0.1:{port}"
+
+
+def state_compare(n: int, secs: float) -> int:
+    """Same requests against two daemons, one with journal + audit + store and one without, interleaved in
+    rounds so that drift on a shared machine hits both alike."""
+    pin(os.getpid(), {1})
+    tmp = Path(tempfile.mkdtemp(prefix="crbench-"))
+    procs: list[subprocess.Popen] = []
+    try:
+        oa, oa_url = start_fake("openai", "ok", {1})
+        procs.append(oa)
+        cfg = write_config(tmp, oa_url, oa_url, oa_url, True)
+        results: dict[bool, dict[str, list[float]]] = {True: {"p50": [], "rps": []}, False: {"p50": [], "rps": []}}
+        jh = {"content-type": "application/json"}
+        body = orjson.dumps(OPENAI_BODY)
+        direct_p50 = []
+        for _round in range(3):
+            for state in (True, False):
+                d, url = _start_daemon(tmp, cfg, state)
+                procs.append(d)
+                try:
+                    dt, _ = asyncio.run(latency(f"{oa_url}/v1/chat/completions", body, jh, n // 3))
+                    tt, _ = asyncio.run(latency(f"{url}/v1/chat/completions", body, jh, n // 3))
+                    direct_p50.append(pct(dt, 50))
+                    results[state]["p50"].append(pct(tt, 50) - pct(dt, 50))
+                    results[state]["rps"].append(asyncio.run(throughput(f"{url}/v1/chat/completions", body, jh,
+                                                                        32, secs)))
+                finally:
+                    stop(d)
+                    procs.remove(d)
+        on, off = results[True], results[False]
+        p_on, p_off = pct(on["p50"], 50), pct(off["p50"], 50)
+        r_on, r_off = pct(on["rps"], 50), pct(off["rps"], 50)
+        print("\nJournal + audit + store: enabled vs disabled (a) OpenAI→OpenAI, median of 3 interleaved rounds")
+        print(table([
+            ["added latency p50 (ms), c=1", ms(p_off), ms(p_on), f"{(p_on - p_off) * 1000:+.3f} ms",
+             "met (≤ +0.1 ms)" if p_on - p_off <= 0.0001 else "MISSED"],
+            ["throughput (req/s), c=32", f"{r_off:.0f}", f"{r_on:.0f}", f"{(r_on / r_off - 1) * 100:+.1f}%",
+             "met (≥ -5%)" if r_on >= 0.95 * r_off else "MISSED"],
+        ], ["measure", "state disabled", "state enabled", "delta", "target"]))
         return 0
     finally:
         for p in reversed(procs):

@@ -12,6 +12,7 @@ from pathlib import Path
 from .state import (
     AuditLog,
     BreakerTransition,
+    CacheIneffective,
     EventBus,
     FallbackUsed,
     RequestFinished,
@@ -27,6 +28,10 @@ NS_HEALTH = "health"
 NS_DAEMON = "daemon"
 
 
+# A route that wrote the cache this many times in a row without a single read gets one warning.
+CACHE_WRITE_STREAK = 10
+
+
 class Telemetry:
     """The bus always runs (metrics feed on it); the store, journal and audit log only with [state] enabled."""
 
@@ -39,6 +44,9 @@ class Telemetry:
                            journal_retention_days=st.journal_retention_days) if st.enabled else MemoryStore()
         self.audit: AuditLog | None = None
         self._config = config
+        # (provider, profile) -> cache writes in a row with no read; -1 once warned
+        self._cache_streak: dict[tuple[str, str], int] = {}
+        self._cache_extra: dict[tuple[str, str], float] = {}
 
     def start(self) -> None:
         if not self.enabled:
@@ -109,3 +117,27 @@ class Telemetry:
         ))
         if failed and provider is not None:
             self.bus.publish(FallbackUsed(request_id=ex.req.request_id, profile=ex.profile_name, chain=attempts))
+        if provider is not None and (u.get("cache_creation_input_tokens") or u.get("cache_read_input_tokens")):
+            self._watch_cache(provider, ex.profile_name, u, ex.runtime.providers[provider].cfg.cost)
+
+    def _watch_cache(self, provider: str, profile: str, usage: dict, cost) -> None:
+        key = (provider, profile)
+        streak = self._cache_streak.get(key, 0)
+        if usage.get("cache_read_input_tokens"):
+            if streak >= 0:
+                self._cache_streak[key] = 0
+                self._cache_extra[key] = 0.0
+            return
+        if streak < 0:
+            return
+        # What the writes cost beyond plain input: the premium paid for a cache that is never used.
+        premium = max(0.0, cost.cache_write - cost.input) * usage["cache_creation_input_tokens"] / 1e6
+        self._cache_extra[key] = self._cache_extra.get(key, 0.0) + premium
+        streak += 1
+        if streak >= CACHE_WRITE_STREAK:
+            self.bus.publish(CacheIneffective(provider=provider, profile=profile, writes=streak,
+                                              extra_cost_usd=round(self._cache_extra[key], 6)))
+            log.warning("prompt cache on %s (profile %s) was written %d times in a row and never read; "
+                        "for Claude Code set CLAUDE_CODE_ATTRIBUTION_HEADER=0", provider, profile, streak)
+            streak = -1
+        self._cache_streak[key] = streak

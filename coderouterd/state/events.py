@@ -122,6 +122,20 @@ class GuardFired(Event):
 
 
 @dataclass(slots=True)
+class CacheIneffective(Event):
+    """A route that writes the prompt cache on every request and never reads it: paying the cache-write
+    premium for nothing (on Claude Code, usually a system prompt that changes every call)."""
+
+    kind: ClassVar[str] = "cache_ineffective"
+    audited: ClassVar[bool] = True
+
+    provider: str
+    profile: str
+    writes: int
+    extra_cost_usd: float = 0.0
+
+
+@dataclass(slots=True)
 class BudgetWarning(Event):
     kind: ClassVar[str] = "budget_warning"
     audited: ClassVar[bool] = True
@@ -228,6 +242,7 @@ EVENT_TYPES: dict[str, type[Event]] = {
         BreakerTransition,
         HealthTransition,
         GuardFired,
+        CacheIneffective,
         BudgetWarning,
         BudgetBlocked,
         ConfigReloaded,

@@ -99,10 +99,15 @@ def chat(d: DaemonProcess) -> httpx.Response:
 def test_status_providers_restart_logs_and_explain(tmp_path, backup):
     port = free_port()
     cmd = [sys.executable, "-m", "tests.fakes", "--kind", "ollama", "--port", str(port), "--models", "qwen3"]
+    # A second managed backend the user already runs: adopted by its URL, never started or restarted by us.
+    users = FakeServer("ollama", name="users").start()
     cfg = BASE + f"""
 [providers.ollama-qwen3]
 base_url = "http://127.0.0.1:{port}/v1"
 {process_block("ollama-qwen3", cmd, port)}
+[providers.theirs]
+base_url = "{users.url}/v1"
+{process_block("theirs", [sys.executable, "-c", "raise SystemExit(9)"], users.port)}
 [providers.backup]
 base_url = "{backup.url}/v1"
 [profiles.default]
@@ -142,13 +147,16 @@ providers = ["ollama-qwen3", "backup"]
         restarted = corectl("restart", "ollama-qwen3", "--wait", "20", sock=sock)
         assert restarted.returncode == 0, restarted.stdout + restarted.stderr
         assert "ready" in restarted.stdout
-        snap = ok_json("status", sock=sock)["processes"]["ollama-qwen3"]
+        procs = ok_json("status", sock=sock)["processes"]
+        snap = procs["ollama-qwen3"]
         assert snap["state"] == "ready" and snap["pid"] not in (None, old_pid)
         assert snap["restarts_total"] == 1
 
         unknown = corectl("restart", "nope", sock=sock)
         assert unknown.returncode == 1 and "ollama-qwen3" in unknown.stderr and "nope" in unknown.stderr
-        assert corectl("stop", "backup", sock=sock).returncode == 1  # not a managed provider
+        theirs = corectl("restart", "theirs", sock=sock)
+        assert theirs.returncode == 1 and "did not start" in theirs.stderr, theirs.stderr
+        assert procs["theirs"]["external"] is True and procs["theirs"]["state"] == "ready"
 
         logs = corectl("logs", "ollama-qwen3", "-n", "3", sock=sock)
         assert logs.returncode == 0 and len(logs.stdout.splitlines()) == 3
@@ -182,6 +190,7 @@ providers = ["ollama-qwen3", "backup"]
         assert corectl("explain", "req_unknown", sock=sock).returncode == 1
     finally:
         d.stop()
+        users.stop()
     # Once the daemon is gone, the journal still explains the request.
     ex = ok_json("explain", rid, "--state-dir", str(d.state_dir), sock=sock)
     assert ex["source"] == "journal" and ex["trace"]["served_by"] == "ollama-qwen3"
@@ -420,8 +429,7 @@ def test_replay_compare_on_a_known_journal(tmp_path):
 # -- the daemon is not running ----------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("args", [
-    ["providers"], ["restart", "x"], ["logs", "x"], ["models", "list"], ["top"],
-    ["models", "load", "m", "--provider", "p"],
+    ["providers"], ["stop", "x"], ["logs", "x"], ["top"], ["models", "load", "m", "--provider", "p"],
 ])
 def test_commands_needing_the_daemon_exit_3_when_it_is_not_running(tmp_path, args):
     r = corectl(*args, "--json", sock=str(tmp_path / "none.sock"))

@@ -148,3 +148,34 @@ def test_daemon_kill_9_then_restart_adopts_without_duplicate(tmp_path, backup):
     finally:
         for p in backend_pids(port):
             os.kill(p, signal.SIGKILL)
+
+
+def test_unmanaged_provider_restart_command_runs_when_unhealthy(tmp_path, backup):
+    marker = tmp_path / "restarted"
+    with FakeServer("openai", name="flaky", behaviour="500") as flaky:
+        cmd = [sys.executable, "-c", f"open({str(marker)!r}, 'w').write('x')"]
+        cfg = f"""
+[server]
+port = {{PORT}}
+[health]
+probe_interval_s = 60
+recovery_backoff_s = [0.2, 0.4]
+[providers.flaky]
+base_url = "{flaky.url}/v1"
+restart_command = {cmd!r}
+[providers.backup]
+base_url = "{backup.url}/v1"
+[profiles.default]
+providers = ["flaky", "backup"]
+health_threshold = 3
+""".replace("'", '"').replace('open("', "open('").replace('", "w")', "', 'w')").replace('.write("x")', ".write('x')")
+        d = DaemonProcess(cfg, tmp_path).start()
+        try:
+            for _ in range(3):
+                assert ask(d).status_code == 200
+            assert wait_for(marker.exists, 10)  # UNHEALTHY after 3 failures -> restart_command ran, detached
+            flaky.set_behaviour("ok")
+            # probe-only recovery with back-off brings it back at its original place in the chain
+            assert wait_for(lambda: ask(d).headers.get("x-coderouter-provider") == "flaky", 10)
+        finally:
+            d.stop()
