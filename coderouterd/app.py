@@ -39,6 +39,7 @@ class Daemon:
         self.active_profile = loaded.model.server.default_profile
         self.listen = (loaded.model.server.host, loaded.model.server.port)
         self.last_reload_error: str | None = None
+        self._shut_down = False
         self.recent: OrderedDict[str, dict] = OrderedDict()  # request id -> decision trace, newest last
         self.telemetry: Telemetry | None = None
         self.health: HealthMonitor | None = None
@@ -241,6 +242,9 @@ class Daemon:
         }
 
     async def shutdown(self) -> None:
+        if self._shut_down:
+            return
+        self._shut_down = True
         if self.selfheal is not None:
             await self.selfheal.stop()
         if self.health is not None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
+import time
 
 import uvicorn
 
@@ -40,6 +41,7 @@ class _Signals:
         self.proxy = proxy
         self.admin = admin
         self.stopping = False
+        self._first_at = 0.0
         self._installed: list[int] = []
 
     def install(self) -> None:
@@ -57,8 +59,14 @@ class _Signals:
         self._installed.clear()
 
     def stop(self, sig: int) -> None:
+        # A signal that arrives together with the first (`make run` under a supervisor that signals the whole
+        # process group delivers two) is the same request, not an impatient second one.
+        now = time.monotonic()
+        if self.stopping and now - self._first_at < FORCE_AFTER_S:
+            return
         force = self.stopping
         self.stopping = True
+        self._first_at = now
         if force:
             log.warning("%s again: stopping without waiting for in-flight requests", signal.Signals(sig).name)
             self.proxy.force_exit = True
@@ -72,6 +80,9 @@ class _Signals:
             log.warning("SIGHUP during startup ignored")
             return
         apply_reload(self.daemon, "SIGHUP")
+
+
+FORCE_AFTER_S = 1.0
 
 
 async def serve(loaded: LoadedConfig) -> int:

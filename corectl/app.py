@@ -21,7 +21,8 @@ class _Root(TyperGroup):
     _lazy = ("doctor", "service")
 
     def list_commands(self, ctx):
-        return sorted({*super().list_commands(ctx), *self._lazy})
+        names = super().list_commands(ctx)
+        return [*names, *(n for n in self._lazy if n not in names)]
 
     def get_command(self, ctx, name):
         cmd = super().get_command(ctx, name)
@@ -381,8 +382,10 @@ def top(
                                             help="Refresh period.")] = 1.0,
     json_out: JsonOpt = False,
 ) -> None:
-    """A live view: request rate, p50 latency and TTFB per provider, breakers, health, effective order, recent
-    requests and their routes, spend. q or Ctrl-C quits. With --json, one snapshot."""
+    """A live view of the daemon, refreshed every second; q or Ctrl-C quits.
+
+    Request rate, p50 latency and TTFB per provider, breakers, health, effective order per profile, recent
+    requests and their routes, spend this month. With --json, or when stdout is not a terminal, one snapshot."""
     from . import top as top_mod
 
     socket, as_json = _opts(ctx, json_out)

@@ -70,6 +70,13 @@ class ProxyApp:
             await self.lifespan(receive, send)
 
     async def lifespan(self, receive, send) -> None:
+        try:
+            await self._lifespan(receive, send)
+        except asyncio.CancelledError:
+            # A forced exit cancels the lifespan: the managed children must still be stopped (no orphans).
+            await self.daemon.shutdown()
+
+    async def _lifespan(self, receive, send) -> None:
         while True:
             msg = await receive()
             if msg["type"] == "lifespan.startup":
