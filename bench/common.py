@@ -88,3 +88,13 @@ def table(rows: list[list[str]], header: list[str]) -> str:
     sep = "|" + "|".join("-" * (w + 2) for w in widths) + "|"
     body = ["| " + " | ".join(str(c).ljust(w) for c, w in zip(r, widths, strict=True)) + " |" for r in rows]
     return "\n".join([line, sep, *body])
+
+
+def wait_port(port: int, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        time.sleep(0.02)
+    raise RuntimeError(f"nothing listens on port {port}")

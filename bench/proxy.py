@@ -23,7 +23,19 @@ import orjson
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.claude_body import claude_code_body  # noqa: E402
-from bench.common import PY, ROOT, free_port, pct, pin, rss_mb, start_fake, stop, table, wait_healthz  # noqa: E402
+from bench.common import (  # noqa: E402
+    PY,
+    ROOT,
+    free_port,
+    pct,
+    pin,
+    rss_mb,
+    start_fake,
+    stop,
+    table,
+    wait_healthz,
+    wait_port,
+)
 from coderouterd.translate.anthropic_to_openai import request_to_openai  # noqa: E402
 
 OPENAI_BODY = {"model": "bench-model", "messages": [{"role": "user", "content": "hello"}], "max_tokens": 16}
@@ -140,6 +152,12 @@ def main() -> int:
         pin(d.pid, {0})
         ready = wait_healthz(f"http://127.0.0.1:{port}", d)
         ready_exec = time.monotonic() - t0
+        fport = free_port()
+        fl = subprocess.Popen([PY, str(ROOT / "bench" / "floor.py"), oa_url, str(fport)], cwd=ROOT)
+        procs.append(fl)
+        pin(fl.pid, {0})
+        wait_port(fport)
+        floor_url = f"http://127.0.0.1:{fport}/v1/chat/completions"
         time.sleep(0.5)
         rss_idle = rss_mb(d.pid)
         proxy = f"http://127.0.0.1:{port}"
@@ -162,6 +180,10 @@ def main() -> int:
              (f"{proxy}/v1/messages", an_small, {**ah, "x-coderouter-profile": "pass"})),
         ]
         rows = []
+        dt, _ = asyncio.run(latency(f"{oa_url}/v1/chat/completions", oa_raw, jh, n))
+        ft, _ = asyncio.run(latency(floor_url, oa_raw, jh, n))
+        rows.append(["floor: bare uvicorn+aiohttp forwarder, OpenAI body", ms(pct(dt, 50)), ms(pct(ft, 50)),
+                     ms(pct(ft, 50) - pct(dt, 50)), ms(pct(dt, 99)), ms(pct(ft, 99)), ms(pct(ft, 99) - pct(dt, 99))])
         for name, direct, through in scenarios:
             dt, _ = asyncio.run(latency(*direct, n))
             tt, _ = asyncio.run(latency(*through, n))
@@ -174,13 +196,14 @@ def main() -> int:
         rows = []
         for conc in (1, 8, 32):
             dr = asyncio.run(throughput(f"{oa_url}/v1/chat/completions", oa_raw, jh, conc, secs))
+            fr = asyncio.run(throughput(floor_url, oa_raw, jh, conc, secs))
             pr = asyncio.run(throughput(f"{proxy}/v1/chat/completions", oa_raw, jh, conc, secs))
-            rows.append([f"a) OpenAI→OpenAI c={conc}", f"{dr:.0f}", f"{pr:.0f}", f"{pr / dr:.2f}"])
+            rows.append([f"a) OpenAI→OpenAI c={conc}", f"{dr:.0f}", f"{fr:.0f}", f"{pr:.0f}", f"{pr / dr:.2f}"])
         dr = asyncio.run(throughput(f"{oa_url}/v1/chat/completions", cc_openai, jh, 32, secs))
         pr = asyncio.run(throughput(f"{proxy}/v1/messages", cc_raw, ah, 32, secs))
-        rows.append(["b) Anthropic→OpenAI c=32", f"{dr:.0f}", f"{pr:.0f}", f"{pr / dr:.2f}"])
+        rows.append(["b) Anthropic→OpenAI c=32", f"{dr:.0f}", "", f"{pr:.0f}", f"{pr / dr:.2f}"])
         print("\nThroughput (req/s)")
-        print(table(rows, ["scenario", "direct", "proxy", "ratio"]))
+        print(table(rows, ["scenario", "direct", "floor", "proxy", "proxy/direct"]))
 
         rows = []
         sn = max(200, n // 4)

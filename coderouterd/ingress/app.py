@@ -154,30 +154,43 @@ class ProxyApp:
             await r.error(400, f"request body is not valid JSON: {e}", error_type="invalid_request_error")
             return None, None
 
-    async def proxy(self, scope, receive, send, ingress: str) -> None:
-        daemon = self.daemon
-        runtime = daemon.runtime  # this request keeps this generation even if a reload swaps it meanwhile
+    async def _admit(self, scope, receive, send, ingress: str, runtime, *, count_tokens: bool = False):
+        """What every model request goes through first: auth, body limits, JSON, validation, profile.
+        Returns (request, responder, profile), or None after an error in the caller's shape was sent."""
         headers = _headers(scope)
         rid = headers.get("x-request-id") or new_id("req")
         r = Responder(send, ingress, rid)
         if not self._authorized(headers):
             await r.error(401, "missing or invalid API key for this coderouterd", error_type="authentication_error")
-            return
+            return None
         body, raw = await self._read_json(scope, receive, r, runtime)
         if body is None:
-            return
-        problem = validate_anthropic(body) if ingress == "anthropic" else validate_openai(body)
+            return None
+        if ingress == "anthropic":
+            problem = validate_anthropic(body, count_tokens=count_tokens)
+        else:
+            problem = validate_openai(body)
         if problem:
             await r.error(400, problem, error_type="invalid_request_error", param=problem.split(":")[0])
-            return
+            return None
         model = body.get("model") or ""
         try:
-            profile = runtime.select_profile(headers.get("x-coderouter-profile"), model, daemon.active_profile)
+            profile = runtime.select_profile(headers.get("x-coderouter-profile"), model, self.daemon.active_profile)
         except UnknownProfile as e:
             await r.error(400, str(e), error_type="invalid_request_error", extra={"valid_profiles": e.valid})
+            return None
+        req = ClientRequest(ingress=ingress, body=body, raw=raw, headers=headers,
+                            stream=bool(body.get("stream")) and not count_tokens, model=model, request_id=rid)
+        return req, r, profile
+
+    async def proxy(self, scope, receive, send, ingress: str) -> None:
+        daemon = self.daemon
+        runtime = daemon.runtime  # this request keeps this generation even if a reload swaps it meanwhile
+        admitted = await self._admit(scope, receive, send, ingress, runtime)
+        if admitted is None:
             return
-        req = ClientRequest(ingress=ingress, body=body, raw=raw, headers=headers, stream=bool(body.get("stream")),
-                            model=model, request_id=rid)
+        req, r, profile = admitted
+        rid = req.request_id
         ex = Exchange(req, r, runtime=runtime, router=daemon.router, profile=profile)
         if await daemon.guard_request(ex):
             daemon.finish(ex)
@@ -208,29 +221,12 @@ class ProxyApp:
         daemon.finish(ex)
 
     async def count_tokens(self, scope, receive, send) -> None:
-        daemon = self.daemon
-        runtime = daemon.runtime
-        headers = _headers(scope)
-        rid = headers.get("x-request-id") or new_id("req")
-        r = Responder(send, "anthropic", rid)
-        if not self._authorized(headers):
-            await r.error(401, "missing or invalid API key for this coderouterd", error_type="authentication_error")
+        runtime = self.daemon.runtime
+        admitted = await self._admit(scope, receive, send, "anthropic", runtime, count_tokens=True)
+        if admitted is None:
             return
-        body, raw = await self._read_json(scope, receive, r, runtime)
-        if body is None:
-            return
-        problem = validate_anthropic(body, count_tokens=True)
-        if problem:
-            await r.error(400, problem, error_type="invalid_request_error")
-            return
-        try:
-            profile = runtime.select_profile(headers.get("x-coderouter-profile"), body["model"], daemon.active_profile)
-        except UnknownProfile as e:
-            await r.error(400, str(e), error_type="invalid_request_error", extra={"valid_profiles": e.valid})
-            return
-        req = ClientRequest(ingress="anthropic", body=body, raw=raw, headers=headers, stream=False,
-                            model=body["model"], request_id=rid)
-        n, source = await count_tokens(req, runtime, daemon.router, profile)
+        req, r, profile = admitted
+        n, source = await count_tokens(req, runtime, self.daemon.router, profile)
         r.add_header("x-coderouter-token-count", source)
         await r.json(200, orjson.dumps({"input_tokens": n}))
 

@@ -147,16 +147,21 @@ class Exchange:
             return
         await self._all_failed(errors)
 
-    async def attempt(self, provider: Provider, started: float) -> None:
+    def new_call(self, provider: Provider, model: str) -> Call:
+        """An attempt at `provider`, translating between the client's wire and the provider's as needed.
+        After a commit, an Anthropic client already has its message_start: the next provider's is dropped."""
         req = self.req
-        model = await provider.resolve_model(req.model)
-        self.model_used = model
         cls = strategy_for(req.ingress, provider.cfg.kind)
         kw = {"model": model, "skip_prologue": self.committed and req.ingress == "anthropic", "client_body": req.body}
         if req.ingress == "anthropic" and cls.upstream_kind == "openai":
             kw["input_tokens"] = provider.estimate_tokens(len(req.raw))
-        strategy = cls(**kw)
-        call = Call(provider, strategy, raw_body=req.raw, stream=req.stream, client_headers=req.headers)
+        return Call(provider, cls(**kw), raw_body=req.raw, stream=req.stream, client_headers=req.headers)
+
+    async def attempt(self, provider: Provider, started: float) -> None:
+        req = self.req
+        model = await provider.resolve_model(req.model)
+        self.model_used = model
+        call = self.new_call(provider, model)
         hooks = self.router.budget_hooks
         reservation = hooks.reserve(provider, req) if hooks is not None else None
         ok = False

@@ -13,7 +13,6 @@ import time
 
 from ..providers.call import Call
 from ..providers.errors import UpstreamError
-from ..providers.strategies import strategy_for
 
 
 async def _until_useful(ex, call: Call) -> bytes:
@@ -62,12 +61,7 @@ async def run_race(ex, candidates: list[str]) -> None:
             errors.append(e)
             return
         ex.model_used = ex.model_used or model
-        cls = strategy_for(ex.req.ingress, provider.cfg.kind)
-        kw = {"model": model, "skip_prologue": ex.committed and ex.req.ingress == "anthropic",
-              "client_body": ex.req.body}
-        if ex.req.ingress == "anthropic" and cls.upstream_kind == "openai":
-            kw["input_tokens"] = provider.estimate_tokens(len(ex.req.raw))
-        call = Call(provider, cls(**kw), raw_body=ex.req.raw, stream=ex.req.stream, client_headers=ex.req.headers)
+        call = ex.new_call(provider, model)
         task = asyncio.ensure_future(_until_useful(ex, call))
         calls[task] = (name, call, time.monotonic())
 
