@@ -1,0 +1,569 @@
+"""The probes behind `corectl doctor`: one ProviderProbe per configured provider, straight from the config.
+
+Each provider gets the same sequence: reachable, auth, model, generation, streaming, tools, thinking, context.
+A check is ok | warn (shown as NEEDS TUNING) | fail | skip, with a message and a concrete suggestion.
+Providers are probed concurrently; the probes of one provider run in order, because a local server
+serialises generations anyway and the later checks read what the earlier ones learned (e.g. the model
+is loaded by the generation probe, so its real context window is visible afterwards).
+
+Exit codes: 0 all OK, 2 something needs tuning, 1 could not run (bad config, unknown or unreachable provider).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+import orjson
+
+OK, WARN, FAIL, SKIP = "ok", "warn", "fail", "skip"
+LABELS = {OK: "OK", WARN: "NEEDS TUNING", FAIL: "FAIL", SKIP: "skipped"}
+STYLES = {OK: "green", WARN: "bold yellow", FAIL: "bold red", SKIP: "dim"}
+# Claude Code's first request alone is ~20k tokens; a smaller window cannot serve a coding agent.
+MIN_AGENT_CONTEXT = 16384
+OLLAMA_DEFAULT_CONTEXT = 4096
+PROMPT = "Reply with the single word: ok"
+TOOL_PROMPT = "What time is it in UTC? Use the get_current_time tool."
+TOOL_NAME = "get_current_time"
+TOOL_SCHEMA = {"type": "object", "required": ["timezone"],
+               "properties": {"timezone": {"type": "string", "description": "IANA zone, e.g. UTC"}}}
+GEN_MAX_TOKENS = 64
+TOOL_MAX_TOKENS = 256
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Seconds. Discovery is a cheap GET; generation may include a cold model load on a local server."""
+
+    probe: float = 5.0
+    generation: float = 60.0
+
+
+class DoctorError(ValueError):
+    """The doctor cannot run at all (e.g. an unknown provider name)."""
+
+
+@dataclass
+class Answer:
+    text: str = ""
+    reasoning: str = ""
+    think_tags: bool = False
+    finish: str | None = None
+    tool_calls: list[tuple[str, Any]] = field(default_factory=list)  # (name, arguments as sent)
+    seconds: float = 0.0
+
+
+class ProbeFailed(Exception):
+    def __init__(self, message: str, status: int | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+def _check(name: str, status: str, message: str, suggestion: str = "") -> dict:
+    return {"name": name, "status": status, "message": message, "suggestion": suggestion}
+
+
+def _error_message(body: bytes) -> str:
+    """The human part of an error body in any of the shapes (OpenAI, Anthropic, Ollama) or its raw start."""
+    try:
+        data = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return body[:200].decode(errors="replace").strip()
+    err = data.get("error") if isinstance(data, dict) else None
+    message = err.get("message") if isinstance(err, dict) else err
+    return message if isinstance(message, str) else ""
+
+
+def _error_text(status: int, body: bytes) -> str:
+    message = _error_message(body)
+    return f"HTTP {status}" + (f": {message}" if message else "")
+
+
+def _split_think(text: str) -> tuple[str, str, bool]:
+    """(visible text, reasoning, had tags) for servers that leave reasoning inline as <think>...</think>."""
+    m = re.search(r"<think>(.*?)(</think>|$)", text, re.S)
+    if not m:
+        return text, "", False
+    return (text[:m.start()] + text[m.end():]).strip(), m.group(1).strip(), True
+
+
+def _short(text: str, limit: int = 60) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[:limit - 1] + "…"
+
+
+class ProviderProbe:
+    def __init__(self, name: str, cfg: Any, client: httpx.AsyncClient, limits: Limits) -> None:
+        self.name, self.cfg, self.client, self.limits = name, cfg, client, limits
+        base = cfg.base_url
+        # The daemon talks to Ollama through its /v1 routes, so that is what gets probed for generation.
+        self.api = base + "/v1" if cfg.kind == "ollama" and not base.endswith("/v1") else base
+        self.root = base[:-3] if base.endswith("/v1") else base
+        self.anthropic = cfg.kind == "anthropic"
+        self.backend = "ollama" if cfg.kind == "ollama" else cfg.kind
+        self.model = cfg.model or cfg.default_model
+        self.checks: list[dict] = []
+        self.props: dict = {}
+        self.show: dict | None = None  # Ollama /api/show, fetched once
+        self.answer: Answer | None = None
+        self.stream_answer: Answer | None = None
+
+    # -- plumbing ---------------------------------------------------------------------------------------
+
+    def headers(self) -> dict[str, str]:
+        h = {"content-type": "application/json", **self.cfg.headers}
+        key = os.environ.get(self.cfg.api_key_env) if self.cfg.api_key_env else None
+        if self.anthropic:
+            h["anthropic-version"] = "2023-06-01"
+            if key:
+                h["x-api-key"] = key
+        elif key:
+            h["authorization"] = f"Bearer {key}"
+        return h
+
+    def key_hint(self) -> str:
+        env = self.cfg.api_key_env
+        if not env:
+            return 'the backend wants a key: set api_key_env = "NAME" on this provider and export NAME'
+        if not os.environ.get(env):
+            return f"export {env} (it is not set here; for the service, put it in ~/.config/coderouter/env)"
+        return f"the key in ${env} was rejected: check its value"
+
+    async def get_json(self, url: str) -> tuple[int, Any, bytes]:
+        r = await self.client.get(url, headers=self.headers(), timeout=self.limits.probe)
+        try:
+            return r.status_code, orjson.loads(r.content), r.content
+        except orjson.JSONDecodeError:
+            return r.status_code, None, r.content
+
+    async def optional_json(self, method: str, url: str, body: dict | None = None) -> Any:
+        """A discovery endpoint that only some backends have: its JSON, or None."""
+        try:
+            r = await self.client.request(method, url, headers=self.headers(), timeout=self.limits.probe,
+                                          content=orjson.dumps(body) if body is not None else None)
+            return orjson.loads(r.content) if r.status_code == 200 else None
+        except (httpx.HTTPError, orjson.JSONDecodeError):
+            return None
+
+    def request_body(self, content: str, max_tokens: int, *, tools: bool = False,
+                     stream: bool = False) -> dict:
+        body: dict[str, Any] = {"model": self.model, "max_tokens": max_tokens,
+                                "messages": [{"role": "user", "content": content}]}
+        if stream:
+            body["stream"] = True
+            if not self.anthropic:
+                body["stream_options"] = {"include_usage": True}
+        if tools and self.anthropic:
+            body["tools"] = [{"name": TOOL_NAME, "description": "Current time in a time zone.",
+                              "input_schema": TOOL_SCHEMA}]
+            body["tool_choice"] = {"type": "any"}
+        elif tools:
+            body["tools"] = [{"type": "function", "function": {
+                "name": TOOL_NAME, "description": "Current time in a time zone.", "parameters": TOOL_SCHEMA}}]
+            # Ollama does not support tool_choice; everyone else gets "required" to make the test decisive.
+            if self.backend != "ollama":
+                body["tool_choice"] = "required"
+        return body
+
+    @property
+    def generation_timeout(self) -> httpx.Timeout:
+        return httpx.Timeout(self.limits.generation, connect=self.limits.probe)
+
+    @property
+    def gen_url(self) -> str:
+        return self.api + ("/messages" if self.anthropic else "/chat/completions")
+
+    async def generate(self, body: dict) -> Answer:
+        started = time.perf_counter()
+        try:
+            r = await self.client.post(self.gen_url, content=orjson.dumps(body), headers=self.headers(),
+                                       timeout=self.generation_timeout)
+        except httpx.TimeoutException:
+            raise ProbeFailed(f"no answer within {self.limits.generation:g}s") from None
+        except httpx.HTTPError as e:
+            raise ProbeFailed(f"{type(e).__name__}: {e}") from None
+        if r.status_code >= 400:
+            raise ProbeFailed(_error_text(r.status_code, r.content), r.status_code)
+        try:
+            data = orjson.loads(r.content)
+        except orjson.JSONDecodeError:
+            raise ProbeFailed("the answer is not JSON") from None
+        answer = self.parse_anthropic(data) if self.anthropic else self.parse_openai(data)
+        answer.seconds = time.perf_counter() - started
+        return answer
+
+    def parse_openai(self, data: dict) -> Answer:
+        choices = data.get("choices") or []
+        if not choices:
+            raise ProbeFailed("the answer has no choices")
+        msg = choices[0].get("message") or {}
+        content = msg.get("content") or ""
+        if isinstance(content, list):
+            content = "".join(p.get("text", "") for p in content if isinstance(p, dict))
+        text, inline, tags = _split_think(content)
+        reasoning = msg.get("reasoning_content") or msg.get("reasoning") or inline
+        calls = [((c.get("function") or {}).get("name", ""), (c.get("function") or {}).get("arguments"))
+                 for c in msg.get("tool_calls") or []]
+        return Answer(text, reasoning if isinstance(reasoning, str) else "", tags,
+                      choices[0].get("finish_reason"), calls)
+
+    def parse_anthropic(self, data: dict) -> Answer:
+        finish = {"max_tokens": "length", "tool_use": "tool_calls", "end_turn": "stop"}.get(
+            data.get("stop_reason"), data.get("stop_reason"))
+        a = Answer(finish=finish)
+        for block in data.get("content") or []:
+            kind = block.get("type")
+            if kind == "text":
+                a.text += block.get("text", "")
+            elif kind == "thinking":
+                a.reasoning += block.get("thinking", "")
+            elif kind == "tool_use":
+                a.tool_calls.append((block.get("name", ""), block.get("input")))
+        a.text, inline, a.think_tags = _split_think(a.text)
+        a.reasoning = a.reasoning or inline
+        return a
+
+    # -- the checks ---------------------------------------------------------------------------------------
+
+    async def run(self) -> dict:
+        try:
+            if await self.discover():
+                await self.check_generation()
+                await self.check_streaming()
+                await self.check_tools()
+                self.check_thinking()
+                await self.check_context()
+        except Exception as e:  # one broken probe must not hide the other providers' reports
+            self.checks.append(_check("doctor", FAIL, f"probe crashed: {type(e).__name__}: {e}"))
+        return {"provider": self.name, "kind": self.cfg.kind, "backend": self.backend,
+                "base_url": self.cfg.base_url, "model": self.model, "checks": self.checks}
+
+    def skip_rest(self, reason: str) -> None:
+        done = {c["name"] for c in self.checks}
+        for name in ("reachable", "auth", "model", "generation", "streaming", "tools", "thinking", "context"):
+            if name not in done:
+                self.checks.append(_check(name, SKIP, reason))
+
+    async def discover(self) -> bool:
+        url = f"{self.root}/api/tags" if self.cfg.kind == "ollama" else f"{self.api}/models"
+        detect = asyncio.create_task(self.detect_backend()) if self.cfg.kind == "openai" else None
+        started = time.perf_counter()
+        try:
+            status, data, raw = await self.get_json(url)
+            took = f"{(time.perf_counter() - started) * 1000:.0f} ms"
+        except httpx.TimeoutException:
+            status, error = None, f"no answer from {url} within {self.limits.probe:g}s"
+        except httpx.HTTPError as e:
+            detail = f": {e}" if str(e) else ""
+            status, error = None, f"cannot connect to {url}: {type(e).__name__}{detail}"
+        if detect is not None:
+            await detect
+        if status is None:
+            self.checks.append(_check("reachable", FAIL, error,
+                                      "start the backend (or fix base_url), or add a process block so the "
+                                      "daemon starts it"))
+            self.skip_rest("provider unreachable")
+            return False
+        self.checks.append(_check("reachable", OK, f"{self.backend} answers at {self.cfg.base_url} ({took})"))
+        if status in (401, 403):
+            self.checks.append(_check("auth", FAIL, f"listing models: {_error_text(status, raw)}",
+                                      self.key_hint()))
+            self.skip_rest("authentication failed")
+            return False
+        env = self.cfg.api_key_env
+        if env and os.environ.get(env):
+            self.checks.append(_check("auth", OK, f"key from ${env} accepted"))
+        else:
+            self.checks.append(_check("auth", OK, "no key needed" + (f" (${env} is not set)" if env else "")))
+        if status >= 400 or not isinstance(data, dict):
+            self.checks.append(_check("model", FAIL, f"listing models failed: {_error_text(status, raw)}",
+                                      "check that the server has finished starting and base_url is right"))
+        else:
+            await self.check_model(data)
+        if not self.model:
+            self.skip_rest("no model to probe")
+            return False
+        return True
+
+    async def detect_backend(self) -> None:
+        """Which server is behind an OpenAI-compatible URL: decides the context probe and the suggestions."""
+        tags, v0, props = await asyncio.gather(
+            self.optional_json("GET", f"{self.root}/api/tags"),
+            self.optional_json("GET", f"{self.root}/api/v0/models"),
+            self.optional_json("GET", f"{self.root}/props"))
+        if isinstance(tags, dict) and isinstance(tags.get("models"), list):
+            self.backend = "ollama"
+        elif isinstance(v0, dict) and isinstance(v0.get("data"), list):
+            self.backend = "lmstudio"
+        elif isinstance(props, dict) and isinstance(props.get("default_generation_settings"), dict):
+            self.backend, self.props = "llama.cpp", props
+
+    async def check_model(self, data: dict) -> None:
+        entries = data.get("models") if self.cfg.kind == "ollama" else data.get("data")
+        listed = [e.get("id") or e.get("name") for e in entries or [] if isinstance(e, dict)]
+        listed = [m for m in listed if isinstance(m, str) and m]
+        wanted = self.cfg.model
+        if not wanted:
+            self.model = self.cfg.default_model or (listed[0] if listed else "")
+            if not self.model:
+                self.checks.append(_check("model", FAIL, "no model configured and the backend lists none",
+                                          "load or pull a model, or set model = \"NAME\""))
+                return
+            self.checks.append(_check("model", OK, f"no model configured: clients' models pass through; "
+                                      f"claude-* names and the probes use {self.model}"))
+            return
+        aliases = {wanted, f"{wanted}:latest"} if ":" not in wanted else {wanted}
+        if not aliases & set(listed):
+            pull = f"ollama pull {wanted}" if self.backend == "ollama" else "download or load it"
+            shown = ", ".join(listed[:5]) + (" …" if len(listed) > 5 else "")
+            self.checks.append(_check("model", FAIL, f"{wanted} is not among the {len(listed)} listed models",
+                                      f"{pull}, or set model to one of: {shown or 'none listed'}"))
+            return
+        self.checks.append(_check("model", OK, f"{wanted} is listed" + await self.loaded_note()))
+
+    async def loaded_note(self) -> str:
+        if self.backend == "ollama":
+            ps = await self.optional_json("GET", f"{self.root}/api/ps")
+            names = {m.get("name") for m in (ps or {}).get("models") or [] if isinstance(m, dict)}
+            if ps is not None:
+                loaded = bool(names & {self.model, f"{self.model}:latest"})
+                return "; loaded" if loaded else "; not loaded yet (the first request loads it)"
+        if self.backend == "lmstudio":
+            v0 = await self.optional_json("GET", f"{self.root}/api/v0/models")
+            for m in (v0 or {}).get("data") or []:
+                if isinstance(m, dict) and m.get("id") == self.model:
+                    loaded = m.get("state") == "loaded"
+                    return "; loaded" if loaded else "; not loaded (JIT loads it on demand)"
+        return ""
+
+    async def check_generation(self) -> None:
+        try:
+            a = self.answer = await self.generate(self.request_body(PROMPT, GEN_MAX_TOKENS))
+        except ProbeFailed as e:
+            self.checks.append(_check("generation", FAIL, str(e), self.http_hint(e.status)))
+            return
+        took = f"{a.seconds:.1f}s"
+        if a.text:
+            self.checks.append(_check("generation", OK, f"answered in {took}: {_short(a.text)!r}"))
+        elif a.tool_calls:
+            self.checks.append(_check("generation", OK, f"answered in {took} with a tool call, unasked"))
+        elif a.reasoning and a.finish == "length":
+            self.checks.append(_check("generation", OK, f"answered in {took}, all reasoning and no text: "
+                                      "reasoning consumed the budget; raise max_tokens"))
+        elif a.reasoning:
+            self.checks.append(_check("generation", OK, f"answered in {took} with reasoning only"))
+        else:
+            self.checks.append(_check("generation", WARN, f"empty answer (finish_reason {a.finish})",
+                                      "check the model's chat template; try another model"))
+
+    def http_hint(self, status: int | None) -> str:
+        if status in (401, 403):
+            return self.key_hint()
+        if status == 404:
+            return f"check that model {self.model!r} exists on this backend"
+        if status in (503, 529):
+            return "the backend is busy or still loading: retry in a moment"
+        return ""
+
+    async def check_streaming(self) -> None:
+        body = self.request_body(PROMPT, GEN_MAX_TOKENS, stream=True)
+        pieces, done, usage = 0, False, False
+        try:
+            async with asyncio.timeout(self.limits.generation):
+                async with self.client.stream("POST", self.gen_url, content=orjson.dumps(body),
+                                              headers=self.headers(), timeout=self.generation_timeout) as r:
+                    if r.status_code >= 400:
+                        raise ProbeFailed(_error_text(r.status_code, await r.aread()), r.status_code)
+                    ctype = r.headers.get("content-type", "")
+                    if "text/event-stream" not in ctype:
+                        raise ProbeFailed(f"asked for a stream, got {ctype or 'no content-type'}")
+                    async for line in r.aiter_lines():
+                        if not line.startswith("data:"):
+                            continue
+                        data = line[5:].strip()
+                        if data == "[DONE]":
+                            done = True
+                            break
+                        obj = orjson.loads(data)
+                        if obj.get("type") == "error" or (not self.anthropic and "error" in obj):
+                            raise ProbeFailed(f"error event in the stream: {_error_message(data.encode())}")
+                        if self.anthropic:
+                            pieces += obj.get("type") == "content_block_delta"
+                            done = obj.get("type") == "message_stop"
+                            if done:
+                                break
+                        else:
+                            usage = usage or bool(obj.get("usage"))
+                            pieces += sum(1 for c in obj.get("choices") or [] if (c.get("delta") or {}))
+        except TimeoutError:
+            self.checks.append(_check("streaming", FAIL,
+                                      f"stream not finished within {self.limits.generation:g}s"))
+            return
+        except ProbeFailed as e:
+            self.checks.append(_check("streaming", FAIL, str(e), self.http_hint(e.status)))
+            return
+        except (httpx.HTTPError, orjson.JSONDecodeError) as e:
+            self.checks.append(_check("streaming", FAIL, f"stream broke: {type(e).__name__}: {e}"))
+            return
+        end = "message_stop" if self.anthropic else "[DONE]"
+        if not done:
+            self.checks.append(_check("streaming", FAIL,
+                                      f"{pieces} events, but the stream ended without {end}",
+                                      "a proxy in between may cut streams; check the backend's log"))
+            return
+        note = "" if self.anthropic or usage else "; no usage chunk (stream_options.include_usage ignored)"
+        self.checks.append(_check("streaming", OK, f"{pieces} events, ended with {end}{note}"))
+
+    def tool_suggestion(self) -> str:
+        fix = {
+            "llama.cpp": "start llama-server with --jinja and a tool-capable chat template",
+            "ollama": "use a model whose `ollama show` capabilities include tools",
+            "lmstudio": "load a model trained for tool use (LM Studio shows a tool badge)",
+        }.get(self.backend, "use a tool-capable model")
+        return f"{fix}; or set capabilities.tools = false so tool requests go elsewhere"
+
+    async def check_tools(self) -> None:
+        if not self.cfg.capabilities.tools:
+            self.checks.append(_check("tools", SKIP,
+                                      "capabilities.tools = false: tool requests skip this provider"))
+            return
+        try:
+            a = await self.generate(self.request_body(TOOL_PROMPT, TOOL_MAX_TOKENS, tools=True))
+        except ProbeFailed as e:
+            if e.status == 400 and "tool" in str(e).lower():
+                self.checks.append(_check("tools", WARN, f"tool request refused: {e}",
+                                          self.tool_suggestion()))
+            else:
+                self.checks.append(_check("tools", FAIL, str(e), self.http_hint(e.status)))
+            return
+        if a.tool_calls:
+            name, args = a.tool_calls[0]
+            if isinstance(args, str):
+                try:
+                    args = orjson.loads(args) if args.strip() else {}
+                except orjson.JSONDecodeError:
+                    self.checks.append(_check("tools", WARN, f"{name} called with arguments that are not "
+                                              f"JSON: {_short(args)!r}", self.tool_suggestion()))
+                    return
+            if not isinstance(args, dict):
+                self.checks.append(_check("tools", WARN, f"{name} called with non-object arguments",
+                                          self.tool_suggestion()))
+                return
+            shown = _short(orjson.dumps(args).decode())
+            self.checks.append(_check("tools", OK, f"structured tool call {name}({shown})"))
+        elif not a.text and a.reasoning and a.finish == "length":
+            self.checks.append(_check("tools", SKIP, "inconclusive: reasoning consumed the budget before any "
+                                      f"tool call ({TOOL_MAX_TOKENS} tokens); raise max_tokens to test it"))
+        else:
+            show = await self.ollama_show() if self.backend == "ollama" else None
+            caps = show.get("capabilities") if show else None
+            caps = f" (capabilities: {', '.join(map(str, caps))})" if isinstance(caps, list) else ""
+            self.checks.append(_check("tools", WARN, "answered with plain text instead of a tool call"
+                                      f"{caps}: {_short(a.text)!r}", self.tool_suggestion()))
+
+    def check_thinking(self) -> None:
+        a = self.answer
+        if a is None:
+            self.checks.append(_check("thinking", SKIP, "no answer to inspect"))
+            return
+        declared = self.cfg.capabilities.thinking
+        fix = "set capabilities.thinking = true" if not declared else ""
+        if a.think_tags:
+            hint = "llama-server --reasoning-format deepseek sends it apart"
+            hint = hint if self.backend == "llama.cpp" else ""
+            self.checks.append(_check("thinking", OK, "reasoning arrives inline as <think> tags; the router "
+                                      "separates it", "; ".join(s for s in (hint, fix) if s)))
+        elif a.reasoning and not a.text and a.finish == "length":
+            note = f"reasoning consumed the budget ({GEN_MAX_TOKENS} tokens); raise max_tokens"
+            self.checks.append(_check("thinking", OK, f"thinking model, the answer was all reasoning: {note}",
+                                      fix))
+        elif a.reasoning:
+            self.checks.append(_check("thinking", OK,
+                                      "thinking model: reasoning arrives separately from the text", fix))
+        else:
+            self.checks.append(_check("thinking", OK, "no reasoning in the answer (not a thinking model, "
+                                      "or thinking is off)"))
+
+    # -- context window ---------------------------------------------------------------------------------
+
+    async def check_context(self) -> None:
+        real, source, trained = await self.real_context()
+        configured = self.cfg.context_window
+        if real is None:
+            msg = source or "the backend does not report its context window"
+            extra = f"; configured context_window = {configured} is trusted" if configured else ""
+            self.checks.append(_check("context", SKIP, msg + extra))
+            return
+        raise_it = {
+            "ollama": f"PARAMETER num_ctx {max(32768, configured)} in a Modelfile or "
+                      f"OLLAMA_CONTEXT_LENGTH={max(32768, configured)} in the Ollama server's environment",
+            "lmstudio": f"lms load {self.model} --context-length {max(32768, configured)}",
+            "llama.cpp": f"start llama-server with -c {max(32768, configured)} (split across --parallel)",
+        }.get(self.backend, "raise the backend's context size")
+        where = f"{real} tokens ({source})"
+        if self.backend == "ollama" and real <= OLLAMA_DEFAULT_CONTEXT:
+            supports = f"; the model supports {trained}" if trained and trained > real else ""
+            self.checks.append(_check("context", WARN, f"Ollama serves {self.model} with {where}: its silent "
+                                      f"{OLLAMA_DEFAULT_CONTEXT}-token default is too small for coding agents"
+                                      f"{supports}", raise_it))
+        elif configured and configured > real:
+            self.checks.append(_check("context", WARN, f"real window {where} is smaller than the configured"
+                                      f" context_window = {configured}: larger requests fail, not move on",
+                                      f"{raise_it}; or set context_window = {real}"))
+        elif real < MIN_AGENT_CONTEXT:
+            self.checks.append(_check("context", WARN, f"real window {where} is too small for coding agents "
+                                      f"(Claude Code sends ~20k-token prompts)", raise_it))
+        elif not configured:
+            self.checks.append(_check("context", OK, f"real window {where}; context_window is not set",
+                                      f"set context_window = {real} so larger requests skip this provider"))
+        else:
+            self.checks.append(_check("context", OK, f"real window {where}, configured {configured}"))
+
+    async def real_context(self) -> tuple[int | None, str, int | None]:
+        if self.backend == "ollama":
+            return await self.ollama_context()
+        if self.backend == "lmstudio":
+            v1 = await self.optional_json("GET", f"{self.root}/api/v1/models")
+            for m in (v1 or {}).get("models") or []:
+                if isinstance(m, dict) and m.get("key") == self.model:
+                    instances = m.get("loaded_instances") or []
+                    loaded = [i.get("config", {}).get("context_length") for i in instances]
+                    loaded = [n for n in loaded if isinstance(n, int)]
+                    if loaded:
+                        return min(loaded), "loaded instance", m.get("max_context_length")
+                    most = m.get("max_context_length")
+                    return None, f"{self.model} is not loaded (it supports up to {most})", None
+            return None, "LM Studio did not describe the model (/api/v1/models)", None
+        if self.backend == "llama.cpp":
+            n_ctx = self.props.get("default_generation_settings", {}).get("n_ctx")
+            if isinstance(n_ctx, int) and n_ctx > 0:
+                return n_ctx, "llama-server /props n_ctx", None
+        return None, "", None
+
+    async def ollama_show(self) -> dict | None:
+        if self.show is None:
+            show = await self.optional_json("POST", f"{self.root}/api/show", {"model": self.model})
+            self.show = show if isinstance(show, dict) else {}
+        return self.show or None
+
+    async def ollama_context(self) -> tuple[int | None, str, int | None]:
+        show, ps = await asyncio.gather(self.ollama_show(), self.optional_json("GET", f"{self.root}/api/ps"))
+        trained = None
+        if isinstance(show, dict):
+            for key, value in (show.get("model_info") or {}).items():
+                if key.endswith(".context_length") and isinstance(value, int):
+                    trained = value
+        for m in (ps or {}).get("models") or []:
+            if isinstance(m, dict) and m.get("name") in (self.model, f"{self.model}:latest"):
+                if isinstance(m.get("context_length"), int):
+                    return m["context_length"], "as loaded, /api/ps", trained
+        params = show.get("parameters", "") if isinstance(show, dict) else ""
+        found = re.search(r"^\s*num_ctx\s+(\d+)", params if isinstance(params, str) else "", re.M)
+        if found:
+            return int(found.group(1)), "num_ctx in the model's parameters", trained
+        return OLLAMA_DEFAULT_CONTEXT, "Ollama's default unless OLLAMA_CONTEXT_LENGTH is set", trained
