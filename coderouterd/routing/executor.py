@@ -218,6 +218,8 @@ class Exchange:
                     done, _ = await asyncio.wait((task,), timeout=hold)
                     if done:
                         return task.result()
+                # Set before the commit's first await: the upstream's own message_start must not follow ours.
+                call.strategy.skip_prologue = self.req.ingress == "anthropic"
                 await self._commit(call.provider.name)
             while True:
                 done, _ = await asyncio.wait((task,), timeout=self.server.ping_interval_s)

@@ -1,0 +1,98 @@
+"""The stream hold: a slow local prompt gets message_start and pings instead of silence, and a provider that
+dies after the commit but before any content is replaced without the client seeing two message_starts."""
+
+from __future__ import annotations
+
+import httpx
+
+from tests.fakes.runner import FakeServer
+from tests.support.daemon import DaemonProcess
+
+BODY = {"model": "m", "max_tokens": 10, "stream": True, "messages": [{"role": "user", "content": "hi"}]}
+
+
+def events(text: str) -> list[str]:
+    return [ln[7:] for ln in text.splitlines() if ln.startswith("event: ")]
+
+
+def test_slow_first_token_gets_pings_then_the_answer(tmp_path):
+    with FakeServer("openai", name="slow", behaviour="slow_first_byte;delay=1.0") as slow:
+        cfg = f"""
+[server]
+port = {{PORT}}
+stream_hold_s = 0.1
+ping_interval_s = 0.2
+[providers.slow]
+base_url = "{slow.url}/v1"
+[profiles.default]
+providers = ["slow"]
+"""
+        d = DaemonProcess(cfg, tmp_path).start()
+        try:
+            r = httpx.post(d.url + "/v1/messages", json=BODY, timeout=20)
+            ev = events(r.text)
+            assert r.status_code == 200
+            assert ev[0] == "message_start" and ev.count("message_start") == 1
+            first_content = ev.index("content_block_start")
+            assert ev[1:first_content].count("ping") >= 3  # one at commit, then every 0.2 s of silence
+            assert ev[-1] == "message_stop"
+            assert "Hello from slow" in "".join(ln for ln in r.text.splitlines() if "text_delta" in ln).replace(
+                '"', "") or "slow" in r.text
+        finally:
+            d.stop()
+
+
+def test_failure_after_commit_before_content_moves_to_the_next_provider(tmp_path):
+    with FakeServer("openai", name="stuck", behaviour="hang") as stuck, FakeServer("openai", name="good") as good:
+        cfg = f"""
+[server]
+port = {{PORT}}
+stream_hold_s = 0.1
+ping_interval_s = 0.2
+[providers.stuck]
+base_url = "{stuck.url}/v1"
+timeouts = {{ first_byte = 0.8 }}
+[providers.good]
+base_url = "{good.url}/v1"
+[profiles.default]
+providers = ["stuck", "good"]
+"""
+        d = DaemonProcess(cfg, tmp_path).start()
+        try:
+            r = httpx.post(d.url + "/v1/messages", json=BODY, timeout=20)
+            ev = events(r.text)
+            assert r.status_code == 200
+            assert ev.count("message_start") == 1 and ev[-1] == "message_stop", ev
+            assert "ping" in ev[: ev.index("content_block_start")]
+            assert "Hello from good" in r.text.replace('"text":"', "").replace('"}', "") or "good" in r.text
+            # headers went out at the commit, while stuck was being waited on; the journal has the whole story
+            assert r.headers["x-coderouter-provider"] == "stuck"
+        finally:
+            d.stop()
+
+
+def test_race_committed_before_any_event_sends_one_message_start(tmp_path):
+    with FakeServer("openai", name="a", behaviour="slow_first_byte;delay=0.8") as a, \
+            FakeServer("openai", name="b", behaviour="slow_first_byte;delay=0.6") as b:
+        cfg = f"""
+[server]
+port = {{PORT}}
+stream_hold_s = 0.1
+ping_interval_s = 0.2
+[providers.a]
+base_url = "{a.url}/v1"
+[providers.b]
+base_url = "{b.url}/v1"
+[profiles.default]
+providers = ["a", "b"]
+mode = "race"
+"""
+        d = DaemonProcess(cfg, tmp_path).start()
+        try:
+            r = httpx.post(d.url + "/v1/messages", json=BODY, timeout=20)
+            ev = events(r.text)
+            assert ev.count("message_start") == 1 and ev[-1] == "message_stop", ev
+            assert "ping" in ev
+            assert "from b" in r.text
+        finally:
+            d.stop()
