@@ -4,24 +4,14 @@ dies after the commit but before any content is replaced without the client seei
 from __future__ import annotations
 
 import httpx
-import orjson
 
 from tests.fakes.runner import FakeServer
 from tests.support.daemon import DaemonProcess
+from tests.support.sse import event_names, streamed_text
 
 BODY = {"model": "m", "max_tokens": 10, "stream": True, "messages": [{"role": "user", "content": "hi"}]}
 
 
-def events(text: str) -> list[str]:
-    return [ln[7:] for ln in text.splitlines() if ln.startswith("event: ")]
-
-
-def text_of(sse: str) -> str:
-    out = []
-    for ln in sse.splitlines():
-        if ln.startswith("data: ") and '"text_delta"' in ln:
-            out.append(orjson.loads(ln[6:])["delta"]["text"])
-    return "".join(out)
 
 
 def test_slow_first_token_gets_pings_then_the_answer(tmp_path):
@@ -39,13 +29,13 @@ providers = ["slow"]
         d = DaemonProcess(cfg, tmp_path).start()
         try:
             r = httpx.post(d.url + "/v1/messages", json=BODY, timeout=20)
-            ev = events(r.text)
+            ev = event_names(r.text)
             assert r.status_code == 200
             assert ev[0] == "message_start" and ev.count("message_start") == 1
             first_content = ev.index("content_block_start")
             assert ev[1:first_content].count("ping") >= 3  # one at commit, then every 0.2 s of silence
             assert ev[-1] == "message_stop"
-            assert text_of(r.text) == "Hello from slow"
+            assert streamed_text(r.text) == "Hello from slow"
         finally:
             d.stop()
 
@@ -68,11 +58,11 @@ providers = ["stuck", "good"]
         d = DaemonProcess(cfg, tmp_path).start()
         try:
             r = httpx.post(d.url + "/v1/messages", json=BODY, timeout=20)
-            ev = events(r.text)
+            ev = event_names(r.text)
             assert r.status_code == 200
             assert ev.count("message_start") == 1 and ev[-1] == "message_stop", ev
             assert "ping" in ev[: ev.index("content_block_start")]
-            assert text_of(r.text) == "Hello from good"
+            assert streamed_text(r.text) == "Hello from good"
             # headers went out at the commit, while stuck was being waited on; the journal has the whole story
             assert r.headers["x-coderouter-provider"] == "stuck"
         finally:
@@ -98,9 +88,9 @@ mode = "race"
         d = DaemonProcess(cfg, tmp_path).start()
         try:
             r = httpx.post(d.url + "/v1/messages", json=BODY, timeout=20)
-            ev = events(r.text)
+            ev = event_names(r.text)
             assert ev.count("message_start") == 1 and ev[-1] == "message_stop", ev
             assert "ping" in ev
-            assert text_of(r.text) == "Hello from b"
+            assert streamed_text(r.text) == "Hello from b"
         finally:
             d.stop()
