@@ -11,11 +11,9 @@ import time
 import orjson
 
 from ..ids import new_id
-from ..routing.executor import Exchange
 from ..routing.request import ClientRequest
 from ..runtime import UnknownProfile
 from .responder import Responder
-from .tokens import count_tokens
 from .validate import validate_anthropic, validate_openai
 
 log = logging.getLogger("coderouterd.request")
@@ -191,6 +189,8 @@ class ProxyApp:
             return
         req, r, profile = admitted
         rid = req.request_id
+        from ..routing.executor import Exchange  # loaded after start-up (see Daemon._start_background)
+
         ex = Exchange(req, r, runtime=runtime, router=daemon.router, profile=profile)
         if await daemon.guard_request(ex):
             daemon.finish(ex)
@@ -226,6 +226,8 @@ class ProxyApp:
         if admitted is None:
             return
         req, r, profile = admitted
+        from .tokens import count_tokens
+
         n, source = await count_tokens(req, runtime, self.daemon.router, profile)
         r.add_header("x-coderouter-token-count", source)
         await r.json(200, orjson.dumps({"input_tokens": n}))

@@ -6,7 +6,6 @@ import asyncio
 import os
 import time
 
-import aiohttp
 import orjson
 
 from ..config.schema import ProviderConfig
@@ -22,7 +21,7 @@ class Provider:
     def __init__(self, name: str, cfg: ProviderConfig) -> None:
         self.name = name
         self.cfg = cfg
-        self._session: aiohttp.ClientSession | None = None
+        self._session = None  # aiohttp.ClientSession, created on first use (aiohttp is imported late)
         self._models: list[str] | None = None
         self._models_at = 0.0
         self._models_lock: asyncio.Lock | None = None
@@ -34,9 +33,11 @@ class Provider:
         c = self.cfg
         return (c.kind, c.base_url, c.timeouts.connect, c.api_key_env, tuple(sorted(c.headers.items())))
 
-    def session(self) -> aiohttp.ClientSession:
+    def session(self):
         s = self._session
         if s is None or s.closed:
+            import aiohttp
+
             connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=60, ttl_dns_cache=300)
             timeout = aiohttp.ClientTimeout(total=None, sock_connect=self.cfg.timeouts.connect)
             s = self._session = aiohttp.ClientSession(
@@ -69,6 +70,7 @@ class Provider:
     # -- models ---------------------------------------------------------------------------------------------
 
     async def list_models(self, *, refresh: bool = False) -> list[str]:
+        import aiohttp  # loaded after start-up; see Daemon._start_background
         now = time.monotonic()
         if not refresh and self._models is not None and now - self._models_at < MODEL_CACHE_TTL_S:
             return self._models
