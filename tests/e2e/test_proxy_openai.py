@@ -135,3 +135,31 @@ def test_mid_stream_failure_is_an_error_chunk(env):
     with pytest.raises(openai.APIError):
         for _ in _client(env).chat.completions.create(model="qwen3", messages=USER, stream=True):
             pass
+
+
+def test_count_tokens_uses_the_backend_tokenizer_then_a_calibrated_estimate(tmp_path):
+    with FakeServer("openai", name="llamacpp", tokenize=True) as counting, FakeServer("openai", name="plain") as plain:
+        cfg = f"""
+[server]
+port = {{PORT}}
+[providers.llamacpp]
+base_url = "{counting.url}/v1"
+[providers.plain]
+base_url = "{plain.url}/v1"
+[profiles.default]
+providers = ["llamacpp"]
+[profiles.plain]
+providers = ["plain"]
+"""
+        d = DaemonProcess(cfg, tmp_path).start()
+        try:
+            body = {"model": "m", "messages": [{"role": "user", "content": "count these words please " * 50}]}
+            r = httpx.post(d.url + "/v1/messages/count_tokens", json=body)
+            assert r.status_code == 200 and r.json()["input_tokens"] > 0
+            assert r.headers["x-coderouter-token-count"] == "tokenizer:llamacpp"
+            assert counting.count("/tokenize") == 1
+            r = httpx.post(d.url + "/v1/messages/count_tokens", json=body, headers={"x-coderouter-profile": "plain"})
+            assert r.status_code == 200 and r.json()["input_tokens"] > 0
+            assert r.headers["x-coderouter-token-count"] == "estimate:plain"
+        finally:
+            d.stop()
