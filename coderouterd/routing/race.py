@@ -50,6 +50,18 @@ async def run_race(ex, candidates: list[str]) -> None:
 
     calls: dict[asyncio.Task, tuple[str, Call, float]] = {}
     errors: list[UpstreamError] = []
+    hooks = ex.router.budget_hooks
+    reservations: dict[str, object] = {}  # paid racers hold a budget reservation like fallback attempts do
+
+    def settle(name: str, usage: dict | None) -> None:
+        res = reservations.pop(name, None)
+        if res is not None:
+            hooks.settle(res, ex.runtime.providers[name], usage)
+
+    def settle_lost(name: str) -> None:
+        # A cancelled loser reports no usage, but a paid API bills the prompt it already read: count that.
+        provider = ex.runtime.providers[name]
+        settle(name, {"input_tokens": provider.estimate_tokens(len(ex.req.raw))})
 
     async def launch(name: str) -> None:
         provider = ex.runtime.providers[name]
@@ -60,6 +72,15 @@ async def run_race(ex, candidates: list[str]) -> None:
             ex._note(name, "failed", e.label, time.monotonic(), e.status, e.message)
             errors.append(e)
             return
+        if hooks is not None:
+            try:
+                res = hooks.reserve(provider, ex.req)
+            except UpstreamError as e:  # a refused reservation is a budget gate, not a failure
+                ex.router.release(name)
+                ex.skips.append({"provider": name, "reason": "budget", "message": e.message})
+                return
+            if res is not None:
+                reservations[name] = res
         ex.model_used = ex.model_used or model
         call = ex.new_call(provider, model)
         task = asyncio.ensure_future(_until_useful(ex, call))
@@ -92,17 +113,19 @@ async def run_race(ex, candidates: list[str]) -> None:
                         winner = (task, name, call, started)
                     else:  # a second finisher in the same tick: it lost too
                         call.close()
+                        settle_lost(name)
                         ex.router.release(name)
                         ex._note(name, "lost", "race_lost", started)
                     continue
                 call.close()
+                settle(name, None)
                 if not isinstance(e, UpstreamError):
                     raise e
                 ex.router.report_failure(name, e, time.monotonic() - started)
                 ex._note(name, "failed", e.label, started, e.status, e.message)
                 errors.append(e)
                 if not e.failover and not ex.committed:
-                    await _reap(_cancel_losers(ex, calls))
+                    await _reap(_cancel_losers(ex, calls, settle_lost))
                     await ex._pass_error(e)
                     return
             if winner is not None:
@@ -122,12 +145,12 @@ async def run_race(ex, candidates: list[str]) -> None:
                 else:
                     await ex.resp.ping()
     except asyncio.CancelledError:
-        await _reap(_cancel_losers(ex, calls))
+        await _reap(_cancel_losers(ex, calls, settle_lost))
         raise
 
     # The losers are cancelled and their connections closed now, but reaped only after the winner's first
     # bytes went out: waiting for their teardown first would add it to the time to first byte.
-    loser_tasks = _cancel_losers(ex, calls)
+    loser_tasks = _cancel_losers(ex, calls, settle_lost)
     if winner is None:
         await _reap(loser_tasks)
         if rest:
@@ -180,16 +203,18 @@ async def run_race(ex, candidates: list[str]) -> None:
         ex._succeeded(provider, call, started)
     finally:
         call.close()
+        settle(name, call.strategy.usage if call.strategy.started_content or not ex.req.stream else None)
         ex.upstream_wait_s += call.wait_s
         await _reap(loser_tasks)
 
 
-def _cancel_losers(ex, calls: dict) -> list[asyncio.Task]:
+def _cancel_losers(ex, calls: dict, settle_lost) -> list[asyncio.Task]:
     """Cancel every still-running participant and drop its connection (the upstream sees the disconnect)."""
     tasks = []
     for task, (name, call, started) in list(calls.items()):
         task.cancel()
         call.close()
+        settle_lost(name)
         ex.router.release(name)
         ex._note(name, "lost", "race_lost", started)
         tasks.append(task)

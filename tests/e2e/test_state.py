@@ -264,3 +264,39 @@ def test_tool_loop_inject_and_warn(guard_env, ingress):
             break
         time.sleep(0.1)
     assert ("guard_fired", "warn") in kinds and ("guard_fired", "inject") in kinds
+
+
+def test_race_mode_reserves_budget_too(tmp_path):
+    with FakeServer("openai", name="a", behaviour="slow_first_byte;delay=0.3") as a, FakeServer("openai", name="b") as b:
+        cfg = f"""
+[server]
+port = {{PORT}}
+[state]
+flush_interval_s = 0.1
+[providers.a]
+base_url = "{a.url}/v1"
+paid = true
+cost = {{ input = 3.0, output = 15.0 }}
+monthly_budget_usd = 100
+[providers.b]
+base_url = "{b.url}/v1"
+paid = true
+cost = {{ input = 3.0, output = 15.0 }}
+monthly_budget_usd = 100
+[profiles.default]
+providers = ["a", "b"]
+mode = "race"
+"""
+        d = DaemonProcess(cfg, tmp_path).start()
+        try:
+            r = httpx.post(d.url + "/v1/messages", json={"model": "m", "max_tokens": 5, "messages": USER})
+            assert r.status_code == 200 and r.headers["x-coderouter-provider"] == "b"
+            u = r.json()["usage"]
+            time.sleep(0.5)
+            month = time.strftime("%Y-%m", time.gmtime())
+            spent = kv(d.state_dir / "state.db", "budget")
+            # the winner is charged its real usage; the cancelled loser the prompt it had already been sent
+            assert spent[f"{month}:b"] == pytest.approx((u["input_tokens"] * 3.0 + u["output_tokens"] * 15.0) / 1e6)
+            assert spent[f"{month}:a"] > 0
+        finally:
+            d.stop()
