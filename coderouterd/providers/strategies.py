@@ -103,10 +103,14 @@ class OpenAIPassthrough(Strategy):
         super().__init__(**kw)
         so = self.client_body.get("stream_options") or {}
         self.client_wants_usage = bool(so.get("include_usage"))
+        self.finished = False  # a choice carried its finish_reason
 
     def request(self, raw: bytes, stream: bool) -> bytes:
         body = dict(self.client_body)
         body["model"] = self.model
+        if "max_completion_tokens" in body and "max_tokens" not in body:
+            # Local servers (llama.cpp, LM Studio, Ollama) read max_tokens; OpenAI's newer name is ignored there.
+            body["max_tokens"] = body["max_completion_tokens"]
         if stream:
             so = dict(body.get("stream_options") or {})
             so["include_usage"] = True
@@ -130,8 +134,9 @@ class OpenAIPassthrough(Strategy):
                 continue
             obj = orjson.loads(data)
             if "error" in obj and not obj.get("choices"):
-                raise UpstreamError(STREAM_ERROR, message=str((obj["error"] or {}).get("message", obj["error"])),
-                                    after_content=self.started_content)
+                err = obj["error"]
+                message = err.get("message", err) if isinstance(err, dict) else err
+                raise UpstreamError(STREAM_ERROR, message=str(message), after_content=self.started_content)
             u = obj.get("usage")
             if u:
                 self.usage = _openai_usage_to_anthropic(u)
@@ -139,14 +144,21 @@ class OpenAIPassthrough(Strategy):
             if not choices:
                 if not self.client_wants_usage:
                     continue
-            elif not self.started_content:
-                d = choices[0].get("delta") or {}
-                if d.get("content") or d.get("tool_calls") or d.get("reasoning_content") or d.get("reasoning"):
-                    self.started_content = True
+            else:
+                c0 = choices[0]
+                if c0.get("finish_reason"):
+                    self.finished = True
+                if not self.started_content:
+                    d = c0.get("delta") or {}
+                    if d.get("content") or d.get("tool_calls") or d.get("reasoning_content") or d.get("reasoning"):
+                        self.started_content = True
             out.append(b"data: " + data.encode() + b"\n\n")
         return b"".join(out)
 
     def eof(self) -> bytes:
+        if self.finished:  # some servers end the body without [DONE]; the answer was complete
+            self.done = True
+            return DONE
         raise UpstreamError(DISCONNECT, message="upstream closed the stream before [DONE]",
                             after_content=self.started_content)
 
