@@ -86,6 +86,8 @@ class Daemon:
             self.processes = Processes(state_dir(cfg) / "logs", t.store,
                                        on_event=lambda *a: self.selfheal.on_process_event(*a))
             self.processes.apply(cfg)
+            # Until their process says ready (or is adopted), autostarted backends are not routed to.
+            self.router.down.update(self.processes.autostarted_providers(cfg))
         self.selfheal = SelfHealer(self, self.health, self.processes.supervisor if self.processes else None,
                                    publish=t.publish)
         if self.processes is not None:

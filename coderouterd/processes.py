@@ -38,6 +38,10 @@ class Processes:
         self.supervisor = Supervisor(log_dir=log_dir, on_event=on_event, record=self._record, lookup=self._lookup)
         self._start_task: asyncio.Task | None = None
 
+    @staticmethod
+    def autostarted_providers(cfg) -> list[str]:
+        return [p for spec, providers in specs_from_config(cfg).values() if spec.autostart for p in providers]
+
     def _record(self, name: str, info: dict | None) -> None:
         if info is None:
             self.store.delete(NS_PROCESSES, name)

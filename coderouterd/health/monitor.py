@@ -97,7 +97,9 @@ class HealthMonitor:
 
     async def probe_all(self) -> None:
         runtime = self.daemon.runtime
-        names = [n for n in runtime.providers if n not in self.held]
+        # Managed processes that are not ready are the supervisor's and self-healing's business, not a probe's.
+        down = self.daemon.router.down
+        names = [n for n in runtime.providers if n not in self.held and n not in down]
         results = await asyncio.gather(*(self.probe(runtime.providers[n]) for n in names))
         for name, (ok, detail, secs) in zip(names, results, strict=True):
             self.last_probe[name] = {"ok": ok, "detail": detail, "at": time.time(), "seconds": round(secs, 4)}

@@ -93,7 +93,8 @@ class Router:
     def report_success(self, provider: str, latency_s: float) -> None:
         self.breakers.get(provider).record_success()
         self.stats.record(provider, latency_s=latency_s, ok=True)
-        if self.passive_failures.get(provider):
+        # A real success clears passive failures, and also a DEGRADED/UNHEALTHY left by an earlier probe.
+        if self.passive_failures.get(provider) or self.health.get(provider, "HEALTHY") != "HEALTHY":
             self.passive_failures[provider] = 0
             if self.on_passive is not None:
                 self.on_passive(provider, 0)
