@@ -1,4 +1,4 @@
-"""The admin API's routes: a small FastAPI app, served on the Unix socket by server.AdminServer.
+"""The admin API's routes, served on the Unix socket by server.AdminServer.
 
 Handlers are `async def` on purpose: they run on the loop thread, so they never race the proxy over the
 daemon's state."""
@@ -10,35 +10,18 @@ import logging
 from pathlib import Path
 
 import orjson
-from fastapi import FastAPI, Request
-from fastapi.exceptions import RequestValidationError
-from starlette.exceptions import HTTPException
-from starlette.responses import Response
 
 from ..config import ConfigError, load_config
 from ..reload import apply_reload
 from ..runtime import UnknownProfile
+from .asgi import AdminApp, AdminError, AdminRequest
 
 log = logging.getLogger("coderouterd.admin")
 
 API_VERSION = 1
 
 
-class JSON(Response):
-    media_type = "application/json"
-
-    def render(self, content) -> bytes:
-        return orjson.dumps(content)
-
-
-class AdminError(Exception):
-    def __init__(self, status: int, message: str, **extra) -> None:
-        super().__init__(message)
-        self.status = status
-        self.extra = extra
-
-
-async def _json_body(request: Request) -> dict:
+async def _json_body(request: AdminRequest) -> dict:
     raw = await request.body()
     if not raw:
         raise AdminError(400, "request body must be a JSON object")
@@ -82,36 +65,11 @@ def _provider_brief(runtime, name: str) -> dict:
     return {"name": name, "kind": c.kind, "base_url": c.base_url, "model": c.model, "paid": c.paid}
 
 
-def create_admin_app(daemon, socket_path: Path) -> FastAPI:
-    app = FastAPI(title="coderouterd admin", docs_url=None, redoc_url=None, openapi_url=None,
-                  default_response_class=JSON)
-
-    @app.exception_handler(AdminError)
-    async def _admin_error(_request, exc: AdminError):
-        return JSON({"error": str(exc), **exc.extra}, status_code=exc.status)
-
-    @app.exception_handler(HTTPException)
-    async def _http_error(request, exc: HTTPException):
-        if exc.status_code == 404:
-            message = f"no such admin endpoint: {request.method} {request.url.path}"
-        elif exc.status_code == 405:
-            message = f"method {request.method} not allowed on {request.url.path}"
-        else:
-            message = str(exc.detail)
-        return JSON({"error": message}, status_code=exc.status_code, headers=exc.headers)
-
-    @app.exception_handler(RequestValidationError)
-    async def _invalid(_request, exc: RequestValidationError):
-        parts = [f"{'.'.join(str(x) for x in e['loc'])}: {e['msg']}" for e in exc.errors()]
-        return JSON({"error": "; ".join(parts) or "invalid request"}, status_code=400)
-
-    @app.exception_handler(Exception)
-    async def _crash(_request, exc: Exception):
-        log.exception("admin request failed")
-        return JSON({"error": f"internal error in coderouterd: {type(exc).__name__}: {exc}"}, status_code=500)
+def create_admin_app(daemon, socket_path: Path) -> AdminApp:
+    app = AdminApp()
 
     @app.get("/v1/status")
-    async def status():
+    async def status(_req):
         _runtime(daemon)
         out = daemon.status()
         out["admin_socket"] = str(socket_path)
@@ -119,17 +77,17 @@ def create_admin_app(daemon, socket_path: Path) -> FastAPI:
         return out
 
     @app.get("/v1/profiles")
-    async def profiles():
+    async def profiles(_req):
         runtime = _runtime(daemon)
         return {"active": daemon.active_profile, "default": runtime.config.server.default_profile,
                 "profiles": daemon.status()["profiles"]}
 
     @app.get("/v1/profiles/{name}")
-    async def profile(name: str):
-        return _profile_detail(daemon, name)
+    async def profile(req):
+        return _profile_detail(daemon, req.params["name"])
 
     @app.post("/v1/profile/use")
-    async def use_profile(request: Request):
+    async def use_profile(request):
         body = await _json_body(request)
         name = body.get("name")
         if not isinstance(name, str) or not name:
@@ -144,16 +102,16 @@ def create_admin_app(daemon, socket_path: Path) -> FastAPI:
         return {"ok": True, "previous": old, "active": new}
 
     @app.post("/v1/reload")
-    async def reload():
+    async def reload(_req):
         _runtime(daemon)
         result = apply_reload(daemon, "corectl")
         result.setdefault("path", daemon.config_path)
         if not result.get("ok"):
-            return JSON(result, status_code=422)
+            return 422, result
         return result
 
     @app.get("/v1/config/check")
-    async def config_check():
+    async def config_check(_req):
         path = daemon.config_path
         if daemon.runtime is not None and daemon.runtime.loaded.is_embedded:
             return {"ok": True, "path": path, "message": "running on the embedded default"}

@@ -9,11 +9,11 @@ import asyncio
 
 import aiohttp
 import orjson
-from fastapi import FastAPI, Request
 
 from ..providers.models_control import ModelControlError, list_models, load_model, unload_model
 from ..supervise import ExternalProcessError
-from .api import AdminError, _json_body, _runtime
+from .api import _json_body, _runtime
+from .asgi import AdminApp, AdminError
 
 PROCESS_ACTIONS = ("start", "stop", "restart")
 DEFAULT_REQUESTS = 50
@@ -55,9 +55,9 @@ def _model_args(body: dict) -> tuple[str, str]:
     return provider, model
 
 
-def register_ops(app: FastAPI, daemon) -> None:
+def register_ops(app: AdminApp, daemon) -> None:
     @app.get("/v1/providers")
-    async def providers():
+    async def providers(_req):
         _runtime(daemon)
         status = daemon.status()
         procs = status.get("processes") or {}
@@ -73,12 +73,13 @@ def register_ops(app: FastAPI, daemon) -> None:
         return {"providers": out, "stats_window_s": status.get("stats_window_s")}
 
     @app.get("/v1/processes")
-    async def processes():
+    async def processes(_req):
         _runtime(daemon)
         return {"processes": daemon.status().get("processes") or {}, "names": _process_names(daemon)}
 
     @app.post("/v1/processes/{name}/{action}")
-    async def process_action(name: str, action: str, request: Request):
+    async def process_action(request):
+        name, action = request.params["name"], request.params["action"]
         _runtime(daemon)
         if action not in PROCESS_ACTIONS:
             raise AdminError(404, f"unknown process action {action!r}; expected one of {', '.join(PROCESS_ACTIONS)}")
@@ -107,7 +108,8 @@ def register_ops(app: FastAPI, daemon) -> None:
         return result
 
     @app.get("/v1/models")
-    async def models(provider: str | None = None):
+    async def models(req):
+        provider = req.query.get("provider")
         runtime = _runtime(daemon)
         if provider is not None:
             p = _provider(runtime, provider)
@@ -129,7 +131,7 @@ def register_ops(app: FastAPI, daemon) -> None:
                 out.append(res)
         return {"providers": out}
 
-    async def _control(request: Request, fn):
+    async def _control(request, fn):
         runtime = _runtime(daemon)
         name, model = _model_args(await _json_body(request))
         p = _provider(runtime, name)
@@ -141,15 +143,16 @@ def register_ops(app: FastAPI, daemon) -> None:
             raise _unreachable(name, e) from None
 
     @app.post("/v1/models/load")
-    async def models_load(request: Request):
+    async def models_load(request):
         return await _control(request, load_model)
 
     @app.post("/v1/models/unload")
-    async def models_unload(request: Request):
+    async def models_unload(request):
         return await _control(request, unload_model)
 
     @app.get("/v1/requests")
-    async def requests(limit: int = DEFAULT_REQUESTS):
+    async def requests(req):
+        limit = req.query_int("limit", DEFAULT_REQUESTS)
         if limit < 0:
             raise AdminError(400, "limit: must be >= 0")
         recent = daemon.recent
@@ -162,7 +165,8 @@ def register_ops(app: FastAPI, daemon) -> None:
         return {"requests": out, "kept": len(recent)}
 
     @app.get("/v1/requests/{request_id}")
-    async def request_trace(request_id: str):
+    async def request_trace(req):
+        request_id = req.params["request_id"]
         trace = daemon.recent.get(request_id)
         if trace is None:
             raise AdminError(404, f"request {request_id!r} is not among the {len(daemon.recent)} recent requests "

@@ -1,4 +1,5 @@
-"""The admin API: a small FastAPI app served by its own uvicorn Server on a Unix socket, in the daemon's loop.
+"""The admin API: a small raw-ASGI app (admin/api.py) served by its own uvicorn Server on a Unix socket, in the
+daemon's loop.
 
 Authorisation is the socket's file mode (0600) and its directory's (0700), as with tailscaled. Handlers are
 `async def` on purpose: they run on the loop thread, so they never race the proxy over the daemon's state."""
@@ -107,7 +108,7 @@ class AdminServer:
         self.server = None
 
     async def serve(self) -> None:
-        # FastAPI costs ~0.3 s to import, so the admin app is built only now, after the proxy serves. The socket
+        # The admin app is built only now, after the proxy serves. The socket
         # is already listening (bind()): a client that connects meanwhile waits in its backlog.
         from .api import create_admin_app
 
