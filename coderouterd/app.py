@@ -17,7 +17,7 @@ from .guards.budget import Budget
 from .routing.router import Router
 from .runtime import Runtime, UnknownProfile, build_runtime
 from .state import ConfigRejected, ConfigReloaded, DaemonLifecycle, ProfileSwitched
-from .telemetry import Telemetry
+from .telemetry import NS_DAEMON, Telemetry
 
 if TYPE_CHECKING:
     from .health.monitor import HealthMonitor
@@ -60,6 +60,7 @@ class Daemon:
         t.bus.subscribe(self.metrics.sink)
         t.start()
         t.restore_router(self.router)
+        self.load_persisted_profile()
         t.publish(DaemonLifecycle(event="start", pid=self.pid, version=self.version))
         self.router._on_breaker = lambda *a: t.breaker_moved(self.router, *a)
         self.budget = Budget(t.store, publish=t.publish)
@@ -112,44 +113,23 @@ class Daemon:
         return old, name
 
     def persist_active_profile(self) -> None:
-        """Write the active profile so it survives a restart. Atomic (tmp + rename): a crash mid-write leaves
-        the previous choice, never a torn name. A persistence error is logged, never raised."""
-        path = state_dir(self._loaded.model) / "active_profile"
-        tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-        try:
-            path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-            try:
-                os.write(fd, f"{self.active_profile}\n".encode())
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-            os.replace(tmp, path)
-        except OSError as e:
-            log.error("cannot persist the active profile to %s: %s", path, e)
-            try:
-                tmp.unlink(missing_ok=True)
-            except OSError:
-                pass
+        """Keep the active profile across restarts, in the state store (written by its own thread, within the
+        flush interval; never on the event loop, never raising)."""
+        if self.telemetry is not None:
+            self.telemetry.store.set(NS_DAEMON, "active_profile", self.active_profile)
 
     def load_persisted_profile(self) -> str | None:
         """At start: take the profile chosen by `corectl profile use` before the restart, if the current
         config still has it. Returns the profile applied, or None."""
-        path = state_dir(self._loaded.model) / "active_profile"
-        try:
-            name = path.read_text(encoding="utf-8").strip()
-        except FileNotFoundError:
-            return None
-        except (OSError, UnicodeDecodeError) as e:
-            log.error("cannot read the persisted active profile %s: %s", path, e)
-            return None
-        if not name:
+        name = self.telemetry.store.get(NS_DAEMON, "active_profile") if self.telemetry is not None else None
+        if not isinstance(name, str) or not name:
             return None
         if name not in self._loaded.model.profiles:
             log.warning("persisted active profile %r is not in the configuration; using %r", name,
                         self.active_profile)
             return None
         self.active_profile = name
+        log.info("active profile %r (restored)", name)
         return name
 
     def reload(self, source: str = "corectl") -> dict:

@@ -122,9 +122,6 @@ async def serve(loaded: LoadedConfig) -> int:
 
 async def _run(daemon: Daemon, loaded: LoadedConfig, admin: AdminServer) -> int:
     s = loaded.model.server
-    restored = daemon.load_persisted_profile()
-    if restored:
-        log.info("active profile %r (restored)", restored)
     config = uvicorn.Config(
         ProxyApp(daemon), host=s.host, port=s.port, loop="none", http="httptools", lifespan="on",
         access_log=False, log_level="warning", timeout_graceful_shutdown=s.drain_timeout_s,

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import signal
+import sqlite3
 import stat
 import subprocess
 import sys
@@ -164,10 +165,16 @@ def test_status_profiles_and_persisted_switch(fakes, daemons, tmp_path):
     use = corectl("profile", "use", "alt", env_socket=sock)
     assert use.returncode == 0 and use.stdout.strip() == "Active profile: alt (was default)."
     assert served_by(d.url) == "b"  # at once
-    assert (d.state_dir / "active_profile").read_text() == "alt\n"
     assert status_json(sock)["active_profile"] == "alt"
 
     assert d.stop() == 0
+    # persisted in the state store's KV (namespace "daemon"), not only in memory
+    con = sqlite3.connect(d.state_dir / "state.db")
+    try:
+        row = con.execute("SELECT value_json FROM kv WHERE namespace='daemon' AND key='active_profile'").fetchone()
+    finally:
+        con.close()
+    assert row is not None and orjson.loads(row[0]) == "alt"
     d.start()
     assert status_json(sock)["active_profile"] == "alt"
     assert served_by(d.url) == "b"
