@@ -132,12 +132,13 @@ class Daemon:
         log.info("active profile %r (restored)", name)
         return name
 
-    def reload(self, source: str = "corectl") -> dict:
+    async def reload(self, source: str = "corectl") -> dict:
         """Re-read the config file and swap it in atomically. The old config stays on any error."""
         if self._loaded.is_embedded:
             return {"ok": True, "changed": [], "message": "running on the embedded default; nothing to reload"}
         try:
-            loaded = load_config(self._loaded.path)
+            # Reading and validating the file happens in a thread; only the swap runs on the event loop.
+            loaded = await asyncio.to_thread(load_config, self._loaded.path)
         except ConfigError as e:
             self.last_reload_error = str(e)
             self._publish(ConfigRejected(path=self._loaded.path, reason=str(e)))

@@ -42,12 +42,13 @@ class Processes:
     def autostarted_providers(cfg) -> list[str]:
         return [p for spec, providers in specs_from_config(cfg).values() if spec.autostart for p in providers]
 
-    def _record(self, name: str, info: dict | None) -> None:
+    async def _record(self, name: str, info: dict | None) -> None:
         if info is None:
             self.store.delete(NS_PROCESSES, name)
         else:
             self.store.set(NS_PROCESSES, name, info)
-        self.store.flush()  # a pid must be on disk before a crash of ours could orphan its process
+        # A pid must be on disk before a crash of ours could orphan its process; the write is off the loop.
+        await asyncio.to_thread(self.store.flush)
 
     def _lookup(self, name: str) -> dict | None:
         return self.store.get(NS_PROCESSES, name)

@@ -10,8 +10,8 @@ from pathlib import Path
 log = logging.getLogger("coderouterd.reload")
 
 
-def apply_reload(daemon, source: str) -> dict:
-    result = daemon.reload(source=source)
+async def apply_reload(daemon, source: str) -> dict:
+    result = await daemon.reload(source=source)
     if result.get("ok"):
         changed = result.get("changed")
         if result.get("message"):
@@ -62,7 +62,7 @@ class ConfigWatcher:
         try:
             async for _ in awatch(directory, watch_filter=self._is_config, step=self.step_ms,
                                   debounce=self.debounce_ms, stop_event=self._stop, recursive=False):
-                apply_reload(self.daemon, "file change")
+                await apply_reload(self.daemon, "file change")
         except asyncio.CancelledError:
             raise
         except Exception as e:  # losing the watch must not take the daemon down: SIGHUP and corectl still work

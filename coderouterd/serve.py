@@ -79,7 +79,7 @@ class _Signals:
         if self.daemon.runtime is None:
             log.warning("SIGHUP during startup ignored")
             return
-        apply_reload(self.daemon, "SIGHUP")
+        asyncio.ensure_future(apply_reload(self.daemon, "SIGHUP"))
 
 
 FORCE_AFTER_S = 1.0

@@ -104,7 +104,7 @@ def create_admin_app(daemon, socket_path: Path) -> AdminApp:
     @app.post("/v1/reload")
     async def reload(_req):
         _runtime(daemon)
-        result = apply_reload(daemon, "corectl")
+        result = await apply_reload(daemon, "corectl")
         result.setdefault("path", daemon.config_path)
         if not result.get("ok"):
             return 422, result
