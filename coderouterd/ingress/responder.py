@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import orjson
-
 from ..protocol.sse import DONE, encode_data, encode_event
 from .errors import anthropic_error_body, anthropic_error_event, openai_error_body
 
@@ -100,7 +98,3 @@ class Responder:
             },
         }
         return encode_event(start) + _ANTHROPIC_PING
-
-
-def dumps(obj) -> bytes:
-    return orjson.dumps(obj)

@@ -14,23 +14,11 @@ from ..translate.openai_ingress import (
     anthropic_response_to_openai,
     openai_request_to_anthropic,
 )
-from ..translate.openai_to_anthropic import OpenAIStreamToAnthropic, response_to_anthropic
+from ..translate.openai_to_anthropic import OpenAIStreamToAnthropic, anthropic_usage, response_to_anthropic
 from .errors import DISCONNECT, OVERFLOW, STREAM_ERROR, UpstreamError, http_error, parse_retry_after
 
 _ANTHROPIC_OVERFLOW = re.compile(r"prompt is too long:\s*(\d+)\s*tokens\s*>\s*(\d+)")
 _PING = encode_event({"type": "ping"})
-
-
-def _openai_usage_to_anthropic(u: dict | None) -> dict:
-    if not u:
-        return {}
-    cached = ((u.get("prompt_tokens_details") or {}).get("cached_tokens")) or 0
-    return {
-        "input_tokens": max(0, (u.get("prompt_tokens") or 0) - cached),
-        "output_tokens": u.get("completion_tokens") or 0,
-        "cache_read_input_tokens": cached,
-        "cache_creation_input_tokens": 0,
-    }
 
 
 def _error_message(body: bytes) -> tuple[str, object]:
@@ -122,7 +110,7 @@ class OpenAIPassthrough(Strategy):
             u = orjson.loads(body).get("usage")
         except (orjson.JSONDecodeError, AttributeError):
             u = None
-        self.usage = _openai_usage_to_anthropic(u)
+        self.usage = anthropic_usage(u) if u else {}
         return body
 
     def events(self, events: list[tuple[str | None, str]]) -> bytes:
@@ -139,7 +127,7 @@ class OpenAIPassthrough(Strategy):
                 raise UpstreamError(STREAM_ERROR, message=str(message), after_content=self.started_content)
             u = obj.get("usage")
             if u:
-                self.usage = _openai_usage_to_anthropic(u)
+                self.usage = anthropic_usage(u)
             choices = obj.get("choices")
             if not choices:
                 if not self.client_wants_usage:

@@ -244,7 +244,6 @@ class Exchange:
         self.ttfb = call.ttfb
         if not self.committed:
             self._set_route_headers(provider.name)
-            self.attempts_pending = True
             await self.resp.start_stream()
             self.committed = True
         await self.resp.chunk(first)

@@ -113,10 +113,3 @@ class Router:
 
     def report_probe(self, provider: str, latency_s: float | None, ok: bool) -> None:
         self.stats.record(provider, latency_s=latency_s, ok=ok, probe=True)
-
-    def snapshot(self) -> dict:
-        return {
-            "breakers": self.breakers.snapshot(),
-            "figures": self.stats.all_figures(),
-            "health": dict(self.health),
-        }
