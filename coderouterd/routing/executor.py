@@ -218,9 +218,7 @@ class Exchange:
                     done, _ = await asyncio.wait((task,), timeout=hold)
                     if done:
                         return task.result()
-                # Set before the commit's first await: the upstream's own message_start must not follow ours.
-                call.strategy.skip_prologue = self.req.ingress == "anthropic"
-                await self._commit(call.provider.name)
+                await self._commit(call.provider.name, (call,))
             while True:
                 done, _ = await asyncio.wait((task,), timeout=self.server.ping_interval_s)
                 if done:
@@ -230,8 +228,11 @@ class Exchange:
             if not task.done():
                 task.cancel()
 
-    async def _commit(self, provider_name: str) -> None:
-        """Send the 200 and an Anthropic prologue before any upstream event: from now on the client waits on us."""
+    async def _commit(self, provider_name: str, calls) -> None:
+        """Send the 200 and an Anthropic prologue before any upstream event: from now on the client waits on us.
+        The `calls` still waiting are told first, before any await, so none emits a message_start after ours."""
+        for c in calls:
+            c.strategy.skip_prologue = self.req.ingress == "anthropic"
         self._set_route_headers(provider_name)
         await self.resp.start_stream()
         self.committed = True

@@ -138,10 +138,7 @@ async def run_race(ex, candidates: list[str]) -> None:
                 if not ex.committed:
                     if ex.req.started + ex.server.stream_hold_s <= time.monotonic():
                         first = next(iter(calls.values()))[0] if calls else None
-                        # Before the commit's first await: no racer may emit its own message_start after ours.
-                        for _n, c, _s in calls.values():
-                            c.strategy.skip_prologue = ex.req.ingress == "anthropic"
-                        await ex._commit(first or "race")
+                        await ex._commit(first or "race", [c for _n, c, _s in calls.values()])
                 else:
                     await ex.resp.ping()
     except asyncio.CancelledError:
