@@ -114,6 +114,7 @@ class Telemetry:
             cache_write_tokens=u.get("cache_creation_input_tokens") or 0,
             cost_usd=cost, streaming=ex.req.stream, fallback_count=fallback_count, race_outcome=ex.race_outcome,
             overhead_ms=round(max(0.0, latency_s - ex.upstream_wait_s) * 1000, 3),
+            session_key=ex.req.session_key(),
         ))
         if failed and provider is not None:
             self.bus.publish(FallbackUsed(request_id=ex.req.request_id, profile=ex.profile_name, chain=attempts))

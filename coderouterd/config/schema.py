@@ -96,6 +96,9 @@ class ProviderConfig(_Strict):
     monthly_budget_usd: float = Field(0.0, ge=0)
     timeouts: Timeouts = Timeouts()
     headers: dict[str, str] = {}
+    # The upstream serves the OpenAI Responses API itself (POST {base_url}/responses): Responses requests are
+    # forwarded to it as they came instead of being translated (kind must be "openai").
+    serves_responses: bool = False
     # Either an inline process block, or the name of a shared [processes.NAME] entry.
     process: ProcessConfig | str | None = None
     restart_command: list[str] = []
@@ -106,6 +109,12 @@ class ProviderConfig(_Strict):
         if not v.startswith(("http://", "https://")):
             raise ValueError("must start with http:// or https://")
         return v.rstrip("/")
+
+    @model_validator(mode="after")
+    def _responses_only_openai(self):
+        if self.serves_responses and self.kind != "openai":
+            raise ValueError('serves_responses needs kind = "openai" (the Responses API is an OpenAI wire)')
+        return self
 
 
 class ToolLoopConfig(_Strict):

@@ -14,6 +14,7 @@ from ..ids import new_id
 from ..routing.request import ClientRequest
 from ..runtime import UnknownProfile
 from .responder import Responder
+from .responses import ResponsesResponder, admit_responses
 from .validate import validate_anthropic, validate_openai
 
 log = logging.getLogger("coderouterd.request")
@@ -97,6 +98,8 @@ class ProxyApp:
                 return await self.proxy(scope, receive, send, "anthropic")
             if path == "/v1/chat/completions":
                 return await self.proxy(scope, receive, send, "openai")
+            if path == "/v1/responses":
+                return await self.proxy(scope, receive, send, "responses")
             if path == "/v1/messages/count_tokens":
                 return await self.count_tokens(scope, receive, send)
         elif method in ("GET", "HEAD"):
@@ -110,7 +113,8 @@ class ProxyApp:
                 return await self.daemon.metrics_endpoint(scope, send)
         ingress = "anthropic" if path.startswith("/v1/messages") else "openai"
         r = Responder(send, ingress, new_id("req"))
-        known = path in ("/v1/messages", "/v1/chat/completions", "/v1/messages/count_tokens", "/v1/models",
+        known = path in ("/v1/messages", "/v1/chat/completions", "/v1/responses", "/v1/messages/count_tokens",
+                         "/v1/models",
                          "/healthz", "/", "/metrics")
         if known:
             await r.error(405, f"method {method} not allowed on {path}", error_type="invalid_request_error")
@@ -157,19 +161,28 @@ class ProxyApp:
         Returns (request, responder, profile), or None after an error in the caller's shape was sent."""
         headers = _headers(scope)
         rid = headers.get("x-request-id") or new_id("req")
-        r = Responder(send, ingress, rid)
+        r = ResponsesResponder(send, rid) if ingress == "responses" else Responder(send, ingress, rid)
         if not self._authorized(headers):
             await r.error(401, "missing or invalid API key for this coderouterd", error_type="authentication_error")
             return None
         body, raw = await self._read_json(scope, receive, r, runtime)
         if body is None:
             return None
+        native = None
+        param = None
         if ingress == "anthropic":
             problem = validate_anthropic(body, count_tokens=count_tokens)
+        elif ingress == "responses":
+            # The router works on the chat translation; the client's own body stays in `native`.
+            native, problem, param = admit_responses(body)
+            if native is not None:
+                native.raw = raw
+                r.rq = native
+                body = native.chat
         else:
             problem = validate_openai(body)
         if problem:
-            await r.error(400, problem, error_type="invalid_request_error", param=problem.split(":")[0])
+            await r.error(400, problem, error_type="invalid_request_error", param=param or problem.split(":")[0])
             return None
         model = body.get("model") or ""
         try:
@@ -178,7 +191,8 @@ class ProxyApp:
             await r.error(400, str(e), error_type="invalid_request_error", extra={"valid_profiles": e.valid})
             return None
         req = ClientRequest(ingress=ingress, body=body, raw=raw, headers=headers,
-                            stream=bool(body.get("stream")) and not count_tokens, model=model, request_id=rid)
+                            stream=bool(body.get("stream")) and not count_tokens, model=model, request_id=rid,
+                            native=native)
         return req, r, profile
 
     async def proxy(self, scope, receive, send, ingress: str) -> None:

@@ -73,12 +73,12 @@ class Responder:
     async def ping(self) -> None:
         await self._body(_ANTHROPIC_PING if self.ingress == "anthropic" else _OPENAI_PING, True)
 
-    async def stream_error(self, error_type: str, message: str) -> None:
+    async def stream_error(self, error_type: str, message: str, *, code: str | None = None) -> None:
         """End a stream that can no longer be completed with a well-formed error, then close it cleanly."""
         if self.ingress == "anthropic":
             data = encode_event(anthropic_error_event(error_type, message))
         else:
-            data = encode_data({"error": {"message": message, "type": error_type, "param": None, "code": None}}) + DONE
+            data = encode_data({"error": {"message": message, "type": error_type, "param": None, "code": code}}) + DONE
         await self._body(data, False)
 
     async def end(self) -> None:

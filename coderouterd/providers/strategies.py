@@ -309,7 +309,11 @@ class OpenAIToAnthropicUpstream(Strategy):
                             after_content=self.translator.started_content)
 
 
-def strategy_for(ingress: str, upstream_kind: str):
+def strategy_for(ingress: str, upstream_kind: str, *, serves_responses: bool = False):
+    if ingress == "responses":
+        from .responses_strategies import responses_strategy_for  # it builds on this module
+
+        return responses_strategy_for(upstream_kind, serves_responses)
     if ingress == "anthropic":
         return AnthropicPassthrough if upstream_kind == "anthropic" else AnthropicToOpenAIUpstream
     return OpenAIToAnthropicUpstream if upstream_kind == "anthropic" else OpenAIPassthrough

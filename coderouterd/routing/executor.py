@@ -79,6 +79,7 @@ class Exchange:
             "latency_ms": round(latency_s * 1000, 3),
             "ttfb_ms": round(self.ttfb * 1000, 3) if self.ttfb is not None else None,
             "usage": dict(self.usage), "cost_usd": self.cost_usd,
+            "notes": list(getattr(self.req.native, "notes", ())),
         }
 
     def attempts_header(self) -> str:
@@ -149,10 +150,14 @@ class Exchange:
 
     def new_call(self, provider: Provider, model: str) -> Call:
         """An attempt at `provider`, translating between the client's wire and the provider's as needed.
-        After a commit, an Anthropic client already has its message_start: the next provider's is dropped."""
+        After a commit, an Anthropic client already has its message_start (a Responses client its
+        response.created): the next provider's is dropped."""
         req = self.req
-        cls = strategy_for(req.ingress, provider.cfg.kind)
-        kw = {"model": model, "skip_prologue": self.committed and req.ingress == "anthropic", "client_body": req.body}
+        cls = strategy_for(req.ingress, provider.cfg.kind, serves_responses=provider.cfg.serves_responses)
+        kw = {"model": model, "skip_prologue": self.committed and req.ingress != "openai", "client_body": req.body}
+        if req.native is not None:
+            kw["native"] = req.native
+            kw["provider_name"] = provider.name
         if req.ingress == "anthropic" and cls.upstream_kind == "openai":
             kw["input_tokens"] = provider.estimate_tokens(len(req.raw))
         return Call(provider, cls(**kw), raw_body=req.raw, stream=req.stream, client_headers=req.headers)
@@ -232,7 +237,7 @@ class Exchange:
         """Send the 200 and an Anthropic prologue before any upstream event: from now on the client waits on us.
         The `calls` still waiting are told first, before any await, so none emits a message_start after ours."""
         for c in calls:
-            c.strategy.skip_prologue = self.req.ingress == "anthropic"
+            c.strategy.skip_prologue = self.req.ingress != "openai"  # chat streams have no prologue
         self._set_route_headers(provider_name)
         await self.resp.start_stream()
         self.committed = True
@@ -287,13 +292,15 @@ class Exchange:
         return False
 
     async def _send_error(self, status: int, message: str, *, error_type: str | None = None,
-                          extra: dict | None = None, headers: list | None = None) -> None:
+                          extra: dict | None = None, headers: list | None = None, code: str | None = None) -> None:
         self.status = status
         self.error_class = error_type or anthropic_type(status)
         if self.committed:
-            await self.resp.stream_error(error_type or anthropic_type(status), message)
+            await self.resp.stream_error(error_type or anthropic_type(status), message, code=code)
             return
         self._set_route_headers(None)
+        if code and self.req.ingress != "anthropic":
+            extra = {**(extra or {}), "code": code}
         await self.resp.error(status, message, error_type=error_type, extra=extra, headers=headers)
 
     async def _overflow(self, e: UpstreamError) -> None:
@@ -302,8 +309,9 @@ class Exchange:
             n = int(len(self.req.raw) / 4)
         if not m or m >= n:
             m = max(1, n - 1) if not m else m
+        # OpenAI-shaped clients (Codex) recognise the overflow by its code and compact their history.
         await self._send_error(400, f"prompt is too long: {n} tokens > {m} maximum",
-                               error_type="invalid_request_error")
+                               error_type="invalid_request_error", code="context_length_exceeded")
 
     async def _pass_error(self, e: UpstreamError) -> None:
         status = e.status or 502
@@ -334,6 +342,9 @@ class Exchange:
             headers = [(b"retry-after", str(int(max(1, min(retry)))).encode())]
         if self.req.ingress == "anthropic":
             status, etype = (529, "overloaded_error") if overloaded else (502, "api_error")
+        elif self.req.ingress == "responses" and errors and all(e.status == 429 for e in errors):
+            # Codex backs off on 429 + retry-after; a 503 would read as a server fault.
+            status, etype = 429, "rate_limit_error"
         else:
             status, etype = (503, "overloaded_error") if overloaded else (502, "api_error")
         await self._send_error(status, f"all providers failed for profile {self.profile_name!r}: {summary}",

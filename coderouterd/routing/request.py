@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 @dataclass(slots=True)
 class ClientRequest:
-    ingress: str  # "anthropic" | "openai"
+    ingress: str  # "anthropic" | "openai" | "responses" (body: its chat translation, see `native`)
     body: dict
     raw: bytes
     headers: dict[str, str]
@@ -17,6 +17,12 @@ class ClientRequest:
     request_id: str
     started: float = field(default_factory=time.monotonic)
     wall_started: float = field(default_factory=time.time)
+    # The ingress's own view when `body` is a translation of what the client sent (Responses: the
+    # ResponsesRequest with the client's body and what is needed to answer it in its wire).
+    native: object = None
+
+    def session_key(self) -> str | None:
+        return getattr(self.native, "session_key", None)
 
     def has_tools(self) -> bool:
         return bool(self.body.get("tools"))

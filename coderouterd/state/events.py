@@ -57,6 +57,8 @@ class RequestFinished(Event):
     streaming: bool = False
     fallback_count: int = 0
     race_outcome: str | None = None
+    # The client's session key when its wire has one (Codex: prompt_cache_key).
+    session_key: str | None = None
     # The router's own share of the latency: total minus the time spent waiting on upstreams.
     overhead_ms: float = 0.0
 

@@ -39,6 +39,7 @@ JOURNAL_COLUMNS: tuple[str, ...] = (
     "streaming",
     "fallback_count",
     "race_outcome",
+    "session_key",
 )
 
 JOURNAL_DDL = (
@@ -81,6 +82,7 @@ def row_from_event(ev: RequestFinished) -> tuple:
         1 if ev.streaming else 0,
         ev.fallback_count,
         ev.race_outcome,
+        ev.session_key,
     )
 
 

@@ -33,6 +33,8 @@ MIGRATIONS: list[tuple[str, ...]] = [
         " value_json TEXT NOT NULL, updated_at REAL NOT NULL, PRIMARY KEY (namespace, key))",
         *JOURNAL_DDL,
     ),
+    # The client's own conversation key (Codex's prompt_cache_key), to follow one session in the journal.
+    ("ALTER TABLE journal ADD COLUMN session_key TEXT",),
 ]
 
 _UPSERT = (

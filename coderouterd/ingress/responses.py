@@ -1,0 +1,67 @@
+"""The Responses API ingress (POST /v1/responses, what Codex CLI speaks): validation, translation to the
+canonical chat body, and a responder that writes Responses-shaped prologues and stream failures.
+
+Everything protocol-specific is in translate/responses_*.py; this module only wires it to the HTTP side."""
+
+from __future__ import annotations
+
+from ..protocol.sse import encode_data
+from ..translate.responses_request import ResponsesRequest, ResponsesRequestError, translate_request
+from ..translate.responses_stream import encode, failed_event, prologue
+from .responder import Responder
+from .validate_responses import validate_responses
+
+_SEQ_KEY = b'"sequence_number":'
+
+# Error type (as the router names it) -> the `code` Codex and the SDK read in response.failed.
+_FAILED_CODES = {"overloaded_error": "server_is_overloaded", "rate_limit_error": "rate_limit_exceeded",
+                 "invalid_request_error": "invalid_request"}
+
+
+class ResponsesResponder(Responder):
+    """A Responder for Responses clients. Errors before the stream are OpenAI-shaped (the base class); after
+    the stream began they are a `response.failed` numbered after the last event actually sent."""
+
+    def __init__(self, send, request_id: str) -> None:
+        super().__init__(send, "responses", request_id)
+        self.rq: ResponsesRequest | None = None
+        self.model = ""
+        self.last_seq = -1
+
+    async def chunk(self, data: bytes) -> None:
+        if data:
+            # Where the numbering stands, read from what leaves (a fallback's provider continues after it).
+            at = data.rfind(_SEQ_KEY)
+            if at >= 0:
+                start = at + len(_SEQ_KEY)
+                end = start
+                while end < len(data) and data[end:end + 1].isdigit():
+                    end += 1
+                if end > start:
+                    self.last_seq = int(data[start:end])
+            await self._body(data, True)
+
+    def prologue(self, model: str, message_id: str, input_tokens: int) -> bytes:
+        if self.rq is None:
+            return b""
+        self.last_seq = 1
+        return b"".join(encode(e) for e in prologue(self.rq, self.rq.body.get("model") or model))
+
+    async def stream_error(self, error_type: str, message: str, *, code: str | None = None) -> None:
+        if self.rq is None:
+            data = encode_data({"error": {"message": message, "type": error_type, "param": None, "code": code}})
+        else:
+            code = code or _FAILED_CODES.get(error_type, "server_error")
+            data = encode(failed_event(self.rq, self.rq.body.get("model") or "", self.last_seq + 1, code, message))
+        await self._body(data, False)
+
+
+def admit_responses(body) -> tuple[ResponsesRequest | None, str | None, str | None]:
+    """(translated request, None, None), or (None, problem, param) for a 400 naming the field."""
+    problem = validate_responses(body)
+    if problem:
+        return None, problem, problem.split(":")[0]
+    try:
+        return translate_request(body), None, None
+    except ResponsesRequestError as e:
+        return None, e.message, e.param

@@ -1,0 +1,82 @@
+"""Validation of Responses API bodies at the edge: a clear message naming the offending field (OpenAI's `param`
+convention: dotted path with [i] indices), before anything is translated or sent upstream."""
+
+from __future__ import annotations
+
+from .validate import _type_name
+
+_ROLES = {"user", "assistant", "system", "developer"}
+_ITEM_ID_FIELDS = {"function_call": ("call_id", "name"), "function_call_output": ("call_id",)}
+
+
+def _problem_in_item(i: int, item) -> str | None:
+    where = f"input[{i}]"
+    if not isinstance(item, dict):
+        return f"{where}: expected an object, got {_type_name(item)}"
+    itype = item.get("type", "message")
+    if not isinstance(itype, str):
+        return f"{where}.type: expected a string"
+    if itype == "message":
+        if item.get("role") not in _ROLES:
+            return f"{where}.role: expected one of user, assistant, system, developer, got {item.get('role')!r}"
+        content = item.get("content")
+        if isinstance(content, list):
+            for j, part in enumerate(content):
+                if not isinstance(part, dict) or not isinstance(part.get("type"), str):
+                    return f"{where}.content[{j}]: expected a content part object with a 'type'"
+        elif not isinstance(content, str):
+            return f"{where}.content: expected a string or an array of content parts"
+    for key in _ITEM_ID_FIELDS.get(itype, ()):
+        if not isinstance(item.get(key), str) or not item.get(key):
+            return f"{where}.{key}: field required (a non-empty string)"
+    if itype == "function_call" and not isinstance(item.get("arguments", ""), str):
+        return f"{where}.arguments: expected a JSON string"
+    return None
+
+
+def validate_responses(body) -> str | None:
+    if not isinstance(body, dict):
+        return f"request body: expected a JSON object, got {_type_name(body)}"
+    model = body.get("model")
+    if not isinstance(model, str) or not model:
+        return "model: field required (a non-empty string)" if model is None else "model: expected a non-empty string"
+    items = body.get("input")
+    if items is None:
+        return "input: field required (a string or an array of input items)"
+    if isinstance(items, list):
+        for i, item in enumerate(items):
+            problem = _problem_in_item(i, item)
+            if problem:
+                return problem
+    elif not isinstance(items, str):
+        return f"input: expected a string or an array of input items, got {_type_name(items)}"
+    instructions = body.get("instructions")
+    if instructions is not None and not isinstance(instructions, str):
+        return f"instructions: expected a string, got {_type_name(instructions)}"
+    for key in ("stream", "parallel_tool_calls", "store"):
+        v = body.get(key)
+        if v is not None and not isinstance(v, bool):
+            return f"{key}: expected a boolean, got {_type_name(v)}"
+    mt = body.get("max_output_tokens")
+    if mt is not None and (not isinstance(mt, int) or isinstance(mt, bool) or mt < 1):
+        return "max_output_tokens: expected a positive integer"
+    for key in ("temperature", "top_p"):
+        v = body.get(key)
+        if v is not None and (not isinstance(v, (int, float)) or isinstance(v, bool)):
+            return f"{key}: expected a number, got {_type_name(v)}"
+    tools = body.get("tools")
+    if tools is not None:
+        if not isinstance(tools, list):
+            return f"tools: expected an array, got {_type_name(tools)}"
+        for i, t in enumerate(tools):
+            if not isinstance(t, dict) or not isinstance(t.get("type"), str):
+                return f"tools[{i}].type: field required"
+            if t["type"] == "function" and (not isinstance(t.get("name"), str) or not t["name"]):
+                return f"tools[{i}].name: field required for a function tool"
+            if t["type"] == "namespace" and not isinstance(t.get("tools"), list):
+                return f"tools[{i}].tools: expected an array of functions in a namespace tool"
+    for key in ("reasoning", "text"):
+        v = body.get(key)
+        if v is not None and not isinstance(v, dict):
+            return f"{key}: expected an object, got {_type_name(v)}"
+    return None

@@ -1,0 +1,253 @@
+"""Strategies for clients of the Responses API (Codex CLI): one per kind of upstream.
+
+- chat-completions upstream (local servers): the canonical chat body goes up, chat chunks come back as
+  Responses events;
+- Anthropic upstream: the chat body is translated on to Messages, and the Anthropic stream is turned into chat
+  chunks and then into Responses events (one Responses grammar, in translate/responses_stream.py);
+- an upstream that serves the Responses API itself (`serves_responses = true`): the client's body goes up as it
+  came and events come back verbatim.
+"""
+
+from __future__ import annotations
+
+import orjson
+
+from ..translate.openai_ingress import (
+    AnthropicStreamToOpenAI,
+    anthropic_response_to_openai,
+    openai_request_to_anthropic,
+)
+from ..translate.openai_to_anthropic import anthropic_usage
+from ..translate.responses_objects import chat_completion_to_response
+from ..translate.responses_request import ResponsesRequest
+from ..translate.responses_stream import ChatStreamToResponses, encode
+from .errors import DISCONNECT, STREAM_ERROR, UpstreamError
+from .strategies import Strategy
+
+# Prefix of an encrypted reasoning blob as this daemon hands it to the client: which provider issued it, so it
+# goes back only there (another upstream cannot decrypt it and would reject the whole request).
+_ENC_TAG = "coderouter:"
+
+
+def _encode_all(events: list[dict]) -> list[bytes]:
+    return [encode(e) for e in events]
+
+
+class _ResponsesStrategy(Strategy):
+    def __init__(self, *, native: ResponsesRequest, provider_name: str = "", **kw) -> None:
+        super().__init__(**kw)
+        self.rq = native
+        self.provider_name = provider_name
+        self.tr = ChatStreamToResponses(native, self.rq.body.get("model") or self.model,
+                                        skip_prologue=self.skip_prologue)
+
+    def _sync(self) -> None:
+        self.started_content = self.tr.started_content
+
+    def _feed_chat(self, chunk: dict, out: list[bytes]) -> None:
+        if not self.tr.started:
+            # A commit may have told us after construction that the opening pair is already out.
+            self.tr.skip_prologue = self.skip_prologue
+        out.extend(_encode_all(self.tr.feed(chunk)))
+
+    def _finish(self, out: list[bytes]) -> None:
+        out.extend(_encode_all(self.tr.finish()))
+        self.done = True
+
+
+class ResponsesToChat(_ResponsesStrategy):
+    """Responses client -> chat-completions upstream."""
+
+    def request(self, raw: bytes, stream: bool) -> bytes:
+        body = dict(self.client_body)
+        body["model"] = self.model
+        body["stream"] = stream
+        if stream:
+            body["stream_options"] = {"include_usage": True}
+        return orjson.dumps(body)
+
+    def response(self, body: bytes) -> bytes:
+        completion = orjson.loads(body)
+        self.usage = anthropic_usage(completion.get("usage")) if completion.get("usage") else {}
+        return orjson.dumps(chat_completion_to_response(self.rq, completion, self.tr.model))
+
+    def events(self, events: list[tuple[str | None, str]]) -> bytes:
+        out: list[bytes] = []
+        for _name, data in events:
+            if data == "[DONE]":
+                self._finish(out)
+                continue
+            if not data:
+                continue
+            obj = orjson.loads(data)
+            if "error" in obj and not obj.get("choices"):
+                err = obj["error"] if isinstance(obj["error"], dict) else {"message": str(obj["error"])}
+                raise UpstreamError(STREAM_ERROR, message=str(err.get("message", "upstream error")),
+                                    after_content=self.tr.started_content)
+            self._feed_chat(obj, out)
+            if obj.get("usage"):
+                self.usage = anthropic_usage(obj["usage"])
+        self._sync()
+        return b"".join(out)
+
+    def eof(self) -> bytes:
+        if self.tr.finish_reason:  # some servers end the body without [DONE]; the answer was complete
+            out: list[bytes] = []
+            self._finish(out)
+            return b"".join(out)
+        raise UpstreamError(DISCONNECT, message="upstream closed the stream before it finished",
+                            after_content=self.tr.started_content)
+
+
+class ResponsesToAnthropic(_ResponsesStrategy):
+    """Responses client -> Anthropic Messages upstream, through the chat form."""
+
+    upstream_kind = "anthropic"
+
+    def __init__(self, **kw) -> None:
+        super().__init__(**kw)
+        self.a2o = AnthropicStreamToOpenAI(self.model, include_usage=True)
+
+    def request(self, raw: bytes, stream: bool) -> bytes:
+        body = openai_request_to_anthropic(self.client_body, self.model)
+        body["stream"] = stream
+        return orjson.dumps(body)
+
+    def response(self, body: bytes) -> bytes:
+        resp = orjson.loads(body)
+        self.usage = resp.get("usage") or {}
+        completion = anthropic_response_to_openai(resp, self.model)
+        return orjson.dumps(chat_completion_to_response(self.rq, completion, self.tr.model))
+
+    def events(self, events: list[tuple[str | None, str]]) -> bytes:
+        out: list[bytes] = []
+        for name, data in events:
+            if name == "ping" or not data:
+                continue
+            obj = orjson.loads(data)
+            etype = name or obj.get("type")
+            if etype == "error":
+                err = obj.get("error") or {}
+                raise UpstreamError(STREAM_ERROR, message=str(err.get("message", "upstream error")),
+                                    error_type=err.get("type"), after_content=self.tr.started_content)
+            for chunk in self.a2o.feed(obj):
+                self._feed_chat(chunk, out)
+            if etype == "message_stop":
+                for chunk in self.a2o.finish():
+                    self._feed_chat(chunk, out)
+                self._finish(out)
+        self.usage = self.a2o.usage
+        self._sync()
+        return b"".join(out)
+
+    def eof(self) -> bytes:
+        if self.a2o.started_content and self.a2o.usage.get("output_tokens"):
+            out: list[bytes] = []
+            for chunk in self.a2o.finish():
+                self._feed_chat(chunk, out)
+            self._finish(out)
+            return b"".join(out)
+        raise UpstreamError(DISCONNECT, message="upstream closed the stream before message_stop",
+                            after_content=self.tr.started_content)
+
+
+def _usage_from_responses(u: dict | None) -> dict:
+    u = u or {}
+    cached = int((u.get("input_tokens_details") or {}).get("cached_tokens") or 0)
+    return {"input_tokens": max(0, int(u.get("input_tokens") or 0) - cached),
+            "output_tokens": int(u.get("output_tokens") or 0), "cache_read_input_tokens": cached}
+
+
+def _retag(obj, provider: str) -> None:
+    """Mark every encrypted reasoning blob in an upstream object with the provider that issued it."""
+    if isinstance(obj, dict):
+        enc = obj.get("encrypted_content")
+        if obj.get("type") == "reasoning" and isinstance(enc, str) and enc:
+            obj["encrypted_content"] = f"{_ENC_TAG}{provider}:{enc}"
+        for v in obj.values():
+            if isinstance(v, (dict, list)):
+                _retag(v, provider)
+    elif isinstance(obj, list):
+        for v in obj:
+            _retag(v, provider)
+
+
+def own_reasoning_only(items: list, provider: str) -> list:
+    """The input items with encrypted reasoning kept only where `provider` issued it (tag removed); other
+    encrypted blobs are dropped, and a reasoning item left with nothing readable goes too."""
+    mine = f"{_ENC_TAG}{provider}:"
+    out = []
+    for item in items:
+        if isinstance(item, dict) and item.get("type") == "reasoning" and item.get("encrypted_content"):
+            item = dict(item)
+            enc = item.pop("encrypted_content")
+            if isinstance(enc, str) and enc.startswith(mine):
+                item["encrypted_content"] = enc[len(mine):]
+            elif not item.get("summary") and not item.get("content"):
+                continue
+        out.append(item)
+    return out
+
+
+class ResponsesPassthrough(_ResponsesStrategy):
+    """Responses client -> an upstream serving the Responses API: the body as it came, events verbatim (only
+    the opening pair is dropped when this daemon already sent its own, and issued reasoning is tagged)."""
+
+    def path(self) -> str:
+        return "/responses"
+
+    def request(self, raw: bytes, stream: bool) -> bytes:
+        body = self.rq.body
+        if body.get("model") == self.model and not self.rq.has_encrypted_reasoning and self.rq.raw:
+            return self.rq.raw
+        body = dict(body)
+        body["model"] = self.model
+        if self.rq.has_encrypted_reasoning and isinstance(body.get("input"), list):
+            body["input"] = own_reasoning_only(body["input"], self.provider_name)
+        return orjson.dumps(body)
+
+    def response(self, body: bytes) -> bytes:
+        resp = orjson.loads(body)
+        self.usage = _usage_from_responses(resp.get("usage"))
+        if b'"encrypted_content"' in body:
+            _retag(resp, self.provider_name)
+            return orjson.dumps(resp)
+        return body
+
+    def events(self, events: list[tuple[str | None, str]]) -> bytes:
+        out: list[bytes] = []
+        for name, data in events:
+            if not data or data == "[DONE]":
+                continue
+            etype = name
+            obj = None
+            if etype is None or etype in ("response.completed", "response.incomplete", "response.failed",
+                                          "error") or '"encrypted_content"' in data:
+                obj = orjson.loads(data)
+                etype = etype or obj.get("type")
+            if etype in ("response.created", "response.in_progress") and self.skip_prologue:
+                continue
+            if etype == "error":
+                err = obj.get("error") if isinstance(obj.get("error"), dict) else obj
+                raise UpstreamError(STREAM_ERROR, message=str(err.get("message", "upstream error")),
+                                    after_content=self.started_content)
+            if etype == "response.output_item.added":
+                self.started_content = True
+            if etype in ("response.completed", "response.incomplete", "response.failed"):
+                self.usage = _usage_from_responses((obj.get("response") or {}).get("usage"))
+                self.done = True
+            if obj is not None and '"encrypted_content"' in data:
+                _retag(obj, self.provider_name)
+                data = orjson.dumps(obj).decode()
+            out.append(b"event: " + (etype or "").encode() + b"\ndata: " + data.encode() + b"\n\n")
+        return b"".join(out)
+
+    def eof(self) -> bytes:
+        raise UpstreamError(DISCONNECT, message="upstream closed the stream before response.completed",
+                            after_content=self.started_content)
+
+
+def responses_strategy_for(upstream_kind: str, serves_responses: bool):
+    if serves_responses:
+        return ResponsesPassthrough
+    return ResponsesToAnthropic if upstream_kind == "anthropic" else ResponsesToChat
