@@ -37,12 +37,16 @@ class _ResponsesStrategy(Strategy):
     def __init__(self, *, native: ResponsesRequest, provider_name: str = "", **kw) -> None:
         super().__init__(**kw)
         self.rq = native
+        # Content went out in an earlier batch. An error in the same batch as the first content still leaves
+        # the request free to fail over: the client has seen nothing of that batch.
+        self.delivered = False
         self.provider_name = provider_name
         self.tr = ChatStreamToResponses(native, self.rq.body.get("model") or self.model,
                                         skip_prologue=self.skip_prologue)
 
     def _sync(self) -> None:
         self.started_content = self.tr.started_content
+        self.delivered = self.started_content
 
     def _feed_chat(self, chunk: dict, out: list[bytes]) -> None:
         if not self.tr.started:
@@ -83,7 +87,7 @@ class ResponsesToChat(_ResponsesStrategy):
             if "error" in obj and not obj.get("choices"):
                 err = obj["error"] if isinstance(obj["error"], dict) else {"message": str(obj["error"])}
                 raise UpstreamError(STREAM_ERROR, message=str(err.get("message", "upstream error")),
-                                    after_content=self.tr.started_content)
+                                    after_content=self.delivered)
             self._feed_chat(obj, out)
             if obj.get("usage"):
                 self.usage = anthropic_usage(obj["usage"])
@@ -129,7 +133,7 @@ class ResponsesToAnthropic(_ResponsesStrategy):
             if etype == "error":
                 err = obj.get("error") or {}
                 raise UpstreamError(STREAM_ERROR, message=str(err.get("message", "upstream error")),
-                                    error_type=err.get("type"), after_content=self.tr.started_content)
+                                    error_type=err.get("type"), after_content=self.delivered)
             for chunk in self.a2o.feed(obj):
                 self._feed_chat(chunk, out)
             if etype == "message_stop":
@@ -230,7 +234,7 @@ class ResponsesPassthrough(_ResponsesStrategy):
             if etype == "error":
                 err = obj.get("error") if isinstance(obj.get("error"), dict) else obj
                 raise UpstreamError(STREAM_ERROR, message=str(err.get("message", "upstream error")),
-                                    after_content=self.started_content)
+                                    after_content=self.delivered)
             if etype == "response.output_item.added":
                 self.started_content = True
             if etype in ("response.completed", "response.incomplete", "response.failed"):
@@ -240,6 +244,7 @@ class ResponsesPassthrough(_ResponsesStrategy):
                 _retag(obj, self.provider_name)
                 data = orjson.dumps(obj).decode()
             out.append(b"event: " + (etype or "").encode() + b"\ndata: " + data.encode() + b"\n\n")
+        self.delivered = self.started_content
         return b"".join(out)
 
     def eof(self) -> bytes:

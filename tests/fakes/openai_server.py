@@ -19,6 +19,7 @@ from .behaviour import (
     make_plan,
     write_frames,
 )
+from .responses_render import response_body, response_frames
 
 SSE_HEADERS = {"content-type": "text/event-stream", "cache-control": "no-cache"}
 DONE = b"data: [DONE]\n\n"
@@ -93,6 +94,7 @@ class OpenAIFake(FakeBase):
 
     def add_openai_routes(self) -> None:
         self.route("POST", "/v1/chat/completions", self.chat_completions, generation=True)
+        self.route("POST", "/v1/responses", self.responses, generation=True)
         self.route("GET", "/v1/models", self.list_models)
 
     def error_response(self, call: Call) -> web.StreamResponse:
@@ -141,6 +143,22 @@ class OpenAIFake(FakeBase):
             include_usage = isinstance(opts, dict) and bool(opts.get("include_usage"))
             return await self._stream(call, plan, model, field, include_usage)
         return await self._complete(call, plan, model, field)
+
+    async def responses(self, call: Call) -> web.StreamResponse:
+        """The Responses API, as OpenAI, LM Studio and llama-swap serve it (text, reasoning, function calls)."""
+        body = call.body
+        if not isinstance(body, dict) or "input" not in body:
+            return json_response({"error": {"message": "input: field required", "type": "invalid_request_error",
+                                            "param": "input", "code": None}}, 400)
+        model = call.model(self.models[0])
+        names = [t["name"] for t in body.get("tools") or () if isinstance(t, dict) and t.get("type") == "function"]
+        plan = make_plan(call.behaviour, self.name, names, split_default=self.tool_split, id_prefix="call_")
+        if not body.get("stream"):
+            return json_response(response_body(plan, model, self.name, call.prompt_tokens))
+        resp = web.StreamResponse(status=200, headers=SSE_HEADERS)
+        await resp.prepare(call.request)
+        await write_frames(resp, response_frames(plan, model, self.name, call.prompt_tokens), plan.delay)
+        return resp
 
     # -- rendering -------------------------------------------------------------------------------
 

@@ -1,0 +1,307 @@
+"""Codex's side of the wire: the official openai SDK on /v1/responses (create and the stream helper), against a
+chat-completions upstream, an Anthropic upstream and one that serves the Responses API itself."""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+
+import httpx
+import openai
+import orjson
+import pytest
+
+from tests.fakes.behaviour import REASONING_TEXT, TOOL_ARGUMENTS, TOOL_ARGUMENTS_2
+from tests.fakes.runner import FakeServer
+from tests.support.daemon import DaemonProcess
+
+CONFIG = """
+[server]
+port = {PORT}
+stream_hold_s = 0.3
+
+[state]
+flush_interval_s = 0.1
+
+[breaker]
+failures = 1000
+
+[providers.local]
+kind = "openai"
+base_url = "@LOCAL@/v1"
+
+[providers.cloud]
+kind = "anthropic"
+base_url = "@CLOUD@/v1"
+model = "claude-sonnet-5"
+
+[providers.limited]
+kind = "openai"
+base_url = "@LIMITED@/v1"
+
+[providers.native]
+kind = "openai"
+base_url = "@NATIVE@/v1"
+serves_responses = true
+
+[profiles.default]
+providers = ["local"]
+health_action = "warn"
+
+[profiles.cloud]
+providers = ["cloud"]
+health_action = "warn"
+
+[profiles.fallback]
+providers = ["limited", "local"]
+health_action = "warn"
+
+[profiles.limited]
+providers = ["limited"]
+health_action = "warn"
+
+[profiles.native]
+providers = ["native"]
+health_action = "warn"
+"""
+
+PROFILES = ["default", "cloud"]
+USER = [{"type": "message", "role": "developer", "content": [{"type": "input_text", "text": "be brief"}]},
+        {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "hi"}]}]
+TOOLS = [{"type": "function", "name": "exec_command", "parameters": {"type": "object", "properties": {
+    "cmd": {"type": "string"}}}},
+         {"type": "function", "name": "write_stdin", "parameters": {"type": "object", "properties": {}}},
+         {"type": "web_search"}]
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("e2e_responses")
+    with FakeServer("openai", name="local", models=["qwen3"]) as local, \
+            FakeServer("anthropic", name="cloud") as cloud, \
+            FakeServer("openai", name="limited", behaviour="429;retry_after=7") as limited, \
+            FakeServer("openai", name="native", models=["gpt-x"]) as native:
+        cfg = (CONFIG.replace("@LOCAL@", local.url).replace("@CLOUD@", cloud.url)
+               .replace("@LIMITED@", limited.url).replace("@NATIVE@", native.url))
+        d = DaemonProcess(cfg, tmp).start()
+        try:
+            yield {"daemon": d, "local": local, "cloud": cloud, "limited": limited, "native": native}
+        finally:
+            d.stop()
+
+
+@pytest.fixture(autouse=True)
+def _reset(env):
+    for k in ("local", "cloud", "native"):
+        env[k].reset()
+        env[k].set_behaviour("ok")
+
+
+def _client(env, profile: str = "default") -> openai.OpenAI:
+    return openai.OpenAI(base_url=env["daemon"].url + "/v1", api_key="x", max_retries=0, timeout=20,
+                         default_headers={"x-coderouter-profile": profile})
+
+
+def _behave(env, behaviour: str) -> None:
+    for k in ("local", "cloud", "native"):
+        env[k].set_behaviour(behaviour)
+
+
+def _greeting(profile: str) -> str:
+    return "Hello from " + ("local" if profile == "default" else "cloud")
+
+
+def _stream(env, profile: str, behaviour: str | None = None, **kw):
+    if behaviour:
+        _behave(env, behaviour)
+    with _client(env, profile).responses.stream(model="qwen3", input=kw.pop("input", USER),
+                                                           **kw) as s:
+        events = list(s)
+        final = s.get_final_response()
+    return events, final
+
+
+def _assert_numbered(events) -> None:
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+
+
+@pytest.mark.parametrize("profile", PROFILES)
+def test_create_non_stream(env, profile):
+    r = _client(env, profile).responses.create(model="qwen3", input=USER)
+    assert r.status == "completed" and r.object == "response" and r.id.startswith("resp_")
+    assert r.output_text == _greeting(profile)
+    assert r.usage.input_tokens > 0 and r.usage.output_tokens > 0
+    assert r.usage.total_tokens == r.usage.input_tokens + r.usage.output_tokens
+    assert r.usage.input_tokens_details.cached_tokens == 0
+
+
+@pytest.mark.parametrize("profile", PROFILES)
+def test_stream_helper_reassembles_text(env, profile):
+    events, final = _stream(env, profile)
+    _assert_numbered(events)
+    types = [e.type for e in events]
+    assert types[:2] == ["response.created", "response.in_progress"]
+    assert types[-1] == "response.completed"
+    for t in ("response.output_item.added", "response.content_part.added", "response.output_text.delta",
+              "response.output_text.done", "response.content_part.done", "response.output_item.done"):
+        assert t in types, t
+    assert "".join(e.delta for e in events if e.type == "response.output_text.delta") == _greeting(profile)
+    assert final.output_text == _greeting(profile)
+    assert final.usage.output_tokens > 0
+
+
+def test_string_input_and_instructions_translated(env):
+    r = _client(env).responses.create(model="qwen3", input="hello", instructions="sys", max_output_tokens=50,
+                                      temperature=0.3, top_p=0.9, reasoning={"effort": "high"},
+                                      prompt_cache_key="sess-1")
+    assert r.output_text == "Hello from local"
+    up = env["local"].requests[-1]["json"]
+    assert up["messages"] == [{"role": "system", "content": "sys"}, {"role": "user", "content": "hello"}]
+    assert up["max_tokens"] == 50 and up["temperature"] == 0.3 and up["top_p"] == 0.9
+    assert up["reasoning_effort"] == "high" and up["prompt_cache_key"] == "sess-1"
+
+
+@pytest.mark.parametrize("profile", PROFILES)
+def test_parallel_tool_calls_reassembled_byte_exact(env, profile):
+    events, final = _stream(env, profile, "tools;split=1;parallel=2", tools=TOOLS)
+    _assert_numbered(events)
+    calls = [o for o in final.output if o.type == "function_call"]
+    assert [c.name for c in calls] == ["exec_command", "write_stdin"]
+    assert [c.arguments for c in calls] == [TOOL_ARGUMENTS, TOOL_ARGUMENTS_2]
+    assert all(c.call_id for c in calls) and len({c.call_id for c in calls}) == 2
+    deltas = [e for e in events if e.type == "response.function_call_arguments.delta"]
+    assert len(deltas) > 10  # streamed incrementally, not in one piece
+    for c in calls:
+        mine = [e.delta for e in deltas if e.item_id == c.id]
+        assert "".join(mine) == c.arguments
+    done = [e for e in events if e.type == "response.function_call_arguments.done"]
+    assert [d.arguments for d in done] == [TOOL_ARGUMENTS, TOOL_ARGUMENTS_2]
+    up = env["local" if profile == "default" else "cloud"].requests[-1]["json"]
+    names = [t["function"]["name"] for t in up["tools"]] if profile == "default" else [t["name"] for t in up["tools"]]
+    assert names == ["exec_command", "write_stdin"]  # the hosted web_search is not sent to a chat upstream
+
+
+def test_namespace_tool_round_trips(env):
+    tools = [{"type": "namespace", "name": "multi_agent_v1", "description": "agents",
+              "tools": [{"type": "function", "name": "spawn_agent", "parameters": {"type": "object"}}]}]
+    _behave(env, "tools")
+    r = httpx.post(env["daemon"].url + "/v1/responses",
+                   json={"model": "qwen3", "input": USER, "tools": tools}, timeout=20).json()
+    call = r["output"][0]
+    assert call["type"] == "function_call"
+    assert (call["namespace"], call["name"]) == ("multi_agent_v1", "spawn_agent")
+    flat = env["local"].requests[-1]["json"]["tools"][0]["function"]["name"]
+    # The next turn sends the call back in namespace form: it reaches the upstream under the same flat name.
+    follow = USER + [{"type": "function_call", "call_id": call["call_id"], "name": "spawn_agent",
+                      "namespace": "multi_agent_v1", "arguments": call["arguments"]},
+                     {"type": "function_call_output", "call_id": call["call_id"], "output": "spawned"}]
+    httpx.post(env["daemon"].url + "/v1/responses", json={"model": "qwen3", "input": follow, "tools": tools},
+               timeout=20).raise_for_status()
+    msgs = env["local"].requests[-1]["json"]["messages"]
+    assert msgs[-2]["tool_calls"][0]["function"]["name"] == flat
+    assert msgs[-1] == {"role": "tool", "tool_call_id": call["call_id"], "content": "spawned"}
+
+
+@pytest.mark.parametrize("behaviour", ["reasoning", "reasoning;think_tags=1"])
+def test_reasoning_becomes_a_reasoning_item(env, behaviour):
+    events, final = _stream(env, "default", behaviour)
+    _assert_numbered(events)
+    summary = "".join(e.delta for e in events if e.type == "response.reasoning_summary_text.delta")
+    assert summary == REASONING_TEXT
+    kinds = [o.type for o in final.output]
+    assert kinds == ["reasoning", "message"]
+    assert final.output[0].summary[0].text == REASONING_TEXT
+    assert final.output_text == "Hello from local"
+    assert final.usage.output_tokens_details.reasoning_tokens > 0
+
+
+def test_validation_errors_name_the_field(env):
+    url = env["daemon"].url + "/v1/responses"
+    r = httpx.post(url, json={"model": "m", "input": [{"type": "message", "role": "robot", "content": "x"}]})
+    assert r.status_code == 400
+    err = r.json()["error"]
+    assert err["param"] == "input[0].role" and err["type"] == "invalid_request_error"
+    r = httpx.post(url, json={"model": "m", "input": "x", "previous_response_id": "resp_1"})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "previous_response_id"
+    r = httpx.post(url, json={"input": "x"})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "model"
+    with pytest.raises(openai.BadRequestError) as e:
+        _client(env).responses.create(model="m", input="x", max_output_tokens=0)
+    assert "max_output_tokens" in str(e.value)
+    assert httpx.get(env["daemon"].url + "/healthz").status_code == 200
+
+
+def test_rate_limited_everywhere_is_429_with_retry_after(env):
+    r = httpx.post(env["daemon"].url + "/v1/responses", headers={"x-coderouter-profile": "limited"},
+                   json={"model": "m", "input": "x"}, timeout=20)
+    assert r.status_code == 429 and r.headers["retry-after"] == "7"
+    assert r.json()["error"]["type"] == "rate_limit_error"
+
+
+def test_fallback_serves_from_the_next_provider(env):
+    r = _client(env, "fallback").responses.with_raw_response.create(model="qwen3", input=USER)
+    assert r.headers["x-coderouter-provider"] == "local"
+    assert r.parse().output_text == "Hello from local"
+
+
+def test_context_overflow_is_context_length_exceeded(env):
+    _behave(env, "overflow")
+    r = httpx.post(env["daemon"].url + "/v1/responses",
+                   json={"model": "m", "input": "x", "stream": True}, timeout=20)
+    assert r.status_code == 400
+    assert r.json()["error"]["code"] == "context_length_exceeded"
+
+
+def test_failure_after_stream_start_is_response_failed(env):
+    _behave(env, "error_mid_stream;chunk_delay=0.05")
+    with httpx.stream("POST", env["daemon"].url + "/v1/responses",
+                      json={"model": "m", "input": "x", "stream": True}, timeout=20) as r:
+        assert r.status_code == 200
+        body = r.read().decode()
+    events = [orjson.loads(line[6:]) for line in body.splitlines() if line.startswith("data: ")]
+    assert events[-1]["type"] == "response.failed"
+    assert events[-1]["response"]["status"] == "failed" and events[-1]["response"]["error"]["message"]
+    assert [e["sequence_number"] for e in events] == list(range(len(events)))
+    assert "response.completed" not in body
+
+
+def test_models_list_is_openai_shaped(env):
+    m = _client(env).models.list()
+    ids = [x.id for x in m.data]
+    assert "profile:default" in ids and all(x.object == "model" for x in m.data)
+
+
+def test_passthrough_to_an_upstream_serving_responses(env):
+    body = {"model": "gpt-x", "input": USER, "stream": True, "tools": TOOLS}
+    events, final = _stream(env, "native", tools=TOOLS)
+    _assert_numbered(events)
+    assert final.output_text == "Hello from native"
+    up = env["native"].requests[-1]
+    assert up["path"] == "/v1/responses"
+    assert up["json"]["input"] == body["input"] and up["json"]["tools"] == TOOLS  # as the client sent it
+    r = _client(env, "native").responses.create(model="gpt-x", input=USER)
+    assert r.output_text == "Hello from native" and r.usage.output_tokens > 0
+
+
+def test_session_key_journaled_and_hosted_tools_noted_in_trace(env):
+    r = httpx.post(env["daemon"].url + "/v1/responses",
+                   json={"model": "m", "input": "x", "tools": TOOLS, "prompt_cache_key": "codex-sess-42"}, timeout=20)
+    rid = r.headers["x-request-id"]
+    db = env["daemon"].state_dir / "state.db"
+    deadline = time.monotonic() + 5
+    row = None
+    while time.monotonic() < deadline and row is None:
+        time.sleep(0.1)
+        if db.exists():
+            con = sqlite3.connect(db)
+            try:
+                row = con.execute("SELECT ingress, session_key FROM journal WHERE request_id=?", (rid,)).fetchone()
+            finally:
+                con.close()
+    assert row == ("responses", "codex-sess-42")
+    sock = next(env["daemon"].state_dir.rglob("*.sock"), None)
+    if sock is not None:
+        with httpx.Client(transport=httpx.HTTPTransport(uds=str(sock)), base_url="http://coderouterd") as c:
+            trace = c.get(f"/v1/requests/{rid}").json()
+        assert any("web_search" in n for n in trace["notes"])
+        assert trace["ingress"] == "responses"
