@@ -3,6 +3,9 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 TEST_STAMP := $(VENV)/.installed-test
+CLIENTS := tests/clients
+CLIENTS_STAMP := $(CLIENTS)/node_modules/.installed
+NPM_OFFLINE := ENOTFOUND|ECONNREFUSED|ECONNRESET|ETIMEDOUT|EAI_AGAIN|ENETUNREACH|network
 
 .PHONY: run test lint bench clean
 
@@ -21,7 +24,22 @@ $(TEST_STAMP): pyproject.toml | $(BIN)/python
 run: $(STAMP)
 	$(BIN)/coderouterd
 
-test: $(TEST_STAMP)
+# The real coding-agent CLIs the e2e tests drive (pinned in tests/clients/package-lock.json). When npm cannot
+# reach its registry the reason is written to .npm-unavailable and those tests skip; any other failure stops here.
+$(CLIENTS_STAMP): $(CLIENTS)/package.json $(CLIENTS)/package-lock.json
+	@rm -f $(CLIENTS)/.npm-unavailable
+	@if ! command -v npm >/dev/null 2>&1; then \
+		echo "npm is not installed" > $(CLIENTS)/.npm-unavailable; \
+	elif (cd $(CLIENTS) && npm ci --no-audit --no-fund --loglevel=error) > $(CLIENTS)/.npm-log 2>&1; then \
+		touch $@; \
+	elif grep -Eq '$(NPM_OFFLINE)' $(CLIENTS)/.npm-log; then \
+		tail -n 3 $(CLIENTS)/.npm-log > $(CLIENTS)/.npm-unavailable; \
+		echo "npm registry unreachable: the real-CLI e2e tests will be skipped"; \
+	else \
+		cat $(CLIENTS)/.npm-log; exit 1; \
+	fi
+
+test: $(TEST_STAMP) $(CLIENTS_STAMP)
 	$(BIN)/python -m pytest
 
 lint: $(TEST_STAMP)

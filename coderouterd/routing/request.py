@@ -31,6 +31,9 @@ class ClientRequest:
         # Cheap byte scan first: most requests carry no image at all.
         if self.ingress == "anthropic":
             return b'"image"' in self.raw and _anthropic_has_image(self.body.get("messages") or [])
+        if self.ingress == "responses":
+            # Codex's tool descriptions mention images; only a real input_image part counts.
+            return b'"input_image"' in self.raw and _chat_has_image(self.body.get("messages") or [])
         return b'"image_url"' in self.raw
 
     def thinking_requested(self) -> bool:
@@ -39,6 +42,14 @@ class ClientRequest:
 
     def estimated_tokens(self, chars_per_token: float = 4.0) -> int:
         return int(len(self.raw) / chars_per_token)
+
+
+def _chat_has_image(messages: list) -> bool:
+    for m in messages:
+        c = m.get("content") if isinstance(m, dict) else None
+        if isinstance(c, list) and any(isinstance(p, dict) and p.get("type") == "image_url" for p in c):
+            return True
+    return False
 
 
 def _anthropic_has_image(messages: list) -> bool:

@@ -42,6 +42,19 @@ def block_stop(index: int) -> bytes:
     return event("content_block_stop", {"type": "content_block_stop", "index": index})
 
 
+def last_tool_result(body: dict) -> str | None:
+    """The text of the last tool_result block the client sent, if any."""
+    for msg in reversed(body.get("messages") or ()):
+        for block in reversed(msg.get("content") if isinstance(msg, dict) and isinstance(msg.get("content"), list)
+                              else ()):
+            if isinstance(block, dict) and block.get("type") == "tool_result":
+                c = block.get("content")
+                if isinstance(c, list):
+                    return "".join(p.get("text", "") for p in c if isinstance(p, dict))
+                return c if isinstance(c, str) else None
+    return None
+
+
 def anthropic_tool_names(body: dict | None) -> list[str]:
     names = []
     for tool in (body or {}).get("tools") or ():
@@ -105,6 +118,7 @@ class AnthropicFake(FakeBase):
             return self.error_response(call, "400")
         model = call.model(self.models[0])
         plan = make_plan(call.behaviour, self.name, anthropic_tool_names(body), split_default=3,
+                         tool_result=last_tool_result(body),
                          id_prefix="toolu_fake")
         if body.get("stream"):
             return await self._stream(call, plan, model)

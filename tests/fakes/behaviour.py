@@ -23,13 +23,14 @@ from aiohttp import web
 BEHAVIOURS = frozenset({
     "ok", "500", "503_loading", "429", "401", "404_model", "400", "overflow", "529",
     "slow_first_byte", "slow_stream", "disconnect_mid_stream", "hang", "tools", "reasoning",
-    "text_only_for_tools", "all_reasoning", "error_mid_stream", "chunks",
+    "text_only_for_tools", "all_reasoning", "error_mid_stream", "chunks", "echo_tool_result",
 })
 ERROR_BEHAVIOURS = frozenset({"500", "503_loading", "429", "401", "404_model", "400", "overflow", "529"})
 GLOBAL_BEHAVIOURS = frozenset({"503_loading", "hang", "401"})
 NUMERIC_PARAMS = frozenset({"delay", "chunk_delay", "retry_after", "n_prompt", "n_ctx", "tokens", "max", "split",
                             "parallel", "n", "after", "think_tags", "text"})
-TEXT_PARAMS = frozenset({"field"})
+# `tool`/`cmd`: call that tool with {"cmd": cmd} (a shell tool such as Codex's exec_command).
+TEXT_PARAMS = frozenset({"field", "tool", "cmd"})
 
 # Fixed tool-call arguments: quotes, a backslash escape, non-ASCII and a multi-byte symbol, so that any
 # fragment boundary falls inside an escape or a character somewhere and reassembly can be checked byte-exact.
@@ -147,7 +148,7 @@ class Plan:
 
 
 def make_plan(b: Behaviour, server_name: str, tool_names: list[str], *, split_default: int | None,
-              id_prefix: str) -> Plan:
+              id_prefix: str, tool_result: str | None = None) -> Plan:
     """Build the answer for a successful (non-error) behaviour.
 
     ``split_default`` is the server's natural tool-argument fragment size (None: whole arguments in one
@@ -163,17 +164,20 @@ def make_plan(b: Behaviour, server_name: str, tool_names: list[str], *, split_de
         plan.content = words(greeting)
     if name == "tools":
         split = b.integer("split", split_default) if ("split" in b.params or split_default) else None
-        names = tool_names or ["Bash", "Read"]
-        args = [TOOL_ARGUMENTS, TOOL_ARGUMENTS_2]
+        names = [b.get("tool")] if b.get("tool") else (tool_names or ["Bash", "Read"])
+        args = [dumps({"cmd": b.get("cmd")}).decode()] if b.get("cmd") else [TOOL_ARGUMENTS, TOOL_ARGUMENTS_2]
         count = max(1, b.integer("parallel", 1))
         for i in range(count):
-            arguments = args[i % 2]
+            arguments = args[i % len(args)]
             call_name = names[i] if i < len(names) else names[0]
             plan.tool_calls.append(ToolCall(f"{id_prefix}{next_id():08d}", call_name, arguments,
                                             split_text(arguments, split)))
         if not b.flag("text"):
             plan.content = []
         plan.finish = "tool_calls"
+    elif name == "echo_tool_result":
+        # The answer quotes the last tool result the client sent back: proof the tool loop closed.
+        plan.content = words(f"Tool said: {(tool_result or 'nothing').strip()}")
     elif name == "text_only_for_tools":
         plan.content = words(f"{greeting}: no tool is needed for this.")
     elif name in ("reasoning", "all_reasoning"):

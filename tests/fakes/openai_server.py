@@ -71,6 +71,17 @@ def tool_names(body: dict | None) -> list[str]:
     return names
 
 
+def last_tool_result(body: dict) -> str | None:
+    """The text of the last `role: tool` message, if any."""
+    for msg in reversed(body.get("messages") or ()):
+        if isinstance(msg, dict) and msg.get("role") == "tool":
+            c = msg.get("content")
+            if isinstance(c, list):
+                return "".join(p.get("text", "") for p in c if isinstance(p, dict))
+            return c if isinstance(c, str) else None
+    return None
+
+
 class OpenAIFake(FakeBase):
     kind = "openai"
     default_reasoning_field = "reasoning_content"
@@ -136,7 +147,7 @@ class OpenAIFake(FakeBase):
         model = call.model(self.models[0])
         await self.before_generation(model)
         plan = make_plan(call.behaviour, self.name, tool_names(body), split_default=self.tool_split,
-                         id_prefix="call_")
+                         id_prefix="call_", tool_result=last_tool_result(body))
         field = plan.reasoning_field or self.reasoning_field
         if body.get("stream"):
             opts = body.get("stream_options")
