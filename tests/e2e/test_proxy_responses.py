@@ -305,3 +305,23 @@ def test_session_key_journaled_and_hosted_tools_noted_in_trace(env):
             trace = c.get(f"/v1/requests/{rid}").json()
         assert any("web_search" in n for n in trace["notes"])
         assert trace["ingress"] == "responses"
+
+
+def test_passthrough_encrypted_reasoning_goes_back_only_to_its_issuer(env):
+    _behave(env, "reasoning")
+    events, final = _stream(env, "native", include=["reasoning.encrypted_content"])
+    _assert_numbered(events)
+    reasoning = [o for o in final.output if o.type == "reasoning"][0]
+    assert reasoning.encrypted_content == "coderouter:native:enc-native"
+    _behave(env, "ok")
+    follow = USER + [reasoning.model_dump(exclude_none=True),
+                     {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "x"}]},
+                     {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "again"}]}]
+    _client(env, "native").responses.create(model="gpt-x", input=follow)
+    sent = env["native"].requests[-1]["json"]["input"][2]
+    assert sent["encrypted_content"] == "enc-native"  # unwrapped for the provider that issued it
+    # A chat upstream never sees it: only the summary survives, as reasoning_content.
+    _client(env, "default").responses.create(model="qwen3", input=follow)
+    msgs = env["local"].requests[-1]["json"]["messages"]
+    assert b"enc-native" not in orjson.dumps(msgs)
+    assert msgs[-2]["reasoning_content"] == REASONING_TEXT
