@@ -48,6 +48,11 @@ class ThinkTagSplitter:
     def in_think(self) -> bool:
         return self._in_think
 
+    @property
+    def passes_through(self) -> bool:
+        """Text without a "<" would come out unchanged: callers may skip feed() for it (the common case)."""
+        return not self._in_think and not self._pending and not self._strip
+
     def feed(self, text: str) -> list[tuple[str, str]]:
         out: list[tuple[str, str]] = []
         if not text:

@@ -203,8 +203,11 @@ class ChatStreamToResponses:
                 self._piece(out, "reasoning", reasoning)
             content = delta.get("content")
             if isinstance(content, str) and content:
-                for kind, piece in self._splitter.feed(content):
-                    self._piece(out, "reasoning" if kind == "thinking" else "message", piece)
+                if "<" not in content and self._splitter.passes_through:
+                    self._piece(out, "message", content)
+                else:
+                    for kind, piece in self._splitter.feed(content):
+                        self._piece(out, "reasoning" if kind == "thinking" else "message", piece)
             for frag in delta.get("tool_calls") or ():
                 if isinstance(frag, dict):
                     self._tool_fragment(out, frag)

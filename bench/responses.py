@@ -1,0 +1,134 @@
+"""Responses ingress vs chat ingress: the same conversation sent to coderouterd as a Responses body (what Codex
+sends) and as its chat-completions equivalent, against the same fast fake OpenAI-compatible upstream.
+
+    .venv/bin/python bench/responses.py [--quick]
+
+Loopback only. The daemon is pinned to core 0; the fake upstreams and this load generator share core 1 (the
+same layout as bench/proxy.py). Scenarios: a small body, a Codex-sized body (~40 KB: developer instructions and
+Codex's tool list), each non-streaming and streaming (20 text chunks upstream).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import orjson
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.common import PY, ROOT, free_port, pct, pin, start_fake, stop, table, wait_healthz  # noqa: E402
+from bench.proxy import latency, ms  # noqa: E402
+from coderouterd.translate.responses_request import translate_request  # noqa: E402
+
+
+def codex_body(stream: bool) -> dict:
+    """A body shaped like Codex 0.171.0's first request (~40 KB): two developer items, two user items,
+    function tools with JSON schemas, a namespace tool and a hosted web_search."""
+    words = " ".join(f"rule{i} keep edits small and run the tests before answering." for i in range(420))
+
+    def fn(name: str, props: int) -> dict:
+        return {"type": "function", "name": name, "description": f"{name}: " + "does a thing. " * 40,
+                "strict": False, "parameters": {"type": "object", "properties": {
+                    f"p{i}": {"type": "string", "description": "a parameter " * 8} for i in range(props)},
+                    "required": ["p0"], "additionalProperties": False}}
+
+    tools = [fn(n, 6) for n in ("exec_command", "write_stdin", "request_user_input", "view_image", "get_goal",
+                                "create_goal", "update_goal")]
+    tools.append({"type": "namespace", "name": "multi_agent_v1", "description": "sub-agents",
+                  "tools": [fn("spawn_agent", 4), fn("wait_agent", 2)]})
+    tools.append({"type": "web_search", "external_web_access": False})
+    dev = lambda t: {"type": "message", "role": "developer", "content": [{"type": "input_text", "text": t}]}  # noqa: E731
+    user = lambda t: {"type": "message", "role": "user", "content": [{"type": "input_text", "text": t}]}  # noqa: E731
+    return {"model": "bench-model", "stream": stream, "store": False, "instructions": None,
+            "input": [dev(words), dev("<permissions>sandbox: workspace-write</permissions>"),
+                      user("<environment_context>cwd: /work</environment_context>"), user("say hi")],
+            "tools": tools, "tool_choice": "auto", "parallel_tool_calls": True, "reasoning": {"summary": "auto"},
+            "include": ["reasoning.encrypted_content"], "prompt_cache_key": "bench-session",
+            "client_metadata": {"originator": "codex_exec"}}
+
+
+def small_body(stream: bool) -> dict:
+    return {"model": "bench-model", "stream": stream, "max_output_tokens": 16,
+            "input": [{"type": "message", "role": "user", "content": [{"type": "input_text", "text": "hello"}]}]}
+
+
+def as_chat(body: dict) -> dict:
+    """The same request as a chat-completions client would send it (the daemon's own translation)."""
+    chat = translate_request({k: v for k, v in body.items() if v is not None}).chat
+    if body.get("stream"):
+        chat["stream_options"] = {"include_usage": True}
+    return chat
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--quick", action="store_true")
+    args = ap.parse_args()
+    n = 200 if args.quick else 1500
+    pin(os.getpid(), {1})
+    procs: list[subprocess.Popen] = []
+    tmp = Path(tempfile.mkdtemp(prefix="crbench-responses-"))
+    try:
+        oa, oa_url = start_fake("openai", "ok", {1})
+        oas, oas_url = start_fake("openai", "chunks;n=20", {1})
+        procs += [oa, oas]
+        cfg = tmp / "bench.toml"
+        cfg.write_text(f"""
+[server]
+port = 0
+[providers.oa]
+base_url = "{oa_url}/v1"
+model = "bench-model"
+[providers.oastream]
+base_url = "{oas_url}/v1"
+model = "bench-model"
+[profiles.default]
+providers = ["oa"]
+[profiles.stream]
+providers = ["oastream"]
+""")
+        port = free_port()
+        env = {**os.environ, "CODEROUTER_STATE_DIR": str(tmp / "state")}
+        d = subprocess.Popen([PY, "-m", "coderouterd", "--config", str(cfg), "--port", str(port),
+                              "--log-level", "warning"], cwd=ROOT, env=env)
+        procs.append(d)
+        pin(d.pid, {0})
+        proxy = f"http://127.0.0.1:{port}"
+        wait_healthz(proxy, d)
+        time.sleep(0.5)
+        rows = []
+        for label, make in (("small", small_body), ("Codex-sized", codex_body)):
+            for stream in (False, True):
+                body = make(stream)
+                resp_raw = orjson.dumps(body)
+                chat_raw = orjson.dumps(as_chat(body))
+                h = {"content-type": "application/json", "x-coderouter-profile": "stream" if stream else "default"}
+                results = {}
+                # Interleave the two ingresses in rounds so machine-load drift hits both alike.
+                for _ in range(3):
+                    for name, path, raw in (("chat", "/v1/chat/completions", chat_raw),
+                                            ("responses", "/v1/responses", resp_raw)):
+                        t, _f = asyncio.run(latency(proxy + path, raw, h, n // 3, stream))
+                        results.setdefault(name, []).extend(t)
+                c50, r50 = pct(results["chat"], 50), pct(results["responses"], 50)
+                c95, r95 = pct(results["chat"], 95), pct(results["responses"], 95)
+                rows.append([f"{label} {len(resp_raw) // 1024 or '<1'} KB", "stream" if stream else "non-stream",
+                             ms(c50), ms(r50), f"{(r50 - c50) * 1000:+.3f}", ms(c95), ms(r95)])
+        print(table(rows, ["body", "mode", "chat p50 ms", "responses p50 ms", "Δ p50 ms", "chat p95 ms",
+                           "responses p95 ms"]))
+        print(f"\n{n} requests per cell (sequential, one connection), daemon on core 0, fakes + client on core 1")
+    finally:
+        for p in reversed(procs):
+            stop(p)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
