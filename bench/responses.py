@@ -78,7 +78,9 @@ def main() -> int:
     try:
         oa, oa_url = start_fake("openai", "ok", {1})
         oas, oas_url = start_fake("openai", "chunks;n=20", {1})
-        procs += [oa, oas]
+        an, an_url = start_fake("anthropic", "ok", {1})
+        ans, ans_url = start_fake("anthropic", "chunks;n=20", {1})
+        procs += [oa, oas, an, ans]
         cfg = tmp / "bench.toml"
         cfg.write_text(f"""
 [server]
@@ -89,10 +91,22 @@ model = "bench-model"
 [providers.oastream]
 base_url = "{oas_url}/v1"
 model = "bench-model"
+[providers.an]
+kind = "anthropic"
+base_url = "{an_url}/v1"
+model = "bench-model"
+[providers.anstream]
+kind = "anthropic"
+base_url = "{ans_url}/v1"
+model = "bench-model"
 [profiles.default]
 providers = ["oa"]
 [profiles.stream]
 providers = ["oastream"]
+[profiles.an]
+providers = ["an"]
+[profiles.anstream]
+providers = ["anstream"]
 """)
         port = free_port()
         env = {**os.environ, "CODEROUTER_STATE_DIR": str(tmp / "state")}
@@ -104,24 +118,30 @@ providers = ["oastream"]
         wait_healthz(proxy, d)
         time.sleep(0.5)
         rows = []
-        for label, make in (("small", small_body), ("Codex-sized", codex_body)):
+        cells = [(label, make, up) for up in ("openai", "anthropic")
+                 for label, make in (("small", small_body), ("Codex-sized", codex_body))]
+        for label, make, upstream in cells:
             for stream in (False, True):
                 body = make(stream)
                 resp_raw = orjson.dumps(body)
                 chat_raw = orjson.dumps(as_chat(body))
-                h = {"content-type": "application/json", "x-coderouter-profile": "stream" if stream else "default"}
+                profile = ("stream" if stream else "default") if upstream == "openai" else \
+                    ("anstream" if stream else "an")
+                h = {"content-type": "application/json", "x-coderouter-profile": profile}
                 results = {}
-                # Interleave the two ingresses in rounds so machine-load drift hits both alike.
-                for _ in range(3):
-                    for name, path, raw in (("chat", "/v1/chat/completions", chat_raw),
-                                            ("responses", "/v1/responses", resp_raw)):
-                        t, _f = asyncio.run(latency(proxy + path, raw, h, n // 3, stream))
+                # Interleave the two ingresses in short rounds, alternating which goes first, so that drift in
+                # the machine's load (it is shared) hits both alike.
+                pair = [("chat", "/v1/chat/completions", chat_raw), ("responses", "/v1/responses", resp_raw)]
+                for r in range(10):
+                    for name, path, raw in (pair if r % 2 == 0 else pair[::-1]):
+                        t, _f = asyncio.run(latency(proxy + path, raw, h, n // 10, stream))
                         results.setdefault(name, []).extend(t)
                 c50, r50 = pct(results["chat"], 50), pct(results["responses"], 50)
                 c95, r95 = pct(results["chat"], 95), pct(results["responses"], 95)
-                rows.append([f"{label} {len(resp_raw) // 1024 or '<1'} KB", "stream" if stream else "non-stream",
+                rows.append([upstream, f"{label} {len(resp_raw) // 1024 or '<1'} KB",
+                             "stream" if stream else "non-stream",
                              ms(c50), ms(r50), f"{(r50 - c50) * 1000:+.3f}", ms(c95), ms(r95)])
-        print(table(rows, ["body", "mode", "chat p50 ms", "responses p50 ms", "Δ p50 ms", "chat p95 ms",
+        print(table(rows, ["upstream", "body", "mode", "chat p50 ms", "responses p50 ms", "Δ p50 ms", "chat p95 ms",
                            "responses p95 ms"]))
         print(f"\n{n} requests per cell (sequential, one connection), daemon on core 0, fakes + client on core 1")
     finally:

@@ -25,7 +25,7 @@ def encode(event: dict) -> bytes:
 
 def prologue(rq: ResponsesRequest, model: str) -> list[dict]:
     """The two opening events (sequence numbers 0 and 1), sent by whoever commits the stream first."""
-    obj = response_object(rq, model, "in_progress")
+    obj = response_object(rq, model, "in_progress", final=False)
     return [{"type": "response.created", "sequence_number": 0, "response": obj},
             {"type": "response.in_progress", "sequence_number": 1, "response": obj}]
 
@@ -227,7 +227,8 @@ class ChatStreamToResponses:
         self._close_current(out)
         for item in self._items:
             self._close(out, item)
-        usage = responses_usage(self.chat_usage, reasoning_tokens=self._reasoning_estimate())
+        has_reasoning = any(i.kind == "reasoning" for i in self._items)
+        usage = responses_usage(self.chat_usage, reasoning_tokens=self._reasoning_estimate() if has_reasoning else 0)
         output = [self._final(i) for i in self._items]
         if self.finish_reason == "length":
             resp = response_object(self.rq, self.model, "incomplete", output, usage,
