@@ -16,15 +16,15 @@ _ECHO = ("max_output_tokens", "parallel_tool_calls", "temperature", "tool_choice
 def response_object(rq: ResponsesRequest, model: str, status: str, output: list[dict] | None = None,
                     usage: dict | None = None, *, error: dict | None = None,
                     incomplete: dict | None = None, final: bool = True) -> dict:
-    """The response envelope. The bulky echoes (tools, instructions: ~30 KB for Codex) are in the final
-    object only; the in-progress snapshots that open a stream leave them empty, which saved ~0.35 ms per
-    Codex-sized stream (bench/responses.py)."""
+    """The response envelope. `tools` is not echoed (Codex's are ~30 KB, sent three times a stream: that
+    cost ~0.3 ms per Codex-sized request in bench/responses.py, and neither Codex nor the SDK reads them back);
+    `instructions` is echoed in the final object only."""
     body = rq.body
     obj: dict = {
         "id": rq.response_id, "object": "response", "created_at": rq.created_at, "status": status,
         "error": error, "incomplete_details": incomplete, "model": model, "output": output or [],
         "previous_response_id": None, "usage": usage,
-        "tools": body.get("tools") if final and isinstance(body.get("tools"), list) else [],
+        "tools": [],
         "instructions": body.get("instructions") if final else None,
     }
     for key in _ECHO:

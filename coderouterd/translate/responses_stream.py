@@ -38,16 +38,23 @@ def failed_event(rq: ResponsesRequest, model: str, seq: int, code: str, message:
 
 
 class _Item:
-    __slots__ = ("kind", "item_id", "index", "text", "call_id", "name", "open")
+    __slots__ = ("kind", "item_id", "index", "parts", "call_id", "name", "open")
 
     def __init__(self, kind: str, index: int, *, item_id: str) -> None:
         self.kind = kind  # "reasoning" | "message" | "function_call"
         self.item_id = item_id
         self.index = index
-        self.text = ""  # reasoning summary, message text or call arguments
+        self.parts: list[str] = []  # reasoning summary, message text or call arguments, as streamed
         self.call_id = ""
         self.name = ""
         self.open = True
+
+    @property
+    def text(self) -> str:
+        # Joined on demand: appending to one growing string would copy it at every token.
+        if len(self.parts) > 1:
+            self.parts[:] = ["".join(self.parts)]
+        return self.parts[0] if self.parts else ""
 
 
 class ChatStreamToResponses:
@@ -155,7 +162,7 @@ class ChatStreamToResponses:
         if cur is None or cur.kind != kind:
             self._close_current(out)
             cur = self._current = self._open(out, kind)
-        cur.text += piece
+        cur.parts.append(piece)
         if kind == "reasoning":
             self._emit(out, {"type": "response.reasoning_summary_text.delta", "item_id": cur.item_id,
                              "output_index": cur.index, "summary_index": 0, "delta": piece})
@@ -184,7 +191,7 @@ class ChatStreamToResponses:
             item.name = fn["name"]
         args = fn.get("arguments")
         if isinstance(args, str) and args:
-            item.text += args
+            item.parts.append(args)
             self._emit(out, {"type": "response.function_call_arguments.delta", "item_id": item.item_id,
                              "output_index": item.index, "delta": args})
 
@@ -203,7 +210,16 @@ class ChatStreamToResponses:
                 self._piece(out, "reasoning", reasoning)
             content = delta.get("content")
             if isinstance(content, str) and content:
-                if "<" not in content and self._splitter.passes_through:
+                cur = self._current
+                if "<" not in content and self._splitter.passes_through and cur is not None \
+                        and cur.kind == "message":
+                    # The hot path (a token of visible text): one event, no helper calls.
+                    cur.parts.append(content)
+                    out.append({"type": "response.output_text.delta", "item_id": cur.item_id,
+                                "output_index": cur.index, "content_index": 0, "delta": content, "logprobs": [],
+                                "sequence_number": self.seq})
+                    self.seq += 1
+                elif "<" not in content and self._splitter.passes_through:
                     self._piece(out, "message", content)
                 else:
                     for kind, piece in self._splitter.feed(content):
