@@ -325,3 +325,62 @@ def test_passthrough_encrypted_reasoning_goes_back_only_to_its_issuer(env):
     msgs = env["local"].requests[-1]["json"]["messages"]
     assert b"enc-native" not in orjson.dumps(msgs)
     assert msgs[-2]["reasoning_content"] == REASONING_TEXT
+
+
+ROUTING_CONFIG = """
+[server]
+port = {PORT}
+stream_hold_s = 0.3
+
+[providers.slow]
+kind = "openai"
+base_url = "@SLOW@/v1"
+
+[providers.fast]
+kind = "anthropic"
+base_url = "@FAST@/v1"
+model = "claude-sonnet-5"
+
+[profiles.default]
+providers = ["slow", "fast"]
+mode = "race"
+health_action = "warn"
+
+[profiles.guarded]
+providers = ["fast"]
+health_action = "warn"
+tool_loop = { action = "break", threshold = 3, window = 5 }
+
+[[routes]]
+model = "*-guarded"
+profile = "guarded"
+"""
+
+
+def test_race_routes_tool_loop_guard_and_metrics(tmp_path):
+    with FakeServer("openai", name="slow", behaviour="slow_first_byte;delay=2") as slow, \
+            FakeServer("anthropic", name="fast") as fast:
+        d = DaemonProcess(ROUTING_CONFIG.replace("@SLOW@", slow.url).replace("@FAST@", fast.url), tmp_path).start()
+        try:
+            client = openai.OpenAI(base_url=d.url + "/v1", api_key="x", max_retries=0, timeout=20)
+            # Race: the Anthropic provider answers first, the slow one is dropped; the stream is well formed.
+            with client.responses.stream(model="m", input=USER) as s:
+                events = list(s)
+                final = s.get_final_response()
+            _assert_numbered(events)
+            assert final.output_text == "Hello from fast"
+            # [[routes]] by model, then the tool-loop guard on the translated history: the same call three
+            # times in a row is refused with a 400 in OpenAI's shape.
+            call = {"type": "function_call", "call_id": "c", "name": "exec_command", "arguments": '{"cmd":"ls"}'}
+            history = [USER[1]]
+            for i in range(3):
+                history += [{**call, "call_id": f"c{i}"},
+                            {"type": "function_call_output", "call_id": f"c{i}", "output": "same"}]
+            with pytest.raises(openai.BadRequestError) as e:
+                client.responses.create(model="m-guarded", input=history, tools=TOOLS[:1])
+            assert "exec_command" in str(e.value)
+            assert client.responses.create(model="m-guarded", input=USER).output_text == "Hello from fast"
+            metrics = httpx.get(d.url + "/metrics").text
+            assert 'ingress="responses"' in metrics
+        finally:
+            d.stop()
