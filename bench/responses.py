@@ -116,6 +116,9 @@ providers = ["anstream"]
         pin(d.pid, {0})
         proxy = f"http://127.0.0.1:{port}"
         wait_healthz(proxy, d)
+        import psutil
+
+        daemon = psutil.Process(d.pid)
         time.sleep(0.5)
         rows = []
         cells = [(label, make, up) for up in ("openai", "anthropic")
@@ -128,21 +131,30 @@ providers = ["anstream"]
                 profile = ("stream" if stream else "default") if upstream == "openai" else \
                     ("anstream" if stream else "an")
                 h = {"content-type": "application/json", "x-coderouter-profile": profile}
-                results = {}
+                results: dict[str, list[float]] = {}
+                firsts: dict[str, list[float]] = {}
+                cpu: dict[str, float] = {}
                 # Interleave the two ingresses in short rounds, alternating which goes first, so that drift in
                 # the machine's load (it is shared) hits both alike.
                 pair = [("chat", "/v1/chat/completions", chat_raw), ("responses", "/v1/responses", resp_raw)]
                 for r in range(10):
                     for name, path, raw in (pair if r % 2 == 0 else pair[::-1]):
-                        t, _f = asyncio.run(latency(proxy + path, raw, h, n // 10, stream))
+                        c0 = sum(daemon.cpu_times()[:2])
+                        t, f = asyncio.run(latency(proxy + path, raw, h, n // 10, stream))
+                        firsts.setdefault(name, []).extend(f)
+                        cpu[name] = cpu.get(name, 0.0) + sum(daemon.cpu_times()[:2]) - c0
                         results.setdefault(name, []).extend(t)
+                sent = 10 * (n // 10 + max(20, n // 100))  # latency() warms up with max(20, n/10) first
                 c50, r50 = pct(results["chat"], 50), pct(results["responses"], 50)
                 c95, r95 = pct(results["chat"], 95), pct(results["responses"], 95)
                 rows.append([upstream, f"{label} {len(resp_raw) // 1024 or '<1'} KB",
                              "stream" if stream else "non-stream",
-                             ms(c50), ms(r50), f"{(r50 - c50) * 1000:+.3f}", ms(c95), ms(r95)])
+                             ms(c50), ms(r50), f"{(r50 - c50) * 1000:+.3f}", ms(c95), ms(r95),
+                             f"{cpu['chat'] / sent * 1e6:.0f}", f"{cpu['responses'] / sent * 1e6:.0f}",
+                             f"{ms(pct(firsts['chat'], 50))} / {ms(pct(firsts['responses'], 50))}" if stream else "–"])
         print(table(rows, ["upstream", "body", "mode", "chat p50 ms", "responses p50 ms", "Δ p50 ms", "chat p95 ms",
-                           "responses p95 ms"]))
+                           "responses p95 ms", "chat CPU µs/req", "responses CPU µs/req",
+                           "TTFB p50 ms chat / responses"]))
         print(f"\n{n} requests per cell (sequential, one connection), daemon on core 0, fakes + client on core 1")
     finally:
         for p in reversed(procs):
