@@ -384,3 +384,69 @@ def test_race_routes_tool_loop_guard_and_metrics(tmp_path):
             assert 'ingress="responses"' in metrics
         finally:
             d.stop()
+
+
+@pytest.mark.parametrize("good_kind", ["openai", "anthropic"])
+def test_commit_before_content_then_failover_keeps_one_prologue_and_the_numbering(tmp_path, good_kind):
+    """The stream is committed (created + in_progress sent, then pings) while the first provider hangs; it
+    fails before any content and the next one serves: the client sees one opening pair, one numbering."""
+    with FakeServer("openai", name="stuck", behaviour="hang") as stuck, FakeServer(good_kind, name="good") as good:
+        cfg = f"""
+[server]
+port = {{PORT}}
+stream_hold_s = 0.1
+ping_interval_s = 0.2
+[providers.stuck]
+base_url = "{stuck.url}/v1"
+timeouts = {{ first_byte = 0.8 }}
+[providers.good]
+kind = "{good_kind}"
+base_url = "{good.url}/v1"
+[profiles.default]
+providers = ["stuck", "good"]
+"""
+        d = DaemonProcess(cfg, tmp_path).start()
+        try:
+            client = openai.OpenAI(base_url=d.url + "/v1", api_key="x", max_retries=0, timeout=20)
+            with client.responses.stream(model="m", input=USER) as s:
+                events = list(s)
+                final = s.get_final_response()
+            types = [e.type for e in events]
+            assert types.count("response.created") == 1 and types.count("response.in_progress") == 1
+            _assert_numbered(events)
+            assert final.output_text == "Hello from good"
+            assert len({e.response.id for e in events if hasattr(e, "response")}) == 1
+            r = httpx.post(d.url + "/v1/responses", json={"model": "m", "input": "x", "stream": True}, timeout=20)
+            assert ": ping" in r.text.split("response.output_item.added")[0]  # pings while the first one hung
+        finally:
+            d.stop()
+
+
+def test_race_committed_before_any_event_sends_one_prologue(tmp_path):
+    with FakeServer("openai", name="a", behaviour="slow_first_byte;delay=0.8") as a, \
+            FakeServer("anthropic", name="b", behaviour="slow_first_byte;delay=0.6") as b:
+        cfg = f"""
+[server]
+port = {{PORT}}
+stream_hold_s = 0.1
+ping_interval_s = 0.2
+[providers.a]
+base_url = "{a.url}/v1"
+[providers.b]
+kind = "anthropic"
+base_url = "{b.url}/v1"
+[profiles.default]
+providers = ["a", "b"]
+mode = "race"
+"""
+        d = DaemonProcess(cfg, tmp_path).start()
+        try:
+            client = openai.OpenAI(base_url=d.url + "/v1", api_key="x", max_retries=0, timeout=20)
+            with client.responses.stream(model="m", input=USER) as s:
+                events = list(s)
+                final = s.get_final_response()
+            assert [e.type for e in events].count("response.created") == 1
+            _assert_numbered(events)
+            assert final.output_text == "Hello from b"
+        finally:
+            d.stop()
