@@ -20,17 +20,13 @@ from ..translate.openai_ingress import (
 from ..translate.openai_to_anthropic import anthropic_usage
 from ..translate.responses_objects import chat_completion_to_response
 from ..translate.responses_request import ResponsesRequest
-from ..translate.responses_stream import ChatStreamToResponses, encode
+from ..translate.responses_stream import ChatStreamToResponses, encode_all
 from .errors import DISCONNECT, STREAM_ERROR, UpstreamError
 from .strategies import Strategy
 
 # Prefix of an encrypted reasoning blob as this daemon hands it to the client: which provider issued it, so it
 # goes back only there (another upstream cannot decrypt it and would reject the whole request).
 _ENC_TAG = "coderouter:"
-
-
-def _encode_all(events: list[dict]) -> list[bytes]:
-    return [encode(e) for e in events]
 
 
 class _ResponsesStrategy(Strategy):
@@ -48,14 +44,15 @@ class _ResponsesStrategy(Strategy):
         self.started_content = self.tr.started_content
         self.delivered = self.started_content
 
-    def _feed_chat(self, chunk: dict, out: list[bytes]) -> None:
+    def _batch(self) -> list[dict]:
+        """A new list for one batch of events, after syncing what a commit may have told us meanwhile."""
         if not self.tr.started:
             # A commit may have told us after construction that the opening pair is already out.
             self.tr.skip_prologue = self.skip_prologue
-        out.extend(_encode_all(self.tr.feed(chunk)))
+        return []
 
-    def _finish(self, out: list[bytes]) -> None:
-        out.extend(_encode_all(self.tr.finish()))
+    def _finish(self, out: list[dict]) -> None:
+        self.tr.finish(out)
         self.done = True
 
 
@@ -76,7 +73,8 @@ class ResponsesToChat(_ResponsesStrategy):
         return orjson.dumps(chat_completion_to_response(self.rq, completion, self.tr.model))
 
     def events(self, events: list[tuple[str | None, str]]) -> bytes:
-        out: list[bytes] = []
+        out = self._batch()
+        tr = self.tr
         for _name, data in events:
             if data == "[DONE]":
                 self._finish(out)
@@ -88,17 +86,17 @@ class ResponsesToChat(_ResponsesStrategy):
                 err = obj["error"] if isinstance(obj["error"], dict) else {"message": str(obj["error"])}
                 raise UpstreamError(STREAM_ERROR, message=str(err.get("message", "upstream error")),
                                     after_content=self.delivered)
-            self._feed_chat(obj, out)
+            tr.feed(obj, out)
             if obj.get("usage"):
                 self.usage = anthropic_usage(obj["usage"])
         self._sync()
-        return b"".join(out)
+        return encode_all(out)
 
     def eof(self) -> bytes:
         if self.tr.finish_reason:  # some servers end the body without [DONE]; the answer was complete
-            out: list[bytes] = []
+            out = self._batch()
             self._finish(out)
-            return b"".join(out)
+            return encode_all(out)
         raise UpstreamError(DISCONNECT, message="upstream closed the stream before it finished",
                             after_content=self.tr.started_content)
 
@@ -124,7 +122,8 @@ class ResponsesToAnthropic(_ResponsesStrategy):
         return orjson.dumps(chat_completion_to_response(self.rq, completion, self.tr.model))
 
     def events(self, events: list[tuple[str | None, str]]) -> bytes:
-        out: list[bytes] = []
+        out = self._batch()
+        tr = self.tr
         for name, data in events:
             if name == "ping" or not data:
                 continue
@@ -135,22 +134,22 @@ class ResponsesToAnthropic(_ResponsesStrategy):
                 raise UpstreamError(STREAM_ERROR, message=str(err.get("message", "upstream error")),
                                     error_type=err.get("type"), after_content=self.delivered)
             for chunk in self.a2o.feed(obj):
-                self._feed_chat(chunk, out)
+                tr.feed(chunk, out)
             if etype == "message_stop":
                 for chunk in self.a2o.finish():
-                    self._feed_chat(chunk, out)
+                    tr.feed(chunk, out)
                 self._finish(out)
         self.usage = self.a2o.usage
         self._sync()
-        return b"".join(out)
+        return encode_all(out)
 
     def eof(self) -> bytes:
         if self.a2o.started_content and self.a2o.usage.get("output_tokens"):
-            out: list[bytes] = []
+            out = self._batch()
             for chunk in self.a2o.finish():
-                self._feed_chat(chunk, out)
+                self.tr.feed(chunk, out)
             self._finish(out)
-            return b"".join(out)
+            return encode_all(out)
         raise UpstreamError(DISCONNECT, message="upstream closed the stream before message_stop",
                             after_content=self.tr.started_content)
 

@@ -18,9 +18,20 @@ from .responses_request import ResponsesRequest
 PROLOGUE_EVENTS = 2  # response.created + response.in_progress
 
 
+_HEADS: dict[str, bytes] = {}
+
+
 def encode(event: dict) -> bytes:
     """SSE framing as OpenAI sends it: the event name on its own line, then the JSON with its `type`."""
-    return b"event: " + event["type"].encode() + b"\ndata: " + orjson.dumps(event) + b"\n\n"
+    etype = event["type"]
+    head = _HEADS.get(etype)
+    if head is None:
+        head = _HEADS[etype] = b"event: " + etype.encode() + b"\ndata: "
+    return head + orjson.dumps(event) + b"\n\n"
+
+
+def encode_all(events: list[dict]) -> bytes:
+    return b"".join([encode(e) for e in events])
 
 
 def prologue(rq: ResponsesRequest, model: str) -> list[dict]:
@@ -195,45 +206,56 @@ class ChatStreamToResponses:
             self._emit(out, {"type": "response.function_call_arguments.delta", "item_id": item.item_id,
                              "output_index": item.index, "delta": args})
 
-    def feed(self, chunk: dict) -> list[dict]:
-        out: list[dict] = []
+    def feed(self, chunk: dict, out: list[dict] | None = None) -> list[dict]:
+        """The events for one chat chunk, appended to `out` when given (one list for a whole batch)."""
+        if out is None:
+            out = []
         if self._finished:
             return out
-        self._start(out)
+        if not self._started:
+            self._start(out)
         usage = chunk.get("usage")
         if usage:
             self.chat_usage = usage
         for choice in chunk.get("choices") or ():
-            delta = choice.get("delta") or {}
+            delta = choice.get("delta")
+            if delta:
+                self._delta(delta, out)
+            if choice.get("finish_reason"):
+                self.finish_reason = choice["finish_reason"]
+        return out
+
+    def _delta(self, delta: dict, out: list[dict]) -> None:
+        content = delta.get("content")
+        if "reasoning_content" in delta or "reasoning" in delta:
             reasoning = delta.get("reasoning_content") or delta.get("reasoning")
             if isinstance(reasoning, str):
                 self._piece(out, "reasoning", reasoning)
-            content = delta.get("content")
-            if isinstance(content, str) and content:
-                cur = self._current
-                if "<" not in content and self._splitter.passes_through and cur is not None \
-                        and cur.kind == "message":
+        if content and isinstance(content, str):
+            cur = self._current
+            if "<" not in content and self._splitter.passes_through:
+                if cur is not None and cur.kind == "message":
                     # The hot path (a token of visible text): one event, no helper calls.
                     cur.parts.append(content)
                     out.append({"type": "response.output_text.delta", "item_id": cur.item_id,
                                 "output_index": cur.index, "content_index": 0, "delta": content, "logprobs": [],
                                 "sequence_number": self.seq})
                     self.seq += 1
-                elif "<" not in content and self._splitter.passes_through:
-                    self._piece(out, "message", content)
                 else:
-                    for kind, piece in self._splitter.feed(content):
-                        self._piece(out, "reasoning" if kind == "thinking" else "message", piece)
-            for frag in delta.get("tool_calls") or ():
+                    self._piece(out, "message", content)
+            else:
+                for kind, piece in self._splitter.feed(content):
+                    self._piece(out, "reasoning" if kind == "thinking" else "message", piece)
+        calls = delta.get("tool_calls")
+        if calls:
+            for frag in calls:
                 if isinstance(frag, dict):
                     self._tool_fragment(out, frag)
-            if choice.get("finish_reason"):
-                self.finish_reason = choice["finish_reason"]
-        return out
 
-    def finish(self) -> list[dict]:
+    def finish(self, out: list[dict] | None = None) -> list[dict]:
         """Close every open item and end the response: completed, or incomplete when the output hit the limit."""
-        out: list[dict] = []
+        if out is None:
+            out = []
         if self._finished:
             return out
         self._start(out)
