@@ -380,8 +380,10 @@ def test_race_routes_tool_loop_guard_and_metrics(tmp_path):
                 client.responses.create(model="m-guarded", input=history, tools=TOOLS[:1])
             assert "exec_command" in str(e.value)
             assert client.responses.create(model="m-guarded", input=USER).output_text == "Hello from fast"
-            metrics = httpx.get(d.url + "/metrics").text
-            assert 'ingress="responses"' in metrics
+            deadline = time.monotonic() + 10  # the metrics are fed by the state writer thread, not inline
+            while 'ingress="responses"' not in httpx.get(d.url + "/metrics").text:
+                assert time.monotonic() < deadline, "no Responses request in /metrics"
+                time.sleep(0.1)
         finally:
             d.stop()
 
