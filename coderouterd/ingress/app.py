@@ -114,8 +114,7 @@ class ProxyApp:
         ingress = "anthropic" if path.startswith("/v1/messages") else "openai"
         r = Responder(send, ingress, new_id("req"))
         known = path in ("/v1/messages", "/v1/chat/completions", "/v1/responses", "/v1/messages/count_tokens",
-                         "/v1/models",
-                         "/healthz", "/", "/metrics")
+                         "/v1/models", "/healthz", "/", "/metrics")
         if known:
             await r.error(405, f"method {method} not allowed on {path}", error_type="invalid_request_error")
         else:
