@@ -60,6 +60,8 @@ class Daemon:
         t.bus.subscribe(self.metrics.sink)
         t.start()
         t.restore_router(self.router)
+        t.wire_affinity(self.router.affinity)
+        _warn_reload_risks(self._loaded.model)
         self.load_persisted_profile()
         t.publish(DaemonLifecycle(event="start", pid=self.pid, version=self.version))
         self.router._on_breaker = lambda *a: t.breaker_moved(self.router, *a)
@@ -82,7 +84,11 @@ class Daemon:
         self.router.on_passive = self.health.on_passive
         cfg = self._loaded.model
         if _has_processes(cfg):
+            from .affinity.slot_save import ensure_slot_dir
             from .processes import Processes
+
+            if cfg.affinity.enabled and cfg.affinity.manage_slot_save:
+                await asyncio.to_thread(ensure_slot_dir, state_dir(cfg))
 
             self.processes = Processes(state_dir(cfg) / "logs", t.store,
                                        on_event=lambda *a: self.selfheal.on_process_event(*a))
@@ -147,6 +153,7 @@ class Daemon:
         old = self.runtime
         changed = _changed_sections(old.config, loaded.model)
         self.runtime = build_runtime(loaded, previous=old)
+        _warn_reload_risks(loaded.model)
         self._loaded = loaded
         self.router.reconfigure(loaded.model)
         if self.budget is not None:
@@ -191,6 +198,7 @@ class Daemon:
                 "breaker": router.breakers.get(name).snapshot(),
                 "health": router.health.get(name, "unknown"),
                 "figures": router.stats.figures(name),
+                "cache": router.affinity.provider_status(name),
             })
         profiles = []
         for name in runtime.profile_names:
@@ -256,6 +264,7 @@ class Daemon:
             for p in self.runtime.providers.values():
                 await p.close()
         if self.telemetry is not None:
+            self.router.affinity.flush()
             self.telemetry.publish(DaemonLifecycle(event="stop", pid=self.pid, version=self.version))
             self.telemetry.stop()
 
@@ -292,6 +301,13 @@ class Daemon:
             status, body, ctype = 200, self.metrics.render(), b"text/plain; version=0.0.4; charset=utf-8"
         await send({"type": "http.response.start", "status": status, "headers": [(b"content-type", ctype)]})
         await send({"type": "http.response.body", "body": body})
+
+
+def _warn_reload_risks(cfg) -> None:
+    from .affinity.ollama import reload_risks
+
+    for w in reload_risks(cfg):
+        log.warning("%s", w)
 
 
 def _changed_sections(old, new) -> list[str]:

@@ -7,7 +7,7 @@ import hmac
 from collections import Counter as Counter_
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 _OVERHEAD_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1)
@@ -41,6 +41,8 @@ class Metrics:
         self.restarts = Counter("coderouter_process_restarts_total", "Managed process restarts", ["process"],
                                 registry=r)
         self.guards = Counter("coderouter_guard_fired_total", "Guards fired", ["guard", "action"], registry=r)
+        self.cache_busts = Counter("coderouter_cache_busts_total", "Turns that reused far less prefix than expected",
+                                   ["provider", "cause"], registry=r)
         r.register(_ScrapeTimeCollector(daemon))
 
     def sink(self, events: list) -> None:
@@ -79,6 +81,8 @@ class Metrics:
                 self.restarts.labels(ev.process or ev.provider).inc()
             elif kind == "guard_fired":
                 self.guards.labels(ev.guard, ev.action).inc()
+            elif kind == "cache_bust":
+                self.cache_busts.labels(ev.provider, ev.cause).inc()
         for metric, counts in ((self.requests, requests), (self.attempts, attempts), (self.failovers, failovers),
                                (self.tokens, tokens)):
             for labels, n in counts.items():
@@ -127,3 +131,21 @@ class _ScrapeTimeCollector:
             for name, snap in procs.supervisor.snapshot().items():
                 up.add_metric([name], 1.0 if snap.get("state") == "ready" else 0.0)
         yield up
+        # Prefix affinity: token-weighted prompt cache hit ratio, from what each backend reported it reused.
+        prompt = CounterMetricFamily("coderouter_prefix_prompt_tokens", "Prompt tokens on backends that report "
+                                     "their prompt cache", labels=["provider"])
+        cached = CounterMetricFamily("coderouter_prefix_cached_tokens", "Prompt tokens served from the backend's "
+                                     "prefix cache", labels=["provider"])
+        ratio = GaugeMetricFamily("coderouter_prefix_cache_hit_ratio", "Cached / prompt tokens (token-weighted)",
+                                  labels=["provider"])
+        router = getattr(self.daemon, "router", None)
+        if router is not None:
+            for name, p in router.affinity.index.providers.items():
+                if not p.prompt_tokens:
+                    continue
+                prompt.add_metric([name], p.prompt_tokens)
+                cached.add_metric([name], p.cached_tokens)
+                ratio.add_metric([name], p.cached_tokens / p.prompt_tokens)
+        yield prompt
+        yield cached
+        yield ratio

@@ -6,6 +6,8 @@ from __future__ import annotations
 import asyncio
 import logging
 
+from .affinity.slot_save import slot_dir, with_slot_save_path
+from .config import state_dir
 from .supervise import ProcessSpec, Supervisor
 
 log = logging.getLogger("coderouterd")
@@ -22,7 +24,10 @@ def specs_from_config(cfg) -> dict[str, tuple[ProcessSpec, list[str]]]:
             continue
         name, p = found
         if name not in out:
-            spec = ProcessSpec(name=name, command=list(p.command), env=dict(p.env), cwd=p.cwd or None,
+            command = list(p.command)
+            if cfg.affinity.enabled and cfg.affinity.manage_slot_save and cfg.providers[provider].affinity:
+                command = with_slot_save_path(command, slot_dir(state_dir(cfg)))
+            spec = ProcessSpec(name=name, command=command, env=dict(p.env), cwd=p.cwd or None,
                                ready_url=p.ready_url,
                                autostart=p.autostart, stop_timeout_s=p.stop_timeout_s,
                                start_timeout_s=p.start_timeout_s, startsecs=p.startsecs,

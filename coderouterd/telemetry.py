@@ -26,6 +26,7 @@ log = logging.getLogger("coderouterd")
 NS_BREAKERS = "breakers"
 NS_HEALTH = "health"
 NS_DAEMON = "daemon"
+NS_AFFINITY = "affinity"
 
 
 # A route that wrote the cache this many times in a row without a single read gets one warning.
@@ -90,6 +91,12 @@ class Telemetry:
                 self.store.delete(NS_BREAKERS, name)
         router.health.update(self.store.items(NS_HEALTH))
 
+    def wire_affinity(self, affinity) -> None:
+        """Prefix index restored from the store; its changes and cache-bust events go back through us."""
+        affinity.restore(self.store.items(NS_AFFINITY))
+        affinity.persist = lambda provider, snap: self.store.set(NS_AFFINITY, provider, snap)
+        affinity.publish = self.bus.publish
+
     # -- requests -------------------------------------------------------------------------------------------
 
     def request_finished(self, ex, latency_s: float) -> None:
@@ -115,6 +122,7 @@ class Telemetry:
             cost_usd=cost, streaming=ex.req.stream, fallback_count=fallback_count, race_outcome=ex.race_outcome,
             overhead_ms=round(max(0.0, latency_s - ex.upstream_wait_s) * 1000, 3),
             session_key=ex.req.session_key(),
+            **_affinity_fields(ex.affinity),
         ))
         if failed and provider is not None:
             self.bus.publish(FallbackUsed(request_id=ex.req.request_id, profile=ex.profile_name, chain=attempts))
@@ -142,3 +150,11 @@ class Telemetry:
                         "for Claude Code set CLAUDE_CODE_ATTRIBUTION_HEADER=0", provider, profile, streak)
             streak = -1
         self._cache_streak[key] = streak
+
+
+def _affinity_fields(ticket) -> dict:
+    if ticket is None:
+        return {}
+    return {"session": ticket.session.hashed, "lane": ticket.lane_label, "slot": ticket.slot,
+            "predicted_tokens": ticket.predicted_tokens,
+            "cache_bust": ticket.bust.segment if ticket.bust is not None else None}

@@ -59,6 +59,10 @@ def trace_from_row(row: dict) -> dict:
                   "cache_read_input_tokens": row.get("cache_read_tokens"),
                   "cache_creation_input_tokens": row.get("cache_write_tokens")},
         "cost_usd": row.get("cost_usd"),
+        "affinity": {"session": row.get("session"), "lane": row.get("lane"), "slot": row.get("slot"),
+                     "predicted_tokens": row.get("predicted_tokens"), "cached_tokens": row.get("cache_read_tokens"),
+                     "cache_bust": {"segment": row["cache_bust"]} if row.get("cache_bust") else None}
+        if row.get("lane") else None,
     }
 
 
@@ -112,6 +116,30 @@ def _ms(value) -> str:
     return latency(value / 1000.0) if value is not None else "-"
 
 
+def affinity_rows(aff: dict | None) -> list:
+    """Prefix affinity's part of a trace: lane, slot, predicted vs reported cached tokens, a cache bust."""
+    from rich.text import Text
+
+    if not aff:
+        return []
+    slot = aff.get("slot")
+    where = f"lane {aff.get('lane')}, session {aff.get('session')}" + (f", slot {slot}" if slot is not None else "")
+    if aff.get("placement"):
+        where += f" ({aff['placement']})"
+    pred, got = aff.get("predicted_tokens"), aff.get("cached_tokens")
+    rows = [("affinity", where),
+            ("prefix", f"predicted {pred:,} cached tokens, backend reported " +
+             (f"{got:,}" if got is not None else "nothing") if pred is not None else "not predicted")]
+    bust = aff.get("cache_bust")
+    if bust:
+        detail = bust["segment"]
+        if bust.get("expected_tokens") is not None:
+            detail += (f": reused {bust['cached_tokens']:,} of the {bust['expected_tokens']:,} tokens the "
+                       f"previous turn left cached")
+        rows.append(("cache bust", Text(detail, style="bold red")))
+    return rows
+
+
 def render(trace: dict, source: str, out) -> None:
     from rich.table import Table
     from rich.text import Text
@@ -157,6 +185,7 @@ def render(trace: dict, source: str, out) -> None:
     if trace.get("race_outcome"):
         rows.append(("race", trace["race_outcome"]))
     rows.append(("tokens", tokens))
+    rows.extend(affinity_rows(trace.get("affinity")))
     out.print(_kv(rows))
     skips = trace.get("skips") or []
     if skips:

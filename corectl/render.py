@@ -206,6 +206,7 @@ def providers_table(providers: list[dict], window_s: float | None, *, base_url: 
     t.add_column("Reqs", justify="right", no_wrap=True)
     t.add_column("Errors", justify="right", no_wrap=True)
     t.add_column("Median", justify="right", no_wrap=True)
+    t.add_column("Cache hit", justify="right", no_wrap=True)
     if base_url:
         t.add_column("Base URL", overflow="fold")
     for p in providers:
@@ -215,9 +216,22 @@ def providers_table(providers: list[dict], window_s: float | None, *, base_url: 
         cells = [p["name"], p["kind"] + (" $" if p.get("paid") else ""),
                  p["model"] or Text("(client's)", style="dim"), _breaker(p.get("breaker") or {}),
                  _health(p.get("health", "unknown")), str(reqs),
-                 Text(str(errors), style="red" if errors else ""), latency(f.get("median_s"))]
+                 Text(str(errors), style="red" if errors else ""), latency(f.get("median_s")),
+                 cache_hit(p.get("cache"))]
         t.add_row(*cells, *([p["base_url"]] if base_url else []))
     return t
+
+
+def cache_hit(cache: dict | None) -> Text:
+    """Token-weighted prompt cache hit ratio, and the slots prefix affinity pins turns to."""
+    cache = cache or {}
+    ratio = cache.get("hit_ratio")
+    out = Text("-" if ratio is None else f"{ratio * 100:.0f}%",
+               style="dim" if ratio is None else "green" if ratio >= 0.8 else "yellow" if ratio >= 0.5 else "red")
+    slots = cache.get("slots")
+    if slots:
+        out.append(f" ({slots['lanes']}/{slots['total']} slots)", style="dim")
+    return out
 
 
 def _order(profile: dict) -> Text:

@@ -47,6 +47,7 @@ def compute(status: dict, traces: list[dict], now: float, *, rate_window_s: floa
             "p50_latency_ms": f["median_s"] * 1000 if f.get("median_s") is not None else None,
             "p50_ttfb_ms": _median(ttfbs), "errors": f.get("errors") or 0,
             "samples": (f.get("samples") or 0) - (f.get("probes") or 0),
+            "cache": p.get("cache"),
         })
     budget = status.get("budget") or {}
     return {
@@ -78,7 +79,7 @@ def view(data: dict, error: str | None = None):
     from rich.table import Table
     from rich.text import Text
 
-    from .render import _BREAKER_STYLE, _health, duration, latency, money, spend_line
+    from .render import _BREAKER_STYLE, _health, cache_hit, duration, latency, money, spend_line
 
     def ms(v):
         return latency(v / 1000.0) if v is not None else "-"
@@ -99,7 +100,7 @@ def view(data: dict, error: str | None = None):
 
     t = Table(title=f"Providers (latency over {data['stats_window_s']:g} s, rate over {data['rate_window_s']:g} s)",
               title_justify="left", title_style="bold", expand=False)
-    for col in ("Provider", "Breaker", "Health", "Req/s", "p50 latency", "p50 TTFB", "Reqs", "Errors"):
+    for col in ("Provider", "Breaker", "Health", "Req/s", "p50 latency", "p50 TTFB", "Reqs", "Errors", "Cache hit"):
         t.add_column(col, no_wrap=True, justify="left" if col in ("Provider", "Breaker", "Health") else "right")
     for p in data["providers"]:
         breaker = p["breaker"].replace("_", "-")
@@ -107,7 +108,8 @@ def view(data: dict, error: str | None = None):
             breaker += f" ({p['retry_in_s']:.0f}s)"
         t.add_row(Text(p["name"], style="bold"), Text(breaker, style=_BREAKER_STYLE.get(p["breaker"], "")),
                   _health(p["health"]), f"{p['requests_per_s']:.2f}", ms(p["p50_latency_ms"]), ms(p["p50_ttfb_ms"]),
-                  str(p["samples"]), Text(str(p["errors"]), style="red" if p["errors"] else ""))
+                  str(p["samples"]), Text(str(p["errors"]), style="red" if p["errors"] else ""),
+                  cache_hit(p.get("cache")))
     parts.append(t)
 
     o = Table(title="Effective order", title_justify="left", title_style="bold")

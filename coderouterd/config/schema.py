@@ -102,6 +102,8 @@ class ProviderConfig(_Strict):
     # Either an inline process block, or the name of a shared [processes.NAME] entry.
     process: ProcessConfig | str | None = None
     restart_command: list[str] = []
+    # Prefix affinity on this provider (slot choice on llama-server, canonical prompt); see [affinity].
+    affinity: bool = True
 
     @field_validator("base_url")
     @classmethod
@@ -171,6 +173,38 @@ class MetricsConfig(_Strict):
     bearer_token: str = ""
 
 
+class AffinityConfig(_Strict):
+    """Prefix affinity: send each turn where its prompt prefix is already cached (README: Prefix affinity)."""
+
+    enabled: bool = True
+    # Regular expressions (multi-line) removed from system[0] for every upstream except the real Anthropic API:
+    # values that change per request and would make every prefix cache miss.
+    strip_patterns: list[str] = ["^x-anthropic-billing-header:.*$"]
+    # A turn that reused at least this many tokens (and over 10%) less than its lane's previous prompt on the
+    # same backend is reported as a cache bust.
+    bust_min_tokens: int = Field(1024, ge=1)
+    # A new lane copies another slot's shared prefix (save + restore) when that saves at least this much.
+    clone_min_tokens: int = Field(2048, ge=1)
+    probe_timeout_s: float = Field(2.0, gt=0)
+    # Slot files kept per server (--slot-save-path): each holds a slot's KV cache, which can be gigabytes; the
+    # oldest saved lane's file is reused beyond this. 0 = never save (evicted lanes start over).
+    max_saved_slots: int = Field(8, ge=0)
+    # A managed llama-server (a provider's `process`) gets --slot-save-path <state dir>/slots unless it sets one.
+    manage_slot_save: bool = True
+
+    @field_validator("strip_patterns")
+    @classmethod
+    def _patterns(cls, v: list[str]) -> list[str]:
+        import re
+
+        for p in v:
+            try:
+                re.compile(p)
+            except re.error as e:
+                raise ValueError(f"invalid pattern {p!r}: {e}") from None
+        return v
+
+
 class ConfigModel(_Strict):
     server: ServerConfig = ServerConfig()
     admin: AdminConfig = AdminConfig()
@@ -184,6 +218,7 @@ class ConfigModel(_Strict):
     health: HealthConfig = HealthConfig()
     budget: BudgetConfig = BudgetConfig()
     metrics: MetricsConfig = MetricsConfig()
+    affinity: AffinityConfig = AffinityConfig()
 
     @model_validator(mode="after")
     def _references(self) -> ConfigModel:

@@ -42,6 +42,9 @@ class Call:
         self.ttfb: float | None = None
         self.request_chars = 0
         self.wait_s = 0.0  # time spent awaiting the upstream: the rest of a request's latency is ours
+        # Top-level fields added to this attempt's upstream body (prefix affinity: id_slot, cache_prompt).
+        self.extra_fields: dict = {}
+        self.placement = None  # affinity.service.Placement when prefix affinity placed this attempt
 
     def _url_and_headers(self) -> tuple[str, dict[str, str]]:
         p = self.provider
@@ -69,6 +72,10 @@ class Call:
         """Send the request and wait for the status line. Raises UpstreamError on any failure."""
         url, headers = self._url_and_headers()
         body = self.strategy.request(self.raw_body, self.stream)
+        if self.extra_fields:
+            from ..affinity.service import merge_fields
+
+            body = merge_fields(body, self.extra_fields)
         self.request_chars = len(body)
         t0 = time.perf_counter()
         try:

@@ -67,6 +67,10 @@ class Strategy:
     done = False
     started_content = False
     usage: dict
+    # What an OpenAI-wire backend said about its prompt cache: the raw `usage` (prompt_tokens_details) and
+    # llama.cpp's `timings` (cache_n, prompt_n, prompt_ms). Read by prefix affinity after the answer.
+    raw_usage: dict | None = None
+    timings: dict | None = None
 
     def __init__(self, *, model: str, skip_prologue: bool, client_body: dict) -> None:
         self.model = model
@@ -107,9 +111,12 @@ class OpenAIPassthrough(Strategy):
 
     def response(self, body: bytes) -> bytes:
         try:
-            u = orjson.loads(body).get("usage")
+            obj = orjson.loads(body)
+            u = obj.get("usage")
+            self.timings = obj.get("timings")
         except (orjson.JSONDecodeError, AttributeError):
             u = None
+        self.raw_usage = u
         self.usage = anthropic_usage(u) if u else {}
         return body
 
@@ -127,7 +134,10 @@ class OpenAIPassthrough(Strategy):
                 raise UpstreamError(STREAM_ERROR, message=str(message), after_content=self.started_content)
             u = obj.get("usage")
             if u:
+                self.raw_usage = u
                 self.usage = anthropic_usage(u)
+            if "timings" in obj:
+                self.timings = obj["timings"]
             choices = obj.get("choices")
             if not choices:
                 if not self.client_wants_usage:
@@ -219,6 +229,7 @@ class AnthropicToOpenAIUpstream(Strategy):
 
     def response(self, body: bytes) -> bytes:
         resp = orjson.loads(body)
+        self.raw_usage, self.timings = resp.get("usage"), resp.get("timings")
         msg = response_to_anthropic(resp, self.model, stop_sequences=self.client_body.get("stop_sequences"))
         self.usage = msg.get("usage") or {}
         return orjson.dumps(msg)
@@ -244,6 +255,10 @@ class AnthropicToOpenAIUpstream(Strategy):
                 err = obj["error"] if isinstance(obj["error"], dict) else {"message": str(obj["error"])}
                 raise UpstreamError(STREAM_ERROR, message=str(err.get("message", "upstream error")),
                                     after_content=tr.started_content)
+            if "usage" in obj and obj["usage"]:
+                self.raw_usage = obj["usage"]
+            if "timings" in obj:
+                self.timings = obj["timings"]
             out.extend(self._encode(tr.feed(obj)))
         self.started_content = tr.started_content
         self.usage = tr.usage

@@ -49,6 +49,7 @@ class Exchange:
         self.race_outcome: str | None = None
         self.cost_usd = 0.0
         self.upstream_wait_s = 0.0
+        self.affinity = None  # affinity.service.Ticket: session, lane, canonical prompt, what affinity did
 
     # -- bookkeeping ----------------------------------------------------------------------------------------
 
@@ -80,6 +81,7 @@ class Exchange:
             "ttfb_ms": round(self.ttfb * 1000, 3) if self.ttfb is not None else None,
             "usage": dict(self.usage), "cost_usd": self.cost_usd,
             "notes": list(getattr(self.req.native, "notes", ())),
+            "affinity": self.affinity.note() if self.affinity is not None else None,
         }
 
     def attempts_header(self) -> str:
@@ -98,7 +100,10 @@ class Exchange:
     # -- main loop ------------------------------------------------------------------------------------------
 
     async def run(self) -> None:
-        self.plan = plan = self.router.plan(self.profile_name, self.profile, self.runtime, self.req)
+        aff = self.router.affinity
+        self.affinity = aff.ticket(self.req, prompt_cache_key=self.req.session_key()) if aff is not None else None
+        self.plan = plan = self.router.plan(self.profile_name, self.profile, self.runtime, self.req,
+                                            ticket=self.affinity)
         self.skips = [{"provider": s.provider, "reason": s.reason, "message": s.message} for s in plan.skips]
         if not plan.candidates:
             await self._no_candidates()
@@ -154,13 +159,16 @@ class Exchange:
         response.created): the next provider's is dropped."""
         req = self.req
         cls = strategy_for(req.ingress, provider.cfg.kind, serves_responses=provider.cfg.serves_responses)
-        kw = {"model": model, "skip_prologue": self.committed and req.ingress != "openai", "client_body": req.body}
+        body, raw = req.body, req.raw
+        if self.affinity is not None:
+            body, raw = self.router.affinity.body_for(self.affinity, provider, req)
+        kw = {"model": model, "skip_prologue": self.committed and req.ingress != "openai", "client_body": body}
         if req.native is not None:
             kw["native"] = req.native
             kw["provider_name"] = provider.name
         if req.ingress == "anthropic" and cls.upstream_kind == "openai":
             kw["input_tokens"] = provider.estimate_tokens(len(req.raw))
-        return Call(provider, cls(**kw), raw_body=req.raw, stream=req.stream, client_headers=req.headers)
+        return Call(provider, cls(**kw), raw_body=raw, stream=req.stream, client_headers=req.headers)
 
     async def attempt(self, provider: Provider, started: float) -> None:
         req = self.req
@@ -169,8 +177,14 @@ class Exchange:
         call = self.new_call(provider, model)
         hooks = self.router.budget_hooks
         reservation = hooks.reserve(provider, req) if hooks is not None else None
+        aff = self.router.affinity if self.affinity is not None else None
+        placement = None
         ok = False
         try:
+            if aff is not None:
+                call.placement = placement = await aff.place(self.affinity, provider)
+                if placement is not None:
+                    call.extra_fields = placement.fields
             if req.stream:
                 await self._stream(call, provider)
             else:
@@ -183,6 +197,9 @@ class Exchange:
         finally:
             call.close()
             self.upstream_wait_s += call.wait_s
+            if placement is not None:
+                aff.finish(self.affinity, placement, provider, ok=ok, strategy=call.strategy,
+                           request_id=req.request_id)
             if reservation is not None:
                 hooks.settle(reservation, provider, call.strategy.usage if ok or call.strategy.started_content
                              else None)
@@ -197,6 +214,11 @@ class Exchange:
         prompt_tokens = (self.usage.get("input_tokens") or 0) + (self.usage.get("cache_read_input_tokens") or 0)
         if prompt_tokens:
             provider.learn_ratio(call.request_chars, prompt_tokens)
+        if self.affinity is not None and call.placement is None:
+            # A race winner: never slot-pinned, but what it cached still teaches the index.
+            aff = self.router.affinity
+            aff.finish(self.affinity, aff.unplaced(self.affinity, provider), provider, ok=True,
+                       strategy=call.strategy, request_id=self.req.request_id)
         self._set_route_headers(provider.name)
 
     # -- streaming ------------------------------------------------------------------------------------------

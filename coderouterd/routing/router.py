@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from ..affinity.service import Affinity
 from ..providers.errors import UpstreamError
 from .adaptive import AdaptiveOrderer, AdaptiveSettings, ProbeScheduler, ProviderStats
 from .breaker import BreakerRegistry, BreakerState
@@ -33,6 +34,8 @@ class Router:
         # Providers whose managed process is not ready (starting, restarting, stopped, fatal): never attempted.
         self.down: set[str] = set()
         self.on_passive: Callable[[str, int], None] | None = None
+        # Prefix affinity (session lanes, slots, prefix index); its publish/persist are set by the daemon.
+        self.affinity = Affinity(config)
 
     def _breaker_moved(self, name, old, new, reason) -> None:
         if self._on_breaker is not None:
@@ -43,6 +46,7 @@ class Router:
         new = AdaptiveSettings(**config.adaptive.model_dump())
         for k, v in vars(new).items():
             setattr(self.settings, k, v)
+        self.affinity.configure(config)
 
     def orderer(self, profile: str) -> AdaptiveOrderer:
         o = self._orderers.get(profile)
@@ -59,7 +63,7 @@ class Router:
                                       thinking=c.capabilities.thinking, context_window=c.context_window, paid=c.paid)
         return out
 
-    def plan(self, profile_name: str, profile, runtime, req: ClientRequest) -> Plan:
+    def plan(self, profile_name: str, profile, runtime, req: ClientRequest, ticket=None) -> Plan:
         features = RequestFeatures(
             has_tools=req.has_tools(),
             has_images=req.has_images(),
@@ -76,7 +80,19 @@ class Router:
             for name in [c for c in p.candidates if c in self.down]:
                 p.candidates.remove(name)
                 p.skips.append(Skip(name, "unhealthy", f"{name}'s managed process is not ready"))
+        if ticket is not None and (profile.mode == "race" or profile.adaptive):
+            self._prefer_cached(p, ticket, runtime)
         return p
+
+    def _prefer_cached(self, p: Plan, ticket, runtime) -> None:
+        """Among providers the profile treats as equals (race, adaptive order), the one expected to answer
+        first given what it has cached leads. Providers adaptive or health moved back stay behind."""
+        moved_back = {n["provider"] for n in p.order_notes if n.get("moved") == "back"}
+        equals = [c for c in p.candidates if c not in moved_back]
+        rest = [c for c in p.candidates if c in moved_back]
+        order, notes = self.affinity.prefer(equals, ticket, lambda n: runtime.providers[n].cfg.affinity)
+        p.candidates = order + rest
+        p.order_notes.extend(notes)
 
     def effective_order(self, profile_name: str, profile, runtime) -> Plan:
         return self.plan(profile_name, profile, runtime, ClientRequest(

@@ -61,6 +61,12 @@ class RequestFinished(Event):
     session_key: str | None = None
     # The router's own share of the latency: total minus the time spent waiting on upstreams.
     overhead_ms: float = 0.0
+    # Prefix affinity: hashed session key, lane, backend slot, and the cached tokens the index predicted.
+    session: str | None = None
+    lane: str | None = None
+    slot: int | None = None
+    predicted_tokens: int | None = None
+    cache_bust: str | None = None  # the segment named by the cache-bust detector
 
     @property
     def audited(self) -> bool:  # type: ignore[override]
@@ -135,6 +141,24 @@ class CacheIneffective(Event):
     profile: str
     writes: int
     extra_cost_usd: float = 0.0
+
+
+@dataclass(slots=True)
+class CacheBust(Event):
+    """A turn that reused far less of its prompt prefix than its lane's previous turn promised, and the first
+    segment that differed (`system[0] changed`, `tools changed`, `message 14 rewritten`) or the backend."""
+
+    kind: ClassVar[str] = "cache_bust"
+    audited: ClassVar[bool] = True
+
+    request_id: str
+    provider: str
+    lane: str
+    session: str
+    segment: str
+    cause: str
+    expected_tokens: int = 0
+    cached_tokens: int = 0
 
 
 @dataclass(slots=True)
@@ -245,6 +269,7 @@ EVENT_TYPES: dict[str, type[Event]] = {
         HealthTransition,
         GuardFired,
         CacheIneffective,
+        CacheBust,
         BudgetWarning,
         BudgetBlocked,
         ConfigReloaded,

@@ -40,6 +40,11 @@ JOURNAL_COLUMNS: tuple[str, ...] = (
     "fallback_count",
     "race_outcome",
     "session_key",
+    "session",
+    "lane",
+    "slot",
+    "predicted_tokens",
+    "cache_bust",
 )
 
 JOURNAL_DDL = (
@@ -53,6 +58,15 @@ JOURNAL_DDL = (
     "CREATE INDEX IF NOT EXISTS journal_ts ON journal(ts)",
     "CREATE INDEX IF NOT EXISTS journal_provider_ts ON journal(provider, ts)",
     "CREATE INDEX IF NOT EXISTS journal_profile_ts ON journal(profile, ts)",
+)
+
+# Prefix affinity's columns, added by a migration so existing journals keep their rows.
+JOURNAL_AFFINITY_DDL = (
+    "ALTER TABLE journal ADD COLUMN session TEXT",
+    "ALTER TABLE journal ADD COLUMN lane TEXT",
+    "ALTER TABLE journal ADD COLUMN slot INTEGER",
+    "ALTER TABLE journal ADD COLUMN predicted_tokens INTEGER",
+    "ALTER TABLE journal ADD COLUMN cache_bust TEXT",
 )
 
 INSERT_SQL = (
@@ -83,6 +97,11 @@ def row_from_event(ev: RequestFinished) -> tuple:
         ev.fallback_count,
         ev.race_outcome,
         ev.session_key,
+        ev.session,
+        ev.lane,
+        ev.slot,
+        ev.predicted_tokens,
+        ev.cache_bust,
     )
 
 

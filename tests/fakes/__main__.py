@@ -14,7 +14,7 @@ import signal
 import sys
 import time
 
-KINDS = ("anthropic", "lmstudio", "ollama", "openai")
+KINDS = ("anthropic", "llamacpp", "lmstudio", "ollama", "openai")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

@@ -8,6 +8,7 @@ from aiohttp import web
 
 from .anthropic_server import AnthropicFake
 from .behaviour import FakeBase
+from .llama_server import LlamaServerFake
 from .lmstudio_server import LMStudioFake
 from .ollama_server import OllamaFake
 from .openai_server import OpenAIFake
@@ -17,6 +18,7 @@ KINDS: dict[str, type[FakeBase]] = {  # keep in step with __main__.KINDS
     "anthropic": AnthropicFake,
     "ollama": OllamaFake,
     "lmstudio": LMStudioFake,
+    "llamacpp": LlamaServerFake,
 }
 # Short, so stopping a server with a client parked on a `hang` does not stall the test run.
 SHUTDOWN_TIMEOUT = 0.25

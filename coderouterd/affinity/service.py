@@ -1,0 +1,401 @@
+"""Prefix affinity at run time: the only part of affinity that performs I/O or touches the daemon.
+
+Per request: a Ticket (session, lane, canonical prompt). Per attempt: `place` picks the slot on a backend
+that exposes llama-server's slots (discovered from `GET /props` → `total_slots`), saves/restores slot state
+when lanes outnumber slots, and returns the fields to add to the upstream body (`id_slot`,
+`cache_prompt`); `finish` records the outcome, corrects the index from what the backend reports it
+reused, and names a cache bust. All of it runs on the event loop without blocking: persistence goes through
+the state store (written by its own thread).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from urllib.parse import urlsplit
+
+import orjson
+
+from . import session as sess
+from .bust import Bust, detect
+from .canonical import Canonicaliser, Prompt, segments
+from .index import PrefixIndex
+from .slots import SlotTable
+
+log = logging.getLogger("coderouterd.affinity")
+
+DISCOVERY_RETRY_S = 60.0
+PERSIST_EVERY_S = 1.0
+MAX_SLOT_WAIT_S = 120.0
+
+
+@dataclass(slots=True)
+class Ticket:
+    """What affinity knows about one request, and (for the journal and `corectl explain`) what it did."""
+
+    prompt: Prompt
+    session: sess.SessionKey
+    lane: str
+    lane_kind: str
+    canonical: dict  # the body with per-request noise removed (same object when nothing was removed)
+    canonical_raw: bytes | None = None
+    slot: int | None = None
+    predicted_tokens: int | None = None
+    cached_tokens: int | None = None
+    bust: Bust | None = None
+    placement_why: str = ""
+
+    @property
+    def lane_label(self) -> str:
+        return self.lane_kind if self.lane_kind == sess.BACKGROUND else f"main:{sess.hash_key(self.lane)[:6]}"
+
+    def note(self) -> dict:
+        out = {"session": self.session.hashed, "session_source": self.session.source, "lane": self.lane_label,
+               "slot": self.slot, "predicted_tokens": self.predicted_tokens, "cached_tokens": self.cached_tokens,
+               "placement": self.placement_why}
+        if self.bust is not None:
+            out["cache_bust"] = {"segment": self.bust.segment, "cause": self.bust.cause,
+                                 "expected_tokens": self.bust.expected_tokens,
+                                 "cached_tokens": self.bust.cached_tokens}
+        return out
+
+
+@dataclass(slots=True)
+class Placement:
+    provider: str
+    slot: int | None
+    predicted_bytes: int
+    fields: dict = field(default_factory=dict)
+    started: float = 0.0
+
+
+def keeps_billing_header(cfg) -> bool:
+    """Only the real Anthropic API reads the billing header; any other upstream (including a local
+    Anthropic-compatible server) gets the canonical prompt."""
+    if cfg.kind != "anthropic":
+        return False
+    host = urlsplit(cfg.base_url).hostname or ""
+    return host == "anthropic.com" or host.endswith(".anthropic.com")
+
+
+def merge_fields(body: bytes, fields: dict) -> bytes:
+    """Add top-level keys to a serialised JSON object without parsing it again (bodies run to megabytes)."""
+    if not fields:
+        return body
+    end = body.rstrip()
+    if not end.endswith(b"}"):
+        return body
+    head = end[:-1].rstrip()
+    extra = orjson.dumps(fields)[1:]
+    return head + (extra if head.endswith(b"{") else b"," + extra)
+
+
+def _reported_cache(usage: dict, raw_usage: dict | None, timings: dict | None,
+                    upstream_kind: str) -> tuple[int, int, int | None, float | None]:
+    """(prompt tokens, cached tokens, processed tokens, prefill seconds) as the backend reports them;
+    cached is -1 when the backend does not say (then neither hit ratio nor bust detection use it)."""
+    if timings and isinstance(timings.get("cache_n"), int) and isinstance(timings.get("prompt_n"), int):
+        cached, processed = timings["cache_n"], timings["prompt_n"]
+        ms = timings.get("prompt_ms")
+        return cached + processed, cached, processed, (ms / 1000) if isinstance(ms, (int, float)) else None
+    prompt = (usage.get("input_tokens") or 0) + (usage.get("cache_read_input_tokens") or 0) + \
+        (usage.get("cache_creation_input_tokens") or 0)
+    if upstream_kind == "anthropic":
+        if "cache_read_input_tokens" in usage:
+            cached = usage.get("cache_read_input_tokens") or 0
+            return prompt, cached, prompt - cached, None
+        return prompt, -1, None, None
+    details = (raw_usage or {}).get("prompt_tokens_details")
+    if isinstance(details, dict) and isinstance(details.get("cached_tokens"), int):
+        cached = details["cached_tokens"]
+        return prompt, cached, prompt - cached, None
+    return prompt, -1, None, None
+
+
+class Affinity:
+    def __init__(self, config, *, publish: Callable | None = None, persist: Callable | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.index = PrefixIndex()
+        self.publish = publish
+        self.persist = persist  # (provider, snapshot) -> None: store.set, written by the store's thread
+        self.clock = clock
+        self._discovered: dict[str, tuple[str, float, int]] = {}  # provider -> (base_url, retry_at, slots)
+        self._discovering: dict[str, asyncio.Future] = {}
+        self._released: dict[tuple[str, int], asyncio.Event] = {}
+        self._dirty: set[str] = set()  # providers whose index changed since their last snapshot
+        self.configure(config)
+
+    def configure(self, config) -> None:
+        self.cfg = config.affinity
+        self.canonicaliser = Canonicaliser(self.cfg.strip_patterns)
+
+    def restore(self, snapshots: dict[str, dict]) -> None:
+        for provider, snap in snapshots.items():
+            if isinstance(snap, dict):
+                self.index.restore(provider, snap)
+
+    # -- per request ----------------------------------------------------------------------------------------
+
+    def ticket(self, req, *, prompt_cache_key: str | None = None) -> Ticket | None:
+        """`prompt_cache_key`: for an ingress that carries it outside the body it parses (the Responses API
+        converted to another shape); it outranks only the prefix fingerprint, as in `session_key`."""
+        if not self.cfg.enabled:
+            return None
+        try:
+            canonical = self.canonicaliser.canonical(req.body, req.ingress)
+            prompt = segments(canonical, req.ingress)
+            key = sess.session_key(req.headers, req.body, prompt.head)
+            if key.source == "fingerprint" and prompt_cache_key:
+                key = sess.from_prompt_cache_key(prompt_cache_key) or key
+            kind = sess.lane_kind(req.body, key)
+        except (TypeError, ValueError, AttributeError) as e:
+            # A body shape nobody anticipated costs this request its affinity, never the request itself.
+            log.debug("no prefix affinity for this request: %s", e)
+            return None
+        return Ticket(prompt, key, sess.lane_id(key, kind, prompt.head), kind, canonical)
+
+    def body_for(self, ticket: Ticket | None, provider, req) -> tuple[dict, bytes]:
+        """The client body as this provider should get it: canonical, except for the real Anthropic API."""
+        if ticket is None or ticket.canonical is req.body or keeps_billing_header(provider.cfg):
+            return req.body, req.raw
+        if provider.cfg.kind != "anthropic" or req.ingress != "anthropic":
+            # Translating strategies build their body from the dict; only Anthropic passthrough sends raw bytes.
+            return ticket.canonical, req.raw
+        if ticket.canonical_raw is None:
+            ticket.canonical_raw = orjson.dumps(ticket.canonical)
+        return ticket.canonical, ticket.canonical_raw
+
+    # -- per attempt ----------------------------------------------------------------------------------------
+
+    async def place(self, ticket: Ticket | None, provider) -> Placement | None:
+        if ticket is None or not provider.cfg.affinity:
+            return None
+        name = provider.name
+        p = self.index.provider(name)
+        table = await self._slots(provider)
+        now = self.clock()
+        if table is None:
+            placement = Placement(name, None, self.index.predict(name, ticket.lane, ticket.prompt), started=now)
+            p.in_flight += 1
+            return placement
+        for _ in range(8):
+            own = table.owned(ticket.lane)
+            wait_s = max(0.0, p.mean_duration_s - (now - own.busy_since)) if own is not None and own.busy \
+                and p.mean_duration_s else MAX_SLOT_WAIT_S
+            choice = table.choose(ticket.lane, ticket.prompt, wait_s=wait_s,
+                                  s_per_byte=p.s_per_token / p.bytes_per_token)
+            if not choice.wait:
+                break
+            ev = self._released.setdefault((name, choice.slot), asyncio.Event())
+            try:
+                await asyncio.wait_for(ev.wait(), timeout=min(MAX_SLOT_WAIT_S, max(1.0, 2 * wait_s)))
+            except TimeoutError:
+                break
+            now = self.clock()
+        table.begin(choice.slot, now)
+        p.in_flight += 1
+        if choice.saves or choice.restore:
+            try:
+                await self._save_restore(provider, table, choice)
+            except asyncio.CancelledError:
+                p.in_flight = max(0, p.in_flight - 1)
+                table.finish(choice.slot, ticket.lane, None, self.clock())
+                raise
+        ticket.placement_why = choice.why
+        return Placement(name, choice.slot, choice.predicted, {"id_slot": choice.slot, "cache_prompt": True},
+                         started=now)
+
+    def unplaced(self, ticket: Ticket | None, provider) -> Placement | None:
+        """For an attempt that was not placed (a race): the prediction only, so the outcome is still learned."""
+        if ticket is None or not provider.cfg.affinity:
+            return None
+        self.index.provider(provider.name).in_flight += 1
+        return Placement(provider.name, None, self.index.predict(provider.name, ticket.lane, ticket.prompt),
+                         started=self.clock())
+
+    async def _save_restore(self, provider, table: SlotTable, choice) -> None:
+        for slot, fname in choice.saves:
+            status = await self._slot_action(provider, slot, "save", fname)
+            if status >= 300 or status == 0:
+                if status == 501:  # started without --slot-save-path: stop trying
+                    table.can_save = False
+                table.forget_saved(fname)
+                break
+        if choice.restore is not None and table.can_save:
+            if 0 < await self._slot_action(provider, choice.slot, "restore", choice.restore) < 300:
+                return
+            table.forget_saved(choice.restore)
+        if choice.restore is not None:
+            # The restore did not happen: the slot holds whatever it held, which we no longer know.
+            s = table.slots[choice.slot]
+            s.digests, s.ends = (), ()
+            choice.predicted = 0
+
+    async def _slot_action(self, provider, slot: int, action: str, filename: str) -> int:
+        """The HTTP status of POST /slots/{id}?action=…, 0 when the server could not be reached in time. Saving
+        a long prompt's KV cache writes gigabytes: it gets the provider's first-byte timeout, like a request."""
+        import aiohttp
+
+        url = f"{provider.root_url}/slots/{slot}?action={action}"
+        try:
+            async with asyncio.timeout(provider.cfg.timeouts.first_byte):
+                async with provider.session().post(url, json={"filename": filename},
+                                                   headers={**provider.cfg.headers, **provider.auth_headers()}) as r:
+                    await r.read()
+                    return r.status
+        except (aiohttp.ClientError, OSError, TimeoutError):
+            return 0
+
+    async def _slots(self, provider) -> SlotTable | None:
+        """The backend's slot table, discovered once (and retried a minute after a failure)."""
+        cfg = provider.cfg
+        if cfg.kind != "openai":
+            return None
+        name = provider.name
+        known = self._discovered.get(name)
+        p = self.index.provider(name)
+        if known is not None and known[0] == cfg.base_url and (known[2] or self.clock() < known[1]):
+            return p.slots if known[2] else None
+        fut = self._discovering.get(name)
+        if fut is None:
+            fut = self._discovering[name] = asyncio.ensure_future(self._discover(provider))
+        try:
+            n, answered = await asyncio.shield(fut)
+        finally:
+            if fut.done():
+                self._discovering.pop(name, None)
+        # A server that answered without slots (a 404: not llama-server) is not asked again until its base_url
+        # changes; one that could not be reached is asked again a minute later.
+        retry_at = float("inf") if answered else self.clock() + DISCOVERY_RETRY_S
+        self._discovered[name] = (cfg.base_url, retry_at, n)
+        if not n:
+            p.slots = None
+            return None
+        if p.slots is None:
+            p.slots = SlotTable(n)
+        p.slots.resize(n)
+        p.slots.can_save = self.cfg.max_saved_slots > 0
+        p.slots.max_saved = self.cfg.max_saved_slots
+        p.slots.clone_min_bytes = int(self.cfg.clone_min_tokens * p.bytes_per_token)
+        return p.slots
+
+    async def _discover(self, provider) -> tuple[int, bool]:
+        """(slots, whether the server answered at all)."""
+        import aiohttp
+
+        headers = {**provider.cfg.headers, **provider.auth_headers()}
+        try:
+            async with asyncio.timeout(self.cfg.probe_timeout_s):
+                async with provider.session().get(f"{provider.root_url}/props", headers=headers) as r:
+                    if r.status >= 300:
+                        return 0, True
+                    props = orjson.loads(await r.read())
+                n = props.get("total_slots") if isinstance(props, dict) else None
+                if not isinstance(n, int) or n < 1:
+                    return 0, True
+                # /slots answering confirms this is llama-server with its slot API on (an OpenAI-compatible
+                # server that merely has a /props is left to choose for itself).
+                async with provider.session().get(f"{provider.root_url}/slots", headers=headers) as r:
+                    await r.read()
+                    return (n if r.status < 300 else 0), True
+        except (orjson.JSONDecodeError, AttributeError):
+            return 0, True
+        except (aiohttp.ClientError, OSError, TimeoutError):
+            return 0, False
+
+    def finish(self, ticket: Ticket | None, placement: Placement | None, provider, *, ok: bool,
+               strategy=None, request_id: str = "") -> None:
+        """After an attempt (success or failure). Never raises into the request path."""
+        if ticket is None or placement is None:
+            return
+        name = placement.provider
+        p = self.index.provider(name)
+        p.in_flight = max(0, p.in_flight - 1)
+        now = self.clock()
+        table = p.slots
+        if placement.slot is not None and table is not None and placement.slot < len(table.slots):
+            table.finish(placement.slot, ticket.lane, ticket.prompt if ok else None, now)
+            ev = self._released.pop((name, placement.slot), None)
+            if ev is not None:
+                ev.set()
+        if not ok or strategy is None:
+            return
+        ticket.slot = placement.slot
+        usage = strategy.usage or {}
+        prompt_tokens, cached, processed, prefill_s = _reported_cache(
+            usage, getattr(strategy, "raw_usage", None), getattr(strategy, "timings", None), strategy.upstream_kind)
+        ticket.predicted_tokens = int(placement.predicted_bytes / p.bytes_per_token)
+        previous = self.index.last_prompt(ticket.lane)
+        if cached >= 0 and prompt_tokens > 0:
+            ticket.cached_tokens = cached
+            p.learn(prompt_bytes=ticket.prompt.size, prompt_tokens=prompt_tokens, cached_tokens=cached,
+                    processed_tokens=processed or 0, prefill_s=prefill_s, duration_s=now - placement.started)
+            p.correct(ticket.predicted_tokens, cached)
+            if previous is not None and previous[0] == name:
+                ticket.bust = detect(previous[1], ticket.prompt, cached_tokens=cached, previous_tokens=previous[2],
+                                     min_tokens=self.cfg.bust_min_tokens)
+            if ticket.bust is not None and self.publish is not None:
+                from ..state.events import CacheBust
+
+                b = ticket.bust
+                self.publish(CacheBust(request_id=request_id, provider=name, lane=ticket.lane_label,
+                                       session=ticket.session.hashed, segment=b.segment, cause=b.cause,
+                                       expected_tokens=b.expected_tokens, cached_tokens=b.cached_tokens))
+        self.index.remember(ticket.lane, name, ticket.prompt, prompt_tokens if cached >= 0 else 0)
+        self._persist_soon(name)
+
+    def _persist_soon(self, provider: str) -> None:
+        """At most one snapshot per provider per PERSIST_EVERY_S: a snapshot of many slots and saved lanes is
+        not free, and the store itself only flushes once a second."""
+        if self.persist is None or provider in self._dirty:
+            return
+        self._dirty.add(provider)
+        asyncio.get_running_loop().call_later(PERSIST_EVERY_S, self._persist_now, provider)
+
+    def _persist_now(self, provider: str) -> None:
+        if provider in self._dirty and self.persist is not None:
+            self._dirty.discard(provider)
+            self.persist(provider, self.index.snapshot(provider))
+
+    def flush(self) -> None:
+        """Snapshot whatever changed since the last one (at shutdown, before the store closes)."""
+        for provider in list(self._dirty):
+            self._persist_now(provider)
+
+    # -- choosing among equally acceptable providers ---------------------------------------------------------
+
+    def prefer(self, candidates: list[str], ticket: Ticket | None, enabled: Callable[[str], bool]) -> \
+            tuple[list[str], list[dict]]:
+        """Stable order by expected time to first token; only for providers a profile treats as equals
+        (race, adaptive order, panic), never for a fallback chain."""
+        if ticket is None or len(candidates) < 2:
+            return candidates, []
+        ttft = {c: self.index.expected_ttft_s(c, ticket.lane, ticket.prompt) for c in candidates if enabled(c)}
+        if len(ttft) < 2:
+            return candidates, []
+        order = sorted(candidates, key=lambda c: (ttft.get(c, float("inf")) if c in ttft else float("inf")))
+        order = [c for c in order if c in ttft] + [c for c in candidates if c not in ttft]
+        if order == candidates:
+            return candidates, []
+        first = order[0]
+        return order, [{"provider": first, "moved": "front",
+                        "why": f"prefix affinity: expected time to first token {ttft[first]:.2f}s, best of "
+                               + ", ".join(f"{c} {ttft[c]:.2f}s" for c in candidates if c in ttft)}]
+
+    # -- visibility -----------------------------------------------------------------------------------------
+
+    def provider_status(self, name: str) -> dict:
+        p = self.index.providers.get(name)
+        if p is None:
+            return {"prompt_tokens": 0, "cached_tokens": 0, "hit_ratio": None, "slots": None}
+        slots = None
+        if p.slots is not None:
+            slots = {"total": len(p.slots.slots), "busy": sum(1 for s in p.slots.slots if s.busy),
+                     "lanes": sum(1 for s in p.slots.slots if s.lane), "saved": len(p.slots.saved),
+                     "save_restore": p.slots.can_save}
+        return {"prompt_tokens": p.prompt_tokens, "cached_tokens": p.cached_tokens,
+                "hit_ratio": round(p.hit_ratio, 4) if p.hit_ratio is not None else None, "slots": slots,
+                "prompt_s_per_token": round(p.s_per_token, 6) if p.measured else None}
