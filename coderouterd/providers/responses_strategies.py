@@ -69,6 +69,7 @@ class ResponsesToChat(_ResponsesStrategy):
 
     def response(self, body: bytes) -> bytes:
         completion = orjson.loads(body)
+        self.raw_usage, self.timings = completion.get("usage"), completion.get("timings")
         self.usage = anthropic_usage(completion.get("usage")) if completion.get("usage") else {}
         return orjson.dumps(chat_completion_to_response(self.rq, completion, self.tr.model))
 
@@ -88,7 +89,10 @@ class ResponsesToChat(_ResponsesStrategy):
                                     after_content=self.delivered)
             tr.feed(obj, out)
             if obj.get("usage"):
+                self.raw_usage = obj["usage"]
                 self.usage = anthropic_usage(obj["usage"])
+            if "timings" in obj:
+                self.timings = obj["timings"]
         self._sync()
         return encode_all(out)
 

@@ -308,3 +308,30 @@ def test_concurrent_sessions_and_background_calls_keep_their_slots(start_daemon)
             kind = "main" if e["prompt"].startswith(b"<tools>") else "background"
             lanes.setdefault((session, kind), set()).add(e["slot"])
         assert all(len(v) == 1 for v in lanes.values()) and len(set().union(*lanes.values())) == 4
+
+
+def test_codex_responses_sessions_get_lanes_from_prompt_cache_key(start_daemon):
+    import openai
+
+    from coderouterd.state.journal import journal_rows
+
+    with FakeServer("llamacpp", name="codex", n_slots=2) as fake:
+        d = start_daemon(CONFIG % fake.url)
+        client = openai.OpenAI(base_url=d.url + "/v1", api_key="x", max_retries=0)
+        convs = {k: [{"role": "user", "content": f"task {k}: " + "explain the repository layout " * 40}]
+                 for k in ("codex-a", "codex-b")}
+        for turn in range(3):
+            for key, items in convs.items():
+                with client.responses.stream(model="m", input=items, instructions="You are Codex. " * 200,
+                                             prompt_cache_key=key) as st:
+                    st.get_final_response()
+                items.append({"role": "assistant", "content": f"step {turn} done"})
+                items.append({"role": "user", "content": f"output of step {turn} " * 300})
+        log = fake.fake.log
+        assert len({e["slot"] for e in log[0::2]}) == 1 and len({e["slot"] for e in log[1::2]}) == 1
+        assert log[0]["slot"] != log[1]["slot"]
+        assert all(e["cache_n"] > 0.9 * p["n_prompt"] for e, p in zip(log[2:], log[:-2], strict=False))
+        d.stop()
+        rows = journal_rows(d.state_dir / "state.db")
+        assert len({r["session"] for r in rows}) == 2
+        assert [r["cache_read_tokens"] for r in rows] == [e["cache_n"] for e in log]
