@@ -25,12 +25,20 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = _args(argv)
     from .config import ConfigError, load_config
+    from .config.envfile import EnvFileError, load_env_file, missing_keys
 
+    try:
+        # Before the config is read: CODEROUTER_* overrides and every api_key_env may come from this file.
+        load_env_file()
+    except EnvFileError as e:
+        print(f"coderouterd: {e}", file=sys.stderr)
+        return 2
     try:
         loaded = load_config(args.config)
     except ConfigError as e:
         print(f"coderouterd: {e}", file=sys.stderr)
         return 2
+    no_key = missing_keys(loaded.model.providers)
     server = loaded.model.server
     if args.host:
         server.host = args.host
@@ -42,9 +50,15 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if args.check:
         print(f"coderouterd: configuration OK ({loaded.path})")
+        for name, problem in no_key.items():
+            print(f"coderouterd: provider {name}: {problem} (see {_env_hint()})", file=sys.stderr)
         return 0
     level = (args.log_level or server.log_level).upper()
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    # watchfiles reports every change it sees at INFO; the reload that follows is the line worth reading.
+    logging.getLogger("watchfiles").setLevel(logging.WARNING)
+    for name, problem in no_key.items():
+        logging.getLogger("coderouterd").warning("provider %s: %s (see %s)", name, problem, _env_hint())
     from .serve import _install_uvloop, serve
 
     _install_uvloop()
@@ -52,6 +66,12 @@ def main(argv: list[str] | None = None) -> int:
         return asyncio.run(serve(loaded))
     except KeyboardInterrupt:
         return 0
+
+
+def _env_hint() -> str:
+    from .config.envfile import env_file_path
+
+    return f"{env_file_path()}: one NAME=value line per key, chmod 600"
 
 
 if __name__ == "__main__":

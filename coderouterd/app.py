@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 from . import __version__
 from .config import ConfigError, LoadedConfig, load_config, state_dir
+from .config.envfile import missing_keys
 from .guards.apply import BudgetHooks, apply_tool_loop
 from .guards.budget import Budget
 from .routing.router import Router
@@ -148,7 +149,7 @@ class Daemon:
         except ConfigError as e:
             self.last_reload_error = str(e)
             self._publish(ConfigRejected(path=self._loaded.path, reason=str(e)))
-            log.error("config reload rejected, keeping the running config: %s", e)
+            # Logged once, by reload.apply_reload, whatever triggered the reload.
             return {"ok": False, "error": str(e)}
         old = self.runtime
         changed = _changed_sections(old.config, loaded.model)
@@ -191,10 +192,12 @@ class Daemon:
         host, port = self.listen
         url_host = f"[{host}]" if ":" in host else host
         providers = []
+        no_key = missing_keys({n: p.cfg for n, p in runtime.providers.items()})
         for name, p in runtime.providers.items():
             c = p.cfg
             providers.append({
                 "name": name, "kind": c.kind, "base_url": c.base_url, "model": c.model, "paid": c.paid,
+                "key_problem": no_key.get(name),
                 "breaker": router.breakers.get(name).snapshot(),
                 "health": router.health.get(name, "unknown"),
                 "figures": router.stats.figures(name),

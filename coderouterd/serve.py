@@ -13,6 +13,7 @@ import time
 
 import uvicorn
 
+from . import discovery
 from .admin.lock import LOCK_NAME, LockHeld, StateLock, ensure_private_dir
 from .admin.server import AdminServer, AdminSocketError, ManagedServer
 from .app import Daemon
@@ -113,11 +114,28 @@ async def serve(loaded: LoadedConfig) -> int:
         lock.release()
         log.error("%s", e)
         return 1
+    record = _discovery_record(daemon, loaded, sdir, sock_path)
+    try:
+        await asyncio.to_thread(discovery.publish, record)
+    except OSError as e:  # corectl then needs --socket; the daemon itself serves on
+        log.warning("cannot publish where this daemon is (%s): %s", discovery.discovery_dir(), e)
     try:
         return await _run(daemon, loaded, admin)
     finally:
+        await asyncio.to_thread(discovery.withdraw, daemon.pid)
         admin.remove_socket()
         lock.release()
+
+
+def _discovery_record(daemon: Daemon, loaded: LoadedConfig, sdir, sock_path) -> dict:
+    from .admin.api import API_VERSION
+
+    s = loaded.model.server
+    host = f"[{s.host}]" if ":" in s.host else s.host
+    return discovery.make_record(pid=daemon.pid, version=daemon.version, api_version=API_VERSION,
+                                 socket=str(sock_path), config_path=loaded.path, embedded=loaded.is_embedded,
+                                 state_dir=str(sdir), listen_url=f"http://{host}:{s.port}",
+                                 started_at=daemon.started_at)
 
 
 async def _run(daemon: Daemon, loaded: LoadedConfig, admin: AdminServer) -> int:

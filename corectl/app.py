@@ -159,11 +159,13 @@ def reload(ctx: typer.Context, json_out: JsonOpt = False) -> None:
 def config_check(
     ctx: typer.Context,
     path: Annotated[str | None, typer.Argument(
-        help="Config file to validate (default: the one coderouterd would load).")] = None,
+        help="Config file to validate (default: $CODEROUTER_CONFIG, else the running coderouterd's, else the "
+             "last one it ran with, else the one it would load).")] = None,
     json_out: JsonOpt = False,
 ) -> None:
     """Validate a config file offline, with the daemon's own rules and messages."""
-    _exit(commands.config_check(path, _opts(ctx, json_out)[1]))
+    socket, as_json = _opts(ctx, json_out)
+    _exit(commands.config_check(path, as_json, socket))
 
 
 def _complete_processes(ctx: typer.Context, incomplete: str) -> list[str]:

@@ -22,8 +22,39 @@ class CorectlError(Exception):
 
 class DaemonNotRunning(CorectlError):
     def __init__(self, path: str, detail: str) -> None:
-        super().__init__(f"coderouterd is not running ({detail} at {path}). Start it with: coderouterd", code=3,
-                         payload={"socket": path, "running": False})
+        super().__init__(f"coderouterd is not running ({detail} at {path}). Start it with: {start_command()}",
+                         code=3, payload={"socket": path, "running": False})
+
+
+def start_command() -> str:
+    """How to start the daemon from where the user is: `coderouterd` when it is on PATH, else the one next to
+    this Python (a venv that is not activated), with the config the last daemon ran with."""
+    import shutil
+    import sys
+
+    if shutil.which("coderouterd"):
+        cmd = "coderouterd"
+    else:
+        beside = os.path.join(os.path.dirname(sys.executable), "coderouterd")
+        cmd = _shorten(beside) if os.access(beside, os.X_OK) else f"{_shorten(sys.executable)} -m coderouterd"
+    from coderouterd.discovery import read_last
+
+    last = read_last()
+    if last and not last.get("embedded_config") and last.get("config_path"):
+        cmd += f" --config {_shorten(last['config_path'])}"
+    return cmd
+
+
+def _shorten(path: str) -> str:
+    """A path as short as it can be typed from here: relative to the current directory, else with ~."""
+    try:
+        rel = os.path.relpath(path)
+    except ValueError:
+        rel = path
+    if not rel.startswith(".."):
+        return rel if os.sep in rel else os.path.join(".", rel)
+    home = os.path.expanduser("~")
+    return "~" + path[len(home):] if home != "/" and path.startswith(home + os.sep) else path
 
 
 def cheap_socket_path() -> str:
@@ -31,38 +62,24 @@ def cheap_socket_path() -> str:
     explicit = os.environ.get("CODEROUTER_ADMIN__SOCKET")
     if explicit:
         return os.path.expanduser(explicit)
-    sdir = os.environ.get("CODEROUTER_STATE__DIR") or os.environ.get("CODEROUTER_STATE_DIR")
-    if not sdir:
-        import platformdirs
+    from coderouterd.discovery import discovery_dir
 
-        sdir = platformdirs.user_state_dir("coderouter")
-    return os.path.join(os.path.expanduser(sdir), SOCKET_NAME)
-
-
-def configured_socket_path() -> str | None:
-    """The socket named by the config file the daemon would load (slow: imports pydantic). None when there is no
-    config file or it cannot be read: the caller then reports the cheap path."""
-    from coderouterd.config import ConfigError, admin_socket_path, load_config
-    from coderouterd.config.loader import EMBEDDED, resolve_config_path
-
-    if resolve_config_path(None) == EMBEDDED:
-        return None
-    try:
-        return str(admin_socket_path(load_config(None).model))
-    except ConfigError:
-        return None
+    return os.path.join(discovery_dir(), SOCKET_NAME)
 
 
 def resolve_socket(explicit: str | None) -> str:
+    """--socket (or $CODEROUTER_SOCKET), else $CODEROUTER_ADMIN__SOCKET, else the socket the running daemon
+    published (coderouterd.discovery), else the default path. Never parses a config file."""
     if explicit:
         return os.path.expanduser(explicit)
-    path = cheap_socket_path()
-    if os.path.exists(path):
-        return path
-    configured = configured_socket_path()
-    if configured and os.path.exists(configured):
-        return configured
-    return path
+    if os.environ.get("CODEROUTER_ADMIN__SOCKET"):
+        return cheap_socket_path()
+    from coderouterd.discovery import read_live
+
+    live = read_live()
+    if live and isinstance(live.get("socket"), str):
+        return live["socket"]
+    return cheap_socket_path()
 
 
 def _unix_connection(path: str, timeout: float):

@@ -115,21 +115,44 @@ def reload(socket: str | None, as_json: bool) -> int:
     return with_daemon(socket, as_json, work)
 
 
-def config_check(path: str | None, as_json: bool) -> int:
-    """Offline: the daemon's own loader, so the messages are the ones the daemon would print."""
+def config_check(path: str | None, as_json: bool, socket: str | None = None) -> int:
+    """Offline: the daemon's own loader, so the messages are the ones the daemon would print. Without a PATH,
+    the file of the daemon the user runs (corectl.target), so the check is about the config actually in use."""
     from coderouterd.config import ConfigError, load_config
+    from coderouterd.config.envfile import missing_keys
 
+    from .target import config_for
+
+    found = config_for(path, socket)
     try:
-        loaded = load_config(path)
+        loaded = load_config(found.value)
     except ConfigError as e:
-        report_error(str(e), as_json, {"path": path})
+        report_error(str(e), as_json, {"path": found.value, "from": found.source})
         return 1
     m = loaded.model
-    data = {"ok": True, "path": loaded.path, "providers": sorted(m.providers), "profiles": sorted(m.profiles),
-            "default_profile": m.server.default_profile}
+    no_key = missing_keys(m.providers, _daemon_environment())
+    data = {"ok": True, "path": loaded.path, "from": found.source, "providers": sorted(m.providers),
+            "profiles": sorted(m.profiles), "default_profile": m.server.default_profile, "no_key": no_key}
     if as_json:
         emit_json(data)
     else:
         echo(f"{loaded.path}: OK ({len(m.providers)} providers, {len(m.profiles)} profiles, "
-             f"default profile {m.server.default_profile})")
+             f"default profile {m.server.default_profile})"
+             + ("" if found.source == "--config" else f", the config of {found.source}"))
+        for name, problem in no_key.items():
+            echo(f"  {name}: {problem}")
     return 0
+
+
+def _daemon_environment() -> dict:
+    """This shell's environment plus the env file, as the daemon would see it at start-up."""
+    import os
+
+    from coderouterd.config.envfile import EnvFileError, load_env_file
+
+    env = dict(os.environ)
+    try:
+        load_env_file(environ=env)
+    except EnvFileError as e:
+        sys.stderr.write(f"corectl: {e}\n")
+    return env

@@ -74,40 +74,70 @@ def _dumps(data: dict) -> str:
     return orjson.dumps(data, option=orjson.OPT_INDENT_2).decode()
 
 
-def doctor_command(provider: str | None = None, config: str | None = None, json: bool = False) -> int:
-    """What `corectl doctor [PROVIDER] [--config PATH] [--json]` does; returns the exit code."""
+def doctor_command(provider: str | None = None, config: str | None = None, json: bool = False,
+                   socket: str | None = None) -> int:
+    """What `corectl doctor [PROVIDER] [--config PATH] [--json]` does; returns the exit code.
+
+    Without --config it checks the config of the daemon the user runs (corectl.target), with the keys that
+    daemon has: the env file is loaded here like the daemon loads it, and a running daemon's own report of
+    missing keys becomes an `auth` failure (a key exported in this shell does not reach a login service)."""
     from coderouterd.config import ConfigError, load_config
+    from coderouterd.config.envfile import EnvFileError, load_env_file
 
     from .render import console
+    from .target import config_for, running_daemon
 
+    daemon = None if config else running_daemon(socket)
+    found = config_for(config, socket, daemon=daemon)
     try:
-        loaded = load_config(config)
+        load_env_file()
+        loaded = load_config(found.value)
         results = asyncio.run(run_doctor(loaded, [provider] if provider else None))
-    except (ConfigError, DoctorError) as e:
+    except (ConfigError, DoctorError, EnvFileError) as e:
         if json:
             typer.echo(_dumps({"ok": False, "exit_code": 1, "error": str(e)}))
         typer.echo(f"corectl: {e}", err=True)
         return 1
+    if daemon is not None:
+        _add_daemon_key_checks(results, daemon)
     code = exit_code(results)
     if json:
-        typer.echo(_dumps({"ok": code == 0, "exit_code": code, "config": loaded.path, "providers": results}))
+        typer.echo(_dumps({"ok": code == 0, "exit_code": code, "config": loaded.path, "from": found.source,
+                           "providers": results}))
     else:
+        console().print(f"Config: {loaded.path} (from {found.source})")
         render(results, console())
     return code
+
+
+def _add_daemon_key_checks(results: list[dict], daemon: dict) -> None:
+    """The running daemon's view of its keys, which may differ from this shell's."""
+    from coderouterd.config.envfile import env_file_path
+
+    problems = {p["name"]: p.get("key_problem") for p in daemon.get("providers") or []}
+    for r in results:
+        problem = problems.get(r["provider"])
+        if problem:
+            r["checks"].append({"name": "daemon key", "status": FAIL,
+                                "message": f"the running coderouterd (pid {daemon.get('pid')}) has {problem}",
+                                "suggestion": f"put the key in {env_file_path()} (chmod 600), then restart "
+                                              "coderouterd"})
 
 
 def doctor(
     ctx: typer.Context,
     provider: Annotated[str | None, typer.Argument(help="Probe only this provider.")] = None,
     config: Annotated[str | None, typer.Option(
-        "--config", metavar="PATH", help="Config file (default: the one coderouterd would load).")] = None,
+        "--config", metavar="PATH", help="Config file (default: $CODEROUTER_CONFIG, else the running "
+                                       "coderouterd's, else the last one it ran with).")] = None,
     json_out: Annotated[bool, typer.Option("--json", help="Print machine-readable JSON.")] = False,
 ) -> None:
     """Probe each provider live: reachability, model, generation, streaming, tools, thinking, context window.
 
     Exit 0 all OK, 2 something needs tuning, 1 could not run (bad config, provider unreachable)."""
-    root_json = bool(getattr(ctx.find_root().obj, "json", False))
-    code = doctor_command(provider, config, json_out or root_json)
+    root = ctx.find_root().obj
+    code = doctor_command(provider, config, json_out or bool(getattr(root, "json", False)),
+                          getattr(root, "socket", None))
     if code:
         raise typer.Exit(code)
 

@@ -12,7 +12,7 @@ import time
 from datetime import UTC, datetime
 from pathlib import Path
 
-from .client import AdminClient, CorectlError, resolve_socket
+from .client import CorectlError
 from .commands import emit_json, report_error
 
 DB_FILE = "state.db"
@@ -63,28 +63,10 @@ def local_time(ts: float) -> str:
 # -- where the state is -------------------------------------------------------------------------------------
 
 def resolve_state_dir(explicit: str | None, socket: str | None) -> tuple[Path, str]:
-    """(state dir, how it was found). Order: --state-dir, the environment, the running daemon, the config file
-    the daemon would load, the per-OS default."""
-    if explicit:
-        return Path(explicit).expanduser(), "--state-dir"
-    for var in ("CODEROUTER_STATE_DIR", "CODEROUTER_STATE__DIR"):
-        if os.environ.get(var):
-            return Path(os.environ[var]).expanduser(), f"${var}"
-    try:
-        with AdminClient(resolve_socket(socket), timeout=2.0) as client:
-            sdir = client.call("GET", "/v1/status").get("state_dir")
-        if sdir:
-            return Path(sdir), "coderouterd"
-    except CorectlError:
-        pass  # not running (or unreachable): the files are still where the config says
-    from coderouterd.config import ConfigError, load_config, state_dir
+    """(state dir, how it was found): see corectl.target."""
+    from .target import state_dir_for
 
-    try:
-        return state_dir(load_config(None).model), "config"
-    except ConfigError:
-        import platformdirs
-
-        return Path(platformdirs.user_state_dir("coderouter")), "default"
+    return state_dir_for(explicit, socket)
 
 
 def _state_dir_or_fail(explicit: str | None, socket: str | None) -> Path:

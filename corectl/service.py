@@ -115,10 +115,13 @@ def find_daemon() -> str:
     raise ServiceError("cannot find the coderouterd executable: install the package, or pass --daemon PATH")
 
 
-def default_config() -> str:
+def default_config(socket: str | None = None) -> str:
+    """$CODEROUTER_CONFIG, else the running (or last) coderouterd's file, else the per-OS config file."""
     from coderouterd.config.loader import default_config_path
 
-    return os.environ.get("CODEROUTER_CONFIG") or str(default_config_path())
+    from .target import config_for
+
+    return config_for(None, socket).value or str(default_config_path())
 
 
 @dataclass(frozen=True)
@@ -171,14 +174,18 @@ def install(os_name: str | None = None, *, daemon: str | None = None, config: st
     os_name, home, uid, runner = _context(os_name, home, uid, runner)
     daemon = str(Path(daemon).absolute()) if daemon else find_daemon()
     config = str(Path(config or default_config()).expanduser().absolute())
-    if not dry_run:
-        if not os.access(daemon, os.X_OK):
-            raise ServiceError(f"{daemon} is not an executable file")
-        # Installing a config the daemon would refuse only produces a service that crash-loops at login.
-        try:
-            load_config(config)
-        except ConfigError as e:
-            raise ServiceError(f"refusing to install with an unusable config:\n{e}") from None
+    if not dry_run and not os.access(daemon, os.X_OK):
+        raise ServiceError(f"{daemon} is not an executable file")
+    # Installing a config the daemon would refuse only produces a service that crash-loops at login; a dry run
+    # says so too, rather than showing a file that the real install would then refuse to write.
+    if not Path(config).is_file():
+        raise ServiceError(f"there is no config file at {config}: create one with `corectl init` (it finds "
+                           "your local model servers), or pass --config PATH")
+    try:
+        load_config(config)
+    except ConfigError as e:
+        raise ServiceError(f"refusing to install with an unusable config:\n{e}\n(check it with `corectl config "
+                           f"check {config}`; `corectl init --force` writes a fresh one)") from None
     path_env = path_env or service_path_env(os_name, daemon)
     if os_name == "macos":
         content = render_plist(daemon, config, home, path_env)
@@ -361,7 +368,9 @@ def _print_changes(report: dict) -> None:
 def install_cmd(
     ctx: typer.Context,
     config: Annotated[str | None, typer.Option("--config", metavar="PATH",
-                                               help="Config file the service runs with.")] = None,
+                                               help="Config file the service runs with (default: "
+                                                    "$CODEROUTER_CONFIG, else the running coderouterd's, else the "
+                                                    "per-OS file).")] = None,
     daemon: Annotated[str | None, typer.Option("--daemon", metavar="PATH",
                                                help="coderouterd executable (default: this venv's).")] = None,
     os_name: OsOpt = None, dry_run: DryOpt = False, json_out: JsonOpt = False,
@@ -369,7 +378,9 @@ def install_cmd(
     """Write the launchd agent or systemd user unit and start it now and at every login."""
     as_json = _as_json(ctx, json_out)
     try:
-        report = install(_check_os(os_name), daemon=daemon, config=config, dry_run=dry_run)
+        socket = getattr(ctx.find_root().obj, "socket", None)
+        report = install(_check_os(os_name), daemon=daemon, config=config or default_config(socket),
+                         dry_run=dry_run)
     except ServiceError as e:
         _fail(e, as_json)
     _emit(report, as_json, _print_changes)

@@ -100,6 +100,8 @@ def load_config(cli_path: str | None = None) -> LoadedConfig:
         text = Path(path).read_text(encoding="utf-8")
     except OSError as e:
         raise ConfigError(f"{path}: cannot read config file: {e.strerror or e}") from None
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{path}: not UTF-8 text (byte {e.start}): save the file as UTF-8") from None
     return LoadedConfig(parse_config_text(text, path), str(Path(path).resolve()))
 
 

@@ -3,6 +3,7 @@ rendering. In-process (main(argv)) for speed; the e2e file drives the real subpr
 
 from __future__ import annotations
 
+import os
 import socket
 import sys
 
@@ -11,7 +12,7 @@ import pytest
 
 from corectl import __version__, commands, fast
 from corectl.__main__ import main
-from corectl.client import cheap_socket_path, resolve_socket
+from corectl.client import cheap_socket_path, resolve_socket, start_command
 
 VALID = """
 [providers.local]
@@ -83,21 +84,43 @@ def test_cheap_socket_path_follows_the_daemon_rules(monkeypatch, tmp_path):
     assert cheap_socket_path() == "/run/c.sock"
 
 
-def test_resolve_socket_falls_back_to_the_config_file(monkeypatch, tmp_path):
+def test_resolve_socket_follows_the_published_record_not_the_config(monkeypatch, tmp_path):
+    from coderouterd import discovery
+
     cfg = tmp_path / "c.toml"
-    sock = tmp_path / "custom" / "admin.sock"
-    cfg.write_text(VALID + f'\n[admin]\nsocket = "{sock}"\n')
+    cfg.write_text(VALID + f'\n[admin]\nsocket = "{tmp_path / "from-config.sock"}"\n')
     monkeypatch.setenv("CODEROUTER_CONFIG", str(cfg))
-    # No socket at the cheap path and none at the configured one yet: report the cheap path.
+    # The config is never parsed to find the socket: nothing published -> the default path.
     assert resolve_socket(None) == cheap_socket_path()
-    sock.parent.mkdir()
-    s = socket.socket(socket.AF_UNIX)
-    s.bind(str(sock))
-    try:
-        assert resolve_socket(None) == str(sock)
-        assert resolve_socket("/explicit.sock") == "/explicit.sock"
-    finally:
-        s.close()
+    sock = tmp_path / "custom" / "admin.sock"
+    record = discovery.make_record(pid=os.getpid(), version="x", api_version=1, socket=str(sock),
+                                   config_path=str(cfg), embedded=False, state_dir=str(tmp_path / "st"),
+                                   listen_url="http://127.0.0.1:1", started_at=0.0)
+    discovery.publish(record)
+    assert resolve_socket(None) == str(sock)
+    assert resolve_socket("/explicit.sock") == "/explicit.sock"
+    # A record whose process is gone (a crash) is not a running daemon, but stays the last record.
+    discovery.publish({**record, "pid": 2 ** 22 + 12345})
+    assert resolve_socket(None) == cheap_socket_path()
+    assert discovery.read_last()["socket"] == str(sock)
+    discovery.withdraw(2 ** 22 + 12345)
+    assert discovery.read_live() is None and discovery.read_last() is not None
+
+
+def test_published_record_is_private_and_withdrawn_only_by_its_owner(tmp_path):
+    import stat
+
+    from coderouterd import discovery
+
+    d = tmp_path / "disc"
+    discovery.publish({"pid": os.getpid(), "socket": "/s"}, d)
+    for name in (discovery.RECORD_NAME, discovery.LAST_RECORD_NAME):
+        assert stat.S_IMODE((d / name).stat().st_mode) == 0o600
+    discovery.withdraw(os.getpid() + 1, d)
+    assert (d / discovery.RECORD_NAME).exists()
+    discovery.withdraw(os.getpid(), d)
+    assert not (d / discovery.RECORD_NAME).exists() and (d / discovery.LAST_RECORD_NAME).exists()
+    assert [p.name for p in d.iterdir() if p.name.startswith(".")] == []  # no temporary file left
 
 
 # -- daemon not running --------------------------------------------------------------------------------------
@@ -108,7 +131,7 @@ def test_not_running_is_one_line_and_exit_3(capsys, tmp_path):
     out, err = capsys.readouterr()
     assert out == ""
     assert err == (f"corectl: coderouterd is not running (no socket at {missing}). "
-                   "Start it with: coderouterd\n")
+                   f"Start it with: {start_command()}\n")
 
 
 def test_stale_socket_file_is_reported_as_not_running(capsys, tmp_path):
@@ -174,7 +197,7 @@ def test_config_check_valid_file(capsys, tmp_path):
     assert main(["config", "check", str(cfg), "--json"]) == 0
     doc = orjson.loads(capsys.readouterr().out)
     assert doc == {"ok": True, "path": str(cfg.resolve()), "providers": ["local"], "profiles": ["default", "fast"],
-                   "default_profile": "default"}
+                   "default_profile": "default", "from": "--config", "no_key": {}}
 
 
 def test_config_check_invalid_file_names_the_key(capsys, tmp_path):
