@@ -64,7 +64,8 @@ def profile_list(socket: str | None, as_json: bool) -> int:
             return
         from .render import profiles_table
 
-        _console().print(profiles_table(data["profiles"]))
+        out = _console()
+        out.print(profiles_table(data["profiles"], out.width))
 
     return with_daemon(socket, as_json, work)
 

@@ -77,6 +77,57 @@ def _state_dir_or_fail(explicit: str | None, socket: str | None) -> Path:
     return sdir
 
 
+# -- names a filter may use ----------------------------------------------------------------------------------
+
+def known_names(sdir: Path, socket: str | None) -> dict[str, set[str]]:
+    """Provider and profile names a filter may use: the daemon's config (asked when it runs, else read from the
+    file it last ran with) and every name the journal has rows for."""
+    from coderouterd.state import journal_names
+
+    from .target import config_for, running_daemon
+
+    try:
+        names = journal_names(sdir / DB_FILE)
+    except Exception:  # an unreadable journal is reported by the query itself
+        names = {"provider": set(), "profile": set()}
+    status = running_daemon(socket)
+    if status is not None:
+        names["provider"] |= {p["name"] for p in status.get("providers") or []}
+        names["profile"] |= {p["name"] for p in status.get("profiles") or []}
+        return names
+    from coderouterd.config import ConfigError, load_config
+
+    try:
+        model = load_config(config_for(None, socket, daemon=None).value).model
+    except ConfigError:
+        return names
+    names["provider"] |= set(model.providers)
+    names["profile"] |= set(model.profiles)
+    return names
+
+
+def check_names(known: dict[str, set[str]], kind: str, *values: str | None) -> None:
+    """Exit 1 with the valid names when a filter names nothing that exists (it would silently match nothing)."""
+    valid = known.get(kind) or set()
+    unknown = [v for v in values if v is not None and v not in valid]
+    if not unknown or not valid:
+        return
+    message = f"unknown {kind} {', '.join(map(repr, unknown))}; valid {kind}s: {', '.join(sorted(valid))}"
+    other = "profile" if kind == "provider" else "provider"
+    if all(v in (known.get(other) or set()) for v in unknown):
+        message += f" ({' and '.join(unknown)} {'is a' if len(unknown) == 1 else 'are'} {other}"
+        message += f"{'' if len(unknown) == 1 else 's'}: add --by {other})"
+    raise CorectlError(message, code=1, payload={"unknown": unknown, f"valid_{kind}s": sorted(valid)})
+
+
+def _check_filters(sdir: Path, socket: str | None, provider: str | None, profile: str | None) -> None:
+    if provider is None and profile is None:
+        return
+    known = known_names(sdir, socket)
+    check_names(known, "provider", provider)
+    check_names(known, "profile", profile)
+
+
 def _run(as_json: bool, work) -> int:
     try:
         return work() or 0
@@ -115,8 +166,12 @@ def audit_line(rec: dict) -> str:
 def audit_tail(state_dir: str | None, socket: str | None, n: int, follow: bool, kinds: list[str] | None,
                since: str | None, as_json: bool, *, poll_s: float = 0.3) -> int:
     def work() -> int:
-        from coderouterd.state import follow_audit, read_audit
+        from coderouterd.state import event_kinds, follow_audit, read_audit
 
+        bad = [k for k in kinds or [] if k not in event_kinds()]
+        if bad:
+            raise CorectlError(f"unknown kind {', '.join(map(repr, bad))}; valid kinds: {', '.join(event_kinds())}",
+                               code=1, payload={"valid_kinds": event_kinds()})
         since_ts = _parse_or_fail(since, "--since") if since else None
         sdir = _state_dir_or_fail(state_dir, socket)
         # Following starts before the backlog is read: a record written in between shows twice, never zero times.
@@ -184,6 +239,7 @@ def journal_tail(state_dir: str | None, socket: str | None, n: int, provider: st
                  as_json: bool) -> int:
     def work() -> int:
         sdir = _state_dir_or_fail(state_dir, socket)
+        _check_filters(sdir, socket, provider, profile)
         rows = _rows(sdir, provider=provider, profile=profile, limit=n)
         if as_json:
             emit_json({"state_dir": str(sdir), "rows": rows})
@@ -191,32 +247,42 @@ def journal_tail(state_dir: str | None, socket: str | None, n: int, provider: st
         if not rows:
             sys.stderr.write(f"corectl: no requests in the journal at {sdir / DB_FILE}\n")
             return 0
-        _console().print(journal_table(rows))
+        out = _console()
+        out.print(journal_table(rows, out.width))
         return 0
 
     return _run(as_json, work)
 
 
-def journal_table(rows: list[dict]):
-    from rich.table import Table
+def journal_table(rows: list[dict], width: int = 10_000, *, now: float | None = None):
     from rich.text import Text
 
-    from .render import latency, money
+    from .render import fit_table, latency, money
 
-    t = Table(title=f"Journal (last {len(rows)} requests)", title_justify="left", title_style="bold")
-    for col, kw in (("Time", {}), ("Request", {}), ("Profile", {}), ("Provider", {}), ("Status", {"justify": "right"}),
-                    ("Latency", {"justify": "right"}), ("TTFB", {"justify": "right"}),
-                    ("Tokens in/out", {"justify": "right"}), ("Cost", {"justify": "right"}), ("Route", {})):
-        t.add_column(col, no_wrap=col not in ("Route", "Request"), overflow="fold", **kw)
+    right = {"justify": "right", "no_wrap": True}
+    # The request id is never folded (it is pasted into `corectl explain`); the route wraps between steps.
+    columns = [("Time", {"no_wrap": True}, 0), ("Request", {"no_wrap": True}, 0), ("Profile", {"no_wrap": True}, 5),
+               ("Provider", {"no_wrap": True}, 0), ("Status", right, 0), ("Latency", right, 4), ("TTFB", right, 2),
+               ("Tokens in/out", right, 3), ("Cost", right, 1), ("Route", {}, 6)]
+    cells = []
     for r in rows:
         status = r.get("status") or 0
-        t.add_row(local_time(r["ts"]), r.get("request_id") or "", r.get("profile") or "",
-                  r.get("provider") or Text("-", style="red"),
-                  Text(str(status), style="red" if status >= 400 else "green"),
-                  _ms(r.get("latency_ms"), latency), _ms(r.get("ttfb_ms"), latency),
-                  f"{r.get('input_tokens') or 0:,}/{r.get('output_tokens') or 0:,}", money(r.get("cost_usd")),
-                  route_text(r.get("attempts") or []) + (" (stream)" if r.get("streaming") else ""))
-    return t
+        cells.append([short_time(r["ts"], now), r.get("request_id") or "", r.get("profile") or "",
+                      r.get("provider") or Text("-", style="red"),
+                      Text(str(status), style="red" if status >= 400 else "green"),
+                      _ms(r.get("latency_ms"), latency), _ms(r.get("ttfb_ms"), latency),
+                      f"{r.get('input_tokens') or 0:,}/{r.get('output_tokens') or 0:,}", money(r.get("cost_usd")),
+                      route_text(r.get("attempts") or []) + (" (stream)" if r.get("streaming") else "")])
+    return fit_table(width, columns, cells, title=f"Journal (last {len(rows)} requests)", title_justify="left",
+                     title_style="bold")
+
+
+def short_time(ts: float, now: float | None = None) -> str:
+    """The time alone for today's rows, the date too for older ones (--json and export have full times)."""
+    now = time.time() if now is None else now
+    if time.strftime("%Y-%m-%d", time.localtime(ts)) == time.strftime("%Y-%m-%d", time.localtime(now)):
+        return time.strftime("%H:%M:%S", time.localtime(ts))
+    return time.strftime("%m-%d %H:%M", time.localtime(ts))
 
 
 def _ms(value, fmt) -> str:
@@ -233,6 +299,7 @@ def journal_export(state_dir: str | None, socket: str | None, fmt: str, since: s
         since_ts = _parse_or_fail(since, "--since") if since else None
         until_ts = _parse_or_fail(until, "--until") if until else None
         sdir = _state_dir_or_fail(state_dir, socket)
+        _check_filters(sdir, socket, provider, profile)
         rows = _rows(sdir, since=since_ts, until=until_ts, provider=provider, profile=profile)
         text = export_rows(rows, fmt)
         if output is None or output == "-":
@@ -369,6 +436,11 @@ def replay_compare(state_dir: str | None, socket: str | None, a: str, b: str, *,
         since_ts = _parse_or_fail(since, "--since") if since else None
         until_ts = _parse_or_fail(until, "--until") if until else None
         sdir = _state_dir_or_fail(state_dir, socket)
+        known = known_names(sdir, socket)
+        if not window:
+            check_names(known, by, a, b)
+        check_names(known, "provider", provider)
+        check_names(known, "profile", profile)
         result = compare_sides(sdir, a, b, by=by, window=window, since=since_ts, until=until_ts,
                                profile=profile, provider=provider)
         if as_json:

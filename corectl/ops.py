@@ -49,24 +49,28 @@ def providers(socket: str | None, as_json: bool) -> int:
             emit_json(data)
             return
         out = _console()
-        out.print(providers_table(data["providers"], data.get("stats_window_s")))
+        out.print(providers_table(data["providers"], data.get("stats_window_s"), out.width))
+        from .render import key_problems
+
+        for line in key_problems(data["providers"]):
+            out.print(line)
 
     return run_with(socket, as_json, work)
 
 
-def providers_table(items: list[dict], window_s: float | None):
-    from rich.table import Table
+def providers_table(items: list[dict], window_s: float | None, width: int = 10_000):
     from rich.text import Text
 
-    from .render import _breaker, _health, latency, money
+    from .render import _breaker, _health, fit_table, latency, money
 
     title = "Providers" + (f" (figures over the last {window_s:g} s)" if window_s else "")
-    t = Table(title=title, title_justify="left", title_style="bold")
-    for col, kw in (("Provider", {"style": "bold"}), ("Kind", {}), ("Base URL", {"overflow": "fold"}),
-                    ("Model", {"overflow": "fold"}), ("Breaker", {}), ("Health", {}), ("Process", {}),
-                    ("Median", {"justify": "right"}), ("Errors", {"justify": "right"}),
-                    ("Spent", {"justify": "right"})):
-        t.add_column(col, no_wrap="overflow" not in kw, **kw)
+    right = {"justify": "right", "no_wrap": True}
+    # Everything on one line per provider; what does not fit goes, least useful first (--json has it all).
+    columns = [("Provider", {"no_wrap": True, "style": "bold"}, 0), ("Kind", {"no_wrap": True}, 6),
+               ("Base URL", {"no_wrap": True}, 4), ("Model", {"no_wrap": True}, 5), ("Breaker", {"no_wrap": True}, 0),
+               ("Health", {"no_wrap": True}, 0), ("Process", {"no_wrap": True}, 3), ("Median", right, 2),
+               ("Errors", right, 1), ("Spent", right, 7)]
+    rows = []
     for p in items:
         f = p.get("figures") or {}
         spend = p.get("budget") or {}
@@ -77,11 +81,11 @@ def providers_table(items: list[dict], window_s: float | None):
         spent = money(spend.get("spent")) if spend else "-"
         if spend.get("cap"):
             spent += f" / {money(spend['cap'])}"
-        t.add_row(p["name"], p["kind"] + (" $" if p.get("paid") else ""), p["base_url"],
-                  p["model"] or Text("(client's)", style="dim"), _breaker(p.get("breaker") or {}),
-                  _health(p.get("health", "unknown")), proc, latency(f.get("median_s")),
-                  str(f.get("errors") or 0), spent)
-    return t
+        rows.append([p["name"], p["kind"] + (" $" if p.get("paid") else ""), p["base_url"],
+                     p["model"] or Text("(client's)", style="dim"), _breaker(p.get("breaker") or {}),
+                     _health(p.get("health", "unknown")), proc, latency(f.get("median_s")),
+                     str(f.get("errors") or 0), spent])
+    return fit_table(width, columns, rows, title=title, title_justify="left", title_style="bold")
 
 
 # -- managed processes ----------------------------------------------------------------------------------------
@@ -245,37 +249,35 @@ def models_list(socket: str | None, provider: str | None, as_json: bool) -> int:
             return
         with _spinner("Asking the backends for their models…"):
             data = client.call("GET", path)
-        _console().print(models_table(data["providers"]))
+        out = _console()
+        out.print(models_table(data["providers"], out.width))
 
     return run_with(socket, as_json, work, timeout=60.0)
 
 
-def models_table(entries: list[dict]):
-    from rich.table import Table
+def models_table(entries: list[dict], width: int = 10_000):
     from rich.text import Text
 
-    from .render import size
+    from .render import fit_table, size
 
-    t = Table(title="Models", title_justify="left", title_style="bold")
-    t.add_column("Provider", style="bold", no_wrap=True)
-    t.add_column("Backend", no_wrap=True)
-    t.add_column("Model", overflow="fold")
-    t.add_column("Loaded", no_wrap=True)
-    t.add_column("Size / context", justify="right", no_wrap=True)
+    columns = [("Provider", {"no_wrap": True, "style": "bold"}, 0), ("Backend", {"no_wrap": True}, 2),
+               ("Model", {"no_wrap": True}, 0), ("Loaded", {"no_wrap": True}, 0),
+               ("Size / context", {"justify": "right", "no_wrap": True}, 1)]
+    rows = []
     for e in entries:
         if e.get("error"):
-            t.add_row(e["provider"], "?", Text(f"error: {e['error']}", style="red"), "", "")
+            rows.append([e["provider"], e.get("backend") or "?", Text(f"error: {e['error']}", style="red"), "", ""])
             continue
         if not e.get("models"):
-            t.add_row(e["provider"], e.get("backend", "?"), Text("(no models)", style="dim"), "", "")
+            rows.append([e["provider"], e.get("backend", "?"), Text("(no models)", style="dim"), "", ""])
         for m in e.get("models") or []:
             loaded = m.get("loaded")
             mark = Text("unknown", style="dim") if loaded is None else \
                 Text("loaded", style="green") if loaded else Text("-", style="dim")
             extra = size(m["size"]) if m.get("size") else \
                 (f"ctx {m['max_context_length']:,}" if m.get("max_context_length") else "")
-            t.add_row(e["provider"], e.get("backend", "?"), m.get("id") or "?", mark, extra)
-    return t
+            rows.append([e["provider"], e.get("backend", "?"), m.get("id") or "?", mark, extra])
+    return fit_table(width, columns, rows, title="Models", title_justify="left", title_style="bold")
 
 
 def model_control(socket: str | None, action: str, model: str, provider: str, as_json: bool) -> int:

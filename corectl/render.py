@@ -21,6 +21,33 @@ def console() -> Console:
     return c
 
 
+def fit_table(width: int, columns: list[tuple[str, dict, int]], rows: list[list], **table_kw) -> Table:
+    """A table that fits `width` columns without cutting anything: columns are (header, add_column kwargs, drop
+    rank). Rank 0 is always shown; while the table's narrowest rendering (no_wrap cells whole, wrappable cells
+    at their longest word) is wider than `width`, the column with the highest rank goes. Ids are no_wrap
+    columns of rank 0, so they are never folded over lines (a request id must stay pasteable)."""
+    shown = list(range(len(columns)))
+    droppable = sorted((i for i, c in enumerate(columns) if c[2]), key=lambda i: -columns[i][2])
+    while True:
+        t = Table(**table_kw)
+        for i in shown:
+            t.add_column(columns[i][0], **columns[i][1])
+        for row in rows:
+            t.add_row(*(row[i] for i in shown))
+        if not droppable or _min_width(t) <= width:
+            return t
+        shown.remove(droppable.pop(0))
+
+
+_MEASURE = Console(width=10_000, highlight=False)
+
+
+def _min_width(table: Table) -> int:
+    from rich.measure import Measurement
+
+    return Measurement.get(_MEASURE, _MEASURE.options, table).minimum
+
+
 def duration(seconds: float) -> str:
     s = int(seconds)
     if s < 60:
@@ -89,14 +116,16 @@ def status(data: dict, out: Console) -> None:
         out.print(Text(f"WARNING: persistence is failing, serving on without it: {store.get('problem')}",
                        style="bold red"))
     out.print()
-    # Base URLs fold into unreadable columns on a narrow terminal; --json and `profile show` have them.
-    out.print(providers_table(data["providers"], data.get("stats_window_s"), base_url=out.width >= 120))
+    # Columns that do not fit are dropped, least useful first (--json and `corectl providers` have them all).
+    out.print(providers_table(data["providers"], data.get("stats_window_s"), width=out.width))
+    for line in key_problems(data["providers"]):
+        out.print(line)
     out.print()
-    out.print(profiles_table(data["profiles"]))
+    out.print(profiles_table(data["profiles"], out.width))
     procs = data.get("processes") or {}
     if procs:
         out.print()
-        out.print(processes_table(procs))
+        out.print(processes_table(procs, width=out.width))
         for name, snap in procs.items():
             if snap.get("fatal_reason"):
                 out.print(Text(f"{name}: {snap['fatal_reason']} (corectl restart {name} once it is fixed; "
@@ -170,45 +199,36 @@ def next_probe(at: float | None, now: float | None = None) -> str:
     return "due" if left <= 0 else f"in {duration(left)}"
 
 
-def processes_table(procs: dict[str, dict], *, now: float | None = None) -> Table:
-    t = Table(title="Managed processes", title_justify="left", title_style="bold")
-    t.add_column("Process", no_wrap=True, style="bold")
-    t.add_column("Serves", overflow="fold")
-    t.add_column("State", no_wrap=True)
-    t.add_column("PID", justify="right", no_wrap=True)
-    t.add_column("Up", justify="right", no_wrap=True)
-    t.add_column("Restarts", justify="right", no_wrap=True)
-    t.add_column("RSS", justify="right", no_wrap=True)
-    t.add_column("CPU", justify="right", no_wrap=True)
-    t.add_column("Exit", justify="right", no_wrap=True)
-    t.add_column("Next probe", no_wrap=True)
+def processes_table(procs: dict[str, dict], *, now: float | None = None, width: int = 10_000) -> Table:
+    right = {"justify": "right", "no_wrap": True}
+    columns = [("Process", {"no_wrap": True, "style": "bold"}, 0), ("Serves", {}, 4), ("State", {"no_wrap": True}, 0),
+               ("PID", right, 5), ("Up", right, 3), ("Restarts", right, 6), ("RSS", right, 2), ("CPU", right, 1),
+               ("Exit", right, 7), ("Next probe", {"no_wrap": True}, 8)]
+    rows = []
     for name, p in procs.items():
         up = p.get("uptime_s")
         cpu = p.get("cpu_percent")
         code = p.get("last_exit_code")
-        t.add_row(name, ", ".join(p.get("providers") or []), process_state(p),
-                  str(p["pid"]) if p.get("pid") else "-", duration(up) if up is not None else "-",
-                  f"{p.get('restarts_recent', 0)}/{p.get('restarts_total', 0)}", size(p.get("rss_bytes")),
-                  f"{cpu:.0f}%" if cpu is not None else "-",
-                  Text(str(code), style="red" if code else "") if code is not None else "-",
-                  next_probe(p.get("next_probe_at"), now))
-    return t
+        rows.append([name, ", ".join(p.get("providers") or []), process_state(p),
+                     str(p["pid"]) if p.get("pid") else "-", duration(up) if up is not None else "-",
+                     f"{p.get('restarts_recent', 0)}/{p.get('restarts_total', 0)}", size(p.get("rss_bytes")),
+                     f"{cpu:.0f}%" if cpu is not None else "-",
+                     Text(str(code), style="red" if code else "") if code is not None else "-",
+                     next_probe(p.get("next_probe_at"), now)])
+    return fit_table(width, columns, rows, title="Managed processes", title_justify="left", title_style="bold")
 
 
-def providers_table(providers: list[dict], window_s: float | None, *, base_url: bool = True) -> Table:
+def providers_table(providers: list[dict], window_s: float | None, *, base_url: bool = True,
+                    width: int = 10_000) -> Table:
     title = "Providers" + (f" (figures over the last {window_s:g} s)" if window_s else "")
-    t = Table(title=title, title_justify="left", title_style="bold")
-    t.add_column("Provider", no_wrap=True, style="bold")
-    t.add_column("Kind", no_wrap=True)
-    t.add_column("Model", overflow="fold")
-    t.add_column("Breaker", no_wrap=True)
-    t.add_column("Health", no_wrap=True)
-    t.add_column("Reqs", justify="right", no_wrap=True)
-    t.add_column("Errors", justify="right", no_wrap=True)
-    t.add_column("Median", justify="right", no_wrap=True)
-    t.add_column("Cache hit", justify="right", no_wrap=True)
+    right = {"justify": "right", "no_wrap": True}
+    # Drop rank: what goes first when the terminal is narrow (the base URL, then the kind, ...).
+    columns = [("Provider", {"no_wrap": True, "style": "bold"}, 0), ("Kind", {"no_wrap": True}, 6),
+               ("Model", {"no_wrap": True}, 3), ("Breaker", {"no_wrap": True}, 0), ("Health", {"no_wrap": True}, 0),
+               ("Reqs", right, 5), ("Errors", right, 1), ("Median", right, 2), ("Cache hit", right, 4)]
     if base_url:
-        t.add_column("Base URL", overflow="fold")
+        columns.append(("Base URL", {"no_wrap": True}, 7))
+    rows = []
     for p in providers:
         f = p.get("figures") or {}
         reqs = (f.get("samples") or 0) - (f.get("probes") or 0)
@@ -218,8 +238,13 @@ def providers_table(providers: list[dict], window_s: float | None, *, base_url: 
                  _health(p.get("health", "unknown")), str(reqs),
                  Text(str(errors), style="red" if errors else ""), latency(f.get("median_s")),
                  cache_hit(p.get("cache"))]
-        t.add_row(*cells, *([p["base_url"]] if base_url else []))
-    return t
+        rows.append(cells + ([p["base_url"]] if base_url else []))
+    return fit_table(width, columns, rows, title=title, title_justify="left", title_style="bold")
+
+
+def key_problems(providers: list[dict]) -> list[Text]:
+    """One line per provider that would send requests without its key."""
+    return [Text(f"{p['name']}: {p['key_problem']}", style="yellow") for p in providers if p.get("key_problem")]
 
 
 def cache_hit(cache: dict | None) -> Text:
@@ -243,18 +268,15 @@ def _order(profile: dict) -> Text:
     return text
 
 
-def profiles_table(profiles: list[dict]) -> Table:
-    t = Table(title="Profiles", title_justify="left", title_style="bold")
-    t.add_column("", no_wrap=True)
-    t.add_column("Profile", no_wrap=True, style="bold")
-    t.add_column("Mode", no_wrap=True)
-    t.add_column("Chain", overflow="fold")
-    t.add_column("Effective order", overflow="fold")
+def profiles_table(profiles: list[dict], width: int = 10_000) -> Table:
+    columns = [("", {"no_wrap": True}, 0), ("Profile", {"no_wrap": True, "style": "bold"}, 0),
+               ("Mode", {"no_wrap": True}, 1), ("Chain", {}, 2), ("Effective order", {}, 0)]
+    rows = []
     for p in profiles:
         mode = p["mode"] + (" adaptive" if p.get("adaptive") else "")
-        t.add_row(Text("●", style="green") if p.get("active") else "", p["name"], mode,
-                  " > ".join(p["providers"]), _order(p))
-    return t
+        rows.append([Text("●", style="green") if p.get("active") else "", p["name"], mode,
+                     " > ".join(p["providers"]), _order(p)])
+    return fit_table(width, columns, rows, title="Profiles", title_justify="left", title_style="bold")
 
 
 def profile_detail(data: dict, out: Console) -> None:

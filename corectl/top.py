@@ -74,20 +74,23 @@ def _route(trace: dict) -> str:
     return route_text(steps + list(trace.get("attempts") or []))
 
 
-def view(data: dict, error: str | None = None):
+def view(data: dict, error: str | None = None, *, width: int = 10_000, height: int | None = None):
+    """The frame: everything that fits `width` columns, and, with a `height`, as many recent requests as the
+    rows left over allow (an 80x24 terminal keeps every pane; the request list is what shrinks)."""
     from rich.console import Group
-    from rich.table import Table
     from rich.text import Text
 
-    from .render import _BREAKER_STYLE, _health, cache_hit, duration, latency, money, spend_line
+    from .render import _BREAKER_STYLE, _health, cache_hit, duration, fit_table, latency, money, spend_line
 
     def ms(v):
         return latency(v / 1000.0) if v is not None else "-"
 
+    # Small terminals get borderless tables: four lines fewer per table.
+    compact = {} if height is None or height >= 40 else {"box": _simple_box(), "show_edge": False}
     head = Text.assemble(("coderouterd ", "bold"), (str(data.get("version") or "?"), "bold cyan"),
                          f"  up {duration(data.get('uptime_s') or 0)}  profile ",
                          (str(data.get("active_profile")), "bold"),
-                         f"  {data['requests_per_s']:.2f} req/s", ("  (q or Ctrl-C quits)", "dim"))
+                         f"  {data['requests_per_s']:.2f} req/s", ("  (q quits)", "dim"))
     parts: list = [head]
     spend = spend_line({"global": data["spend"], "month": data.get("month")}) if data.get("spend") else None
     if spend is not None:
@@ -98,32 +101,33 @@ def view(data: dict, error: str | None = None):
     if error:
         parts.append(Text(error, style="bold red"))
 
-    t = Table(title=f"Providers (latency over {data['stats_window_s']:g} s, rate over {data['rate_window_s']:g} s)",
-              title_justify="left", title_style="bold", expand=False)
-    for col in ("Provider", "Breaker", "Health", "Req/s", "p50 latency", "p50 TTFB", "Reqs", "Errors", "Cache hit"):
-        t.add_column(col, no_wrap=True, justify="left" if col in ("Provider", "Breaker", "Health") else "right")
+    right = {"justify": "right", "no_wrap": True}
+    columns = [("Provider", {"no_wrap": True, "style": "bold"}, 0), ("Breaker", {"no_wrap": True}, 0),
+               ("Health", {"no_wrap": True}, 0), ("Req/s", right, 4), ("p50 latency", right, 0),
+               ("p50 TTFB", right, 3), ("Reqs", right, 1), ("Errors", right, 2),
+               ("Cache hit", right, 5)]
+    rows = []
     for p in data["providers"]:
         breaker = p["breaker"].replace("_", "-")
         if p["breaker"] == "open" and p.get("retry_in_s") is not None:
             breaker += f" ({p['retry_in_s']:.0f}s)"
-        t.add_row(Text(p["name"], style="bold"), Text(breaker, style=_BREAKER_STYLE.get(p["breaker"], "")),
-                  _health(p["health"]), f"{p['requests_per_s']:.2f}", ms(p["p50_latency_ms"]), ms(p["p50_ttfb_ms"]),
-                  str(p["samples"]), Text(str(p["errors"]), style="red" if p["errors"] else ""),
-                  cache_hit(p.get("cache")))
-    parts.append(t)
+        rows.append([Text(p["name"], style="bold"), Text(breaker, style=_BREAKER_STYLE.get(p["breaker"], "")),
+                     _health(p["health"]), f"{p['requests_per_s']:.2f}", ms(p["p50_latency_ms"]),
+                     ms(p["p50_ttfb_ms"]), str(p["samples"]), Text(str(p["errors"]), style="red" if p["errors"] else ""),
+                     cache_hit(p.get("cache"))])
+    parts.append(fit_table(width, columns, rows, title=f"Providers (latency over {data['stats_window_s']:g} s)",
+                           title_justify="left", title_style="bold", **compact))
 
-    o = Table(title="Effective order", title_justify="left", title_style="bold")
-    o.add_column("", no_wrap=True)
-    o.add_column("Profile", style="bold", no_wrap=True)
-    o.add_column("Mode", no_wrap=True)
-    o.add_column("Order", overflow="fold")
+    orders = []
     for p in data["profiles"]:
         order = Text(" > ".join(p["effective_order"]) or "none available",
                      style="" if p["effective_order"] else "bold red")
         if p["skips"]:
             order.append(f"  skipped: {', '.join(p['skips'])}", style="yellow")
-        o.add_row(Text("●", style="green") if p["active"] else "", p["name"], p.get("mode") or "", order)
-    parts.append(o)
+        orders.append([Text("●", style="green") if p["active"] else "", p["name"], p.get("mode") or "", order])
+    parts.append(fit_table(width, [("", {"no_wrap": True}, 0), ("Profile", {"no_wrap": True, "style": "bold"}, 0),
+                                   ("Mode", {"no_wrap": True}, 1), ("Order", {}, 0)], orders,
+                           title="Effective order", title_justify="left", title_style="bold", **compact))
 
     if data.get("processes"):
         pr = Text("processes: ", style="bold")
@@ -134,22 +138,44 @@ def view(data: dict, error: str | None = None):
             pr.append(f" (pid {s['pid'] or '-'}, {s.get('restarts_total') or 0} restarts)  ")
         parts.append(pr)
 
-    r = Table(title="Recent requests", title_justify="left", title_style="bold")
-    for col in ("Time", "Request", "Profile", "Status", "Latency", "TTFB", "Route"):
-        r.add_column(col, no_wrap=col != "Route", overflow="fold",
-                     justify="right" if col in ("Status", "Latency", "TTFB") else "left")
-    for q in data["recent"]:
-        status = q.get("status") or 0
-        r.add_row(time.strftime("%H:%M:%S", time.localtime(q["ts"])) if q.get("ts") else "-",
-                  q.get("request_id") or "", q.get("profile") or "",
-                  Text(str(status), style="red" if status >= 400 or not status else "green"),
-                  ms(q.get("latency_ms")), ms(q.get("ttfb_ms")), q.get("route") or "")
-    if not data["recent"]:
-        r.add_row("", Text("no requests yet", style="dim"), "", "", "", "", "")
-    parts.append(r)
-    parts.append(Text(f"updated {time.strftime('%H:%M:%S', time.localtime(data['at']))}; spend "
-                      f"{money((data.get('spend') or {}).get('spent'))}", style="dim"))
+    footer = Text(f"updated {time.strftime('%H:%M:%S', time.localtime(data['at']))}; spend "
+                  f"{money((data.get('spend') or {}).get('spent'))}", style="dim")
+    recent = data["recent"]
+    if height is not None:
+        # Title, header and rule (plus two borders when not compact) around the rows.
+        overhead = 3 if compact else 5
+        room = height - _lines(parts, width) - 1 - overhead
+        recent = recent[:max(0, room)]
+    if height is None or recent or room >= 1:
+        cells = []
+        for q in recent:
+            status = q.get("status") or 0
+            cells.append([time.strftime("%H:%M:%S", time.localtime(q["ts"])) if q.get("ts") else "-",
+                          q.get("request_id") or "", q.get("profile") or "",
+                          Text(str(status), style="red" if status >= 400 or not status else "green"),
+                          ms(q.get("latency_ms")), ms(q.get("ttfb_ms")), q.get("route") or ""])
+        if not data["recent"]:
+            cells.append(["", Text("no requests yet", style="dim"), "", "", "", "", ""])
+        parts.append(fit_table(width, [("Time", {"no_wrap": True}, 0), ("Request", {"no_wrap": True}, 0),
+                                       ("Profile", {"no_wrap": True}, 3), ("Status", right, 0),
+                                       ("Latency", right, 2), ("TTFB", right, 1), ("Route", {}, 4)], cells,
+                               title="Recent requests", title_justify="left", title_style="bold", **compact))
+    parts.append(footer)
     return Group(*parts)
+
+
+def _simple_box():
+    from rich import box
+
+    return box.SIMPLE_HEAD
+
+
+def _lines(parts: list, width: int) -> int:
+    """How many terminal lines these renderables take at `width`."""
+    from rich.console import Console
+
+    c = Console(width=min(width, 1000), highlight=False, color_system=None)
+    return sum(len(c.render_lines(p, c.options, pad=False)) for p in parts)
 
 
 def fetch(client: AdminClient) -> dict:
@@ -227,11 +253,14 @@ def top(socket: str | None, interval: float, as_json: bool) -> int:
     console = Console(highlight=False)
     if not console.is_terminal:
         client.close()
-        console.print(view(data))  # piped: one frame, like `top -n 1`
+        console.print(view(data, width=console.width))  # piped: one frame, like `top -n 1`
         return 0
     previous = signal.signal(signal.SIGTERM, _terminate)  # so a kill also restores the terminal
     try:
-        with _Keys() as keys, Live(view(data), console=console, screen=True, auto_refresh=False,
+        def frame(error: str | None = None):
+            return view(data, error, width=console.size.width, height=console.size.height)
+
+        with _Keys() as keys, Live(frame(), console=console, screen=True, auto_refresh=False,
                                    transient=True) as live:
             live.refresh()
             while not keys.wait_for_quit(interval):
@@ -241,7 +270,7 @@ def top(socket: str | None, interval: float, as_json: bool) -> int:
                 except CorectlError as e:
                     client.close()  # reconnect next time: the daemon may be restarting
                     error = f"{e} (retrying)"
-                live.update(view(data, error), refresh=True)
+                live.update(frame(error), refresh=True)
     except KeyboardInterrupt:
         pass
     finally:

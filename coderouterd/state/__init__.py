@@ -22,8 +22,9 @@ from coderouterd.state.events import (
     ProfileSwitched,
     RecoveryProbe,
     RequestFinished,
+    event_kinds,
 )
-from coderouterd.state.journal import export_rows, journal_rows
+from coderouterd.state.journal import export_rows, journal_names, journal_rows
 from coderouterd.state.replay import compare
 from coderouterd.state.store import Store
 
@@ -52,8 +53,10 @@ __all__ = [
     "cache_savings_usd",
     "compare",
     "cost_usd",
+    "event_kinds",
     "export_rows",
     "follow_audit",
+    "journal_names",
     "journal_rows",
     "read_audit",
 ]

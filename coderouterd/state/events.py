@@ -281,3 +281,14 @@ EVENT_TYPES: dict[str, type[Event]] = {
         PersistenceFault,
     )
 }
+
+
+def event_kinds() -> list[str]:
+    """The kind of every event the daemon can record (what `corectl audit tail --kind` accepts)."""
+    kinds: set[str] = set()
+    todo = list(Event.__subclasses__())
+    while todo:
+        cls = todo.pop()
+        kinds.add(cls.kind)
+        todo.extend(cls.__subclasses__())
+    return sorted(kinds)

@@ -175,6 +175,27 @@ def journal_rows(
     return [_decode(r) for r in raw]
 
 
+def journal_names(db_path: str | Path) -> dict[str, set[str]]:
+    """Every provider and profile name the journal has rows for (names since removed from the config too)."""
+    path = Path(db_path)
+    out: dict[str, set[str]] = {"provider": set(), "profile": set()}
+    if not path.is_file():
+        return out
+    conn = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True, timeout=5.0)
+    try:
+        for column in out:
+            try:
+                rows = conn.execute(f"SELECT DISTINCT {column} FROM journal").fetchall()
+            except sqlite3.OperationalError as exc:
+                if "no such table" in str(exc):
+                    return out
+                raise
+            out[column] = {r[0] for r in rows if r[0]}
+    finally:
+        conn.close()
+    return out
+
+
 def _iso(ts: float) -> str:
     return datetime.fromtimestamp(ts, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
