@@ -10,7 +10,14 @@ import asyncio
 import aiohttp
 import orjson
 
-from ..providers.models_control import ModelControlError, list_models, load_model, unload_model
+from ..providers.errors import UpstreamError
+from ..providers.models_control import (
+    BackendUnreachable,
+    ModelControlError,
+    list_models,
+    load_model,
+    unload_model,
+)
 from ..supervise import ExternalProcessError
 from .api import _json_body, _runtime
 from .asgi import AdminApp, AdminError
@@ -41,9 +48,24 @@ def _process_names(daemon) -> list[str]:
     return sorted(names)
 
 
-def _unreachable(provider: str, exc: BaseException) -> AdminError:
-    detail = str(exc) or type(exc).__name__
-    return AdminError(502, f"{provider}: cannot reach the backend: {detail}", provider=provider)
+# What talking to a backend can raise besides an answer: one line for the user, never a traceback in the log.
+_BACKEND_ERRORS = (aiohttp.ClientError, OSError, TimeoutError, orjson.JSONDecodeError, UpstreamError,
+                   BackendUnreachable)
+
+
+def _backend_problem(p, exc: BaseException) -> str:
+    """What went wrong talking to provider `p`, naming its URL (the provider's name is the caller's prefix)."""
+    url = p.cfg.base_url
+    if isinstance(exc, UpstreamError) and exc.reason != "connect_error":
+        return f"{exc.message} ({url})"
+    if isinstance(exc, orjson.JSONDecodeError):
+        return f"the backend's answer is not JSON ({url})"
+    detail = exc.message if isinstance(exc, UpstreamError) else (str(exc) or type(exc).__name__)
+    return f"cannot reach the backend at {url} ({detail})"
+
+
+def _unreachable(p, exc: BaseException) -> AdminError:
+    return AdminError(502, f"{p.name}: {_backend_problem(p, exc)}", provider=p.name, base_url=p.cfg.base_url)
 
 
 def _model_args(body: dict) -> tuple[str, str]:
@@ -115,10 +137,10 @@ def register_ops(app: AdminApp, daemon) -> None:
             p = _provider(runtime, provider)
             try:
                 return {"providers": [await list_models(p)]}
+            except _BACKEND_ERRORS as e:
+                raise _unreachable(p, e) from None
             except ModelControlError as e:
-                raise AdminError(502, f"{provider}: {e}", provider=provider) from None
-            except (aiohttp.ClientError, OSError, TimeoutError, orjson.JSONDecodeError) as e:
-                raise _unreachable(provider, e) from None
+                raise AdminError(502, f"{provider}: {e} ({p.cfg.base_url})", provider=provider) from None
         names = list(runtime.providers)
         results = await asyncio.gather(*(list_models(runtime.providers[n]) for n in names), return_exceptions=True)
         out = []
@@ -126,7 +148,9 @@ def register_ops(app: AdminApp, daemon) -> None:
             if isinstance(res, BaseException):
                 if not isinstance(res, Exception):
                     raise res
-                out.append({"provider": name, "error": str(res) or type(res).__name__, "models": []})
+                p = runtime.providers[name]
+                problem = _backend_problem(p, res) if isinstance(res, _BACKEND_ERRORS) else str(res)
+                out.append({"provider": name, "error": problem, "models": []})
             else:
                 out.append(res)
         return {"providers": out}
@@ -137,10 +161,10 @@ def register_ops(app: AdminApp, daemon) -> None:
         p = _provider(runtime, name)
         try:
             return await fn(p, model)
+        except _BACKEND_ERRORS as e:
+            raise _unreachable(p, e) from None
         except ModelControlError as e:
             raise AdminError(422, f"{name}: {e}", provider=name, model=model) from None
-        except (aiohttp.ClientError, OSError, TimeoutError, orjson.JSONDecodeError) as e:
-            raise _unreachable(name, e) from None
 
     @app.post("/v1/models/load")
     async def models_load(request):

@@ -40,9 +40,24 @@ async def _post(provider, path: str, body: dict, timeout: float):
                     except orjson.JSONDecodeError:
                         pass
             if r.status >= 400:
-                msg = (data or {}).get("error") if isinstance(data, dict) else None
-                raise ModelControlError(f"HTTP {r.status}: {msg or raw[:200].decode('utf-8', 'replace')}")
+                msg = error_message(data) or raw[:200].decode("utf-8", "replace").strip()
+                raise ModelControlError(f"HTTP {r.status}: {msg or 'no detail'}")
             return data
+
+
+def error_message(data) -> str | None:
+    """The human message in a backend's error body: {"error": "..."} (Ollama), {"error": {"message": ...}}
+    (OpenAI, LM Studio), {"message": ...}; never the dict itself."""
+    if not isinstance(data, dict):
+        return None
+    err = data.get("error", data)
+    if isinstance(err, str):
+        return err
+    if isinstance(err, dict):
+        msg = err.get("message") or err.get("error")
+        if isinstance(msg, str):
+            return msg
+    return None
 
 
 async def detect_backend(provider) -> str:
@@ -59,9 +74,16 @@ async def detect_backend(provider) -> str:
         status, data = await _get(provider, "/api/v0/models")
         if status == 200:
             return "lmstudio"
-    except (aiohttp.ClientError, OSError, TimeoutError, orjson.JSONDecodeError):
+    except (aiohttp.ClientError, OSError, TimeoutError) as e:
+        # Nothing answers at all: say so, rather than guess "openai" and fail later with a wrong reason.
+        raise BackendUnreachable(f"{type(e).__name__}: {e}" if str(e) else type(e).__name__) from None
+    except orjson.JSONDecodeError:
         pass
     return "openai"
+
+
+class BackendUnreachable(ModelControlError):
+    """No HTTP answer at the provider's address (refused, timed out, DNS)."""
 
 
 async def list_models(provider) -> dict:

@@ -295,8 +295,35 @@ providers = ["ol", "lm"]
             assert bad.stderr.startswith("corectl: ")  # no spinner debris when stderr is not a terminal
             missing = corectl("models", "load", "ghost", "--provider", "lm", sock=sock)
             assert missing.returncode == 1 and "not found" in missing.stderr
+            # The backend's message, not its error dict.
+            assert "{" not in missing.stderr and missing.stderr.count("\n") == 1
         finally:
             d.stop()
+
+
+def test_models_on_a_closed_backend_is_one_line_and_no_traceback(tmp_path):
+    closed = free_port()
+    cfg = BASE + f"""
+[providers.lms]
+base_url = "http://127.0.0.1:{closed}/v1"
+[profiles.default]
+providers = ["lms"]
+"""
+    d = DaemonProcess(cfg, tmp_path).start()
+    sock = sock_of(d)
+    try:
+        url = f"http://127.0.0.1:{closed}/v1"
+        for args in (("models", "list", "lms"), ("models", "load", "m", "--provider", "lms"),
+                     ("models", "unload", "m", "--provider", "lms")):
+            r = corectl(*args, sock=sock)
+            assert r.returncode == 1, (args, r.stdout, r.stderr)
+            assert r.stderr.startswith(f"corectl: lms: cannot reach the backend at {url}"), r.stderr
+            assert r.stderr.count("\n") == 1, r.stderr
+        listing = ok_json("models", "list", sock=sock)["providers"]
+        assert listing[0]["error"].startswith(f"cannot reach the backend at {url}")
+    finally:
+        d.stop()
+    assert "Traceback" not in d.log() and "internal error" not in d.log()
 
 
 # -- history with the daemon stopped ----------------------------------------------------------------------------
