@@ -48,13 +48,19 @@ class HealthMonitor:
         # Providers whose health is owned by the self-healing orchestrator while it restarts them.
         self.held: set[str] = set()
         self.listeners: list[Callable[[str, str, str], None]] = []
+        # Providers seen answering since this daemon started. One that never was is reported once as
+        # unreachable, not as a HEALTHY -> DEGRADED transition it never made.
+        self.seen_up: set[str] = set()
+        self.reported_unreachable: set[str] = set()
 
     def threshold(self, provider: str) -> int:
         cfg = self.daemon.runtime.config
         ts = [p.health_threshold for p in cfg.profiles.values() if provider in p.providers]
         return min(ts) if ts else 3
 
-    def set_state(self, provider: str, new: str, reason: str) -> None:
+    def set_state(self, provider: str, new: str, reason: str, *, quiet: bool = False) -> None:
+        """Move a provider's health; `quiet`: the cause was logged already, the transition is a debug line
+        (it is audited all the same)."""
         router = self.daemon.router
         old = router.health.get(provider, HEALTHY)
         if old == new:
@@ -64,7 +70,7 @@ class HealthMonitor:
             self.store.set("health", provider, new)
         if self.publish is not None:
             self.publish(HealthTransition(provider=provider, old=old, new=new, reason=reason))
-        log.info("provider %s: %s -> %s (%s)", provider, old, new, reason)
+        log.log(logging.DEBUG if quiet else logging.INFO, "provider %s: %s -> %s (%s)", provider, old, new, reason)
         for fn in self.listeners:
             fn(provider, old, new)
 
@@ -74,6 +80,8 @@ class HealthMonitor:
         if provider in self.held:
             return
         self.failures[provider] = consecutive
+        if consecutive == 0:
+            self.seen_up.add(provider)
         reason = "recovered on real traffic" if consecutive == 0 else f"{consecutive} consecutive request failures"
         self.set_state(provider, health_state(consecutive, self.threshold(provider)), reason)
 
@@ -91,6 +99,8 @@ class HealthMonitor:
                     await r.read()
                     ok = r.status < 500 and r.status not in (401, 403)
                     detail = f"HTTP {r.status}"
+        except aiohttp.ClientConnectorError as e:
+            ok, detail = False, f"cannot connect: {e.os_error.strerror or e.os_error}"[:200]
         except (aiohttp.ClientError, OSError, TimeoutError) as e:
             ok, detail = False, f"{type(e).__name__}: {e}"[:200]
         return ok, detail, time.monotonic() - t0
@@ -104,14 +114,30 @@ class HealthMonitor:
         for name, (ok, detail, secs) in zip(names, results, strict=True):
             self.last_probe[name] = {"ok": ok, "detail": detail, "at": time.time(), "seconds": round(secs, 4)}
             if ok:
+                self.seen_up.add(name)
                 if self.failures.get(name):
                     self.failures[name] = 0
                     self.daemon.router.passive_failures[name] = 0
                 self.set_state(name, HEALTHY, f"probe ok ({detail})")
-            else:
-                n = self.failures.get(name, 0) + 1
-                self.failures[name] = n
-                self.set_state(name, health_state(n, self.threshold(name)), f"probe failed: {detail}")
+                continue
+            n = self.failures.get(name, 0) + 1
+            self.failures[name] = n
+            new = health_state(n, self.threshold(name))
+            if name in self.seen_up:
+                self.set_state(name, new, f"probe failed: {detail}")
+                continue
+            # Never up since start: one warning, then its health follows quietly until it first answers.
+            if name not in self.reported_unreachable:
+                self.reported_unreachable.add(name)
+                log.warning("provider %s: unreachable at %s (%s); probing every %g s", name,
+                            probe_url(runtime.providers[name]), detail, runtime.config.health.probe_interval_s)
+                self.daemon.router.health[name] = new
+                if self.store is not None:
+                    self.store.set("health", name, new)
+                if self.publish is not None:
+                    self.publish(HealthTransition(provider=name, old="UNKNOWN", new=new,
+                                                  reason=f"unreachable since start: {detail}"))
+            self.set_state(name, new, f"probe failed: {detail}", quiet=True)
 
     async def latency_probe(self, provider) -> None:
         """A 1-token completion, timed to first byte: keeps an idle peer's latency figure fresh."""

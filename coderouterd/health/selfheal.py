@@ -58,10 +58,11 @@ class SelfHealer:
     def trigger(self, provider: str, reason: str, *, restart: bool) -> bool:
         task = self._recovering.get(provider)
         if task is not None and not task.done():
-            log.info("recovery of %s already in progress; ignoring trigger (%s)", provider, reason)
+            log.debug("recovery of %s already in progress; ignoring trigger (%s)", provider, reason)
             return False
         self.monitor.held.add(provider)
-        self.monitor.set_state(provider, UNHEALTHY, reason)
+        # A process that exited was logged by the supervisor: the health change it causes is not a second line.
+        self.monitor.set_state(provider, UNHEALTHY, reason, quiet=not restart)
         self._event(provider, self._process_name(provider), "excluded", None, reason)
         self._recovering[provider] = asyncio.ensure_future(self._recover(provider, reason, restart))
         return True
@@ -80,7 +81,7 @@ class SelfHealer:
                     if await mp.restart(reason):
                         self._event(provider, mp.spec.name, "restarting", mp.pid, reason)
                     else:
-                        log.info("restart of %s skipped: one is already in progress", mp.spec.name)
+                        log.debug("restart of %s skipped: one is already in progress", mp.spec.name)
                 # The first probe waits for readiness: a server still loading its model is not dead.
                 await mp.wait_ready(mp.spec.start_timeout_s)
             elif restart and self.daemon.runtime.providers[provider].cfg.restart_command:

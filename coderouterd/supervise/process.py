@@ -45,6 +45,8 @@ from .spec import (
 )
 
 log = logging.getLogger("coderouterd.supervise")
+# Events logged at debug level only (they change no state a reader of the log needs).
+_ROUTINE_EVENTS = frozenset({"restart_skipped"})
 
 ADOPTED_POLL_S = 0.5  # a process we did not spawn cannot be wait()ed on; psutil is polled instead
 READY_POLL_FIRST_S = 0.1
@@ -287,7 +289,6 @@ class ManagedProcess:
         self._refuse_if_external("restart")
         if self.state in (ProcessState.STARTING, ProcessState.STOPPING, ProcessState.BACKOFF):
             detail = f"{self.state.value}: a start or restart is already in progress"
-            log.info("%s: restart skipped (%s)", self.name, detail)
             self._emit("restart_skipped", self.pid, detail)
             return False
         self._emit("restarting", self.pid, reason or "requested")
@@ -525,7 +526,9 @@ class ManagedProcess:
             self._changed = asyncio.Event()
 
     def _emit(self, event: str, pid: int | None, detail: str = "") -> None:
-        log.info("%s: %s pid=%s %s", self.name, event, pid, detail)
+        # A skipped restart changes nothing: the crash or start that made it redundant was logged already.
+        log.log(logging.DEBUG if event in _ROUTINE_EVENTS else logging.INFO, "%s: %s pid=%s %s", self.name, event,
+                pid, detail)
         if self._on_event is None:
             return
         try:

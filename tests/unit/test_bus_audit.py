@@ -15,6 +15,7 @@ from coderouterd.state.events import (
     HealthTransition,
     PersistenceFault,
     ProfileSwitched,
+    RecoveryProbe,
     RequestFinished,
 )
 
@@ -143,7 +144,7 @@ def test_every_event_type_serialises_to_json():
     assert RequestFinished("r", "anthropic", "default", "p", status=502).audited
     for kind, cls in EVENT_TYPES.items():
         assert cls.kind == kind
-        if cls not in (RequestFinished, AttemptFailed):
+        if cls not in (RequestFinished, AttemptFailed, RecoveryProbe):  # RecoveryProbe: routine, not audited
             assert cls.audited is True
 
 
