@@ -378,6 +378,26 @@ def explain(
 
 
 @app.command()
+def init(
+    ctx: typer.Context,
+    config: Annotated[str | None, typer.Option(
+        "--config", metavar="PATH", help="Where to write (default: $CODEROUTER_CONFIG, else the per-OS config "
+                                         "file coderouterd reads when started without --config).")] = None,
+    force: Annotated[bool, typer.Option("--force", help="Replace an existing file.")] = False,
+    host: Annotated[str, typer.Option("--host", help="Where the model servers run.")] = "127.0.0.1",
+    backend_port: Annotated[list[str] | None, typer.Option(
+        "--backend-port", metavar="NAME=PORT", help="Probe NAME (lmstudio, ollama, llamacpp, vllm) on PORT "
+                                                    "instead of its usual one (repeatable).")] = None,
+    json_out: JsonOpt = False,
+) -> None:
+    """Find the local model servers that run (LM Studio 1234, Ollama 11434, llama.cpp 8080, vLLM 8000), list
+    their models, and write a commented starter config. Never replaces an existing file without --force."""
+    from . import starter
+
+    _exit(starter.init(config, force, host, backend_port, _opts(ctx, json_out)[1]))
+
+
+@app.command()
 def top(
     ctx: typer.Context,
     interval: Annotated[float, typer.Option("--interval", "-i", metavar="SECONDS",

@@ -26,7 +26,7 @@ class DaemonNotRunning(CorectlError):
                          code=3, payload={"socket": path, "running": False})
 
 
-def start_command() -> str:
+def start_command(with_config: bool = True) -> str:
     """How to start the daemon from where the user is: `coderouterd` when it is on PATH, else the one next to
     this Python (a venv that is not activated), with the config the last daemon ran with."""
     import shutil
@@ -37,6 +37,8 @@ def start_command() -> str:
     else:
         beside = os.path.join(os.path.dirname(sys.executable), "coderouterd")
         cmd = _shorten(beside) if os.access(beside, os.X_OK) else f"{_shorten(sys.executable)} -m coderouterd"
+    if not with_config:
+        return cmd
     from coderouterd.discovery import read_last
 
     last = read_last()
