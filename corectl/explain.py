@@ -145,7 +145,7 @@ def render(trace: dict, source: str, out) -> None:
     from rich.text import Text
 
     from .history import local_time
-    from .render import _kv, money
+    from .render import _kv, fit_table, money
 
     title = Text.assemble(("Request ", "bold"), (trace["request_id"], "bold cyan"))
     title.append("  (from coderouterd's memory)" if source == "memory" else
@@ -197,22 +197,19 @@ def render(trace: dict, source: str, out) -> None:
             t.add_row(s["provider"], s.get("reason") or "", s.get("message") or "")
         out.print(t)
     attempts = trace.get("attempts") or []
-    t = Table(title="Attempts", title_justify="left", title_style="bold")
-    t.add_column("#", justify="right")
-    t.add_column("Provider", style="bold", no_wrap=True)
-    t.add_column("Outcome", no_wrap=True)
-    t.add_column("Reason", no_wrap=True)
-    t.add_column("HTTP", justify="right", no_wrap=True)
-    t.add_column("Time", justify="right", no_wrap=True)
-    t.add_column("Detail", overflow="fold")
+    right = {"justify": "right", "no_wrap": True}
+    columns = [("#", right, 0), ("Provider", {"style": "bold", "no_wrap": True}, 0), ("Outcome", {"no_wrap": True}, 0),
+               ("Reason", {"no_wrap": True}, 0), ("HTTP", right, 2), ("Time", right, 1),
+               ("Detail", {"overflow": "fold"}, 3)]
+    rows = []
     for i, a in enumerate(attempts, 1):
         ok = a.get("outcome") == "ok"
         winner = ok and a.get("provider") == served
-        t.add_row(str(i), Text(a.get("provider") or "?", style="bold green" if winner else ""),
-                  Text(a.get("outcome") or "?", style="green" if ok else "red"),
-                  "" if ok else (a.get("reason") or ""), str(a["status"]) if a.get("status") else "-",
-                  _ms(a.get("ms")), a.get("message") or "")
+        rows.append([str(i), Text(a.get("provider") or "?", style="bold green" if winner else ""),
+                     Text(a.get("outcome") or "?", style="green" if ok else "red"),
+                     "" if ok else (a.get("reason") or ""), str(a["status"]) if a.get("status") else "-",
+                     _ms(a.get("ms")), a.get("message") or ""])
     if attempts:
-        out.print(t)
+        out.print(fit_table(out.width, columns, rows, title="Attempts", title_justify="left", title_style="bold"))
     else:
         out.print(Text("No provider was attempted.", style="red"))

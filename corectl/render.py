@@ -35,6 +35,7 @@ def fit_table(width: int, columns: list[tuple[str, dict, int]], rows: list[list]
         for row in rows:
             t.add_row(*(row[i] for i in shown))
         if not droppable or _min_width(t) <= width:
+            _share_width(t, width)
             return t
         shown.remove(droppable.pop(0))
 
@@ -42,10 +43,46 @@ def fit_table(width: int, columns: list[tuple[str, dict, int]], rows: list[list]
 _MEASURE = Console(width=10_000, highlight=False)
 
 
-def _min_width(table: Table) -> int:
+def _sizes(table: Table) -> tuple[list[int], list[int]]:
+    """Per column: the narrowest it can be without cutting (no_wrap: its widest cell; else its longest word)
+    and its natural width, padding excluded."""
     from rich.measure import Measurement
 
-    return Measurement.get(_MEASURE, _MEASURE.options, table).minimum
+    mins, maxs = [], []
+    for c in table.columns:
+        sizes = [Measurement.get(_MEASURE, _MEASURE.options, cell) for cell in (c.header, *c._cells)]
+        widest = max(m.maximum for m in sizes)
+        maxs.append(widest)
+        mins.append(widest if c.no_wrap else max(m.minimum for m in sizes))
+    return mins, maxs
+
+
+def _frame(table: Table) -> int:
+    """Columns of borders and padding around the cells."""
+    return table._extra_width + (table.padding[1] + table.padding[3]) * len(table.columns)
+
+
+def _min_width(table: Table) -> int:
+    return sum(_sizes(table)[0]) + _frame(table)
+
+
+def _share_width(table: Table, width: int) -> None:
+    """Fix the widths of the wrappable columns so that none is squeezed below its longest word (Rich shrinks the
+    widest wrappable columns first, cutting words with an ellipsis although the table could fit)."""
+    columns = table.columns
+    mins, maxs = _sizes(table)
+    wrap = [i for i, c in enumerate(columns) if not c.no_wrap]
+    avail = width - _frame(table)
+    fixed = sum(maxs[i] for i in range(len(columns)) if i not in wrap)
+    if not wrap or fixed + sum(maxs[i] for i in wrap) <= avail:
+        return  # natural widths fit
+    room = avail - fixed - sum(mins[i] for i in wrap)
+    if room < 0:
+        return
+    slack = {i: maxs[i] - mins[i] for i in wrap}
+    total = sum(slack.values())
+    for i in wrap:
+        columns[i].width = mins[i] + (room * slack[i] // total if total else 0)
 
 
 def duration(seconds: float) -> str:
@@ -298,13 +335,8 @@ def profile_detail(data: dict, out: Console) -> None:
     if data.get("routes"):
         rows.append(("routes", ", ".join(data["routes"])))
     out.print(_kv(rows))
-    t = Table(title="Chain", title_justify="left", title_style="bold")
-    t.add_column("#", justify="right")
-    t.add_column("Provider", style="bold", no_wrap=True)
-    t.add_column("Kind")
-    t.add_column("Base URL", overflow="fold")
-    t.add_column("Model", overflow="fold")
-    for i, p in enumerate(data["providers"], 1):
-        t.add_row(str(i), p["name"], p["kind"] + (" $" if p.get("paid") else ""), p["base_url"],
-                  p["model"] or Text("(client's)", style="dim"))
-    out.print(t)
+    columns = [("#", {"justify": "right", "no_wrap": True}, 0), ("Provider", {"style": "bold", "no_wrap": True}, 0),
+               ("Kind", {"no_wrap": True}, 1), ("Base URL", {"no_wrap": True}, 2), ("Model", {"no_wrap": True}, 3)]
+    rows = [[str(i), p["name"], p["kind"] + (" $" if p.get("paid") else ""), p["base_url"],
+             p["model"] or Text("(client's)", style="dim")] for i, p in enumerate(data["providers"], 1)]
+    out.print(fit_table(out.width, columns, rows, title="Chain", title_justify="left", title_style="bold"))
