@@ -26,63 +26,62 @@ def fit_table(width: int, columns: list[tuple[str, dict, int]], rows: list[list]
     rank). Rank 0 is always shown; while the table's narrowest rendering (no_wrap cells whole, wrappable cells
     at their longest word) is wider than `width`, the column with the highest rank goes. Ids are no_wrap
     columns of rank 0, so they are never folded over lines (a request id must stay pasteable)."""
+    mins, maxs = _sizes(columns, rows)
     shown = list(range(len(columns)))
     droppable = sorted((i for i, c in enumerate(columns) if c[2]), key=lambda i: -columns[i][2])
-    while True:
-        t = Table(**table_kw)
-        for i in shown:
-            t.add_column(columns[i][0], **columns[i][1])
-        for row in rows:
-            t.add_row(*(row[i] for i in shown))
-        if not droppable or _min_width(t) <= width:
-            _share_width(t, width)
-            return t
+    while droppable and sum(mins[i] for i in shown) + _frame(len(shown), table_kw) > width:
         shown.remove(droppable.pop(0))
+    t = Table(**table_kw)
+    avail = width - _frame(len(shown), table_kw)
+    widths = _wrap_widths([columns[i][1].get("no_wrap", False) for i in shown], [mins[i] for i in shown],
+                          [maxs[i] for i in shown], avail)
+    for i, w in zip(shown, widths, strict=True):
+        t.add_column(columns[i][0], **({**columns[i][1], "width": w} if w is not None else columns[i][1]))
+    for row in rows:
+        t.add_row(*(row[i] for i in shown))
+    return t
 
 
 _MEASURE = Console(width=10_000, highlight=False)
 
 
-def _sizes(table: Table) -> tuple[list[int], list[int]]:
+def _sizes(columns: list[tuple[str, dict, int]], rows: list[list]) -> tuple[list[int], list[int]]:
     """Per column: the narrowest it can be without cutting (no_wrap: its widest cell; else its longest word)
-    and its natural width, padding excluded."""
+    and its natural width, padding excluded. Each cell is measured once."""
     from rich.measure import Measurement
 
     mins, maxs = [], []
-    for c in table.columns:
-        sizes = [Measurement.get(_MEASURE, _MEASURE.options, cell) for cell in (c.header, *c._cells)]
+    for i, (header, kw, _rank) in enumerate(columns):
+        sizes = [Measurement.get(_MEASURE, _MEASURE.options, cell) for cell in (header, *(r[i] for r in rows))]
         widest = max(m.maximum for m in sizes)
         maxs.append(widest)
-        mins.append(widest if c.no_wrap else max(m.minimum for m in sizes))
+        mins.append(widest if kw.get("no_wrap") else max(m.minimum for m in sizes))
     return mins, maxs
 
 
-def _frame(table: Table) -> int:
-    """Columns of borders and padding around the cells."""
-    return table._extra_width + (table.padding[1] + table.padding[3]) * len(table.columns)
+def _frame(n: int, table_kw: dict) -> int:
+    """Columns taken by borders and cell padding in a table of n columns."""
+    probe = Table(**table_kw)
+    for _ in range(n):
+        probe.add_column()
+    return probe._extra_width + (probe.padding[1] + probe.padding[3]) * n
 
 
-def _min_width(table: Table) -> int:
-    return sum(_sizes(table)[0]) + _frame(table)
-
-
-def _share_width(table: Table, width: int) -> None:
-    """Fix the widths of the wrappable columns so that none is squeezed below its longest word (Rich shrinks the
-    widest wrappable columns first, cutting words with an ellipsis although the table could fit)."""
-    columns = table.columns
-    mins, maxs = _sizes(table)
-    wrap = [i for i, c in enumerate(columns) if not c.no_wrap]
-    avail = width - _frame(table)
-    fixed = sum(maxs[i] for i in range(len(columns)) if i not in wrap)
-    if not wrap or fixed + sum(maxs[i] for i in wrap) <= avail:
-        return  # natural widths fit
+def _wrap_widths(no_wrap: list[bool], mins: list[int], maxs: list[int], avail: int) -> list[int | None]:
+    """Fixed widths for the wrappable columns when the natural widths do not fit, so that none is squeezed
+    below its longest word (Rich shrinks the widest wrappable columns first, cutting words with an ellipsis
+    although the table could fit). None: leave the column to Rich."""
+    wrap = [i for i, nw in enumerate(no_wrap) if not nw]
+    fixed = sum(maxs[i] for i, nw in enumerate(no_wrap) if nw)
     room = avail - fixed - sum(mins[i] for i in wrap)
-    if room < 0:
-        return
+    if not wrap or fixed + sum(maxs[i] for i in wrap) <= avail or room < 0:
+        return [None] * len(no_wrap)
     slack = {i: maxs[i] - mins[i] for i in wrap}
     total = sum(slack.values())
+    out: list[int | None] = [None] * len(no_wrap)
     for i in wrap:
-        columns[i].width = mins[i] + (room * slack[i] // total if total else 0)
+        out[i] = mins[i] + (room * slack[i] // total if total else 0)
+    return out
 
 
 def duration(seconds: float) -> str:
