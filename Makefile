@@ -7,7 +7,7 @@ CLIENTS := tests/clients
 CLIENTS_STAMP := $(CLIENTS)/node_modules/.installed
 NPM_OFFLINE := ENOTFOUND|ECONNREFUSED|ECONNRESET|ETIMEDOUT|EAI_AGAIN|ENETUNREACH|network
 
-.PHONY: run test lint bench clean
+.PHONY: run test lint bench clean install
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -23,6 +23,15 @@ $(TEST_STAMP): pyproject.toml | $(BIN)/python
 
 run: $(STAMP)
 	$(BIN)/coderouterd
+
+# coderouterd and corectl on PATH for every shell, in an isolated environment of their own (uv tool or pipx).
+# Run it again after a `git pull`. Without either tool: `make .venv/.installed` then `. .venv/bin/activate`.
+install:
+	@if command -v uv >/dev/null 2>&1; then uv tool install --force --reinstall . ; \
+	elif command -v pipx >/dev/null 2>&1; then pipx install --force . ; \
+	else echo "make install needs uv (https://docs.astral.sh/uv/) or pipx (https://pipx.pypa.io)."; \
+	     echo "Without them: make .venv/.installed && . .venv/bin/activate   (PATH for this shell only)"; exit 1; fi
+	@command -v corectl >/dev/null 2>&1 || echo "installed; add the tool directory to PATH: uv tool update-shell, or pipx ensurepath"
 
 # The real coding-agent CLIs the e2e tests drive (pinned in tests/clients/package-lock.json). When npm cannot
 # reach its registry the reason is written to .npm-unavailable and those tests skip; any other failure stops here.
