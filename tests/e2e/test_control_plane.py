@@ -207,6 +207,10 @@ def test_hot_reload_by_editing_the_file(fakes, daemons, tmp_path):
     assert "unknown provider 'ghost'" in r.stderr
     rj = corectl("reload", "--json", env_socket=sock)
     assert rj.returncode == 1 and orjson.loads(rj.stdout)["ok"] is False
+    # One log line per refused reload (two refusals from corectl: two lines, not four).
+    assert sum("rejected" in line for line in d.log().splitlines() if "(corectl)" in line) == 2
+    assert sum("rejected" in line for line in d.log().splitlines()) == \
+        sum("config reload (" in line for line in d.log().splitlines())
 
     # A valid in-place write: applied, the error is cleared.
     d.config_path.write_text(config_text(a.url, b.url, default_chain='"a"'))
@@ -317,8 +321,10 @@ def test_stale_socket_second_daemon_and_not_running(fakes, daemons, tmp_path):
     assert os.path.exists(sock)  # a crash leaves the socket file behind
     down = corectl("status", env_socket=sock)
     assert down.returncode == 3
-    assert down.stderr == (f"corectl: coderouterd is not running (nothing is listening on the socket at "
-                           f"{sock}). Start it with: coderouterd\n")
+    assert down.stderr.startswith(f"corectl: coderouterd is not running (nothing is listening on the socket "
+                                  f"at {sock}). Start it with: ")
+    # The command that works from here: `coderouterd` on PATH, else the one beside this Python.
+    assert "coderouterd" in down.stderr.split("Start it with: ")[1] and down.stderr.count("\n") == 1
 
     d.start()
     assert "removing stale admin socket" in d.log()
@@ -326,8 +332,8 @@ def test_stale_socket_second_daemon_and_not_running(fakes, daemons, tmp_path):
 
     gone = corectl("status", socket=str(tmp_path / "never.sock"))
     assert gone.returncode == 3 and "Traceback" not in gone.stderr
-    assert gone.stderr == (f"corectl: coderouterd is not running (no socket at {tmp_path / 'never.sock'}). "
-                           "Start it with: coderouterd\n")
+    assert gone.stderr.startswith(f"corectl: coderouterd is not running (no socket at "
+                                  f"{tmp_path / 'never.sock'}). Start it with: ")
 
 
 # -- lifecycle -----------------------------------------------------------------------------------------------

@@ -166,6 +166,11 @@ def test_a_daemon_with_its_own_config_and_state_is_found_and_used(user, tmp_path
             spare = next(p for p in report["providers"] if p["provider"] == "spare")
             assert any(c["name"] == "daemon key" and c["status"] == "fail" for c in spare["checks"])
 
+            # service install defaults to the running daemon's config too.
+            svc = user.corectl("service", "install", "--os", "linux", "--dry-run", "--json")
+            assert svc.returncode == 0, svc.stderr
+            assert orjson.loads(svc.stdout)["config"] == str(config.resolve())
+
             # 80 columns: nothing truncated, no line wider than the terminal, the key problem named.
             narrow = user.corectl("status", columns=80)
             assert narrow.returncode == 0, narrow.stderr
