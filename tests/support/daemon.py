@@ -29,7 +29,9 @@ class DaemonProcess:
         self.state_dir = tmp / "state"
         self.config_path = tmp / "config.toml"
         self.config_path.write_text(config_text.replace("{PORT}", str(self.port)))
-        self.env = {**os.environ, "CODEROUTER_STATE_DIR": str(self.state_dir), **(env or {})}
+        # XDG_CONFIG_HOME: the user's own ~/.config/coderouter/env (API keys) must not leak into tests.
+        self.env = {**os.environ, "CODEROUTER_STATE_DIR": str(self.state_dir),
+                    "XDG_CONFIG_HOME": str(tmp / "xdg-config"), **(env or {})}
         self.env.pop("CODEROUTER_CONFIG", None)
         self.proc: subprocess.Popen | None = None
         self.log_path = tmp / "daemon.log"
