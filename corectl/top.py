@@ -90,7 +90,7 @@ def view(data: dict, error: str | None = None, *, width: int = 10_000, height: i
     head = Text.assemble(("coderouterd ", "bold"), (str(data.get("version") or "?"), "bold cyan"),
                          f"  up {duration(data.get('uptime_s') or 0)}  profile ",
                          (str(data.get("active_profile")), "bold"),
-                         f"  {data['requests_per_s']:.2f} req/s", ("  (q quits)", "dim"))
+                         f"  {data['requests_per_s']:.2f} req/s", ("  (q or Ctrl-C quits)", "dim"))
     parts: list = [head]
     spend = spend_line({"global": data["spend"], "month": data.get("month")}) if data.get("spend") else None
     if spend is not None:
