@@ -11,7 +11,7 @@ import typer
 from typer.core import TyperGroup
 
 from . import __version__, commands
-from .client import AdminClient, resolve_socket
+from .api import DaemonAPI
 
 
 class _Root(TyperGroup):
@@ -113,8 +113,8 @@ def _exit(code: int) -> None:
 
 def _complete_profiles(ctx: typer.Context, incomplete: str) -> list[str]:
     try:
-        with AdminClient(resolve_socket(ctx.find_root().params.get("socket")), timeout=2.0) as client:
-            data = client.call("GET", "/v1/profiles")
+        with DaemonAPI(ctx.find_root().params.get("socket"), timeout=2.0) as api:
+            data = api.profiles()
         return [p["name"] for p in data["profiles"] if p["name"].startswith(incomplete)]
     except Exception:  # completion must never print errors into the user's shell
         return []
@@ -170,8 +170,8 @@ def config_check(
 
 def _complete_processes(ctx: typer.Context, incomplete: str) -> list[str]:
     try:
-        with AdminClient(resolve_socket(ctx.find_root().params.get("socket")), timeout=2.0) as client:
-            data = client.call("GET", "/v1/processes")
+        with DaemonAPI(ctx.find_root().params.get("socket"), timeout=2.0) as api:
+            data = api.processes()
         return [n for n in data.get("names", []) if n.startswith(incomplete)]
     except Exception:  # completion must never print errors into the user's shell
         return []

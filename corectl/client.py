@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import os
 
+from coderouterd.admin.apitype import API_VERSION, API_VERSION_HEADER
+
 SOCKET_NAME = "coderouterd.sock"
 DEFAULT_TIMEOUT_S = 15.0
 
@@ -140,6 +142,7 @@ class AdminClient:
             self._conn.request(method, path, body=content, headers=headers)
             resp = self._conn.getresponse()
             status, raw = resp.status, resp.read()
+            spoken = resp.getheader(API_VERSION_HEADER)
         except FileNotFoundError:
             raise DaemonNotRunning(self.socket_path, "no socket") from None
         except ConnectionRefusedError:
@@ -153,6 +156,10 @@ class AdminClient:
         except Exception as e:  # http.client.HTTPException, a reset connection, ...
             raise CorectlError(f"talking to coderouterd over {self.socket_path} failed: "
                                f"{type(e).__name__}: {e}", code=1) from None
+        if spoken is not None and spoken != str(API_VERSION):
+            raise CorectlError(f"coderouterd speaks admin API version {spoken}, this corectl version {API_VERSION}: "
+                               "restart coderouterd after an upgrade (or use the corectl installed with it)",
+                               code=1, payload={"api_version": spoken, "expected": API_VERSION})
         try:
             data = orjson.loads(raw)
         except orjson.JSONDecodeError:

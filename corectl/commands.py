@@ -8,7 +8,8 @@ from __future__ import annotations
 import sys
 from collections.abc import Callable
 
-from .client import AdminClient, CorectlError, resolve_socket
+from .api import DaemonAPI
+from .client import DEFAULT_TIMEOUT_S, CorectlError
 
 
 def emit_json(data) -> None:
@@ -27,14 +28,26 @@ def report_error(message: str, as_json: bool, payload: dict | None = None) -> No
     sys.stderr.write(f"corectl: {message}\n")
 
 
-def with_daemon(socket: str | None, as_json: bool, work: Callable[[AdminClient], None]) -> int:
+def run(as_json: bool, work: Callable[[], int | None]) -> int:
+    """The one wrapper every command runs in: its exit status, expected failures as one line on stderr (and a
+    JSON error document with --json), Ctrl-C as the normal end of a follow."""
     try:
-        with AdminClient(resolve_socket(socket)) as client:
-            work(client)
+        return work() or 0
     except CorectlError as e:
         report_error(str(e), as_json, e.payload)
         return e.code
-    return 0
+    except KeyboardInterrupt:
+        return 0
+
+
+def with_api(socket: str | None, as_json: bool, work: Callable[[DaemonAPI], int | None], *,
+             timeout: float = DEFAULT_TIMEOUT_S) -> int:
+    """run() with a connection to the daemon for `work`."""
+    def go() -> int | None:
+        with DaemonAPI(socket, timeout=timeout) as api:
+            return work(api)
+
+    return run(as_json, go)
 
 
 def _console():
@@ -44,8 +57,8 @@ def _console():
 
 
 def status(socket: str | None, as_json: bool) -> int:
-    def work(client: AdminClient) -> None:
-        data = client.call("GET", "/v1/status")
+    def work(api: DaemonAPI) -> None:
+        data = api.status()
         if as_json:
             emit_json(data)
             return
@@ -53,12 +66,12 @@ def status(socket: str | None, as_json: bool) -> int:
 
         render_status(data, _console())
 
-    return with_daemon(socket, as_json, work)
+    return with_api(socket, as_json, work)
 
 
 def profile_list(socket: str | None, as_json: bool) -> int:
-    def work(client: AdminClient) -> None:
-        data = client.call("GET", "/v1/profiles")
+    def work(api: DaemonAPI) -> None:
+        data = api.profiles()
         if as_json:
             emit_json(data)
             return
@@ -67,14 +80,12 @@ def profile_list(socket: str | None, as_json: bool) -> int:
         out = _console()
         out.print(profiles_table(data["profiles"], out.width))
 
-    return with_daemon(socket, as_json, work)
+    return with_api(socket, as_json, work)
 
 
 def profile_show(socket: str | None, name: str, as_json: bool) -> int:
-    from urllib.parse import quote
-
-    def work(client: AdminClient) -> None:
-        data = client.call("GET", f"/v1/profiles/{quote(name, safe='')}")
+    def work(api: DaemonAPI) -> None:
+        data = api.profile(name)
         if as_json:
             emit_json(data)
             return
@@ -82,12 +93,12 @@ def profile_show(socket: str | None, name: str, as_json: bool) -> int:
 
         profile_detail(data, _console())
 
-    return with_daemon(socket, as_json, work)
+    return with_api(socket, as_json, work)
 
 
 def profile_use(socket: str | None, name: str, as_json: bool) -> int:
-    def work(client: AdminClient) -> None:
-        data = client.call("POST", "/v1/profile/use", {"name": name})
+    def work(api: DaemonAPI) -> None:
+        data = api.use_profile(name)
         if as_json:
             emit_json(data)
         elif data["previous"] == data["active"]:
@@ -95,15 +106,12 @@ def profile_use(socket: str | None, name: str, as_json: bool) -> int:
         else:
             echo(f"Active profile: {data['active']} (was {data['previous']}).")
 
-    return with_daemon(socket, as_json, work)
+    return with_api(socket, as_json, work)
 
 
 def reload(socket: str | None, as_json: bool) -> int:
-    def work(client: AdminClient) -> None:
-        status_code, data = client.request("POST", "/v1/reload")
-        if status_code >= 400 or not data.get("ok"):
-            reason = data.get("error") or f"HTTP {status_code}"
-            raise CorectlError(f"reload refused, the running configuration stays: {reason}", 1, data)
+    def work(api: DaemonAPI) -> None:
+        data = api.reload()
         if as_json:
             emit_json(data)
         elif data.get("message"):
@@ -113,7 +121,7 @@ def reload(socket: str | None, as_json: bool) -> int:
         else:
             echo(f"Reloaded {data['path']}: no changes.")
 
-    return with_daemon(socket, as_json, work)
+    return with_api(socket, as_json, work)
 
 
 def config_check(path: str | None, as_json: bool, socket: str | None = None) -> int:

@@ -6,40 +6,10 @@ or any after a daemon restart, come from the journal, which records the route bu
 from __future__ import annotations
 
 import sqlite3
-from pathlib import Path
-from urllib.parse import quote
 
-from .client import AdminClient, CorectlError, DaemonNotRunning, resolve_socket
-from .commands import emit_json, report_error
-
-
-def journal_row(db_path: Path, request_id: str) -> dict | None:
-    from coderouterd.state.journal import JOURNAL_COLUMNS
-
-    if not db_path.is_file():
-        return None
-    import orjson
-
-    conn = sqlite3.connect(f"{db_path.resolve().as_uri()}?mode=ro", uri=True, timeout=5.0)
-    try:
-        try:
-            raw = conn.execute(f"SELECT {', '.join(JOURNAL_COLUMNS)} FROM journal WHERE request_id = ? "
-                               "ORDER BY ts DESC LIMIT 1", (request_id,)).fetchone()
-        except sqlite3.OperationalError as e:
-            if "no such table" in str(e):
-                return None
-            raise
-    finally:
-        conn.close()
-    if raw is None:
-        return None
-    row = dict(zip(JOURNAL_COLUMNS, raw, strict=True))
-    try:
-        row["attempts"] = orjson.loads(row["attempts"]) if row["attempts"] else []
-    except orjson.JSONDecodeError:
-        row["attempts"] = []
-    row["streaming"] = bool(row["streaming"])
-    return row
+from .api import DaemonAPI
+from .client import CorectlError, DaemonNotRunning
+from .commands import emit_json, run
 
 
 def trace_from_row(row: dict) -> dict:
@@ -70,14 +40,14 @@ def find_trace(socket: str | None, request_id: str, state_dir: str | None) -> tu
     """(trace, source) where source is "memory" or "journal". Raises CorectlError when neither has it."""
     down: DaemonNotRunning | None = None
     try:
-        with AdminClient(resolve_socket(socket)) as client:
-            status, data = client.request("GET", f"/v1/requests/{quote(request_id, safe='')}")
-        if status == 200:
-            return data, "memory"
-        if status != 404:
-            raise CorectlError(str(data.get("error") or f"HTTP {status}"), code=1, payload=data)
+        with DaemonAPI(socket) as api:
+            trace = api.request(request_id)
+        if trace is not None:
+            return dict(trace), "memory"
     except DaemonNotRunning as e:
         down = e
+    from coderouterd.state import journal_row
+
     from .history import DB_FILE, resolve_state_dir
 
     sdir, how = resolve_state_dir(state_dir, socket)
@@ -96,18 +66,16 @@ def find_trace(socket: str | None, request_id: str, state_dir: str | None) -> tu
 
 
 def explain(socket: str | None, request_id: str, state_dir: str | None, as_json: bool) -> int:
-    try:
+    def work() -> None:
         trace, source = find_trace(socket, request_id, state_dir)
-    except CorectlError as e:
-        report_error(str(e), as_json, e.payload)
-        return e.code
-    if as_json:
-        emit_json({"source": source, "trace": trace})
-        return 0
-    from .render import console
+        if as_json:
+            emit_json({"source": source, "trace": trace})
+            return
+        from .render import console
 
-    render(trace, source, console())
-    return 0
+        render(trace, source, console())
+
+    return run(as_json, work)
 
 
 def _ms(value) -> str:

@@ -13,7 +13,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from .client import CorectlError
-from .commands import emit_json, report_error
+from .commands import emit_json, run
 
 DB_FILE = "state.db"
 _RELATIVE = re.compile(r"^(\d+(?:\.\d+)?)\s*(s|m|min|h|d|w)$")
@@ -128,16 +128,6 @@ def _check_filters(sdir: Path, socket: str | None, provider: str | None, profile
     check_names(known, "profile", profile)
 
 
-def _run(as_json: bool, work) -> int:
-    try:
-        return work() or 0
-    except CorectlError as e:
-        report_error(str(e), as_json, e.payload)
-        return e.code
-    except KeyboardInterrupt:
-        return 0  # Ctrl-C ends a follow; that is how it is meant to stop
-
-
 def _console():
     from .render import console
 
@@ -191,7 +181,7 @@ def audit_tail(state_dir: str | None, socket: str | None, n: int, follow: bool, 
             sys.stderr.write(f"corectl: no audit records in {sdir}\n")
         return 0
 
-    return _run(as_json, work)
+    return run(as_json, work)
 
 
 def _print_record(rec: dict, as_json: bool) -> None:
@@ -251,7 +241,7 @@ def journal_tail(state_dir: str | None, socket: str | None, n: int, provider: st
         out.print(journal_table(rows, out.width))
         return 0
 
-    return _run(as_json, work)
+    return run(as_json, work)
 
 
 def journal_table(rows: list[dict], width: int = 10_000, *, now: float | None = None):
@@ -319,7 +309,7 @@ def journal_export(state_dir: str | None, socket: str | None, fmt: str, since: s
             sys.stderr.write(f"Wrote {len(rows)} journal rows to {path} ({fmt}).\n")
         return 0
 
-    return _run(as_json, work)
+    return run(as_json, work)
 
 
 # -- replay compare -------------------------------------------------------------------------------------------
@@ -454,4 +444,4 @@ def replay_compare(state_dir: str | None, socket: str | None, a: str, b: str, *,
         out.print(Text(result["verdict"], style="bold"))
         return 0
 
-    return _run(as_json, work)
+    return run(as_json, work)

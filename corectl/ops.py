@@ -8,26 +8,14 @@ import os
 import sys
 import time
 from collections.abc import Callable
-from urllib.parse import quote
 
-from .client import DEFAULT_TIMEOUT_S, AdminClient, CorectlError, resolve_socket
-from .commands import echo, emit_json, report_error
+from .api import DaemonAPI
+from .client import DEFAULT_TIMEOUT_S, CorectlError
+from .commands import echo, emit_json, with_api
 
 # The daemon waits up to this long for a model to load (models_control.LOAD_TIMEOUT_S); corectl a bit longer.
 MODEL_LOAD_TIMEOUT_S = 630.0
 FOLLOW_POLL_S = 0.25
-
-
-def run_with(socket: str | None, as_json: bool, work: Callable[[AdminClient], int | None], *,
-             timeout: float = DEFAULT_TIMEOUT_S) -> int:
-    try:
-        with AdminClient(resolve_socket(socket), timeout=timeout) as client:
-            return work(client) or 0
-    except CorectlError as e:
-        report_error(str(e), as_json, e.payload)
-        return e.code
-    except KeyboardInterrupt:
-        return 0
 
 
 def _console(stderr: bool = False):
@@ -43,8 +31,8 @@ def _console(stderr: bool = False):
 # -- providers ------------------------------------------------------------------------------------------------
 
 def providers(socket: str | None, as_json: bool) -> int:
-    def work(client: AdminClient) -> None:
-        data = client.call("GET", "/v1/providers")
+    def work(api: DaemonAPI) -> None:
+        data = api.providers()
         if as_json:
             emit_json(data)
             return
@@ -55,7 +43,7 @@ def providers(socket: str | None, as_json: bool) -> int:
         for line in key_problems(data["providers"]):
             out.print(line)
 
-    return run_with(socket, as_json, work)
+    return with_api(socket, as_json, work)
 
 
 def providers_table(items: list[dict], window_s: float | None, width: int = 10_000):
@@ -93,14 +81,13 @@ def providers_table(items: list[dict], window_s: float | None, width: int = 10_0
 def process_action(socket: str | None, name: str, action: str, wait_s: float, as_json: bool) -> int:
     wait = 0.0 if action == "stop" else max(0.0, wait_s)
 
-    def work(client: AdminClient) -> int:
-        path = f"/v1/processes/{quote(name, safe='')}/{action}"
+    def work(api: DaemonAPI) -> int:
         if as_json:
-            data = client.call("POST", path, {"wait_s": wait})
+            data = api.process_action(name, action, wait)
         else:
             verb = {"start": "Starting", "stop": "Stopping", "restart": "Restarting"}[action]
             with _spinner(f"{verb} {name}…"):
-                data = client.call("POST", path, {"wait_s": wait})
+                data = api.process_action(name, action, wait)
         snap = data.get("process") or {}
         ready = data.get("ready")
         failed = wait > 0 and ready is False
@@ -124,7 +111,7 @@ def process_action(socket: str | None, name: str, action: str, wait_s: float, as
                          f"see corectl logs {pname}\n")
         return 1
 
-    return run_with(socket, as_json, work, timeout=wait + DEFAULT_TIMEOUT_S)
+    return with_api(socket, as_json, work, timeout=wait + DEFAULT_TIMEOUT_S)
 
 
 def find_process(processes: dict[str, dict], name: str) -> dict | None:
@@ -199,14 +186,14 @@ def follow_file(path: str, *, poll_s: float = FOLLOW_POLL_S, stop: Callable[[], 
 
 
 def logs(socket: str | None, name: str, n: int, follow: bool, as_json: bool) -> int:
-    def work(client: AdminClient) -> int:
-        data = client.call("GET", "/v1/processes")
+    def work(api: DaemonAPI) -> int:
+        data = api.processes()
         snap = find_process(data.get("processes") or {}, name)
         if snap is None:
             valid = data.get("names") or []
             listed = ", ".join(valid) if valid else "none (no provider has a [process] block)"
             raise CorectlError(f"no managed process {name!r}; valid names: {listed}", code=1, payload={"valid": valid})
-        client.close()  # following can last hours; the daemon need not hold our connection
+        api.close()  # following can last hours; the daemon need not hold our connection
         path = snap["log"]
         stream = follow_file(path) if follow else None  # position fixed before the backlog is read
         try:
@@ -226,7 +213,7 @@ def logs(socket: str | None, name: str, n: int, follow: bool, as_json: bool) -> 
                 _emit_line(line, as_json)
         return 0
 
-    return run_with(socket, as_json, work)
+    return with_api(socket, as_json, work)
 
 
 def _emit_line(line: str, as_json: bool) -> None:
@@ -242,17 +229,16 @@ def _emit_line(line: str, as_json: bool) -> None:
 # -- models ---------------------------------------------------------------------------------------------------
 
 def models_list(socket: str | None, provider: str | None, as_json: bool) -> int:
-    def work(client: AdminClient) -> None:
-        path = "/v1/models" + (f"?provider={quote(provider, safe='')}" if provider else "")
+    def work(api: DaemonAPI) -> None:
         if as_json:
-            emit_json(client.call("GET", path))
+            emit_json(api.models(provider))
             return
         with _spinner("Asking the backends for their models…"):
-            data = client.call("GET", path)
+            data = api.models(provider)
         out = _console()
         out.print(models_table(data["providers"], out.width))
 
-    return run_with(socket, as_json, work, timeout=60.0)
+    return with_api(socket, as_json, work, timeout=60.0)
 
 
 def models_table(entries: list[dict], width: int = 10_000):
@@ -281,13 +267,12 @@ def models_table(entries: list[dict], width: int = 10_000):
 
 
 def model_control(socket: str | None, action: str, model: str, provider: str, as_json: bool) -> int:
-    def work(client: AdminClient) -> None:
-        body = {"provider": provider, "model": model}
+    def work(api: DaemonAPI) -> None:
         if as_json:
-            emit_json(client.call("POST", f"/v1/models/{action}", body))
+            emit_json(api.model_control(action, provider, model))
             return
         data = _with_progress(f"{'Loading' if action == 'load' else 'Unloading'} {model} on {provider}",
-                              lambda: client.call("POST", f"/v1/models/{action}", body))
+                              lambda: api.model_control(action, provider, model))
         if data.get("already_loaded"):
             echo(f"{model} was already loaded on {provider}.")
         elif data.get("already_unloaded"):
@@ -299,7 +284,7 @@ def model_control(socket: str | None, action: str, model: str, provider: str, as
         else:
             echo(f"Unloaded {model} from {provider} ({data.get('backend')}).")
 
-    return run_with(socket, as_json, work, timeout=MODEL_LOAD_TIMEOUT_S)
+    return with_api(socket, as_json, work, timeout=MODEL_LOAD_TIMEOUT_S)
 
 
 def _spinner(label: str):

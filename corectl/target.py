@@ -11,7 +11,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from .client import AdminClient, CorectlError, resolve_socket
+from .api import DaemonAPI
+from .client import CorectlError
 
 
 @dataclass(frozen=True)
@@ -23,8 +24,8 @@ class Found:
 def running_daemon(socket: str | None) -> dict | None:
     """The running daemon's /v1/status, or None when none answers on the resolved socket."""
     try:
-        with AdminClient(resolve_socket(socket), timeout=3.0) as client:
-            return client.call("GET", "/v1/status")
+        with DaemonAPI(socket, timeout=3.0) as api:
+            return dict(api.status())
     except CorectlError:
         return None
 

@@ -12,7 +12,8 @@ import signal
 import sys
 import time
 
-from .client import AdminClient, CorectlError, resolve_socket
+from .api import DaemonAPI
+from .client import CorectlError
 from .commands import emit_json, report_error
 from .history import route_text
 
@@ -178,15 +179,15 @@ def _lines(parts: list, width: int) -> int:
     return sum(len(c.render_lines(p, c.options, pad=False)) for p in parts)
 
 
-def fetch(client: AdminClient) -> dict:
+def fetch(api: DaemonAPI) -> dict:
     try:
-        status = client.call("GET", "/v1/status")
+        status = api.status()
     except CorectlError:
         # An idle kept-alive connection may have been closed by the server (long --interval): reconnect once.
-        client.close()
-        status = client.call("GET", "/v1/status")
-    traces = client.call("GET", f"/v1/requests?limit={TRACES_FETCHED}").get("requests", [])
-    return compute(status, traces, time.time())
+        api.close()
+        status = api.status()
+    traces = api.requests(TRACES_FETCHED).get("requests", [])
+    return compute(dict(status), [dict(t) for t in traces], time.time())
 
 
 class _Keys:
@@ -236,7 +237,7 @@ def _terminate(_signum, _frame) -> None:
 
 def top(socket: str | None, interval: float, as_json: bool) -> int:
     interval = max(0.2, interval)
-    client = AdminClient(resolve_socket(socket), timeout=5.0)
+    client = DaemonAPI(socket, timeout=5.0)
     try:
         data = fetch(client)
     except CorectlError as e:

@@ -14,11 +14,13 @@ import orjson
 from ..config import ConfigError, load_config
 from ..reload import apply_reload
 from ..runtime import UnknownProfile
+from .apitype import API_VERSION
 from .asgi import AdminApp, AdminError, AdminRequest
+
+__all__ = ["API_VERSION", "create_admin_app"]
 
 log = logging.getLogger("coderouterd.admin")
 
-API_VERSION = 1
 
 
 async def _json_body(request: AdminRequest) -> dict:
@@ -66,7 +68,7 @@ def _provider_brief(runtime, name: str) -> dict:
 
 
 def create_admin_app(daemon, socket_path: Path) -> AdminApp:
-    app = AdminApp()
+    app = AdminApp(api_version=API_VERSION)
 
     @app.get("/v1/status")
     async def status(_req):

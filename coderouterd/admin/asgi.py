@@ -12,6 +12,8 @@ from urllib.parse import parse_qs
 
 import orjson
 
+from .apitype import API_VERSION_HEADER
+
 log = logging.getLogger("coderouterd.admin")
 
 _PARAM = re.compile(r"\{(\w+)\}")
@@ -53,8 +55,10 @@ Handler = Callable[[AdminRequest], Awaitable[dict | tuple[int, dict]]]
 
 
 class AdminApp:
-    def __init__(self) -> None:
+    def __init__(self, api_version: int | None = None) -> None:
         self._routes: list[tuple[str, re.Pattern, Handler]] = []
+        # Sent on every answer, so a client can refuse a daemon it would misread (see apitype.py).
+        self._extra_headers = [] if api_version is None else [(API_VERSION_HEADER.encode(), str(api_version).encode())]
 
     def route(self, method: str, pattern: str) -> Callable[[Handler], Handler]:
         regex = re.compile("^" + _PARAM.sub(r"(?P<\1>[^/]+)", pattern) + "$")
@@ -87,7 +91,7 @@ class AdminApp:
         body = orjson.dumps(payload)
         await send({"type": "http.response.start", "status": status,
                     "headers": [(b"content-type", b"application/json"),
-                                (b"content-length", str(len(body)).encode())]})
+                                (b"content-length", str(len(body)).encode()), *self._extra_headers]})
         await send({"type": "http.response.body", "body": body})
 
     async def _dispatch(self, method: str, path: str, query_string: bytes, body: bytes) -> tuple[int, dict]:

@@ -24,7 +24,7 @@ from coderouterd.state.events import (
     RequestFinished,
     event_kinds,
 )
-from coderouterd.state.journal import export_rows, journal_names, journal_rows
+from coderouterd.state.journal import export_rows, journal_names, journal_row, journal_rows
 from coderouterd.state.replay import compare
 from coderouterd.state.store import Store
 
@@ -57,6 +57,7 @@ __all__ = [
     "export_rows",
     "follow_audit",
     "journal_names",
+    "journal_row",
     "journal_rows",
     "read_audit",
 ]

@@ -175,6 +175,25 @@ def journal_rows(
     return [_decode(r) for r in raw]
 
 
+def journal_row(db_path: str | Path, request_id: str) -> dict[str, Any] | None:
+    """The newest row of one request, or None (no such request, no database, no journal yet)."""
+    path = Path(db_path)
+    if not path.is_file():
+        return None
+    conn = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True, timeout=5.0)
+    try:
+        try:
+            raw = conn.execute(f"SELECT {', '.join(JOURNAL_COLUMNS)} FROM journal WHERE request_id = ? "
+                               "ORDER BY ts DESC LIMIT 1", (request_id,)).fetchone()
+        except sqlite3.OperationalError as exc:
+            if "no such table" in str(exc):
+                return None
+            raise
+    finally:
+        conn.close()
+    return None if raw is None else _decode(raw)
+
+
 def journal_names(db_path: str | Path) -> dict[str, set[str]]:
     """Every provider and profile name the journal has rows for (names since removed from the config too)."""
     path = Path(db_path)

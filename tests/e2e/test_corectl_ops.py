@@ -371,20 +371,22 @@ providers = ["backup"]
     assert bad.returncode == 2 and "not a time" in bad.stderr
 
     # audit tail -f follows new records (here appended by hand) until Ctrl-C, which exits 0.
-    follow = subprocess.Popen([sys.executable, "-m", "corectl", "audit", "tail", "-n", "0", "-f", "--state-dir", sdir],
+    # The backlog line (-n 1) is printed once following has begun: no guessing how long start-up takes.
+    follow = subprocess.Popen([sys.executable, "-m", "corectl", "audit", "tail", "-n", "1", "-f", "--state-dir", sdir],
                               cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        time.sleep(1.0)
+        backlog = follow.stdout.readline()
+        assert "daemon" in backlog, backlog
         with open(Path(sdir) / "audit.jsonl", "ab") as f:
             f.write(orjson.dumps({"ts": "2030-01-01T00:00:00.000Z", "kind": "guard_fired", "tool": "grep"}) + b"\n")
-        time.sleep(1.0)
+        followed = follow.stdout.readline()
         follow.send_signal(signal.SIGINT)
         out_f, err_f = follow.communicate(timeout=5)
     finally:
         if follow.poll() is None:
             follow.kill()
     assert follow.returncode == 0, err_f
-    assert "guard_fired" in out_f and "tool=grep" in out_f
+    assert "guard_fired" in followed and "tool=grep" in followed
 
     nowhere = corectl("journal", "tail", "--state-dir", str(tmp_path / "nowhere"))
     assert nowhere.returncode == 1 and "no state directory" in nowhere.stderr

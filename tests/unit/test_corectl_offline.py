@@ -334,3 +334,34 @@ def test_narrow_terminal_drops_the_base_url_column():
     con.file.close()
     assert "ollama-qwen" in text and "http://127.0.0.1:11434/v1" not in text
     assert all(len(line) <= 80 for line in text.splitlines())
+
+
+# -- admin API version -----------------------------------------------------------------------------------------
+
+def _serve_once_on(path, version: str) -> None:
+    """A one-connection HTTP server on a Unix socket that answers like a daemon of another API version."""
+    import threading
+
+    srv = socket.socket(socket.AF_UNIX)
+    srv.bind(str(path))
+    srv.listen(1)
+
+    def answer() -> None:
+        conn, _ = srv.accept()
+        with conn:
+            conn.recv(65536)
+            body = b'{"version": "9.9", "pid": 1}'
+            conn.sendall(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n"
+                         + f"x-coderouter-api-version: {version}\r\ncontent-length: {len(body)}\r\n\r\n".encode()
+                         + body)
+        srv.close()
+
+    threading.Thread(target=answer, daemon=True).start()
+
+
+def test_a_daemon_of_another_api_version_is_refused_not_misread(capsys, tmp_path):
+    path = tmp_path / "other.sock"
+    _serve_once_on(path, "99")
+    assert main(["--socket", str(path), "status"]) == 1
+    err = capsys.readouterr().err
+    assert "speaks admin API version 99" in err and "restart coderouterd" in err

@@ -150,3 +150,15 @@ def test_export_jsonl_and_csv(tmp_path):
         assert "xml" in str(exc)
     else:
         raise AssertionError("unknown format accepted")
+
+
+def test_journal_row_reads_one_request(tmp_path):
+    from coderouterd.state import journal_row
+
+    assert journal_row(tmp_path / "state.db", "req-1") is None  # no database yet
+    store = _open_store(tmp_path)
+    store.journal_sink()([_req(1, ts=NOW), _req(2, ts=NOW + 1)])
+    store.close()
+    row = journal_row(tmp_path / "state.db", "req-2")
+    assert row is not None and row["request_id"] == "req-2" and isinstance(row["attempts"], list)
+    assert journal_row(tmp_path / "state.db", "nope") is None
