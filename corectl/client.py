@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import os
 
-from coderouterd.admin.apitype import API_VERSION, API_VERSION_HEADER
+from coderouterd.admin.version import API_VERSION, API_VERSION_HEADER
 
 SOCKET_NAME = "coderouterd.sock"
 DEFAULT_TIMEOUT_S = 15.0

@@ -14,8 +14,8 @@ import orjson
 from ..config import ConfigError, load_config
 from ..reload import apply_reload
 from ..runtime import UnknownProfile
-from .apitype import API_VERSION
 from .asgi import AdminApp, AdminError, AdminRequest
+from .version import API_VERSION
 
 __all__ = ["API_VERSION", "create_admin_app"]
 

@@ -1,8 +1,8 @@
 """The admin API's contract, shared by the daemon (which serves it) and corectl (its one client).
 
-Kept import-light (typing only): corectl's fast path loads it on every `corectl status`. The daemon sends its
-API_VERSION on every answer (header API_VERSION_HEADER); corectl refuses to talk to a daemon of another version
-instead of misreading its answers, which happens after an upgrade until the running daemon is restarted.
+The daemon sends its API_VERSION (version.py) on every answer (header API_VERSION_HEADER); corectl refuses to talk
+to a daemon of another version instead of misreading its answers, which happens after an upgrade until the
+running daemon is restarted.
 
 The shapes below name the fields corectl relies on; answers may carry more (total=False)."""
 
@@ -10,8 +10,9 @@ from __future__ import annotations
 
 from typing import Any, TypedDict
 
-API_VERSION = 1
-API_VERSION_HEADER = "x-coderouter-api-version"
+from .version import API_VERSION, API_VERSION_HEADER
+
+__all__ = ["API_VERSION", "API_VERSION_HEADER"]  # and the shapes below
 
 
 class ProviderStatus(TypedDict, total=False):

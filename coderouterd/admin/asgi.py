@@ -12,7 +12,7 @@ from urllib.parse import parse_qs
 
 import orjson
 
-from .apitype import API_VERSION_HEADER
+from .version import API_VERSION_HEADER
 
 log = logging.getLogger("coderouterd.admin")
 
