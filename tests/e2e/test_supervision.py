@@ -100,9 +100,10 @@ def test_crash_is_failed_over_restarted_once_and_rejoins(tmp_path, backup):
         time.sleep(1.0)
         assert len(backend_pids(port)) == 1 and new
         assert wait_for(lambda: ask(d).headers.get("x-coderouter-provider") == "ollama-qwen3", 15)
-        audit = (d.state_dir / "audit.jsonl").read_text()
-        for word in ('"exited"', '"excluded"', '"rejoined"'):
-            assert word in audit
+        # Routing resumes at "ready"; "rejoined" follows the first recovery probe and the writer's next flush.
+        words = ('"exited"', '"excluded"', '"rejoined"')
+        assert wait_for(lambda: all(w in (d.state_dir / "audit.jsonl").read_text() for w in words), 15), \
+            (d.state_dir / "audit.jsonl").read_text()
     finally:
         d.stop()
     assert backend_pids(port) == []  # no orphans after SIGTERM
