@@ -11,13 +11,16 @@ from collections import OrderedDict
 from typing import TYPE_CHECKING
 
 from . import __version__
+from .affinity.service import Affinity
 from .config import ConfigError, LoadedConfig, load_config, state_dir
 from .config.envfile import missing_keys
 from .guards.apply import BudgetHooks, apply_tool_loop
 from .guards.budget import Budget
 from .routing.router import Router
+from .routing.state import RoutingState
 from .runtime import Runtime, UnknownProfile, build_runtime
 from .state import ConfigRejected, ConfigReloaded, DaemonLifecycle, ProfileSwitched
+from .tasks import TaskSet
 from .telemetry import NS_DAEMON, Telemetry
 
 if TYPE_CHECKING:
@@ -39,13 +42,18 @@ class Daemon:
         self.started_at = time.time()
         self.runtime: Runtime | None = None
         self._loaded = loaded
-        self.router = Router(loaded.model)
+        cfg = loaded.model
+        # Built here, started in startup(): the constructors do no I/O.
+        self.telemetry = t = Telemetry(state_dir(cfg), cfg)
+        self.routing = RoutingState(cfg, on_breaker=t.breaker_moved, on_health=t.health_moved)
+        self.affinity = Affinity(cfg)  # prefix affinity; its store and bus are wired by telemetry at start
+        self.router: Router | None = None  # needs the budget, which reads the store once it is open
+        self.tasks = TaskSet()  # every background task outside a request, awaited at shutdown
         self.active_profile = loaded.model.server.default_profile
         self.listen = (loaded.model.server.host, loaded.model.server.port)
         self.last_reload_error: str | None = None
         self._shut_down = False
         self.recent: OrderedDict[str, dict] = OrderedDict()  # request id -> decision trace, newest last
-        self.telemetry: Telemetry | None = None
         self.health: HealthMonitor | None = None
         self.budget: Budget | None = None
         self.processes = None  # processes.Processes when any provider has a process block
@@ -57,20 +65,18 @@ class Daemon:
 
     async def startup(self) -> None:
         self.runtime = build_runtime(self._loaded)
-        self.telemetry = t = Telemetry(state_dir(self._loaded.model), self._loaded.model)
+        t = self.telemetry
         t.bus.subscribe(self.metrics.sink)
         t.start()
-        t.restore_router(self.router)
-        t.wire_affinity(self.router.affinity)
+        t.restore_routing(self.routing)
+        t.wire_affinity(self.affinity)
         _warn_reload_risks(self._loaded.model)
         self.load_persisted_profile()
         t.publish(DaemonLifecycle(event="start", pid=self.pid, version=self.version))
-        self.router._on_breaker = lambda *a: t.breaker_moved(self.router, *a)
         self.budget = Budget(t.store, publish=t.publish)
         self._configure_budget(self._loaded.model)
-        self.router.budget_ok = self.budget.allowed
-        self.router.budget_hooks = BudgetHooks(self.budget)
-        self._background = asyncio.ensure_future(self._start_background())
+        self.router = Router(self.routing, budget=BudgetHooks(self.budget), affinity=self.affinity)
+        self._background = self.tasks.spawn(self._start_background(), name="start-background")
 
     async def _start_background(self) -> None:
         """What can wait until the proxy answers: the upstream HTTP stack and everything that probes or
@@ -81,8 +87,9 @@ class Daemon:
         from .health.selfheal import SelfHealer
 
         t = self.telemetry
-        self.health = HealthMonitor(self, publish=t.publish, store=t.store)
-        self.router.on_passive = self.health.on_passive
+        self.health = HealthMonitor(self.routing, lambda: self.runtime, tasks=self.tasks)
+        self.selfheal = SelfHealer(self.routing, self.health, supervisor=self._supervisor,
+                                   runtime=lambda: self.runtime, publish=t.publish)
         cfg = self._loaded.model
         if _has_processes(cfg):
             from .affinity.slot_save import ensure_slot_dir
@@ -91,16 +98,16 @@ class Daemon:
             if cfg.affinity.enabled and cfg.affinity.manage_slot_save:
                 await asyncio.to_thread(ensure_slot_dir, state_dir(cfg))
 
-            self.processes = Processes(state_dir(cfg) / "logs", t.store,
-                                       on_event=lambda *a: self.selfheal.on_process_event(*a))
+            self.processes = Processes(state_dir(cfg) / "logs", t.store, on_event=self.selfheal.on_process_event)
             self.processes.apply(cfg)
             # Until their process says ready (or is adopted), autostarted backends are not routed to.
-            self.router.down.update(self.processes.autostarted_providers(cfg))
-        self.selfheal = SelfHealer(self, self.health, self.processes.supervisor if self.processes else None,
-                                   publish=t.publish)
+            self.routing.mark_down(self.processes.autostarted_providers(cfg))
         if self.processes is not None:
             self.processes.start_background()
         self.health.start()
+
+    def _supervisor(self):
+        return self.processes.supervisor if self.processes is not None else None
 
     # -- control (called by the admin API) -------------------------------------------------------------------
 
@@ -177,12 +184,10 @@ class Daemon:
         if self.processes is None and _has_processes(cfg):
             from .processes import Processes
 
-            self.processes = Processes(state_dir(cfg) / "logs", self.telemetry.store,
-                                       on_event=lambda *a: self.selfheal.on_process_event(*a))
-            if self.selfheal is not None:
-                self.selfheal.supervisor = self.processes.supervisor
+            on_event = self.selfheal.on_process_event if self.selfheal is not None else None
+            self.processes = Processes(state_dir(cfg) / "logs", self.telemetry.store, on_event=on_event)
         if self.processes is not None:
-            asyncio.ensure_future(self.processes.reload(cfg))
+            self.tasks.spawn(self.processes.reload(cfg), name="processes-reload")
 
     def status(self) -> dict:
         """Everything `corectl status` shows, as JSON-ready data (served by the admin API)."""
@@ -199,7 +204,8 @@ class Daemon:
                 "name": name, "kind": c.kind, "base_url": c.base_url, "model": c.model, "paid": c.paid,
                 "key_problem": no_key.get(name),
                 "breaker": router.breakers.get(name).snapshot(),
-                "health": router.health.get(name, "unknown"),
+                "health": self.routing.health_of(name) or "unknown",
+                "auth": self.routing.auth_state(name),
                 "figures": router.stats.figures(name),
                 "cache": router.affinity.provider_status(name),
             })
@@ -259,8 +265,7 @@ class Daemon:
             await asyncio.gather(self._background, return_exceptions=True)
         if self.selfheal is not None:
             await self.selfheal.stop()
-        if self.health is not None:
-            await self.health.stop()
+        await self.tasks.close()
         if self.processes is not None:
             await self.processes.shutdown()
         if self.runtime is not None:

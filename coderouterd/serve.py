@@ -80,7 +80,7 @@ class _Signals:
         if self.daemon.runtime is None:
             log.warning("SIGHUP during startup ignored")
             return
-        asyncio.ensure_future(apply_reload(self.daemon, "SIGHUP"))
+        self.daemon.tasks.spawn(apply_reload(self.daemon, "SIGHUP"), name="reload:SIGHUP")
 
 
 FORCE_AFTER_S = 1.0

@@ -15,6 +15,7 @@ from .state import (
     CacheIneffective,
     EventBus,
     FallbackUsed,
+    HealthTransition,
     RequestFinished,
     Store,
     cost_usd,
@@ -79,17 +80,18 @@ class Telemetry:
 
     # -- router state that must survive restarts -------------------------------------------------------------
 
-    def breaker_moved(self, router, name: str, old, new, reason: str) -> None:
-        self.store.set(NS_BREAKERS, name, router.breakers.get(name).snapshot())
+    def breaker_moved(self, name: str, snapshot: dict, old, new, reason: str) -> None:
+        self.store.set(NS_BREAKERS, name, snapshot)
         self.bus.publish(BreakerTransition(provider=name, old=str(old), new=str(new), reason=reason))
 
-    def restore_router(self, router) -> None:
-        snaps = self.store.items(NS_BREAKERS)
-        if snaps:
-            rejected = router.breakers.restore(snaps)
-            for name in rejected:
-                self.store.delete(NS_BREAKERS, name)
-        router.health.update(self.store.items(NS_HEALTH))
+    def health_moved(self, provider: str, old: str, new: str, reason: str) -> None:
+        self.store.set(NS_HEALTH, provider, new)
+        self.bus.publish(HealthTransition(provider=provider, old=old, new=new, reason=reason))
+
+    def restore_routing(self, state) -> None:
+        """Load the breakers and health a previous process persisted into the routing state."""
+        for name in state.restore(self.store.items(NS_BREAKERS), self.store.items(NS_HEALTH)):
+            self.store.delete(NS_BREAKERS, name)
 
     def wire_affinity(self, affinity) -> None:
         """Prefix index restored from the store; its changes and cache-bust events go back through us."""
@@ -108,7 +110,7 @@ class Telemetry:
             if cfg.cost.input or cfg.cost.output or cfg.cost.cache_read or cfg.cost.cache_write:
                 cost = cost_usd(u, cfg.cost)
         ex.cost_usd = cost
-        failed = [a for a in ex.attempts if a["outcome"] != "ok"]
+        failed = [a for a in ex.attempts if a.outcome != "ok"]
         fallback_count = len(failed) if provider is not None else max(0, len(failed) - 1)
         attempts = ex.skips_and_attempts()
         self.bus.publish(RequestFinished(

@@ -33,6 +33,9 @@ TOOL_NAME = "get_current_time"
 TOOL_SCHEMA = {"type": "object", "required": ["timezone"],
                "properties": {"timezone": {"type": "string", "description": "IANA zone, e.g. UTC"}}}
 GEN_MAX_TOKENS = 64
+VISION_PROMPT = "What colour is this one-pixel image? One word."
+# A valid 1x1 PNG: enough for a server to show whether it takes images at all.
+PNG_1X1 = ("iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8z8BQDwAEhQGAhKmMIQAAAABJRU5ErkJggg==")
 TOOL_MAX_TOKENS = 256
 
 
@@ -236,6 +239,7 @@ class ProviderProbe:
                 await self.check_generation()
                 await self.check_streaming()
                 await self.check_tools()
+                await self.check_vision()
                 self.check_thinking()
                 await self.check_context()
         except Exception as e:  # one broken probe must not hide the other providers' reports
@@ -245,7 +249,8 @@ class ProviderProbe:
 
     def skip_rest(self, reason: str) -> None:
         done = {c["name"] for c in self.checks}
-        for name in ("reachable", "auth", "model", "generation", "streaming", "tools", "thinking", "context"):
+        for name in ("reachable", "auth", "model", "generation", "streaming", "tools", "vision", "thinking",
+                     "context"):
             if name not in done:
                 self.checks.append(_check(name, SKIP, reason))
 
@@ -465,6 +470,42 @@ class ProviderProbe:
             caps = f" (capabilities: {', '.join(map(str, caps))})" if isinstance(caps, list) else ""
             self.checks.append(_check("tools", WARN, "answered with plain text instead of a tool call"
                                       f"{caps}: {_short(a.text)!r}", self.tool_suggestion()))
+
+    async def check_vision(self) -> None:
+        """Send a 1x1 PNG and say which `capabilities.vision` to set: images reach a provider unless it is
+        declared false, where they become a text note; a text-only server refuses them with an error."""
+        declared = self.cfg.capabilities.vision
+        body = self.request_body(VISION_PROMPT, GEN_MAX_TOKENS)
+        if self.anthropic:
+            body["messages"][0]["content"] = [
+                {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": PNG_1X1}},
+                {"type": "text", "text": VISION_PROMPT}]
+        else:
+            body["messages"][0]["content"] = [
+                {"type": "text", "text": VISION_PROMPT},
+                {"type": "image_url", "image_url": {"url": f"data:image/png;base64,{PNG_1X1}"}}]
+        try:
+            await self.generate(body)
+        except ProbeFailed as e:
+            if e.status is not None and 400 <= e.status < 500 and e.status not in (401, 403, 404, 429):
+                if declared is False:
+                    self.checks.append(_check("vision", OK, "refuses images; capabilities.vision = false: images "
+                                              "are replaced by a short note"))
+                else:
+                    self.checks.append(_check("vision", WARN, f"refuses images: {e}",
+                                              "set capabilities.vision = false: images are then replaced by a "
+                                              "short note instead of failing the request"))
+            else:
+                self.checks.append(_check("vision", SKIP, f"inconclusive: {e}", self.http_hint(e.status)))
+            return
+        if declared is False:
+            self.checks.append(_check("vision", WARN, "accepts images, but capabilities.vision = false replaces "
+                                      "them by a note", "set capabilities.vision = true (or remove the key)"))
+        elif declared is None:
+            self.checks.append(_check("vision", OK, "accepts images (a 1x1 PNG)",
+                                      "set capabilities.vision = true to record it"))
+        else:
+            self.checks.append(_check("vision", OK, "accepts images (a 1x1 PNG)"))
 
     def check_thinking(self) -> None:
         a = self.answer

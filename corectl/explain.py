@@ -174,7 +174,8 @@ def render(trace: dict, source: str, out) -> None:
         ok = a.get("outcome") == "ok"
         winner = ok and a.get("provider") == served
         rows.append([str(i), Text(a.get("provider") or "?", style="bold green" if winner else ""),
-                     Text(a.get("outcome") or "?", style="green" if ok else "red"),
+                     Text((a.get("outcome") or "?") + (" (panic)" if a.get("panic") else ""),
+                          style="green" if ok else "red"),
                      "" if ok else (a.get("reason") or ""), str(a["status"]) if a.get("status") else "-",
                      _ms(a.get("ms")), a.get("message") or ""])
     if attempts:

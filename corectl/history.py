@@ -214,14 +214,23 @@ def _rows(sdir: Path, **kw) -> list[dict]:
         raise CorectlError(f"cannot read the journal {sdir / DB_FILE}: {e}", code=1) from None
 
 
+def health_word(provider: dict) -> str:
+    """A provider's state as `corectl status` and `top` show it: `auth (401)` while it refuses our key."""
+    auth = provider.get("auth")
+    if auth:
+        return f"auth ({auth.get('status')})"
+    return provider.get("health", "unknown")
+
+
 def route_text(attempts: list[dict]) -> str:
     parts = []
     for a in attempts or []:
         outcome = a.get("outcome")
+        panic = "panic:" if a.get("panic") else ""
         if outcome == "ok":
-            parts.append(f"{a.get('provider')} ok")
+            parts.append(f"{a.get('provider')} {panic}ok")
         else:
-            parts.append(f"{a.get('provider')} {outcome}:{a.get('reason')}")
+            parts.append(f"{a.get('provider')} {panic}{outcome}:{a.get('reason')}")
     return " > ".join(parts)
 
 

@@ -9,6 +9,8 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from .history import health_word
+
 _BREAKER_STYLE = {"closed": "green", "open": "bold red", "half_open": "yellow"}
 _HEALTH_STYLE = {"HEALTHY": "green", "DEGRADED": "yellow", "UNHEALTHY": "bold red"}
 
@@ -113,6 +115,8 @@ def _breaker(snap: dict) -> Text:
 
 
 def _health(value: str) -> Text:
+    if value.startswith("auth"):  # the provider refuses our credentials (401/403): a config problem to fix
+        return Text(value, style="bold red")
     return Text(value.lower(), style=_HEALTH_STYLE.get(value, "dim"))
 
 
@@ -271,7 +275,7 @@ def providers_table(providers: list[dict], window_s: float | None, *, base_url: 
         errors = f.get("errors") or 0
         cells = [p["name"], p["kind"] + (" $" if p.get("paid") else ""),
                  p["model"] or Text("(client's)", style="dim"), _breaker(p.get("breaker") or {}),
-                 _health(p.get("health", "unknown")), str(reqs),
+                 _health(health_word(p)), str(reqs),
                  Text(str(errors), style="red" if errors else ""), latency(f.get("median_s")),
                  cache_hit(p.get("cache"))]
         rows.append(cells + ([p["base_url"]] if base_url else []))

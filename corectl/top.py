@@ -15,7 +15,7 @@ import time
 from .api import DaemonAPI
 from .client import CorectlError
 from .commands import emit_json, report_error
-from .history import route_text
+from .history import health_word, route_text
 
 RATE_WINDOW_S = 10.0
 RECENT_SHOWN = 12
@@ -43,7 +43,7 @@ def compute(status: dict, traces: list[dict], now: float, *, rate_window_s: floa
         ttfbs = [t["ttfb_ms"] for t in mine if t.get("ttfb_ms") is not None]
         providers.append({
             "name": name, "breaker": (p.get("breaker") or {}).get("state", "closed"),
-            "retry_in_s": (p.get("breaker") or {}).get("retry_in_s"), "health": p.get("health", "unknown"),
+            "retry_in_s": (p.get("breaker") or {}).get("retry_in_s"), "health": health_word(p),
             "requests_per_s": sum(1 for t in recent if t.get("served_by") == name) / rate_window_s,
             "p50_latency_ms": f["median_s"] * 1000 if f.get("median_s") is not None else None,
             "p50_ttfb_ms": _median(ttfbs), "errors": f.get("errors") or 0,

@@ -52,7 +52,9 @@ class StateConfig(_Strict):
 class Capabilities(_Strict):
     tools: bool = True
     thinking: bool = True
-    vision: bool = False
+    # Unset = unknown: images are forwarded. false = images are replaced by a short text note (never refused).
+    # kind = "anthropic" providers take images. `corectl doctor` tests a backend with a 1x1 PNG.
+    vision: bool | None = None
 
 
 class Cost(_Strict):
@@ -134,6 +136,9 @@ class ProfileConfig(_Strict):
     adaptive: bool = False
     health_action: Literal["warn", "demote", "exclude"] = "exclude"
     health_threshold: int = Field(3, ge=1)
+    # Serve the user first: when every provider is skipped only for transient reasons (breaker open, excluded as
+    # unhealthy), try them anyway, best first, marked `panic`. false = answer 529/503 at once instead.
+    panic: bool = True
     tool_loop: ToolLoopConfig = ToolLoopConfig()
 
 

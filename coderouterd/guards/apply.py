@@ -34,9 +34,8 @@ async def apply_tool_loop(ex, publish) -> bool:
         return False
     ex.status = 400
     ex.error_class = "tool_loop"
-    ex.resp.add_header("x-coderouter-profile", ex.profile_name)
-    await ex.resp.error(400, finding.message(), error_type="invalid_request_error",
-                        extra={"detail": finding.detail()})
+    await ex.sink.error(400, finding.message(), kind="invalid_request_error",
+                        headers={"x-coderouter-profile": ex.profile_name}, extra={"detail": finding.detail()})
     return True
 
 
@@ -46,6 +45,9 @@ class BudgetHooks:
 
     def __init__(self, budget: Budget) -> None:
         self.budget = budget
+
+    def allowed(self, provider: str) -> bool:
+        return self.budget.allowed(provider)
 
     def reserve(self, provider, req):
         cfg = provider.cfg

@@ -9,9 +9,11 @@ import asyncio
 import logging
 import subprocess
 import time
+from collections.abc import Callable
 
+from ..routing.breaker import BreakerState
+from ..routing.state import HEALTHY, UNHEALTHY, RoutingState
 from ..state import ProcessEvent, RecoveryProbe
-from .monitor import HEALTHY, UNHEALTHY
 
 log = logging.getLogger("coderouterd.selfheal")
 
@@ -19,16 +21,26 @@ RESTART_COMMAND_TIMEOUT_S = 120.0
 
 
 class SelfHealer:
-    def __init__(self, daemon, monitor, supervisor, *, publish=None, sleep=asyncio.sleep) -> None:
-        self.daemon = daemon
+    """Receives the routing state (to take a provider out and bring it back, by named operations), the health
+    monitor (for its probes), a getter for the supervisor (None until a process is configured; a reload may add
+    one) and one for the live runtime."""
+
+    def __init__(self, state: RoutingState, monitor, *, supervisor: Callable[[], object | None],
+                 runtime: Callable[[], object], publish=None, sleep=asyncio.sleep) -> None:
+        self.state = state
         self.monitor = monitor
-        self.supervisor = supervisor
+        self._supervisor = supervisor
+        self._runtime = runtime
         self.publish = publish
         self.sleep = sleep
         # provider -> the recovery task watching it; a second trigger while one runs is a logged no-op
         self._recovering: dict[str, asyncio.Task] = {}
         self.next_probe_at: dict[str, float] = {}
-        monitor.listeners.append(self._on_health)
+        state.watch_health(self._on_health)
+
+    @property
+    def supervisor(self):
+        return self._supervisor()
 
     def _event(self, provider: str, process: str, event: str, pid=None, detail: str = "") -> None:
         if self.publish is not None:
@@ -42,11 +54,10 @@ class SelfHealer:
         providers = self.supervisor.providers_of(name) if self.supervisor else []
         for p in providers or [name]:
             self._event(p, name, event, pid, detail)
-        down = self.daemon.router.down
         if event in ("ready", "adopted"):  # adoption happens only when the backend answers
-            down.difference_update(providers)
+            self.state.mark_up(providers)
         elif event in ("started", "exited", "fatal", "stopped", "restarting"):
-            down.update(providers)
+            self.state.mark_down(providers)
         if event in ("exited", "fatal"):
             for p in providers:
                 self.trigger(p, f"process {name} {event}: {detail}", restart=False)
@@ -54,17 +65,23 @@ class SelfHealer:
     def _on_health(self, provider: str, old: str, new: str) -> None:
         if new == UNHEALTHY and provider not in self._recovering:
             self.trigger(provider, "health became UNHEALTHY", restart=True)
+        elif new == HEALTHY and not self.state.is_held(provider):
+            # Real traffic proved it serves (or our own recovery just said so): nothing left to recover.
+            task = self._recovering.get(provider)
+            if task is not None and task is not asyncio.current_task() and not task.done():
+                task.cancel()
+                self._event(provider, self._process_name(provider), "rejoined", None, "served a request")
 
     def trigger(self, provider: str, reason: str, *, restart: bool) -> bool:
         task = self._recovering.get(provider)
         if task is not None and not task.done():
             log.debug("recovery of %s already in progress; ignoring trigger (%s)", provider, reason)
             return False
-        self.monitor.held.add(provider)
-        # A process that exited was logged by the supervisor: the health change it causes is not a second line.
-        self.monitor.set_state(provider, UNHEALTHY, reason, quiet=not restart)
-        self._event(provider, self._process_name(provider), "excluded", None, reason)
+        # Registered before the hold: holding publishes UNHEALTHY, and our own watcher must see this recovery.
         self._recovering[provider] = asyncio.ensure_future(self._recover(provider, reason, restart))
+        # A process that exited was logged by the supervisor: the health change it causes is not a second line.
+        self.state.hold(provider, reason, quiet=not restart)
+        self._event(provider, self._process_name(provider), "excluded", None, reason)
         return True
 
     def _process_name(self, provider: str) -> str:
@@ -84,11 +101,11 @@ class SelfHealer:
                         log.debug("restart of %s skipped: one is already in progress", mp.spec.name)
                 # The first probe waits for readiness: a server still loading its model is not dead.
                 await mp.wait_ready(mp.spec.start_timeout_s)
-            elif restart and self.daemon.runtime.providers[provider].cfg.restart_command:
+            elif restart and self._runtime().providers[provider].cfg.restart_command:
                 await self._run_restart_command(provider)
             else:
                 # Probe-only recovery: give the backend the first back-off step before asking again.
-                first = (list(self.daemon.runtime.config.health.recovery_backoff_s) or [30.0])[0]
+                first = (list(self._runtime().config.health.recovery_backoff_s) or [30.0])[0]
                 self.next_probe_at[provider] = time.time() + first
                 await self.sleep(first)
             await self._probe_until_healthy(provider)
@@ -101,32 +118,35 @@ class SelfHealer:
             self.next_probe_at.pop(provider, None)
 
     async def _probe_until_healthy(self, provider: str) -> None:
-        backoff = list(self.daemon.runtime.config.health.recovery_backoff_s) or [30.0]
+        backoff = list(self._runtime().config.health.recovery_backoff_s) or [30.0]
         attempt = 0
         while True:
-            runtime = self.daemon.runtime
-            p = runtime.providers.get(provider)
+            p = self._runtime().providers.get(provider)
             if p is None:  # removed by a reload
-                self.monitor.held.discard(provider)
+                self.state.unhold(provider)
                 return
             ok, detail, _ = await self.monitor.probe(p)
+            verified = False
+            if ok and self.state.breakers.get(provider).state is not BreakerState.CLOSED:
+                # Reachable is not the same as generating: a breaker that failed generations opened is closed
+                # only by a real 1-token generation, and until one succeeds the recovery goes on.
+                verified, gen_detail, _ = await self.monitor.generation_probe(p)
+                ok, detail = verified, f"{detail}; {gen_detail}"
             attempt += 1
             wait = backoff[min(attempt - 1, len(backoff) - 1)]
             if self.publish is not None:
                 self.publish(RecoveryProbe(provider=provider, ok=ok, attempt=attempt, next_in_s=None if ok else wait))
             if ok:
-                self.monitor.held.discard(provider)
                 self.monitor.failures[provider] = 0
-                self.daemon.router.passive_failures[provider] = 0
-                self.daemon.router.breakers.get(provider).reset("recovered after self-healing")
-                self.monitor.set_state(provider, HEALTHY, f"recovered ({detail})")
+                self.state.recovered(provider, f"recovered after self-healing ({detail})",
+                                     generation_verified=verified)
                 self._event(provider, self._process_name(provider), "rejoined", None, detail)
                 return
             self.next_probe_at[provider] = time.time() + wait
             await self.sleep(wait)
 
     async def _run_restart_command(self, provider: str) -> None:
-        cmd = self.daemon.runtime.providers[provider].cfg.restart_command
+        cmd = self._runtime().providers[provider].cfg.restart_command
         if not cmd:
             return
         self._event(provider, "", "restarting", None, "restart_command: " + " ".join(cmd))

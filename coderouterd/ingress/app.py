@@ -13,7 +13,7 @@ import orjson
 from ..ids import new_id
 from ..routing.request import ClientRequest
 from ..runtime import UnknownProfile
-from .responder import Responder
+from .responder import ClientGone, Responder
 from .responses import ResponsesResponder, admit_responses
 from .validate import validate_anthropic, validate_openai
 
@@ -24,6 +24,17 @@ _TEXT = [(b"content-type", b"text/plain; charset=utf-8")]
 
 class BodyTooLarge(Exception):
     pass
+
+
+def _caller_wire(path: str, scope) -> str:
+    """Which wire's error shape an unrouted request gets: Anthropic's for its paths or when the caller sends
+    Anthropic's headers (the SDK always sends anthropic-version; x-api-key is Anthropic's key header)."""
+    if path.startswith("/v1/messages"):
+        return "anthropic"
+    for k, _v in scope["headers"]:
+        if k in (b"anthropic-version", b"x-api-key"):
+            return "anthropic"
+    return "openai"
 
 
 def _headers(scope) -> dict[str, str]:
@@ -111,8 +122,7 @@ class ProxyApp:
                 return await self.models(scope, send)
             if path == "/metrics":
                 return await self.daemon.metrics_endpoint(scope, send)
-        ingress = "anthropic" if path.startswith("/v1/messages") else "openai"
-        r = Responder(send, ingress, new_id("req"))
+        r = Responder(send, _caller_wire(path, scope), new_id("req"))
         known = path in ("/v1/messages", "/v1/chat/completions", "/v1/responses", "/v1/messages/count_tokens",
                          "/v1/models", "/healthz", "/", "/metrics")
         if known:
@@ -212,6 +222,9 @@ class ProxyApp:
         watcher = asyncio.ensure_future(_watch_disconnect(receive, task, r))
         try:
             await ex.run()
+        except ClientGone:
+            ex.status = ex.status or 499
+            ex.error_class = "client_disconnected"
         except asyncio.CancelledError:
             if not r.finished:
                 ex.status = ex.status or 499
@@ -225,10 +238,13 @@ class ProxyApp:
             log.exception("request %s failed: %s", rid, e)
             ex.status = 500
             ex.error_class = "internal_error"
-            if not r.headers_sent:
-                await r.error(500, f"internal error in coderouterd: {type(e).__name__}", error_type="api_error")
-            elif not r.finished:
-                await r.stream_error("api_error", f"internal error in coderouterd: {type(e).__name__}")
+            if not r.finished:
+                try:
+                    await r.error(500, f"internal error in coderouterd: {type(e).__name__}", kind="api_error",
+                                  headers={"x-coderouter-profile": ex.profile_name,
+                                           "x-coderouter-attempts": ex.attempts_header()})
+                except ClientGone:
+                    pass
         finally:
             watcher.cancel()
         daemon.finish(ex)

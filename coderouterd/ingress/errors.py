@@ -4,20 +4,9 @@ from __future__ import annotations
 
 import orjson
 
-ANTHROPIC_TYPES = {
-    400: "invalid_request_error",
-    401: "authentication_error",
-    402: "billing_error",
-    403: "permission_error",
-    404: "not_found_error",
-    413: "request_too_large",
-    429: "rate_limit_error",
-    500: "api_error",
-    502: "api_error",
-    503: "api_error",
-    504: "timeout_error",
-    529: "overloaded_error",
-}
+from ..protocol.errors import ERROR_KINDS, error_kind
+
+ANTHROPIC_TYPES = ERROR_KINDS
 
 OPENAI_TYPES = {
     400: "invalid_request_error",
@@ -31,7 +20,7 @@ OPENAI_TYPES = {
 
 
 def anthropic_type(status: int) -> str:
-    return ANTHROPIC_TYPES.get(status, "api_error" if status >= 500 else "invalid_request_error")
+    return error_kind(status)
 
 
 def anthropic_error_body(status: int, message: str, *, error_type: str | None = None, extra: dict | None = None,

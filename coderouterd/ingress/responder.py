@@ -1,9 +1,14 @@
-"""Writing the answer to the client over ASGI, in the client's wire (Anthropic or OpenAI)."""
+"""Writing the answer to the client over ASGI, in the client's wire (Anthropic or OpenAI).
+
+`Responder` is the `ClientSink` (routing/sink.py) of these two wires: routing decides, this writes."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from ..protocol.sse import DONE, encode_data, encode_event
-from .errors import anthropic_error_body, anthropic_error_event, openai_error_body
+from ..routing.sink import ClientGone, StreamOpening
+from .errors import OPENAI_TYPES, anthropic_error_body, anthropic_error_event, openai_error_body
 
 _JSON = (b"content-type", b"application/json")
 _SSE = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache"), (b"x-accel-buffering", b"no")]
@@ -11,14 +16,19 @@ _ANTHROPIC_PING = encode_event({"type": "ping"})
 _OPENAI_PING = b": ping\n\n"
 
 
-class ClientGone(Exception):
-    """The client closed its connection; nothing more can be sent."""
+__all__ = ["ClientGone", "Responder"]
+
+# Error kinds OpenAI clients know as error types; any other kind is replaced by the type its status implies.
+_OPENAI_KINDS = frozenset(OPENAI_TYPES.values()) | {"api_error"}
 
 
 class Responder:
     def __init__(self, send, ingress: str, request_id: str) -> None:
         self._send = send
         self.ingress = ingress
+        # An Anthropic stream opens with message_start, a Responses stream with response.created: when routing
+        # commits early we write our own. Chat streams have no opening event.
+        self.opens_stream_itself = ingress != "openai"
         self.request_id = request_id
         self.headers_sent = False
         self.finished = False
@@ -28,6 +38,17 @@ class Responder:
 
     def add_header(self, name: str, value: str) -> None:
         self.extra_headers.append((name.encode(), value.encode("latin-1", "replace")))
+
+    def _add_headers(self, headers) -> None:
+        if not headers:
+            return
+        # dict first: routing sends plain dicts on every request, and an ABC isinstance check is not free.
+        items = headers.items() if isinstance(headers, dict | Mapping) else headers
+        for k, v in items:
+            if isinstance(k, bytes):
+                self.extra_headers.append((k, v))
+            else:
+                self.add_header(k, v)
 
     async def _start(self, status: int, headers: list[tuple[bytes, bytes]]) -> None:
         self.status = status
@@ -54,21 +75,46 @@ class Responder:
         await self._start(status, [_JSON, (b"content-length", str(len(body)).encode())] + (headers or []))
         await self._body(body, False)
 
-    async def error(self, status: int, message: str, *, error_type: str | None = None, extra: dict | None = None,
-                    headers: list[tuple[bytes, bytes]] | None = None, param: str | None = None) -> None:
+    async def error(self, status: int, message: str, *, kind: str | None = None, error_type: str | None = None,
+                    extra: dict | None = None, headers=None, param: str | None = None,
+                    code: str | None = None) -> None:
+        """An error in the caller's shape: an HTTP error before the stream started, an in-band one after."""
+        kind = kind or error_type
+        if self.headers_sent:
+            if not self.finished:
+                await self.stream_error(kind or ("api_error" if status >= 500 else "invalid_request_error"),
+                                        message, code=code)
+            return
+        self._add_headers(headers)
+        if code and self.ingress != "anthropic":
+            extra = {**(extra or {}), "code": code}
         if self.ingress == "anthropic":
-            body = anthropic_error_body(status, message, error_type=error_type, extra=extra,
+            body = anthropic_error_body(status, message, error_type=kind, extra=extra,
                                         request_id=self.request_id)
         else:
-            body = openai_error_body(status, message, error_type=error_type, extra=extra, param=param)
-        await self.json(status, body, headers)
+            body = openai_error_body(status, message, error_type=kind if kind in _OPENAI_KINDS else None,
+                                     extra=extra, param=param)
+        await self.json(status, body)
 
-    async def start_stream(self) -> None:
+    async def start_stream(self, headers: Mapping[str, str] | None = None,
+                           opening: StreamOpening | None = None) -> None:
+        self._add_headers(headers)
         await self._start(200, list(_SSE))
+        if opening is not None and self.opens_stream_itself:
+            await self.event(self.prologue(opening.model, opening.message_id, opening.input_tokens))
 
-    async def chunk(self, data: bytes) -> None:
+    async def event(self, data: bytes) -> None:
         if data:
             await self._body(data, True)
+
+    chunk = event
+
+    async def finish(self, body: bytes | None = None, headers: Mapping[str, str] | None = None) -> None:
+        if body is None:
+            await self.end()
+            return
+        self._add_headers(headers)
+        await self.json(200, body)
 
     async def ping(self) -> None:
         await self._body(_ANTHROPIC_PING if self.ingress == "anthropic" else _OPENAI_PING, True)

@@ -28,7 +28,7 @@ class ResponsesResponder(Responder):
         self.model = ""
         self.last_seq = -1
 
-    async def chunk(self, data: bytes) -> None:
+    async def event(self, data: bytes) -> None:
         if data:
             # Where the numbering stands, read from what leaves (a fallback's provider continues after it).
             at = data.rfind(_SEQ_KEY)
@@ -40,6 +40,8 @@ class ResponsesResponder(Responder):
                 if end > start:
                     self.last_seq = int(data[start:end])
             await self._body(data, True)
+
+    chunk = event
 
     def prologue(self, model: str, message_id: str, input_tokens: int) -> bytes:
         if self.rq is None:

@@ -14,6 +14,7 @@ from .errors import (
     DISCONNECT,
     FIRST_BYTE_TIMEOUT,
     TOTAL_TIMEOUT,
+    UNBUILDABLE,
     UpstreamError,
 )
 from .runtime import Provider
@@ -71,7 +72,12 @@ class Call:
     async def open(self) -> None:
         """Send the request and wait for the status line. Raises UpstreamError on any failure."""
         url, headers = self._url_and_headers()
-        body = self.strategy.request(self.raw_body, self.stream)
+        try:
+            body = self.strategy.request(self.raw_body, self.stream)
+        except (ValueError, KeyError, TypeError, AttributeError, IndexError) as e:
+            # A body our translation cannot build: the request's doing (or ours), never the provider's.
+            raise UpstreamError(UNBUILDABLE, status=400, message=f"request cannot be translated for "
+                                f"{self.provider.name}: {type(e).__name__}: {e}"[:300]) from None
         if self.extra_fields:
             from ..affinity.service import merge_fields
 

@@ -13,11 +13,16 @@ BAD_RESPONSE = "bad_response"
 OVERFLOW = "context_overflow"
 MODEL_DISCOVERY = "model_discovery_failed"
 BUDGET = "budget_exhausted"
+# The request could not be built for this upstream (our translation refused it): the request's doing or ours,
+# never the provider's. Another provider (another wire) may still take it.
+UNBUILDABLE = "request_unbuildable"
 
 # Statuses that say "try somewhere else": a bad key or a missing model on one provider must not sink the chain.
 _FAILOVER_STATUSES = {401, 402, 403, 404, 408, 409, 429}
 # Statuses that say the provider itself is in trouble (these count against its circuit breaker).
 _BREAKER_STATUSES = {408, 429}
+# Statuses that say the request itself is wrong: the provider answered, so it is alive, and nothing counts.
+_REQUEST_STATUSES = {400, 413, 422}
 
 
 class UpstreamError(Exception):
@@ -44,8 +49,8 @@ class UpstreamError(Exception):
     @property
     def failover(self) -> bool:
         """Whether another provider should be tried. A 400 caused by the request itself would fail everywhere."""
-        if self.reason == OVERFLOW:
-            return True  # the executor only moves on when a larger window exists
+        if self.reason in (OVERFLOW, UNBUILDABLE):
+            return True  # overflow: the executor only moves on when a larger window exists
         if self.status is None:
             return True
         return self.status in _FAILOVER_STATUSES or self.status >= 500
@@ -53,11 +58,26 @@ class UpstreamError(Exception):
     @property
     def counts_against_provider(self) -> bool:
         """Whether this failure is the provider's fault (feeds breakers and health), not the request's."""
-        if self.reason in (OVERFLOW, BUDGET):
+        if self.reason in (OVERFLOW, BUDGET, UNBUILDABLE):
             return False
         if self.status is None:
             return True
         return self.status in _BREAKER_STATUSES or self.status >= 500
+
+    @property
+    def caused_by_request(self) -> bool:
+        """A failure the request caused (it would fail anywhere): the client's to fix, in a 4xx."""
+        return self.reason in (OVERFLOW, UNBUILDABLE) or self.status in _REQUEST_STATUSES
+
+    @property
+    def provider_answered(self) -> bool:
+        """The provider answered with an HTTP error: whatever it said, it is alive."""
+        return self.status is not None and self.reason != UNBUILDABLE
+
+    @property
+    def auth_failure(self) -> bool:
+        """401/403: the provider refuses our credentials. Shown as an `auth` state, not a breaker matter."""
+        return self.status in (401, 403)
 
     @property
     def label(self) -> str:

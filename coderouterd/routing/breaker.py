@@ -49,6 +49,10 @@ class CircuitBreaker:
         self._opened_at: float | None = None  # monotonic
         self._retry_at: float | None = None  # monotonic
         self._trial_in_flight = False
+        # Open only because the upstream said when to come back (retry-after), not because it kept failing:
+        # once that time has passed the breaker closes without a trial, since nothing failed that a trial
+        # would have to disprove.
+        self._hint_only = False
 
     # -- state -------------------------------------------------------------------------------------------
 
@@ -61,7 +65,14 @@ class CircuitBreaker:
             and self._clock.now() >= self._retry_at
         ):
             self._trial_in_flight = False
-            self._move(BreakerState.HALF_OPEN, "recovery time elapsed")
+            if self._hint_only:
+                self._hint_only = False
+                self._consecutive = 0
+                self._opened_at = None
+                self._retry_at = None
+                self._move(BreakerState.CLOSED, "retry-after elapsed")
+            else:
+                self._move(BreakerState.HALF_OPEN, "recovery time elapsed")
         return self._state
 
     @property
@@ -110,6 +121,7 @@ class CircuitBreaker:
         restart), so waiting out the rest of the open period would only keep a good backend idle."""
         self._consecutive = 0
         self._trial_in_flight = False
+        self._hint_only = False
         self._opened_at = None
         self._retry_at = None
         self._move(BreakerState.CLOSED, reason)
@@ -129,8 +141,11 @@ class CircuitBreaker:
             self._open(now, max(self.recovery_s, hint or 0.0), f"trial request failed{detail}")
             return
         if state is BreakerState.OPEN:
-            # Only a longer upstream hint matters here; the breaker is already refusing traffic.
-            if hint is not None and self._retry_at is not None and now + hint > self._retry_at:
+            # Only a longer upstream hint matters here; the breaker is already refusing traffic. A failure
+            # without a hint while open only on a hint makes it a real open: a trial will decide.
+            if hint is None:
+                self._hint_only = False
+            elif self._retry_at is not None and now + hint > self._retry_at:
                 self._retry_at = now + hint
             return
         if self._consecutive >= self.failures:
@@ -140,7 +155,7 @@ class CircuitBreaker:
             self._open(now, max(self.recovery_s, hint or 0.0), why)
         elif hint is not None:
             # The upstream said when to come back; calling earlier only earns more 429s.
-            self._open(now, hint, f"retry-after {hint:g}s{detail}")
+            self._open(now, hint, f"retry-after {hint:g}s{detail}", hint_only=True)
 
     def record_neutral(self) -> None:
         """An attempt that said nothing about the provider's health (client 4xx, cancelled race loser)."""
@@ -169,6 +184,7 @@ class CircuitBreaker:
             "retry_at": retry_at,
             "retry_in_s": retry_in,
             "trial_in_flight": state is BreakerState.HALF_OPEN and self._trial_in_flight,
+            "retry_after_only": state is BreakerState.OPEN and self._hint_only,
         }
 
     def restore(self, snap: dict[str, Any]) -> None:
@@ -201,11 +217,13 @@ class CircuitBreaker:
                 self._opened_at = now
         elif state is BreakerState.CLOSED:
             self._opened_at = None
+        self._hint_only = state is BreakerState.OPEN and snap.get("retry_after_only") is True
         self._state = state
 
     # -- internals ---------------------------------------------------------------------------------------
 
-    def _open(self, now: float, duration: float, reason: str) -> None:
+    def _open(self, now: float, duration: float, reason: str, *, hint_only: bool = False) -> None:
+        self._hint_only = hint_only
         self._opened_at = now
         self._retry_at = now + duration
         self._move(BreakerState.OPEN, reason)

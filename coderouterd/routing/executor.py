@@ -5,39 +5,78 @@ first, so that an early failure is still a real HTTP error or a silent failover.
 200 and gets `ping`s while the upstream is silent; a provider that fails before producing content can still be
 replaced by the next one. Once content has been sent the request cannot move: the client gets a well-formed
 error event and a clean end.
+
+Serve the user first: when every provider was skipped only for transient reasons (breaker open, excluded as
+unhealthy), the request is tried on them anyway, best first, and each such attempt is marked `panic` (Envoy's
+panic threshold). A profile with `panic = false` gets the fast 529/503 instead.
+
+The client is reached only through a `ClientSink` (routing/sink.py); race mode (routing/race.py) uses the same
+public steps as fallback: `open_slot`, `new_call`, `holding`, `failed`, `lost`, `deliver_*`, `ends_request`,
+`send_failure`, and the one try-in-order routine, `try_in_order`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
+from dataclasses import dataclass
 
 from ..ids import new_id
-from ..ingress.errors import anthropic_type
-from ..ingress.responder import Responder
+from ..protocol.errors import error_kind
 from ..providers.call import Call
 from ..providers.errors import BUDGET, IDLE_TIMEOUT, OVERFLOW, TOTAL_TIMEOUT, UpstreamError
 from ..providers.runtime import Provider
 from ..providers.strategies import strategy_for
+from ..translate.images import omit_images
+from . import replies
+from .planner import Skip
+from .records import Attempt, Outcome
 from .request import ClientRequest
+from .sink import ClientGone, ClientSink, StreamOpening
 
-_OVERLOAD_STATUSES = {429, 503, 529}
+
+@dataclass(slots=True, eq=False)
+class Slot:
+    """One admitted attempt at one provider: what must be given back however the attempt ends (the breaker's
+    trial slot, a budget reservation, the upstream connection). `Exchange.holding` guarantees it."""
+
+    provider: Provider
+    admission: str  # Router.admit's answer: "closed" | "trial" | "panic"
+    started: float
+    reservation: object | None = None
+    call: Call | None = None
+    done: bool = False  # its outcome was reported to the router
+    ok: bool = False
+    bill: dict | None = None  # usage to settle a budget reservation with, when the call cannot say (race loser)
+    panic: bool = False  # tried in panic mode (whatever its breaker said)
+    name: str = ""
+    placement: object | None = None  # affinity's slot placement for this attempt, finished with it
+
+    def __post_init__(self) -> None:
+        self.name = self.provider.name
 
 
 class Exchange:
     """The life of one client request across its attempts. Collects the decision trace as it goes."""
 
-    def __init__(self, req: ClientRequest, responder: Responder, *, runtime, router, profile: str) -> None:
+    def __init__(self, req: ClientRequest, sink: ClientSink, *, runtime, router, profile: str,
+                 call_factory=Call) -> None:
+        """`call_factory(provider, strategy, raw_body=, stream=, client_headers=)` makes one upstream call;
+        tests give a scripted one."""
         self.req = req
-        self.resp = responder
+        self._call_factory = call_factory
+        self.sink = sink
         self.runtime = runtime
         self.router = router
         self.profile_name = profile
         self.profile = runtime.config.profiles[profile]
         self.server = runtime.config.server
-        self.attempts: list[dict] = []
-        self.skips: list[dict] = []
+        self.attempts: list[Attempt] = []
+        self.skips: list[Skip] = []
+        self.notes: list[dict] = []  # what routing did to the request on the way (panic, images omitted)
         self.committed = False
+        self.panic = False
+        self._panicked: list[Skip] = []  # the transient skips panic mode overrode
         self.served_by: str | None = None
         self.model_used: str | None = None
         self.usage: dict = {}
@@ -53,17 +92,15 @@ class Exchange:
 
     # -- bookkeeping ----------------------------------------------------------------------------------------
 
-    def _note(self, provider: str, outcome: str, reason: str, started: float, status: int | None = None,
-              message: str = "") -> None:
-        self.attempts.append({
-            "provider": provider, "outcome": outcome, "reason": reason, "status": status,
-            "ms": round((time.monotonic() - started) * 1000, 2), "message": message[:300],
-        })
+    def _record(self, slot: Slot, outcome: Outcome, reason: str, status: int | None = None,
+                message: str = "") -> None:
+        self.attempts.append(Attempt(slot.name, outcome, reason, status,
+                                     round((time.monotonic() - slot.started) * 1000, 2), message[:300], slot.panic))
 
     def skips_and_attempts(self) -> list[dict]:
         """The whole decision trace in order: what was skipped (and why), then each attempt."""
-        return [{"provider": s["provider"], "outcome": "skipped", "reason": s["reason"]} for s in self.skips] + \
-            [{k: a[k] for k in ("provider", "outcome", "reason", "status", "ms")} for a in self.attempts]
+        return [{"provider": s.provider, "outcome": "skipped", "reason": s.reason} for s in self.skips] + \
+            [a.as_dict(message=False) for a in self.attempts]
 
     def trace(self, latency_s: float) -> dict:
         """The decision trace of this request, for `corectl explain` and GET /v1/requests/{id}."""
@@ -74,8 +111,9 @@ class Exchange:
             "profile": self.profile_name, "mode": self.profile.mode,
             "candidates": list(self.profile.providers),
             "effective_order": list(plan.candidates) if plan is not None else [],
-            "order_notes": list(plan.order_notes) if plan is not None else [],
-            "skips": list(self.skips), "attempts": list(self.attempts), "served_by": self.served_by,
+            "order_notes": (list(plan.order_notes) if plan is not None else []) + list(self.notes),
+            "skips": [s.as_dict() for s in self.skips], "attempts": [a.as_dict() for a in self.attempts],
+            "served_by": self.served_by, "panic": self.panic,
             "status": self.status, "error_class": self.error_class, "race_outcome": self.race_outcome,
             "latency_ms": round(latency_s * 1000, 3),
             "ttfb_ms": round(self.ttfb * 1000, 3) if self.ttfb is not None else None,
@@ -84,18 +122,20 @@ class Exchange:
             "affinity": self.affinity.note() if self.affinity is not None else None,
         }
 
-    def attempts_header(self) -> str:
-        parts = [f"{s['provider']}:skipped:{s['reason']}" for s in self.skips]
-        parts += [f"{a['provider']}:{a['reason'] if a['outcome'] != 'ok' else 'ok'}" for a in self.attempts]
+    def attempts_header(self, serving: str | None = None) -> str:
+        """`x-coderouter-attempts`. `serving` is the header part of the provider a stream is committed to,
+        which has not finished when the header goes out."""
+        parts = [f"{s.provider}:skipped:{s.reason}" for s in self.skips]
+        parts += [a.header_part() for a in self.attempts]
+        if serving:
+            parts.append(serving)
         return ",".join(parts)
 
-    def _set_route_headers(self, provider: str | None) -> None:
-        r = self.resp
-        r.extra_headers.clear()
+    def route_headers(self, provider: str | None, serving: str | None = None) -> dict[str, str]:
+        h = {"x-coderouter-profile": self.profile_name, "x-coderouter-attempts": self.attempts_header(serving)}
         if provider:
-            r.add_header("x-coderouter-provider", provider)
-        r.add_header("x-coderouter-profile", self.profile_name)
-        r.add_header("x-coderouter-attempts", self.attempts_header())
+            h["x-coderouter-provider"] = provider
+        return h
 
     # -- main loop ------------------------------------------------------------------------------------------
 
@@ -104,122 +144,211 @@ class Exchange:
         self.affinity = aff.ticket(self.req, prompt_cache_key=self.req.session_key()) if aff is not None else None
         self.plan = plan = self.router.plan(self.profile_name, self.profile, self.runtime, self.req,
                                             ticket=self.affinity)
-        self.skips = [{"provider": s.provider, "reason": s.reason, "message": s.message} for s in plan.skips]
-        if not plan.candidates:
-            await self._no_candidates()
-            return
-        if self.profile.mode == "race" and len(plan.candidates) > 1:
+        self.skips = list(plan.skips)
+        errors: list[UpstreamError] = []
+        names = list(plan.candidates)
+        if self.profile.mode == "race" and len(names) > 1:
             from .race import run_race  # local import: race mode is the exception, not the hot path
 
-            await run_race(self, plan.candidates)
-            return
-        errors: list[UpstreamError] = []
-        candidates = list(plan.candidates)
-        for i, name in enumerate(candidates):
-            provider = self.runtime.providers[name]
-            if not self.router.admit(name):
-                self.skips.append({"provider": name, "reason": "breaker_open", "message": "circuit breaker open"})
-                continue
-            started = time.monotonic()
-            try:
-                await self.attempt(provider, started)
+            rest = await run_race(self, names, errors)
+            if rest is None:
                 return
-            except UpstreamError as e:
-                if e.reason == BUDGET:  # the reservation was refused: a budget gate, not a failure
-                    self.router.release(name)
-                    self.skips.append({"provider": name, "reason": "budget", "message": e.message})
-                    continue
-                self.router.report_failure(name, e, time.monotonic() - started)
-                self._note(name, "failed", e.label, started, e.status, e.message)
-                errors.append(e)
-                if e.after_content:
-                    await self._fail_committed(e)
-                    return
-                if e.reason == OVERFLOW:
-                    if self._larger_window_ahead(e, candidates[i + 1:]):
-                        continue
-                    await self._overflow(e)
-                    return
-                if not e.failover:
-                    await self._pass_error(e)
-                    return
-            except asyncio.CancelledError:
-                self.router.release(name)
-                self._note(name, "cancelled", "client_disconnected", started)
-                self.status = 499
-                raise
-        if not errors:
-            await self._no_candidates()
+            self.race_outcome = "no_winner_fallback" if rest else "no_winner"
+            names = rest
+        if names and await self.try_in_order(names, errors):
             return
-        await self._all_failed(errors)
+        if not self.attempts and self._enter_panic():
+            if await self.try_in_order(self._panic_order(), errors):
+                return
+        await self.conclude(errors)
 
-    def new_call(self, provider: Provider, model: str) -> Call:
-        """An attempt at `provider`, translating between the client's wire and the provider's as needed.
-        After a commit, an Anthropic client already has its message_start (a Responses client its
-        response.created): the next provider's is dropped."""
+    async def try_in_order(self, names: list[str], errors: list[UpstreamError]) -> bool:
+        """The one fallback routine (fallback mode, and what race mode tries after its race): each provider in
+        turn until one serves the request or a failure ends it. True when the client has been answered; False
+        when every provider failed or was skipped (then `conclude` answers, with `errors` collected here)."""
+        for i, name in enumerate(names):
+            slot = self.open_slot(name)
+            if slot is None:
+                continue
+            with self.holding(slot):
+                try:
+                    await self.serve(slot)
+                    return True
+                except UpstreamError as e:
+                    self.failed(slot, e)
+                    errors.append(e)
+                    if self.ends_request(e, names[i + 1:]):
+                        await self.send_failure(e)
+                        return True
+        return False
+
+    # -- panic ----------------------------------------------------------------------------------------------
+
+    def _enter_panic(self) -> bool:
+        if not self.profile.panic:
+            return False
+        transient = [s for s in self.skips if s.transient]
+        if not transient:
+            return False
+        self.panic = True
+        self._panicked = transient
+        self.skips = [s for s in self.skips if not s.transient]
+        why = ", ".join(f"{s.provider} ({s.reason})" for s in transient)
+        self.notes.append({"provider": "*", "moved": "none", "panic": True,
+                           "why": f"panic: every provider was skipped for a transient reason ({why}); "
+                                  "tried anyway, best first"})
+        return True
+
+    def _panic_order(self) -> list[str]:
+        return self.router.panic_order([s.provider for s in self._panicked])
+
+    # -- one attempt ----------------------------------------------------------------------------------------
+
+    def open_slot(self, name: str) -> Slot | None:
+        """Admit an attempt at `name` (breaker, then budget), or record why it is skipped and return None."""
+        provider = self.runtime.providers[name]
+        admission = self.router.admit(name, panic=self.panic)
+        if admission is None:
+            self.skips.append(Skip(name, "breaker_open", f"circuit breaker for {name} is open (a trial is in "
+                                                         "flight)"))
+            return None
+        slot = Slot(provider, admission, time.monotonic(), panic=self.panic)
+        try:
+            slot.reservation = self.router.reserve(provider, self.req)
+        except UpstreamError as e:
+            if e.reason != BUDGET:
+                raise
+            self.router.release(name, admission)  # a refused reservation is a budget gate, not a failure
+            self.skips.append(Skip(name, "budget", e.message))
+            return None
+        return slot
+
+    def holding(self, slot: Slot) -> _Holding:
+        """`with ex.holding(slot):` — every exit path of an attempt gives back what it holds: a half-open trial
+        slot is released unless the attempt reported success or failure (cancellation, a client gone, our own
+        exception), the budget reservation is settled, the upstream connection is closed."""
+        return _Holding(self, slot)
+
+    def _abandon(self, slot: Slot, outcome: Outcome, reason: str, message: str = "") -> None:
+        if slot.done:
+            return
+        slot.done = True
+        self.router.release(slot.name, slot.admission)
+        self._record(slot, outcome, reason, message=message)
+
+    def _close_slot(self, slot: Slot) -> None:
+        call = slot.call
+        if slot.placement is not None and call is not None:
+            self.router.affinity.finish(self.affinity, slot.placement, slot.provider, ok=slot.ok,
+                                        strategy=call.strategy, request_id=self.req.request_id)
+            slot.placement = None
+        if call is not None:
+            call.close()
+            self.upstream_wait_s += call.wait_s
+            slot.call = None
+        if not slot.done:  # e.g. a race participant dropped without a verdict
+            slot.done = True
+            self.router.release(slot.name, slot.admission)
+        if slot.reservation is not None:
+            usage = slot.bill
+            if usage is None and call is not None and (slot.ok or call.strategy.started_content):
+                usage = call.strategy.usage
+            self.router.settle(slot.reservation, slot.provider, usage)
+            slot.reservation = None
+
+    def new_call(self, slot: Slot, model: str) -> Call:
+        """An attempt at the slot's provider, translating between the client's wire and the provider's as needed.
+        After a commit, a sink that opened the stream itself already sent the opening: the upstream's is dropped."""
         req = self.req
-        cls = strategy_for(req.ingress, provider.cfg.kind, serves_responses=provider.cfg.serves_responses)
+        provider = slot.provider
         body, raw = req.body, req.raw
         if self.affinity is not None:
             body, raw = self.router.affinity.body_for(self.affinity, provider, req)
-        kw = {"model": model, "skip_prologue": self.committed and req.ingress != "openai", "client_body": body}
+        if provider.cfg.capabilities.vision is False and req.has_images():
+            body, omitted = omit_images(req.ingress, body, f"[image omitted: {provider.name} does not accept "
+                                                           "images]")
+            if omitted:
+                import orjson
+
+                raw = orjson.dumps(body)
+                self.notes.append({"provider": provider.name, "moved": "none", "images_omitted": omitted,
+                                   "why": f"{omitted} image(s) replaced by a text note: {provider.name} has "
+                                          "capabilities.vision = false"})
+        cls = strategy_for(req.ingress, provider.cfg.kind, serves_responses=provider.cfg.serves_responses)
+        kw = {"model": model, "skip_prologue": self.committed and self.sink.opens_stream_itself, "client_body": body}
         if req.native is not None:
             kw["native"] = req.native
             kw["provider_name"] = provider.name
         if req.ingress == "anthropic" and cls.upstream_kind == "openai":
-            kw["input_tokens"] = provider.estimate_tokens(len(req.raw))
-        return Call(provider, cls(**kw), raw_body=raw, stream=req.stream, client_headers=req.headers)
+            kw["input_tokens"] = provider.estimate_tokens(len(raw))
+        call = self._call_factory(provider, cls(**kw), raw_body=raw, stream=req.stream, client_headers=req.headers)
+        slot.call = call
+        return call
 
-    async def attempt(self, provider: Provider, started: float) -> None:
-        req = self.req
-        model = await provider.resolve_model(req.model)
+    async def serve(self, slot: Slot) -> None:
+        """One whole attempt: resolve the model, open the call, deliver the answer. Raises UpstreamError."""
+        model = await slot.provider.resolve_model(self.req.model)
         self.model_used = model
-        call = self.new_call(provider, model)
-        hooks = self.router.budget_hooks
-        reservation = hooks.reserve(provider, req) if hooks is not None else None
+        call = self.new_call(slot, model)
         aff = self.router.affinity if self.affinity is not None else None
-        placement = None
-        ok = False
-        try:
-            if aff is not None:
-                call.placement = placement = await aff.place(self.affinity, provider)
-                if placement is not None:
-                    call.extra_fields = placement.fields
-            if req.stream:
-                await self._stream(call, provider)
-            else:
-                await call.open()
-                body = await call.result()
-                self.ttfb = call.ttfb
-                self._succeeded(provider, call, started)
-                await self.resp.json(200, body)
-            ok = True
-        finally:
-            call.close()
-            self.upstream_wait_s += call.wait_s
-            if placement is not None:
-                aff.finish(self.affinity, placement, provider, ok=ok, strategy=call.strategy,
-                           request_id=req.request_id)
-            if reservation is not None:
-                hooks.settle(reservation, provider, call.strategy.usage if ok or call.strategy.started_content
-                             else None)
+        if aff is not None:
+            call.placement = slot.placement = await aff.place(self.affinity, slot.provider)
+            if slot.placement is not None:
+                call.extra_fields = slot.placement.fields
+        if self.req.stream:
+            await self.deliver_stream(slot, await self._first_output(call))
+        else:
+            await call.open()
+            await self.deliver_body(slot, await call.result())
 
-    def _succeeded(self, provider: Provider, call: Call, started: float) -> None:
-        self.served_by = provider.name
+    async def deliver_body(self, slot: Slot, body: bytes) -> None:
+        """A whole non-streaming answer from the slot's provider: it won."""
+        self.ttfb = slot.call.ttfb
+        self.succeeded(slot)
+        await self.sink.finish(body, self.route_headers(slot.name))
+
+    async def deliver_stream(self, slot: Slot, first: bytes) -> None:
+        """Stream the slot's provider to the client from its first output to its end. Raises UpstreamError."""
+        call = slot.call
+        self.ttfb = call.ttfb
+        if not self.committed:
+            self.committed = True
+            await self.sink.start_stream(self.route_headers(slot.name, serving=_serving(slot, "ok")))
+        await self.sink.event(first)
+        await self._pump(call)
+        self.succeeded(slot)
+
+    def succeeded(self, slot: Slot) -> None:
+        call = slot.call
+        slot.done = slot.ok = True
+        self.served_by = slot.name
         self.usage = call.strategy.usage or {}
         self.status = 200
-        self._note(provider.name, "ok", "ok", started, 200)
-        latency = call.ttfb if call.ttfb is not None else time.monotonic() - started
-        self.router.report_success(provider.name, latency)
+        self._record(slot, Outcome.OK, "ok", 200)
+        latency = call.ttfb if call.ttfb is not None else time.monotonic() - slot.started
+        self.router.report_success(slot.name, latency, slot.admission)
         prompt_tokens = (self.usage.get("input_tokens") or 0) + (self.usage.get("cache_read_input_tokens") or 0)
         if prompt_tokens:
-            provider.learn_ratio(call.request_chars, prompt_tokens)
-        if self.affinity is not None and call.placement is None:
+            slot.provider.learn_ratio(call.request_chars, prompt_tokens)
+        if self.affinity is not None and slot.placement is None:
             # A race winner: never slot-pinned, but what it cached still teaches the index.
             aff = self.router.affinity
-            aff.finish(self.affinity, aff.unplaced(self.affinity, provider), provider, ok=True,
+            aff.finish(self.affinity, aff.unplaced(self.affinity, slot.provider), slot.provider, ok=True,
                        strategy=call.strategy, request_id=self.req.request_id)
-        self._set_route_headers(provider.name)
+
+    def failed(self, slot: Slot, e: UpstreamError) -> None:
+        slot.done = True
+        self.router.report_failure(slot.name, e, time.monotonic() - slot.started, slot.admission)
+        self._record(slot, Outcome.FAILED, e.label, e.status, e.message)
+
+    def lost(self, slot: Slot, *, cancelled: bool = False) -> None:
+        """A race participant that was beaten (or dropped because the client left). A paid API bills the
+        prompt it already read, so that is what its reservation settles with."""
+        slot.bill = {"input_tokens": slot.provider.estimate_tokens(len(self.req.raw))}
+        if cancelled:
+            self._abandon(slot, Outcome.CANCELLED, "client_disconnected")
+        else:
+            self._abandon(slot, Outcome.LOST, "race_lost")
 
     # -- streaming ------------------------------------------------------------------------------------------
 
@@ -240,46 +369,42 @@ class Exchange:
         task = asyncio.ensure_future(first())
         try:
             if not self.committed:
-                hold = self.req.started + self.server.stream_hold_s - time.monotonic()
-                if hold > 0:
-                    done, _ = await asyncio.wait((task,), timeout=hold)
+                wait = self.hold_remaining()
+                if wait > 0:
+                    done, _ = await asyncio.wait((task,), timeout=wait)
                     if done:
                         return task.result()
-                await self._commit(call.provider.name, (call,))
+                await self.commit_early(call.provider.name, (call,))
             while True:
                 done, _ = await asyncio.wait((task,), timeout=self.server.ping_interval_s)
                 if done:
                     return task.result()
-                await self.resp.ping()
+                await self.sink.ping()
         finally:
             if not task.done():
                 task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
 
-    async def _commit(self, provider_name: str, calls) -> None:
-        """Send the 200 and an Anthropic prologue before any upstream event: from now on the client waits on us.
-        The `calls` still waiting are told first, before any await, so none emits a message_start after ours."""
-        for c in calls:
-            c.strategy.skip_prologue = self.req.ingress != "openai"  # chat streams have no prologue
-        self._set_route_headers(provider_name)
-        await self.resp.start_stream()
+    def hold_remaining(self) -> float:
+        """Seconds left before a stream must commit to the client (send its 200) without an upstream event."""
+        return self.req.started + self.server.stream_hold_s - time.monotonic()
+
+    async def commit_early(self, provider_name: str, calls) -> None:
+        """Send the 200 (and the sink's own opening) before any upstream event: from now on the client waits on
+        us. The `calls` still waiting are told first, before any await, so none emits an opening after ours."""
+        if self.sink.opens_stream_itself:
+            for c in calls:
+                c.strategy.skip_prologue = True
         self.committed = True
-        est = int(len(self.req.raw) / 4)
-        await self.resp.chunk(self.resp.prologue(self.req.model, self.message_id, est))
+        opening = StreamOpening(self.req.model, self.message_id, int(len(self.req.raw) / 4))
+        serving = f"{provider_name}:panic:streaming" if self.panic else f"{provider_name}:streaming"
+        await self.sink.start_stream(self.route_headers(provider_name, serving=serving), opening)
 
-    async def _stream(self, call: Call, provider: Provider) -> None:
-        started = call.started
-        first = await self._first_output(call)
-        self.ttfb = call.ttfb
-        if not self.committed:
-            self._set_route_headers(provider.name)
-            await self.resp.start_stream()
-            self.committed = True
-        await self.resp.chunk(first)
-        await self._pump(call)
-        self._succeeded(provider, call, started)
+    async def ping(self) -> None:
+        await self.sink.ping()
 
     async def _pump(self, call: Call) -> None:
-        resp = self.resp
+        sink = self.sink
         t = call.provider.cfg.timeouts
         ping_every = self.server.ping_interval_s
         last = time.monotonic()
@@ -293,16 +418,41 @@ class Exchange:
             try:
                 data = await call.read(wait)
             except TimeoutError:
-                await resp.ping()
+                await sink.ping()
                 continue
             if data is None:
                 break
             last = time.monotonic()
             if data:
-                await resp.chunk(data)
-        await resp.end()
+                await sink.event(data)
+        await sink.finish()
 
     # -- endings --------------------------------------------------------------------------------------------
+
+    def ends_request(self, e: UpstreamError, rest: list[str]) -> bool:
+        """Whether this failure ends the request (then `send_failure(e)`) instead of moving to the next provider."""
+        if e.after_content:
+            return True
+        if e.reason == OVERFLOW:
+            return not self._larger_window_ahead(e, rest)
+        return not e.failover
+
+    async def send_failure(self, e: UpstreamError) -> None:
+        """Answer the client with the failure that ended the request."""
+        if e.after_content:
+            await self._fail_committed(e)
+        elif e.reason == OVERFLOW:
+            await self._reply(replies.overflow(e, len(self.req.raw)))
+        else:
+            await self._reply(replies.passed_on(e))
+
+    async def conclude(self, errors: list[UpstreamError]) -> None:
+        """Nobody served the request: one error naming each attempt and skip and its cause."""
+        args = {"ingress": self.req.ingress, "profile": self.profile_name, "summary": self._failure_summary()}
+        if errors:
+            await self._reply(replies.all_failed(errors, **args))
+        else:
+            await self._reply(replies.nothing_attempted(self.skips, **args))
 
     def _larger_window_ahead(self, e: UpstreamError, rest: list[str]) -> bool:
         needed = e.overflow[0] if e.overflow and e.overflow[0] else 0
@@ -313,72 +463,61 @@ class Exchange:
                 return True
         return False
 
-    async def _send_error(self, status: int, message: str, *, error_type: str | None = None,
-                          extra: dict | None = None, headers: list | None = None, code: str | None = None) -> None:
+    async def _send_error(self, status: int, message: str, *, kind: str | None = None,
+                          extra: dict | None = None, headers: dict | None = None, code: str | None = None) -> None:
         self.status = status
-        self.error_class = error_type or anthropic_type(status)
+        self.error_class = kind or error_kind(status)
         if self.committed:
-            await self.resp.stream_error(error_type or anthropic_type(status), message, code=code)
+            await self.sink.error(status, message, kind=kind or error_kind(status), code=code)
             return
-        self._set_route_headers(None)
-        if code and self.req.ingress != "anthropic":
-            extra = {**(extra or {}), "code": code}
-        await self.resp.error(status, message, error_type=error_type, extra=extra, headers=headers)
+        h = self.route_headers(None)
+        if headers:
+            h.update(headers)
+        await self.sink.error(status, message, kind=kind, headers=h, extra=extra, code=code)
 
-    async def _overflow(self, e: UpstreamError) -> None:
-        n, m = e.overflow or (0, 0)
-        if not n:
-            n = int(len(self.req.raw) / 4)
-        if not m or m >= n:
-            m = max(1, n - 1) if not m else m
-        # OpenAI-shaped clients (Codex) recognise the overflow by its code and compact their history.
-        await self._send_error(400, f"prompt is too long: {n} tokens > {m} maximum",
-                               error_type="invalid_request_error", code="context_length_exceeded")
-
-    async def _pass_error(self, e: UpstreamError) -> None:
-        status = e.status or 502
-        await self._send_error(status, e.message, error_type=e.error_type if self.req.ingress == "anthropic" else None)
+    async def _reply(self, r: replies.Reply) -> None:
+        await self._send_error(r.status, r.message, kind=r.kind, headers=r.headers, code=r.code)
 
     async def _fail_committed(self, e: UpstreamError) -> None:
         self.status = 200
         self.error_class = e.reason
-        etype = e.error_type or ("overloaded_error" if e.status in _OVERLOAD_STATUSES else "api_error")
-        await self.resp.stream_error(etype, f"upstream {self.attempts[-1]['provider']} failed mid-stream: {e.message}")
+        kind = e.error_type or ("overloaded_error" if e.status in replies.OVERLOAD_STATUSES else "api_error")
+        await self.sink.error(e.status or 502, f"upstream {self.attempts[-1].provider} failed mid-stream: "
+                                               f"{e.message}", kind=kind)
 
     def _failure_summary(self) -> str:
-        parts = [f"{s['provider']}: skipped ({s['reason']}: {s['message']})" for s in self.skips]
+        parts = [f"{s.provider}: skipped ({s.reason}: {s.message})" for s in self.skips]
         for a in self.attempts:
-            if a["outcome"] != "ok":
-                parts.append(f"{a['provider']}: {a['reason']}" + (f" ({a['message']})" if a["message"] else ""))
+            if a.outcome is not Outcome.OK:
+                parts.append(f"{a.provider}: {a.reason}" + (f" ({a.message})" if a.message else ""))
         return "; ".join(parts)
 
-    async def _all_failed(self, errors: list[UpstreamError]) -> None:
-        summary = self._failure_summary()
-        overloaded = bool(errors) and all(e.status in _OVERLOAD_STATUSES for e in errors)
-        if not errors:
-            # Every candidate was refused by its breaker: nothing was even tried.
-            overloaded = True
-        headers = None
-        retry = [e.retry_after for e in errors if e.retry_after]
-        if retry:
-            headers = [(b"retry-after", str(int(max(1, min(retry)))).encode())]
-        if self.req.ingress == "anthropic":
-            status, etype = (529, "overloaded_error") if overloaded else (502, "api_error")
-        elif self.req.ingress == "responses" and errors and all(e.status == 429 for e in errors):
-            # Codex backs off on 429 + retry-after; a 503 would read as a server fault.
-            status, etype = 429, "rate_limit_error"
-        else:
-            status, etype = (503, "overloaded_error") if overloaded else (502, "api_error")
-        await self._send_error(status, f"all providers failed for profile {self.profile_name!r}: {summary}",
-                               error_type=etype, headers=headers)
 
-    async def _no_candidates(self) -> None:
-        summary = self._failure_summary()
-        transient = any(s["reason"] in ("breaker_open", "unhealthy", "budget") for s in self.skips)
-        if transient:
-            status = 529 if self.req.ingress == "anthropic" else 503
-            await self._send_error(status, f"no provider available in profile {self.profile_name!r}: {summary}",
-                                   error_type="overloaded_error")
-        else:
-            await self._send_error(400, f"no provider in profile {self.profile_name!r} can serve this request: "
-                                        f"{summary}", error_type="invalid_request_error")
+class _Holding:
+    """The context manager behind `Exchange.holding` (a class: it is on every attempt's path)."""
+
+    __slots__ = ("ex", "slot")
+
+    def __init__(self, ex: Exchange, slot: Slot) -> None:
+        self.ex = ex
+        self.slot = slot
+
+    def __enter__(self) -> Slot:
+        return self.slot
+
+    def __exit__(self, exc_type, exc, tb) -> bool:
+        ex, slot = self.ex, self.slot
+        try:
+            if exc_type is not None:
+                if issubclass(exc_type, (asyncio.CancelledError, ClientGone)):
+                    ex._abandon(slot, Outcome.CANCELLED, "client_disconnected")
+                    ex.status = 499
+                elif issubclass(exc_type, Exception):
+                    ex._abandon(slot, Outcome.ERROR, "internal_error", exc_type.__name__)
+        finally:
+            ex._close_slot(slot)
+        return False  # never swallows: the caller decides what an exception means for the request
+
+
+def _serving(slot: Slot, result: str) -> str:
+    return f"{slot.name}:panic:{result}" if slot.panic else f"{slot.name}:{result}"

@@ -14,14 +14,16 @@ from .adaptive import AdaptiveOrderer
 from .breaker import BreakerRegistry, BreakerState
 
 HEALTH_ACTIONS = ("warn", "demote", "exclude")
-SKIP_REASONS = ("tools", "vision", "thinking", "context", "budget", "breaker_open", "unhealthy")
+SKIP_REASONS = ("tools", "thinking", "context", "budget", "breaker_open", "unhealthy", "not_ready")
 
 
 @dataclass
 class ProviderFacts:
     name: str
     tools: bool = True
-    vision: bool = False
+    # None = not declared: images are forwarded. False: images are replaced by a note (see translate/images.py),
+    # never a reason to skip the provider.
+    vision: bool | None = None
     thinking: bool = True
     context_window: int = 0  # 0 = unknown: no context gate
     paid: bool = False
@@ -37,11 +39,22 @@ class RequestFeatures:
     estimated_tokens: int = 0
 
 
+# Skips that say "not now" rather than "not this request": when every provider of a chain is skipped only for
+# these, the executor tries them anyway (panic mode) instead of routing nowhere.
+TRANSIENT_SKIPS = frozenset({"breaker_open", "unhealthy"})
+
+
 @dataclass
 class Skip:
     provider: str
     reason: str
     message: str
+    # False for a transient reason that still must not be overridden (a managed process that is not running).
+    overridable: bool = True
+
+    @property
+    def transient(self) -> bool:
+        return self.reason in TRANSIENT_SKIPS and self.overridable
 
     def as_dict(self) -> dict[str, str]:
         return {"provider": self.provider, "reason": self.reason, "message": self.message}
@@ -149,8 +162,6 @@ def _gate(
     # Capability gates first: they are permanent for this request and the most useful thing to report.
     if req.has_tools and not f.tools:
         return Skip(p, "tools", f"request uses tools but {p} has capabilities.tools = false")
-    if req.has_images and not f.vision:
-        return Skip(p, "vision", f"request contains images but {p} has capabilities.vision = false")
     if req.thinking_required and not f.thinking:
         return Skip(p, "thinking", f"request requires thinking but {p} has capabilities.thinking = false")
     if f.context_window > 0 and req.estimated_tokens > f.context_window:

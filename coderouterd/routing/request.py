@@ -15,6 +15,8 @@ class ClientRequest:
     stream: bool
     model: str
     request_id: str
+    # Set by a caller that cannot accept an answer without reasoning; `thinking` on a request is a preference.
+    thinking_required: bool = False
     started: float = field(default_factory=time.monotonic)
     wall_started: float = field(default_factory=time.time)
     # The ingress's own view when `body` is a translation of what the client sent (Responses: the

@@ -1,57 +1,51 @@
-"""The router's live state, shared by every profile: circuit breakers, latency/error figures, health,
-adaptive orderers. The executor asks it for a plan and reports each attempt's outcome back."""
+"""Planning and outcome reporting over the routing state: the executor asks for a plan, admits each attempt, and
+reports how it ended. What counts against a provider is decided here and in providers/errors.py, nowhere else:
+only the backend's own failures count; errors the request caused and our own exceptions never do."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 from ..affinity.service import Affinity
 from ..providers.errors import UpstreamError
-from .adaptive import AdaptiveOrderer, AdaptiveSettings, ProbeScheduler, ProviderStats
-from .breaker import BreakerRegistry, BreakerState
-from .clock import Clock, SystemClock
+from .adaptive import AdaptiveOrderer
+from .breaker import BreakerState
 from .planner import Plan, ProviderFacts, RequestFeatures, Skip, plan
 from .request import ClientRequest
+from .state import RoutingState
+
+# Router.admit's answers: how an attempt was let through, which decides what its end gives back.
+CLOSED, TRIAL, PANIC = "closed", "trial", "panic"
 
 
 class Router:
-    def __init__(self, config, *, clock: Clock | None = None,
-                 on_breaker: Callable[[str, BreakerState, BreakerState, str], None] | None = None) -> None:
-        self.clock = clock or SystemClock()
-        self._on_breaker = on_breaker
-        self.breakers = BreakerRegistry(failures=config.breaker.failures, recovery_s=config.breaker.recovery_s,
-                                        clock=self.clock, on_transition=self._breaker_moved)
-        self.settings = AdaptiveSettings(**config.adaptive.model_dump())
-        self.stats = ProviderStats(self.settings, self.clock)
-        self.probes = ProbeScheduler(self.stats, self.settings, self.clock)
+    def __init__(self, state: RoutingState, *, budget=None, affinity: Affinity | None = None) -> None:
+        """`budget`: guards.apply.BudgetHooks (allowed / reserve / settle), or None when nothing is paid for.
+        `affinity`: prefix affinity (session lanes, slots, prefix index), or None."""
+        self.state = state
+        self._budget = budget
+        self.affinity = affinity
         self._orderers: dict[str, AdaptiveOrderer] = {}
-        # provider -> HEALTHY | DEGRADED | UNHEALTHY, written by the health monitor and self-healing.
-        self.health: dict[str, str] = {}
-        # provider -> bool, asked before planning a paid provider (the budget guard plugs in here).
-        self.budget_ok: Callable[[str], bool] | None = None
-        self.budget_hooks = None  # guards.apply.BudgetHooks when budgets are configured
-        self.passive_failures: dict[str, int] = {}
-        # Providers whose managed process is not ready (starting, restarting, stopped, fatal): never attempted.
-        self.down: set[str] = set()
-        self.on_passive: Callable[[str, int], None] | None = None
-        # Prefix affinity (session lanes, slots, prefix index); its publish/persist are set by the daemon.
-        self.affinity = Affinity(config)
-
-    def _breaker_moved(self, name, old, new, reason) -> None:
-        if self._on_breaker is not None:
-            self._on_breaker(name, old, new, reason)
 
     def reconfigure(self, config) -> None:
-        self.breakers.configure(config.breaker.failures, config.breaker.recovery_s)
-        new = AdaptiveSettings(**config.adaptive.model_dump())
-        for k, v in vars(new).items():
-            setattr(self.settings, k, v)
-        self.affinity.configure(config)
+        self.state.reconfigure(config)
+        if self.affinity is not None:
+            self.affinity.configure(config)
+
+    @property
+    def breakers(self):
+        return self.state.breakers
+
+    @property
+    def stats(self):
+        return self.state.stats
+
+    @property
+    def probes(self):
+        return self.state.probes
 
     def orderer(self, profile: str) -> AdaptiveOrderer:
         o = self._orderers.get(profile)
         if o is None:
-            o = self._orderers[profile] = AdaptiveOrderer(self.stats, self.settings, self.clock)
+            o = self._orderers[profile] = AdaptiveOrderer(self.state.stats, self.state.settings, self.state.clock)
         return o
 
     @staticmethod
@@ -67,20 +61,23 @@ class Router:
         features = RequestFeatures(
             has_tools=req.has_tools(),
             has_images=req.has_images(),
-            thinking_required=False,
+            thinking_required=req.thinking_required,
             estimated_tokens=req.estimated_tokens(),
         )
+        st = self.state
         p = plan(
             list(profile.providers), runtime.facts, features,
-            breakers=self.breakers, health=self.health, health_action=profile.health_action,
+            breakers=st.breakers, health=st.health, health_action=profile.health_action,
             orderer=self.orderer(profile_name) if profile.adaptive else None,
-            budget_ok=self.budget_ok,
+            budget_ok=self._budget.allowed if self._budget is not None else None,
         )
-        if self.down:
-            for name in [c for c in p.candidates if c in self.down]:
+        down = st.down
+        if down:
+            for name in [c for c in p.candidates if c in down]:
                 p.candidates.remove(name)
-                p.skips.append(Skip(name, "unhealthy", f"{name}'s managed process is not ready"))
-        if ticket is not None and (profile.mode == "race" or profile.adaptive):
+                # Not transient in the panic sense: nothing answers until the process is ready.
+                p.skips.append(Skip(name, "not_ready", f"{name}'s managed process is not ready", overridable=False))
+        if ticket is not None and self.affinity is not None and (profile.mode == "race" or profile.adaptive):
             self._prefer_cached(p, ticket, runtime)
         return p
 
@@ -98,34 +95,74 @@ class Router:
         return self.plan(profile_name, profile, runtime, ClientRequest(
             ingress="anthropic", body={}, raw=b"", headers={}, stream=False, model="", request_id="status"))
 
+    def panic_order(self, names: list[str]) -> list[str]:
+        """Best first among providers that are all skipped for transient reasons: a closed breaker (merely
+        unhealthy) before a half-open one before an open one, sooner reopening first; the plan's order breaks
+        ties."""
+        rank = {BreakerState.CLOSED: 0, BreakerState.HALF_OPEN: 1, BreakerState.OPEN: 2}
+
+        def key(item):
+            i, name = item
+            br = self.state.breakers.get(name)
+            return rank[br.state], br.retry_in_s or 0.0, i
+
+        return [n for _i, n in sorted(enumerate(names), key=key)]
+
+    # -- admission ------------------------------------------------------------------------------------------
+
+    def admit(self, provider: str, *, panic: bool = False) -> str | None:
+        """Let an attempt through: CLOSED, TRIAL (it holds the half-open trial slot), PANIC (let through
+        although the breaker refuses), or None (refused)."""
+        br = self.state.breakers.get(provider)
+        half_open = br.state is BreakerState.HALF_OPEN
+        if br.allow():
+            return TRIAL if half_open else CLOSED
+        return PANIC if panic else None
+
+    def release(self, provider: str, admission: str) -> None:
+        """The attempt ended without a verdict on the provider (cancelled, our own error, a lost race)."""
+        if admission == TRIAL:
+            self.state.breakers.get(provider).release()
+
+    def reserve(self, provider, req: ClientRequest):
+        """A budget reservation for a paid attempt (None when unpaid). Raises UpstreamError(BUDGET) if refused."""
+        return self._budget.reserve(provider, req) if self._budget is not None else None
+
+    def settle(self, reservation, provider, usage: dict | None) -> None:
+        if self._budget is not None and reservation is not None:
+            self._budget.settle(reservation, provider, usage)
+
     # -- outcomes -------------------------------------------------------------------------------------------
 
-    def admit(self, provider: str) -> bool:
-        return self.breakers.get(provider).allow()
-
-    def release(self, provider: str) -> None:
-        self.breakers.get(provider).release()
-
-    def report_success(self, provider: str, latency_s: float) -> None:
-        self.breakers.get(provider).record_success()
-        self.stats.record(provider, latency_s=latency_s, ok=True)
-        # A real success clears passive failures, and also a DEGRADED/UNHEALTHY left by an earlier probe.
-        if self.passive_failures.get(provider) or self.health.get(provider, "HEALTHY") != "HEALTHY":
-            self.passive_failures[provider] = 0
-            if self.on_passive is not None:
-                self.on_passive(provider, 0)
-
-    def report_failure(self, provider: str, e: UpstreamError, elapsed_s: float) -> None:
-        br = self.breakers.get(provider)
-        if e.counts_against_provider:
-            br.record_failure(retry_after=e.retry_after, reason=e.label)
-            self.stats.record(provider, latency_s=elapsed_s, ok=False)
-            n = self.passive_failures.get(provider, 0) + 1
-            self.passive_failures[provider] = n
-            if self.on_passive is not None:
-                self.on_passive(provider, n)
+    def report_success(self, provider: str, latency_s: float, admission: str = CLOSED) -> None:
+        br = self.state.breakers.get(provider)
+        if admission == PANIC and br.state is not BreakerState.CLOSED:
+            # A real generation served now, while the breaker refused: the best proof there is.
+            br.reset("a panic attempt succeeded")
         else:
-            br.release()
+            br.record_success()
+        self.state.stats.record(provider, latency_s=latency_s, ok=True)
+        self.state.passive_success(provider)
+
+    def report_failure(self, provider: str, e: UpstreamError, elapsed_s: float, admission: str = CLOSED) -> None:
+        st = self.state
+        br = st.breakers.get(provider)
+        if e.counts_against_provider:
+            if admission != PANIC or br.state is BreakerState.CLOSED:
+                br.record_failure(retry_after=e.retry_after, reason=e.label)
+            st.stats.record(provider, latency_s=elapsed_s, ok=False)
+            st.passive_failure(provider)
+            return
+        if e.auth_failure:
+            # A refused key is the provider's configuration, not its health: in its error figures and an
+            # `auth` state, while the chain moves on.
+            st.stats.record(provider, latency_s=elapsed_s, ok=False)
+            st.auth_refused(provider, e.status)
+        if admission == TRIAL:
+            if e.provider_answered:
+                br.record_success()  # it answered: alive; the trial closes the breaker
+            else:
+                br.release()
 
     def report_probe(self, provider: str, latency_s: float | None, ok: bool) -> None:
-        self.stats.record(provider, latency_s=latency_s, ok=ok, probe=True)
+        self.state.probed(provider, latency_s, ok)

@@ -61,6 +61,11 @@ base_url = "@LIMITED@/v1"
 providers = ["limited"]
 health_action = "warn"
 
+[profiles.limitedfast]
+providers = ["limited"]
+health_action = "warn"
+panic = false
+
 [profiles.allbad]
 providers = ["dead", "err500"]
 health_action = "warn"
@@ -190,18 +195,24 @@ def test_upstream_failures_become_anthropic_errors(client, env, behaviour, statu
     assert body["error"]["message"]
 
 
-def test_rate_limited_chain_is_overloaded_with_retry_after(env):
-    r = httpx.post(env["daemon"].url + "/v1/messages", headers={"x-coderouter-profile": "limited"},
-                   json={"model": "m", "max_tokens": 10, "messages": USER}, timeout=20)
-    assert r.status_code == 529
-    assert r.json()["error"]["type"] == "overloaded_error"
+def test_rate_limited_chain_is_a_rate_limit_with_retry_after(env):
+    url = env["daemon"].url + "/v1/messages"
+    body = {"model": "m", "max_tokens": 10, "messages": USER}
+    r = httpx.post(url, headers={"x-coderouter-profile": "limited"}, json=body, timeout=20)
+    # The client sees the upstream's rate limit as a rate limit, with its retry-after, so the SDK backs off.
+    assert r.status_code == 429
+    assert r.json()["error"]["type"] == "rate_limit_error"
     assert r.headers["retry-after"] == "7"
-    # Retry-After opened the breaker: the next request does not touch the upstream at all.
+    # Retry-After opened the breaker: a profile that opted out of panic answers at once, upstream untouched.
     before = env["limited"].count("/v1/chat/completions")
-    r2 = httpx.post(env["daemon"].url + "/v1/messages", headers={"x-coderouter-profile": "limited"},
-                    json={"model": "m", "max_tokens": 10, "messages": USER}, timeout=20)
+    r2 = httpx.post(url, headers={"x-coderouter-profile": "limitedfast"}, json=body, timeout=20)
     assert r2.status_code == 529 and "breaker_open" in r2.json()["error"]["message"]
     assert env["limited"].count("/v1/chat/completions") == before
+    # With the default (panic = true) the only provider is still asked, and says 429 again itself.
+    r3 = httpx.post(url, headers={"x-coderouter-profile": "limited"}, json=body, timeout=20)
+    assert r3.status_code == 429 and r3.headers["retry-after"] == "7"
+    assert r3.headers["x-coderouter-attempts"] == "limited:panic:http_429"
+    assert env["limited"].count("/v1/chat/completions") == before + 1
 
 
 def test_context_overflow_is_prompt_too_long(client, env):

@@ -194,8 +194,10 @@ providers = ["notools"]
             assert nt.count("/v1/chat/completions") == 0 and small.count("/v1/chat/completions") == 0
             img = [{"role": "user", "content": [{"type": "image", "source": {
                 "type": "base64", "media_type": "image/png", "data": "iVBORw0KGgo="}}]}]
+            # Vision not declared: unknown, so the image is forwarded (never a reason to refuse).
             r = post(d, "novision", body={"model": "m", "max_tokens": 5, "messages": img})
-            assert r.status_code == 400
-            assert "vision" in r.json()["error"]["message"]
+            assert r.status_code == 200
+            sent = nt.requests[-1]["json"]["messages"][0]["content"]
+            assert any(p.get("type") == "image_url" for p in sent)
         finally:
             d.stop()

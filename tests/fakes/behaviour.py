@@ -12,6 +12,7 @@ A behaviour spec is ``name[;key=value;...]``. It is chosen per request, first ma
 import asyncio
 import itertools
 import os
+import re
 from collections import Counter, deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -41,6 +42,8 @@ THINKING_SIGNATURE = "ZmFrZS1zaWduYXR1cmUtZm9yLXRoaW5raW5n"
 DEFAULT_MODELS = ("fake-model",)
 
 JSON_HEADERS = {"content-type": "application/json"}
+# An image part in any wire: OpenAI image_url, Anthropic image blocks, Ollama's images list.
+_IMAGE = re.compile(rb'"type"\s*:\s*"image(_url)?"|"images"\s*:\s*\[\s*"')
 _ids = itertools.count(1)
 SELF_CLOSED = web.RequestKey("fake_self_closed", bool)
 
@@ -356,6 +359,10 @@ class FakeBase:
                 behaviour = state.choose(headers.get("x-fake-behaviour"), generation)
             except ValueError as exc:
                 return web.Response(status=400, text=f"fake: {exc}")
+            if generation and self.options.get("vision") is False and _IMAGE.search(raw):
+                # What a text-only model server says to an image (llama-server without its mmproj, say).
+                return json_response({"error": {"message": "image input is not supported by this model",
+                                                "type": "invalid_request_error"}}, 400)
             call = Call(request, raw, body, behaviour)
             state.active += 1
             try:

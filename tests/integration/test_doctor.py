@@ -43,7 +43,7 @@ def test_tool_calling_llamacpp_backend_is_ok():
     c = checks(result)
     assert result["backend"] == "llama.cpp"
     assert [x["name"] for x in result["checks"]] == ["reachable", "auth", "model", "generation", "streaming",
-                                                     "tools", "thinking", "context"]
+                                                     "tools", "vision", "thinking", "context"]
     assert all(x["status"] == "ok" for x in result["checks"]), result["checks"]
     assert "structured tool call get_current_time" in c["tools"]["message"]
     assert "32768" in c["context"]["message"]
@@ -215,3 +215,19 @@ def test_cli_invalid_config_exits_1(tmp_path):
     result = CliRunner().invoke(doctor_app, ["--config", str(path), "--json"])
     assert result.exit_code == 1
     assert orjson.loads(result.stdout)["ok"] is False
+
+
+@pytest.mark.parametrize("server_vision, declared, status, words", [
+    (True, "", "ok", "set capabilities.vision = true"),
+    (False, "", "warn", "set capabilities.vision = false"),
+    (False, "capabilities = { vision = false }", "ok", "replaced by a short note"),
+    (True, "capabilities = { vision = false }", "warn", "set capabilities.vision = true"),
+])
+def test_vision_probe_sends_a_png_and_says_which_value_to_set(server_vision, declared, status, words):
+    with FakeServer("openai", behaviour="tools", models=["m"], n_ctx=32768, vision=server_vision) as s:
+        (result,) = doctor(config(provider_toml("p", s.url + "/v1", extra=declared)))
+        sent = [r for r in generation_requests(s) if isinstance(r["messages"][0]["content"], list)]
+    v = checks(result)["vision"]
+    assert v["status"] == status
+    assert words in v["message"] + " " + v["suggestion"]
+    assert sent and sent[0]["messages"][0]["content"][1]["image_url"]["url"].startswith("data:image/png;base64,")

@@ -131,6 +131,29 @@ def test_retry_after_opens_before_failure_count_is_reached():
     clock.advance(9.9)
     assert b.state is BreakerState.OPEN
     clock.advance(0.1)
+    # Opened by the retry-after alone: once it passed the breaker closes without a trial (nothing failed that a
+    # trial would have to disprove), and every request may go.
+    assert b.state is BreakerState.CLOSED
+    assert events[-1][3] == "retry-after elapsed"
+    assert b.allow() and b.allow()
+    assert b.consecutive_failures == 0
+
+
+def test_retry_after_only_breaker_survives_a_restart_as_such():
+    b, clock, _ = make()
+    b.record_failure(retry_after=5)
+    b2, _clock2, _ = make()
+    b2._clock = clock
+    b2.restore(b.snapshot())
+    clock.advance(5)
+    assert b2.state is BreakerState.CLOSED
+
+
+def test_a_real_failure_while_open_on_a_retry_after_needs_a_trial():
+    b, clock, _ = make()
+    b.record_failure(retry_after=5)
+    b.record_failure()  # a failure without a hint: the backend is failing, not merely asking us to wait
+    clock.advance(5)
     assert b.state is BreakerState.HALF_OPEN
 
 

@@ -47,7 +47,6 @@ def test_everything_eligible_keeps_chain_order():
     "features, provider_changes, reason, words",
     [
         (RequestFeatures(has_tools=True), {"tools": False}, "tools", "capabilities.tools = false"),
-        (RequestFeatures(has_images=True), {"vision": False}, "vision", "capabilities.vision = false"),
         (RequestFeatures(thinking_required=True), {"thinking": False}, "thinking", "requires thinking"),
         (RequestFeatures(estimated_tokens=40_000), {"context_window": 32_768}, "context", "~40,000 tokens"),
     ],
@@ -170,14 +169,22 @@ def test_capability_reason_is_reported_before_transient_state():
 def test_unknown_provider_gets_default_facts_and_duplicates_collapse():
     p = plan(
         ["x", "x", "y"],
-        {"y": ProviderFacts("y", vision=True)},
-        RequestFeatures(has_images=True),
+        {"y": ProviderFacts("y", tools=True)},
+        RequestFeatures(has_tools=True),
         breakers=BreakerRegistry(clock=ManualClock()),
         health={},
         health_action="warn",
     )
-    assert p.candidates == ["y"]
-    assert [(s.provider, s.reason) for s in p.skips] == [("x", "vision")]
+    assert p.candidates == ["x", "y"]
+    assert p.skips == []
+
+
+def test_images_never_gate_a_provider():
+    # Declared without vision, the provider still serves: the executor replaces the images by a note.
+    p = plan(["x", "y"], {"x": ProviderFacts("x", vision=False), "y": ProviderFacts("y")},
+             RequestFeatures(has_images=True), breakers=BreakerRegistry(clock=ManualClock()), health={},
+             health_action="exclude")
+    assert p.candidates == ["x", "y"] and p.skips == []
 
 
 def adaptive(clock):

@@ -1,0 +1,73 @@
+"""What the client is told when nobody served its request: pure, from the failures and skips collected.
+
+The policy in one place: a 429 as the last failure stays a 429 with the soonest retry-after of the chain;
+failures the request itself caused everywhere come back as the client's 4xx; otherwise overloaded
+(529 Anthropic / 503 OpenAI) when every failure said "busy", else 502. Nothing attempted: 529/503 when
+something was skipped for a passing reason, else 400 (no provider can serve this request)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from ..providers.errors import UpstreamError
+from .planner import Skip
+
+OVERLOAD_STATUSES = frozenset({429, 503, 529})
+_WAIT_SKIPS = frozenset({"breaker_open", "unhealthy", "not_ready", "budget"})
+
+
+@dataclass(frozen=True, slots=True)
+class Reply:
+    status: int
+    message: str
+    kind: str | None  # an error kind (protocol/errors.py); None: the sink derives it from the status
+    headers: dict[str, str] | None = None
+    code: str | None = None  # a machine code some wires carry (OpenAI's error.code)
+
+
+def retry_after_value(seconds: float) -> str:
+    return str(max(1, math.ceil(seconds)))
+
+
+def overflow(e: UpstreamError, request_bytes: int) -> Reply:
+    """Claude Code reads exactly this message to compact its context; Codex reads the code."""
+    n, m = e.overflow or (0, 0)
+    if not n:
+        n = int(request_bytes / 4)
+    if not m or m >= n:
+        m = max(1, n - 1) if not m else m
+    # OpenAI-shaped clients (Codex) recognise the overflow by its code and compact their history.
+    return Reply(400, f"prompt is too long: {n} tokens > {m} maximum", "invalid_request_error",
+                 code="context_length_exceeded")
+
+
+def passed_on(e: UpstreamError) -> Reply:
+    """An upstream error that ends the request, passed to the client as it came."""
+    headers = {"retry-after": retry_after_value(e.retry_after)} if e.retry_after else None
+    return Reply(e.status or 502, e.message, e.error_type, headers)
+
+
+def all_failed(errors: list[UpstreamError], *, ingress: str, profile: str, summary: str) -> Reply:
+    last = errors[-1]
+    retry = [e.retry_after for e in errors if e.retry_after]
+    headers = {"retry-after": retry_after_value(min(retry))} if retry else None
+    message = f"all providers failed for profile {profile!r}: {summary}"
+    if last.status == 429:
+        # Rate limits reach the client as rate limits, with the soonest retry-after of the chain, so the SDKs
+        # back off for the right time instead of retrying an "overloaded" at once.
+        return Reply(429, message, "rate_limit_error", headers)
+    if all(e.caused_by_request for e in errors):
+        # Every provider refused the request itself: it is the client's to fix, in the client's status.
+        return Reply(last.status or 400, f"{last.message} ({summary})", "invalid_request_error")
+    if all(e.status in OVERLOAD_STATUSES for e in errors):
+        return Reply(529 if ingress == "anthropic" else 503, message, "overloaded_error", headers)
+    return Reply(502, message, "api_error", headers)
+
+
+def nothing_attempted(skips: list[Skip], *, ingress: str, profile: str, summary: str) -> Reply:
+    if any(s.reason in _WAIT_SKIPS for s in skips):
+        return Reply(529 if ingress == "anthropic" else 503,
+                     f"no provider available in profile {profile!r}: {summary}", "overloaded_error")
+    return Reply(400, f"no provider in profile {profile!r} can serve this request: {summary}",
+                 "invalid_request_error")

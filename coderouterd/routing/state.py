@@ -1,0 +1,187 @@
+"""The routing state, with one owner: circuit breakers, latency/error figures, health, providers that are down
+(managed process not ready), passive failure counts, auth refusals, and which providers self-healing holds.
+
+Everyone else reads it and changes it only through the named operations below (`set_health`, `mark_down`,
+`mark_up`, `hold`, `recovered`, `passive_failure`, `passive_success`, ...); the health monitor and the
+self-healer receive this object, not the daemon. Single-threaded: every call happens on the event loop.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterable, Mapping
+from types import MappingProxyType
+
+from .adaptive import AdaptiveSettings, ProbeScheduler, ProviderStats
+from .breaker import BreakerRegistry, BreakerState
+from .clock import Clock, SystemClock
+
+log = logging.getLogger("coderouterd.health")
+
+HEALTHY, DEGRADED, UNHEALTHY = "HEALTHY", "DEGRADED", "UNHEALTHY"
+_NONE: frozenset[str] = frozenset()
+
+# (provider, breaker snapshot, old, new, reason): persistence and audit of breaker moves.
+BreakerHook = Callable[[str, dict, BreakerState, BreakerState, str], None]
+# (provider, old, new, reason): persistence and audit of health moves.
+HealthHook = Callable[[str, str, str, str], None]
+
+
+def health_state(consecutive_failures: int, threshold: int) -> str:
+    if consecutive_failures <= 0:
+        return HEALTHY
+    return UNHEALTHY if consecutive_failures >= threshold else DEGRADED
+
+
+class RoutingState:
+    def __init__(self, config, *, clock: Clock | None = None, on_breaker: BreakerHook | None = None,
+                 on_health: HealthHook | None = None) -> None:
+        self.clock = clock or SystemClock()
+        self._on_breaker = on_breaker
+        self._on_health = on_health
+        self.breakers = BreakerRegistry(failures=config.breaker.failures, recovery_s=config.breaker.recovery_s,
+                                        clock=self.clock, on_transition=self._breaker_moved)
+        self.settings = AdaptiveSettings(**config.adaptive.model_dump())
+        self.stats = ProviderStats(self.settings, self.clock)
+        self.probes = ProbeScheduler(self.stats, self.settings, self.clock)
+        self._health: dict[str, str] = {}
+        self._health_view = MappingProxyType(self._health)  # a live read-only view, made once
+        self._down: set[str] = set()
+        self._passive: dict[str, int] = {}
+        self._held: set[str] = set()
+        self._auth: dict[str, dict] = {}
+        self._health_watchers: list[Callable[[str, str, str], None]] = []
+        self._thresholds: dict[str, int] = {}
+        self._set_thresholds(config)
+
+    def _breaker_moved(self, name: str, old: BreakerState, new: BreakerState, reason: str) -> None:
+        if self._on_breaker is not None:
+            self._on_breaker(name, self.breakers.get(name).snapshot(), old, new, reason)
+
+    def _set_thresholds(self, config) -> None:
+        t: dict[str, int] = {}
+        for prof in config.profiles.values():
+            for p in prof.providers:
+                t[p] = min(t.get(p, prof.health_threshold), prof.health_threshold)
+        self._thresholds = t
+
+    def reconfigure(self, config) -> None:
+        self.breakers.configure(config.breaker.failures, config.breaker.recovery_s)
+        new = AdaptiveSettings(**config.adaptive.model_dump())
+        for k, v in vars(new).items():
+            setattr(self.settings, k, v)
+        self._set_thresholds(config)
+
+    def restore(self, breakers: Mapping, health: Mapping) -> list[str]:
+        """Load what a previous process persisted. Returns the breaker names whose snapshot was rejected."""
+        rejected = self.breakers.restore(dict(breakers)) if breakers else []
+        self._health.update({k: v for k, v in health.items() if v in (HEALTHY, DEGRADED, UNHEALTHY)})
+        return rejected
+
+    # -- reads ----------------------------------------------------------------------------------------------
+
+    @property
+    def health(self) -> Mapping[str, str]:
+        """provider -> HEALTHY | DEGRADED | UNHEALTHY (absent: unknown). Read-only."""
+        return self._health_view
+
+    @property
+    def down(self) -> frozenset[str]:
+        """Providers whose managed process is not ready (starting, restarting, stopped, fatal)."""
+        return frozenset(self._down) if self._down else _NONE
+
+    def health_of(self, provider: str) -> str | None:
+        return self._health.get(provider)
+
+    def is_down(self, provider: str) -> bool:
+        return provider in self._down
+
+    def is_held(self, provider: str) -> bool:
+        return provider in self._held
+
+    def passive_failures(self, provider: str) -> int:
+        return self._passive.get(provider, 0)
+
+    def threshold(self, provider: str) -> int:
+        return self._thresholds.get(provider, 3)
+
+    def auth_state(self, provider: str) -> dict | None:
+        """The last credentials refusal (401/403) since the provider last served, or None."""
+        a = self._auth.get(provider)
+        return dict(a) if a is not None else None
+
+    # -- named operations -----------------------------------------------------------------------------------
+
+    def watch_health(self, fn: Callable[[str, str, str], None]) -> None:
+        """Call fn(provider, old, new) on every health move (self-healing reacts to UNHEALTHY)."""
+        self._health_watchers.append(fn)
+
+    def set_health(self, provider: str, new: str, reason: str, *, quiet: bool = False) -> None:
+        """Move a provider's health; `quiet`: its cause was logged already, so the move is a debug line (it is
+        audited all the same)."""
+        old = self._health.get(provider)
+        if old == new:
+            return
+        self._health[provider] = new
+        old_word = old or "unknown"
+        if self._on_health is not None:
+            self._on_health(provider, old_word, new, reason)
+        log.log(logging.DEBUG if quiet else logging.INFO, "provider %s: %s -> %s (%s)", provider, old_word, new,
+                reason)
+        for fn in list(self._health_watchers):
+            fn(provider, old_word, new)
+
+    def mark_down(self, providers: Iterable[str]) -> None:
+        self._down.update(providers)
+
+    def mark_up(self, providers: Iterable[str]) -> None:
+        self._down.difference_update(providers)
+
+    def hold(self, provider: str, reason: str, *, quiet: bool = False) -> None:
+        """Self-healing takes the provider out of routing while it recovers it; passive news is ignored."""
+        self._held.add(provider)
+        self.set_health(provider, UNHEALTHY, reason, quiet=quiet)
+
+    def unhold(self, provider: str) -> None:
+        self._held.discard(provider)
+
+    def recovered(self, provider: str, reason: str, *, generation_verified: bool) -> None:
+        """The provider answers again. Only a real generation (`generation_verified`) may close a breaker that
+        failed generations opened; a reachability probe only brings back its health."""
+        self._held.discard(provider)
+        self._passive[provider] = 0
+        if generation_verified:
+            br = self.breakers.get(provider)
+            if br.state is not BreakerState.CLOSED:
+                br.reset(reason)
+        self.set_health(provider, HEALTHY, reason)
+
+    def reachable(self, provider: str, reason: str) -> None:
+        """A reachability probe answered. It says nothing about generating: breakers are untouched, and a streak
+        of failed real requests stands (their health verdict stays until a request or a generation succeeds)."""
+        if self._passive.get(provider, 0) == 0:
+            self.set_health(provider, HEALTHY, reason)
+
+    def passive_failure(self, provider: str) -> None:
+        n = self._passive.get(provider, 0) + 1
+        self._passive[provider] = n
+        if provider not in self._held:
+            self.set_health(provider, health_state(n, self.threshold(provider)), f"{n} consecutive request failures")
+
+    def passive_success(self, provider: str) -> None:
+        """A real request was served: the provider is HEALTHY, whatever a probe said or nobody said yet."""
+        self._passive[provider] = 0
+        self._auth.pop(provider, None)
+        # A real request served (a panic attempt, say) is better proof than any recovery probe: self-healing's
+        # hold ends here, and its watcher sees HEALTHY and stops recovering.
+        self._held.discard(provider)
+        if self._health.get(provider) != HEALTHY:
+            self.set_health(provider, HEALTHY, "served a request")
+
+    def probed(self, provider: str, latency_s: float | None, ok: bool) -> None:
+        """A generation probe's result, as a sample for adaptive ordering."""
+        self.stats.record(provider, latency_s=latency_s, ok=ok, probe=True)
+
+    def auth_refused(self, provider: str, status: int) -> None:
+        self._auth[provider] = {"status": status, "at": time.time()}

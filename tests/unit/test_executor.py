@@ -1,0 +1,288 @@
+"""The executor without a daemon: scripted upstream calls, a recording client sink (tests/support/routing.py)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import orjson
+import pytest
+
+from coderouterd.providers.errors import OVERFLOW, UNBUILDABLE, UpstreamError, http_error
+from coderouterd.routing.breaker import BreakerState
+from coderouterd.routing.records import Outcome
+from coderouterd.routing.sink import ClientGone
+from tests.support.routing import FakeSink, Routing, boom, chain_config, fail, hang, midstream, ok
+
+STREAM = {"model": "m", "max_tokens": 5, "stream": True, "messages": [{"role": "user", "content": "hi"}]}
+
+
+def run(coro):
+    return asyncio.run(coro)
+
+
+def open_breaker(r: Routing, name: str) -> None:
+    br = r.breaker(name)
+    for _ in range(br.failures):
+        br.record_failure(reason="test")
+    assert br.state is BreakerState.OPEN
+
+
+def half_open(r: Routing, name: str) -> None:
+    open_breaker(r, name)
+    r.clock.advance(30)
+    assert r.breaker(name).state is BreakerState.HALF_OPEN
+
+
+# -- fallback ---------------------------------------------------------------------------------------------------
+
+
+def test_fallback_moves_past_a_failing_provider_and_says_so():
+    r = Routing(chain_config("a", "b"))
+    r.ups.script("a", fail(http_error(500, "boom")))
+    ex, sink = run(r.serve())
+    assert sink.status == 200 and ex.served_by == "b"
+    assert sink.headers()["x-coderouter-attempts"] == "a:http_500,b:ok"
+    assert [a.outcome for a in ex.attempts] == [Outcome.FAILED, Outcome.OK]
+    assert r.breaker("a").consecutive_failures == 1
+    assert r.state.passive_failures("a") == 1
+
+
+def test_a_served_request_makes_health_healthy_not_unknown():
+    r = Routing(chain_config("a"))
+    assert r.state.health_of("a") is None
+    run(r.serve())
+    assert r.state.health_of("a") == "HEALTHY"
+
+
+def test_streamed_attempts_header_names_the_winner():
+    r = Routing(chain_config("a", "b"))
+    r.ups.script("a", fail(http_error(503, "loading")))
+    r.ups.script("b", ok(b"event: x\ndata: {}\n\n", b"event: y\ndata: {}\n\n"))
+    ex, sink = run(r.serve(STREAM))
+    start = sink.log[0]
+    assert start[0] == "start" and start[1]["x-coderouter-attempts"] == "a:http_503,b:ok"
+    assert start[1]["x-coderouter-provider"] == "b"
+    assert sink.log[-1][0] == "finish" and ex.status == 200
+
+
+def test_request_caused_400_reaches_the_client_and_counts_for_nothing():
+    r = Routing(chain_config("a", "b"))
+    for _ in range(6):
+        r.ups.script("a", fail(http_error(400, "stop_sequences: bad")))
+        _ex, sink = run(r.serve())
+        assert sink.status == 400
+    assert r.breaker("a").state is BreakerState.CLOSED and r.breaker("a").consecutive_failures == 0
+    assert r.state.passive_failures("a") == 0
+    assert r.ups.sent.count(("b", b"")) == 0 and all(n == "a" for n, _ in r.ups.sent)  # b never asked
+    _ex, sink = run(r.serve())
+    assert sink.status == 200
+
+
+def test_context_overflows_are_400s_and_never_open_the_breaker():
+    r = Routing(chain_config("a"))
+    for _ in range(6):
+        r.ups.script("a", fail(UpstreamError(OVERFLOW, status=400, message="too long", overflow=(5000, 4096))))
+        _ex, sink = run(r.serve())
+        err = sink.last_error()
+        assert err[1] == 400 and err[2] == "prompt is too long: 5000 tokens > 4096 maximum"
+    assert r.breaker("a").state is BreakerState.CLOSED
+    ex, sink = run(r.serve())
+    assert sink.status == 200 and ex.attempts[-1].panic is False
+
+
+def test_last_failure_429_is_a_429_with_the_smallest_retry_after():
+    r = Routing(chain_config("a", "b"))
+    r.ups.script("a", fail(http_error(429, "slow down", retry_after=9)))
+    r.ups.script("b", fail(http_error(429, "slow down", retry_after=2.2)))
+    _ex, sink = run(r.serve())
+    status, _msg, kind, headers = sink.last_error()[1:]
+    assert status == 429 and kind == "rate_limit_error" and headers["retry-after"] == "3"
+
+
+def test_401_shows_as_auth_and_in_error_figures_but_not_in_the_breaker():
+    r = Routing(chain_config("a", "b"))
+    for _ in range(5):
+        r.ups.script("a", fail(http_error(401, "bad key")))
+        _ex, sink = run(r.serve())
+        assert sink.status == 200
+    assert r.state.auth_state("a")["status"] == 401
+    assert r.state.stats.figures("a")["errors"] == 5
+    assert r.breaker("a").state is BreakerState.CLOSED
+
+
+def test_a_body_our_translation_cannot_build_is_a_400_and_never_the_providers_fault():
+    # The real Call: the translation fails before any byte goes upstream (no network needed).
+    from coderouterd.providers.call import Call
+    from coderouterd.providers.strategies import strategy_for
+
+    r = Routing(chain_config("a", "b"))
+    provider = r.runtime.providers["a"]
+    body = {"model": "m", "max_tokens": 5, "system": 7, "messages": [{"role": "user", "content": "x"}]}
+    strategy = strategy_for("anthropic", "openai")(model="m", skip_prologue=False, client_body=body, input_tokens=1)
+    call = Call(provider, strategy, raw_body=orjson.dumps(body), stream=False, client_headers={})
+    with pytest.raises(UpstreamError) as ei:
+        run(call.open())
+    e = ei.value
+    assert e.reason == UNBUILDABLE and e.caused_by_request and not e.counts_against_provider and e.failover
+    # Through the executor: both providers refuse to build it; the client gets the 400, nobody is counted.
+    r.ups.script("a", fail(e))
+    r.ups.script("b", fail(e))
+    _ex, sink = run(r.serve(body))
+    assert sink.status == 400
+    assert r.breaker("a").consecutive_failures == 0 and r.state.passive_failures("b") == 0
+
+
+# -- half-open trial: every exit path gives the slot back --------------------------------------------------------
+
+
+def _trial(r: Routing, step, *, sink: FakeSink | None = None, body=None):
+    half_open(r, "a")
+    r.ups.script("a", step)
+    ex, sink = r.exchange(body, sink=sink)
+
+    async def go():
+        task = asyncio.ensure_future(ex.run())
+        await asyncio.sleep(0.01)
+        if not task.done():
+            task.cancel()
+        return await asyncio.gather(task, return_exceptions=True)
+
+    return ex, sink, run(go())[0]
+
+
+@pytest.mark.parametrize("case", ["success", "upstream_500", "request_400", "own_exception", "cancelled",
+                                  "client_gone"])
+def test_every_exit_of_a_half_open_trial_releases_the_slot(case):
+    r = Routing(chain_config("a", extra_profile="panic = false"))
+    step = {
+        "success": ok(), "upstream_500": fail(http_error(500, "x")), "request_400": fail(http_error(400, "bad")),
+        "own_exception": boom(KeyError("translation bug")), "cancelled": hang(),
+        "client_gone": ok(b"event: x\ndata: {}\n\n"),
+    }[case]
+    # The client goes away while the stream is written: before the attempt could report anything.
+    sink = FakeSink(gone_on="event") if case == "client_gone" else None
+    ex, _sink, result = _trial(r, step, sink=sink, body=STREAM if case == "client_gone" else None)
+    br = r.breaker("a")
+    assert not br.trial_in_flight
+    if case in ("success", "request_400"):
+        assert br.state is BreakerState.CLOSED  # it answered: alive
+    elif case == "upstream_500":
+        assert br.state is BreakerState.OPEN  # a real failed trial re-opens; no slot is left held
+        r.clock.advance(30)
+    else:
+        assert br.state is BreakerState.HALF_OPEN
+        assert isinstance(result, (asyncio.CancelledError, KeyError, ClientGone))
+        assert ex.attempts[-1].outcome in (Outcome.CANCELLED, Outcome.ERROR)
+    assert br.allow()  # the next trial (or request) is admitted
+    assert "a" in r.ups.closed  # the upstream connection was dropped either way
+
+
+def test_midstream_failure_ends_with_an_error_event_and_releases_nothing_twice():
+    r = Routing(chain_config("a", "b"))
+    r.ups.script("a", midstream(b"event: x\ndata: {}\n\n",
+                                UpstreamError("upstream_disconnect", message="gone", after_content=True)))
+    ex, sink = run(r.serve(STREAM))
+    kinds = [e[0] for e in sink.log]
+    assert kinds == ["start", "event", "error"]
+    assert ex.status == 200 and ex.error_class == "upstream_disconnect"
+    assert r.ups.sent and all(n == "a" for n, _ in r.ups.sent)  # committed: never moved to b
+
+
+# -- panic ------------------------------------------------------------------------------------------------------
+
+
+def test_one_provider_with_an_open_breaker_is_still_served_in_panic():
+    r = Routing(chain_config("a"))
+    open_breaker(r, "a")
+    ex, sink = run(r.serve())
+    assert sink.status == 200
+    assert sink.headers()["x-coderouter-attempts"] == "a:panic:ok"
+    assert ex.panic and ex.attempts[0].panic and ex.trace(0.1)["panic"] is True
+    assert any(n.get("panic") for n in ex.trace(0.1)["order_notes"])
+    assert r.breaker("a").state is BreakerState.CLOSED  # a real generation succeeded: proof enough
+
+
+def test_panic_streams_too_and_marks_the_header():
+    r = Routing(chain_config("a"))
+    open_breaker(r, "a")
+    _ex, sink = run(r.serve(STREAM))
+    assert sink.log[0][1]["x-coderouter-attempts"] == "a:panic:ok"
+
+
+def test_panic_goes_best_first_and_a_panic_failure_does_not_touch_the_open_breaker():
+    r = Routing(chain_config("a", "b"))
+    open_breaker(r, "a")
+    r.clock.advance(10)
+    open_breaker(r, "b")  # b reopens later than a
+    r.ups.script("a", fail(http_error(500, "still down")))
+    ex, sink = run(r.serve())
+    assert [a.provider for a in ex.attempts] == ["a", "b"] and all(a.panic for a in ex.attempts)
+    assert sink.status == 200 and ex.served_by == "b"
+    assert r.breaker("a").state is BreakerState.OPEN and r.breaker("a").retry_in_s == pytest.approx(20)
+
+
+def test_panic_opt_out_answers_at_once():
+    r = Routing(chain_config("a", extra_profile="panic = false"))
+    open_breaker(r, "a")
+    _ex, sink = run(r.serve())
+    status, msg, kind, _h = sink.last_error()[1:]
+    assert status == 529 and kind == "overloaded_error" and "breaker_open" in msg
+    assert r.ups.sent == []
+
+
+def test_a_managed_process_that_is_not_ready_is_never_a_panic_candidate():
+    r = Routing(chain_config("a"))
+    r.state.mark_down(["a"])
+    _ex, sink = run(r.serve())
+    assert sink.status == 529 and r.ups.sent == []
+    assert "a:skipped:not_ready" in sink.headers()["x-coderouter-attempts"]
+
+
+def test_unhealthy_excluded_provider_is_tried_in_panic():
+    r = Routing(chain_config("a"))
+    r.state.set_health("a", "UNHEALTHY", "test")
+    ex, sink = run(r.serve())
+    assert sink.status == 200 and ex.attempts[0].panic
+
+
+def test_a_half_open_trial_in_flight_does_not_make_others_route_nowhere():
+    r = Routing(chain_config("a"))
+    half_open(r, "a")
+    assert r.breaker("a").allow()  # someone else holds the trial
+    ex, sink = run(r.serve())
+    assert sink.status == 200 and ex.attempts[0].panic
+    assert r.breaker("a").state is BreakerState.CLOSED  # a real generation served: that closes it
+
+
+# -- images -----------------------------------------------------------------------------------------------------
+
+PNG = {"type": "base64", "media_type": "image/png", "data": "iVBORw0KGgo="}
+
+
+def test_images_to_a_provider_declared_without_vision_become_a_note():
+    r = Routing(chain_config("a", provider_extra={"a": "capabilities = { vision = false }"}))
+    body = {"model": "m", "max_tokens": 5, "messages": [
+        {"role": "user", "content": [{"type": "image", "source": PNG}, {"type": "text", "text": "what is this"}]},
+        {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "Read", "input": {}}]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1",
+                                      "content": [{"type": "image", "source": PNG}]}]},
+    ]}
+    ex, sink = run(r.serve(body))
+    assert sink.status == 200
+    sent = r.ups.sent[0][1]
+    assert b'"type":"image"' not in sent and b"iVBORw0KGgo" not in sent
+    assert sent.count(b"[image omitted: a does not accept images]") == 2
+    assert any(n.get("images_omitted") == 2 for n in ex.trace(0.1)["order_notes"])
+
+
+def test_openai_image_url_is_replaced_too_and_undeclared_vision_forwards():
+    cfg = chain_config("a", "b", provider_extra={"a": "capabilities = { vision = false }"})
+    r = Routing(cfg)
+    body = {"model": "m", "messages": [{"role": "user", "content": [
+        {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0KGgo="}}]}]}
+    r.ups.script("a", fail(http_error(500, "x")))
+    run(r.serve(body, ingress="openai"))
+    (_a, to_a), (_b, to_b) = r.ups.sent
+    assert b"image_url" not in to_a and b"[image omitted" in to_a
+    assert b"image_url" in to_b  # b did not declare vision: unknown, forwarded
+    assert orjson.loads(to_b)["messages"][0]["content"][0]["type"] == "image_url"

@@ -1,0 +1,147 @@
+"""Self-healing without a daemon: the routing state it acts on by named operations, a real health monitor
+against fake upstreams on loopback, an injected sleep (no waiting), and a fake supervisor."""
+
+from __future__ import annotations
+
+import asyncio
+
+from coderouterd.health.monitor import HealthMonitor
+from coderouterd.health.selfheal import SelfHealer
+from coderouterd.routing.breaker import BreakerState
+from coderouterd.state import ProcessEvent, RecoveryProbe
+from coderouterd.tasks import TaskSet
+from tests.fakes.runner import FakeServer
+from tests.support.routing import Routing
+
+
+def config(url: str) -> str:
+    return f"""
+[health]
+recovery_backoff_s = [1, 2]
+[providers.p]
+base_url = "{url}/v1"
+model = "m"
+[profiles.default]
+providers = ["p"]
+health_threshold = 3
+"""
+
+
+class Supervisor:
+    """What the self-healer asks a supervisor: which providers a process serves, which process serves one."""
+
+    def providers_of(self, name):
+        return ["p"] if name == "proc" else []
+
+    def for_provider(self, provider):
+        return None
+
+
+def harness(url: str, body, *, supervisor=None, on_sleep=None):
+    r = Routing(config(url))
+    events: list = []
+    sleeps: list[float] = []
+
+    async def sleep(seconds: float) -> None:
+        sleeps.append(seconds)
+        if on_sleep is not None:
+            on_sleep(len(sleeps))
+        await asyncio.sleep(0)
+
+    async def go():
+        tasks = TaskSet()
+        m = HealthMonitor(r.state, lambda: r.runtime, tasks=tasks)
+        h = SelfHealer(r.state, m, supervisor=lambda: supervisor, runtime=lambda: r.runtime,
+                       publish=events.append, sleep=sleep)
+        try:
+            return await body(r, h)
+        finally:
+            await h.stop()
+            await tasks.close()
+            for p in r.runtime.providers.values():
+                await p.close()
+
+    return r, events, sleeps, asyncio.run(go())
+
+
+async def wait_recovered(h: SelfHealer) -> None:
+    for _ in range(500):
+        if not h.snapshot():
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError("recovery did not finish")
+
+
+def test_unhealthy_on_real_traffic_holds_the_provider_and_a_generation_closes_its_breaker():
+    with FakeServer("openai", behaviour="500") as f:
+        def on_sleep(n):
+            if n == 3:  # after the first back-off step and two failed rounds, the backend generates again
+                f.set_behaviour("ok")
+
+        async def body(r, h):
+            from coderouterd.providers.errors import http_error
+
+            for _ in range(3):  # three real failures: breaker open, health UNHEALTHY -> self-healing
+                r.router.report_failure("p", http_error(500, "x"), 0.01)
+            assert r.state.is_held("p") and r.state.health_of("p") == "UNHEALTHY"
+            await wait_recovered(h)
+            return r.breaker("p").state
+
+        r, events, sleeps, state = harness(f.url, body, on_sleep=on_sleep)
+    assert state is BreakerState.CLOSED and r.state.health_of("p") == "HEALTHY" and not r.state.is_held("p")
+    probes = [e for e in events if isinstance(e, RecoveryProbe)]
+    # The model list answered every time; only the generation probe said "not yet" until it was fixed.
+    assert [p.ok for p in probes] == [False, False, True]
+    assert sleeps == [1, 1, 2]
+    assert any(isinstance(e, ProcessEvent) and e.event == "rejoined" for e in events)
+
+
+def test_a_reachable_provider_with_a_closed_breaker_rejoins_without_a_generation():
+    with FakeServer("openai") as f:
+        async def body(r, h):
+            h.trigger("p", "operator asked", restart=False)
+            await wait_recovered(h)
+            return f.count("/v1/chat/completions")
+
+        r, _events, _sleeps, generations = harness(f.url, body)
+    assert generations == 0 and r.state.health_of("p") == "HEALTHY"
+
+
+def test_process_events_take_providers_out_of_routing_and_back():
+    with FakeServer("openai") as f:
+        async def body(r, h):
+            h.on_process_event("proc", "started", 123, "")
+            down = r.state.is_down("p")
+            h.on_process_event("proc", "ready", 123, "")
+            return down, r.state.is_down("p")
+
+        _r, events, _s, (down, after) = harness(f.url, body, supervisor=Supervisor())
+    assert down and not after
+    assert [e.event for e in events if isinstance(e, ProcessEvent)] == ["started", "ready"]
+
+
+def test_a_second_trigger_while_recovering_is_a_no_op():
+    with FakeServer("openai", behaviour="503_loading") as f:
+        async def body(r, h):
+            first = h.trigger("p", "one", restart=False)
+            second = h.trigger("p", "two", restart=False)
+            return first, second
+
+        _r, events, _s, (first, second) = harness(f.url, body)
+    assert first and not second
+    # Holding the provider publishes UNHEALTHY, which the healer itself watches: still one recovery, not two.
+    assert [e.event for e in events if isinstance(e, ProcessEvent)] == ["excluded"]
+
+
+def test_a_request_served_while_recovering_ends_the_recovery():
+    with FakeServer("openai", behaviour="503_loading") as f:  # probes keep failing
+        async def body(r, h):
+            h.trigger("p", "health became UNHEALTHY", restart=False)
+            await asyncio.sleep(0.05)
+            r.router.report_success("p", 0.1)  # e.g. a panic attempt was served
+            await wait_recovered(h)
+            return r.state.is_held("p"), r.state.health_of("p")
+
+        _r, events, _s, (held, health) = harness(f.url, body)
+    assert not held and health == "HEALTHY"
+    assert [e.event for e in events if isinstance(e, ProcessEvent)] == ["excluded", "rejoined"]
