@@ -124,7 +124,9 @@ class RoutingState:
         if old == new:
             return
         self._health[provider] = new
-        old_word = old or "unknown"
+        if old is None and new == HEALTHY:
+            return  # the first news is good news: no transition to audit or log, the default was assumed
+        old_word = old or "UNKNOWN"
         if self._on_health is not None:
             self._on_health(provider, old_word, new, reason)
         log.log(logging.DEBUG if quiet else logging.INFO, "provider %s: %s -> %s (%s)", provider, old_word, new,

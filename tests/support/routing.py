@@ -94,6 +94,8 @@ class FakeCall:
         self.request_chars = len(raw_body)
         self._chunks = list(step.chunks)
         self._closed = False
+        self.placement = None
+        self.extra_fields = None
 
     async def open(self) -> None:
         self.ups.sent.append((self.provider.name, self.raw_body))
@@ -151,7 +153,7 @@ class FakeSink:
     async def ping(self) -> None:
         self.log.append(("ping",))
 
-    async def error(self, status, message, *, kind=None, headers=None, extra=None) -> None:
+    async def error(self, status, message, *, kind=None, headers=None, extra=None, code=None) -> None:
         self._maybe_gone("error")
         self.log.append(("error", status, message, kind, dict(headers or {})))
         self.headers_sent = self.finished = True

@@ -11,7 +11,9 @@ from types import SimpleNamespace
 from coderouterd.config import parse_config_text
 from coderouterd.health.monitor import DEGRADED, HEALTHY, UNHEALTHY, HealthMonitor
 from coderouterd.providers.runtime import Provider
+from coderouterd.routing.state import RoutingState
 from coderouterd.state import HealthTransition, RecoveryProbe
+from coderouterd.tasks import TaskSet
 from tests.fakes.runner import FakeServer, free_port
 
 
@@ -29,14 +31,21 @@ health_threshold = 3
 """, "test")
     providers = {n: Provider(n, c) for n, c in cfg.providers.items()}
     runtime = SimpleNamespace(providers=providers, config=cfg)
-    router = SimpleNamespace(health={}, passive_failures={}, down=set())
-    return SimpleNamespace(runtime=runtime, router=router)
+    return SimpleNamespace(runtime=runtime, config=cfg)
+
+
+def _monitor(daemon, events: list) -> HealthMonitor:
+    def moved(provider, old, new, reason):
+        events.append(HealthTransition(provider=provider, old=old, new=new, reason=reason))
+
+    daemon.state = RoutingState(daemon.config, on_health=moved)
+    return HealthMonitor(daemon.state, lambda: daemon.runtime, tasks=TaskSet())
 
 
 def test_a_backend_never_up_is_reported_once_as_unreachable(caplog):
     daemon = _daemon(f"http://127.0.0.1:{free_port()}")
     events = []
-    monitor = HealthMonitor(daemon, publish=events.append)
+    monitor = _monitor(daemon, events)
 
     async def rounds(n: int) -> None:
         try:
@@ -54,14 +63,14 @@ def test_a_backend_never_up_is_reported_once_as_unreachable(caplog):
     moves = [(e.old, e.new) for e in events if isinstance(e, HealthTransition)]
     assert moves[0] == ("UNKNOWN", DEGRADED)
     assert (HEALTHY, DEGRADED) not in moves
-    assert daemon.router.health["lms"] == UNHEALTHY  # still acted upon: routing and self-healing see it
+    assert daemon.state.health_of("lms") == UNHEALTHY  # still acted upon: routing and self-healing see it
 
 
 def test_a_backend_that_was_up_and_fails_is_a_logged_transition(caplog):
     with FakeServer("openai") as fake:
         daemon = _daemon(fake.url)
         events = []
-        monitor = HealthMonitor(daemon, publish=events.append)
+        monitor = _monitor(daemon, events)
 
         async def run() -> None:
             await monitor.probe_all()
