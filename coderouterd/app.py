@@ -16,10 +16,13 @@ from .config import ConfigError, LoadedConfig, load_config, state_dir
 from .config.envfile import missing_keys
 from .guards.apply import BudgetHooks, apply_tool_loop
 from .guards.budget import Budget
+from .health.drift_actions import DriftManager
+from .health.memory import MemoryWatch
 from .routing.router import Router
 from .routing.state import RoutingState
 from .runtime import Runtime, UnknownProfile, build_runtime
 from .state import ConfigRejected, ConfigReloaded, DaemonLifecycle, ProfileSwitched
+from .state.repair_stats import RepairStats
 from .tasks import TaskSet
 from .telemetry import NS_DAEMON, Telemetry
 
@@ -58,6 +61,10 @@ class Daemon:
         self.budget: Budget | None = None
         self.processes = None  # processes.Processes when any provider has a process block
         self.metrics = LazyMetrics(self)
+        self.repair_stats = RepairStats()
+        self.drift: DriftManager | None = None
+        cfg = loaded.model
+        self.memory = MemoryWatch(low_mb=cfg.memory.low_available_mb, interval_s=cfg.memory.sample_interval_s)
         self.selfheal: SelfHealer | None = None
         self._background: asyncio.Task | None = None
 
@@ -67,6 +74,7 @@ class Daemon:
         self.runtime = build_runtime(self._loaded)
         t = self.telemetry
         t.bus.subscribe(self.metrics.sink)
+        t.bus.subscribe(self.repair_stats.sink)
         t.start()
         t.restore_routing(self.routing)
         t.wire_affinity(self.affinity)
@@ -75,7 +83,12 @@ class Daemon:
         t.publish(DaemonLifecycle(event="start", pid=self.pid, version=self.version))
         self.budget = Budget(t.store, publish=t.publish)
         self._configure_budget(self._loaded.model)
-        self.router = Router(self.routing, budget=BudgetHooks(self.budget), affinity=self.affinity)
+        self.router = Router(self.routing, budget=BudgetHooks(self.budget), affinity=self.affinity,
+                             memory_cooldown_s=self._loaded.model.memory.cooldown_s)
+        self.drift = DriftManager(self, publish=t.publish)
+        self.router.order_adjusters.append(self.drift.adjust_order)
+        self.memory.publish = t.publish
+        self.router.order_adjusters.append(self._memory_order)
         self._background = self.tasks.spawn(self._start_background(), name="start-background")
 
     async def _start_background(self) -> None:
@@ -105,6 +118,7 @@ class Daemon:
         if self.processes is not None:
             self.processes.start_background()
         self.health.start()
+        self.memory.start()
 
     def _supervisor(self):
         return self.processes.supervisor if self.processes is not None else None
@@ -164,6 +178,9 @@ class Daemon:
         _warn_reload_risks(loaded.model)
         self._loaded = loaded
         self.router.reconfigure(loaded.model)
+        if self.drift is not None:
+            self.drift.reconfigure(loaded.model)
+        self.memory.reconfigure(loaded.model)
         if self.budget is not None:
             self._configure_budget(loaded.model)
         self.last_reload_error = None
@@ -208,6 +225,8 @@ class Daemon:
                 "auth": self.routing.auth_state(name),
                 "figures": router.stats.figures(name),
                 "cache": router.affinity.provider_status(name),
+                "tool_repair": {"mode": c.tool_repair, "local": c.is_local(), **self.repair_stats.snapshot(name)},
+                "drift": self.drift.snapshot(name) if self.drift is not None and c.is_local() else None,
             })
         profiles = []
         for name in runtime.profile_names:
@@ -254,6 +273,7 @@ class Daemon:
             "processes": procs,
             "health": self.health.snapshot() if self.health is not None else {},
             "budget": self.budget.snapshot() if self.budget is not None else None,
+            "memory": self.memory.snapshot(),
         }
 
     async def shutdown(self) -> None:
@@ -263,6 +283,9 @@ class Daemon:
         if self._background is not None and not self._background.done():
             self._background.cancel()
             await asyncio.gather(self._background, return_exceptions=True)
+        await self.memory.stop()
+        if self.drift is not None:
+            await self.drift.stop()
         if self.selfheal is not None:
             await self.selfheal.stop()
         await self.tasks.close()
@@ -275,6 +298,11 @@ class Daemon:
             self.router.affinity.flush()
             self.telemetry.publish(DaemonLifecycle(event="stop", pid=self.pid, version=self.version))
             self.telemetry.stop()
+
+    def _memory_order(self, profile, candidates: list[str]) -> list[dict]:
+        providers = self.runtime.providers
+        return self.memory.adjust_order(profile, candidates,
+                                        lambda name: name in providers and providers[name].cfg.is_local())
 
     # -- request hooks --------------------------------------------------------------------------------------
 
@@ -291,6 +319,8 @@ class Daemon:
         latency = time.monotonic() - ex.req.started
         if self.telemetry is not None:
             self.telemetry.request_finished(ex, latency)
+        if self.drift is not None:
+            self.drift.record(ex)
         recent = self.recent
         recent[ex.req.request_id] = ex.trace(latency)
         if len(recent) > RECENT_TRACES:

@@ -20,6 +20,7 @@ from .state import (
     Store,
     cost_usd,
 )
+from .state.events import ToolRepaired
 from .state.memory import MemoryStore
 
 log = logging.getLogger("coderouterd")
@@ -125,7 +126,12 @@ class Telemetry:
             overhead_ms=round(max(0.0, latency_s - ex.upstream_wait_s) * 1000, 3),
             session_key=ex.req.session_key(),
             **_affinity_fields(ex.affinity),
+            tool_repair=ex.repair_applied,
         ))
+        if ex.tools_repaired and provider is not None:
+            self.bus.publish(ToolRepaired(request_id=ex.req.request_id, provider=provider,
+                                          model=ex.model_used or "", calls=ex.tools_repaired,
+                                          formats=sorted(set(ex.repair_formats)), streaming=ex.req.stream))
         if failed and provider is not None:
             self.bus.publish(FallbackUsed(request_id=ex.req.request_id, profile=ex.profile_name, chain=attempts))
         if provider is not None and (u.get("cache_creation_input_tokens") or u.get("cache_read_input_tokens")):

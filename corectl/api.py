@@ -85,8 +85,8 @@ class DaemonAPI:
         path = "/v1/models" + (f"?provider={quote(provider, safe='')}" if provider else "")
         return self.transport.call("GET", path)
 
-    def model_control(self, action: str, provider: str, model: str) -> ModelControlAnswer:
-        body = {"provider": provider, "model": model}
+    def model_control(self, action: str, provider: str, model: str, *, force: bool = False) -> ModelControlAnswer:
+        body = {"provider": provider, "model": model, **({"force": True} if force else {})}
         return self.transport.call("POST", f"/v1/models/{action}", body)
 
     # -- recent requests ----------------------------------------------------------------------------------------

@@ -258,12 +258,15 @@ ModelProviderOpt = Annotated[str, typer.Option("--provider", "-p", metavar="NAME
 
 
 @models_app.command("load")
-def models_load(ctx: typer.Context, model: ModelArg, provider: ModelProviderOpt, json_out: JsonOpt = False) -> None:
-    """Load MODEL into memory on a provider's backend (may take minutes for a large model)."""
+def models_load(ctx: typer.Context, model: ModelArg, provider: ModelProviderOpt, json_out: JsonOpt = False,
+                force: Annotated[bool, typer.Option("--force", help="Load even if it does not fit in the "
+                                                    "available memory.")] = False) -> None:
+    """Load MODEL into memory on a provider's backend (may take minutes for a large model). A model larger than
+    the available memory is refused unless --force."""
     from . import ops
 
     socket, as_json = _opts(ctx, json_out)
-    _exit(ops.model_control(socket, "load", model, provider, as_json))
+    _exit(ops.model_control(socket, "load", model, provider, as_json, force=force))
 
 
 @models_app.command("unload")

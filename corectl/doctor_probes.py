@@ -460,7 +460,10 @@ class ProviderProbe:
                                           self.tool_suggestion()))
                 return
             shown = _short(orjson.dumps(args).decode())
-            self.checks.append(_check("tools", OK, f"structured tool call {name}({shown})"))
+            self.checks.append(_check("tools", OK, f"structured tool call {name}({shown}); "
+                                                   "tool-call repair not needed"))
+        elif self.check_text_calls(a.text):
+            return
         elif not a.text and a.reasoning and a.finish == "length":
             self.checks.append(_check("tools", SKIP, "inconclusive: reasoning consumed the budget before any "
                                       f"tool call ({TOOL_MAX_TOKENS} tokens); raise max_tokens to test it"))
@@ -506,6 +509,25 @@ class ProviderProbe:
                                       "set capabilities.vision = true to record it"))
         else:
             self.checks.append(_check("vision", OK, "accepts images (a 1x1 PNG)"))
+
+    def check_text_calls(self, text: str) -> bool:
+        """A tool call written as text: say in which format, and whether the daemon's repair will fix it."""
+        from coderouterd.translate.tool_repair import ToolSpec, calls_in_text
+
+        calls = calls_in_text(text, {TOOL_NAME: ToolSpec(TOOL_NAME)})
+        if not calls:
+            return False
+        fmt, mode = calls[0].format, self.cfg.tool_repair
+        on = mode == "on" or (mode == "auto" and self.cfg.is_local())
+        if on:
+            self.checks.append(_check("tools", OK, f"writes tool calls as text ({fmt} format); tool-call repair "
+                                      f"is needed and on (tool_repair = {mode!r})"))
+        else:
+            why = "off" if mode == "off" else "auto, and this provider is not local"
+            self.checks.append(_check("tools", WARN, f"writes tool calls as text ({fmt} format) and tool-call "
+                                      f"repair is {why}: clients will see markup, not calls",
+                                      f'set tool_repair = "on" for this provider, or {self.tool_suggestion()}'))
+        return True
 
     def check_thinking(self) -> None:
         a = self.answer

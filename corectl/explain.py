@@ -152,6 +152,10 @@ def render(trace: dict, source: str, out) -> None:
     rows.append(("result", result))
     if trace.get("race_outcome"):
         rows.append(("race", trace["race_outcome"]))
+    repair = trace.get("tool_repair") or {}
+    if repair.get("repaired"):
+        rows.append(("tool repair", f"{repair['repaired']} tool call(s) written as text "
+                                    f"({', '.join(sorted(set(repair.get('formats') or [])))}) turned into real calls"))
     rows.append(("tokens", tokens))
     rows.extend(affinity_rows(trace.get("affinity")))
     out.print(_kv(rows))

@@ -266,13 +266,14 @@ def models_table(entries: list[dict], width: int = 10_000):
     return fit_table(width, columns, rows, title="Models", title_justify="left", title_style="bold")
 
 
-def model_control(socket: str | None, action: str, model: str, provider: str, as_json: bool) -> int:
+def model_control(socket: str | None, action: str, model: str, provider: str, as_json: bool,
+                  force: bool = False) -> int:
     def work(api: DaemonAPI) -> None:
         if as_json:
-            emit_json(api.model_control(action, provider, model))
+            emit_json(api.model_control(action, provider, model, force=force))
             return
         data = _with_progress(f"{'Loading' if action == 'load' else 'Unloading'} {model} on {provider}",
-                              lambda: api.model_control(action, provider, model))
+                              lambda: api.model_control(action, provider, model, force=force))
         if data.get("already_loaded"):
             echo(f"{model} was already loaded on {provider}.")
         elif data.get("already_unloaded"):

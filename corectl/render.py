@@ -150,6 +150,9 @@ def status(data: dict, out: Console) -> None:
         rows.append(("spend", spend))
     if data.get("state_dir"):
         rows.append(("state", data["state_dir"]))
+    memory = memory_line(data.get("memory"))
+    if memory is not None:
+        rows.append(("memory", memory))
     out.print(_kv(rows))
     store = data.get("store") or {}
     if store and not store.get("healthy", True):
@@ -170,6 +173,16 @@ def status(data: dict, out: Console) -> None:
             if snap.get("fatal_reason"):
                 out.print(Text(f"{name}: {snap['fatal_reason']} (corectl restart {name} once it is fixed; "
                                f"log: {snap.get('log')})", style="red"))
+
+
+def memory_line(m: dict | None) -> Text | None:
+    """Available memory on this machine and whether it is under the pressure threshold."""
+    if not m or m.get("available_bytes") is None:
+        return None
+    text = Text(f"{m['available_bytes'] / 1e9:.1f} GB available")
+    if m.get("low"):
+        text.append(f"  LOW (threshold {m['threshold_bytes'] / 1e9:.1f} GB)", style="bold red")
+    return text
 
 
 def money(value: float | None) -> str:
@@ -265,7 +278,8 @@ def providers_table(providers: list[dict], window_s: float | None, *, base_url: 
     # Drop rank: what goes first when the terminal is narrow (the base URL, then the kind, ...).
     columns = [("Provider", {"no_wrap": True, "style": "bold"}, 0), ("Kind", {"no_wrap": True}, 6),
                ("Model", {"no_wrap": True}, 3), ("Breaker", {"no_wrap": True}, 0), ("Health", {"no_wrap": True}, 0),
-               ("Reqs", right, 5), ("Errors", right, 1), ("Median", right, 2), ("Cache hit", right, 4)]
+               ("Reqs", right, 5), ("Errors", right, 1), ("Median", right, 2), ("Cache hit", right, 4),
+               ("Repair", right, 3), ("Drift", {"no_wrap": True}, 2)]
     if base_url:
         columns.append(("Base URL", {"no_wrap": True}, 7))
     rows = []
@@ -277,9 +291,33 @@ def providers_table(providers: list[dict], window_s: float | None, *, base_url: 
                  p["model"] or Text("(client's)", style="dim"), _breaker(p.get("breaker") or {}),
                  _health(health_word(p)), str(reqs),
                  Text(str(errors), style="red" if errors else ""), latency(f.get("median_s")),
-                 cache_hit(p.get("cache"))]
+                 cache_hit(p.get("cache")), repair_cell(p.get("tool_repair")), drift_cell(p.get("drift"))]
         rows.append(cells + ([p["base_url"]] if base_url else []))
     return fit_table(width, columns, rows, title=title, title_justify="left", title_style="bold")
+
+
+def repair_cell(tr: dict | None) -> Text:
+    """Tool-call repair: "off", or the share of tool-offering answers whose calls had to be repaired."""
+    if not tr:
+        return Text("-", style="dim")
+    if tr.get("mode") == "off" or (tr.get("mode") == "auto" and not tr.get("local")):
+        return Text("off", style="dim")
+    answers, repaired = tr.get("answers") or 0, tr.get("repaired") or 0
+    if not answers:
+        return Text("on", style="dim")
+    return Text(f"{repaired}/{answers} ({repaired / answers:.0%})", style="yellow" if repaired else "")
+
+
+def drift_cell(d: dict | None) -> Text:
+    """Drift score (0..1, 1 = a signal at its threshold) and the signals that fired; '-' for remote providers."""
+    if not d:
+        return Text("-", style="dim")
+    if not d.get("signals"):
+        return Text(f"{d.get('score') or 0:.2f}" if d.get("samples") else "-", style="dim")
+    text = Text(f"{d['score']:.2f} " + ", ".join(d["signals"]), style="bold red")
+    if d.get("demoted_for_s"):
+        text.append(f" (demoted {d['demoted_for_s']:.0f}s)", style="yellow")
+    return text
 
 
 def key_problems(providers: list[dict]) -> list[Text]:

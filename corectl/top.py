@@ -49,6 +49,7 @@ def compute(status: dict, traces: list[dict], now: float, *, rate_window_s: floa
             "p50_ttfb_ms": _median(ttfbs), "errors": f.get("errors") or 0,
             "samples": (f.get("samples") or 0) - (f.get("probes") or 0),
             "cache": p.get("cache"),
+            "tool_repair": p.get("tool_repair"), "drift": p.get("drift"),
         })
     budget = status.get("budget") or {}
     return {
@@ -65,7 +66,7 @@ def compute(status: dict, traces: list[dict], now: float, *, rate_window_s: floa
         "spend": budget.get("global"), "month": budget.get("month"),
         "processes": {n: {"state": s.get("state"), "pid": s.get("pid"), "restarts_total": s.get("restarts_total")}
                       for n, s in (status.get("processes") or {}).items()},
-        "store": status.get("store"),
+        "store": status.get("store"), "memory": status.get("memory"),
     }
 
 
@@ -81,7 +82,19 @@ def view(data: dict, error: str | None = None, *, width: int = 10_000, height: i
     from rich.console import Group
     from rich.text import Text
 
-    from .render import _BREAKER_STYLE, _health, cache_hit, duration, fit_table, latency, money, spend_line
+    from .render import (
+        _BREAKER_STYLE,
+        _health,
+        cache_hit,
+        drift_cell,
+        duration,
+        fit_table,
+        latency,
+        memory_line,
+        money,
+        repair_cell,
+        spend_line,
+    )
 
     def ms(v):
         return latency(v / 1000.0) if v is not None else "-"
@@ -96,6 +109,9 @@ def view(data: dict, error: str | None = None, *, width: int = 10_000, height: i
     spend = spend_line({"global": data["spend"], "month": data.get("month")}) if data.get("spend") else None
     if spend is not None:
         parts.append(Text("spend this month: ").append_text(spend))
+    memory = memory_line(data.get("memory"))
+    if memory is not None:
+        parts.append(Text("memory: ").append_text(memory))
     store = data.get("store") or {}
     if store and not store.get("healthy", True):
         parts.append(Text(f"WARNING: persistence is failing: {store.get('problem')}", style="bold red"))
@@ -106,7 +122,7 @@ def view(data: dict, error: str | None = None, *, width: int = 10_000, height: i
     columns = [("Provider", {"no_wrap": True, "style": "bold"}, 0), ("Breaker", {"no_wrap": True}, 0),
                ("Health", {"no_wrap": True}, 0), ("Req/s", right, 4), ("p50 latency", right, 0),
                ("p50 TTFB", right, 3), ("Reqs", right, 1), ("Errors", right, 2),
-               ("Cache hit", right, 5)]
+               ("Cache hit", right, 5), ("Repaired", right, 6), ("Drift", {"no_wrap": True}, 7)]
     rows = []
     for p in data["providers"]:
         breaker = p["breaker"].replace("_", "-")
@@ -115,7 +131,7 @@ def view(data: dict, error: str | None = None, *, width: int = 10_000, height: i
         rows.append([Text(p["name"], style="bold"), Text(breaker, style=_BREAKER_STYLE.get(p["breaker"], "")),
                      _health(p["health"]), f"{p['requests_per_s']:.2f}", ms(p["p50_latency_ms"]),
                      ms(p["p50_ttfb_ms"]), str(p["samples"]), Text(str(p["errors"]), style="red" if p["errors"] else ""),
-                     cache_hit(p.get("cache"))])
+                     cache_hit(p.get("cache")), repair_cell(p.get("tool_repair")), drift_cell(p.get("drift"))])
     parts.append(fit_table(width, columns, rows, title=f"Providers (latency over {data['stats_window_s']:g} s)",
                            title_justify="left", title_style="bold", **compact))
 

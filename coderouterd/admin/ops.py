@@ -155,20 +155,31 @@ def register_ops(app: AdminApp, daemon) -> None:
                 out.append(res)
         return {"providers": out}
 
-    async def _control(request, fn):
+    async def _control(request, fn, *, check_memory: bool = False):
         runtime = _runtime(daemon)
-        name, model = _model_args(await _json_body(request))
+        body = await _json_body(request)
+        name, model = _model_args(body)
         p = _provider(runtime, name)
         try:
+            if check_memory and not body.get("force") and p.cfg.is_local():
+                await _refuse_if_too_large(p, name, model)
             return await fn(p, model)
         except _BACKEND_ERRORS as e:
             raise _unreachable(p, e) from None
         except ModelControlError as e:
             raise AdminError(422, f"{name}: {e}", provider=name, model=model) from None
 
+    async def _refuse_if_too_large(p, name: str, model: str) -> None:
+        listed = await list_models(p)
+        size = next((m.get("size") for m in listed["models"] if m.get("id") == model), None)
+        why = await daemon.memory.check_fits(size if isinstance(size, int) else None)
+        if why:
+            raise AdminError(409, f"{name}: not loading {model}: {why}", provider=name, model=model,
+                             model_bytes=size, available_bytes=daemon.memory.available)
+
     @app.post("/v1/models/load")
     async def models_load(request):
-        return await _control(request, load_model)
+        return await _control(request, load_model, check_memory=True)
 
     @app.post("/v1/models/unload")
     async def models_unload(request):

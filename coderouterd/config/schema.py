@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ipaddress
 from typing import Literal
+from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -106,6 +107,12 @@ class ProviderConfig(_Strict):
     restart_command: list[str] = []
     # Prefix affinity on this provider (slot choice on llama-server, canonical prompt); see [affinity].
     affinity: bool = True
+    # Tool calls the model writes as text (<tool_call>…, [TOOL_CALLS]…) become real tool calls.
+    # "auto": on for local providers (see is_local), "on": for any provider, "off": never.
+    tool_repair: Literal["auto", "on", "off"] = "auto"
+    # Whether this backend runs here (memory pressure, drift, tool repair "auto"); unset = guessed from kind,
+    # process block and base_url host.
+    local: bool | None = None
 
     @field_validator("base_url")
     @classmethod
@@ -119,6 +126,21 @@ class ProviderConfig(_Strict):
         if self.serves_responses and self.kind != "openai":
             raise ValueError('serves_responses needs kind = "openai" (the Responses API is an OpenAI wire)')
         return self
+
+    def is_local(self) -> bool:
+        """A backend on this machine or this network: Ollama, a supervised process, or a loopback/private host."""
+        if self.local is not None:
+            return self.local
+        if self.kind == "ollama" or self.process is not None:
+            return True
+        host = urlsplit(self.base_url).hostname or ""
+        if host == "localhost" or host.endswith(".local"):
+            return True
+        try:
+            addr = ipaddress.ip_address(host)
+        except ValueError:
+            return False
+        return addr.is_loopback or addr.is_private or addr.is_link_local
 
 
 class ToolLoopConfig(_Strict):
@@ -140,6 +162,11 @@ class ProfileConfig(_Strict):
     # unhealthy), try them anyway, best first, marked `panic`. false = answer 529/503 at once instead.
     panic: bool = True
     tool_loop: ToolLoopConfig = ToolLoopConfig()
+    # What to do when a local provider's answers drift (see [drift]): warn (audit + log), demote (move it to
+    # the back of this profile's chain for drift.cooldown_s), reload (unload and reload its model).
+    drift_action: Literal["off", "warn", "demote", "reload"] = "warn"
+    # Under memory pressure on this machine (see [memory]): warn only, or try remote providers before local ones.
+    memory_action: Literal["warn", "prefer_remote"] = "warn"
 
 
 class RouteConfig(_Strict):
@@ -162,6 +189,34 @@ class AdaptiveConfig(_Strict):
     probe_interval_s: float = Field(15.0, gt=0)
     max_probes_per_minute: int = Field(4, ge=0)
     probe_paid: bool = False
+
+
+class DriftConfig(_Strict):
+    """Thresholds of drift detection over each local provider+model's recent answers."""
+
+    window: int = Field(20, ge=4)
+    recent: int = Field(5, ge=2)
+    min_fill: int = Field(8, ge=3)
+    empty_rate: float = Field(0.6, gt=0, le=1)
+    repetition_rate: float = Field(0.6, gt=0, le=1)
+    collapse_ratio: float = Field(0.2, gt=0, lt=1)
+    length_stop_rate: float = Field(0.6, gt=0, le=1)
+    error_rate: float = Field(0.6, gt=0, le=1)
+    cooldown_s: float = Field(300.0, ge=0)
+
+    @model_validator(mode="after")
+    def _sizes(self) -> DriftConfig:
+        if self.recent >= self.window:
+            raise ValueError("drift.recent must be smaller than drift.window")
+        return self
+
+
+class MemoryConfig(_Strict):
+    # Below this much available memory the machine is under pressure (0 = do not sample).
+    low_available_mb: float = Field(2048, ge=0)
+    sample_interval_s: float = Field(5.0, gt=0)
+    # A provider whose backend said it ran out of memory is not tried for this long.
+    cooldown_s: float = Field(60.0, gt=0)
 
 
 class HealthConfig(_Strict):
@@ -221,6 +276,8 @@ class ConfigModel(_Strict):
     breaker: BreakerConfig = BreakerConfig()
     adaptive: AdaptiveConfig = AdaptiveConfig()
     health: HealthConfig = HealthConfig()
+    drift: DriftConfig = DriftConfig()
+    memory: MemoryConfig = MemoryConfig()
     budget: BudgetConfig = BudgetConfig()
     metrics: MetricsConfig = MetricsConfig()
     affinity: AffinityConfig = AffinityConfig()

@@ -6,6 +6,7 @@ recovery is probe-only. Every step is an audit event."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import subprocess
 import time
@@ -83,6 +84,16 @@ class SelfHealer:
         self.state.hold(provider, reason, quiet=not restart)
         self._event(provider, self._process_name(provider), "excluded", None, reason)
         return True
+
+    @contextlib.asynccontextmanager
+    async def hold(self, provider: str, reason: str):
+        """Another part works on this provider's backend (drift's model reload). Yields False when a recovery is
+        already running: the caller leaves the backend to it rather than fighting a restart."""
+        if provider in self._recovering:
+            yield False
+            return
+        log.info("self-healing: %s busy elsewhere (%s)", provider, reason)
+        yield True
 
     def _process_name(self, provider: str) -> str:
         mp = self.supervisor.for_provider(provider) if self.supervisor else None

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 # Reasons are short machine words: they appear in x-coderouter-attempts, the journal and the audit log.
 CONNECT = "connect_error"
 FIRST_BYTE_TIMEOUT = "first_byte_timeout"
@@ -16,6 +18,24 @@ BUDGET = "budget_exhausted"
 # The request could not be built for this upstream (our translation refused it): the request's doing or ours,
 # never the provider's. Another provider (another wire) may still take it.
 UNBUILDABLE = "request_unbuildable"
+MEMORY_PRESSURE = "memory_pressure"  # the backend ran out of memory: cooldown, fail over
+
+# What llama.cpp, Ollama, LM Studio, vLLM, MLX and CUDA/Metal say when a model does not fit.
+_OOM = re.compile(
+    r"out of memory|\bOOM\b|failed to allocate|insufficient memory|not enough memory|failed to load model"
+    r"|cannot allocate memory|ggml_\w*alloc\w*[^\n]{0,40}failed|cudaMalloc failed"
+    r"|kIOGPUCommandBufferCallbackErrorOutOfMemory|requires more system memory|unable to allocate",
+    re.I,
+)
+
+
+def is_memory_error(message: str) -> bool:
+    return bool(message) and _OOM.search(message) is not None
+
+
+def stream_error_reason(message: str) -> str:
+    """The reason for an error the upstream reported inside its stream."""
+    return MEMORY_PRESSURE if is_memory_error(message) else STREAM_ERROR
 
 # Statuses that say "try somewhere else": a bad key or a missing model on one provider must not sink the chain.
 _FAILOVER_STATUSES = {401, 402, 403, 404, 408, 409, 429}
@@ -51,7 +71,7 @@ class UpstreamError(Exception):
         """Whether another provider should be tried. A 400 caused by the request itself would fail everywhere."""
         if self.reason in (OVERFLOW, UNBUILDABLE):
             return True  # overflow: the executor only moves on when a larger window exists
-        if self.status is None:
+        if self.status is None or self.reason == MEMORY_PRESSURE:
             return True
         return self.status in _FAILOVER_STATUSES or self.status >= 500
 
@@ -60,7 +80,7 @@ class UpstreamError(Exception):
         """Whether this failure is the provider's fault (feeds breakers and health), not the request's."""
         if self.reason in (OVERFLOW, BUDGET, UNBUILDABLE):
             return False
-        if self.status is None:
+        if self.status is None or self.reason == MEMORY_PRESSURE:
             return True
         return self.status in _BREAKER_STATUSES or self.status >= 500
 
@@ -90,7 +110,8 @@ class UpstreamError(Exception):
 
 
 def http_error(status: int, message: str, *, retry_after: float | None = None) -> UpstreamError:
-    return UpstreamError(f"http_{status}", status=status, message=message, retry_after=retry_after)
+    reason = MEMORY_PRESSURE if status >= 400 and is_memory_error(message) else f"http_{status}"
+    return UpstreamError(reason, status=status, message=message, retry_after=retry_after)
 
 
 def parse_retry_after(headers) -> float | None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import orjson
 
+from ..translate.answer_observe import observe_anthropic, observe_openai
 from ..translate.openai_ingress import (
     AnthropicStreamToOpenAI,
     anthropic_response_to_openai,
@@ -21,7 +22,7 @@ from ..translate.openai_to_anthropic import anthropic_usage
 from ..translate.responses_objects import chat_completion_to_response
 from ..translate.responses_request import ResponsesRequest
 from ..translate.responses_stream import ChatStreamToResponses, encode_all
-from .errors import DISCONNECT, STREAM_ERROR, UpstreamError
+from .errors import DISCONNECT, STREAM_ERROR, UpstreamError, stream_error_reason
 from .strategies import Strategy
 
 # Prefix of an encrypted reasoning blob as this daemon hands it to the client: which provider issued it, so it
@@ -71,6 +72,7 @@ class ResponsesToChat(_ResponsesStrategy):
         completion = orjson.loads(body)
         self.raw_usage, self.timings = completion.get("usage"), completion.get("timings")
         self.usage = anthropic_usage(completion.get("usage")) if completion.get("usage") else {}
+        self._repair_openai_body(completion)  # tool calls written as text become function_call items
         return orjson.dumps(chat_completion_to_response(self.rq, completion, self.tr.model))
 
     def events(self, events: list[tuple[str | None, str]]) -> bytes:
@@ -78,6 +80,7 @@ class ResponsesToChat(_ResponsesStrategy):
         tr = self.tr
         for _name, data in events:
             if data == "[DONE]":
+                self._flush_repair(out)
                 self._finish(out)
                 continue
             if not data:
@@ -85,9 +88,15 @@ class ResponsesToChat(_ResponsesStrategy):
             obj = orjson.loads(data)
             if "error" in obj and not obj.get("choices"):
                 err = obj["error"] if isinstance(obj["error"], dict) else {"message": str(obj["error"])}
-                raise UpstreamError(STREAM_ERROR, message=str(err.get("message", "upstream error")),
-                                    after_content=self.delivered)
-            tr.feed(obj, out)
+                message = str(err.get("message", "upstream error"))
+                raise UpstreamError(stream_error_reason(message), message=message, after_content=self.delivered)
+            if self.answer is not None:
+                observe_openai(self.answer, obj)
+            if self.repair is not None:
+                for chunk in self.repair.feed(obj):
+                    tr.feed(chunk, out)
+            else:
+                tr.feed(obj, out)
             if obj.get("usage"):
                 self.raw_usage = obj["usage"]
                 self.usage = anthropic_usage(obj["usage"])
@@ -96,9 +105,15 @@ class ResponsesToChat(_ResponsesStrategy):
         self._sync()
         return encode_all(out)
 
+    def _flush_repair(self, out: list) -> None:
+        if self.repair is not None:
+            for chunk in self.repair.flush():
+                self.tr.feed(chunk, out)
+
     def eof(self) -> bytes:
         if self.tr.finish_reason:  # some servers end the body without [DONE]; the answer was complete
             out = self._batch()
+            self._flush_repair(out)
             self._finish(out)
             return encode_all(out)
         raise UpstreamError(DISCONNECT, message="upstream closed the stream before it finished",
@@ -122,6 +137,7 @@ class ResponsesToAnthropic(_ResponsesStrategy):
     def response(self, body: bytes) -> bytes:
         resp = orjson.loads(body)
         self.usage = resp.get("usage") or {}
+        self._repair_anthropic_body(resp)
         completion = anthropic_response_to_openai(resp, self.model)
         return orjson.dumps(chat_completion_to_response(self.rq, completion, self.tr.model))
 
@@ -135,10 +151,16 @@ class ResponsesToAnthropic(_ResponsesStrategy):
             etype = name or obj.get("type")
             if etype == "error":
                 err = obj.get("error") or {}
-                raise UpstreamError(STREAM_ERROR, message=str(err.get("message", "upstream error")),
-                                    error_type=err.get("type"), after_content=self.delivered)
-            for chunk in self.a2o.feed(obj):
-                tr.feed(chunk, out)
+                message = str(err.get("message", "upstream error"))
+                raise UpstreamError(stream_error_reason(message), message=message, error_type=err.get("type"),
+                                    after_content=self.delivered)
+            if self.answer is not None or self.repair is not None:
+                obj = obj if "type" in obj else {**obj, "type": etype}
+                if self.answer is not None:
+                    observe_anthropic(self.answer, obj)
+            for ev in self.repair.feed(obj) if self.repair is not None else (obj,):
+                for chunk in self.a2o.feed(ev):
+                    tr.feed(chunk, out)
             if etype == "message_stop":
                 for chunk in self.a2o.finish():
                     tr.feed(chunk, out)

@@ -7,7 +7,9 @@ import re
 
 import orjson
 
+from ..health.drift import AnswerStats
 from ..protocol.sse import DONE, encode_data, encode_event
+from ..translate.answer_observe import observe_anthropic, observe_openai
 from ..translate.anthropic_to_openai import openai_error_is_context_overflow, request_to_openai
 from ..translate.openai_ingress import (
     AnthropicStreamToOpenAI,
@@ -15,10 +17,19 @@ from ..translate.openai_ingress import (
     openai_request_to_anthropic,
 )
 from ..translate.openai_to_anthropic import OpenAIStreamToAnthropic, anthropic_usage, response_to_anthropic
-from .errors import DISCONNECT, OVERFLOW, STREAM_ERROR, UpstreamError, http_error, parse_retry_after
+from ..translate.tool_repair import ToolSpec
+from ..translate.tool_repair_wire import (
+    AnthropicStreamRepair,
+    OpenAIStreamRepair,
+    repair_anthropic_message,
+    repair_openai_completion,
+)
+from .errors import DISCONNECT, OVERFLOW, UpstreamError, http_error, parse_retry_after, stream_error_reason
 
 _ANTHROPIC_OVERFLOW = re.compile(r"prompt is too long:\s*(\d+)\s*tokens\s*>\s*(\d+)")
 _PING = encode_event({"type": "ping"})
+# Anthropic events the repair adapter rewrites; the rest keep their bytes.
+_REPAIR_SEES = frozenset({"content_block_start", "content_block_delta", "content_block_stop", "message_delta"})
 
 
 def _error_message(body: bytes) -> tuple[str, object]:
@@ -35,6 +46,12 @@ def _error_message(body: bytes) -> tuple[str, object]:
         if "message" in data:
             return str(data["message"]), data
     return body[:500].decode("utf-8", "replace"), data
+
+
+def _stream_error(message, **kw) -> UpstreamError:
+    """An error the upstream reported inside its stream (out-of-memory ones are memory_pressure)."""
+    text = str(message)
+    return UpstreamError(stream_error_reason(text), message=text, **kw)
 
 
 def openai_http_error(status: int, body: bytes, headers) -> UpstreamError:
@@ -61,7 +78,11 @@ def anthropic_http_error(status: int, body: bytes, headers) -> UpstreamError:
 
 class Strategy:
     """Stream state for one attempt. events() returns the bytes to send to the client for a batch of parsed
-    SSE events; `done` is set when the upstream finished cleanly."""
+    SSE events; `done` is set when the upstream finished cleanly.
+
+    With `repair_tools` (the tools the request offered, when the provider's tool_repair applies), tool calls
+    the model wrote as text are repaired on the upstream's wire, before any translation; `repaired` and
+    `repair_formats` tell what was done."""
 
     upstream_kind = "openai"
     done = False
@@ -72,11 +93,48 @@ class Strategy:
     raw_usage: dict | None = None
     timings: dict | None = None
 
-    def __init__(self, *, model: str, skip_prologue: bool, client_body: dict) -> None:
+    def __init__(self, *, model: str, skip_prologue: bool, client_body: dict,
+                 repair_tools: dict[str, ToolSpec] | None = None, observe: bool = False) -> None:
         self.model = model
+        # Figures about the answer for drift detection (local providers only: a hosted API does not drift).
+        self.answer = AnswerStats() if observe else None
         self.skip_prologue = skip_prologue
         self.client_body = client_body
         self.usage = {}
+        self.repair_tools = repair_tools or None
+        self.repair = None
+        if self.repair_tools:
+            cls = OpenAIStreamRepair if self.upstream_kind == "openai" else AnthropicStreamRepair
+            self.repair = cls(self.repair_tools)
+        self._repaired_whole: list = []  # non-streaming answers
+
+    @property
+    def repaired(self) -> int:
+        return len(self._repaired_whole) + (self.repair.repaired if self.repair is not None else 0)
+
+    @property
+    def repair_formats(self) -> list[str]:
+        formats = [c.format for c in self._repaired_whole]
+        return formats + (self.repair.formats if self.repair is not None else [])
+
+    def drift_sample(self, *, tools_offered: bool):
+        if self.answer is None:
+            return None
+        if self.repaired:
+            self.answer.tool_called = True  # the model did call, in text
+        return self.answer.sample(tools_offered=tools_offered)
+
+    def _repair_openai_body(self, resp: dict) -> None:
+        if self.answer is not None:
+            observe_openai(self.answer, resp)
+        if self.repair_tools:
+            self._repaired_whole = repair_openai_completion(resp, self.repair_tools)
+
+    def _repair_anthropic_body(self, resp: dict) -> None:
+        if self.answer is not None:
+            observe_anthropic(self.answer, resp)
+        if self.repair_tools:
+            self._repaired_whole = repair_anthropic_message(resp, self.repair_tools)
 
     def path(self) -> str:
         return "/chat/completions" if self.upstream_kind == "openai" else "/messages"
@@ -111,13 +169,17 @@ class OpenAIPassthrough(Strategy):
 
     def response(self, body: bytes) -> bytes:
         try:
-            obj = orjson.loads(body)
-            u = obj.get("usage")
-            self.timings = obj.get("timings")
+            resp = orjson.loads(body)
+            u = resp.get("usage")
+            self.timings = resp.get("timings")
         except (orjson.JSONDecodeError, AttributeError):
-            u = None
+            resp, u = None, None
         self.raw_usage = u
         self.usage = anthropic_usage(u) if u else {}
+        if (self.repair_tools or self.answer is not None) and isinstance(resp, dict):
+            self._repair_openai_body(resp)
+            if self._repaired_whole:
+                return orjson.dumps(resp)
         return body
 
     def events(self, events: list[tuple[str | None, str]]) -> bytes:
@@ -125,37 +187,52 @@ class OpenAIPassthrough(Strategy):
         for _name, data in events:
             if data == "[DONE]":
                 self.done = True
+                if self.repair is not None:
+                    out.extend(encode_data(c) for c in self.repair.flush())
                 out.append(DONE)
                 continue
             obj = orjson.loads(data)
             if "error" in obj and not obj.get("choices"):
                 err = obj["error"]
                 message = err.get("message", err) if isinstance(err, dict) else err
-                raise UpstreamError(STREAM_ERROR, message=str(message), after_content=self.started_content)
-            u = obj.get("usage")
-            if u:
-                self.raw_usage = u
-                self.usage = anthropic_usage(u)
-            if "timings" in obj:
-                self.timings = obj["timings"]
-            choices = obj.get("choices")
-            if not choices:
-                if not self.client_wants_usage:
-                    continue
-            else:
-                c0 = choices[0]
-                if c0.get("finish_reason"):
-                    self.finished = True
-                if not self.started_content:
-                    d = c0.get("delta") or {}
-                    if d.get("content") or d.get("tool_calls") or d.get("reasoning_content") or d.get("reasoning"):
-                        self.started_content = True
-            out.append(b"data: " + data.encode() + b"\n\n")
+                raise _stream_error(message, after_content=self.started_content)
+            if self.answer is not None:
+                observe_openai(self.answer, obj)
+            chunks = self.repair.feed(obj) if self.repair is not None else None
+            if chunks is not None and (len(chunks) != 1 or chunks[0] is not obj):
+                for c in chunks:  # rewritten by the repair: re-encoded
+                    if self._note_chunk(c):
+                        out.append(encode_data(c))
+                continue
+            if self._note_chunk(obj):
+                out.append(b"data: " + data.encode() + b"\n\n")
         return b"".join(out)
+
+    def _note_chunk(self, obj: dict) -> bool:
+        """Record usage, finish and content; False for a usage-only chunk the client did not ask for."""
+        u = obj.get("usage")
+        if u:
+            self.raw_usage = u
+            self.usage = anthropic_usage(u)
+        if "timings" in obj:
+            self.timings = obj["timings"]
+        choices = obj.get("choices")
+        if not choices:
+            return self.client_wants_usage
+        c0 = choices[0]
+        if c0.get("finish_reason"):
+            self.finished = True
+        if not self.started_content:
+            d = c0.get("delta") or {}
+            if d.get("content") or d.get("tool_calls") or d.get("reasoning_content") or d.get("reasoning"):
+                self.started_content = True
+        return True
 
     def eof(self) -> bytes:
         if self.finished:  # some servers end the body without [DONE]; the answer was complete
             self.done = True
+            if self.repair is not None:
+                return b"".join(encode_data(c) for c in self.repair.flush()) + DONE
             return DONE
         raise UpstreamError(DISCONNECT, message="upstream closed the stream before [DONE]",
                             after_content=self.started_content)
@@ -175,9 +252,14 @@ class AnthropicPassthrough(Strategy):
 
     def response(self, body: bytes) -> bytes:
         try:
-            self.usage = orjson.loads(body).get("usage") or {}
+            resp = orjson.loads(body)
+            self.usage = resp.get("usage") or {}
         except (orjson.JSONDecodeError, AttributeError):
-            self.usage = {}
+            resp, self.usage = None, {}
+        if (self.repair_tools or self.answer is not None) and isinstance(resp, dict):
+            self._repair_anthropic_body(resp)
+            if self._repaired_whole:
+                return orjson.dumps(resp)
         return body
 
     def events(self, events: list[tuple[str | None, str]]) -> bytes:
@@ -185,6 +267,24 @@ class AnthropicPassthrough(Strategy):
         for name, data in events:
             if name == "ping":
                 out.append(_PING)
+                continue
+            if self.answer is not None and name in _REPAIR_SEES:
+                observed = orjson.loads(data)
+                observe_anthropic(self.answer, observed)
+            if self.repair is not None and name in _REPAIR_SEES:
+                obj = orjson.loads(data)
+                if name == "message_delta":
+                    self.usage.update(obj.get("usage") or {})
+                evs = self.repair.feed(obj)
+                if len(evs) == 1 and evs[0] is obj:
+                    if name == "content_block_start":
+                        self.started_content = True
+                    out.append(b"event: " + name.encode() + b"\ndata: " + data.encode() + b"\n\n")
+                    continue
+                for ev in evs:
+                    if ev.get("type") == "content_block_start":
+                        self.started_content = True
+                    out.append(encode_event(ev))
                 continue
             if name == "message_start":
                 obj = orjson.loads(data)
@@ -201,7 +301,7 @@ class AnthropicPassthrough(Strategy):
             elif name == "error":
                 obj = orjson.loads(data)
                 err = obj.get("error") or {}
-                raise UpstreamError(STREAM_ERROR, message=str(err.get("message", "upstream error")),
+                raise _stream_error(err.get("message", "upstream error"),
                                     error_type=err.get("type"), after_content=self.started_content)
             out.append(b"event: " + (name or "").encode() + b"\ndata: " + data.encode() + b"\n\n")
         return b"".join(out)
@@ -230,6 +330,7 @@ class AnthropicToOpenAIUpstream(Strategy):
     def response(self, body: bytes) -> bytes:
         resp = orjson.loads(body)
         self.raw_usage, self.timings = resp.get("usage"), resp.get("timings")
+        self._repair_openai_body(resp)
         msg = response_to_anthropic(resp, self.model, stop_sequences=self.client_body.get("stop_sequences"))
         self.usage = msg.get("usage") or {}
         return orjson.dumps(msg)
@@ -247,28 +348,42 @@ class AnthropicToOpenAIUpstream(Strategy):
         tr = self.translator
         for _name, data in events:
             if data == "[DONE]":
+                self._flush_repair(out)
                 out.extend(self._encode(tr.finish()))
                 self.done = True
                 continue
             obj = orjson.loads(data)
             if "error" in obj and not obj.get("choices"):
                 err = obj["error"] if isinstance(obj["error"], dict) else {"message": str(obj["error"])}
-                raise UpstreamError(STREAM_ERROR, message=str(err.get("message", "upstream error")),
+                raise _stream_error(err.get("message", "upstream error"),
                                     after_content=tr.started_content)
             if "usage" in obj and obj["usage"]:
                 self.raw_usage = obj["usage"]
             if "timings" in obj:
                 self.timings = obj["timings"]
+            if self.answer is not None:
+                observe_openai(self.answer, obj)
+            if self.repair is not None:
+                for c in self.repair.feed(obj):
+                    out.extend(self._encode(tr.feed(c)))
+                continue
             out.extend(self._encode(tr.feed(obj)))
         self.started_content = tr.started_content
         self.usage = tr.usage
         return b"".join(out)
 
+    def _flush_repair(self, out: list[bytes]) -> None:
+        if self.repair is not None:
+            for c in self.repair.flush():
+                out.extend(self._encode(self.translator.feed(c)))
+
     def eof(self) -> bytes:
         # Some servers omit [DONE]; a stream that already reported its finish reason is complete.
         if self.translator.finish_reason:
             self.done = True
-            out = b"".join(self._encode(self.translator.finish()))
+            parts: list[bytes] = []
+            self._flush_repair(parts)
+            out = b"".join(parts) + b"".join(self._encode(self.translator.finish()))
             self.usage = self.translator.usage
             return out
         raise UpstreamError(DISCONNECT, message="upstream closed the stream before it finished",
@@ -293,6 +408,7 @@ class OpenAIToAnthropicUpstream(Strategy):
     def response(self, body: bytes) -> bytes:
         resp = orjson.loads(body)
         self.usage = resp.get("usage") or {}
+        self._repair_anthropic_body(resp)
         return orjson.dumps(anthropic_response_to_openai(resp, self.model))
 
     def events(self, events: list[tuple[str | None, str]]) -> bytes:
@@ -305,9 +421,15 @@ class OpenAIToAnthropicUpstream(Strategy):
             etype = name or obj.get("type")
             if etype == "error":
                 err = obj.get("error") or {}
-                raise UpstreamError(STREAM_ERROR, message=str(err.get("message", "upstream error")),
+                raise _stream_error(err.get("message", "upstream error"),
                                     error_type=err.get("type"), after_content=tr.started_content)
-            out.extend(encode_data(c) for c in tr.feed(obj))
+            if self.answer is not None:
+                observe_anthropic(self.answer, obj if "type" in obj else {**obj, "type": etype})
+            if self.repair is not None:
+                for ev in self.repair.feed(obj if "type" in obj else {**obj, "type": etype}):
+                    out.extend(encode_data(c) for c in tr.feed(ev))
+            else:
+                out.extend(encode_data(c) for c in tr.feed(obj))
             if etype == "message_stop":
                 out.extend(encode_data(c) for c in tr.finish())
                 out.append(DONE)

@@ -28,6 +28,7 @@ from ..providers.errors import BUDGET, IDLE_TIMEOUT, OVERFLOW, TOTAL_TIMEOUT, Up
 from ..providers.runtime import Provider
 from ..providers.strategies import strategy_for
 from ..translate.images import omit_images
+from ..translate.tool_repair import repair_tools_for
 from . import replies
 from .planner import Skip
 from .records import Attempt, Outcome
@@ -89,6 +90,11 @@ class Exchange:
         self.cost_usd = 0.0
         self.upstream_wait_s = 0.0
         self.affinity = None  # affinity.service.Ticket: session, lane, canonical prompt, what affinity did
+        # Tool-call repair on the answer that was served: applied at all, calls repaired, their formats.
+        self.repair_applied = False
+        self.tools_repaired = 0
+        self.repair_formats: list[str] = []
+        self.drift_sample = None  # health.drift.DriftSample of the served answer (local providers)
 
     # -- bookkeeping ----------------------------------------------------------------------------------------
 
@@ -120,6 +126,8 @@ class Exchange:
             "usage": dict(self.usage), "cost_usd": self.cost_usd,
             "notes": list(getattr(self.req.native, "notes", ())),
             "affinity": self.affinity.note() if self.affinity is not None else None,
+            "tool_repair": {"applied": self.repair_applied, "repaired": self.tools_repaired,
+                            "formats": list(self.repair_formats)},
         }
 
     def attempts_header(self, serving: str | None = None) -> str:
@@ -279,6 +287,8 @@ class Exchange:
         if req.native is not None:
             kw["native"] = req.native
             kw["provider_name"] = provider.name
+        kw["repair_tools"] = repair_tools_for(provider.cfg, req.body)
+        kw["observe"] = self.profile.drift_action != "off" and provider.cfg.is_local()
         if req.ingress == "anthropic" and cls.upstream_kind == "openai":
             kw["input_tokens"] = provider.estimate_tokens(len(raw))
         call = self._call_factory(provider, cls(**kw), raw_body=raw, stream=req.stream, client_headers=req.headers)
@@ -324,6 +334,11 @@ class Exchange:
         self.served_by = slot.name
         self.usage = call.strategy.usage or {}
         self.status = 200
+        st = call.strategy
+        self.repair_applied = st.repair_tools is not None
+        self.tools_repaired = st.repaired
+        self.repair_formats = st.repair_formats
+        self.drift_sample = st.drift_sample(tools_offered=bool(self.req.body.get("tools")))
         self._record(slot, Outcome.OK, "ok", 200)
         latency = call.ttfb if call.ttfb is not None else time.monotonic() - slot.started
         self.router.report_success(slot.name, latency, slot.admission)

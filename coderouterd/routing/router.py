@@ -4,8 +4,10 @@ only the backend's own failures count; errors the request caused and our own exc
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from ..affinity.service import Affinity
-from ..providers.errors import UpstreamError
+from ..providers.errors import MEMORY_PRESSURE, UpstreamError
 from .adaptive import AdaptiveOrderer
 from .breaker import BreakerState
 from .planner import Plan, ProviderFacts, RequestFeatures, Skip, plan
@@ -17,16 +19,23 @@ CLOSED, TRIAL, PANIC = "closed", "trial", "panic"
 
 
 class Router:
-    def __init__(self, state: RoutingState, *, budget=None, affinity: Affinity | None = None) -> None:
+    def __init__(self, state: RoutingState, *, budget=None, affinity: Affinity | None = None,
+                 memory_cooldown_s: float = 60.0) -> None:
         """`budget`: guards.apply.BudgetHooks (allowed / reserve / settle), or None when nothing is paid for.
-        `affinity`: prefix affinity (session lanes, slots, prefix index), or None."""
+        `affinity`: prefix affinity (session lanes, slots, prefix index), or None.
+        `memory_cooldown_s`: how long a provider that ran out of memory is not tried."""
         self.state = state
         self._budget = budget
         self.affinity = affinity
         self._orderers: dict[str, AdaptiveOrderer] = {}
+        self.memory_cooldown_s = memory_cooldown_s
+        # Consulted after planning, in order: (profile config, candidates) -> order notes; each may reorder the
+        # candidates in place. Guards that move providers (drift demotion, memory pressure) plug in here.
+        self.order_adjusters: list[Callable[[object, list[str]], list[dict]]] = []
 
     def reconfigure(self, config) -> None:
         self.state.reconfigure(config)
+        self.memory_cooldown_s = config.memory.cooldown_s
         if self.affinity is not None:
             self.affinity.configure(config)
 
@@ -79,6 +88,8 @@ class Router:
                 p.skips.append(Skip(name, "not_ready", f"{name}'s managed process is not ready", overridable=False))
         if ticket is not None and self.affinity is not None and (profile.mode == "race" or profile.adaptive):
             self._prefer_cached(p, ticket, runtime)
+        for adjust in self.order_adjusters:
+            p.order_notes.extend(adjust(profile, p.candidates))
         return p
 
     def _prefer_cached(self, p: Plan, ticket, runtime) -> None:
@@ -148,8 +159,11 @@ class Router:
         st = self.state
         br = st.breakers.get(provider)
         if e.counts_against_provider:
+            retry_after = e.retry_after
+            if retry_after is None and e.reason == MEMORY_PRESSURE:
+                retry_after = self.memory_cooldown_s  # out of memory: give the backend time to free it
             if admission != PANIC or br.state is BreakerState.CLOSED:
-                br.record_failure(retry_after=e.retry_after, reason=e.label)
+                br.record_failure(retry_after=retry_after, reason=e.label)
             st.stats.record(provider, latency_s=elapsed_s, ok=False)
             st.passive_failure(provider)
             return

@@ -67,6 +67,8 @@ class RequestFinished(Event):
     slot: int | None = None
     predicted_tokens: int | None = None
     cache_bust: str | None = None  # the segment named by the cache-bust detector
+    # Tool-call repair was applied to the served answer (tools offered, provider's tool_repair on).
+    tool_repair: bool = False
 
     @property
     def audited(self) -> bool:  # type: ignore[override]
@@ -127,6 +129,68 @@ class GuardFired(Event):
     guard: str
     action: str
     detail: dict = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class ToolRepaired(Event):
+    """Tool calls a model wrote as text were turned into real tool calls for the client."""
+
+    kind: ClassVar[str] = "tool_repaired"
+    audited: ClassVar[bool] = True
+
+    request_id: str
+    provider: str
+    model: str
+    calls: int
+    formats: list[str] = field(default_factory=list)
+    streaming: bool = False
+
+
+@dataclass(slots=True)
+class DriftDetected(Event):
+    """A local provider's recent answers drifted from its own normal (see health/drift.py)."""
+
+    kind: ClassVar[str] = "drift_detected"
+    audited: ClassVar[bool] = True
+
+    provider: str
+    model: str
+    score: float
+    signals: dict = field(default_factory=dict)
+    action: str = "warn"
+
+
+@dataclass(slots=True)
+class DriftAction(Event):
+    kind: ClassVar[str] = "drift_action"
+    audited: ClassVar[bool] = True
+
+    provider: str
+    model: str
+    action: str  # demote | reload
+    ok: bool = True
+    detail: str = ""
+
+
+@dataclass(slots=True)
+class DriftRecovered(Event):
+    kind: ClassVar[str] = "drift_recovered"
+    audited: ClassVar[bool] = True
+
+    provider: str
+    model: str
+
+
+@dataclass(slots=True)
+class MemoryPressure(Event):
+    """Available memory on this machine crossed the configured threshold (both edges are recorded)."""
+
+    kind: ClassVar[str] = "memory_pressure"
+    audited: ClassVar[bool] = True
+
+    available_bytes: int
+    threshold_bytes: int
+    low: bool
 
 
 @dataclass(slots=True)
@@ -269,6 +333,11 @@ EVENT_TYPES: dict[str, type[Event]] = {
         BreakerTransition,
         HealthTransition,
         GuardFired,
+        ToolRepaired,
+        DriftDetected,
+        DriftAction,
+        DriftRecovered,
+        MemoryPressure,
         CacheIneffective,
         CacheBust,
         BudgetWarning,

@@ -148,8 +148,9 @@ class AnthropicFake(FakeBase):
         return frames
 
     def _cached_frames(self, call: Call, plan: Plan) -> list[bytes]:
-        # Tool-use blocks carry fresh ids, everything else is identical for a given behaviour spec.
-        if plan.tool_calls:
+        # Tool-use blocks carry fresh ids, and text_tools depends on the request; everything else is identical
+        # for a given behaviour spec.
+        if plan.tool_calls or call.behaviour.name == "text_tools":
             return self._frames(plan, complete=plan.fail is None)
         frames = self._frame_cache.get(call.behaviour.spec)
         if frames is None:

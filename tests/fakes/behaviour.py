@@ -25,13 +25,14 @@ BEHAVIOURS = frozenset({
     "ok", "500", "503_loading", "429", "401", "404_model", "400", "overflow", "529",
     "slow_first_byte", "slow_stream", "disconnect_mid_stream", "hang", "tools", "reasoning",
     "text_only_for_tools", "all_reasoning", "error_mid_stream", "chunks", "echo_tool_result",
+    "text_tools", "empty", "loop", "long", "oom",
 })
-ERROR_BEHAVIOURS = frozenset({"500", "503_loading", "429", "401", "404_model", "400", "overflow", "529"})
+ERROR_BEHAVIOURS = frozenset({"500", "503_loading", "429", "401", "404_model", "400", "overflow", "529", "oom"})
 GLOBAL_BEHAVIOURS = frozenset({"503_loading", "hang", "401"})
 NUMERIC_PARAMS = frozenset({"delay", "chunk_delay", "retry_after", "n_prompt", "n_ctx", "tokens", "max", "split",
                             "parallel", "n", "after", "think_tags", "text"})
 # `tool`/`cmd`: call that tool with {"cmd": cmd} (a shell tool such as Codex's exec_command).
-TEXT_PARAMS = frozenset({"field", "tool", "cmd"})
+TEXT_PARAMS = frozenset({"field", "tool", "cmd", "format"})
 
 # Fixed tool-call arguments: quotes, a backslash escape, non-ASCII and a multi-byte symbol, so that any
 # fragment boundary falls inside an escape or a character somewhere and reassembly can be checked byte-exact.
@@ -40,6 +41,15 @@ TOOL_ARGUMENTS_2 = '{"file_path":"/tmp/a b\\\\c.txt","note":"tab\\there — 日�
 REASONING_TEXT = "The user wants a greeting. I will answer briefly."
 THINKING_SIGNATURE = "ZmFrZS1zaWduYXR1cmUtZm9yLXRoaW5raW5n"
 DEFAULT_MODELS = ("fake-model",)
+# text_tools: tool calls written as text, the way local models without a tool-call parser answer.
+TEXT_TOOL_COMMAND = "echo repaired-ok"
+TEXT_TOOL_FORMATS = {
+    "hermes": 'I\'ll run it.\n\n<tool_call>\n{{"name": "{name}", "arguments": {{"command": "{cmd}"}}}}\n</tool_call>',
+    "qwen_xml": "<tool_call>\n<function={name}>\n<parameter=command>\n{cmd}\n</parameter>\n</function>\n</tool_call>",
+    "mistral": '[TOOL_CALLS][{{"name": "{name}", "arguments": {{"command": "{cmd}"}}}}]',
+    "quoted": 'A call looks like this:\n```\n<tool_call>\n{{"name": "{name}", "arguments": {{"command": "{cmd}"}}}}\n'
+              '</tool_call>\n```\nNothing was run.',
+}
 
 JSON_HEADERS = {"content-type": "application/json"}
 # An image part in any wire: OpenAI image_url, Anthropic image blocks, Ollama's images list.
@@ -181,6 +191,20 @@ def make_plan(b: Behaviour, server_name: str, tool_names: list[str], *, split_de
     elif name == "echo_tool_result":
         # The answer quotes the last tool result the client sent back: proof the tool loop closed.
         plan.content = words(f"Tool said: {(tool_result or 'nothing').strip()}")
+    elif name == "text_tools":
+        if tool_result is not None:
+            plan.content = words(f"The tool said: {tool_result.strip()}")
+        elif tool_names:
+            fmt = TEXT_TOOL_FORMATS[b.get("format", "hermes")]
+            call_name = "Bash" if "Bash" in tool_names else tool_names[0]
+            plan.content = split_text(fmt.format(name=call_name, cmd=TEXT_TOOL_COMMAND), b.integer("split", 4))
+    elif name == "empty":  # a degraded local model: a well-formed answer with nothing in it
+        plan.content = []
+    elif name == "loop":  # ... or one that repeats the same lines until it is cut off
+        plan.content = ["I will check the file again.\n"] * 40
+        plan.finish = "length"
+    elif name == "long":  # a healthy, substantial answer (a baseline for length collapse)
+        plan.content = words(f"{greeting}. " + "This answer explains the change step by step. " * 12)
     elif name == "text_only_for_tools":
         plan.content = words(f"{greeting}: no tool is needed for this.")
     elif name in ("reasoning", "all_reasoning"):

@@ -13,7 +13,7 @@ import orjson
 from aiohttp import web
 
 from .behaviour import Call, Plan, dumps, json_response, make_plan, write_frames
-from .openai_server import OpenAIFake, tool_names
+from .openai_server import OpenAIFake, last_tool_result, tool_names
 
 NDJSON_HEADERS = {"content-type": "application/x-ndjson"}
 DONE_REASONS = {"stop": "stop", "length": "length", "tool_calls": "stop"}
@@ -141,7 +141,8 @@ class OllamaFake(OpenAIFake):
         if not body.get("messages"):
             return await self._load_or_unload(call, model, {"message": {"role": "assistant", "content": ""}})
         await self.before_generation(model)
-        plan = make_plan(call.behaviour, self.name, tool_names(body), split_default=None, id_prefix="call_")
+        plan = make_plan(call.behaviour, self.name, tool_names(body), split_default=None, id_prefix="call_",
+                         tool_result=last_tool_result(body))
         if body.get("stream", True):
             lines = [self._line(model, {"role": "assistant", "content": "", "thinking": p}) for p in plan.reasoning]
             lines += [self._line(model, {"role": "assistant", "content": p}) for p in plan.content]

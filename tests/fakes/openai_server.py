@@ -31,6 +31,11 @@ def openai_error(call: Call, *, model: str, n_ctx: int, name: str | None = None)
     headers = None
     if name == "500":
         status, err = 500, {"code": 500, "message": "Internal server error", "type": "server_error"}
+    elif name == "oom":  # llama.cpp's answer when the KV cache or a compute buffer does not fit
+        status = 500
+        err = {"code": 500, "type": "server_error",
+               "message": "ggml_backend_cuda_buffer_type_alloc_buffer: allocating 4096.00 MiB on device 0: "
+                          "cudaMalloc failed: out of memory"}
     elif name == "503_loading":
         status, err = 503, {"code": 503, "message": "Loading model", "type": "unavailable_error"}
     elif name == "429":
@@ -209,7 +214,7 @@ class OpenAIFake(FakeBase):
         return frames
 
     def _cached_frames(self, call: Call, plan: Plan, model: str, field: str) -> list[bytes]:
-        if plan.tool_calls:
+        if plan.tool_calls or call.behaviour.name == "text_tools":  # the answer depends on the request
             return self._body_frames(plan, model, field)
         key = (call.behaviour.spec, model, field)
         frames = self._frame_cache.get(key)

@@ -46,6 +46,7 @@ def test_tool_calling_llamacpp_backend_is_ok():
                                                      "tools", "vision", "thinking", "context"]
     assert all(x["status"] == "ok" for x in result["checks"]), result["checks"]
     assert "structured tool call get_current_time" in c["tools"]["message"]
+    assert "repair not needed" in c["tools"]["message"]
     assert "32768" in c["context"]["message"]
     assert exit_code([result]) == 0
     tool_body = next(b for b in bodies if b.get("tools"))
@@ -65,6 +66,25 @@ def test_plain_text_answer_to_tools_needs_tuning():
     assert "--jinja" in tools["suggestion"] and "capabilities.tools = false" in tools["suggestion"]
     assert checks(result)["generation"]["status"] == "ok"
     assert exit_code([result]) == 2
+
+
+@pytest.mark.parametrize("fmt,shown", [("hermes", "hermes"), ("qwen_xml", "qwen_xml"), ("mistral", "mistral")])
+def test_tool_calls_written_as_text_name_the_format_and_the_repair(fmt, shown):
+    with FakeServer("openai", behaviour=f"text_tools;format={fmt}", models=["qwen"], n_ctx=32768) as s:
+        [local] = doctor(config(provider_toml("local", s.url + "/v1", model="qwen")))
+        [off] = doctor(config(provider_toml("local", s.url + "/v1", model="qwen", tool_repair="off")))
+    tools = checks(local)["tools"]
+    assert tools["status"] == "ok"
+    assert f"as text ({shown} format)" in tools["message"] and "repair is needed and on" in tools["message"]
+    tools = checks(off)["tools"]
+    assert tools["status"] == "warn" and "repair is off" in tools["message"]
+    assert 'tool_repair = "on"' in tools["suggestion"]
+
+
+def test_a_quoted_call_is_not_taken_for_a_text_call():
+    with FakeServer("openai", behaviour="text_tools;format=quoted", models=["qwen"], n_ctx=32768) as s:
+        [result] = doctor(config(provider_toml("local", s.url + "/v1", model="qwen")))
+    assert checks(result)["tools"]["status"] == "warn" and "plain text" in checks(result)["tools"]["message"]
 
 
 def test_thinking_model_answering_only_reasoning_is_ok_with_a_note():

@@ -134,7 +134,7 @@ def test_queue_is_bounded():
 
 
 def test_every_event_type_serialises_to_json():
-    assert len(EVENT_TYPES) == 17
+    assert len(EVENT_TYPES) == 22
     ev = GuardFired("r1", "loop", "block", {"repeats": 5})
     d = orjson.loads(orjson.dumps(ev.to_dict()))
     assert d["kind"] == "guard_fired" and d["detail"] == {"repeats": 5} and d["request_id"] == "r1"

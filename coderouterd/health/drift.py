@@ -1,0 +1,187 @@
+"""Drift detection: a local model that was answering well and no longer does (empty answers, answers that
+collapse in length, loop, stop calling tools, hit the length limit, or fail), per provider and model.
+
+Pure: samples in, transitions out; the clock is the caller's. Acting on a transition (warn, demote, reload)
+is `health/drift_actions.py`'s job.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import deque
+from dataclasses import dataclass, field
+
+SIGNALS = ("empty", "length_collapse", "repetition", "tool_silence", "length_stops", "errors")
+
+
+@dataclass(frozen=True, slots=True)
+class DriftSample:
+    length: int = 0  # visible characters of the answer (text and tool arguments)
+    repetition: float = 0.0  # 0..1, share of the answer that repeats itself (see AnswerStats.repetition)
+    digest: int = 0  # of the answer's text: the same answer again and again is a loop too
+    tools_offered: bool = False
+    tool_called: bool = False
+    length_stop: bool = False
+    error: bool = False
+
+    @property
+    def empty(self) -> bool:
+        return not self.error and self.length == 0 and not self.tool_called
+
+
+@dataclass(frozen=True, slots=True)
+class DriftSettings:
+    window: int = 20  # answers kept per provider+model
+    recent: int = 5  # the newest answers judged against the rest
+    min_fill: int = 8  # no verdict before this many answers
+    empty_rate: float = 0.6
+    repetition_rate: float = 0.6
+    repetition_level: float = 0.5  # an answer at least this repetitive counts as looping
+    collapse_ratio: float = 0.2  # recent median length below this share of the earlier median
+    collapse_min_chars: int = 200  # ... when the earlier median was at least this long
+    tool_silence_min: int = 3  # tool-offering answers needed on each side
+    tool_rate_before: float = 0.5
+    length_stop_rate: float = 0.6
+    error_rate: float = 0.6
+
+
+@dataclass(slots=True)
+class Verdict:
+    signals: dict[str, float] = field(default_factory=dict)  # fired signal -> its value
+    score: float = 0.0  # 0..1: the strongest signal relative to its threshold (1 = at threshold or above)
+    samples: int = 0
+
+    @property
+    def drifting(self) -> bool:
+        return bool(self.signals)
+
+
+def _rate(items, pred) -> float:
+    items = list(items)
+    return sum(1 for s in items if pred(s)) / len(items) if items else 0.0
+
+
+def judge(samples: list[DriftSample], cfg: DriftSettings) -> Verdict:
+    n = len(samples)
+    if n < max(cfg.min_fill, cfg.recent + 1):
+        return Verdict(samples=n)
+    recent, before = samples[-cfg.recent:], samples[:-cfg.recent]
+    values: dict[str, tuple[float, float]] = {}  # signal -> (value, threshold)
+    values["empty"] = (_rate(recent, lambda s: s.empty), cfg.empty_rate)
+    digests = [s.digest for s in recent if s.length]
+    repeats = len(digests) - len(set(digests))
+    loop_rate = max(_rate(recent, lambda s: s.repetition >= cfg.repetition_level),
+                    (repeats + 1) / len(recent) if repeats else 0.0)
+    values["repetition"] = (loop_rate, cfg.repetition_rate)
+    values["length_stops"] = (_rate(recent, lambda s: s.length_stop), cfg.length_stop_rate)
+    values["errors"] = (_rate(recent, lambda s: s.error), cfg.error_rate)
+    ok_before = [s.length for s in before if not s.error and s.length]
+    ok_recent = [s.length for s in recent if not s.error and s.length]  # empty answers are their own signal
+    if len(ok_before) >= cfg.recent and len(ok_recent) >= max(2, cfg.recent // 2):
+        base = statistics.median(ok_before)
+        if base >= cfg.collapse_min_chars:
+            ratio = statistics.median(ok_recent) / base
+            # value grows as the length shrinks: 1 - ratio, fired below the collapse ratio
+            values["length_collapse"] = (1 - ratio, 1 - cfg.collapse_ratio)
+    offered_before = [s for s in before if s.tools_offered and not s.error]
+    offered_recent = [s for s in recent if s.tools_offered and not s.error]
+    if len(offered_before) >= cfg.tool_silence_min and len(offered_recent) >= cfg.tool_silence_min:
+        used_before = _rate(offered_before, lambda s: s.tool_called)
+        if used_before >= cfg.tool_rate_before:
+            silence = 1 - _rate(offered_recent, lambda s: s.tool_called)
+            values["tool_silence"] = (silence, 1.0)
+    fired = {k: round(v, 3) for k, (v, t) in values.items() if v >= t and v > 0}
+    score = max((min(1.0, v / t) for v, t in values.values() if t > 0), default=0.0)
+    return Verdict(signals=fired, score=round(score, 3), samples=n)
+
+
+class DriftDetector:
+    """Rolling windows per (provider, model). `observe` returns "detected" / "recovered" on a change of
+    verdict, else None."""
+
+    def __init__(self, settings: DriftSettings | None = None) -> None:
+        self.settings = settings or DriftSettings()
+        self._windows: dict[tuple[str, str], deque[DriftSample]] = {}
+        self._verdicts: dict[tuple[str, str], Verdict] = {}
+
+    def observe(self, provider: str, model: str, sample: DriftSample) -> str | None:
+        key = (provider, model)
+        w = self._windows.get(key)
+        if w is None:
+            w = self._windows[key] = deque(maxlen=self.settings.window)
+        w.append(sample)
+        before = self._verdicts.get(key)
+        verdict = self._verdicts[key] = judge(list(w), self.settings)
+        was = before is not None and before.drifting
+        if verdict.drifting and not was:
+            return "detected"
+        if was and not verdict.drifting:
+            return "recovered"
+        return None
+
+    def verdict(self, provider: str, model: str) -> Verdict:
+        return self._verdicts.get((provider, model)) or Verdict()
+
+    def reset(self, provider: str, model: str | None = None) -> None:
+        """Forget the window (after a reload the model starts afresh)."""
+        for key in [k for k in self._windows if k[0] == provider and (model is None or k[1] == model)]:
+            self._windows.pop(key, None)
+            self._verdicts.pop(key, None)
+
+    def snapshot(self, provider: str) -> dict:
+        """The worst verdict over this provider's models, for `corectl status`."""
+        mine = [(k[1], v) for k, v in self._verdicts.items() if k[0] == provider]
+        if not mine:
+            return {"score": 0.0, "signals": {}, "model": None, "samples": 0}
+        model, v = max(mine, key=lambda kv: (kv[1].drifting, kv[1].score))
+        return {"score": v.score, "signals": dict(v.signals), "model": model, "samples": v.samples}
+
+
+# --- what an answer looked like -------------------------------------------------------------------------
+
+_KEEP_CHARS = 8192
+
+
+class AnswerStats:
+    """Cheap per-answer figures gathered while the answer streams: visible length, whether a tool was called,
+    the finish, and the first 8 KB of text for the repetition check at the end."""
+
+    __slots__ = ("length", "tool_called", "length_stop", "_parts", "_kept")
+
+    def __init__(self) -> None:
+        self.length = 0
+        self.tool_called = False
+        self.length_stop = False
+        self._parts: list[str] = []
+        self._kept = 0
+
+    def text(self, piece: str) -> None:
+        self.length += len(piece)
+        if self._kept < _KEEP_CHARS:
+            self._parts.append(piece)
+            self._kept += len(piece)
+
+    def arguments(self, piece: str) -> None:
+        self.length += len(piece)
+
+    def finish(self, reason: str | None) -> None:
+        if reason in ("length", "max_tokens"):
+            self.length_stop = True
+
+    def repetition(self) -> float:
+        """Share of repeated lines (a model looping on the same lines); for answers with few lines, of repeated
+        word 4-grams (looping inside one line)."""
+        text = "".join(self._parts)
+        lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+        if len(lines) >= 6:
+            return 1 - len(set(lines)) / len(lines)
+        words = text.split()
+        if len(words) < 24:
+            return 0.0
+        grams = [tuple(words[i:i + 4]) for i in range(len(words) - 3)]
+        return 1 - len(set(grams)) / len(grams)
+
+    def sample(self, *, tools_offered: bool) -> DriftSample:
+        text = "".join(self._parts)
+        return DriftSample(length=self.length, repetition=self.repetition(), digest=hash(text) if text else 0,
+                           tools_offered=tools_offered, tool_called=self.tool_called, length_stop=self.length_stop)

@@ -1,0 +1,144 @@
+"""Drift detection: the verdict over a provider+model's rolling window, answer figures, and the manager's
+demotion with its cooldown (injected clock)."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+from coderouterd.health.drift import AnswerStats, DriftDetector, DriftSample, DriftSettings, judge
+from coderouterd.health.drift_actions import DriftManager
+
+CFG = DriftSettings(window=12, recent=4, min_fill=8)
+GOOD = DriftSample(length=900, digest=1, tools_offered=True, tool_called=True)
+
+
+def good(i: int) -> DriftSample:
+    return DriftSample(length=900 + i, digest=i + 100, tools_offered=True, tool_called=True)
+
+
+def test_no_verdict_before_min_fill():
+    assert not judge([DriftSample()] * 7, CFG).drifting
+
+
+def test_healthy_window_has_no_signal():
+    v = judge([good(i) for i in range(12)], CFG)
+    assert not v.drifting and v.score < 0.6
+
+
+def test_empty_answers():
+    v = judge([good(i) for i in range(8)] + [DriftSample()] * 3 + [good(9)], CFG)
+    assert v.signals == {"empty": 0.75} and v.score == 1.0
+
+
+def test_repetition_by_looping_lines_and_by_the_same_answer():
+    loops = [DriftSample(length=500, repetition=0.9, digest=i) for i in range(4)]
+    assert "repetition" in judge([good(i) for i in range(8)] + loops, CFG).signals
+    same = [DriftSample(length=500, digest=7)] * 4
+    assert "repetition" in judge([good(i) for i in range(8)] + same, CFG).signals
+
+
+def test_length_collapse_against_its_own_median():
+    short = [DriftSample(length=40, digest=i, tools_offered=True, tool_called=True) for i in range(4)]
+    assert "length_collapse" in judge([good(i) for i in range(8)] + short, CFG).signals
+    medium = [DriftSample(length=600, digest=i, tools_offered=True, tool_called=True) for i in range(4)]
+    assert not judge([good(i) for i in range(8)] + medium, CFG).drifting
+
+
+def test_tool_silence_only_after_the_model_used_tools():
+    silent = [DriftSample(length=900, digest=i, tools_offered=True) for i in range(4)]
+    assert "tool_silence" in judge([good(i) for i in range(8)] + silent, CFG).signals
+    never = [DriftSample(length=900, digest=i + 50, tools_offered=True) for i in range(8)]
+    assert not judge(never + silent, CFG).drifting
+
+
+def test_length_stops_and_errors():
+    stops = [DriftSample(length=900, digest=i, length_stop=True, tools_offered=True, tool_called=True)
+             for i in range(4)]
+    assert "length_stops" in judge([good(i) for i in range(8)] + stops, CFG).signals
+    assert "errors" in judge([good(i) for i in range(8)] + [DriftSample(error=True)] * 3 + [good(1)], CFG).signals
+
+
+def test_detector_reports_detected_then_recovered():
+    d = DriftDetector(CFG)
+    changes = [d.observe("p", "m", good(i)) for i in range(8)]
+    changes += [d.observe("p", "m", DriftSample()) for _ in range(4)]
+    assert changes.count("detected") == 1 and changes[-1] is None
+    assert d.snapshot("p")["signals"]["empty"] >= 0.6
+    changes = [d.observe("p", "m", good(i)) for i in range(4)]
+    assert "recovered" in changes and not d.snapshot("p")["signals"]
+    d.reset("p")
+    assert d.snapshot("p")["samples"] == 0
+
+
+def test_answer_stats_repetition():
+    a = AnswerStats()
+    for _ in range(20):
+        a.text("I will check the file again.\n")
+    assert a.repetition() > 0.9
+    b = AnswerStats()
+    b.text("\n".join(f"line {i}: a different thought" for i in range(20)))
+    assert b.repetition() == 0.0
+    c = AnswerStats()
+    c.text("go on " * 60)
+    assert c.repetition() > 0.9
+    s = a.sample(tools_offered=False)
+    assert s.length == 29 * 20 and not s.empty and s.repetition > 0.9
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 1000.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def test_demotion_lasts_the_cooldown_and_is_shown_as_a_note():
+    events: list = []
+    clock = Clock()
+    m = DriftManager(SimpleNamespace(runtime=None), publish=events.append, clock=clock)
+    m.detector.settings = CFG
+    m.cooldown_s = 60
+    for i in range(8):
+        m._observe("local", "m", good(i), "demote")
+    for _ in range(3):
+        m._observe("local", "m", DriftSample(), "demote")
+    kinds = [e.kind for e in events]
+    assert kinds == ["drift_detected", "drift_action"] and events[1].action == "demote"
+    profile = SimpleNamespace(drift_action="demote")
+    order = ["local", "cloud"]
+    notes = m.adjust_order(profile, order)
+    assert order == ["cloud", "local"] and "drift (empty" in notes[0]["why"]
+    untouched = ["local", "cloud"]
+    [note] = m.adjust_order(SimpleNamespace(drift_action="warn"), untouched)
+    assert untouched[0] == "local" and note["moved"] == "none" and "drift_action=warn" in note["why"]
+    m._observe("local", "m", DriftSample(), "demote")  # still drifting, inside the cooldown: no new action
+    assert [e.kind for e in events].count("drift_action") == 1
+    clock.t += 61
+    order = ["local", "cloud"]
+    [note] = m.adjust_order(profile, order)
+    assert order == ["local", "cloud"] and note["moved"] == "none"  # cooldown over: another chance
+    m._observe("local", "m", DriftSample(), "demote")
+    assert [e.kind for e in events].count("drift_action") == 2
+    for i in range(4):
+        m._observe("local", "m", good(i), "demote")
+    assert events[-1].kind == "drift_recovered" and "local" not in m.demoted_until
+    assert m.adjust_order(profile, ["local", "cloud"]) == []
+
+
+def test_a_model_reload_yields_to_a_recovery_in_progress():
+    import asyncio
+
+    from coderouterd.health.selfheal import SelfHealer
+
+    healer = SelfHealer.__new__(SelfHealer)  # only the recovery registry matters here
+    healer._recovering = {}
+
+    async def scenario():
+        async with healer.hold("local", "drift: reloading m") as free:
+            assert free
+        healer._recovering["local"] = asyncio.get_running_loop().create_future()  # a recovery in progress
+        async with healer.hold("local", "drift") as free:
+            assert not free
+
+    asyncio.run(scenario())
