@@ -20,7 +20,7 @@ from .health.drift_actions import DriftManager
 from .health.memory import MemoryWatch
 from .routing.router import Router
 from .routing.state import RoutingState
-from .runtime import Runtime, UnknownProfile, build_runtime
+from .runtime import Runtime, UnknownProfile, build_runtime, close_pools
 from .state import ConfigRejected, ConfigReloaded, DaemonLifecycle, ProfileSwitched
 from .state.repair_stats import RepairStats
 from .tasks import TaskSet
@@ -57,6 +57,8 @@ class Daemon:
         self.last_reload_error: str | None = None
         self._shut_down = False
         self.recent: OrderedDict[str, dict] = OrderedDict()  # request id -> decision trace, newest last
+        # ingress -> model requests being served now (the proxy counts them in and out on the event loop)
+        self.in_flight: dict[str, int] = {"anthropic": 0, "openai": 0}
         self.health: HealthMonitor | None = None
         self.budget: Budget | None = None
         self.processes = None  # processes.Processes when any provider has a process block
@@ -76,7 +78,8 @@ class Daemon:
         t.bus.subscribe(self.metrics.sink)
         t.bus.subscribe(self.repair_stats.sink)
         t.start()
-        t.restore_routing(self.routing)
+        cfg = self._loaded.model
+        t.restore_routing(self.routing, managed={p for p in cfg.providers if cfg.process_for(p) is not None})
         t.wire_affinity(self.affinity)
         _warn_reload_risks(self._loaded.model)
         self.load_persisted_profile()
@@ -292,8 +295,7 @@ class Daemon:
         if self.processes is not None:
             await self.processes.shutdown()
         if self.runtime is not None:
-            for p in self.runtime.providers.values():
-                await p.close()
+            await close_pools(self.runtime)
         if self.telemetry is not None:
             self.router.affinity.flush()
             self.telemetry.publish(DaemonLifecycle(event="stop", pid=self.pid, version=self.version))

@@ -9,6 +9,13 @@ from collections import Counter as Counter_
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
+from .state.events import (BreakerTransition, GuardFired, HealthTransition, ProcessEvent, RequestFinished,
+                           moved_past)
+
+# The kinds are the event classes' own constants: a hand-typed "process_event" once matched nothing, and
+# the restart counter stayed absent for the daemon's whole life.
+_REQUEST, _BREAKER, _HEALTH, _PROCESS, _GUARD = (RequestFinished.kind, BreakerTransition.kind, HealthTransition.kind,
+                                                 ProcessEvent.kind, GuardFired.kind)
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 _OVERHEAD_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1)
 _BREAKER_VALUE = {"closed": 0, "half_open": 1, "open": 2}
@@ -55,7 +62,7 @@ class Metrics:
         cost: dict[str, float] = {}
         for ev in events:
             kind = ev.kind
-            if kind == "request_finished":
+            if kind == _REQUEST:
                 prov = ev.provider or "none"
                 requests[(ev.ingress, ev.profile, prov, str(ev.status))] += 1
                 self.latency.labels(ev.ingress, prov).observe(ev.latency_ms / 1000)
@@ -64,8 +71,8 @@ class Metrics:
                 self.overhead.labels(ev.ingress).observe(max(0.0, ev.overhead_ms) / 1000)
                 for a in ev.attempts:
                     attempts[(a["provider"], a["outcome"], a["reason"])] += 1
-                    if a["outcome"] == "failed" and ev.provider:
-                        failovers[(ev.profile, a["reason"])] += 1
+                for a in moved_past(ev.attempts, bool(ev.provider)):
+                    failovers[(ev.profile, a["reason"])] += 1
                 if ev.provider:
                     for k, v in (("input", ev.input_tokens), ("output", ev.output_tokens),
                                  ("cache_read", ev.cache_read_tokens), ("cache_write", ev.cache_write_tokens)):
@@ -73,13 +80,13 @@ class Metrics:
                             tokens[(prov, k)] += v
                     if ev.cost_usd:
                         cost[prov] = cost.get(prov, 0.0) + ev.cost_usd
-            elif kind == "breaker_transition":
+            elif kind == _BREAKER:
                 self.breaker.labels(ev.provider).set(_BREAKER_VALUE.get(str(ev.new), 0))
-            elif kind == "health_transition":
+            elif kind == _HEALTH:
                 self.health.labels(ev.provider).set(_HEALTH_VALUE.get(str(ev.new), 0))
-            elif kind == "process_event" and ev.event == "restarting":
+            elif kind == _PROCESS and ev.event == "restarting" and ev.primary:
                 self.restarts.labels(ev.process or ev.provider).inc()
-            elif kind == "guard_fired":
+            elif kind == _GUARD:
                 self.guards.labels(ev.guard, ev.action).inc()
             elif kind == "cache_bust":
                 self.cache_busts.labels(ev.provider, ev.cause).inc()
@@ -149,3 +156,8 @@ class _ScrapeTimeCollector:
         yield prompt
         yield cached
         yield ratio
+        in_flight = GaugeMetricFamily("coderouter_requests_in_flight", "Model requests being served now",
+                                      labels=["ingress"])
+        for ingress, n in sorted(self.daemon.in_flight.items()):
+            in_flight.add_metric([ingress], n)
+        yield in_flight

@@ -9,11 +9,9 @@ import asyncio
 import fnmatch
 
 from .config import LoadedConfig
+from .providers.pool import Pool
 from .providers.runtime import Provider
 from .routing.router import Router
-
-# Pools of providers dropped by a reload are closed after this long, so streams still using them can finish.
-RETIRED_POOL_GRACE_S = 600.0
 
 
 class UnknownProfile(Exception):
@@ -24,8 +22,10 @@ class UnknownProfile(Exception):
 
 
 class Runtime:
-    def __init__(self, loaded: LoadedConfig, providers: dict[str, Provider]) -> None:
+    def __init__(self, loaded: LoadedConfig, providers: dict[str, Provider], *,
+                 retired_pools: list[Pool] | None = None) -> None:
         self.loaded = loaded
+        self.retired_pools = retired_pools or []
         self.config = loaded.model
         self.path = loaded.path
         self.providers = providers
@@ -52,21 +52,31 @@ class Runtime:
 
 def build_runtime(loaded: LoadedConfig, previous: Runtime | None = None) -> Runtime:
     providers: dict[str, Provider] = {}
-    reused: set[str] = set()
+    kept: set[int] = set()
     for name, cfg in loaded.model.providers.items():
         p = Provider(name, cfg)
         old = previous.providers.get(name) if previous else None
         if old is not None and old.pool_key() == p.pool_key():
-            p._session = old._session
+            p.pool = old.pool
             p._models, p._models_at = old._models, old._models_at
             p.chars_per_token = old.chars_per_token
             p.tokenize_supported = old.tokenize_supported
-            reused.add(name)
+            kept.add(id(old.pool))
         providers[name] = p
+    retired: list[Pool] = []
     if previous is not None:
-        retired = [p for n, p in previous.providers.items() if n not in reused]
-        if retired:
-            loop = asyncio.get_running_loop()
-            for p in retired:
-                loop.call_later(RETIRED_POOL_GRACE_S, lambda p=p: asyncio.ensure_future(p.close()))
-    return Runtime(loaded, providers)
+        # A replaced pool closes when its last call ends (requests of the old generation may still stream
+        # through it); the ones not closed yet are remembered so shutdown can close them too.
+        retired = [pool for pool in previous.retired_pools if pool.open]
+        for p in previous.providers.values():
+            if id(p.pool) not in kept:
+                p.pool.retire()
+                retired.append(p.pool)
+    return Runtime(loaded, providers, retired_pools=retired)
+
+
+async def close_pools(runtime: Runtime) -> None:
+    """Shutdown: every pool the daemon still holds, current and retired, closed once."""
+    pools = {id(p.pool): p.pool for p in runtime.providers.values()}
+    pools.update((id(pool), pool) for pool in runtime.retired_pools)
+    await asyncio.gather(*(pool.drain() for pool in pools.values()), return_exceptions=True)

@@ -20,7 +20,7 @@ from .state import (
     Store,
     cost_usd,
 )
-from .state.events import ToolRepaired
+from .state.events import ToolRepaired, moved_past
 from .state.memory import MemoryStore
 
 log = logging.getLogger("coderouterd")
@@ -89,9 +89,18 @@ class Telemetry:
         self.store.set(NS_HEALTH, provider, new)
         self.bus.publish(HealthTransition(provider=provider, old=old, new=new, reason=reason))
 
-    def restore_routing(self, state) -> None:
-        """Load the breakers and health a previous process persisted into the routing state."""
-        for name in state.restore(self.store.items(NS_BREAKERS), self.store.items(NS_HEALTH)):
+    def restore_routing(self, state, managed: set[str] | frozenset = frozenset()) -> None:
+        """Load the breakers and health a previous process persisted into the routing state. Not the health of
+        `managed` providers: theirs restarts from their own process's readiness (out of routing until it is
+        ready, then probed at once); a saved UNHEALTHY from before a crash would otherwise outlive the restart
+        until the next probe tick."""
+        health = {}
+        for name, value in self.store.items(NS_HEALTH).items():
+            if name in managed:
+                self.store.delete(NS_HEALTH, name)
+            else:
+                health[name] = value
+        for name in state.restore(self.store.items(NS_BREAKERS), health):
             self.store.delete(NS_BREAKERS, name)
 
     def wire_affinity(self, affinity) -> None:
@@ -111,8 +120,7 @@ class Telemetry:
             if cfg.cost.input or cfg.cost.output or cfg.cost.cache_read or cfg.cost.cache_write:
                 cost = cost_usd(u, cfg.cost)
         ex.cost_usd = cost
-        failed = [a for a in ex.attempts if a.outcome != "ok"]
-        fallback_count = len(failed) if provider is not None else max(0, len(failed) - 1)
+        fallback_count = len(moved_past(ex.attempts, provider is not None))
         attempts = ex.skips_and_attempts()
         self.bus.publish(RequestFinished(
             request_id=ex.req.request_id, ingress=ex.req.ingress, profile=ex.profile_name, provider=provider,
@@ -132,7 +140,7 @@ class Telemetry:
             self.bus.publish(ToolRepaired(request_id=ex.req.request_id, provider=provider,
                                           model=ex.model_used or "", calls=ex.tools_repaired,
                                           formats=sorted(set(ex.repair_formats)), streaming=ex.req.stream))
-        if failed and provider is not None:
+        if fallback_count:
             self.bus.publish(FallbackUsed(request_id=ex.req.request_id, profile=ex.profile_name, chain=attempts))
         if provider is not None and (u.get("cache_creation_input_tokens") or u.get("cache_read_input_tokens")):
             self._watch_cache(provider, ex.profile_name, u, ex.runtime.providers[provider].cfg.cost)

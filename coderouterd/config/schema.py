@@ -83,6 +83,9 @@ class ProcessConfig(_Strict):
     startsecs: float = Field(1.0, ge=0)
     max_restarts: int = Field(5, ge=0)
     restart_window_s: float = Field(300.0, gt=0)
+    # Ready this long without a crash and the restart back-off starts over (supervisord's model). 0: the
+    # longest back-off step.
+    healthy_after_s: float = Field(0.0, ge=0)
 
 
 class ProviderConfig(_Strict):

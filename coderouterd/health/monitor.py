@@ -95,7 +95,16 @@ class HealthMonitor:
         runtime = self._runtime()
         st = self.state
         # Managed processes that are not ready are the supervisor's and self-healing's business, not a probe's.
-        names = [n for n in runtime.providers if not st.is_held(n) and not st.is_down(n)]
+        await self._probe_names([n for n in runtime.providers if not st.is_held(n) and not st.is_down(n)])
+
+    def probe_soon(self, names: list[str]) -> None:
+        """Probe these now rather than at the next tick: a managed backend that just became ready (after our
+        own restart, or its) must not wait up to probe_interval_s to be judged on fresh evidence."""
+        self._tasks.spawn(self._probe_names([n for n in names if not self.state.is_held(n)]), name="probe-soon")
+
+    async def _probe_names(self, names: list[str]) -> None:
+        runtime = self._runtime()
+        names = [n for n in names if n in runtime.providers]
         results = await asyncio.gather(*(self.probe(runtime.providers[n]) for n in names))
         for name, (ok, detail, secs) in zip(names, results, strict=True):
             self.last_probe[name] = {"ok": ok, "detail": detail, "at": time.time(), "seconds": round(secs, 4)}

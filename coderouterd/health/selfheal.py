@@ -43,9 +43,11 @@ class SelfHealer:
     def supervisor(self):
         return self._supervisor()
 
-    def _event(self, provider: str, process: str, event: str, pid=None, detail: str = "") -> None:
+    def _event(self, provider: str, process: str, event: str, pid=None, detail: str = "", *,
+               primary: bool = True) -> None:
         if self.publish is not None:
-            self.publish(ProcessEvent(provider=provider, process=process, event=event, pid=pid, detail=detail))
+            self.publish(ProcessEvent(provider=provider, process=process, event=event, pid=pid, detail=detail,
+                                      primary=primary))
 
     # -- triggers -------------------------------------------------------------------------------------------
 
@@ -53,10 +55,13 @@ class SelfHealer:
         """Supervisor callback. A process that is not ready takes its providers out of routing at once, so no
         request waits on a server that is starting, restarting or gone."""
         providers = self.supervisor.providers_of(name) if self.supervisor else []
-        for p in providers or [name]:
-            self._event(p, name, event, pid, detail)
+        for i, p in enumerate(providers or [name]):
+            self._event(p, name, event, pid, detail, primary=i == 0)
         if event in ("ready", "adopted"):  # adoption happens only when the backend answers
             self.state.mark_up(providers)
+            # Health restarts from this readiness: probed now, not at the next tick. A provider being
+            # recovered is probed by its recovery as soon as it is ready.
+            self.monitor.probe_soon([p for p in providers if p not in self._recovering])
         elif event in ("started", "exited", "fatal", "stopped", "restarting"):
             self.state.mark_down(providers)
         if event in ("exited", "fatal"):
@@ -105,11 +110,10 @@ class SelfHealer:
         try:
             mp = self.supervisor.for_provider(provider) if self.supervisor else None
             if mp is not None:
-                if restart and not mp.external:
-                    if await mp.restart(reason):
-                        self._event(provider, mp.spec.name, "restarting", mp.pid, reason)
-                    else:
-                        log.debug("restart of %s skipped: one is already in progress", mp.spec.name)
+                # The supervisor records the restart itself (one `restarting` event per restart, which the
+                # restart counter counts): recording it here too would count it twice.
+                if restart and not mp.external and not await mp.restart(reason):
+                    log.debug("restart of %s skipped: one is already in progress", mp.spec.name)
                 # The first probe waits for readiness: a server still loading its model is not dead.
                 await mp.wait_ready(mp.spec.start_timeout_s)
             elif restart and self._runtime().providers[provider].cfg.restart_command:

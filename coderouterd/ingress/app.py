@@ -205,6 +205,15 @@ class ProxyApp:
         return req, r, profile
 
     async def proxy(self, scope, receive, send, ingress: str) -> None:
+        # Counted from the first byte to the last: `coderouter_requests_in_flight` answers "is anything stuck?".
+        in_flight = self.daemon.in_flight
+        in_flight[ingress] = in_flight.get(ingress, 0) + 1
+        try:
+            await self._proxy(scope, receive, send, ingress)
+        finally:
+            in_flight[ingress] -= 1
+
+    async def _proxy(self, scope, receive, send, ingress: str) -> None:
         daemon = self.daemon
         runtime = daemon.runtime  # this request keeps this generation even if a reload swaps it meanwhile
         admitted = await self._admit(scope, receive, send, ingress, runtime)

@@ -46,6 +46,7 @@ class Call:
         # Top-level fields added to this attempt's upstream body (prefix affinity: id_slot, cache_prompt).
         self.extra_fields: dict = {}
         self.placement = None  # affinity.service.Placement when prefix affinity placed this attempt
+        self._pool = None  # the pool leased from open() to close(): a reload-retired pool outlives us, no more
 
     def _url_and_headers(self) -> tuple[str, dict[str, str]]:
         p = self.provider
@@ -82,6 +83,9 @@ class Call:
             from ..affinity.service import merge_fields
 
             body = merge_fields(body, self.extra_fields)
+        if self._pool is None:
+            self._pool = self.provider.pool
+            self._pool.acquire()
         self.request_chars = len(body)
         t0 = time.perf_counter()
         try:
@@ -182,3 +186,6 @@ class Call:
         r = self.resp
         if r is not None and not r.closed:
             r.close()
+        pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.release()

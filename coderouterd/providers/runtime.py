@@ -10,18 +10,19 @@ import orjson
 
 from ..config.schema import ProviderConfig
 from .errors import CONNECT, MODEL_DISCOVERY, UpstreamError
+from .pool import Pool
 
 MODEL_CACHE_TTL_S = 300.0
 
 
 class Provider:
-    """One named upstream. The aiohttp session (its connection pool) lives as long as the provider's endpoint
-    settings do: a config reload that leaves them unchanged keeps the same Provider and its warm connections."""
+    """One named upstream. Its connection pool lives as long as the provider's endpoint settings do: a config
+    reload that leaves them unchanged hands the same Pool (and its warm connections) to the new Provider."""
 
-    def __init__(self, name: str, cfg: ProviderConfig) -> None:
+    def __init__(self, name: str, cfg: ProviderConfig, pool: Pool | None = None) -> None:
         self.name = name
         self.cfg = cfg
-        self._session = None  # aiohttp.ClientSession, created on first use (aiohttp is imported late)
+        self.pool = pool if pool is not None else Pool(cfg.timeouts.connect)
         self._models: list[str] | None = None
         self._models_at = 0.0
         self._models_lock: asyncio.Lock | None = None
@@ -34,20 +35,10 @@ class Provider:
         return (c.kind, c.base_url, c.timeouts.connect, c.api_key_env, tuple(sorted(c.headers.items())))
 
     def session(self):
-        s = self._session
-        if s is None or s.closed:
-            import aiohttp
-
-            connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=60, ttl_dns_cache=300)
-            timeout = aiohttp.ClientTimeout(total=None, sock_connect=self.cfg.timeouts.connect)
-            s = self._session = aiohttp.ClientSession(
-                connector=connector, timeout=timeout, auto_decompress=True, skip_auto_headers=("User-Agent",)
-            )
-        return s
+        return self.pool.session()
 
     async def close(self) -> None:
-        if self._session is not None and not self._session.closed:
-            await self._session.close()
+        await self.pool.drain()
 
     def api_key(self) -> str | None:
         env = self.cfg.api_key_env

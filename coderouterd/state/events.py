@@ -77,6 +77,16 @@ class RequestFinished(Event):
         return self.fallback_count > 0 or self.status >= 500
 
 
+def moved_past(attempts: list, served: bool) -> list:
+    """The attempts a request failed over from: real failures only. A race loser was cancelled because another
+    provider won (outcome `lost`) and a client that left cancelled the last one (`cancelled`): neither is a
+    failover. When nothing served the request, its last failure was the end, not a move past.
+    The journal's fallback_count, the fallback_used audit record and coderouter_failovers_total all use this.
+    Takes the routing's typed attempts or their recorded dicts."""
+    failed = [a for a in attempts if (a.get("outcome") if isinstance(a, dict) else a.outcome) == "failed"]
+    return failed if served else failed[:-1]
+
+
 @dataclass(slots=True)
 class AttemptFailed(Event):
     kind: ClassVar[str] = "attempt_failed"
@@ -289,6 +299,9 @@ class ProcessEvent(Event):
     event: str  # one of PROCESS_EVENTS
     pid: int | None = None
     detail: str | dict = ""
+    # A process serving several providers has its event recorded once per provider; only the first copy is
+    # primary, so counters (restarts per process) count the process's event once.
+    primary: bool = True
 
 
 @dataclass(slots=True)

@@ -103,6 +103,7 @@ class ManagedProcess:
         self._ctime: float | None = None
         self._proc: asyncio.subprocess.Process | None = None
         self._started_mono: float | None = None
+        self._ready_mono: float | None = None  # when the current instance became READY (spawned or adopted)
         self._restart_times: deque[float] = deque()
         self._gen = 0
         self._inbox: asyncio.Queue[_Msg] | None = None
@@ -453,6 +454,8 @@ class ManagedProcess:
     async def _on_exit(self, code: int | None) -> None:
         pid = self.pid
         self.last_exit_code = code
+        if self._served_long_enough():
+            self._restart_times.clear()
         self._invalidate()
         # Whatever the server left running in its group must not keep holding the port.
         if pid is not None:
@@ -505,8 +508,17 @@ class ManagedProcess:
         await self._persist(None)
 
     def _clear_instance(self) -> None:
-        self.pid = self._ctime = self._proc = self._started_mono = None
+        self.pid = self._ctime = self._proc = self._started_mono = self._ready_mono = None
         self.external = self.adopted = False
+
+    def _served_long_enough(self) -> bool:
+        """Ready for the healthy period before this exit: the crash is news, not part of a crash loop."""
+        if self.state is not ProcessState.READY or self._ready_mono is None:
+            return False
+        period = self.spec.healthy_after_s
+        if period is None:
+            period = max(self._backoff)
+        return self._clock() - self._ready_mono >= period
 
     def _reset_failures(self) -> None:
         self._restart_times.clear()
@@ -520,6 +532,8 @@ class ManagedProcess:
     # ---- small effects -----------------------------------------------------------------------
 
     def _set_state(self, state: ProcessState) -> None:
+        if state is ProcessState.READY and self.state is not ProcessState.READY:
+            self._ready_mono = self._clock()
         self.state = state
         if self._changed is not None:
             self._changed.set()

@@ -43,6 +43,9 @@ class ProcessSpec:
     startsecs: float = 1.0
     max_restarts: int = 5
     restart_window_s: float = 300.0
+    # Ready for this long, a process has proved itself: its next crash starts the back-off from the first
+    # step again instead of counting every crash in the window. None: the longest back-off step.
+    healthy_after_s: float | None = None
 
     def __post_init__(self) -> None:
         # The name becomes a log file name and a store key.

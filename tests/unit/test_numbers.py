@@ -1,0 +1,132 @@
+"""The figures a user reads afterwards: restart and failover counters, and the connection pools' lifetime."""
+
+from __future__ import annotations
+
+import asyncio
+from types import SimpleNamespace
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from coderouterd.metrics import Metrics
+from coderouterd.providers.pool import Pool
+from coderouterd.state.events import ProcessEvent, RequestFinished, moved_past
+
+
+def _metrics() -> Metrics:
+    return Metrics(SimpleNamespace(budget=None, processes=None, in_flight={"anthropic": 2, "openai": 0},
+                                   runtime=None))
+
+
+def _samples(m: Metrics) -> dict:
+    out = {}
+    for fam in text_string_to_metric_families(m.render().decode()):
+        for s in fam.samples:
+            out[(s.name, tuple(sorted(s.labels.items())))] = s.value
+    return out
+
+
+def _total(samples: dict, name: str, **labels) -> float:
+    return sum(v for (n, lab), v in samples.items()
+               if n == name and all(dict(lab).get(k) == x for k, x in labels.items()))
+
+
+def test_a_restart_moves_the_restart_counter_once_per_process():
+    m = _metrics()
+    m.sink([
+        ProcessEvent(provider="ollama-qwen", process="ollama", event="exited", detail="killed by SIGKILL"),
+        # a process serving two providers is recorded once per provider; only the first copy is primary
+        ProcessEvent(provider="ollama-qwen", process="ollama", event="restarting", detail="restart 1/5 in 1s"),
+        ProcessEvent(provider="ollama-chat", process="ollama", event="restarting", detail="restart 1/5 in 1s",
+                     primary=False),
+        ProcessEvent(provider="llama", process="llama", event="restarting", detail="corectl restart"),
+    ])
+    s = _samples(m)
+    assert _total(s, "coderouter_process_restarts_total", process="ollama") == 1
+    assert _total(s, "coderouter_process_restarts_total", process="llama") == 1
+
+
+def _finished(attempts: list[dict], provider: str | None, **kw) -> RequestFinished:
+    return RequestFinished(request_id="r", ingress="anthropic", profile="p", provider=provider,
+                           attempts=attempts, status=200 if provider else 502, **kw)
+
+
+def test_race_losers_are_not_failovers():
+    lost_ok = [{"provider": "a", "outcome": "lost", "reason": "race_lost", "status": None, "ms": 3.0},
+               {"provider": "b", "outcome": "ok", "reason": "ok", "status": 200, "ms": 3.0}]
+    failed_ok = [{"provider": "a", "outcome": "failed", "reason": "http_500", "status": 500, "ms": 1.0},
+                 {"provider": "b", "outcome": "ok", "reason": "ok", "status": 200, "ms": 3.0}]
+    both_failed = [{"provider": "a", "outcome": "failed", "reason": "http_500", "status": 500, "ms": 1.0},
+                   {"provider": "b", "outcome": "failed", "reason": "connect", "status": None, "ms": 1.0}]
+    assert moved_past(lost_ok, True) == []
+    assert [a["provider"] for a in moved_past(failed_ok, True)] == ["a"]
+    assert [a["provider"] for a in moved_past(both_failed, False)] == ["a"]  # b was the end, not a move past
+    m = _metrics()
+    m.sink([_finished(lost_ok, "b"), _finished(failed_ok, "b"), _finished(both_failed, None)])
+    s = _samples(m)
+    assert _total(s, "coderouter_failovers_total") == 2
+    assert _total(s, "coderouter_failovers_total", reason="http_500") == 2
+    assert _total(s, "coderouter_attempts_total", outcome="lost") == 1
+
+
+def test_in_flight_gauge_reads_the_daemon_counts():
+    s = _samples(_metrics())
+    assert _total(s, "coderouter_requests_in_flight", ingress="anthropic") == 2
+    assert ("coderouter_requests_in_flight", (("ingress", "openai"),)) in s
+
+
+# -- pools --------------------------------------------------------------------------------------------------
+
+
+def test_retired_pool_closes_when_its_last_call_ends_and_only_once():
+    async def scenario():
+        pool = Pool(connect_timeout=1.0)
+        session = pool.session()
+        pool.acquire()
+        pool.acquire()
+        pool.retire()
+        await asyncio.sleep(0)
+        assert not session.closed  # two calls still stream through it
+        pool.release()
+        await asyncio.sleep(0)
+        assert not session.closed
+        pool.release()
+        for _ in range(3):
+            await asyncio.sleep(0)
+        assert session.closed and pool.sessions_closed == 1
+        await pool.drain()  # shutdown after the fact: nothing left to close
+        assert pool.sessions_closed == 1
+
+    asyncio.run(scenario())
+
+
+def test_retired_idle_pool_closes_at_once_and_a_late_call_gets_a_fresh_one_closed_after_it():
+    async def scenario():
+        pool = Pool(connect_timeout=1.0)
+        first = pool.session()
+        pool.retire()
+        for _ in range(3):
+            await asyncio.sleep(0)
+        assert first.closed
+        # a request of the old generation fails over onto this provider after the reload
+        pool.acquire()
+        second = pool.session()
+        assert second is not first and not second.closed
+        pool.release()
+        for _ in range(3):
+            await asyncio.sleep(0)
+        assert second.closed and pool.sessions_opened == pool.sessions_closed == 2
+
+    asyncio.run(scenario())
+
+
+@pytest.mark.parametrize("used", [True, False])
+def test_shutdown_drains_every_pool(used):
+    async def scenario():
+        pool = Pool(connect_timeout=1.0)
+        if used:
+            pool.session()
+        await pool.drain()
+        assert not pool.open and pool.sessions_closed == pool.sessions_opened
+
+    asyncio.run(scenario())
