@@ -9,8 +9,14 @@ from collections import Counter as Counter_
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-from .state.events import (BreakerTransition, GuardFired, HealthTransition, ProcessEvent, RequestFinished,
-                           moved_past)
+from .state.events import (
+    BreakerTransition,
+    GuardFired,
+    HealthTransition,
+    ProcessEvent,
+    RequestFinished,
+    moved_past,
+)
 
 # The kinds are the event classes' own constants: a hand-typed "process_event" once matched nothing, and
 # the restart counter stayed absent for the daemon's whole life.
