@@ -104,6 +104,7 @@ class HealthMonitor:
 
     async def _probe_names(self, names: list[str]) -> None:
         runtime = self._runtime()
+        st = self.state
         names = [n for n in names if n in runtime.providers]
         results = await asyncio.gather(*(self.probe(runtime.providers[n]) for n in names))
         for name, (ok, detail, secs) in zip(names, results, strict=True):

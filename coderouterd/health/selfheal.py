@@ -15,6 +15,7 @@ from collections.abc import Callable
 from ..routing.breaker import BreakerState
 from ..routing.state import HEALTHY, UNHEALTHY, RoutingState
 from ..state import ProcessEvent, RecoveryProbe
+from ..state.events import ProcessEventName
 
 log = logging.getLogger("coderouterd.selfheal")
 
@@ -87,7 +88,7 @@ class SelfHealer:
         self._recovering[provider] = asyncio.ensure_future(self._recover(provider, reason, restart))
         # A process that exited was logged by the supervisor: the health change it causes is not a second line.
         self.state.hold(provider, reason, quiet=not restart)
-        self._event(provider, self._process_name(provider), "excluded", None, reason)
+        self._event(provider, self._process_name(provider), ProcessEventName.EXCLUDED, None, reason)
         return True
 
     @contextlib.asynccontextmanager
@@ -155,7 +156,7 @@ class SelfHealer:
                 self.monitor.failures[provider] = 0
                 self.state.recovered(provider, f"recovered after self-healing ({detail})",
                                      generation_verified=verified)
-                self._event(provider, self._process_name(provider), "rejoined", None, detail)
+                self._event(provider, self._process_name(provider), ProcessEventName.REJOINED, None, detail)
                 return
             self.next_probe_at[provider] = time.time() + wait
             await self.sleep(wait)
@@ -164,7 +165,7 @@ class SelfHealer:
         cmd = self._runtime().providers[provider].cfg.restart_command
         if not cmd:
             return
-        self._event(provider, "", "restarting", None, "restart_command: " + " ".join(cmd))
+        self._event(provider, "", ProcessEventName.RESTARTING, None, "restart_command: " + " ".join(cmd))
         try:
             proc = await asyncio.create_subprocess_exec(
                 *cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,

@@ -8,6 +8,7 @@ so an event written later by the writer thread still carries the moment it happe
 
 from __future__ import annotations
 
+import enum
 import time
 from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar
@@ -284,9 +285,25 @@ class ProfileSwitched(Event):
     source: str = ""
 
 
-PROCESS_EVENTS = frozenset(
-    {"started", "ready", "exited", "restarting", "fatal", "adopted", "stopped", "excluded", "rejoined"}
-)
+class ProcessEventName(enum.StrEnum):
+    """What happens to a managed process, as recorded in the audit log (`kind: process`). Members are strings,
+    so consumers may compare with plain names; producers use the members."""
+
+    STARTED = "started"
+    READY = "ready"
+    EXITED = "exited"
+    RESTARTING = "restarting"
+    RESTART_SKIPPED = "restart_skipped"
+    FATAL = "fatal"
+    ADOPTED = "adopted"
+    STOPPED = "stopped"
+    # from self-healing: taken out of routing, and back in after a good probe
+    EXCLUDED = "excluded"
+    REJOINED = "rejoined"
+
+
+# Every name a process event can carry: the supervisor's and self-healing's, one enum for both.
+PROCESS_EVENTS = frozenset(ProcessEventName)
 
 
 @dataclass(slots=True)
@@ -296,7 +313,7 @@ class ProcessEvent(Event):
 
     provider: str
     process: str
-    event: str  # one of PROCESS_EVENTS
+    event: str  # a ProcessEventName (a str enum: plain names compare equal)
     pid: int | None = None
     detail: str | dict = ""
     # A process serving several providers has its event recorded once per provider; only the first copy is

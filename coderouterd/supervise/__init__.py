@@ -5,7 +5,10 @@ from .process import ManagedProcess
 from .registry import Supervisor
 from .spec import (
     DEFAULT_BACKOFF,
+    TRANSITIONS,
     ExternalProcessError,
+    IllegalTransition,
+    ProcessEventName,
     ProcessSpec,
     ProcessState,
     SupervisorError,
@@ -15,7 +18,10 @@ from .tree import kill_tree, kill_tree_now, process_alive
 
 __all__ = [
     "DEFAULT_BACKOFF",
+    "TRANSITIONS",
     "ExternalProcessError",
+    "IllegalTransition",
+    "ProcessEventName",
     "ManagedProcess",
     "ProcessSpec",
     "ProcessState",

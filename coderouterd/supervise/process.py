@@ -33,9 +33,12 @@ from .logs import DEFAULT_KEEP, DEFAULT_MAX_BYTES, RotatingLog
 from .spec import (
     DEFAULT_BACKOFF,
     PROBE_TIMEOUT_S,
+    TRANSITIONS,
     EventCallback,
     ExternalProcessError,
+    IllegalTransition,
     LookupCallback,
+    ProcessEventName,
     ProcessSpec,
     ProcessState,
     RecordCallback,
@@ -46,7 +49,7 @@ from .spec import (
 
 log = logging.getLogger("coderouterd.supervise")
 # Events logged at debug level only (they change no state a reader of the log needs).
-_ROUTINE_EVENTS = frozenset({"restart_skipped"})
+_ROUTINE_EVENTS = frozenset({ProcessEventName.RESTART_SKIPPED})
 
 ADOPTED_POLL_S = 0.5  # a process we did not spawn cannot be wait()ed on; psutil is polled instead
 READY_POLL_FIRST_S = 0.1
@@ -252,14 +255,14 @@ class ManagedProcess:
             return None  # news about a process instance that has already been replaced
         if msg.kind == "ready" and self.state is ProcessState.STARTING:
             self._set_state(ProcessState.READY)
-            self._emit("ready", self.pid, f"after {self._clock() - (self._started_mono or 0):.1f}s")
+            self._emit(ProcessEventName.READY, self.pid, f"after {self._clock() - (self._started_mono or 0):.1f}s")
         elif msg.kind == "exited" and self.state in (ProcessState.STARTING, ProcessState.READY):
             await self._on_exit(msg.value)
         elif msg.kind == "start_timeout" and self.state is ProcessState.STARTING:
             pid = self.pid
             await self._terminate()
             reason = f"pid {pid} not ready after {self.spec.start_timeout_s:g}s"
-            self._emit("exited", pid, f"{reason}; stopped")
+            self._emit(ProcessEventName.EXITED, pid, f"{reason}; stopped")
             await self._after_failure(reason)
         elif msg.kind == "backoff_done" and self.state is ProcessState.BACKOFF:
             await self._bring_up()
@@ -284,15 +287,15 @@ class ManagedProcess:
             await self._terminate()
         self._reset_failures()
         self._set_state(ProcessState.STOPPED)
-        self._emit("stopped", pid, describe_exit(self.last_exit_code) if pid else "")
+        self._emit(ProcessEventName.STOPPED, pid, describe_exit(self.last_exit_code) if pid else "")
 
     async def _cmd_restart(self, reason: str) -> bool:
         self._refuse_if_external("restart")
         if self.state in (ProcessState.STARTING, ProcessState.STOPPING, ProcessState.BACKOFF):
             detail = f"{self.state.value}: a start or restart is already in progress"
-            self._emit("restart_skipped", self.pid, detail)
+            self._emit(ProcessEventName.RESTART_SKIPPED, self.pid, detail)
             return False
-        self._emit("restarting", self.pid, reason or "requested")
+        self._emit(ProcessEventName.RESTARTING, self.pid, reason or "requested")
         if self.state is ProcessState.READY:
             await self._terminate()
         self._reset_failures()
@@ -328,7 +331,7 @@ class ManagedProcess:
             self._started_mono = self._clock()
             self.started_at = time.time()
             self._set_state(ProcessState.READY)
-            self._emit("adopted", None, f"{url} already answers; not started by coderouterd")
+            self._emit(ProcessEventName.ADOPTED, None, f"{url} already answers; not started by coderouterd")
             return
         await self._spawn()
 
@@ -356,13 +359,13 @@ class ManagedProcess:
                 self._started_mono = self._clock()
                 self.started_at = float(ctime)
                 self._set_state(ProcessState.READY)
-                self._emit("adopted", pid, "left running by a previous coderouterd; ready_url answers")
+                self._emit(ProcessEventName.ADOPTED, pid, "left running by a previous coderouterd; ready_url answers")
                 self._helper(self._watch_pid(gen, pid, float(ctime)))
                 return True
             why = "its command changed" if not same_command else (
                 "it answers no ready_url" if url else "there is no ready_url to check it")
             log.warning("%s: stopping pid %s left by a previous coderouterd: %s", self.name, pid, why)
-            self._emit("stopped", pid, f"left by a previous coderouterd; {why}; stopping it")
+            self._emit(ProcessEventName.STOPPED, pid, f"left by a previous coderouterd; {why}; stopping it")
             survivors = await tree.kill_tree(pid, ctime=float(ctime), timeout=self.spec.stop_timeout_s)
             if survivors:
                 log.error("%s: pids %s survived SIGKILL", self.name, survivors)
@@ -400,7 +403,7 @@ class ManagedProcess:
         if self._ctime is not None:
             await self._persist({"pid": proc.pid, "create_time": self._ctime, "command": list(argv)})
         self._set_state(ProcessState.STARTING)
-        self._emit("started", proc.pid, shlex.join(argv))
+        self._emit(ProcessEventName.STARTED, proc.pid, shlex.join(argv))
         self._helper(self._watch_child(gen, proc))
         self._helper(self._await_ready(gen))
 
@@ -463,7 +466,7 @@ class ManagedProcess:
         self._clear_instance()
         desc = describe_exit(code)
         await asyncio.to_thread(self.log.append, f"pid {pid} {desc}")
-        self._emit("exited", pid, desc)
+        self._emit(ProcessEventName.EXITED, pid, desc)
         await self._persist(None)
         await self._after_failure(f"pid {pid} {desc}")
 
@@ -477,7 +480,7 @@ class ManagedProcess:
         self._restart_times.append(now)
         self.restarts_total += 1
         self._set_state(ProcessState.BACKOFF)
-        self._emit("restarting", None, f"{reason}; restart {recent + 1}/{self.spec.max_restarts} in {delay:g}s")
+        self._emit(ProcessEventName.RESTARTING, None, f"{reason}; restart {recent + 1}/{self.spec.max_restarts} in {delay:g}s")
         self._helper(self._backoff_timer(self._gen, delay))
 
     async def _go_fatal(self, reason: str) -> None:
@@ -487,7 +490,7 @@ class ManagedProcess:
         self._set_state(ProcessState.FATAL)
         log.error("%s: fatal: %s", self.name, reason)
         await asyncio.to_thread(self.log.append, f"fatal: {reason}")
-        self._emit("fatal", None, reason)
+        self._emit(ProcessEventName.FATAL, None, reason)
 
     async def _terminate(self) -> None:
         self._invalidate()
@@ -532,6 +535,9 @@ class ManagedProcess:
     # ---- small effects -----------------------------------------------------------------------
 
     def _set_state(self, state: ProcessState) -> None:
+        if state not in TRANSITIONS[self.state]:
+            raise IllegalTransition(f"{self.name}: {self.state.value} -> {state.value} is not a move the supervisor "
+                                    f"makes")
         if state is ProcessState.READY and self.state is not ProcessState.READY:
             self._ready_mono = self._clock()
         self.state = state
@@ -539,7 +545,7 @@ class ManagedProcess:
             self._changed.set()
             self._changed = asyncio.Event()
 
-    def _emit(self, event: str, pid: int | None, detail: str = "") -> None:
+    def _emit(self, event: ProcessEventName, pid: int | None, detail: str = "") -> None:
         # A skipped restart changes nothing: the crash or start that made it redundant was logged already.
         log.log(logging.DEBUG if event in _ROUTINE_EVENTS else logging.INFO, "%s: %s pid=%s %s", self.name, event,
                 pid, detail)

@@ -12,9 +12,12 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
 
+# The audit vocabulary lives with the other recorded events; the supervisor is one of its producers.
+from ..state.events import ProcessEventName
+
 # on_event(process name, event, pid, detail); record(name, info | None); lookup(name) -> info | None.
 # record and lookup may be plain functions or coroutine functions.
-EventCallback = Callable[[str, str, int | None, str], Any]
+EventCallback = Callable[[str, ProcessEventName, int | None, str], Any]
 RecordCallback = Callable[[str, dict[str, Any] | None], Any]
 LookupCallback = Callable[[str], Any]
 
@@ -67,6 +70,28 @@ class ProcessState(enum.StrEnum):
     STOPPING = "stopping"
     BACKOFF = "backoff"
     FATAL = "fatal"
+
+
+# The only moves the supervisor makes; anything else is a bug in it and fails loudly (IllegalTransition) rather
+# than leaving a process in a state nobody planned for. Moves into STOPPING come from a stop, a restart or a
+# start timeout; out of STOPPING to STOPPED (stop), a new start (restart) or a failure (start timeout).
+TRANSITIONS: dict[ProcessState, frozenset[ProcessState]] = {
+    ProcessState.STOPPED: frozenset({ProcessState.STARTING, ProcessState.READY, ProcessState.FATAL}),
+    ProcessState.STARTING: frozenset({ProcessState.READY, ProcessState.STOPPING, ProcessState.BACKOFF,
+                                      ProcessState.FATAL}),
+    ProcessState.READY: frozenset({ProcessState.STOPPING, ProcessState.BACKOFF, ProcessState.FATAL}),
+    ProcessState.BACKOFF: frozenset({ProcessState.STARTING, ProcessState.READY, ProcessState.FATAL,
+                                     ProcessState.STOPPED}),
+    # A start from FATAL whose command still cannot run lands in FATAL again.
+    ProcessState.FATAL: frozenset({ProcessState.STARTING, ProcessState.READY, ProcessState.FATAL,
+                                   ProcessState.STOPPED}),
+    ProcessState.STOPPING: frozenset({ProcessState.STOPPED, ProcessState.STARTING, ProcessState.READY,
+                                      ProcessState.BACKOFF, ProcessState.FATAL}),
+}
+
+
+class IllegalTransition(SupervisorError):
+    """The supervisor tried a move its transition table does not allow."""
 
 
 _ssl_context: ssl.SSLContext | None = None
