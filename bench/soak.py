@@ -161,6 +161,8 @@ class Soak:
         self.connect = 5
         self.edits = Counter()
         self.start_wall = 0.0
+        self.load_start: tuple = ()
+        self.idle_breakdown: dict = {}
 
     # -- processes ------------------------------------------------------------------------------------------
 
@@ -378,8 +380,10 @@ class Soak:
                 await asyncio.sleep(0.1)
             await asyncio.sleep(2)
             idle = await self.sample(http)
+            self.idle_breakdown = self.fd_breakdown()
             self.samples.clear()
             self.start_wall = time.time()
+            self.load_start = tuple(round(x, 2) for x in os.getloadavg())
             end = time.monotonic() + self.duration
             conn = aiohttp.TCPConnector(limit=0)
             timeout = aiohttp.ClientTimeout(total=None)
@@ -387,13 +391,33 @@ class Soak:
             async with aiohttp.ClientSession(connector=conn, timeout=timeout) as load, admin:
                 await asyncio.gather(self.faults(admin, http), self.sampler(http, end),
                                      *(self.worker(load, i, end) for i in range(self.args.concurrency)))
-            # Settle past the upstream pools' keep-alive (60 s), so the last sample is an idle daemon again.
+            # Settle past the upstream pools' keep-alive (60 s, swept every 60 s), so the last sample is an idle
+            # daemon again.
             await asyncio.sleep(self.args.settle)
             final = await self.sample(http)
+            final["fd_breakdown"] = self.fd_breakdown()
+            idle["fd_breakdown"] = self.idle_breakdown
             async with http.get(self.url + "/metrics") as r:
                 metrics = parse_metrics(await r.text())
         code = await asyncio.to_thread(self._stop_daemon)
         return {"idle": idle, "final": final, "metrics": metrics, "exit_code": code}
+
+    def fd_breakdown(self) -> dict[str, int]:
+        """What the daemon's fds are: upstream connections by fake, client-side sockets, files, the rest."""
+        p = psutil.Process(self.daemon.pid)
+        names = {int(u.rsplit(":", 1)[1]): n for n, u in self.fake_urls.items()}
+        names[self.child_port] = "local"
+        out: Counter = Counter()
+        for c in p.net_connections(kind="all"):
+            if c.raddr and isinstance(c.raddr, tuple):
+                out[f"tcp to {names.get(c.raddr[1], 'client' if c.laddr[1] == self.port else c.raddr[1])}"] += 1
+            elif c.status == psutil.CONN_LISTEN:
+                out["listening"] += 1
+            else:
+                out["unix/other socket"] += 1
+        out["files"] = len(p.open_files())
+        out["other (pipes, epoll, eventfd...)"] = p.num_fds() - sum(out.values())
+        return dict(out)
 
     def _stop_daemon(self) -> int | None:
         stop(self.daemon)
@@ -427,15 +451,24 @@ def consistency(soak: Soak, metrics: dict) -> list[tuple[str, float, float, floa
     restarts = [r for r in audit if r["kind"] == "process" and r["event"] == "restarting" and r.get("primary", True)]
     failed = [r for r in rows if r["provider"] and any(a["outcome"] == "failed" for a in r["attempts"])]
     fallback_used = [r for r in audit if r["kind"] == "fallback_used"]
+    moved = sum(r["fallback_count"] for r in rows)
     checks = [
         ("requests: /metrics = journal = client", metrics.get("coderouter_requests_total", 0), len(rows), client),
         ("restarts: /metrics = audit = kills", metrics.get("coderouter_process_restarts_total", 0), len(restarts),
          soak.child_kills_after_restart),
         ("failovers: /metrics = journal = fallback_used", metrics.get("coderouter_failovers_total", 0),
          len(failed), len(fallback_used)),
+        ("failovers: journal rows with fallback_count > 0 = Σ fallback_count = rows with a failed attempt",
+         sum(1 for r in rows if r["fallback_count"]), moved, len(failed)),
         ("in-flight at the end (= 0)", metrics.get("coderouter_requests_in_flight", 0), 0, 0),
     ]
     return [(name, a, b, c, a == b == c) for name, a, b, c in checks]
+
+
+def not_pooled(breakdown: dict) -> int:
+    """fds other than TCP connections: what must return exactly to its idle level (connections come and go
+    with the pools' keep-alive)."""
+    return sum(n for k, n in breakdown.items() if not k.startswith("tcp to "))
 
 
 def integrity(state_dir: Path) -> str:
@@ -449,7 +482,9 @@ def integrity(state_dir: Path) -> str:
 def report(soak: Soak, res: dict) -> dict:
     total = sum(soak.outcomes.values())
     secs = soak.duration
-    print(f"\nsoak: {soak.args.minutes:g} min, {total} requests, {total / secs:.1f} req/s achieved "
+    print(f"\nmachine: {os.cpu_count()} cores, load average at start {soak.load_start}, at end "
+          f"{tuple(round(x, 2) for x in os.getloadavg())}")
+    print(f"soak: {soak.args.minutes:g} min, {total} requests, {total / secs:.1f} req/s achieved "
           f"(target {soak.args.rate:g} req/s over {soak.args.concurrency} workers), mix of {len(LOAD_MIX)} kinds")
     print("\nrequests by outcome:")
     for (cls, detail), n in sorted(soak.outcomes.items()):
@@ -472,6 +507,9 @@ def report(soak: Soak, res: dict) -> dict:
     print(f"fds: idle before load {idle['fds']} (first daemon), after load + {soak.args.settle:g} s idle "
           f"{final['fds']} (restarted daemon); "
           f"max under load {max(s['fds'] for s in soak.samples)}")
+    print(f"  idle fds:  {idle['fd_breakdown']}\n  final fds: {final['fd_breakdown']}")
+    print(f"  fds other than TCP connections: idle {not_pooled(idle['fd_breakdown'])} -> final "
+          f"{not_pooled(final['fd_breakdown'])}")
     print(f"threads idle {idle['threads']} -> end {final['threads']}; own children {idle['children']} -> "
           f"{final['children']} (an adopted child is not the daemon's own child); managed child "
           f"alive {idle['managed']} -> {final['managed']}")
@@ -509,7 +547,9 @@ def main() -> int:
     ap.add_argument("--minutes", type=float, default=10.0)
     ap.add_argument("--rate", type=float, default=40.0, help="target requests per second over all workers")
     ap.add_argument("--concurrency", type=int, default=8)
-    ap.add_argument("--settle", type=float, default=65.0, help="idle seconds after the load before the last sample")
+    ap.add_argument("--settle", type=float, default=130.0,
+                    help="idle seconds after the load before the last sample (aiohttp closes a keep-alive "
+                         "connection 60-120 s after its last use)")
     ap.add_argument("--json", type=Path, help="also write the figures here")
     args = ap.parse_args()
     soak = Soak(args)
