@@ -92,7 +92,7 @@ stream_hold_s = 0.5
 [state]
 flush_interval_s = 1.0
 [health]
-probe_interval_s = 5
+probe_interval_s = 30
 recovery_backoff_s = [0.5, 1, 2]
 [providers.local]
 base_url = "http://127.0.0.1:{child_port}/v1"
