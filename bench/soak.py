@@ -57,6 +57,7 @@ class Load:
     done: bytes | None = None
     profile: str | None = None  # sent as X-CodeRouter-Profile; None = the active profile or a route
     headers: dict = field(default_factory=dict)
+    failed: bytes = b"event: error"  # what a stream that failed after its 200 contains
 
 
 def _anthropic(stream: bool, **extra) -> dict:
@@ -67,7 +68,11 @@ def _openai(stream: bool) -> dict:
     return {"model": "gpt-4o-mini", "stream": stream, "messages": USER, "max_tokens": 64}
 
 
-ANTHROPIC_DONE, OPENAI_DONE = b"event: message_stop", b"data: [DONE]"
+def _responses(stream: bool) -> dict:
+    return {"model": "gpt-5-codex", "stream": stream, "input": USER[0]["content"], "max_output_tokens": 64}
+
+
+ANTHROPIC_DONE, OPENAI_DONE, RESPONSES_DONE = b"event: message_stop", b"data: [DONE]", b"event: response.completed"
 LOAD_MIX: list[Load] = [
     Load("anthropic", "/v1/messages", _anthropic(False)),
     Load("anthropic-stream", "/v1/messages", _anthropic(True), ANTHROPIC_DONE),
@@ -79,6 +84,8 @@ LOAD_MIX: list[Load] = [
     Load("openai", "/v1/chat/completions", _openai(False)),
     Load("openai-stream", "/v1/chat/completions", _openai(True), OPENAI_DONE),
     Load("openai-failover", "/v1/chat/completions", _openai(True), OPENAI_DONE, profile="fo"),
+    Load("responses", "/v1/responses", _responses(False)),
+    Load("responses-stream", "/v1/responses", _responses(True), RESPONSES_DONE, failed=b"event: response.failed"),
 ]
 
 
@@ -226,7 +233,7 @@ class Soak:
             self.answered.append((t0, status))
             if status != 200:
                 detail = f"HTTP {status}"
-            elif load.done is not None and (load.done not in body or b"event: error" in body):
+            elif load.done is not None and (load.done not in body or load.failed in body):
                 detail = "stream ended without its end marker" if load.done not in body else "error event in stream"
         except TimeoutError:
             detail = "hang"
@@ -331,8 +338,10 @@ class Soak:
             while time.monotonic() - m0 < 60:
                 try:
                     t0 = time.time()
+                    # The profile named: the active one may be `alt` (backup first) at this point of the run.
                     async with s.post(self.url + "/v1/messages", data=orjson.dumps(_anthropic(False)),
-                                      headers={"content-type": "application/json"}) as r:
+                                      headers={"content-type": "application/json",
+                                               "x-coderouter-profile": "default"}) as r:
                         self.answered.append((t0, r.status))  # served and journaled like any other
                         if r.status == 200 and r.headers.get("x-coderouter-provider") == "local":
                             break

@@ -58,7 +58,7 @@ class Daemon:
         self._shut_down = False
         self.recent: OrderedDict[str, dict] = OrderedDict()  # request id -> decision trace, newest last
         # ingress -> model requests being served now (the proxy counts them in and out on the event loop)
-        self.in_flight: dict[str, int] = {"anthropic": 0, "openai": 0}
+        self.in_flight: dict[str, int] = {"anthropic": 0, "openai": 0, "responses": 0}
         self.health: HealthMonitor | None = None
         self.budget: Budget | None = None
         self.processes = None  # processes.Processes when any provider has a process block
