@@ -21,6 +21,9 @@ from typing import Any
 import httpx
 import orjson
 
+from coderouterd.providers.adapters import adapter_for, error_message
+from coderouterd.translate.reasoning import CLOSE_TAG, OPEN_TAG, split_think_tags
+
 OK, WARN, FAIL, SKIP = "ok", "warn", "fail", "skip"
 LABELS = {OK: "OK", WARN: "NEEDS TUNING", FAIL: "FAIL", SKIP: "skipped"}
 STYLES = {OK: "green", WARN: "bold yellow", FAIL: "bold red", SKIP: "dim"}
@@ -71,28 +74,18 @@ def _check(name: str, status: str, message: str, suggestion: str = "") -> dict:
     return {"name": name, "status": status, "message": message, "suggestion": suggestion}
 
 
-def _error_message(body: bytes) -> str:
-    """The human part of an error body in any of the shapes (OpenAI, Anthropic, Ollama) or its raw start."""
-    try:
-        data = orjson.loads(body)
-    except orjson.JSONDecodeError:
-        return body[:200].decode(errors="replace").strip()
-    err = data.get("error") if isinstance(data, dict) else None
-    message = err.get("message") if isinstance(err, dict) else err
-    return message if isinstance(message, str) else ""
-
-
 def _error_text(status: int, body: bytes) -> str:
-    message = _error_message(body)
+    message = error_message(body)[0]
     return f"HTTP {status}" + (f": {message}" if message else "")
 
 
 def _split_think(text: str) -> tuple[str, str, bool]:
-    """(visible text, reasoning, had tags) for servers that leave reasoning inline as <think>...</think>."""
-    m = re.search(r"<think>(.*?)(</think>|$)", text, re.S)
-    if not m:
+    """(visible text, reasoning, had tags) for servers that leave reasoning inline as <think>...</think>,
+    split the way the router splits it."""
+    if OPEN_TAG not in text and CLOSE_TAG not in text:
         return text, "", False
-    return (text[:m.start()] + text[m.end():]).strip(), m.group(1).strip(), True
+    reasoning, visible = split_think_tags(text)
+    return visible, reasoning, True
 
 
 def _short(text: str, limit: int = 60) -> str:
@@ -103,12 +96,12 @@ def _short(text: str, limit: int = 60) -> str:
 class ProviderProbe:
     def __init__(self, name: str, cfg: Any, client: httpx.AsyncClient, limits: Limits) -> None:
         self.name, self.cfg, self.client, self.limits = name, cfg, client, limits
-        base = cfg.base_url
-        # The daemon talks to Ollama through its /v1 routes, so that is what gets probed for generation.
-        self.api = base + "/v1" if cfg.kind == "ollama" and not base.endswith("/v1") else base
-        self.root = base[:-3] if base.endswith("/v1") else base
-        self.anthropic = cfg.kind == "anthropic"
-        self.backend = "ollama" if cfg.kind == "ollama" else cfg.kind
+        # The daemon's own adapter: the same URLs, headers and error reading as real traffic.
+        self.adapter = adapter_for(cfg)
+        self.api = self.adapter.api_base
+        self.root = self.adapter.root_url
+        self.anthropic = self.adapter.wire == "anthropic"
+        self.backend = cfg.kind  # refined by detect_backend() when the URL hides an unknown server
         self.model = cfg.model or cfg.default_model
         self.checks: list[dict] = []
         self.props: dict = {}
@@ -119,15 +112,7 @@ class ProviderProbe:
     # -- plumbing ---------------------------------------------------------------------------------------
 
     def headers(self) -> dict[str, str]:
-        h = {"content-type": "application/json", **self.cfg.headers}
-        key = os.environ.get(self.cfg.api_key_env) if self.cfg.api_key_env else None
-        if self.anthropic:
-            h["anthropic-version"] = "2023-06-01"
-            if key:
-                h["x-api-key"] = key
-        elif key:
-            h["authorization"] = f"Bearer {key}"
-        return h
+        return self.adapter.headers(json=True)
 
     def key_hint(self) -> str:
         env = self.cfg.api_key_env
@@ -179,7 +164,7 @@ class ProviderProbe:
 
     @property
     def gen_url(self) -> str:
-        return self.api + ("/messages" if self.anthropic else "/chat/completions")
+        return self.adapter.generation_url
 
     async def generate(self, body: dict) -> Answer:
         started = time.perf_counter()
@@ -255,8 +240,8 @@ class ProviderProbe:
                 self.checks.append(_check(name, SKIP, reason))
 
     async def discover(self) -> bool:
-        url = f"{self.root}/api/tags" if self.cfg.kind == "ollama" else f"{self.api}/models"
-        detect = asyncio.create_task(self.detect_backend()) if self.cfg.kind == "openai" else None
+        url = self.adapter.probe_url
+        detect = asyncio.create_task(self.detect_backend()) if self.adapter.fronts_unknown_server else None
         started = time.perf_counter()
         try:
             status, data, raw = await self.get_json(url)
@@ -309,9 +294,7 @@ class ProviderProbe:
             self.backend, self.props = "llama.cpp", props
 
     async def check_model(self, data: dict) -> None:
-        entries = data.get("models") if self.cfg.kind == "ollama" else data.get("data")
-        listed = [e.get("id") or e.get("name") for e in entries or [] if isinstance(e, dict)]
-        listed = [m for m in listed if isinstance(m, str) and m]
+        listed = self.adapter.model_ids(data)
         wanted = self.cfg.model
         if not wanted:
             self.model = self.cfg.default_model or (listed[0] if listed else "")
@@ -396,7 +379,7 @@ class ProviderProbe:
                             break
                         obj = orjson.loads(data)
                         if obj.get("type") == "error" or (not self.anthropic and "error" in obj):
-                            raise ProbeFailed(f"error event in the stream: {_error_message(data.encode())}")
+                            raise ProbeFailed(f"error event in the stream: {error_message(data.encode())[0]}")
                         if self.anthropic:
                             pieces += obj.get("type") == "content_block_delta"
                             done = obj.get("type") == "message_stop"

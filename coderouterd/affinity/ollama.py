@@ -8,6 +8,8 @@ providers on one Ollama server with different models: that is what this warns ab
 
 from __future__ import annotations
 
+from ..providers.adapters import adapter_for
+
 
 def reload_risks(config) -> list[str]:
     """One warning per profile that may switch models on a single Ollama server."""
@@ -16,7 +18,7 @@ def reload_risks(config) -> list[str]:
         servers: dict[str, dict[str, str]] = {}
         for name in prof.providers:
             p = config.providers.get(name)
-            if p is None or p.kind != "ollama" or not p.affinity:
+            if p is None or not adapter_for(p).reloads_on_model_switch or not p.affinity:
                 continue
             servers.setdefault(p.base_url.rstrip("/"), {})[name] = p.model or "(client's model)"
         for url, members in servers.items():

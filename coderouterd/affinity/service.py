@@ -15,10 +15,10 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from urllib.parse import urlsplit
 
 import orjson
 
+from ..providers.adapters import adapter_for
 from . import session as sess
 from .bust import Bust, detect
 from .canonical import Canonicaliser, Prompt, segments
@@ -75,10 +75,7 @@ class Placement:
 def keeps_billing_header(cfg) -> bool:
     """Only the real Anthropic API reads the billing header; any other upstream (including a local
     Anthropic-compatible server) gets the canonical prompt."""
-    if cfg.kind != "anthropic":
-        return False
-    host = urlsplit(cfg.base_url).hostname or ""
-    return host == "anthropic.com" or host.endswith(".anthropic.com")
+    return adapter_for(cfg).keeps_billing_header()
 
 
 def merge_fields(body: bytes, fields: dict) -> bytes:
@@ -94,7 +91,7 @@ def merge_fields(body: bytes, fields: dict) -> bytes:
 
 
 def _reported_cache(usage: dict, raw_usage: dict | None, timings: dict | None,
-                    upstream_kind: str) -> tuple[int, int, int | None, float | None]:
+                    upstream_wire: str) -> tuple[int, int, int | None, float | None]:
     """(prompt tokens, cached tokens, processed tokens, prefill seconds) as the backend reports them;
     cached is -1 when the backend does not say (then neither hit ratio nor bust detection use it)."""
     if timings and isinstance(timings.get("cache_n"), int) and isinstance(timings.get("prompt_n"), int):
@@ -103,7 +100,7 @@ def _reported_cache(usage: dict, raw_usage: dict | None, timings: dict | None,
         return cached + processed, cached, processed, (ms / 1000) if isinstance(ms, (int, float)) else None
     prompt = (usage.get("input_tokens") or 0) + (usage.get("cache_read_input_tokens") or 0) + \
         (usage.get("cache_creation_input_tokens") or 0)
-    if upstream_kind == "anthropic":
+    if upstream_wire == "anthropic":
         if "cache_read_input_tokens" in usage:
             cached = usage.get("cache_read_input_tokens") or 0
             return prompt, cached, prompt - cached, None
@@ -161,7 +158,7 @@ class Affinity:
         """The client body as this provider should get it: canonical, except for the real Anthropic API."""
         if ticket is None or ticket.canonical is req.body or keeps_billing_header(provider.cfg):
             return req.body, req.raw
-        if provider.cfg.kind != "anthropic" or req.ingress != "anthropic":
+        if adapter_for(provider.cfg).wire != "anthropic" or req.ingress != "anthropic":
             # Translating strategies build their body from the dict; only Anthropic passthrough sends raw bytes.
             return ticket.canonical, req.raw
         if ticket.canonical_raw is None:
@@ -252,7 +249,7 @@ class Affinity:
     async def _slots(self, provider) -> SlotTable | None:
         """The backend's slot table, discovered once (and retried a minute after a failure)."""
         cfg = provider.cfg
-        if cfg.kind != "openai":
+        if not adapter_for(cfg).fronts_unknown_server:  # llama-server hides behind an OpenAI-compatible URL
             return None
         name = provider.name
         known = self._discovered.get(name)
@@ -326,7 +323,7 @@ class Affinity:
         ticket.slot = placement.slot
         usage = strategy.usage or {}
         prompt_tokens, cached, processed, prefill_s = _reported_cache(
-            usage, getattr(strategy, "raw_usage", None), getattr(strategy, "timings", None), strategy.upstream_kind)
+            usage, getattr(strategy, "raw_usage", None), getattr(strategy, "timings", None), strategy.upstream_wire)
         ticket.predicted_tokens = int(placement.predicted_bytes / p.bytes_per_token)
         previous = self.index.last_prompt(ticket.lane)
         if cached >= 0 and prompt_tokens > 0:

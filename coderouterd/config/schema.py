@@ -126,7 +126,7 @@ class ProviderConfig(_Strict):
 
     @model_validator(mode="after")
     def _responses_only_openai(self):
-        if self.serves_responses and self.kind != "openai":
+        if self.serves_responses and not _adapter(self).may_serve_responses:
             raise ValueError('serves_responses needs kind = "openai" (the Responses API is an OpenAI wire)')
         return self
 
@@ -144,6 +144,12 @@ class ProviderConfig(_Strict):
         except ValueError:
             return False
         return addr.is_loopback or addr.is_private or addr.is_link_local
+
+
+def _adapter(cfg: ProviderConfig):
+    from ..providers.adapters import adapter_for  # only when a provider sets serves_responses
+
+    return adapter_for(cfg)
 
 
 class ToolLoopConfig(_Strict):

@@ -26,10 +26,7 @@ _PROBE_TIMEOUT_S = 5.0
 
 
 def probe_url(provider) -> str:
-    cfg = provider.cfg
-    if cfg.kind == "ollama":
-        return f"{provider.root_url}/api/tags"
-    return f"{cfg.base_url}/models"
+    return provider.adapter.probe_url
 
 
 class HealthMonitor:
@@ -54,9 +51,7 @@ class HealthMonitor:
         """One cheap reachability probe (the model list). Returns (ok, detail, seconds). It says a backend
         answers, never that it generates."""
         t0 = time.monotonic()
-        headers = {**provider.cfg.headers, **provider.auth_headers()}
-        if provider.cfg.kind == "anthropic":
-            headers["anthropic-version"] = "2023-06-01"
+        headers = provider.adapter.headers()
         try:
             async with asyncio.timeout(_PROBE_TIMEOUT_S):
                 async with provider.session().get(probe_url(provider), headers=headers) as r:
@@ -75,14 +70,8 @@ class HealthMonitor:
         t0 = time.monotonic()
         try:
             model = await provider.resolve_model("")
-            headers = {"content-type": "application/json", **cfg.headers, **provider.auth_headers()}
-            body = {"model": model, "max_tokens": 1, "messages": [{"role": "user", "content": "ping"}]}
-            if cfg.kind == "anthropic":
-                headers["anthropic-version"] = "2023-06-01"
-                url = f"{cfg.base_url}/messages"
-            else:
-                base = cfg.base_url if cfg.kind != "ollama" or cfg.base_url.endswith("/v1") else cfg.base_url + "/v1"
-                url = f"{base}/chat/completions"
+            headers = provider.adapter.headers(json=True)
+            url, body = provider.adapter.ping_request(model)
             async with asyncio.timeout(min(cfg.timeouts.first_byte, 60.0)):
                 async with provider.session().post(url, data=orjson.dumps(body), headers=headers) as r:
                     await r.read()

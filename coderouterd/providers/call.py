@@ -22,9 +22,6 @@ from .runtime import Provider
 _CONNECT_ERRORS = (aiohttp.ClientConnectorError, aiohttp.ServerDisconnectedError, aiohttp.ClientOSError,
                    ConnectionError, OSError)
 
-# Client headers forwarded to a native Anthropic upstream (passthrough keeps betas and the API version).
-_ANTHROPIC_FORWARD = ("anthropic-version", "anthropic-beta")
-
 
 class Call:
     def __init__(self, provider: Provider, strategy, *, raw_body: bytes, stream: bool,
@@ -50,25 +47,9 @@ class Call:
 
     def _url_and_headers(self) -> tuple[str, dict[str, str]]:
         p = self.provider
-        headers = {"content-type": "application/json", **p.cfg.headers}
-        if self.strategy.upstream_kind == "anthropic":
-            for h in _ANTHROPIC_FORWARD:
-                v = self.client_headers.get(h)
-                if v:
-                    headers[h] = v
-            headers.setdefault("anthropic-version", "2023-06-01")
-        if p.cfg.forward_client_key:
-            for h in ("x-api-key", "authorization"):
-                v = self.client_headers.get(h)
-                if v:
-                    headers[h] = v
-        headers.update(p.auth_headers())
-        base = p.cfg.base_url
-        if p.cfg.kind == "ollama" and not base.endswith("/v1"):
-            base = base + "/v1"
-        if self.stream:
-            headers["accept"] = "text/event-stream"
-        return base + self.strategy.path(), headers
+        headers = p.adapter.headers(client=self.client_headers, forward_client_key=p.cfg.forward_client_key,
+                                    json=True, stream=self.stream)
+        return p.adapter.api_base + self.strategy.path(), headers
 
     async def open(self) -> None:
         """Send the request and wait for the status line. Raises UpstreamError on any failure."""
@@ -94,7 +75,7 @@ class Call:
                 if self.resp.status >= 400:
                     err_body = await self.resp.read()
                     self.resp.release()
-                    raise self.strategy.http_error(self.resp.status, err_body, self.resp.headers)
+                    raise self.provider.adapter.classify_error(self.resp.status, err_body, self.resp.headers)
         except UpstreamError:
             raise
         except TimeoutError:

@@ -62,8 +62,8 @@ def error_message(data) -> str | None:
 
 async def detect_backend(provider) -> str:
     """ollama | lmstudio | openai, by asking the backend's own endpoints."""
-    if provider.cfg.kind == "ollama":
-        return "ollama"
+    if provider.adapter.model_backend:
+        return provider.adapter.model_backend
     try:
         status, _ = await _get(provider, "/api/version")
         if status == 200:

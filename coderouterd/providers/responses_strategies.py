@@ -123,7 +123,7 @@ class ResponsesToChat(_ResponsesStrategy):
 class ResponsesToAnthropic(_ResponsesStrategy):
     """Responses client -> Anthropic Messages upstream, through the chat form."""
 
-    upstream_kind = "anthropic"
+    upstream_wire = "anthropic"
 
     def __init__(self, **kw) -> None:
         super().__init__(**kw)
@@ -277,7 +277,7 @@ class ResponsesPassthrough(_ResponsesStrategy):
                             after_content=self.started_content)
 
 
-def responses_strategy_for(upstream_kind: str, serves_responses: bool):
+def responses_strategy_for(upstream_wire: str, serves_responses: bool):
     if serves_responses:
         return ResponsesPassthrough
-    return ResponsesToAnthropic if upstream_kind == "anthropic" else ResponsesToChat
+    return ResponsesToAnthropic if upstream_wire == "anthropic" else ResponsesToChat

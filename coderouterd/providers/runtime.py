@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import asyncio
-import os
 import time
 
 import orjson
 
 from ..config.schema import ProviderConfig
+from .adapters import adapter_for
 from .errors import CONNECT, MODEL_DISCOVERY, UpstreamError
 from .pool import Pool
 
@@ -22,6 +22,7 @@ class Provider:
     def __init__(self, name: str, cfg: ProviderConfig, pool: Pool | None = None) -> None:
         self.name = name
         self.cfg = cfg
+        self.adapter = adapter_for(cfg)  # what this provider's kind means for URLs, headers and errors
         self.pool = pool if pool is not None else Pool(cfg.timeouts.connect)
         self._models: list[str] | None = None
         self._models_at = 0.0
@@ -41,22 +42,15 @@ class Provider:
         await self.pool.drain()
 
     def api_key(self) -> str | None:
-        env = self.cfg.api_key_env
-        return os.environ.get(env) or None if env else None
+        return self.adapter.api_key()
 
     @property
     def root_url(self) -> str:
         """base_url without a trailing /v1 (where llama.cpp's /tokenize and Ollama's /api live)."""
-        b = self.cfg.base_url
-        return b[:-3] if b.endswith("/v1") else b
+        return self.adapter.root_url
 
     def auth_headers(self) -> dict[str, str]:
-        key = self.api_key()
-        if not key:
-            return {}
-        if self.cfg.kind == "anthropic":
-            return {"x-api-key": key}
-        return {"authorization": f"Bearer {key}"}
+        return self.adapter.auth_headers(self.api_key())
 
     # -- models ---------------------------------------------------------------------------------------------
 
@@ -70,12 +64,10 @@ class Provider:
         async with self._models_lock:
             if not refresh and self._models is not None and time.monotonic() - self._models_at < MODEL_CACHE_TTL_S:
                 return self._models
-            headers = {**self.cfg.headers, **self.auth_headers()}
-            if self.cfg.kind == "anthropic":
-                headers.setdefault("anthropic-version", "2023-06-01")
+            headers = self.adapter.headers()
             try:
                 async with asyncio.timeout(self.cfg.timeouts.connect + 5):
-                    async with self.session().get(f"{self.cfg.base_url}/models", headers=headers) as r:
+                    async with self.session().get(self.adapter.models_url, headers=headers) as r:
                         if r.status >= 400:
                             raise UpstreamError(MODEL_DISCOVERY, status=r.status,
                                                 message=f"listing models failed with HTTP {r.status}")
@@ -84,8 +76,7 @@ class Provider:
                 raise UpstreamError(CONNECT, message=f"listing models: {type(e).__name__}: {e}") from None
             except orjson.JSONDecodeError:
                 raise UpstreamError(MODEL_DISCOVERY, message="model list is not JSON") from None
-            models = [m.get("id") or m.get("name") for m in data.get("data") or data.get("models") or []]
-            self._models = [m for m in models if isinstance(m, str) and m]
+            self._models = self.adapter.model_ids(data)
             self._models_at = time.monotonic()
             return self._models
 
@@ -94,7 +85,7 @@ class Provider:
         non-Anthropic backend, which get the backend's default model (configured, else the first it lists)."""
         if self.cfg.model:
             return self.cfg.model
-        if self.cfg.kind != "anthropic" and (not requested or requested.startswith("claude")):
+        if not self.adapter.serves_claude_models and (not requested or requested.startswith("claude")):
             if self.cfg.default_model:
                 return self.cfg.default_model
             models = await self.list_models()

@@ -3,14 +3,12 @@ client's wire. Same-wire pairs pass bytes through; the others translate incremen
 
 from __future__ import annotations
 
-import re
-
 import orjson
 
 from ..health.drift import AnswerStats
 from ..protocol.sse import DONE, encode_data, encode_event
 from ..translate.answer_observe import observe_anthropic, observe_openai
-from ..translate.anthropic_to_openai import openai_error_is_context_overflow, request_to_openai
+from ..translate.anthropic_to_openai import request_to_openai
 from ..translate.openai_ingress import (
     AnthropicStreamToOpenAI,
     anthropic_response_to_openai,
@@ -24,56 +22,17 @@ from ..translate.tool_repair_wire import (
     repair_anthropic_message,
     repair_openai_completion,
 )
-from .errors import DISCONNECT, OVERFLOW, UpstreamError, http_error, parse_retry_after, stream_error_reason
+from .errors import DISCONNECT, UpstreamError, stream_error_reason
 
-_ANTHROPIC_OVERFLOW = re.compile(r"prompt is too long:\s*(\d+)\s*tokens\s*>\s*(\d+)")
 _PING = encode_event({"type": "ping"})
 # Anthropic events the repair adapter rewrites; the rest keep their bytes.
 _REPAIR_SEES = frozenset({"content_block_start", "content_block_delta", "content_block_stop", "message_delta"})
-
-
-def _error_message(body: bytes) -> tuple[str, object]:
-    try:
-        data = orjson.loads(body)
-    except orjson.JSONDecodeError:
-        return body[:500].decode("utf-8", "replace").strip(), body.decode("utf-8", "replace")
-    if isinstance(data, dict):
-        err = data.get("error")
-        if isinstance(err, dict):
-            return str(err.get("message") or err), data
-        if isinstance(err, str):
-            return err, data
-        if "message" in data:
-            return str(data["message"]), data
-    return body[:500].decode("utf-8", "replace"), data
 
 
 def _stream_error(message, **kw) -> UpstreamError:
     """An error the upstream reported inside its stream (out-of-memory ones are memory_pressure)."""
     text = str(message)
     return UpstreamError(stream_error_reason(text), message=text, **kw)
-
-
-def openai_http_error(status: int, body: bytes, headers) -> UpstreamError:
-    message, parsed = _error_message(body)
-    if status in (400, 413, 422, 500):
-        ov = openai_error_is_context_overflow(status, parsed if isinstance(parsed, dict) else str(parsed))
-        if ov is not None:
-            return UpstreamError(OVERFLOW, status=400, message=message, overflow=ov)
-    return http_error(status, message, retry_after=parse_retry_after(headers))
-
-
-def anthropic_http_error(status: int, body: bytes, headers) -> UpstreamError:
-    message, parsed = _error_message(body)
-    m = _ANTHROPIC_OVERFLOW.search(message)
-    if status == 400 and m:
-        return UpstreamError(OVERFLOW, status=400, message=message, overflow=(int(m.group(1)), int(m.group(2))))
-    err_type = None
-    if isinstance(parsed, dict) and isinstance(parsed.get("error"), dict):
-        err_type = parsed["error"].get("type")
-    e = http_error(status, message, retry_after=parse_retry_after(headers))
-    e.error_type = err_type
-    return e
 
 
 class Strategy:
@@ -84,7 +43,8 @@ class Strategy:
     the model wrote as text are repaired on the upstream's wire, before any translation; `repaired` and
     `repair_formats` tell what was done."""
 
-    upstream_kind = "openai"
+    # The upstream's message format (an adapter's `wire`): "openai" chat completions or "anthropic" Messages.
+    upstream_wire = "openai"
     done = False
     started_content = False
     usage: dict
@@ -104,7 +64,7 @@ class Strategy:
         self.repair_tools = repair_tools or None
         self.repair = None
         if self.repair_tools:
-            cls = OpenAIStreamRepair if self.upstream_kind == "openai" else AnthropicStreamRepair
+            cls = OpenAIStreamRepair if self.upstream_wire == "openai" else AnthropicStreamRepair
             self.repair = cls(self.repair_tools)
         self._repaired_whole: list = []  # non-streaming answers
 
@@ -137,12 +97,7 @@ class Strategy:
             self._repaired_whole = repair_anthropic_message(resp, self.repair_tools)
 
     def path(self) -> str:
-        return "/chat/completions" if self.upstream_kind == "openai" else "/messages"
-
-    def http_error(self, status: int, body: bytes, headers) -> UpstreamError:
-        if self.upstream_kind == "openai":
-            return openai_http_error(status, body, headers)
-        return anthropic_http_error(status, body, headers)
+        return "/chat/completions" if self.upstream_wire == "openai" else "/messages"
 
 
 class OpenAIPassthrough(Strategy):
@@ -241,7 +196,7 @@ class OpenAIPassthrough(Strategy):
 class AnthropicPassthrough(Strategy):
     """Anthropic client -> Anthropic upstream: the body goes untouched (except model), events verbatim."""
 
-    upstream_kind = "anthropic"
+    upstream_wire = "anthropic"
 
     def request(self, raw: bytes, stream: bool) -> bytes:
         if self.client_body.get("model") == self.model:
@@ -393,7 +348,7 @@ class AnthropicToOpenAIUpstream(Strategy):
 class OpenAIToAnthropicUpstream(Strategy):
     """OpenAI client -> Anthropic upstream."""
 
-    upstream_kind = "anthropic"
+    upstream_wire = "anthropic"
 
     def __init__(self, **kw) -> None:
         super().__init__(**kw)
@@ -446,11 +401,12 @@ class OpenAIToAnthropicUpstream(Strategy):
                             after_content=self.translator.started_content)
 
 
-def strategy_for(ingress: str, upstream_kind: str, *, serves_responses: bool = False):
+def strategy_for(ingress: str, upstream_wire: str, *, serves_responses: bool = False):
+    """By (client wire, upstream wire); callers go through their provider's adapter (`adapter.strategy_for`)."""
     if ingress == "responses":
         from .responses_strategies import responses_strategy_for  # it builds on this module
 
-        return responses_strategy_for(upstream_kind, serves_responses)
+        return responses_strategy_for(upstream_wire, serves_responses)
     if ingress == "anthropic":
-        return AnthropicPassthrough if upstream_kind == "anthropic" else AnthropicToOpenAIUpstream
-    return OpenAIToAnthropicUpstream if upstream_kind == "anthropic" else OpenAIPassthrough
+        return AnthropicPassthrough if upstream_wire == "anthropic" else AnthropicToOpenAIUpstream
+    return OpenAIToAnthropicUpstream if upstream_wire == "anthropic" else OpenAIPassthrough

@@ -26,7 +26,6 @@ from ..protocol.errors import error_kind
 from ..providers.call import Call
 from ..providers.errors import BUDGET, IDLE_TIMEOUT, OVERFLOW, TOTAL_TIMEOUT, UpstreamError
 from ..providers.runtime import Provider
-from ..providers.strategies import strategy_for
 from ..translate.images import omit_images
 from ..translate.tool_repair import repair_tools_for
 from . import replies
@@ -282,14 +281,14 @@ class Exchange:
                 self.notes.append({"provider": provider.name, "moved": "none", "images_omitted": omitted,
                                    "why": f"{omitted} image(s) replaced by a text note: {provider.name} has "
                                           "capabilities.vision = false"})
-        cls = strategy_for(req.ingress, provider.cfg.kind, serves_responses=provider.cfg.serves_responses)
+        cls = provider.adapter.strategy_for(req.ingress)
         kw = {"model": model, "skip_prologue": self.committed and self.sink.opens_stream_itself, "client_body": body}
         if req.native is not None:
             kw["native"] = req.native
             kw["provider_name"] = provider.name
         kw["repair_tools"] = repair_tools_for(provider.cfg, req.body)
         kw["observe"] = self.profile.drift_action != "off" and provider.cfg.is_local()
-        if req.ingress == "anthropic" and cls.upstream_kind == "openai":
+        if req.ingress == "anthropic" and cls.upstream_wire == "openai":
             kw["input_tokens"] = provider.estimate_tokens(len(raw))
         call = self._call_factory(provider, cls(**kw), raw_body=raw, stream=req.stream, client_headers=req.headers)
         slot.call = call

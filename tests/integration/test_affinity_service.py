@@ -25,7 +25,7 @@ providers = ["p"]
 class _Done:
     """What `finish` reads from a strategy: a backend that reported its whole prompt cached."""
 
-    upstream_kind = "openai"
+    upstream_wire = "openai"
     usage = {"input_tokens": 10, "cache_read_input_tokens": 0}
     raw_usage = None
     timings = None
