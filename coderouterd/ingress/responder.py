@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from ..protocol.anthropic import message_start
 from ..protocol.sse import DONE, encode_data, encode_event
 from ..routing.sink import ClientGone, StreamOpening
 from .errors import OPENAI_TYPES, anthropic_error_body, anthropic_error_event, openai_error_body
@@ -134,13 +135,5 @@ class Responder:
         """What an Anthropic client gets when we commit to a stream before any upstream event arrived."""
         if self.ingress != "anthropic":
             return b""
-        start = {
-            "type": "message_start",
-            "message": {
-                "id": message_id, "type": "message", "role": "assistant", "model": model, "content": [],
-                "stop_reason": None, "stop_sequence": None,
-                "usage": {"input_tokens": input_tokens, "output_tokens": 1, "cache_creation_input_tokens": 0,
-                          "cache_read_input_tokens": 0},
-            },
-        }
+        start = message_start(message_id, model, input_tokens)
         return encode_event(start) + _ANTHROPIC_PING

@@ -9,6 +9,7 @@ import secrets
 
 import orjson
 
+from coderouterd.protocol.anthropic import message_start
 from coderouterd.translate.anthropic_to_openai import openai_error_is_context_overflow
 from coderouterd.translate.reasoning import ThinkTagSplitter, split_think_tags
 
@@ -295,23 +296,7 @@ class OpenAIStreamToAnthropic:
         if self._started:
             return []
         self._started = True
-        usage = {
-            "input_tokens": self._input_estimate,
-            "output_tokens": 1,
-            "cache_creation_input_tokens": 0,
-            "cache_read_input_tokens": 0,
-        }
-        message = {
-            "id": self.message_id,
-            "type": "message",
-            "role": "assistant",
-            "model": self.model,
-            "content": [],
-            "stop_reason": None,
-            "stop_sequence": None,
-            "usage": usage,
-        }
-        return [{"type": "message_start", "message": message}, {"type": "ping"}]
+        return [message_start(self.message_id, self.model, self._input_estimate), {"type": "ping"}]
 
     def feed(self, chunk: dict) -> list[dict]:
         if self._finished:
