@@ -240,7 +240,7 @@ class Affinity:
         try:
             async with asyncio.timeout(provider.cfg.timeouts.first_byte):
                 async with provider.session().post(url, json={"filename": filename},
-                                                   headers={**provider.cfg.headers, **provider.auth_headers()}) as r:
+                                                   headers=provider.adapter.headers()) as r:
                     await r.read()
                     return r.status
         except (aiohttp.ClientError, OSError, TimeoutError):
@@ -283,7 +283,7 @@ class Affinity:
         """(slots, whether the server answered at all)."""
         import aiohttp
 
-        headers = {**provider.cfg.headers, **provider.auth_headers()}
+        headers = provider.adapter.headers()
         try:
             async with asyncio.timeout(self.cfg.probe_timeout_s):
                 async with provider.session().get(f"{provider.root_url}/props", headers=headers) as r:
