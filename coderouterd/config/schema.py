@@ -134,7 +134,7 @@ class ProviderConfig(_Strict):
         """A backend on this machine or this network: Ollama, a supervised process, or a loopback/private host."""
         if self.local is not None:
             return self.local
-        if self.kind == "ollama" or self.process is not None:
+        if _adapter(self).always_local or self.process is not None:
             return True
         host = urlsplit(self.base_url).hostname or ""
         if host == "localhost" or host.endswith(".local"):

@@ -140,6 +140,9 @@ def test_kind_traits():
     assert o.fronts_unknown_server and not a.fronts_unknown_server and not ol.fronts_unknown_server
     assert ol.model_backend == "ollama" and o.model_backend is None and a.model_backend is None
     assert ol.reloads_on_model_switch and not o.reloads_on_model_switch
+    assert ol.always_local and not o.always_local and not a.always_local
+    assert cfg("ollama", "https://ollama.example.com").is_local()
+    assert not cfg("openai", "https://api.example.com/v1").is_local()
 
 
 def test_serves_responses_needs_an_adapter_that_may():

@@ -51,6 +51,8 @@ class UpstreamAdapter:
     model_backend: str | None = None
     # One loaded model per server: alternating models between providers on one server reloads it.
     reloads_on_model_switch = False
+    # The kind alone says the backend runs here (config `local` unset): memory pressure, drift, tool repair.
+    always_local = False
 
     def __init__(self, cfg) -> None:
         self.cfg = cfg

@@ -11,6 +11,7 @@ class OllamaAdapter(OpenAIAdapter):
     fronts_unknown_server = False
     model_backend = "ollama"
     reloads_on_model_switch = True
+    always_local = True
 
     @property
     def api_base(self) -> str:
