@@ -171,10 +171,10 @@ class Daemon:
             # Reading and validating the file happens in a thread; only the swap runs on the event loop.
             loaded = await asyncio.to_thread(load_config, self._loaded.path)
         except ConfigError as e:
-            self.last_reload_error = str(e)
-            self._publish(ConfigRejected(path=self._loaded.path, reason=str(e)))
-            # Logged once, by reload.apply_reload, whatever triggered the reload.
-            return {"ok": False, "error": str(e)}
+            return self._reject_reload(str(e))
+        refused = listener_change_refused(self.listen, loaded.model.server)
+        if refused:
+            return self._reject_reload(f"{self._loaded.path}: {refused}")
         old = self.runtime
         changed = _changed_sections(old.config, loaded.model)
         self.runtime = build_runtime(loaded, previous=old)
@@ -195,6 +195,12 @@ class Daemon:
             self.active_profile = fallback
             self.persist_active_profile()
         return {"ok": True, "changed": changed}
+
+    def _reject_reload(self, reason: str) -> dict:
+        # apply_reload logs the outcome (one line); status shows it as last_reload_error.
+        self.last_reload_error = reason
+        self._publish(ConfigRejected(path=self._loaded.path, reason=reason))
+        return {"ok": False, "error": reason}
 
     def _publish(self, event) -> None:
         if self.telemetry is not None:
@@ -348,6 +354,26 @@ def _warn_reload_risks(cfg) -> None:
 
     for w in reload_risks(cfg):
         log.warning("%s", w)
+
+
+def listener_change_refused(listen: tuple[str, int], new_server) -> str | None:
+    """Why a reloaded [server] section cannot be applied to the running listener, or None. The socket is bound
+    once: a new host or port would silently not take effect, and dropping every key from a listener that
+    stays bound beyond loopback would switch auth off for the network."""
+    host, port = listen
+    if (new_server.host, new_server.port) != (host, port):
+        return (f"server.host/server.port changed ({host}:{port} -> {new_server.host}:{new_server.port}): "
+                "restart needed; the running configuration is kept until then")
+    if not new_server.api_keys and not _is_loopback(host):
+        return (f"server.api_keys: removing every key while listening on {host!r} (not loopback) is refused; "
+                "the running configuration is kept")
+    return None
+
+
+def _is_loopback(host: str) -> bool:
+    from .config.schema import ServerConfig
+
+    return ServerConfig(host=host, api_keys=["x"]).is_loopback()
 
 
 def _changed_sections(old, new) -> list[str]:

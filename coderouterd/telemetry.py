@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
+from .ids import clip
 from .state import (
     AuditLog,
     BreakerTransition,
@@ -124,7 +125,8 @@ class Telemetry:
         attempts = ex.skips_and_attempts()
         self.bus.publish(RequestFinished(
             request_id=ex.req.request_id, ingress=ex.req.ingress, profile=ex.profile_name, provider=provider,
-            attempts=attempts, model_requested=ex.req.model, model_used=ex.model_used or "", status=ex.status,
+            attempts=attempts, model_requested=clip(ex.req.model), model_used=clip(ex.model_used or ""),
+            status=ex.status,
             error_class=ex.error_class, latency_ms=round(latency_s * 1000, 3),
             ttfb_ms=round(ex.ttfb * 1000, 3) if ex.ttfb is not None else None,
             input_tokens=u.get("input_tokens") or 0, output_tokens=u.get("output_tokens") or 0,

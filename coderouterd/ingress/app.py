@@ -10,9 +10,10 @@ import time
 
 import orjson
 
-from ..ids import new_id
+from ..ids import client_request_id, new_id
 from ..routing.request import ClientRequest
 from ..runtime import UnknownProfile
+from .guard import ClientLeft, answer_internal_error, describe_exception
 from .responder import ClientGone, Responder
 from .responses import ResponsesResponder, admit_responses
 from .validate import validate_anthropic, validate_openai
@@ -48,7 +49,7 @@ async def _read_body(receive, limit: int) -> bytes:
     while more:
         msg = await receive()
         if msg["type"] == "http.disconnect":
-            raise asyncio.CancelledError
+            raise ClientLeft
         chunk = msg.get("body", b"")
         size += len(chunk)
         if size > limit:
@@ -75,7 +76,23 @@ class ProxyApp:
     async def __call__(self, scope, receive, send) -> None:
         kind = scope["type"]
         if kind == "http":
-            await self.http(scope, receive, send)
+            # The one guard at the edge: whatever escapes a handler is answered in the caller's shape (never
+            # uvicorn's plain-text 500) and logged once, without request values.
+            started = False
+
+            async def tracked_send(message) -> None:
+                nonlocal started
+                started = True
+                await send(message)
+
+            try:
+                await self.http(scope, receive, tracked_send)
+            except ClientLeft:
+                pass
+            except Exception as e:
+                log.error("%s %s failed: %s", scope.get("method"), scope.get("path", "")[:100],
+                          describe_exception(e))
+                await answer_internal_error(scope, send, started)
         elif kind == "lifespan":
             await self.lifespan(receive, send)
 
@@ -169,7 +186,7 @@ class ProxyApp:
         """What every model request goes through first: auth, body limits, JSON, validation, profile.
         Returns (request, responder, profile), or None after an error in the caller's shape was sent."""
         headers = _headers(scope)
-        rid = headers.get("x-request-id") or new_id("req")
+        rid = client_request_id(headers.get("x-request-id"))
         r = ResponsesResponder(send, rid) if ingress == "responses" else Responder(send, ingress, rid)
         if not self._authorized(headers):
             await r.error(401, "missing or invalid API key for this coderouterd", error_type="authentication_error")
@@ -180,7 +197,7 @@ class ProxyApp:
         native = None
         param = None
         if ingress == "anthropic":
-            problem = validate_anthropic(body, count_tokens=count_tokens)
+            problem = validate_anthropic(body, count_tokens=count_tokens, raw=raw)
         elif ingress == "responses":
             # The router works on the chat translation; the client's own body stays in `native`.
             native, problem, param = admit_responses(body)
@@ -189,7 +206,7 @@ class ProxyApp:
                 r.rq = native
                 body = native.chat
         else:
-            problem = validate_openai(body)
+            problem = validate_openai(body, raw=raw)
         if problem:
             await r.error(400, problem, error_type="invalid_request_error", param=param or problem.split(":")[0])
             return None
@@ -244,7 +261,7 @@ class ProxyApp:
             else:
                 raise
         except Exception as e:  # a bug must cost one request, never the daemon
-            log.exception("request %s failed: %s", rid, e)
+            log.error("request %s failed: %s", rid, describe_exception(e))
             ex.status = 500
             ex.error_class = "internal_error"
             if not r.finished:
