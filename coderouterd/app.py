@@ -55,6 +55,7 @@ class Daemon:
         self.active_profile = loaded.model.server.default_profile
         self.listen = (loaded.model.server.host, loaded.model.server.port)
         self.last_reload_error: str | None = None
+        self.connection_limits = None  # ingress.protocol.Limits once the proxy listens; a reload updates it
         self._shut_down = False
         self.recent: OrderedDict[str, dict] = OrderedDict()  # request id -> decision trace, newest last
         # ingress -> model requests being served now (the proxy counts them in and out on the event loop)
@@ -184,6 +185,8 @@ class Daemon:
         if self.drift is not None:
             self.drift.reconfigure(loaded.model)
         self.memory.reconfigure(loaded.model)
+        if self.connection_limits is not None:
+            self.connection_limits.update(loaded.model.server)
         if self.budget is not None:
             self._configure_budget(loaded.model)
         self.last_reload_error = None

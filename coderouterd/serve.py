@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import resource
 import signal
 import time
 
@@ -19,6 +20,7 @@ from .admin.server import AdminServer, AdminSocketError, ManagedServer
 from .app import Daemon
 from .config import LoadedConfig, admin_socket_path, state_dir
 from .ingress.app import ProxyApp
+from .ingress.protocol import Limits, make_protocol
 from .reload import ConfigWatcher, apply_reload
 
 log = logging.getLogger("coderouterd")
@@ -84,6 +86,38 @@ class _Signals:
 
 
 FORCE_AFTER_S = 1.0
+# Descriptors kept aside for everything but client connections: state files, logs, the admin socket, children.
+_FDS_RESERVED = 100
+_FD_TARGET = 65_536
+
+
+def raise_fd_limit() -> int:
+    """Raise the soft open-files limit towards the hard one (launchd starts agents at 256, many shells at
+    1024: a few hundred idle connections used to make the daemon stop answering). Returns the soft limit."""
+    try:
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    except (OSError, ValueError):
+        return 0
+    want = _FD_TARGET if hard == resource.RLIM_INFINITY else min(hard, _FD_TARGET)
+    if soft != resource.RLIM_INFINITY and soft < want:
+        # macOS refuses values above OPEN_MAX (10240) even when the hard limit is "unlimited".
+        for value in (want, 10_240):
+            try:
+                resource.setrlimit(resource.RLIMIT_NOFILE, (min(value, want), hard))
+                soft = min(value, want)
+                break
+            except (OSError, ValueError):
+                continue
+    log.info("open files limit: %s (hard %s)", soft, "unlimited" if hard == resource.RLIM_INFINITY else hard)
+    return soft
+
+
+def connections_for_fds(soft: int) -> int | None:
+    """How many client connections the descriptor limit carries: each may hold an upstream connection too, and
+    the answering reserve above the cap (ingress/protocol.py) needs room as well."""
+    if soft <= 0 or soft == resource.RLIM_INFINITY:
+        return None
+    return max(8, (soft - _FDS_RESERVED) * 4 // 9)
 
 
 async def serve(loaded: LoadedConfig) -> int:
@@ -140,10 +174,11 @@ def _discovery_record(daemon: Daemon, loaded: LoadedConfig, sdir, sock_path) -> 
 
 async def _run(daemon: Daemon, loaded: LoadedConfig, admin: AdminServer) -> int:
     s = loaded.model.server
+    limits = daemon.connection_limits = Limits(s, fd_cap=connections_for_fds(raise_fd_limit()))
     config = uvicorn.Config(
-        ProxyApp(daemon), host=s.host, port=s.port, loop="none", http="httptools", lifespan="on",
+        ProxyApp(daemon), host=s.host, port=s.port, loop="none", http=make_protocol(limits), lifespan="on",
         access_log=False, log_level="warning", timeout_graceful_shutdown=s.drain_timeout_s,
-        server_header=False, date_header=False, timeout_keep_alive=75, proxy_headers=False,
+        server_header=False, date_header=False, timeout_keep_alive=s.keep_alive_s, proxy_headers=False,
     )
     proxy = ManagedServer(config)
     signals = _Signals(daemon, proxy, admin)
