@@ -55,6 +55,7 @@ class Daemon:
         self.active_profile = loaded.model.server.default_profile
         self.listen = (loaded.model.server.host, loaded.model.server.port)
         self.last_reload_error: str | None = None
+        self.state_unusable: str | None = None  # why the state directory cannot be used (serve.py)
         self.connection_limits = None  # ingress.protocol.Limits once the proxy listens; a reload updates it
         self._shut_down = False
         self.recent: OrderedDict[str, dict] = OrderedDict()  # request id -> decision trace, newest last
@@ -76,6 +77,8 @@ class Daemon:
     async def startup(self) -> None:
         self.runtime = build_runtime(self._loaded)
         t = self.telemetry
+        if self.state_unusable:  # set by serve.py before start-up: keep state in memory only
+            t.use_memory_only(self.state_unusable)
         t.bus.subscribe(self.metrics.sink)
         t.bus.subscribe(self.repair_stats.sink)
         t.start()
@@ -252,7 +255,8 @@ class Daemon:
         t = self.telemetry
         store = {"enabled": False, "healthy": True, "problem": None}
         if t is not None:
-            problems = [f"state database: {t.store.problem}" if not t.store.healthy else None,
+            problems = [t.unusable,
+                        f"state database: {t.store.problem}" if not t.store.healthy else None,
                         f"audit log: {t.audit.problem}" if t.audit is not None and not t.audit.healthy else None]
             problems = [p for p in problems if p]
             store = {"enabled": t.enabled, "healthy": not problems, "problem": "; ".join(problems) or None}

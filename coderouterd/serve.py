@@ -8,9 +8,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import resource
 import signal
+import tempfile
 import time
+from pathlib import Path
 
 import uvicorn
 
@@ -86,6 +89,13 @@ class _Signals:
 
 
 FORCE_AFTER_S = 1.0
+
+
+def fallback_socket_path() -> Path:
+    """Where the admin socket goes when the state directory cannot hold it: a private per-user directory."""
+    base = os.environ.get("XDG_RUNTIME_DIR") or tempfile.gettempdir()
+    return Path(base) / f"coderouter-{os.getuid()}" / "coderouterd.sock"
+
 # Descriptors kept aside for everything but client connections: state files, logs, the admin socket, children.
 _FDS_RESERVED = 100
 _FD_TARGET = 65_536
@@ -124,24 +134,33 @@ async def serve(loaded: LoadedConfig) -> int:
     daemon = Daemon(loaded)
     cfg = loaded.model
     sdir = state_dir(cfg)
+    # A state directory we cannot use (read-only disk, wrong owner, a file in the way) costs persistence, never
+    # service: state is kept in memory and `corectl status` says so.
+    unusable = None
     try:
         ensure_private_dir(sdir, enforce=True)
     except OSError as e:
-        log.error("cannot create the state directory %s: %s", sdir, e)
-        return 1
+        unusable = f"state directory {sdir} is unusable: {e.strerror or e}"
     lock = StateLock(sdir / LOCK_NAME)
-    try:
-        lock.acquire()
-    except LockHeld as e:
-        log.error("%s; not starting a second one", e)
-        return 1
-    except OSError as e:
-        log.error("cannot take the state lock %s: %s", sdir / LOCK_NAME, e)
-        return 1
+    if unusable is None:
+        try:
+            lock.acquire()
+        except LockHeld as e:
+            log.error("%s; not starting a second one", e)
+            return 1
+        except OSError as e:
+            unusable = f"cannot take the state lock {sdir / LOCK_NAME}: {e.strerror or e}"
+    if unusable is not None:
+        log.warning("%s; serving with state in memory only (nothing persists until restarted with a usable "
+                    "state directory)", unusable)
+        daemon.state_unusable = unusable
     sock_path = admin_socket_path(cfg)
+    if unusable is not None and sock_path.parent == sdir:
+        sock_path = fallback_socket_path()
+        log.warning("admin API moved to %s (use `corectl --socket %s`)", sock_path, sock_path)
     # The default socket lives in the state dir, which we own and keep private; a configured one may sit in a
     # directory shared with other things, which we only warn about.
-    admin = AdminServer(daemon, sock_path, private_dir=sock_path.parent == sdir)
+    admin = AdminServer(daemon, sock_path, private_dir=sock_path.parent in (sdir, fallback_socket_path().parent))
     try:
         admin.bind()
     except AdminSocketError as e:

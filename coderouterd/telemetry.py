@@ -39,11 +39,13 @@ CACHE_WRITE_STREAK = 10
 class Telemetry:
     """The bus always runs (metrics feed on it); the store, journal and audit log only with [state] enabled."""
 
-    def __init__(self, state_dir: Path, config) -> None:
+    def __init__(self, state_dir: Path, config, *, unusable: str | None = None) -> None:
         self.state_dir = state_dir
         self.bus = EventBus()
         st = config.state
-        self.enabled = st.enabled
+        # An unusable state directory (serve.py found it so) means memory-only state, reported in status.
+        self.unusable = unusable
+        self.enabled = st.enabled and unusable is None
         self.store = Store(state_dir / "state.db", bus=self.bus, flush_interval_s=st.flush_interval_s,
                            journal_retention_days=st.journal_retention_days) if st.enabled else MemoryStore()
         self.audit: AuditLog | None = None
@@ -51,6 +53,13 @@ class Telemetry:
         # (provider, profile) -> cache writes in a row with no read; -1 once warned
         self._cache_streak: dict[tuple[str, str], int] = {}
         self._cache_extra: dict[tuple[str, str], float] = {}
+
+    def use_memory_only(self, reason: str) -> None:
+        """The state directory is unusable (serve.py found it so): no SQLite store, journal or audit; status
+        reports `reason`. Called before start()."""
+        self.unusable = reason
+        self.enabled = False
+        self.store = MemoryStore()
 
     def start(self) -> None:
         if not self.enabled:
