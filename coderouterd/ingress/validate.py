@@ -14,10 +14,10 @@ from __future__ import annotations
 
 import orjson
 
-# Deeper than this and orjson (limit 255) could not serialise the request again after translation adds a
+# Deeper than this and orjson (limit 254) could not serialise the request again after translation adds a
 # level or two; no real request comes anywhere near it.
 MAX_DEPTH = 200
-_PROBE_WRAP = 255 - MAX_DEPTH  # lists wrapped around a body so that dumps fails iff the body is too deep
+_PROBE_WRAP = 254 - MAX_DEPTH  # orjson serialises at most 254 levels: wrapped this much, dumps fails iff too deep
 
 
 def _type_name(v) -> str:
@@ -26,30 +26,24 @@ def _type_name(v) -> str:
     )
 
 
-# -- checkers: (predicate, what was expected) -------------------------------------------------------------
+# -- checkers: (accepted types, or a predicate; what was expected) ----------------------------------------
+# Plain type tuples where they suffice: a `type(v) in types` test is the cheapest check Python has.
 
 def _is_str(v) -> bool:
     return type(v) is str
 
 
-def _is_int(v) -> bool:
-    return type(v) is int
-
-
-def _is_num(v) -> bool:
-    return type(v) is int or type(v) is float
-
-
-STR = (_is_str, "a string")
-INT = (_is_int, "an integer")
+STR = ((str,), "a string")
+INT = ((int,), "an integer")
 POS_INT = (lambda v: type(v) is int and v >= 1, "a positive integer")
-NUM = (_is_num, "a number")
-BOOL = (lambda v: type(v) is bool, "a boolean")
-OBJ = (lambda v: type(v) is dict, "an object")
+NUM = ((int, float), "a number")
+BOOL = ((bool,), "a boolean")
+OBJ = ((dict,), "an object")
+ARRAY = ((list,), "an array")
 STR_LIST = (lambda v: type(v) is list and all(type(x) is str for x in v), "an array of strings")
 STR_OR_STR_LIST = (lambda v: type(v) is str or (type(v) is list and all(type(x) is str for x in v)),
                    "a string or an array of strings")
-STR_OR_OBJ = (lambda v: type(v) is str or type(v) is dict, "a string or an object")
+STR_OR_OBJ = ((str, dict), "a string or an object")
 
 # A field table: (key, checker, required). An optional key may be absent or null.
 Fields = tuple[tuple[str, tuple, bool], ...]
@@ -61,8 +55,7 @@ def check_fields(obj: dict, fields: Fields, path: str) -> str | None:
         if v is None:
             if required:
                 return f"{path}{key}: field required ({expected})"
-            continue
-        if not ok(v):
+        elif type(v) not in ok if type(ok) is tuple else not ok(v):
             return f"{path}{key}: expected {expected}, got {_type_name(v)}"
     return None
 
@@ -80,9 +73,9 @@ def too_deep(value) -> bool:
 
 
 def _depth_problem(body, raw: bytes | None) -> str | None:
-    # Each container costs at least one opening byte: a body with fewer cannot be too deep, which spares
-    # the probe for all but the bodies with many objects.
-    if raw is not None and raw.count(b"{") + raw.count(b"[") <= MAX_DEPTH:
+    # Each container costs at least one opening byte: a small body with fewer cannot be too deep. (Counting
+    # is slower than the probe itself on large bodies, so only small ones are counted.)
+    if raw is not None and len(raw) < 4096 and raw.count(b"{") + raw.count(b"[") <= MAX_DEPTH:
         return None
     return f"request body: nested deeper than {MAX_DEPTH} levels" if too_deep(body) else None
 
@@ -90,15 +83,16 @@ def _depth_problem(body, raw: bytes | None) -> str | None:
 # -- Anthropic Messages ------------------------------------------------------------------------------------
 
 _ROLES_ANTHROPIC = frozenset({"user", "assistant", "system"})
+_NO_CC: dict = {}
 _CACHE = ("cache_control", OBJ, False)
 
 A_TOP: Fields = (
-    ("system", (lambda v: type(v) is str or type(v) is list, "a string or an array of text blocks"), False),
+    ("system", ((str, list), "a string or an array of text blocks"), False),
     ("temperature", NUM, False),
     ("top_p", NUM, False),
     ("top_k", INT, False),
     ("stop_sequences", STR_LIST, False),
-    ("tools", (lambda v: type(v) is list, "an array"), False),
+    ("tools", ARRAY, False),
     ("tool_choice", OBJ, False),
     ("thinking", OBJ, False),
     ("output_config", OBJ, False),
@@ -140,6 +134,9 @@ def _a_source(block: dict, path: str) -> str | None:
 
 
 def _a_block(block, path: str) -> str | None:
+    if type(block) is dict and block.get("type") == "text" and type(block.get("text")) is str and \
+            type(block.get("cache_control", _NO_CC)) is dict:
+        return None  # the common case, checked inline: most blocks are plain text
     if type(block) is not dict:
         return f"{path}: expected a content block object, got {_type_name(block)}"
     btype = block.get("type")
@@ -200,7 +197,7 @@ def validate_anthropic(body, *, count_tokens: bool = False, raw: bytes | None = 
         mt = body.get("max_tokens")
         if mt is None:
             return "max_tokens: field required"
-        if not POS_INT[0](mt):
+        if type(mt) is not int or mt < 1:
             return f"max_tokens: expected a positive integer, got {_type_name(mt)}"
         st = body.get("stream")
         if st is not None and type(st) is not bool:
@@ -230,6 +227,9 @@ def validate_anthropic(body, *, count_tokens: bool = False, raw: bytes | None = 
     for i, t in enumerate(body.get("tools") or ()):
         if type(t) is not dict:
             return f"tools[{i}]: expected an object, got {_type_name(t)}"
+        if type(t.get("name")) is str and type(t.get("input_schema", _NO_CC)) is dict and \
+                type(t.get("description", "")) is str and "cache_control" not in t and "type" not in t:
+            continue  # the usual custom tool
         problem = check_fields(t, A_TOOL, f"tools[{i}].")
         if problem:
             return problem
@@ -261,14 +261,14 @@ O_TOP: Fields = (
     ("frequency_penalty", NUM, False),
     ("seed", INT, False),
     ("stop", STR_OR_STR_LIST, False),
-    ("tools", (lambda v: type(v) is list, "an array"), False),
+    ("tools", ARRAY, False),
     ("tool_choice", STR_OR_OBJ, False),
     ("parallel_tool_calls", BOOL, False),
     ("response_format", OBJ, False),
     ("user", STR, False),
 )
 O_MESSAGE: Fields = (("name", STR, False), ("tool_call_id", STR, False),
-                     ("tool_calls", (lambda v: type(v) is list, "an array"), False))
+                     ("tool_calls", ARRAY, False))
 O_PARTS: dict[str, Fields] = {
     "text": (("text", STR, True),),
     "image_url": (("image_url", STR_OR_OBJ, True),),
@@ -363,7 +363,7 @@ def validate_openai(body, *, raw: bytes | None = None) -> str | None:
         return f"stream: expected a boolean, got {_type_name(st)}"
     for key in ("max_tokens", "max_completion_tokens"):
         mt = body.get(key)
-        if mt is not None and not POS_INT[0](mt):
+        if mt is not None and (type(mt) is not int or mt < 1):
             return f"{key}: expected a positive integer, got {_type_name(mt)}"
     problem = check_fields(body, O_TOP, "")
     if problem:
