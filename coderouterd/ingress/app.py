@@ -38,6 +38,9 @@ def _caller_wire(path: str, scope) -> str:
     return "openai"
 
 
+_SENT = object()  # "an error answer was already sent" (a JSON body may itself be null)
+
+
 def _headers(scope) -> dict[str, str]:
     return {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
 
@@ -88,11 +91,15 @@ class ProxyApp:
             try:
                 await self.http(scope, receive, tracked_send)
             except ClientLeft:
-                pass
+                return
             except Exception as e:
                 log.error("%s %s failed: %s", scope.get("method"), scope.get("path", "")[:100],
                           describe_exception(e))
                 await answer_internal_error(scope, send, started)
+                return
+            if not started:  # a handler that returned without answering is a bug, still answered properly
+                log.error("%s %s: no response from its handler", scope.get("method"), scope.get("path", "")[:100])
+                await answer_internal_error(scope, send, False)
         elif kind == "lifespan":
             await self.lifespan(receive, send)
 
@@ -158,7 +165,7 @@ class ProxyApp:
         return any(hmac.compare_digest(given.encode(), k.encode()) for k in keys)
 
     async def _read_json(self, scope, receive, r: Responder, runtime):
-        """The request body parsed, or None after an error was sent."""
+        """The request body parsed (any JSON value, `null` included), or _SENT after an error was sent."""
         limit = int(runtime.config.server.max_body_mb * 1024 * 1024)
         for k, v in scope["headers"]:
             if k == b"content-length":
@@ -166,7 +173,7 @@ class ProxyApp:
                     if int(v) > limit:
                         await r.error(413, f"request body exceeds the {runtime.config.server.max_body_mb:g} MB limit",
                                       error_type="request_too_large")
-                        return None, None
+                        return _SENT, None
                 except ValueError:
                     pass
                 break
@@ -175,12 +182,12 @@ class ProxyApp:
         except BodyTooLarge:
             await r.error(413, f"request body exceeds the {runtime.config.server.max_body_mb:g} MB limit",
                           error_type="request_too_large")
-            return None, None
+            return _SENT, None
         try:
             return orjson.loads(raw), raw
         except orjson.JSONDecodeError as e:
             await r.error(400, f"request body is not valid JSON: {e}", error_type="invalid_request_error")
-            return None, None
+            return _SENT, None
 
     async def _admit(self, scope, receive, send, ingress: str, runtime, *, count_tokens: bool = False):
         """What every model request goes through first: auth, body limits, JSON, validation, profile.
@@ -192,7 +199,7 @@ class ProxyApp:
             await r.error(401, "missing or invalid API key for this coderouterd", error_type="authentication_error")
             return None
         body, raw = await self._read_json(scope, receive, r, runtime)
-        if body is None:
+        if body is _SENT:
             return None
         native = None
         param = None
@@ -274,6 +281,8 @@ class ProxyApp:
         finally:
             watcher.cancel()
         daemon.finish(ex)
+        if not r.headers_sent and ex.error_class == "client_disconnected":
+            raise ClientLeft  # nothing was answered because the client left: the edge guard stays quiet
 
     async def count_tokens(self, scope, receive, send) -> None:
         runtime = self.daemon.runtime
