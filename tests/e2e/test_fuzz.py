@@ -33,7 +33,7 @@ providers = ["oa"]
 providers = ["an"]
 """
 
-EXAMPLES = 120  # per ingress: ~360 requests, well under a minute on a loaded 2-core machine
+EXAMPLES = 400  # per ingress: ~1,200 requests, well under a minute on a loaded 2-core machine
 
 
 @pytest.fixture(scope="module")

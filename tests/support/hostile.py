@@ -106,6 +106,8 @@ def _containers(body) -> list[tuple]:
 @st.composite
 def hostile_body(draw, base: dict) -> bytes:
     body = copy.deepcopy(base)
+    if draw(st.booleans()):
+        body["stream"] = True  # the streaming paths translate incrementally: fuzz them too
     if draw(st.integers(0, 40)) == 0:
         return orjson.dumps(draw(json_values))  # a body that is not an object at all, or a stray object
     for _ in range(draw(st.integers(1, 4))):
