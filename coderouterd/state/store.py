@@ -191,7 +191,10 @@ class Store:
                     self.dropped_journal_rows += overflow
                 if not self._retry_due():
                     return
+                failures = self._failures
                 self._write_journal()
+                if self._failures == failures and not self._pending_journal and not self._pending:
+                    self._ok()  # everything held in memory really reached the disk
                 now = self._clock()
                 if self._conn is not None and now - self._last_purge >= self.purge_every_s:
                     self._last_purge = now  # retention runs here, in the writer thread, at most hourly
