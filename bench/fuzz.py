@@ -39,10 +39,12 @@ dir = "{state}"
 [providers.oa]
 kind = "openai"
 base_url = "{oa}/v1"
+capabilities = {{ vision = true }}
 
 [providers.an]
 kind = "anthropic"
 base_url = "{an}/v1"
+capabilities = {{ vision = true }}
 
 [profiles.default]
 providers = ["oa"]
@@ -118,30 +120,33 @@ def main() -> int:
         rss0, fd0 = rss_kb(d.pid), fds(d.pid)
         statuses: Counter = Counter()
         bad: list[str] = []
-        hangs = 0
         per = args.cases // len(INGRESSES) + 1
         t0 = time.monotonic()
-        total = 0
-        for name, (path, shape, base) in INGRESSES.items():
+        def make_run(name: str, path: str, shape: str, base: dict):
             @seed(args.seed)
             @settings(max_examples=per, deadline=None, database=None, suppress_health_check=list(HealthCheck))
             @given(body=hostile_body(base), profile=st.sampled_from(["default", "cloud"]))
-            def run(body: bytes, profile: str, path=path, shape=shape, name=name) -> None:
-                nonlocal hangs, total
-                total += 1
+            def run(body: bytes, profile: str) -> None:
+                nonlocal_counts["total"] += 1
                 try:
                     r = client.post(path, content=body, headers={"x-coderouter-profile": profile,
                                                                  "content-type": "application/json"})
                 except httpx.TimeoutException:
-                    hangs += 1
+                    nonlocal_counts["hangs"] += 1
                     return
                 statuses[(name, r.status_code)] += 1
                 problem = check_response(r.status_code, r.headers, r.content, shape)
                 if problem:
                     bad.append(f"{name}/{profile}: {problem} body={body[:300]!r}")
 
-            run()
-            print(f"{name}: done ({total} cases so far, {time.monotonic() - t0:.0f} s)", flush=True)
+            return run
+
+        nonlocal_counts = {"total": 0, "hangs": 0}
+        for name, (path, shape, base) in INGRESSES.items():
+            make_run(name, path, shape, base)()
+            print(f"{name}: done ({nonlocal_counts['total']} cases so far, {time.monotonic() - t0:.0f} s)",
+                  flush=True)
+        total, hangs = nonlocal_counts["total"], nonlocal_counts["hangs"]
         conns = hostile_connections(port)
         healthy = client.get("/healthz").status_code == 200
         time.sleep(1.0)

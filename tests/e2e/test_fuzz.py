@@ -21,10 +21,12 @@ max_body_mb = 4
 [providers.oa]
 kind = "openai"
 base_url = "@OA@/v1"
+capabilities = { vision = true }
 
 [providers.an]
 kind = "anthropic"
 base_url = "@AN@/v1"
+capabilities = { vision = true }
 
 [profiles.default]
 providers = ["oa"]
