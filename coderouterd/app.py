@@ -18,6 +18,7 @@ from .guards.apply import BudgetHooks, apply_tool_loop
 from .guards.budget import Budget
 from .health.drift_actions import DriftManager
 from .health.memory import MemoryWatch
+from .ids import MAX_STORED_CHARS, clip
 from .routing.router import Router
 from .routing.state import RoutingState
 from .runtime import Runtime, UnknownProfile, build_runtime, close_pools
@@ -337,7 +338,10 @@ class Daemon:
         if self.drift is not None:
             self.drift.record(ex)
         recent = self.recent
-        recent[ex.req.request_id] = ex.trace(latency)
+        trace = ex.trace(latency)
+        if len(trace.get("model_requested") or "") > MAX_STORED_CHARS:  # 500 kept traces x a 3 MB model name
+            trace["model_requested"] = clip(trace["model_requested"])
+        recent[ex.req.request_id] = trace
         if len(recent) > RECENT_TRACES:
             recent.popitem(last=False)
         if ex.status >= 400 or len(ex.attempts) > 1 or ex.skips:

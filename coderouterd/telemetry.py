@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from .ids import clip
+from .ids import MAX_STORED_CHARS, clip
 from .state import (
     AuditLog,
     BreakerTransition,
@@ -131,7 +131,7 @@ class Telemetry:
                 cost = cost_usd(u, cfg.cost)
         ex.cost_usd = cost
         fallback_count = len(moved_past(ex.attempts, provider is not None))
-        attempts = ex.skips_and_attempts()
+        attempts = _bounded(ex.skips_and_attempts())
         self.bus.publish(RequestFinished(
             request_id=ex.req.request_id, ingress=ex.req.ingress, profile=ex.profile_name, provider=provider,
             attempts=attempts, model_requested=clip(ex.req.model), model_used=clip(ex.model_used or ""),
@@ -185,3 +185,13 @@ def _affinity_fields(ticket) -> dict:
     return {"session": ticket.session.hashed, "lane": ticket.lane_label, "slot": ticket.slot,
             "predicted_tokens": ticket.predicted_tokens,
             "cache_bust": ticket.bust.segment if ticket.bust is not None else None}
+
+
+def _bounded(attempts: list[dict]) -> list[dict]:
+    """Attempt records as stored: an upstream's error message can echo the client's input (a 3 MB model name),
+    so every string in them is cut like the other client strings."""
+    for a in attempts:
+        for k, v in a.items():
+            if isinstance(v, str) and len(v) > MAX_STORED_CHARS:
+                a[k] = clip(v)
+    return attempts

@@ -218,3 +218,7 @@ def test_client_strings_are_bounded(fake, daemons, tmp_path):
     row = wait_for(stored, 8.0, "the journal row")
     assert len(row[0]) < 300 and row[0].startswith("m" * 256) and "chars]" in row[0]
     assert huge not in d.log()
+    with httpx.Client(transport=httpx.HTTPTransport(uds=str(d.state_dir / "coderouterd.sock")),
+                      base_url="http://coderouterd", timeout=5) as admin:
+        trace = admin.get("/v1/requests/huge-model").json()
+    assert len(trace["model_requested"]) < 300
