@@ -7,6 +7,7 @@ added, a list emptied, the whole body replaced. What must hold for every case is
 from __future__ import annotations
 
 import copy
+import json
 
 import orjson
 from hypothesis import strategies as st
@@ -109,7 +110,8 @@ def hostile_body(draw, base: dict) -> bytes:
     if draw(st.booleans()):
         body["stream"] = True  # the streaming paths translate incrementally: fuzz them too
     if draw(st.integers(0, 40)) == 0:
-        return orjson.dumps(draw(json_values))  # a body that is not an object at all, or a stray object
+        body = draw(json_values)  # a body that is not an object at all, or a stray object
+        return _dumps(body)
     for _ in range(draw(st.sampled_from([1, 1, 1, 2, 3, 4]))):
         spots = _containers(body)
         if not spots:
@@ -128,12 +130,15 @@ def hostile_body(draw, base: dict) -> bytes:
             parent[key] = [parent[key]]
         else:
             parent[key] = draw(st.sampled_from(["", [], {}, 0, -1, 1e300, "x" * 3000]))
+    return _dumps(body)
+
+
+def _dumps(body) -> bytes:
     try:
         return orjson.dumps(body)
-    except orjson.JSONEncodeError:
-        import json
-
-        return json.dumps(body).encode()  # deeper than orjson writes: exactly what a hostile client sends
+    except (orjson.JSONEncodeError, TypeError):
+        # Deeper than orjson writes, or integers beyond 64 bits: exactly what a hostile client may send.
+        return json.dumps(body).encode()
 
 
 def check_response(status: int, headers, content: bytes, shape: str) -> str | None:
