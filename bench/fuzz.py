@@ -2,7 +2,9 @@
 both upstream wires, against the real daemon; plus slow and oversized connections mixed in. Reports 5xx,
 wrong error shapes, hangs (no answer within 30 s), crashes, and the daemon's RSS and open fds before/after.
 
-    .venv/bin/python bench/fuzz.py [--cases 25000] [--seed 1]
+    .venv/bin/python bench/fuzz.py [--cases 25000] [--seed 1] [--tree OTHER_CHECKOUT]
+
+--tree runs another checkout's daemon (e.g. the commit before the edge guards) with the same generator.
 """
 
 from __future__ import annotations
@@ -30,9 +32,7 @@ CONFIG = """
 [server]
 port = {port}
 max_body_mb = 4
-header_timeout_s = 2
-body_timeout_s = 2
-
+{limits}
 [state]
 dir = "{state}"
 
@@ -99,16 +99,20 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--cases", type=int, default=25_000)
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--tree", default=None, help="another checkout whose daemon to run (no limit keys in its config)")
     args = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="crfuzz-"))
     oa, oa_url = start_fake("openai")
     an, an_url = start_fake("anthropic")
     port = free_port()
     cfg = tmp / "config.toml"
-    cfg.write_text(CONFIG.format(port=port, state=tmp / "state", oa=oa_url, an=an_url))
+    tree = Path(args.tree).resolve() if args.tree else ROOT
+    limits = "" if args.tree else "header_timeout_s = 2\nbody_timeout_s = 2\n"
+    cfg.write_text(CONFIG.format(port=port, state=tmp / "state", oa=oa_url, an=an_url, limits=limits))
     log = open(tmp / "daemon.log", "wb")
     env = {k: v for k, v in os.environ.items() if not k.startswith("CODEROUTER_")}
-    d = subprocess.Popen([PY, "-m", "coderouterd", "--config", str(cfg)], cwd=ROOT, env=env, stdout=log,
+    env["PYTHONPATH"] = str(tree)
+    d = subprocess.Popen([PY, "-m", "coderouterd", "--config", str(cfg)], cwd=tree, env=env, stdout=log,
                          stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     try:
