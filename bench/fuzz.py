@@ -99,6 +99,7 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--cases", type=int, default=25_000)
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--ingress", action="append", choices=sorted(INGRESSES), help="only these (repeatable)")
     ap.add_argument("--tree", default=None, help="another checkout whose daemon to run (no limit keys in its config)")
     args = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="crfuzz-"))
@@ -124,7 +125,8 @@ def main() -> int:
         rss0, fd0 = rss_kb(d.pid), fds(d.pid)
         statuses: Counter = Counter()
         bad: list[str] = []
-        per = args.cases // len(INGRESSES) + 1
+        chosen = {k: v for k, v in INGRESSES.items() if not args.ingress or k in args.ingress}
+        per = args.cases // len(chosen) + 1
         t0 = time.monotonic()
         def make_run(name: str, path: str, shape: str, base: dict):
             @seed(args.seed)
@@ -146,7 +148,7 @@ def main() -> int:
             return run
 
         nonlocal_counts = {"total": 0, "hangs": 0}
-        for name, (path, shape, base) in INGRESSES.items():
+        for name, (path, shape, base) in chosen.items():
             make_run(name, path, shape, base)()
             print(f"{name}: done ({nonlocal_counts['total']} cases so far, {time.monotonic() - t0:.0f} s)",
                   flush=True)

@@ -143,7 +143,7 @@ class Telemetry:
             cache_write_tokens=u.get("cache_creation_input_tokens") or 0,
             cost_usd=cost, streaming=ex.req.stream, fallback_count=fallback_count, race_outcome=ex.race_outcome,
             overhead_ms=round(max(0.0, latency_s - ex.upstream_wait_s) * 1000, 3),
-            session_key=ex.req.session_key(),
+            session_key=_clip_opt(ex.req.session_key()),
             **_affinity_fields(ex.affinity),
             tool_repair=ex.repair_applied,
         ))
@@ -185,6 +185,10 @@ def _affinity_fields(ticket) -> dict:
     return {"session": ticket.session.hashed, "lane": ticket.lane_label, "slot": ticket.slot,
             "predicted_tokens": ticket.predicted_tokens,
             "cache_bust": ticket.bust.segment if ticket.bust is not None else None}
+
+
+def _clip_opt(s: str | None) -> str | None:
+    return clip(s) if isinstance(s, str) else s
 
 
 def _bounded(attempts: list[dict]) -> list[dict]:

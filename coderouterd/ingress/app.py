@@ -16,7 +16,7 @@ from ..runtime import UnknownProfile
 from .guard import ClientLeft, answer_internal_error, describe_exception
 from .responder import ClientGone, Responder
 from .responses import ResponsesResponder, admit_responses
-from .validate import validate_anthropic, validate_openai
+from .validate import depth_problem, validate_anthropic, validate_openai
 
 log = logging.getLogger("coderouterd.request")
 
@@ -207,7 +207,9 @@ class ProxyApp:
             problem = validate_anthropic(body, count_tokens=count_tokens, raw=raw)
         elif ingress == "responses":
             # The router works on the chat translation; the client's own body stays in `native`.
-            native, problem, param = admit_responses(body)
+            problem = depth_problem(body, raw) if type(body) is dict else None
+            if not problem:
+                native, problem, param = admit_responses(body)
             if native is not None:
                 native.raw = raw
                 r.rq = native

@@ -72,7 +72,8 @@ def too_deep(value) -> bool:
     return False
 
 
-def _depth_problem(body, raw: bytes | None) -> str | None:
+def depth_problem(body, raw: bytes | None) -> str | None:
+    """The depth limit on its own too, for an ingress whose other checks live elsewhere (Responses)."""
     # Each container costs at least one opening byte: a small body with fewer cannot be too deep. (Counting
     # is slower than the probe itself on large bodies, so only small ones are counted.)
     if raw is not None and len(raw) < 4096 and raw.count(b"{") + raw.count(b"[") <= MAX_DEPTH:
@@ -244,7 +245,7 @@ def validate_anthropic(body, *, count_tokens: bool = False, raw: bytes | None = 
         problem = check_fields(fmt, A_FORMAT, "output_config.format.")
         if problem:
             return problem
-    return _depth_problem(body, raw)
+    return depth_problem(body, raw)
 
 
 # -- OpenAI chat.completions -------------------------------------------------------------------------------
@@ -393,4 +394,4 @@ def validate_openai(body, *, raw: bytes | None = None) -> str | None:
         problem = check_fields(js, O_JSON_SCHEMA, "response_format.json_schema.")
         if problem:
             return problem
-    return _depth_problem(body, raw)
+    return depth_problem(body, raw)

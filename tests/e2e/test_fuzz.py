@@ -35,7 +35,7 @@ providers = ["oa"]
 providers = ["an"]
 """
 
-EXAMPLES = 400  # per ingress: ~1,200 requests, well under a minute on a loaded 2-core machine
+EXAMPLES = 300  # per ingress: ~1,200 requests, well under a minute on a loaded 2-core machine
 
 
 @pytest.fixture(scope="module")

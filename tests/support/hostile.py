@@ -1,6 +1,6 @@
 """Hostile request bodies for the fuzz test (tests/e2e/test_fuzz.py) and the long run (bench/fuzz.py).
 
-Each case is a real client body (Claude-Code-shaped Anthropic, OpenAI chat, count_tokens) with a few random
+Each case is a real client body (Claude-Code-shaped Anthropic, OpenAI chat, count_tokens, Codex Responses) with a few random
 mutations at random places: a value replaced by JSON of another type (or nested very deep), a key dropped or
 added, a list emptied, the whole body replaced. What must hold for every case is in `check_response`."""
 
@@ -63,10 +63,38 @@ OPENAI_BASE = {
     "response_format": {"type": "text"},
 }
 
+RESPONSES_BASE = {  # what Codex CLI sends (store=false: the whole conversation in `input`)
+    "model": "gpt-5-codex",
+    "instructions": "You are Codex.",
+    "input": [
+        {"type": "message", "role": "developer", "content": [{"type": "input_text", "text": "be brief"}]},
+        {"type": "message", "role": "user", "content": [
+            {"type": "input_text", "text": "list files"},
+            {"type": "input_image", "image_url": "data:image/png;base64,AAAA", "detail": "low"}]},
+        {"type": "reasoning", "summary": [{"type": "summary_text", "text": "plan"}], "encrypted_content": "E"},
+        {"type": "function_call", "call_id": "c1", "name": "exec_command", "arguments": "{\"cmd\": \"ls\"}"},
+        {"type": "function_call_output", "call_id": "c1", "output": "a.py"},
+        {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "done"}]},
+    ],
+    "tools": [{"type": "function", "name": "exec_command", "description": "run",
+               "parameters": {"type": "object", "properties": {"cmd": {"type": "string"}}}},
+              {"type": "web_search"}],
+    "tool_choice": "auto",
+    "parallel_tool_calls": False,
+    "reasoning": {"effort": "medium", "summary": "auto"},
+    "store": False,
+    "stream": False,
+    "include": ["reasoning.encrypted_content"],
+    "prompt_cache_key": "session-1",
+    "max_output_tokens": 64,
+    "text": {"verbosity": "low"},
+}
+
 INGRESSES = {
     "messages": ("/v1/messages", "anthropic", ANTHROPIC_BASE),
     "count_tokens": ("/v1/messages/count_tokens", "anthropic", ANTHROPIC_BASE),
     "chat": ("/v1/chat/completions", "openai", OPENAI_BASE),
+    "responses": ("/v1/responses", "openai", RESPONSES_BASE),
 }
 
 _scalars = st.one_of(
