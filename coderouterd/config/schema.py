@@ -278,13 +278,13 @@ class AffinityConfig(_Strict):
     strip_patterns: list[str] = ["^x-anthropic-billing-header:.*$"]
     # A turn that reused at least this many tokens (and over 10%) less than its lane's previous prompt on the
     # same backend is reported as a cache bust.
-    bust_min_tokens: int = Field(1024, ge=1)
+    bust_min_tokens: int = Field(1024, ge=1, le=100_000_000)
     # A new lane copies another slot's shared prefix (save + restore) when that saves at least this much.
-    clone_min_tokens: int = Field(2048, ge=1)
-    probe_timeout_s: float = Field(2.0, gt=0)
+    clone_min_tokens: int = Field(2048, ge=1, le=100_000_000)
+    probe_timeout_s: float = seconds(2.0)
     # Slot files kept per server (--slot-save-path): each holds a slot's KV cache, which can be gigabytes; the
     # oldest saved lane's file is reused beyond this. 0 = never save (evicted lanes start over).
-    max_saved_slots: int = Field(8, ge=0)
+    max_saved_slots: int = Field(8, ge=0, le=10_000)
     # A managed llama-server (a provider's `process`) gets --slot-save-path <state dir>/slots unless it sets one.
     manage_slot_save: bool = True
 
