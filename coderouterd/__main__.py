@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 import sys
 
 from . import __version__
@@ -27,6 +28,12 @@ def main(argv: list[str] | None = None) -> int:
     from .config import ConfigError, load_config
     from .config.envfile import EnvFileError, load_env_file, missing_keys
 
+    # --host/--port act as environment overrides for the process's life, so every reload reads the file with
+    # them too (a reload compares host/port with the bound listener and refuses a change).
+    if args.host:
+        os.environ["CODEROUTER_SERVER__HOST"] = args.host
+    if args.port is not None:
+        os.environ["CODEROUTER_SERVER__PORT"] = str(args.port)
     try:
         # Before the config is read: CODEROUTER_* overrides and every api_key_env may come from this file.
         load_env_file()
@@ -40,14 +47,6 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     no_key = missing_keys(loaded.model.providers)
     server = loaded.model.server
-    if args.host:
-        server.host = args.host
-    if args.port is not None:
-        server.port = args.port
-    if args.host and not server.is_loopback() and not server.api_keys:
-        print(f"coderouterd: server.api_keys: binding {server.host!r} (not loopback) requires client api_keys",
-              file=sys.stderr)
-        return 2
     if args.check:
         print(f"coderouterd: configuration OK ({loaded.path})")
         for name, problem in no_key.items():

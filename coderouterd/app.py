@@ -18,6 +18,7 @@ from .guards.apply import BudgetHooks, apply_tool_loop
 from .guards.budget import Budget
 from .health.drift_actions import DriftManager
 from .health.memory import MemoryWatch
+from .ids import MAX_STORED_CHARS, clip
 from .routing.router import Router
 from .routing.state import RoutingState
 from .runtime import Runtime, UnknownProfile, build_runtime, close_pools
@@ -55,6 +56,8 @@ class Daemon:
         self.active_profile = loaded.model.server.default_profile
         self.listen = (loaded.model.server.host, loaded.model.server.port)
         self.last_reload_error: str | None = None
+        self.state_unusable: str | None = None  # why the state directory cannot be used (serve.py)
+        self.connection_limits = None  # ingress.protocol.Limits once the proxy listens; a reload updates it
         self._shut_down = False
         self.recent: OrderedDict[str, dict] = OrderedDict()  # request id -> decision trace, newest last
         # ingress -> model requests being served now (the proxy counts them in and out on the event loop)
@@ -75,6 +78,8 @@ class Daemon:
     async def startup(self) -> None:
         self.runtime = build_runtime(self._loaded)
         t = self.telemetry
+        if self.state_unusable:  # set by serve.py before start-up: keep state in memory only
+            t.use_memory_only(self.state_unusable)
         t.bus.subscribe(self.metrics.sink)
         t.bus.subscribe(self.repair_stats.sink)
         t.start()
@@ -171,10 +176,10 @@ class Daemon:
             # Reading and validating the file happens in a thread; only the swap runs on the event loop.
             loaded = await asyncio.to_thread(load_config, self._loaded.path)
         except ConfigError as e:
-            self.last_reload_error = str(e)
-            self._publish(ConfigRejected(path=self._loaded.path, reason=str(e)))
-            # Logged once, by reload.apply_reload, whatever triggered the reload.
-            return {"ok": False, "error": str(e)}
+            return self._reject_reload(str(e))
+        refused = listener_change_refused(self.listen, loaded.model.server)
+        if refused:
+            return self._reject_reload(f"{self._loaded.path}: {refused}")
         old = self.runtime
         changed = _changed_sections(old.config, loaded.model)
         self.runtime = build_runtime(loaded, previous=old)
@@ -184,6 +189,8 @@ class Daemon:
         if self.drift is not None:
             self.drift.reconfigure(loaded.model)
         self.memory.reconfigure(loaded.model)
+        if self.connection_limits is not None:
+            self.connection_limits.update(loaded.model.server)
         if self.budget is not None:
             self._configure_budget(loaded.model)
         self.last_reload_error = None
@@ -195,6 +202,12 @@ class Daemon:
             self.active_profile = fallback
             self.persist_active_profile()
         return {"ok": True, "changed": changed}
+
+    def _reject_reload(self, reason: str) -> dict:
+        # apply_reload logs the outcome (one line); status shows it as last_reload_error.
+        self.last_reload_error = reason
+        self._publish(ConfigRejected(path=self._loaded.path, reason=reason))
+        return {"ok": False, "error": reason}
 
     def _publish(self, event) -> None:
         if self.telemetry is not None:
@@ -243,7 +256,8 @@ class Daemon:
         t = self.telemetry
         store = {"enabled": False, "healthy": True, "problem": None}
         if t is not None:
-            problems = [f"state database: {t.store.problem}" if not t.store.healthy else None,
+            problems = [t.unusable,
+                        f"state database: {t.store.problem}" if not t.store.healthy else None,
                         f"audit log: {t.audit.problem}" if t.audit is not None and not t.audit.healthy else None]
             problems = [p for p in problems if p]
             store = {"enabled": t.enabled, "healthy": not problems, "problem": "; ".join(problems) or None}
@@ -324,7 +338,10 @@ class Daemon:
         if self.drift is not None:
             self.drift.record(ex)
         recent = self.recent
-        recent[ex.req.request_id] = ex.trace(latency)
+        trace = ex.trace(latency)
+        if len(trace.get("model_requested") or "") > MAX_STORED_CHARS:  # 500 kept traces x a 3 MB model name
+            trace["model_requested"] = clip(trace["model_requested"])
+        recent[ex.req.request_id] = trace
         if len(recent) > RECENT_TRACES:
             recent.popitem(last=False)
         if ex.status >= 400 or len(ex.attempts) > 1 or ex.skips:
@@ -348,6 +365,26 @@ def _warn_reload_risks(cfg) -> None:
 
     for w in reload_risks(cfg):
         log.warning("%s", w)
+
+
+def listener_change_refused(listen: tuple[str, int], new_server) -> str | None:
+    """Why a reloaded [server] section cannot be applied to the running listener, or None. The socket is bound
+    once: a new host or port would silently not take effect, and dropping every key from a listener that
+    stays bound beyond loopback would switch auth off for the network."""
+    host, port = listen
+    if (new_server.host, new_server.port) != (host, port):
+        return (f"server.host/server.port changed ({host}:{port} -> {new_server.host}:{new_server.port}): "
+                "restart needed; the running configuration is kept until then")
+    if not new_server.api_keys and not _is_loopback(host):
+        return (f"server.api_keys: removing every key while listening on {host!r} (not loopback) is refused; "
+                "the running configuration is kept")
+    return None
+
+
+def _is_loopback(host: str) -> bool:
+    from .config.schema import ServerConfig
+
+    return ServerConfig(host=host, api_keys=["x"]).is_loopback()
 
 
 def _changed_sections(old, new) -> list[str]:

@@ -14,3 +14,24 @@ _COUNTER = itertools.count(1)
 
 def new_id(kind: str) -> str:
     return f"{kind}_{_PREFIX}{next(_COUNTER):012x}"
+
+
+# Client-supplied strings (model names, request ids, profile names, tool names) end up in the journal, the
+# audit log, log lines and response headers: each is cut to this with a marker saying how much was dropped.
+MAX_STORED_CHARS = 256
+# A client's own x-request-id is kept only when it looks like an id: short, printable ASCII, no spaces.
+MAX_CLIENT_REQUEST_ID = 128
+
+
+def clip(s: str, limit: int = MAX_STORED_CHARS) -> str:
+    if len(s) <= limit:
+        return s
+    return f"{s[:limit]}…[+{len(s) - limit} chars]"
+
+
+def client_request_id(given: str | None) -> str:
+    """The client's x-request-id when it is a sane id, else a fresh one (echoed back in headers and stored)."""
+    if given and len(given) <= MAX_CLIENT_REQUEST_ID and given.isascii() and given.isprintable() \
+            and " " not in given:
+        return given
+    return new_id("req")

@@ -62,7 +62,11 @@ class ConfigWatcher:
         try:
             async for _ in awatch(directory, watch_filter=self._is_config, step=self.step_ms,
                                   debounce=self.debounce_ms, stop_event=self._stop, recursive=False):
-                await apply_reload(self.daemon, "file change")
+                try:
+                    await apply_reload(self.daemon, "file change")
+                except Exception as e:  # a bug in one reload must not end the watch: later edits still apply
+                    self.daemon.last_reload_error = f"internal error while reloading: {type(e).__name__}"
+                    log.error("config reload (file change) failed: %s; still watching", type(e).__name__)
         except asyncio.CancelledError:
             raise
         except Exception as e:  # losing the watch must not take the daemon down: SIGHUP and corectl still work

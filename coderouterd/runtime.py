@@ -9,6 +9,7 @@ import asyncio
 import fnmatch
 
 from .config import LoadedConfig
+from .ids import clip
 from .providers.pool import Pool
 from .providers.runtime import Provider
 from .routing.router import Router
@@ -16,7 +17,7 @@ from .routing.router import Router
 
 class UnknownProfile(Exception):
     def __init__(self, name: str, valid: list[str]) -> None:
-        super().__init__(f"unknown profile {name!r}; valid profiles: {', '.join(valid)}")
+        super().__init__(f"unknown profile {clip(name)!r}; valid profiles: {', '.join(valid)}")
         self.name = name
         self.valid = valid
 

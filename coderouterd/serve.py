@@ -8,8 +8,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import resource
 import signal
+import tempfile
 import time
+from pathlib import Path
 
 import uvicorn
 
@@ -19,6 +23,7 @@ from .admin.server import AdminServer, AdminSocketError, ManagedServer
 from .app import Daemon
 from .config import LoadedConfig, admin_socket_path, state_dir
 from .ingress.app import ProxyApp
+from .ingress.protocol import Limits, make_protocol
 from .reload import ConfigWatcher, apply_reload
 
 log = logging.getLogger("coderouterd")
@@ -86,28 +91,76 @@ class _Signals:
 FORCE_AFTER_S = 1.0
 
 
+def fallback_socket_path() -> Path:
+    """Where the admin socket goes when the state directory cannot hold it: a private per-user directory."""
+    base = os.environ.get("XDG_RUNTIME_DIR") or tempfile.gettempdir()
+    return Path(base) / f"coderouter-{os.getuid()}" / "coderouterd.sock"
+
+# Descriptors kept aside for everything but client connections: state files, logs, the admin socket, children.
+_FDS_RESERVED = 100
+_FD_TARGET = 65_536
+
+
+def raise_fd_limit() -> int:
+    """Raise the soft open-files limit towards the hard one (launchd starts agents at 256, many shells at
+    1024: a few hundred idle connections used to make the daemon stop answering). Returns the soft limit."""
+    try:
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    except (OSError, ValueError):
+        return 0
+    want = _FD_TARGET if hard == resource.RLIM_INFINITY else min(hard, _FD_TARGET)
+    if soft != resource.RLIM_INFINITY and soft < want:
+        # macOS refuses values above OPEN_MAX (10240) even when the hard limit is "unlimited".
+        for value in (want, 10_240):
+            try:
+                resource.setrlimit(resource.RLIMIT_NOFILE, (min(value, want), hard))
+                soft = min(value, want)
+                break
+            except (OSError, ValueError):
+                continue
+    log.info("open files limit: %s (hard %s)", soft, "unlimited" if hard == resource.RLIM_INFINITY else hard)
+    return soft
+
+
+def connections_for_fds(soft: int) -> int | None:
+    """How many client connections the descriptor limit carries: each may hold an upstream connection too, and
+    the answering reserve above the cap (ingress/protocol.py) needs room as well."""
+    if soft <= 0 or soft == resource.RLIM_INFINITY:
+        return None
+    return max(8, (soft - _FDS_RESERVED) * 4 // 9)
+
+
 async def serve(loaded: LoadedConfig) -> int:
     daemon = Daemon(loaded)
     cfg = loaded.model
     sdir = state_dir(cfg)
+    # A state directory we cannot use (read-only disk, wrong owner, a file in the way) costs persistence, never
+    # service: state is kept in memory and `corectl status` says so.
+    unusable = None
     try:
         ensure_private_dir(sdir, enforce=True)
     except OSError as e:
-        log.error("cannot create the state directory %s: %s", sdir, e)
-        return 1
+        unusable = f"state directory {sdir} is unusable: {e.strerror or e}"
     lock = StateLock(sdir / LOCK_NAME)
-    try:
-        lock.acquire()
-    except LockHeld as e:
-        log.error("%s; not starting a second one", e)
-        return 1
-    except OSError as e:
-        log.error("cannot take the state lock %s: %s", sdir / LOCK_NAME, e)
-        return 1
+    if unusable is None:
+        try:
+            lock.acquire()
+        except LockHeld as e:
+            log.error("%s; not starting a second one", e)
+            return 1
+        except OSError as e:
+            unusable = f"cannot take the state lock {sdir / LOCK_NAME}: {e.strerror or e}"
+    if unusable is not None:
+        log.warning("%s; serving with state in memory only (nothing persists until restarted with a usable "
+                    "state directory)", unusable)
+        daemon.state_unusable = unusable
     sock_path = admin_socket_path(cfg)
+    if unusable is not None and sock_path.parent == sdir:
+        sock_path = fallback_socket_path()
+        log.warning("admin API moved to %s (use `corectl --socket %s`)", sock_path, sock_path)
     # The default socket lives in the state dir, which we own and keep private; a configured one may sit in a
     # directory shared with other things, which we only warn about.
-    admin = AdminServer(daemon, sock_path, private_dir=sock_path.parent == sdir)
+    admin = AdminServer(daemon, sock_path, private_dir=sock_path.parent in (sdir, fallback_socket_path().parent))
     try:
         admin.bind()
     except AdminSocketError as e:
@@ -140,10 +193,11 @@ def _discovery_record(daemon: Daemon, loaded: LoadedConfig, sdir, sock_path) -> 
 
 async def _run(daemon: Daemon, loaded: LoadedConfig, admin: AdminServer) -> int:
     s = loaded.model.server
+    limits = daemon.connection_limits = Limits(s, fd_cap=connections_for_fds(raise_fd_limit()))
     config = uvicorn.Config(
-        ProxyApp(daemon), host=s.host, port=s.port, loop="none", http="httptools", lifespan="on",
+        ProxyApp(daemon), host=s.host, port=s.port, loop="none", http=make_protocol(limits), lifespan="on",
         access_log=False, log_level="warning", timeout_graceful_shutdown=s.drain_timeout_s,
-        server_header=False, date_header=False, timeout_keep_alive=75, proxy_headers=False,
+        server_header=False, date_header=False, timeout_keep_alive=s.keep_alive_s, proxy_headers=False,
     )
     proxy = ManagedServer(config)
     signals = _Signals(daemon, proxy, admin)

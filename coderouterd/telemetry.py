@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
+from .ids import MAX_STORED_CHARS, clip
 from .state import (
     AuditLog,
     BreakerTransition,
@@ -38,11 +39,13 @@ CACHE_WRITE_STREAK = 10
 class Telemetry:
     """The bus always runs (metrics feed on it); the store, journal and audit log only with [state] enabled."""
 
-    def __init__(self, state_dir: Path, config) -> None:
+    def __init__(self, state_dir: Path, config, *, unusable: str | None = None) -> None:
         self.state_dir = state_dir
         self.bus = EventBus()
         st = config.state
-        self.enabled = st.enabled
+        # An unusable state directory (serve.py found it so) means memory-only state, reported in status.
+        self.unusable = unusable
+        self.enabled = st.enabled and unusable is None
         self.store = Store(state_dir / "state.db", bus=self.bus, flush_interval_s=st.flush_interval_s,
                            journal_retention_days=st.journal_retention_days) if st.enabled else MemoryStore()
         self.audit: AuditLog | None = None
@@ -50,6 +53,13 @@ class Telemetry:
         # (provider, profile) -> cache writes in a row with no read; -1 once warned
         self._cache_streak: dict[tuple[str, str], int] = {}
         self._cache_extra: dict[tuple[str, str], float] = {}
+
+    def use_memory_only(self, reason: str) -> None:
+        """The state directory is unusable (serve.py found it so): no SQLite store, journal or audit; status
+        reports `reason`. Called before start()."""
+        self.unusable = reason
+        self.enabled = False
+        self.store = MemoryStore()
 
     def start(self) -> None:
         if not self.enabled:
@@ -121,10 +131,11 @@ class Telemetry:
                 cost = cost_usd(u, cfg.cost)
         ex.cost_usd = cost
         fallback_count = len(moved_past(ex.attempts, provider is not None))
-        attempts = ex.skips_and_attempts()
+        attempts = _bounded(ex.skips_and_attempts())
         self.bus.publish(RequestFinished(
             request_id=ex.req.request_id, ingress=ex.req.ingress, profile=ex.profile_name, provider=provider,
-            attempts=attempts, model_requested=ex.req.model, model_used=ex.model_used or "", status=ex.status,
+            attempts=attempts, model_requested=clip(ex.req.model), model_used=clip(ex.model_used or ""),
+            status=ex.status,
             error_class=ex.error_class, latency_ms=round(latency_s * 1000, 3),
             ttfb_ms=round(ex.ttfb * 1000, 3) if ex.ttfb is not None else None,
             input_tokens=u.get("input_tokens") or 0, output_tokens=u.get("output_tokens") or 0,
@@ -132,7 +143,7 @@ class Telemetry:
             cache_write_tokens=u.get("cache_creation_input_tokens") or 0,
             cost_usd=cost, streaming=ex.req.stream, fallback_count=fallback_count, race_outcome=ex.race_outcome,
             overhead_ms=round(max(0.0, latency_s - ex.upstream_wait_s) * 1000, 3),
-            session_key=ex.req.session_key(),
+            session_key=_clip_opt(ex.req.session_key()),
             **_affinity_fields(ex.affinity),
             tool_repair=ex.repair_applied,
         ))
@@ -174,3 +185,17 @@ def _affinity_fields(ticket) -> dict:
     return {"session": ticket.session.hashed, "lane": ticket.lane_label, "slot": ticket.slot,
             "predicted_tokens": ticket.predicted_tokens,
             "cache_bust": ticket.bust.segment if ticket.bust is not None else None}
+
+
+def _clip_opt(s: str | None) -> str | None:
+    return clip(s) if isinstance(s, str) else s
+
+
+def _bounded(attempts: list[dict]) -> list[dict]:
+    """Attempt records as stored: an upstream's error message can echo the client's input (a 3 MB model name),
+    so every string in them is cut like the other client strings."""
+    for a in attempts:
+        for k, v in a.items():
+            if isinstance(v, str) and len(v) > MAX_STORED_CHARS:
+                a[k] = clip(v)
+    return attempts

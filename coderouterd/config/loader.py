@@ -97,12 +97,20 @@ def load_config(cli_path: str | None = None) -> LoadedConfig:
     if path == EMBEDDED:
         return LoadedConfig(parse_config_text(embedded_default_text(), EMBEDDED), EMBEDDED)
     try:
-        text = Path(path).read_text(encoding="utf-8")
+        data = Path(path).read_bytes()
     except OSError as e:
         raise ConfigError(f"{path}: cannot read config file: {e.strerror or e}") from None
+    return LoadedConfig(parse_config_text(decode_config_bytes(data, path), path), str(Path(path).resolve()))
+
+
+def decode_config_bytes(data: bytes, source: str) -> str:
+    """The file as text; anything but UTF-8 is a config error naming the first bad byte's offset (a file saved
+    in Latin-1 or a binary written over the config must not kill the watcher or print a traceback)."""
+    try:
+        return data.decode("utf-8")
     except UnicodeDecodeError as e:
-        raise ConfigError(f"{path}: not UTF-8 text (byte {e.start}): save the file as UTF-8") from None
-    return LoadedConfig(parse_config_text(text, path), str(Path(path).resolve()))
+        raise ConfigError(f"{source}: not UTF-8 text: invalid byte 0x{data[e.start]:02x} at byte offset {e.start}"
+                          " (save the file as UTF-8)") from None
 
 
 def state_dir(cfg: ConfigModel) -> Path:

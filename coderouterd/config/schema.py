@@ -3,29 +3,62 @@
 from __future__ import annotations
 
 import ipaddress
-from typing import Literal
+from typing import Annotated, Literal
 from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+# Every timeout and interval lies between 10 ms and one day: `inf`, `1e308` or a typo'd exponent would
+# otherwise reach asyncio timers and sleeps (an inf timeout turned each request into a 500, an inf flush
+# interval killed the store's thread).
+MIN_S = 0.01
+DAY_S = 86_400.0
+
+
+def seconds(default: float, *, zero_ok: bool = False):
+    """A duration key: 10 ms .. 1 day, or 0 where 0 means "off"."""
+    return Field(default, ge=0 if zero_ok else MIN_S, le=DAY_S)
+
+
+Seconds = Annotated[float, Field(ge=MIN_S, le=DAY_S)]
+
 
 class _Strict(BaseModel):
-    # Unknown keys are errors: a typo in a config file must not be silently ignored.
-    model_config = ConfigDict(extra="forbid")
+    # Unknown keys are errors: a typo in a config file must not be silently ignored. No inf/nan anywhere.
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
 
 class ServerConfig(_Strict):
     host: str = "127.0.0.1"
     port: int = Field(8088, ge=0, le=65535)
     api_keys: list[str] = []
-    max_body_mb: float = Field(32, gt=0)
+    max_body_mb: float = Field(32, gt=0, le=1024)
     default_profile: str = "default"
-    ping_interval_s: float = Field(15.0, gt=0)
+    ping_interval_s: float = seconds(15.0)
     # A streaming request holds its HTTP status this long waiting for the first upstream event, so that an
     # early failure is still a real HTTP error (or a silent failover) rather than an error event.
-    stream_hold_s: float = Field(1.0, ge=0)
-    drain_timeout_s: float = Field(10.0, ge=0)
+    stream_hold_s: float = seconds(1.0, zero_ok=True)
+    drain_timeout_s: float = seconds(10.0, zero_ok=True)
     log_level: str = "info"
+    # Connection limits (see ingress/protocol.py): request head size, slow clients, idle keep-alive, and how
+    # many connections are served at once (beyond it: 503, /healthz still answered).
+    max_header_kb: int = Field(64, ge=1, le=1024)
+    max_header_line_kb: int = Field(64, ge=1, le=1024)
+    header_timeout_s: float = seconds(20.0)
+    body_timeout_s: float = seconds(30.0)
+    keep_alive_s: float = seconds(75.0)
+    max_connections: int = Field(512, ge=1, le=100_000)
+
+    @field_validator("api_keys")
+    @classmethod
+    def _keys(cls, keys: list[str]) -> list[str]:
+        # An empty key would match a request that sends none: auth silently off.
+        for i, k in enumerate(keys):
+            if not k.strip():
+                raise ValueError(f"[{i}] is empty or whitespace; remove it or set a real key")
+            if k != k.strip():
+                raise ValueError(f"[{i}] has leading or trailing whitespace, which no client can send")
+        return keys
 
     def is_loopback(self) -> bool:
         if self.host == "localhost":
@@ -44,10 +77,10 @@ class StateConfig(_Strict):
     dir: str = ""
     # false = no SQLite store, journal or audit log (state lives in memory only); for benchmarks and read-only hosts.
     enabled: bool = True
-    journal_retention_days: float = Field(90, gt=0)
-    audit_max_mb: float = Field(10, gt=0)
-    audit_keep: int = Field(3, ge=1)
-    flush_interval_s: float = Field(1.0, gt=0)
+    journal_retention_days: float = Field(90, gt=0, le=36_500)
+    audit_max_mb: float = Field(10, gt=0, le=100_000)
+    audit_keep: int = Field(3, ge=1, le=1000)
+    flush_interval_s: float = seconds(1.0)
 
 
 class Capabilities(_Strict):
@@ -59,17 +92,17 @@ class Capabilities(_Strict):
 
 
 class Cost(_Strict):
-    input: float = Field(0.0, ge=0)
-    output: float = Field(0.0, ge=0)
-    cache_read: float = Field(0.0, ge=0)
-    cache_write: float = Field(0.0, ge=0)
+    input: float = Field(0.0, ge=0, le=1e6)
+    output: float = Field(0.0, ge=0, le=1e6)
+    cache_read: float = Field(0.0, ge=0, le=1e6)
+    cache_write: float = Field(0.0, ge=0, le=1e6)
 
 
 class Timeouts(_Strict):
-    connect: float = Field(5.0, gt=0)
-    first_byte: float = Field(300.0, gt=0)
-    idle: float = Field(120.0, gt=0)
-    total: float = Field(1800.0, gt=0)
+    connect: float = seconds(5.0)
+    first_byte: float = seconds(300.0)
+    idle: float = seconds(120.0)
+    total: float = seconds(1800.0)
 
 
 class ProcessConfig(_Strict):
@@ -78,14 +111,14 @@ class ProcessConfig(_Strict):
     cwd: str | None = None
     ready_url: str | None = None
     autostart: bool = True
-    stop_timeout_s: float = Field(10.0, gt=0)
-    start_timeout_s: float = Field(120.0, gt=0)
-    startsecs: float = Field(1.0, ge=0)
-    max_restarts: int = Field(5, ge=0)
-    restart_window_s: float = Field(300.0, gt=0)
+    stop_timeout_s: float = seconds(10.0)
+    start_timeout_s: float = seconds(120.0)
+    startsecs: float = seconds(1.0, zero_ok=True)
+    max_restarts: int = Field(5, ge=0, le=10_000)
+    restart_window_s: float = seconds(300.0)
     # Ready this long without a crash and the restart back-off starts over (supervisord's model). 0: the
     # longest back-off step.
-    healthy_after_s: float = Field(0.0, ge=0)
+    healthy_after_s: float = seconds(0.0, zero_ok=True)
 
 
 class ProviderConfig(_Strict):
@@ -96,10 +129,10 @@ class ProviderConfig(_Strict):
     api_key_env: str = ""
     forward_client_key: bool = False
     paid: bool = False
-    context_window: int = Field(0, ge=0)
+    context_window: int = Field(0, ge=0, le=100_000_000)
     capabilities: Capabilities = Capabilities()
     cost: Cost = Cost()
-    monthly_budget_usd: float = Field(0.0, ge=0)
+    monthly_budget_usd: float = Field(0.0, ge=0, le=1e9)
     timeouts: Timeouts = Timeouts()
     headers: dict[str, str] = {}
     # The upstream serves the OpenAI Responses API itself (POST {base_url}/responses): Responses requests are
@@ -154,19 +187,19 @@ def _adapter(cfg: ProviderConfig):
 
 class ToolLoopConfig(_Strict):
     action: Literal["warn", "inject", "break"] = "warn"
-    threshold: int = Field(3, ge=2)
-    window: int = Field(5, ge=2)
-    max_tool_calls: int = Field(0, ge=0)  # 0 = no cap
+    threshold: int = Field(3, ge=2, le=1000)
+    window: int = Field(5, ge=2, le=1000)
+    max_tool_calls: int = Field(0, ge=0, le=100_000)  # 0 = no cap
 
 
 class ProfileConfig(_Strict):
     providers: list[str] = Field(min_length=1)
     mode: Literal["fallback", "race"] = "fallback"
-    race_width: int = Field(2, ge=2)
-    race_delay_ms: float = Field(0, ge=0)
+    race_width: int = Field(2, ge=2, le=32)
+    race_delay_ms: float = Field(0, ge=0, le=DAY_S * 1000)
     adaptive: bool = False
     health_action: Literal["warn", "demote", "exclude"] = "exclude"
-    health_threshold: int = Field(3, ge=1)
+    health_threshold: int = Field(3, ge=1, le=1000)
     # Serve the user first: when every provider is skipped only for transient reasons (breaker open, excluded as
     # unhealthy), try them anyway, best first, marked `panic`. false = answer 529/503 at once instead.
     panic: bool = True
@@ -184,19 +217,19 @@ class RouteConfig(_Strict):
 
 
 class BreakerConfig(_Strict):
-    failures: int = Field(3, ge=1)
-    recovery_s: float = Field(30.0, gt=0)
+    failures: int = Field(3, ge=1, le=1000)
+    recovery_s: float = seconds(30.0)
 
 
 class AdaptiveConfig(_Strict):
-    window_s: float = Field(60.0, gt=0)
-    latency_ratio: float = Field(1.5, gt=1)
-    min_latency_samples: int = Field(3, ge=1)
+    window_s: float = seconds(60.0)
+    latency_ratio: float = Field(1.5, gt=1, le=1000)
+    min_latency_samples: int = Field(3, ge=1, le=100_000)
     error_rate: float = Field(0.10, gt=0, le=1)
-    min_error_samples: int = Field(5, ge=1)
-    debounce_s: float = Field(30.0, ge=0)
-    probe_interval_s: float = Field(15.0, gt=0)
-    max_probes_per_minute: int = Field(4, ge=0)
+    min_error_samples: int = Field(5, ge=1, le=100_000)
+    debounce_s: float = seconds(30.0, zero_ok=True)
+    probe_interval_s: float = seconds(15.0)
+    max_probes_per_minute: int = Field(4, ge=0, le=600)
     probe_paid: bool = False
 
 
@@ -229,12 +262,12 @@ class MemoryConfig(_Strict):
 
 
 class HealthConfig(_Strict):
-    probe_interval_s: float = Field(30.0, gt=0)
-    recovery_backoff_s: list[float] = [30, 60, 120, 300]
+    probe_interval_s: float = seconds(30.0)
+    recovery_backoff_s: list[Seconds] = Field([30, 60, 120, 300], max_length=100)
 
 
 class BudgetConfig(_Strict):
-    global_monthly_usd: float = Field(0.0, ge=0)
+    global_monthly_usd: float = Field(0.0, ge=0, le=1e9)
     warn_ratio: float = Field(0.8, gt=0, le=1)
 
 
@@ -251,13 +284,13 @@ class AffinityConfig(_Strict):
     strip_patterns: list[str] = ["^x-anthropic-billing-header:.*$"]
     # A turn that reused at least this many tokens (and over 10%) less than its lane's previous prompt on the
     # same backend is reported as a cache bust.
-    bust_min_tokens: int = Field(1024, ge=1)
+    bust_min_tokens: int = Field(1024, ge=1, le=100_000_000)
     # A new lane copies another slot's shared prefix (save + restore) when that saves at least this much.
-    clone_min_tokens: int = Field(2048, ge=1)
-    probe_timeout_s: float = Field(2.0, gt=0)
+    clone_min_tokens: int = Field(2048, ge=1, le=100_000_000)
+    probe_timeout_s: float = seconds(2.0)
     # Slot files kept per server (--slot-save-path): each holds a slot's KV cache, which can be gigabytes; the
     # oldest saved lane's file is reused beyond this. 0 = never save (evicted lanes start over).
-    max_saved_slots: int = Field(8, ge=0)
+    max_saved_slots: int = Field(8, ge=0, le=10_000)
     # A managed llama-server (a provider's `process`) gets --slot-save-path <state dir>/slots unless it sets one.
     manage_slot_save: bool = True
 

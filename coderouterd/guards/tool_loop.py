@@ -21,6 +21,7 @@ from typing import Any
 
 import orjson
 
+from coderouterd.ids import clip
 from coderouterd.state.events import GuardFired
 
 GUARD_NAME = "tool_loop"
@@ -44,7 +45,7 @@ class LoopFinding:
 
     def detail(self) -> dict:
         out = {
-            "tool": self.tool,
+            "tool": clip(self.tool) if isinstance(self.tool, str) else self.tool,  # a client's string: bounded
             "repeat_count": self.repeats,
             "threshold": self.threshold,
             "window": self.window,
@@ -61,7 +62,7 @@ class LoopFinding:
                 f" (max {self.max_tool_calls})"
             )
         return (
-            f"tool loop detected: {self.tool} called {self.repeats} times in a row with the same input"
+            f"tool loop detected: {clip(str(self.tool))} called {self.repeats} times in a row with the same input"
             f" (threshold {self.threshold}, window {self.window})"
         )
 

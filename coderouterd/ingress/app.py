@@ -10,12 +10,13 @@ import time
 
 import orjson
 
-from ..ids import new_id
+from ..ids import client_request_id, new_id
 from ..routing.request import ClientRequest
 from ..runtime import UnknownProfile
+from .guard import ClientLeft, answer_internal_error, describe_exception
 from .responder import ClientGone, Responder
 from .responses import ResponsesResponder, admit_responses
-from .validate import validate_anthropic, validate_openai
+from .validate import depth_problem, validate_anthropic, validate_openai
 
 log = logging.getLogger("coderouterd.request")
 
@@ -37,6 +38,9 @@ def _caller_wire(path: str, scope) -> str:
     return "openai"
 
 
+_SENT = object()  # "an error answer was already sent" (a JSON body may itself be null)
+
+
 def _headers(scope) -> dict[str, str]:
     return {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
 
@@ -48,7 +52,7 @@ async def _read_body(receive, limit: int) -> bytes:
     while more:
         msg = await receive()
         if msg["type"] == "http.disconnect":
-            raise asyncio.CancelledError
+            raise ClientLeft
         chunk = msg.get("body", b"")
         size += len(chunk)
         if size > limit:
@@ -75,7 +79,27 @@ class ProxyApp:
     async def __call__(self, scope, receive, send) -> None:
         kind = scope["type"]
         if kind == "http":
-            await self.http(scope, receive, send)
+            # The one guard at the edge: whatever escapes a handler is answered in the caller's shape (never
+            # uvicorn's plain-text 500) and logged once, without request values.
+            started = False
+
+            async def tracked_send(message) -> None:
+                nonlocal started
+                started = True
+                await send(message)
+
+            try:
+                await self.http(scope, receive, tracked_send)
+            except ClientLeft:
+                return
+            except Exception as e:
+                log.error("%s %s failed: %s", scope.get("method"), scope.get("path", "")[:100],
+                          describe_exception(e))
+                await answer_internal_error(scope, send, started)
+                return
+            if not started:  # a handler that returned without answering is a bug, still answered properly
+                log.error("%s %s: no response from its handler", scope.get("method"), scope.get("path", "")[:100])
+                await answer_internal_error(scope, send, False)
         elif kind == "lifespan":
             await self.lifespan(receive, send)
 
@@ -141,7 +165,7 @@ class ProxyApp:
         return any(hmac.compare_digest(given.encode(), k.encode()) for k in keys)
 
     async def _read_json(self, scope, receive, r: Responder, runtime):
-        """The request body parsed, or None after an error was sent."""
+        """The request body parsed (any JSON value, `null` included), or _SENT after an error was sent."""
         limit = int(runtime.config.server.max_body_mb * 1024 * 1024)
         for k, v in scope["headers"]:
             if k == b"content-length":
@@ -149,7 +173,7 @@ class ProxyApp:
                     if int(v) > limit:
                         await r.error(413, f"request body exceeds the {runtime.config.server.max_body_mb:g} MB limit",
                                       error_type="request_too_large")
-                        return None, None
+                        return _SENT, None
                 except ValueError:
                     pass
                 break
@@ -158,38 +182,40 @@ class ProxyApp:
         except BodyTooLarge:
             await r.error(413, f"request body exceeds the {runtime.config.server.max_body_mb:g} MB limit",
                           error_type="request_too_large")
-            return None, None
+            return _SENT, None
         try:
             return orjson.loads(raw), raw
         except orjson.JSONDecodeError as e:
             await r.error(400, f"request body is not valid JSON: {e}", error_type="invalid_request_error")
-            return None, None
+            return _SENT, None
 
     async def _admit(self, scope, receive, send, ingress: str, runtime, *, count_tokens: bool = False):
         """What every model request goes through first: auth, body limits, JSON, validation, profile.
         Returns (request, responder, profile), or None after an error in the caller's shape was sent."""
         headers = _headers(scope)
-        rid = headers.get("x-request-id") or new_id("req")
+        rid = client_request_id(headers.get("x-request-id"))
         r = ResponsesResponder(send, rid) if ingress == "responses" else Responder(send, ingress, rid)
         if not self._authorized(headers):
             await r.error(401, "missing or invalid API key for this coderouterd", error_type="authentication_error")
             return None
         body, raw = await self._read_json(scope, receive, r, runtime)
-        if body is None:
+        if body is _SENT:
             return None
         native = None
         param = None
         if ingress == "anthropic":
-            problem = validate_anthropic(body, count_tokens=count_tokens)
+            problem = validate_anthropic(body, count_tokens=count_tokens, raw=raw)
         elif ingress == "responses":
             # The router works on the chat translation; the client's own body stays in `native`.
-            native, problem, param = admit_responses(body)
+            problem = depth_problem(body, raw) if type(body) is dict else None
+            if not problem:
+                native, problem, param = admit_responses(body)
             if native is not None:
                 native.raw = raw
                 r.rq = native
                 body = native.chat
         else:
-            problem = validate_openai(body)
+            problem = validate_openai(body, raw=raw)
         if problem:
             await r.error(400, problem, error_type="invalid_request_error", param=param or problem.split(":")[0])
             return None
@@ -244,7 +270,7 @@ class ProxyApp:
             else:
                 raise
         except Exception as e:  # a bug must cost one request, never the daemon
-            log.exception("request %s failed: %s", rid, e)
+            log.error("request %s failed: %s", rid, describe_exception(e))
             ex.status = 500
             ex.error_class = "internal_error"
             if not r.finished:
@@ -257,6 +283,8 @@ class ProxyApp:
         finally:
             watcher.cancel()
         daemon.finish(ex)
+        if not r.headers_sent and ex.error_class == "client_disconnected":
+            raise ClientLeft  # nothing was answered because the client left: the edge guard stays quiet
 
     async def count_tokens(self, scope, receive, send) -> None:
         runtime = self.daemon.runtime

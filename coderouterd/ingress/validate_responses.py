@@ -3,9 +3,12 @@ convention: dotted path with [i] indices), before anything is translated or sent
 
 from __future__ import annotations
 
-from .validate import _type_name
+from .validate import ARRAY, OBJ, STR, _type_name, check_fields
 
 _ROLES = {"user", "assistant", "system", "developer"}
+_PART_FIELDS = {"input_text": (("text", STR, False),), "output_text": (("text", STR, False),),
+                "text": (("text", STR, False),), "input_image": (("image_url", STR, False), ("detail", STR, False))}
+_ITEM_FIELDS = {"reasoning": (("summary", ARRAY, False),), "function_call": (("namespace", STR, False),)}
 _ITEM_ID_FIELDS = {"function_call": ("call_id", "name"), "function_call_output": ("call_id",)}
 
 
@@ -17,13 +20,17 @@ def _problem_in_item(i: int, item) -> str | None:
     if not isinstance(itype, str):
         return f"{where}.type: expected a string"
     if itype == "message":
-        if item.get("role") not in _ROLES:
+        role = item.get("role")
+        if not isinstance(role, str) or role not in _ROLES:  # a list or object here is unhashable: check first
             return f"{where}.role: expected one of user, assistant, system, developer, got {item.get('role')!r}"
         content = item.get("content")
         if isinstance(content, list):
             for j, part in enumerate(content):
                 if not isinstance(part, dict) or not isinstance(part.get("type"), str):
                     return f"{where}.content[{j}]: expected a content part object with a 'type'"
+                problem = check_fields(part, _PART_FIELDS.get(part["type"], ()), f"{where}.content[{j}].")
+                if problem:
+                    return problem
         elif not isinstance(content, str):
             return f"{where}.content: expected a string or an array of content parts"
     for key in _ITEM_ID_FIELDS.get(itype, ()):
@@ -31,7 +38,8 @@ def _problem_in_item(i: int, item) -> str | None:
             return f"{where}.{key}: field required (a non-empty string)"
     if itype == "function_call" and not isinstance(item.get("arguments", ""), str):
         return f"{where}.arguments: expected a JSON string"
-    return None
+    # The shapes the translation reads (edge guard, issue 11): checked here so they are 400s, not 500s.
+    return check_fields(item, _ITEM_FIELDS.get(itype, ()), f"{where}.")
 
 
 def validate_responses(body) -> str | None:
@@ -79,4 +87,5 @@ def validate_responses(body) -> str | None:
         v = body.get(key)
         if v is not None and not isinstance(v, dict):
             return f"{key}: expected an object, got {_type_name(v)}"
-    return None
+    return check_fields(body.get("reasoning") or {}, (("effort", STR, False),), "reasoning.") or \
+        check_fields(body.get("text") or {}, (("format", OBJ, False),), "text.")

@@ -44,6 +44,9 @@ _UPSERT = (
 )
 
 
+KEEP_CORRUPT_COPIES = 3
+
+
 class _Corrupt(Exception):
     pass
 
@@ -93,6 +96,7 @@ class Store:
         self.healthy = True
         self.problem: str | None = None
         self.dropped_journal_rows = 0
+        self._failures = 0  # failures so far: a flush without a new one is a real recovery
         self._bus = bus
         self._clock = clock
         self._conn: sqlite3.Connection | None = None
@@ -187,7 +191,10 @@ class Store:
                     self.dropped_journal_rows += overflow
                 if not self._retry_due():
                     return
+                failures = self._failures
                 self._write_journal()
+                if self._failures == failures and not self._pending_journal and not self._pending:
+                    self._ok()  # everything held in memory really reached the disk
                 now = self._clock()
                 if self._conn is not None and now - self._last_purge >= self.purge_every_s:
                     self._last_purge = now  # retention runs here, in the writer thread, at most hourly
@@ -215,8 +222,13 @@ class Store:
                     return
                 if self._conn is None and not self._connect():
                     return
+                failures = self._failures
                 self._write_kv()
                 self._write_journal()
+                # Recovered only when a whole flush went through: one successful small write on a nearly full
+                # disk, followed by the next failing, used to flap the status every retry.
+                if self._failures == failures and not self._pending and not self._pending_journal:
+                    self._ok()
         except Exception as exc:  # never let a bug here kill the flusher or reach a caller
             self._fail(f"flush failed: {exc}")
 
@@ -254,7 +266,6 @@ class Store:
             with self._lock:
                 for k, data in self._serialized.items():
                     self._pending.setdefault(k, data)
-        self._ok()
         return True
 
     def _open_checked(self) -> sqlite3.Connection:
@@ -297,7 +308,25 @@ class Store:
                 except OSError:
                     # A stale -wal would be replayed into the fresh database; better gone.
                     side.unlink(missing_ok=True)
+        self._prune_corrupt_copies()
         return target
+
+    def _prune_corrupt_copies(self) -> None:
+        """Keep the newest KEEP_CORRUPT_COPIES moved-aside databases (with their -wal/-shm): a disk that keeps
+        corrupting the file must not fill up with copies."""
+        groups: dict[str, list[Path]] = {}
+        for p in self.path.parent.glob(f"{self.path.name}.corrupt-*"):
+            base = p.name[:-4] if p.name.endswith(("-wal", "-shm")) else p.name
+            groups.setdefault(base, []).append(p)
+
+        def age_key(base: str) -> tuple[str, int]:
+            stamp, _, n = base.rpartition(".corrupt-")[2].partition("-")
+            return stamp, int(n) if n.isdigit() else 1
+
+        for base in sorted(groups, key=age_key)[:-KEEP_CORRUPT_COPIES]:
+            for p in groups[base]:
+                with contextlib.suppress(OSError):
+                    p.unlink()
 
     def _load_mirror(self, conn: sqlite3.Connection) -> None:
         rows = conn.execute("SELECT namespace, key, value_json FROM kv").fetchall()
@@ -367,7 +396,6 @@ class Store:
         except sqlite3.Error as exc:
             self._write_failed(exc)
             return None
-        self._ok()
         return result
 
     def _write_failed(self, exc: sqlite3.Error) -> None:
@@ -378,6 +406,7 @@ class Store:
         self._fail(f"write failed: {msg}")
 
     def _fail(self, problem: str) -> bool:
+        self._failures += 1
         self._next_retry = self._clock() + self.retry_s
         changed = problem != self.problem
         self.healthy = False

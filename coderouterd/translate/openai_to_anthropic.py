@@ -106,7 +106,7 @@ def parse_tool_arguments(raw) -> dict:
         value = _loads_object(attempt)
         if value is not None:
             return value
-    log.warning("tool call arguments are not valid JSON; using {}: %.200r", raw)
+    log.warning("tool call arguments are not valid JSON (%d chars); using {}", len(raw))  # no values in logs
     return {}
 
 

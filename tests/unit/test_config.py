@@ -76,3 +76,18 @@ def test_daemon_refuses_a_bad_config(tmp_path):
     r = subprocess.run([sys.executable, "-m", "coderouterd", "--config", str(tmp_path / "nope.toml")],
                        capture_output=True, text=True, timeout=30, cwd=ROOT)
     assert r.returncode == 2 and "cannot read config file" in r.stderr
+
+
+def test_listener_changes_refused_on_reload():
+    from coderouterd.app import listener_change_refused
+    from coderouterd.config.schema import ServerConfig
+
+    assert listener_change_refused(("127.0.0.1", 8088), ServerConfig()) is None
+    assert "restart needed" in listener_change_refused(("127.0.0.1", 8088), ServerConfig(port=9000))
+    assert "restart needed" in listener_change_refused(("0.0.0.0", 8088),
+                                                       ServerConfig(host="127.0.0.1", port=8088))
+    # Same host and port, keys gone while bound beyond loopback (e.g. host given as an env override).
+    refused = listener_change_refused(("0.0.0.0", 8088), ServerConfig.model_construct(host="0.0.0.0", port=8088,
+                                                                                      api_keys=[]))
+    assert refused is not None and "api_keys" in refused
+    assert listener_change_refused(("0.0.0.0", 8088), ServerConfig(host="0.0.0.0", api_keys=["k"])) is None

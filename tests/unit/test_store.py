@@ -321,3 +321,50 @@ def test_damaged_pages_fail_quick_check_and_are_moved_aside(tmp_path):
     assert conn.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
     conn.close()
     assert _db_kv(path) == {("ns", "fresh"): "true"}
+
+
+def test_disk_full_status_changes_only_on_real_transitions(tmp_path):
+    """Small journal rows still fit while a big value does not: that is still one outage, not a flap."""
+    from coderouterd.state.events import RequestFinished
+
+    now = [1000.0]
+    path = tmp_path / "state.db"
+    bus, seen = _collecting_bus()
+    store = Store(path, flush_interval_s=60, bus=bus, retry_s=5.0, clock=lambda: now[0])
+    store.open()
+    sink = store.journal_sink()
+    pages = store._conn.execute("PRAGMA page_count").fetchone()[0]
+    store._conn.execute(f"PRAGMA max_page_count = {pages + 3}")
+    store.set("big", "blob", "x" * 200_000)
+    for i in range(6):
+        store.flush()
+        assert not store.healthy
+        now[0] += 5.0
+        sink([RequestFinished(request_id=f"r{i}", ingress="anthropic", profile="p", provider="x", attempts=[],
+                              model_requested="m", model_used="m", status=200)])
+        assert not store.healthy, f"flapped to healthy at round {i}"
+    store._conn.execute("PRAGMA max_page_count = 1000000")
+    now[0] += 5.0
+    store.flush()
+    assert store.healthy
+    store.close()
+    assert [f.recovered for f in _faults(bus, seen)] == [False, True]
+
+
+def test_only_the_newest_three_corrupt_copies_are_kept(tmp_path):
+    from coderouterd.state.store import KEEP_CORRUPT_COPIES
+
+    path = tmp_path / "state.db"
+    old = ["20260101T000000Z", "20260102T000000Z", "20260103T000000Z", "20260104T000000Z"]
+    for stamp in old:
+        (tmp_path / f"state.db.corrupt-{stamp}").write_bytes(b"old")
+        (tmp_path / f"state.db.corrupt-{stamp}-wal").write_bytes(b"old")
+    path.write_bytes(b"not sqlite " * 100)
+    store = Store(path, flush_interval_s=60)
+    store.open()
+    assert store.healthy
+    store.close()
+    left = sorted(p.name for p in tmp_path.glob("state.db.corrupt-*") if not p.name.endswith("-wal"))
+    assert len(left) == KEEP_CORRUPT_COPIES == 3
+    assert left[:2] == ["state.db.corrupt-20260103T000000Z", "state.db.corrupt-20260104T000000Z"]
+    assert not (tmp_path / "state.db.corrupt-20260101T000000Z-wal").exists()

@@ -1,0 +1,106 @@
+"""A/B of the proxy's hot path: this tree's daemon against another tree's (e.g. the commit before the edge
+guards), both running at once against the same fake upstreams, measured in alternating rounds so the
+drift of a shared VM falls on both sides alike.
+
+    .venv/bin/python bench/edge_ab.py --base /path/to/other/checkout [--rounds 6] [-n 300]
+
+Reports per scenario the median over rounds of each side's p50 / p99 latency and the c=8 throughput.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import orjson
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.claude_body import claude_code_body  # noqa: E402
+from bench.common import PY, ROOT, free_port, pct, pin, start_fake, stop, table, wait_healthz  # noqa: E402
+from bench.proxy import OPENAI_BODY, latency, throughput, write_config  # noqa: E402
+
+
+def start_daemon(tree: Path, cfg: Path, port: int, tmp: Path) -> subprocess.Popen:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CODEROUTER_")}
+    env["CODEROUTER_STATE_DIR"] = str(tmp)
+    env["PYTHONPATH"] = str(tree)
+    p = subprocess.Popen([PY, "-m", "coderouterd", "--config", str(cfg), "--port", str(port)], cwd=tree, env=env,
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    pin(p.pid, {0})
+    wait_healthz(f"http://127.0.0.1:{port}", p)
+    return p
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--base", required=True, help="the other checkout (its coderouterd is side A)")
+    ap.add_argument("--rounds", type=int, default=6)
+    ap.add_argument("-n", type=int, default=300, help="sequential requests per latency cell per round")
+    ap.add_argument("--seconds", type=float, default=1.0, help="per throughput cell per round")
+    args = ap.parse_args()
+    pin(os.getpid(), {1})
+    tmp = Path(tempfile.mkdtemp(prefix="crab-"))
+    procs: list[subprocess.Popen] = []
+    try:
+        oa, oa_url = start_fake("openai", "ok", {1})
+        oas, oas_url = start_fake("openai", "chunks;n=20", {1})
+        an, an_url = start_fake("anthropic", "ok", {1})
+        procs += [oa, oas, an]
+        cfg = write_config(tmp, oa_url, an_url, oas_url, state=True)
+        sides = {}
+        for name, tree in (("A (base)", Path(args.base).resolve()), ("B (this tree)", ROOT)):
+            port = free_port()
+            (tmp / name[0]).mkdir()
+            procs.append(start_daemon(tree, cfg, port, tmp / name[0]))
+            sides[name] = f"http://127.0.0.1:{port}"
+        claude = orjson.dumps(claude_code_body())
+        oa_body = orjson.dumps(OPENAI_BODY)
+        scenarios = {
+            "a) OpenAI→OpenAI": ("/v1/chat/completions", oa_body, {"content-type": "application/json"}),
+            "b) Anthropic→OpenAI 95 KB": ("/v1/messages", claude, {"content-type": "application/json",
+                                                                  "anthropic-version": "2023-06-01"}),
+            "c) Anthropic passthrough 95 KB": ("/v1/messages", claude, {
+                "content-type": "application/json", "anthropic-version": "2023-06-01",
+                "x-coderouter-profile": "pass"}),
+        }
+        p50: dict = {}
+        p99: dict = {}
+        rps: dict = {}
+        for r in range(args.rounds):
+            order = list(sides.items()) if r % 2 == 0 else list(reversed(sides.items()))
+            for scen, (path, body, headers) in scenarios.items():
+                for side, url in order:
+                    totals, _ = asyncio.run(latency(url + path, body, headers, args.n))
+                    p50.setdefault((scen, side), []).append(pct(totals, 50))
+                    p99.setdefault((scen, side), []).append(pct(totals, 99))
+                    rps.setdefault((scen, side), []).append(
+                        asyncio.run(throughput(url + path, body, headers, 8, args.seconds)))
+            print(f"round {r + 1}/{args.rounds} done", flush=True)
+        rows = []
+        for scen in scenarios:
+            a, b = (scen, "A (base)"), (scen, "B (this tree)")
+            ma, mb = statistics.median(p50[a]), statistics.median(p50[b])
+            rows.append([scen, f"{ma * 1000:.3f}", f"{mb * 1000:.3f}", f"{(mb - ma) * 1000:+.3f}",
+                         f"{statistics.median(p99[a]) * 1000:.3f}", f"{statistics.median(p99[b]) * 1000:.3f}",
+                         f"{statistics.median(rps[a]):.0f}", f"{statistics.median(rps[b]):.0f}"])
+        print()
+        print(table(rows, ["scenario", "A p50 ms", "B p50 ms", "B-A p50", "A p99 ms", "B p99 ms", "A req/s c=8",
+                           "B req/s c=8"]))
+        print(f"\nconditions: both daemons pinned to core 0 (alternating, never loaded together), fakes + load "
+              f"generator on core 1; {args.rounds} rounds x {args.n} sequential requests per cell, "
+              f"{args.seconds:g} s c=8 throughput per cell; medians over rounds; state enabled")
+    finally:
+        for p in procs:
+            stop(p)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,283 @@
+"""Connection limits uvicorn does not give us, as a thin subclass of its httptools protocol.
+
+uvicorn offers `limit_concurrency` (a plain-text 503 for every path, /healthz included), `timeout_keep_alive`
+(armed only after a first response, so a connection that never sends a request stays forever) and nothing
+for header size (httptools accumulates an unterminated header without bound). So, per connection:
+
+- the request head (request line + headers) is counted before it reaches the parser: beyond
+  `max_header_kb` in total, or `max_header_line_kb` on one line, the answer is 431 and the connection closes,
+  so memory stays flat whatever the client sends;
+- the head must arrive within `header_timeout_s` of the connection opening (or of its first byte after an
+  idle keep-alive), the body within `body_timeout_s` of the head: slow clients get 408 and a close;
+- beyond `max_connections` a connection is answered 503 in the caller's shape (except /healthz, which is
+  served, so a supervisor still sees the daemon alive), and beyond a small reserve above it, closed at once;
+- an HTTP/1.0 client gets a streamed response close-delimited (HTTP/1.0 has no chunked encoding).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
+
+from .guard import error_body
+
+log = logging.getLogger("coderouterd")
+
+# Connections over the cap that still get an answer (503, or /healthz) before new ones are simply closed.
+_RESERVE_MIN = 16
+_CAP_LOG_EVERY_S = 60.0
+
+
+class Limits:
+    """The connection limits in force: one instance shared by every connection, updated in place by a reload
+    (the listener itself is never rebound)."""
+
+    def __init__(self, server, fd_cap: int | None = None) -> None:
+        # fd_cap: the most connections the process's file-descriptor limit allows (see serve.raise_fd_limit)
+        self.fd_cap = fd_cap
+        self.update(server)
+
+    def update(self, server) -> None:
+        self.max_header_bytes = server.max_header_kb * 1024
+        self.max_header_line_bytes = server.max_header_line_kb * 1024
+        self.header_timeout_s = server.header_timeout_s
+        self.body_timeout_s = server.body_timeout_s
+        self.keep_alive_s = server.keep_alive_s
+        cap = server.max_connections
+        if self.fd_cap is not None and cap > self.fd_cap:
+            log.warning("[server] max_connections = %d exceeds what the open-files limit allows; using %d",
+                        cap, self.fd_cap)
+            cap = self.fd_cap
+        self.max_connections = cap
+
+    @property
+    def hard_connections(self) -> int:
+        return self.max_connections + max(_RESERVE_MIN, self.max_connections // 8)
+
+
+class _CapLog:
+    """One warning when the cap is first hit, then at most one a minute: a flood must not flood the log."""
+
+    last = float("-inf")
+    refused = 0
+
+    @classmethod
+    def note(cls) -> None:
+        cls.refused += 1
+        now = time.monotonic()
+        if now - cls.last >= _CAP_LOG_EVERY_S:
+            cls.last = now
+            log.warning("connection limit reached: answering 503 to new connections (%d so far); raise "
+                        "[server] max_connections if this load is legitimate", cls.refused)
+
+
+def make_protocol(limits: Limits) -> type[HttpToolsProtocol]:
+    return type("GuardedHttpToolsProtocol", (GuardedHttpToolsProtocol,), {"limits": limits})
+
+
+class GuardedHttpToolsProtocol(HttpToolsProtocol):
+    limits: Limits
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.timeout_keep_alive = self.limits.keep_alive_s
+        self._in_head = False  # between a message's first byte and the end of its headers
+        self._head_bytes = 0  # raw bytes of an unfinished head
+        self._line_bytes = 0  # raw bytes since the last newline of an unfinished head
+        self._head_size = 0  # parsed size of the head (url + headers)
+        self._head_problem: str | None = None
+        self._refused = False
+        self._head_timer = None
+        self._body_timer = None
+
+    # -- connection ------------------------------------------------------------------------------------------
+
+    def connection_made(self, transport) -> None:
+        super().connection_made(transport)
+        n = len(self.connections)
+        lim = self.limits
+        if n > lim.max_connections:
+            _CapLog.note()
+            if n > lim.hard_connections:
+                self._refused = True
+                transport.abort()
+                return
+            self.app = _over_capacity(self.app)
+        # Also covers a connection that never sends a byte: it is closed when this fires.
+        self._arm_head_timer()
+
+    def connection_lost(self, exc) -> None:
+        self._cancel_timers()
+        super().connection_lost(exc)
+
+    def _cancel_timers(self) -> None:
+        for t in (self._head_timer, self._body_timer):
+            if t is not None:
+                t.cancel()
+        self._head_timer = self._body_timer = None
+
+    def _arm_head_timer(self) -> None:
+        if self._head_timer is None:
+            self._head_timer = self.loop.call_later(self.limits.header_timeout_s, self._head_timed_out)
+
+    # -- the request head ------------------------------------------------------------------------------------
+
+    def data_received(self, data: bytes) -> None:
+        if self._refused:
+            return
+        super().data_received(data)
+        if self._refused or not self._in_head:
+            return
+        # The head is still unfinished after this chunk, so the chunk was head: count it before the parser is
+        # fed again, which bounds what httptools buffers to one chunk beyond the limit.
+        lim = self.limits
+        self._head_bytes += len(data)
+        nl = data.rfind(b"\n")
+        self._line_bytes = self._line_bytes + len(data) if nl < 0 else len(data) - nl - 1
+        if self._line_bytes > lim.max_header_line_bytes:
+            self._refuse(431, f"a request header line exceeds {lim.max_header_line_bytes // 1024} KB")
+        elif self._head_bytes > lim.max_header_bytes:
+            self._refuse(431, f"request headers exceed {lim.max_header_bytes // 1024} KB")
+
+    def send_400_response(self, msg: str) -> None:
+        if not self._refused:
+            super().send_400_response(msg)
+
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        self._in_head = True
+        self._head_bytes = self._line_bytes = self._head_size = 0
+        self._head_problem = None
+        self._arm_head_timer()
+
+    def on_url(self, url: bytes) -> None:
+        super().on_url(url)
+        self._head_size += len(url)
+        if len(self.url) > self.limits.max_header_line_bytes:
+            self._head_problem = f"the request line exceeds {self.limits.max_header_line_bytes // 1024} KB"
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        if self._refused or self._head_problem:
+            return
+        size = len(name) + len(value) + 4
+        self._head_size += size
+        lim = self.limits
+        if size > lim.max_header_line_bytes:
+            self._head_problem = f"a request header line exceeds {lim.max_header_line_bytes // 1024} KB"
+        elif self._head_size > lim.max_header_bytes:
+            self._head_problem = f"request headers exceed {lim.max_header_bytes // 1024} KB"
+        else:
+            super().on_header(name, value)
+
+    def on_headers_complete(self) -> None:
+        self._in_head = False
+        if self._head_timer is not None:
+            self._head_timer.cancel()
+            self._head_timer = None
+        if self._refused:
+            return
+        if self._head_problem:
+            return self._refuse(431, self._head_problem)
+        self._body_timer = self.loop.call_later(self.limits.body_timeout_s, self._body_timed_out)
+        super().on_headers_complete()
+        if self.scope.get("http_version") == "1.0" and self.cycle is not None:
+            # Swapped before its task first runs, so the app's send is the close-delimited one.
+            self.cycle.__class__ = _CloseDelimitedCycle
+
+    def on_body(self, body: bytes) -> None:
+        if not self._refused:
+            super().on_body(body)
+
+    def on_message_complete(self) -> None:
+        if self._body_timer is not None:
+            self._body_timer.cancel()
+            self._body_timer = None
+        if not self._refused:
+            super().on_message_complete()
+
+    # -- timeouts and refusals -------------------------------------------------------------------------------
+
+    def _head_timed_out(self) -> None:
+        self._head_timer = None
+        if self._refused or self.transport.is_closing():
+            return
+        if self._in_head:
+            self._refuse(408, f"request headers not received within {self.limits.header_timeout_s:g} s")
+        elif self.cycle is None:
+            self.transport.close()  # connected and never sent a byte: close, as an idle keep-alive would be
+
+    def _body_timed_out(self) -> None:
+        self._body_timer = None
+        cycle = self.cycle
+        if cycle is None or not cycle.more_body or cycle.response_started:
+            return
+        self._refuse(408, f"request body not received within {self.limits.body_timeout_s:g} s")
+
+    def _refuse(self, status: int, message: str) -> None:
+        """Answer in the caller's shape (as far as the path is known) and close; the parser is not fed again."""
+        self._refused = True
+        self._in_head = False
+        self._cancel_timers()
+        url = getattr(self, "url", None) or b""
+        path = url[:200].decode("latin-1", "replace")
+        openai = path.startswith("/v1/chat")
+        error_type = "invalid_request_error" if openai or status == 431 else "timeout_error"
+        body = error_body(path, status, message, error_type)
+        reason = {408: b"Request Timeout", 431: b"Request Header Fields Too Large"}.get(status, b"Error")
+        head = (b"HTTP/1.1 %d %s\r\ncontent-type: application/json\r\ncontent-length: %d\r\n"
+                b"connection: close\r\n\r\n" % (status, reason, len(body)))
+        if self.cycle is not None and not self.cycle.response_complete:
+            self.cycle.disconnected = True  # the app, if it is reading the body, sees the client gone
+            self.cycle.message_event.set()
+        if not self.transport.is_closing():
+            self.transport.write(head + body)
+            self.transport.close()
+
+
+def _over_capacity(app):
+    """The app seen by a connection beyond the cap: /healthz as usual, everything else a 503 and a close."""
+
+    async def over_capacity(scope, receive, send) -> None:
+        if scope["type"] != "http" or scope["path"] == "/healthz":
+            return await app(scope, receive, send)
+        body = error_body(scope["path"], 503, "coderouterd is at its connection limit; retry shortly",
+                          "overloaded_error" if not scope["path"].startswith("/v1/chat") else "server_error")
+        await send({"type": "http.response.start", "status": 503,
+                    "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+                                (b"retry-after", b"1"), (b"connection", b"close")]})
+        await send({"type": "http.response.body", "body": body})
+
+    return over_capacity
+
+
+class _CloseDelimitedCycle(RequestResponseCycle):
+    """HTTP/1.0 has no chunked encoding: a response without a length is sent raw and ended by closing."""
+
+    _close_delimited = False
+
+    async def send(self, message) -> None:
+        if not self.response_started and message["type"] == "http.response.start":
+            names = {n.lower() for n, _ in message.get("headers", [])}
+            if b"content-length" not in names and self.scope["method"] != "HEAD":
+                self._close_delimited = True
+                self.chunked_encoding = False
+                self.keep_alive = False
+            return await super().send(message)
+        if self._close_delimited and message["type"] == "http.response.body" and not self.response_complete:
+            if self.disconnected:
+                return
+            if self.flow.write_paused:
+                await self.flow.drain()
+            body = message.get("body", b"")
+            if body:
+                self.transport.write(body)
+            if not message.get("more_body", False):
+                self.response_complete = True
+                self.message_event.set()
+                self.transport.close()
+                self.on_response()
+            return
+        return await super().send(message)
+

@@ -1,0 +1,193 @@
+"""Connection limits against the real daemon over loopback: oversized heads (431, memory flat), slow heads and
+bodies (408 within the timeout), idle connections, the connection cap (503 while /healthz answers), and
+close-delimited SSE for HTTP/1.0 clients."""
+
+from __future__ import annotations
+
+import socket
+import time
+
+import httpx
+import pytest
+
+from tests.fakes.runner import FakeServer
+from tests.support.daemon import DaemonProcess
+
+CONFIG = """
+[server]
+port = {PORT}
+max_header_kb = 16
+max_header_line_kb = 8
+header_timeout_s = 0.6
+body_timeout_s = 0.6
+keep_alive_s = 0.5
+max_connections = 20
+
+[providers.local]
+kind = "openai"
+base_url = "@LOCAL@/v1"
+
+[profiles.default]
+providers = ["local"]
+"""
+BODY = b'{"model":"m","max_tokens":5,"messages":[{"role":"user","content":"hi"}]}'
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory):
+    with FakeServer("openai", name="local") as local:
+        d = DaemonProcess(CONFIG.replace("@LOCAL@", local.url), tmp_path_factory.mktemp("limits")).start()
+        try:
+            yield d
+        finally:
+            d.stop()
+
+
+def _connect(d) -> socket.socket:
+    s = socket.create_connection(("127.0.0.1", d.port), timeout=5)
+    return s
+
+
+def _read_all(s: socket.socket, timeout: float = 5.0) -> bytes:
+    s.settimeout(timeout)
+    out = b""
+    while True:
+        try:
+            chunk = s.recv(65536)
+        except (ConnectionResetError, TimeoutError):
+            break
+        if not chunk:
+            break
+        out += chunk
+    return out
+
+
+def _rss_kb(pid: int) -> int:
+    for line in open(f"/proc/{pid}/status"):
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    return 0
+
+
+def _healthy(d) -> bool:
+    return httpx.get(d.url + "/healthz", timeout=5).status_code == 200
+
+
+def test_oversized_header_line_and_total_get_431(env):
+    s = _connect(env)
+    s.sendall(b"POST /v1/messages HTTP/1.1\r\nhost: x\r\nx-big: " + b"a" * 9000 + b"\r\n\r\n")
+    resp = _read_all(s)
+    assert resp.startswith(b"HTTP/1.1 431"), resp[:200]
+    assert b'"type":"error"' in resp and b"header line exceeds 8 KB" in resp
+    s.close()
+    s = _connect(env)
+    many = b"".join(b"x-h%d: %s\r\n" % (i, b"b" * 1000) for i in range(20))
+    s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\n" + many + b"\r\n")
+    resp = _read_all(s)
+    assert resp.startswith(b"HTTP/1.1 431") and b"headers exceed 16 KB" in resp, resp[:200]
+    assert b'"error":{' in resp  # OpenAI shape for an OpenAI path
+    s.close()
+    assert _healthy(env)
+
+
+def test_unterminated_headers_keep_memory_flat(env):
+    pid = env.proc.pid
+    before = _rss_kb(pid)
+    socks = []
+    for _ in range(10):
+        s = _connect(env)
+        s.sendall(b"GET / HTTP/1.1\r\nx-flood: ")
+        socks.append(s)
+    chunk = b"z" * 65536
+    sent = 0
+    for s in socks:
+        try:
+            for _ in range(80):  # 5 MB each, no newline: the daemon must stop reading long before
+                s.sendall(chunk)
+                sent += len(chunk)
+        except (BrokenPipeError, ConnectionResetError):
+            pass
+    for s in socks:
+        s.close()
+    after = _rss_kb(pid)
+    assert after - before < 20_000, (before, after)  # 10 x 5 MB offered; a few MB of slack at most
+    assert _healthy(env)
+
+
+def test_slowloris_head_is_closed_within_the_header_timeout(env):
+    s = _connect(env)
+    t0 = time.monotonic()
+    s.sendall(b"POST /v1/messages HTTP/1.1\r\nhost: x\r\n")
+    resp = _read_all(s, timeout=5)
+    elapsed = time.monotonic() - t0
+    assert resp.startswith(b"HTTP/1.1 408") and b"timeout_error" in resp, resp[:200]
+    assert elapsed < 3.0
+    s.close()
+
+
+def test_idle_connection_is_closed(env):
+    s = _connect(env)
+    t0 = time.monotonic()
+    assert _read_all(s, timeout=5) == b""  # never sent a byte: closed without an answer
+    assert time.monotonic() - t0 < 3.0
+    s.close()
+
+
+def test_body_shorter_than_content_length_gets_408(env):
+    s = _connect(env)
+    s.sendall(b"POST /v1/messages HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+              b"content-length: 500\r\n\r\n" + BODY)
+    t0 = time.monotonic()
+    resp = _read_all(s, timeout=5)
+    assert resp.startswith(b"HTTP/1.1 408") and b"request body not received" in resp, resp[:200]
+    assert time.monotonic() - t0 < 3.0
+    s.close()
+    assert _healthy(env)
+
+
+def test_keep_alive_is_honoured_and_requests_work(env):
+    with httpx.Client(base_url=env.url) as c:
+        assert c.post("/v1/messages", content=BODY).status_code == 200
+        assert c.post("/v1/messages", content=BODY).status_code == 200  # same connection
+    s = _connect(env)
+    s.sendall(b"GET /healthz HTTP/1.1\r\nhost: x\r\n\r\n")
+    t0 = time.monotonic()
+    resp = _read_all(s, timeout=5)  # answered, then closed once idle for keep_alive_s
+    assert resp.startswith(b"HTTP/1.1 200") and time.monotonic() - t0 < 3.0
+    s.close()
+
+
+def test_connection_cap_answers_503_and_healthz_still_answers(env):
+    held = [_connect(env) for _ in range(20)]
+    try:
+        for s in held:
+            s.sendall(b"POST /v1/messages HTTP/1.1\r\nhost: x\r\ncontent-length: 10\r\n\r\n")  # body never comes
+        time.sleep(0.1)
+        r = httpx.post(env.url + "/v1/messages", content=BODY, timeout=5)
+        assert r.status_code == 503 and r.json()["error"]["type"] == "overloaded_error"
+        r = httpx.post(env.url + "/v1/chat/completions", content=b"{}", timeout=5)
+        assert r.status_code == 503 and "connection limit" in r.json()["error"]["message"]
+        assert _healthy(env)
+    finally:
+        for s in held:
+            s.close()
+    time.sleep(0.2)
+    assert httpx.post(env.url + "/v1/messages", content=BODY, timeout=5).status_code == 200
+    assert "connection limit reached" in env.log()
+
+
+def test_http10_stream_is_close_delimited(env):
+    body = b'{"model":"m","max_tokens":5,"stream":true,"messages":[{"role":"user","content":"hi"}]}'
+    s = _connect(env)
+    s.sendall(b"POST /v1/messages HTTP/1.0\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n%s"
+              % (len(body), body))
+    resp = _read_all(s, timeout=10)
+    head, _, payload = resp.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200"), head
+    assert b"transfer-encoding" not in head.lower() and b"connection: close" in head.lower()
+    assert payload.startswith(b"event: message_start") and b"event: message_stop" in payload
+    s.close()
+
+
+def test_fd_limit_is_logged(env):
+    assert "open files limit:" in env.log()
