@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from abc import ABC, abstractmethod
 from collections.abc import Mapping
 
 import orjson
@@ -32,7 +33,7 @@ def error_message(body: bytes) -> tuple[str, object]:
     return body[:500].decode("utf-8", "replace"), data
 
 
-class UpstreamAdapter:
+class UpstreamAdapter(ABC):
     """One provider's upstream as its kind sees it. Built from the provider's config; holds no state."""
 
     kind = ""
@@ -95,6 +96,7 @@ class UpstreamAdapter:
 
     def add_wire_headers(self, headers: dict[str, str], client: Mapping[str, str] | None) -> None:
         """Headers the wire needs on every call (API version and the like), the client's taking precedence."""
+        return None  # the OpenAI-compatible wire needs none; the Anthropic adapter adds its version header
 
     def headers(self, *, client: Mapping[str, str] | None = None, forward_client_key: bool = False,
                 json: bool = False, stream: bool = False) -> dict[str, str]:
@@ -135,9 +137,9 @@ class UpstreamAdapter:
 
         return strategy_for(ingress, self.wire, serves_responses=self.cfg.serves_responses)
 
+    @abstractmethod
     def classify_error(self, status: int, body: bytes, headers) -> UpstreamError:
         """An HTTP error answer as routing should see it (overflow, retry-after, failover or not)."""
-        raise NotImplementedError
 
     async def count_tokens(self, provider, req) -> tuple[int, str] | None:
         """The prompt's exact token count from the backend, with its source label; None when it cannot say.
