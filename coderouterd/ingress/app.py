@@ -72,6 +72,15 @@ async def _watch_disconnect(receive, task: asyncio.Task, responder: Responder) -
             return
 
 
+def _client_left(ex) -> None:
+    """The client went away before the response's closing bytes. One that already had the whole answer
+    (it closes right after [DONE]) was served: the request keeps its success and the usage it recorded."""
+    if ex.status == 200 and ex.error_class is None:
+        return
+    ex.status = ex.status or 499
+    ex.error_class = "client_disconnected"
+
+
 class ProxyApp:
     def __init__(self, daemon) -> None:
         self.daemon = daemon
@@ -258,12 +267,10 @@ class ProxyApp:
         try:
             await ex.run()
         except ClientGone:
-            ex.status = ex.status or 499
-            ex.error_class = "client_disconnected"
+            _client_left(ex)
         except asyncio.CancelledError:
             if not r.finished:
-                ex.status = ex.status or 499
-                ex.error_class = "client_disconnected"
+                _client_left(ex)
                 # The client left: swallow the cancellation so the server finishes this cycle quietly.
                 if task is not None and task.cancelling():
                     task.uncancel()

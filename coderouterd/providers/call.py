@@ -120,7 +120,7 @@ class Call:
         the clean end. Raises TimeoutError when the upstream sent nothing for `timeout` seconds."""
         st = self.strategy
         if st.done:
-            await self._drain()
+            await self.drain()
             return None
         assert self.resp is not None
         content = self.resp.content
@@ -145,7 +145,7 @@ class Call:
             raise UpstreamError(BAD_RESPONSE, message=f"unreadable upstream event: {e}",
                                 after_content=st.started_content) from None
 
-    async def _drain(self) -> None:
+    async def drain(self) -> None:
         """After the stream's last event: read the (usually already buffered) end of the HTTP body so the
         connection goes back to the pool instead of being closed; a new connection per stream cost ~1 ms."""
         r = self.resp

@@ -325,7 +325,12 @@ class Exchange:
             await self.sink.start_stream(self.route_headers(slot.name, serving=_serving(slot, "ok")))
         await self.sink.event(first)
         await self._pump(call)
+        # The upstream's whole answer, its usage included, is with the client now: the request succeeded. It is
+        # recorded before the housekeeping below, because a client that closes right after [DONE] cancels this
+        # task there, and the journal must still get the usage the upstream reported.
         self.succeeded(slot)
+        await call.drain()
+        await self.sink.finish()
 
     def succeeded(self, slot: Slot) -> None:
         call = slot.call
@@ -418,11 +423,12 @@ class Exchange:
         await self.sink.ping()
 
     async def _pump(self, call: Call) -> None:
+        """Relay the upstream's stream to the client until its end (e.g. [DONE]) has been relayed."""
         sink = self.sink
         t = call.provider.cfg.timeouts
         ping_every = self.server.ping_interval_s
         last = time.monotonic()
-        while True:
+        while not call.strategy.done:
             now = time.monotonic()
             wait = min(ping_every, t.idle - (now - last), call.total_deadline - now)
             if wait <= 0:
@@ -439,7 +445,6 @@ class Exchange:
             last = time.monotonic()
             if data:
                 await sink.event(data)
-        await sink.finish()
 
     # -- endings --------------------------------------------------------------------------------------------
 
@@ -524,8 +529,9 @@ class _Holding:
         try:
             if exc_type is not None:
                 if issubclass(exc_type, (asyncio.CancelledError, ClientGone)):
-                    ex._abandon(slot, Outcome.CANCELLED, "client_disconnected")
-                    ex.status = 499
+                    if not slot.ok:  # not a client leaving after its whole answer (see deliver_stream)
+                        ex._abandon(slot, Outcome.CANCELLED, "client_disconnected")
+                        ex.status = 499
                 elif issubclass(exc_type, Exception):
                     ex._abandon(slot, Outcome.ERROR, "internal_error", exc_type.__name__)
         finally:

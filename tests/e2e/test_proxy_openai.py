@@ -163,3 +163,28 @@ providers = ["plain"]
             assert r.headers["x-coderouter-token-count"] == "estimate:plain"
         finally:
             d.stop()
+
+
+def test_client_closing_right_after_done_still_journals_the_usage(start_daemon):
+    """The OpenAI SDK closes the connection as soon as it has read [DONE]. The upstream here keeps its HTTP body
+    open a while after [DONE], so the close lands while the daemon is still finishing the response: the request
+    was served all the same, and the journal must hold the usage the upstream reported, not a 499 with none."""
+    from coderouterd.state.journal import journal_rows
+
+    with FakeServer("openai", name="local", behaviour="ok;linger=3") as fake:
+        cfg = CONFIG.replace("@LOCAL@", fake.url).replace("@CLOUD@", fake.url)
+        d = start_daemon(cfg)
+        body = {"model": "qwen3", "messages": USER, "stream": True, "stream_options": {"include_usage": True}}
+        usage = None
+        with httpx.Client(timeout=20) as client, client.stream("POST", d.url + "/v1/chat/completions",
+                                                               json=body) as r:
+            for line in r.iter_lines():
+                if line == "data: [DONE]":
+                    break  # leaving the block closes the connection, as the SDK does
+                if line.startswith("data: ") and orjson.loads(line[6:]).get("usage"):
+                    usage = orjson.loads(line[6:])["usage"]
+        assert usage is not None and usage["prompt_tokens"] > 0
+        d.stop()
+        rows = journal_rows(d.state_dir / "state.db")
+    assert [(r["status"], r["error_class"], r["input_tokens"], r["output_tokens"]) for r in rows] == [
+        (200, None, usage["prompt_tokens"], usage["completion_tokens"])]

@@ -29,7 +29,7 @@ BEHAVIOURS = frozenset({
 })
 ERROR_BEHAVIOURS = frozenset({"500", "503_loading", "429", "401", "404_model", "400", "overflow", "529", "oom"})
 GLOBAL_BEHAVIOURS = frozenset({"503_loading", "hang", "401"})
-NUMERIC_PARAMS = frozenset({"delay", "chunk_delay", "retry_after", "n_prompt", "n_ctx", "tokens", "max", "split",
+NUMERIC_PARAMS = frozenset({"delay", "chunk_delay", "linger", "retry_after", "n_prompt", "n_ctx", "tokens", "max", "split",
                             "parallel", "n", "after", "think_tags", "text"})
 # `tool`/`cmd`: call that tool with {"cmd": cmd} (a shell tool such as Codex's exec_command).
 TEXT_PARAMS = frozenset({"field", "tool", "cmd", "format"})
@@ -149,6 +149,7 @@ class Plan:
     finish: str = "stop"  # OpenAI vocabulary: stop | length | tool_calls
     fail: str | None = None  # None | "disconnect" | "error"
     delay: float = 0.0  # seconds between streamed pieces
+    linger: float = 0.0  # seconds the HTTP body stays open after the stream's last event (param `linger`)
     reasoning_field: str | None = None  # OpenAI delta field override (behaviour param `field`)
 
     @property
@@ -171,6 +172,7 @@ def make_plan(b: Behaviour, server_name: str, tool_names: list[str], *, split_de
     greeting = f"Hello from {server_name}"
     plan = Plan(delay=b.number("delay", 0.05) if name == "slow_stream" else b.number("chunk_delay", 0.0))
     plan.reasoning_field = b.get("field")
+    plan.linger = b.number("linger", 0.0)
     if "n" in b.params or name == "chunks":
         plan.content = [f"tok{i} " for i in range(b.integer("n", 20))]
     else:

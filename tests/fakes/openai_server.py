@@ -245,6 +245,8 @@ class OpenAIFake(FakeBase):
             }) + b"\n\n")
         tail.append(DONE)
         await write_frames(resp, [*frames, *tail], plan.delay)
+        if plan.linger > 0:  # the end of the HTTP body comes well after [DONE]
+            await asyncio.sleep(plan.linger)
         return resp
 
     async def _complete(self, call: Call, plan: Plan, model: str, field: str) -> web.StreamResponse:
