@@ -121,6 +121,9 @@ class FakeCall:
         self.strategy.usage = {"input_tokens": 10, "output_tokens": 2}
         return None
 
+    async def drain(self) -> None:
+        """The scripted body has no bytes after its last event to read."""
+
     def close(self) -> None:
         if not self._closed:
             self._closed = True
