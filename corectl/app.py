@@ -91,8 +91,8 @@ def _root(
     ctx: typer.Context,
     socket: Annotated[str | None, typer.Option(
         "--socket", envvar="CODEROUTER_SOCKET", metavar="PATH",
-        help="Admin socket of coderouterd (default: derived like the daemon: \\[admin] socket, else "
-             "<state dir>/coderouterd.sock).")] = None,
+        help="Admin socket of coderouterd (default: the one the running daemon published, whatever "
+             "--config it was started with; else <state dir>/coderouterd.sock).")] = None,
     json_out: Annotated[bool, typer.Option("--json", help="Print machine-readable JSON (any command).")] = False,
     version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True,
                                           help="Show the version and exit.")] = False,
