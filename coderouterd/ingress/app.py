@@ -14,6 +14,7 @@ from ..ids import client_request_id, new_id
 from ..routing.request import ClientRequest
 from ..runtime import UnknownProfile
 from .guard import ClientLeft, answer_internal_error, describe_exception
+from .protocol import DISCONNECT_HOOK
 from .responder import ClientGone, Responder
 from .responses import ResponsesResponder, admit_responses
 from .validate import depth_problem, validate_anthropic, validate_openai
@@ -263,7 +264,13 @@ class ProxyApp:
             daemon.finish(ex)
             return
         task = asyncio.current_task()
-        watcher = asyncio.ensure_future(_watch_disconnect(receive, task, r))
+        hook = scope.get(DISCONNECT_HOOK)
+        if hook is not None:
+            # Our protocol calls back when the client leaves: no task per request to watch for it.
+            hook(lambda: task.cancel() if not r.finished else None)
+            watcher = None
+        else:
+            watcher = asyncio.ensure_future(_watch_disconnect(receive, task, r))
         try:
             await ex.run()
         except ClientGone:
@@ -288,7 +295,10 @@ class ProxyApp:
                 except ClientGone:
                     pass
         finally:
-            watcher.cancel()
+            if watcher is None:
+                hook(None)
+            else:
+                watcher.cancel()
         daemon.finish(ex)
         if not r.headers_sent and ex.error_class == "client_disconnected":
             raise ClientLeft  # nothing was answered because the client left: the edge guard stays quiet

@@ -12,6 +12,12 @@ for header size (httptools accumulates an unterminated header without bound). So
 - beyond `max_connections` a connection is answered 503 in the caller's shape (except /healthz, which is
   served, so a supervisor still sees the daemon alive), and beyond a small reserve above it, closed at once;
 - an HTTP/1.0 client gets a streamed response close-delimited (HTTP/1.0 has no chunked encoding).
+
+And two things per request that cost less here than in the app (bench/README.md, "Tail and big body"):
+
+- a response with a content-length leaves in one write (head and body together) instead of two;
+- the app learns that its client left through a callback (`DISCONNECT_HOOK` in the scope) instead of a task
+  per request waiting on `receive()`.
 """
 
 from __future__ import annotations
@@ -24,6 +30,10 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResp
 from .guard import error_body
 
 log = logging.getLogger("coderouterd")
+
+# The scope key of a function the app calls with a callback to be called (once, on the loop) if the client
+# goes away before the response is complete; called with None to drop it.
+DISCONNECT_HOOK = "coderouter.on_disconnect"
 
 # Connections over the cap that still get an answer (503, or /healthz) before new ones are simply closed.
 _RESERVE_MIN = 16
@@ -110,7 +120,13 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
 
     def connection_lost(self, exc) -> None:
         self._cancel_timers()
+        cycle = self.cycle
         super().connection_lost(exc)
+        if cycle is not None and cycle.disconnected:
+            callback = getattr(cycle, "on_disconnect", None)
+            if callback is not None:
+                cycle.on_disconnect = None
+                callback()
 
     def _cancel_timers(self) -> None:
         for t in (self._head_timer, self._body_timer):
@@ -182,9 +198,16 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
             return self._refuse(431, self._head_problem)
         self._body_timer = self.loop.call_later(self.limits.body_timeout_s, self._body_timed_out)
         super().on_headers_complete()
-        if self.scope.get("http_version") == "1.0" and self.cycle is not None:
-            # Swapped before its task first runs, so the app's send is the close-delimited one.
-            self.cycle.__class__ = _CloseDelimitedCycle
+        cycle = self.cycle
+        if cycle is None:
+            return
+        # Swapped before its task first runs, so the app's send is ours.
+        if self.scope.get("http_version") == "1.0":
+            cycle.__class__ = _CloseDelimitedCycle
+        else:
+            cycle.__class__ = _Cycle
+            cycle.on_disconnect = None
+            self.scope[DISCONNECT_HOOK] = cycle.watch_disconnect
 
     def on_body(self, body: bytes) -> None:
         if not self._refused:
@@ -250,6 +273,58 @@ def _over_capacity(app):
         await send({"type": "http.response.body", "body": body})
 
     return over_capacity
+
+
+class _HeadHeld:
+    """The connection's transport, except that a response head written while `hold` is set waits for the first
+    body write and leaves with it."""
+
+    __slots__ = ("transport", "hold", "head")
+
+    def __init__(self, transport) -> None:
+        self.transport = transport
+        self.hold = False
+        self.head = b""
+
+    def write(self, data: bytes) -> None:
+        if self.hold:
+            self.hold = False
+            self.head = data
+            return
+        if self.head:
+            data = self.head + data
+            self.head = b""
+        self.transport.write(data)
+
+    def __getattr__(self, name: str):
+        return getattr(self.transport, name)
+
+
+class _Cycle(RequestResponseCycle):
+    """uvicorn's cycle with one write per sized response and a disconnect callback (see the module's
+    docstring)."""
+
+    on_disconnect = None
+
+    def watch_disconnect(self, callback) -> None:
+        self.on_disconnect = callback
+
+    async def send(self, message) -> None:
+        if not self.response_started and message["type"] == "http.response.start" \
+                and self.scope["method"] != "HEAD":
+            for name, _value in message.get("headers", ()):
+                if name == b"content-length":
+                    held = self.transport = _HeadHeld(self.transport)
+                    held.hold = True
+                    try:
+                        return await super().send(message)
+                    finally:
+                        held.hold = False
+                        if not held.head:  # nothing held (the client left meanwhile): back to the real one
+                            self.transport = held.transport
+        await super().send(message)
+        if self.response_complete and type(self.transport) is _HeadHeld:
+            self.transport = self.transport.transport
 
 
 class _CloseDelimitedCycle(RequestResponseCycle):

@@ -32,7 +32,8 @@ class ProviderFacts:
 @dataclass
 class RequestFeatures:
     has_tools: bool = False
-    has_images: bool = False
+    # No has_images: images never gate a provider (the executor replaces them for vision = false), so the
+    # request is not walked for them here.
     # Thinking enabled on a request is a preference: a provider without thinking still answers. Only a
     # caller that cannot accept an answer without reasoning sets this.
     thinking_required: bool = False

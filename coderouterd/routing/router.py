@@ -69,7 +69,6 @@ class Router:
     def plan(self, profile_name: str, profile, runtime, req: ClientRequest, ticket=None) -> Plan:
         features = RequestFeatures(
             has_tools=req.has_tools(),
-            has_images=req.has_images(),
             thinking_required=req.thinking_required,
             estimated_tokens=req.estimated_tokens(),
         )

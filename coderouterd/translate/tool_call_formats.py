@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 
 import json5
@@ -65,7 +66,46 @@ def repair_tools_for(provider_cfg, body: dict) -> dict[str, ToolSpec] | None:
         return None
     if mode == "auto" and not provider_cfg.is_local():
         return None
-    return offered_tools(body) or None
+    tools = body["tools"]
+    if not isinstance(tools, list) or not any(_named(t) for t in tools):
+        return None
+    return OfferedTools(tools)
+
+
+def _named(tool) -> bool:
+    if not isinstance(tool, dict):
+        return False
+    fn = tool.get("function") if isinstance(tool.get("function"), dict) else tool
+    return isinstance(fn.get("name"), str) and bool(fn.get("name"))
+
+
+class OfferedTools(Mapping):
+    """`offered_tools` of a request, built on first use. Most answers carry no tool-call text at all, so the
+    repairer never looks a tool up; building the specs of Claude Code's ~20 tools costs more than the rest of
+    the repair on a plain answer (bench/README.md, "Tail and big body")."""
+
+    __slots__ = ("_tools", "_specs")
+
+    def __init__(self, tools: list) -> None:
+        self._tools = tools
+        self._specs: dict[str, ToolSpec] | None = None
+
+    def _built(self) -> dict[str, ToolSpec]:
+        if self._specs is None:
+            self._specs = offered_tools({"tools": self._tools})
+        return self._specs
+
+    def __getitem__(self, name: str) -> ToolSpec:
+        return self._built()[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._built())
+
+    def __len__(self) -> int:
+        return len(self._built())
+
+    def __bool__(self) -> bool:  # at least one named tool, checked before building (repair_tools_for)
+        return True
 
 
 def loads_near_json(text: str):

@@ -129,6 +129,37 @@ providers = ["a"]
         assert "Unclosed" not in log, log
 
 
+def test_a_client_that_leaves_frees_its_request_at_once(tmp_path):
+    """The client hangs up while the upstream has not answered: the request is cancelled at once (our protocol's
+    disconnect callback, no watcher task; without it this request would hang for good) and the journal says 499."""
+    import socket
+
+    with FakeServer("openai", name="a", behaviour="hang") as a:
+        cfg = f"""
+[server]
+port = {{PORT}}
+[providers.a]
+base_url = "{a.url}/v1"
+[profiles.default]
+providers = ["a"]
+"""
+        d = DaemonProcess(cfg, tmp_path).start()
+        try:
+            body = b'{"model":"m","messages":[{"role":"user","content":"hi"}]}'
+            host, port = d.url.split("//")[1].split(":")
+            s = socket.create_connection((host, int(port)))
+            s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+                      b"content-length: %d\r\n\r\n%s" % (len(body), body))
+            assert wait_for(lambda: a.active >= 1, 5, 0.01)
+            assert total(scrape(d), "coderouter_requests_in_flight") == 1
+            s.close()
+            assert wait_for(lambda: total(scrape(d), "coderouter_requests_in_flight") == 0, 3, 0.02)
+        finally:
+            assert d.stop() == 0
+        rows = journal_rows(d.state_dir / "state.db")
+        assert [(r["status"], r["error_class"]) for r in rows] == [(499, "client_disconnected")]
+
+
 # -- in-flight -----------------------------------------------------------------------------------------------
 
 

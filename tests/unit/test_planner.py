@@ -182,7 +182,7 @@ def test_unknown_provider_gets_default_facts_and_duplicates_collapse():
 def test_images_never_gate_a_provider():
     # Declared without vision, the provider still serves: the executor replaces the images by a note.
     p = plan(["x", "y"], {"x": ProviderFacts("x", vision=False), "y": ProviderFacts("y")},
-             RequestFeatures(has_images=True), breakers=BreakerRegistry(clock=ManualClock()), health={},
+             RequestFeatures(), breakers=BreakerRegistry(clock=ManualClock()), health={},
              health_action="exclude")
     assert p.candidates == ["x", "y"] and p.skips == []
 
