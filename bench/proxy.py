@@ -1,9 +1,12 @@
 """Proxy overhead benchmark: the same requests direct to a fast fake upstream and through coderouterd.
 
-    .venv/bin/python bench/proxy.py [--quick] [--no-state]
+    .venv/bin/python bench/proxy.py [--quick] [--no-state] [--rounds 3] [-n 1700]
+    .venv/bin/python bench/proxy.py --memory 100000
 
-Loopback only, bounded in time (about a minute). The daemon is pinned to core 0; the fake upstreams and this
-load generator share core 1, as in the issue's reference measurements.
+Loopback only, bounded in time (about four minutes; --quick: half a minute). The daemon and the floors
+(bench/floor.py) are pinned to core 0; the fake upstreams and the load generator (this process; wrk for
+throughput when installed) share core 1. Every cell is measured direct, through the floor for its scenario
+and through coderouterd, in interleaved rounds, and the table reports coderouterd over the floor.
 """
 
 from __future__ import annotations
@@ -11,6 +14,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -122,17 +126,54 @@ providers = ["an"]
     return p
 
 
+def wrk_rps(url: str, body: bytes, headers: dict, concurrency: int, seconds: float, tmp: Path) -> float | None:
+    """req/s from wrk (C, one thread on the load-generator core), or None when wrk is not installed."""
+    if shutil.which("wrk") is None:
+        return None
+    bpath = tmp / f"body-{len(body)}.json"
+    bpath.write_bytes(body)
+    lua = tmp / f"post-{len(body)}-{abs(hash(tuple(headers.items())))}.lua"
+    hdrs = "".join(f'wrk.headers["{k}"] = "{v}"\n' for k, v in headers.items())
+    lua.write_text(f'wrk.method = "POST"\nlocal f = io.open("{bpath}", "rb")\nwrk.body = f:read("*a")\nf:close()\n'
+                   + hdrs)
+    cmd = ["wrk", "-t1", f"-c{concurrency}", f"-d{seconds:g}s", "-s", str(lua), url]
+    out = subprocess.run(["taskset", "-c", "1", *cmd] if shutil.which("taskset") else cmd, capture_output=True,
+                         text=True, timeout=seconds + 30).stdout
+    for line in out.splitlines():
+        if line.startswith("Requests/sec:"):
+            return float(line.split()[1])
+    raise RuntimeError(f"wrk printed no rate: {out[-500:]!r}")
+
+
+def rps(url, body, headers, concurrency, seconds, tmp) -> tuple[float, str]:
+    r = wrk_rps(url, body, headers, concurrency, seconds, tmp)
+    if r is not None:
+        return r, "wrk"
+    return asyncio.run(throughput(url, body, headers, concurrency, seconds)), "aiohttp"
+
+
+def mark(ok: bool) -> str:
+    return "met" if ok else "MISSED"
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true", help="fewer requests (a smoke run)")
     ap.add_argument("--no-state", action="store_true", help="run the daemon with journal/audit/store disabled")
     ap.add_argument("--seconds", type=float, default=3.0, help="duration of each throughput phase")
+    ap.add_argument("--rounds", type=int, default=3, help="interleaved rounds (direct, floor, proxy) per cell")
+    ap.add_argument("-n", type=int, default=1700, help="sequential requests per cell per round (x rounds >= 5000)")
+    ap.add_argument("--memory", type=int, default=0, metavar="N",
+                    help="only the memory run: N requests at c=32 (issue 16: 100000), RSS along the way")
     ap.add_argument("--state-compare", action="store_true",
                     help="only compare journal+audit+store enabled vs disabled (issue: +0.1 ms p50, -5%% req/s)")
     args = ap.parse_args()
     if args.state_compare:
         return state_compare(300 if args.quick else 2000, 1.0 if args.quick else args.seconds)
-    n = 300 if args.quick else 2000
+    from bench.responses import as_chat, codex_body  # here: bench/responses.py imports this module
+
+    n = 200 if args.quick else args.n
+    rounds = 1 if args.quick else args.rounds
     secs = 1.0 if args.quick else args.seconds
     pin(os.getpid(), {1})
     procs: list[subprocess.Popen] = []
@@ -144,7 +185,8 @@ def main() -> int:
         procs += [oa, oas, an]
         port = free_port()
         cfg = write_config(tmp, oa_url, an_url, oas_url, not args.no_state)
-        env = {**os.environ, "CODEROUTER_STATE_DIR": str(tmp / "state")}
+        env = {**os.environ, "CODEROUTER_STATE_DIR": str(tmp / "state"),
+               "CODEROUTER_ADMIN__SOCKET": str(tmp / "admin" / "a.sock")}
         t0 = time.monotonic()
         d = subprocess.Popen([PY, "-m", "coderouterd", "--config", str(cfg), "--port", str(port),
                               "--log-level", "warning"], cwd=ROOT, env=env)
@@ -157,83 +199,160 @@ def main() -> int:
         procs.append(fl)
         pin(fl.pid, {0})
         wait_port(fport)
-        floor_url = f"http://127.0.0.1:{fport}/v1/chat/completions"
+        floor = f"http://127.0.0.1:{fport}"
         time.sleep(0.5)
         rss_idle = rss_mb(d.pid)
         proxy = f"http://127.0.0.1:{port}"
+        if args.memory:
+            return memory_run(proxy, d.pid, args.memory, tmp)
         jh = {"content-type": "application/json"}
         ah = {**jh, "anthropic-version": "2023-06-01", "x-api-key": "bench"}
         cc = claude_code_body()
         cc_raw = orjson.dumps(cc)
         cc_openai = orjson.dumps(request_to_openai(cc, "bench-model", stream=False)[0])
+        cx = codex_body(stream=False)
+        cx_raw = orjson.dumps(cx)
+        cx_chat = orjson.dumps(as_chat(cx))
         oa_raw = orjson.dumps(OPENAI_BODY)
         oa_stream = orjson.dumps({**OPENAI_BODY, "stream": True})
         an_small = orjson.dumps({"model": "bench-model", "max_tokens": 16, "messages": OPENAI_BODY["messages"]})
         an_stream = orjson.dumps({"model": "bench-model", "max_tokens": 16, "stream": True,
                                   "messages": OPENAI_BODY["messages"]})
+        oa_chat = f"{oa_url}/v1/chat/completions"
+        # name, floor kind, (direct), (floor), (through coderouterd)
         scenarios = [
-            ("a) OpenAI→OpenAI", (f"{oa_url}/v1/chat/completions", oa_raw, jh),
+            ("a) OpenAI→OpenAI", "bare", (oa_chat, oa_raw, jh), (f"{floor}/v1/chat/completions", oa_raw, jh),
              (f"{proxy}/v1/chat/completions", oa_raw, jh)),
-            (f"b) Anthropic→OpenAI {len(cc_raw) // 1024} KB", (f"{oa_url}/v1/chat/completions", cc_openai, jh),
-             (f"{proxy}/v1/messages", cc_raw, ah)),
-            ("c) Anthropic passthrough", (f"{an_url}/v1/messages", an_small, ah),
+            (f"b) Anthropic→OpenAI {len(cc_raw) // 1024} KB", "parse", (oa_chat, cc_openai, jh),
+             (f"{floor}/parse/v1/chat/completions", cc_openai, jh), (f"{proxy}/v1/messages", cc_raw, ah)),
+            ("c) Anthropic passthrough", "bare", (f"{an_url}/v1/messages", an_small, ah),
+             (f"{floor}/v1/messages", an_small, {**ah, "x-upstream": an_url}),
              (f"{proxy}/v1/messages", an_small, {**ah, "x-coderouter-profile": "pass"})),
+            (f"d) Responses→OpenAI (Codex) {len(cx_raw) // 1024} KB", "parse", (oa_chat, cx_chat, jh),
+             (f"{floor}/parse/v1/chat/completions", cx_chat, jh), (f"{proxy}/v1/responses", cx_raw, jh)),
         ]
+        samples: dict[tuple[str, str], list[float]] = {}
+        for _ in range(rounds):  # interleaved, so drift on a shared machine hits all three alike
+            for name, _kind, direct, fl_, through in scenarios:
+                for who, target in (("direct", direct), ("floor", fl_), ("proxy", through)):
+                    t, _ = asyncio.run(latency(*target, n))
+                    samples.setdefault((name, who), []).extend(t)
         rows = []
-        dt, _ = asyncio.run(latency(f"{oa_url}/v1/chat/completions", oa_raw, jh, n))
-        ft, _ = asyncio.run(latency(floor_url, oa_raw, jh, n))
-        rows.append(["floor: bare uvicorn+aiohttp forwarder, OpenAI body", ms(pct(dt, 50)), ms(pct(ft, 50)),
-                     ms(pct(ft, 50) - pct(dt, 50)), ms(pct(dt, 99)), ms(pct(ft, 99)), ms(pct(ft, 99) - pct(dt, 99))])
-        for name, direct, through in scenarios:
-            dt, _ = asyncio.run(latency(*direct, n))
-            tt, _ = asyncio.run(latency(*through, n))
-            rows.append([name, ms(pct(dt, 50)), ms(pct(tt, 50)), ms(pct(tt, 50) - pct(dt, 50)),
-                         ms(pct(dt, 99)), ms(pct(tt, 99)), ms(pct(tt, 99) - pct(dt, 99))])
-        print("\nAdded latency at concurrency 1 (ms)")
-        print(table(rows, ["scenario", "direct p50", "proxy p50", "added p50", "direct p99", "proxy p99",
-                           "added p99"]))
+        verdicts = []
+        for name, kind, *_ in scenarios:
+            d_, f_, p_ = samples[(name, "direct")], samples[(name, "floor")], samples[(name, "proxy")]
+            f50, f99 = pct(f_, 50) - pct(d_, 50), pct(f_, 99) - pct(d_, 99)
+            a50, a99 = pct(p_, 50) - pct(d_, 50), pct(p_, 99) - pct(d_, 99)
+            rows.append([name, str(len(p_)), ms(pct(d_, 50)), ms(f50), ms(a50), ms(a50 - f50), ms(pct(d_, 99)),
+                         ms(f99), ms(a99)])
+            budget = 0.00015 if kind == "bare" else 0.0005
+            verdicts.append([f"{name}: added p50 ≤ {kind} floor + {budget * 1000:g} ms", f"{(a50 - f50) * 1000:+.3f} ms",
+                             mark(a50 - f50 <= budget)])
+            if name[0] in "ab":
+                verdicts.append([f"{name}: added p99 ≤ 1.5 ms", f"{a99 * 1000:.3f} ms", mark(a99 <= 0.0015)])
+        print(f"\nAdded latency at concurrency 1 (ms; {rounds} interleaved rounds x {n} requests per cell)")
+        print(table(rows, ["scenario", "samples", "direct p50", "floor added p50", "added p50", "over floor p50",
+                           "direct p99", "floor added p99", "added p99"]))
 
         rows = []
-        for conc in (1, 8, 32):
-            dr = asyncio.run(throughput(f"{oa_url}/v1/chat/completions", oa_raw, jh, conc, secs))
-            fr = asyncio.run(throughput(floor_url, oa_raw, jh, conc, secs))
-            pr = asyncio.run(throughput(f"{proxy}/v1/chat/completions", oa_raw, jh, conc, secs))
-            rows.append([f"a) OpenAI→OpenAI c={conc}", f"{dr:.0f}", f"{fr:.0f}", f"{pr:.0f}", f"{pr / dr:.2f}"])
-        dr = asyncio.run(throughput(f"{oa_url}/v1/chat/completions", cc_openai, jh, 32, secs))
-        pr = asyncio.run(throughput(f"{proxy}/v1/messages", cc_raw, ah, 32, secs))
-        rows.append(["b) Anthropic→OpenAI c=32", f"{dr:.0f}", "", f"{pr:.0f}", f"{pr / dr:.2f}"])
-        print("\nThroughput (req/s)")
-        print(table(rows, ["scenario", "direct", "floor", "proxy", "proxy/direct"]))
+        tool = "aiohttp"
+        for name, body_d, body_p, hp, fpath in (
+                ("a) OpenAI→OpenAI c=32", oa_raw, oa_raw, jh, "/v1/chat/completions"),
+                ("b) Anthropic→OpenAI c=32", cc_openai, cc_raw, ah, "/parse/v1/chat/completions")):
+            dr, tool = rps(oa_chat, body_d, jh, 32, secs, tmp)
+            fr, _ = rps(f"{floor}{fpath}", body_d, jh, 32, secs, tmp)
+            pr, _ = rps(f"{proxy}{'/v1/chat/completions' if name[0] == 'a' else '/v1/messages'}", body_p, hp, 32,
+                        secs, tmp)
+            rows.append([name, f"{dr:.0f}", f"{fr:.0f}", f"{pr:.0f}", f"{pr / fr:.2f}"])
+            verdicts.append([f"{name}: req/s ≥ 85% of the floor's", f"{pr / fr * 100:.0f}%", mark(pr >= 0.85 * fr)])
+        print(f"\nThroughput (req/s, {tool}, {secs:g} s per cell)")
+        print(table(rows, ["scenario", "direct", "floor", "proxy", "proxy/floor"]))
 
         rows = []
-        sn = max(200, n // 4)
-        for name, direct, through in [
-            ("OpenAI→OpenAI 20 chunks", (f"{oas_url}/v1/chat/completions", oa_stream, jh),
+        sn = max(200, n)
+        oas_chat = f"{oas_url}/v1/chat/completions"
+        for name, direct, fl_, through in [
+            ("OpenAI→OpenAI 20 chunks", (oas_chat, oa_stream, jh),
+             (f"{floor}/v1/chat/completions", oa_stream, {**jh, "x-upstream": oas_url}),
              (f"{proxy}/v1/chat/completions", oa_stream, {**jh, "x-coderouter-profile": "stream"})),
-            ("Anthropic→OpenAI 20 chunks", (f"{oas_url}/v1/chat/completions", oa_stream, jh),
+            ("Anthropic→OpenAI 20 chunks", (oas_chat, oa_stream, jh),
+             (f"{floor}/v1/chat/completions", oa_stream, {**jh, "x-upstream": oas_url}),
              (f"{proxy}/v1/messages", an_stream, {**ah, "x-coderouter-profile": "stream"})),
             ("Anthropic passthrough", (f"{an_url}/v1/messages", an_stream, ah),
+             (f"{floor}/v1/messages", an_stream, {**ah, "x-upstream": an_url}),
              (f"{proxy}/v1/messages", an_stream, {**ah, "x-coderouter-profile": "pass"})),
         ]:
-            dt, df = asyncio.run(latency(*direct, sn, stream=True))
-            tt, tf = asyncio.run(latency(*through, sn, stream=True))
-            rows.append([name, ms(pct(df, 50)), ms(pct(tf, 50)), ms(pct(tf, 50) - pct(df, 50)),
-                         ms(pct(dt, 50)), ms(pct(tt, 50)), ms(pct(tt, 50) - pct(dt, 50))])
-        print("\nStreaming (ms, p50)")
-        print(table(rows, ["scenario", "direct TTFB", "proxy TTFB", "added TTFB", "direct total", "proxy total",
-                           "added total"]))
+            ttfb: dict[str, list[float]] = {}
+            for _ in range(rounds):
+                for who, target in (("direct", direct), ("floor", fl_), ("proxy", through)):
+                    _t, f = asyncio.run(latency(*target, sn, stream=True))
+                    ttfb.setdefault(who, []).extend(f)
+            d_, f_, p_ = ttfb["direct"], ttfb["floor"], ttfb["proxy"]
+            over = (pct(p_, 50) - pct(d_, 50)) - (pct(f_, 50) - pct(d_, 50))
+            rows.append([name, ms(pct(d_, 50)), ms(pct(f_, 50) - pct(d_, 50)), ms(pct(p_, 50) - pct(d_, 50)),
+                         ms(over), ms(pct(f_, 99) - pct(d_, 99)), ms(pct(p_, 99) - pct(d_, 99))])
+            verdicts.append([f"{name}: TTFB ≤ streaming floor + 0.3 ms", f"{over * 1000:+.3f} ms",
+                             mark(over <= 0.0003)])
+        print(f"\nStreaming first byte (ms; {rounds} x {sn} requests per cell)")
+        print(table(rows, ["scenario", "direct TTFB p50", "floor added p50", "added p50", "over floor p50",
+                           "floor added p99", "added p99"]))
         rss_after = rss_mb(d.pid)
         print("\nDaemon")
         print(table([[f"{ready * 1000:.0f} ms (exec→/healthz {ready_exec * 1000:.0f} ms)", f"{rss_idle:.1f} MB",
                       f"{rss_after:.1f} MB", f"{(rss_after / rss_idle - 1) * 100:+.1f}%"]],
                     ["ready", "RSS idle", "RSS after", "growth"]))
-        print(f"\nconditions: {os.cpu_count()} cores, daemon pinned to core 0, upstream fakes + load generator on "
-              f"core 1, n={n} sequential requests per latency cell, {secs:g} s per throughput cell, "
-              f"state {'disabled' if args.no_state else 'enabled (journal + audit + store)'}")
+        print("\nTargets (issue 16)")
+        print(table(verdicts, ["target", "measured", ""]))
+        print(f"\nconditions: {os.cpu_count()} cores, daemon and floor pinned to core 0, upstream fakes + load "
+              f"generator on core 1, {rounds} interleaved rounds x {n} sequential requests per latency cell, "
+              f"{secs:g} s per throughput cell, state {'disabled' if args.no_state else 'enabled (journal + audit + store)'}"
+              f", load average before: {os.getloadavg()[0]:.2f}")
         return 0
     finally:
         for p in reversed(procs):
             stop(p)
+
+
+def memory_run(proxy: str, pid: int, total: int, tmp: Path) -> int:
+    """RSS over `total` requests at c=32, half small OpenAI bodies and half the 95 KB Claude Code body (issue 16:
+    within 15 MB of the RSS after the first 10,000, and flat over the last 50,000)."""
+    jh = {"content-type": "application/json"}
+    ah = {**jh, "anthropic-version": "2023-06-01", "x-api-key": "bench"}
+    small = orjson.dumps(OPENAI_BODY)
+    big = orjson.dumps(claude_code_body())
+    done = 0
+    rows = []
+    step = 10_000
+    t0 = time.monotonic()
+
+    async def burst(count: int) -> None:
+        conn = aiohttp.TCPConnector(limit=32)
+        left = count
+        async with aiohttp.ClientSession(connector=conn) as s:
+            async def worker(i: int) -> None:
+                nonlocal left
+                while left > 0:
+                    left -= 1
+                    if i % 2:
+                        await one(s, f"{proxy}/v1/messages", big, ah, False)
+                    else:
+                        await one(s, f"{proxy}/v1/chat/completions", small, jh, False)
+
+            await asyncio.gather(*(worker(i) for i in range(32)))
+
+    while done < total:
+        asyncio.run(burst(min(step, total - done)))
+        done = min(total, done + step)
+        rows.append([f"{done:,}", f"{rss_mb(pid):.1f}", f"{time.monotonic() - t0:.0f}"])
+        print(f"  {done:,} requests: RSS {rows[-1][1]} MB", flush=True)
+    print("\nMemory (RSS of coderouterd, c=32, half 95 KB Anthropic bodies)")
+    print(table(rows, ["requests", "RSS MB", "elapsed s"]))
+    first = float(rows[0][1])
+    last = float(rows[-1][1])
+    half = float(rows[len(rows) // 2 - 1][1]) if len(rows) >= 2 else first
+    print(f"\nafter {rows[0][0]}: {first:.1f} MB; after {rows[-1][0]}: {last:.1f} MB ({last - first:+.1f} MB, target "
+          f"≤ +15 MB: {mark(last - first <= 15)}); over the last half: {last - half:+.1f} MB")
+    return 0
 
 
 def _start_daemon(tmp: Path, cfg: Path, state: bool) -> tuple[subprocess.Popen, str]:

@@ -127,6 +127,9 @@ class Daemon:
             self.processes.start_background()
         self.health.start()
         self.memory.start()
+        from .interpreter import settle
+
+        settle()
 
     def _supervisor(self):
         return self.processes.supervisor if self.processes is not None else None

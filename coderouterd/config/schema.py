@@ -6,7 +6,7 @@ import ipaddress
 from typing import Annotated, Literal
 from urllib.parse import urlsplit
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 # Every timeout and interval lies between 10 ms and one day: `inf`, `1e308` or a typo'd exponent would
 # otherwise reach asyncio timers and sleeps (an inf timeout turned each request into a 500, an inf flush
@@ -163,28 +163,32 @@ class ProviderConfig(_Strict):
             raise ValueError('serves_responses needs kind = "openai" (the Responses API is an OpenAI wire)')
         return self
 
-    # is_local() is asked on every request (repair, drift); parsing the URL each time cost ~20 µs.
-    _is_local: bool | None = PrivateAttr(default=None)
-
     def is_local(self) -> bool:
         """A backend on this machine or this network: Ollama, a supervised process, or a loopback/private host."""
         if self.local is not None:
             return self.local
-        if self._is_local is None:
-            self._is_local = self._local_by_address()
-        return self._is_local
+        if self.process is not None:
+            return True
+        # Asked on every request (tool repair, drift): the URL is parsed once per (kind, base_url).
+        key = (self.kind, self.base_url)
+        local = _LOCAL_BY_URL.get(key)
+        if local is None:
+            local = _LOCAL_BY_URL[key] = _adapter(self).always_local or _host_is_local(self.base_url)
+        return local
 
-    def _local_by_address(self) -> bool:
-        if _adapter(self).always_local or self.process is not None:
-            return True
-        host = urlsplit(self.base_url).hostname or ""
-        if host == "localhost" or host.endswith(".local"):
-            return True
-        try:
-            addr = ipaddress.ip_address(host)
-        except ValueError:
-            return False
-        return addr.is_loopback or addr.is_private or addr.is_link_local
+
+_LOCAL_BY_URL: dict[tuple[str, str], bool] = {}
+
+
+def _host_is_local(base_url: str) -> bool:
+    host = urlsplit(base_url).hostname or ""
+    if host == "localhost" or host.endswith(".local"):
+        return True
+    try:
+        addr = ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return addr.is_loopback or addr.is_private or addr.is_link_local
 
 
 def _adapter(cfg: ProviderConfig):

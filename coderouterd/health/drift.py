@@ -56,40 +56,59 @@ class Verdict:
         return bool(self.signals)
 
 
-def _rate(items, pred) -> float:
-    items = list(items)
-    return sum(1 for s in items if pred(s)) / len(items) if items else 0.0
-
-
 def judge(samples: list[DriftSample], cfg: DriftSettings) -> Verdict:
+    """One pass over the window (this runs after every answer of a local model)."""
     n = len(samples)
     if n < max(cfg.min_fill, cfg.recent + 1):
         return Verdict(samples=n)
-    recent, before = samples[-cfg.recent:], samples[:-cfg.recent]
+    split = n - cfg.recent
+    empty = looping = length_stops = errors = 0
+    digests: list[int] = []
+    ok_before: list[int] = []
+    ok_recent: list[int] = []
+    offered_before = used_before = offered_recent = used_recent = 0
+    for i, s in enumerate(samples):
+        recent = i >= split
+        if s.error:
+            if recent:
+                errors += 1
+            continue
+        if recent:
+            if s.length == 0 and not s.tool_called:
+                empty += 1
+            if s.repetition >= cfg.repetition_level:
+                looping += 1
+            if s.length_stop:
+                length_stops += 1
+            if s.length:
+                digests.append(s.digest)
+                ok_recent.append(s.length)
+            if s.tools_offered:
+                offered_recent += 1
+                used_recent += s.tool_called
+        else:
+            if s.length:
+                ok_before.append(s.length)
+            if s.tools_offered:
+                offered_before += 1
+                used_before += s.tool_called
+    r = cfg.recent
     values: dict[str, tuple[float, float]] = {}  # signal -> (value, threshold)
-    values["empty"] = (_rate(recent, lambda s: s.empty), cfg.empty_rate)
-    digests = [s.digest for s in recent if s.length]
+    values["empty"] = (empty / r, cfg.empty_rate)
     repeats = len(digests) - len(set(digests))
-    loop_rate = max(_rate(recent, lambda s: s.repetition >= cfg.repetition_level),
-                    (repeats + 1) / len(recent) if repeats else 0.0)
-    values["repetition"] = (loop_rate, cfg.repetition_rate)
-    values["length_stops"] = (_rate(recent, lambda s: s.length_stop), cfg.length_stop_rate)
-    values["errors"] = (_rate(recent, lambda s: s.error), cfg.error_rate)
-    ok_before = [s.length for s in before if not s.error and s.length]
-    ok_recent = [s.length for s in recent if not s.error and s.length]  # empty answers are their own signal
-    if len(ok_before) >= cfg.recent and len(ok_recent) >= max(2, cfg.recent // 2):
+    values["repetition"] = (max(looping / r, (repeats + 1) / r if repeats else 0.0), cfg.repetition_rate)
+    values["length_stops"] = (length_stops / r, cfg.length_stop_rate)
+    values["errors"] = (errors / r, cfg.error_rate)
+    # Empty answers are their own signal: only answers with a length count towards a collapse.
+    if len(ok_before) >= r and len(ok_recent) >= max(2, r // 2):
         base = statistics.median(ok_before)
         if base >= cfg.collapse_min_chars:
             ratio = statistics.median(ok_recent) / base
             # value grows as the length shrinks: 1 - ratio, fired below the collapse ratio
             values["length_collapse"] = (1 - ratio, 1 - cfg.collapse_ratio)
-    offered_before = [s for s in before if s.tools_offered and not s.error]
-    offered_recent = [s for s in recent if s.tools_offered and not s.error]
-    if len(offered_before) >= cfg.tool_silence_min and len(offered_recent) >= cfg.tool_silence_min:
-        used_before = _rate(offered_before, lambda s: s.tool_called)
-        if used_before >= cfg.tool_rate_before:
-            silence = 1 - _rate(offered_recent, lambda s: s.tool_called)
-            values["tool_silence"] = (silence, 1.0)
+    if offered_before >= cfg.tool_silence_min and offered_recent >= cfg.tool_silence_min:
+        if used_before / offered_before >= cfg.tool_rate_before:
+            values["tool_silence"] = (1 - used_recent / offered_recent, 1.0)
     fired = {k: round(v, 3) for k, (v, t) in values.items() if v >= t and v > 0}
     score = max((min(1.0, v / t) for v, t in values.values() if t > 0), default=0.0)
     return Verdict(signals=fired, score=round(score, 3), samples=n)
