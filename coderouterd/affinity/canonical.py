@@ -179,6 +179,36 @@ def segments(body: dict, ingress: str) -> Prompt:
     return Prompt(tuple(labels), tuple(digests), tuple(ends), head)
 
 
+def first_message_head(body: dict, ingress: str) -> str:
+    """`segments(body, ingress).head` without digesting the rest of the body: a lane is named by it on every
+    request, while the whole chain is needed only where a prediction is (bench/README.md, "Tail and big
+    body"). Follows segments' rules for which part is the first message."""
+    first = _NONE
+    if ingress == "anthropic":
+        messages = body.get("messages") or ()
+        if messages:
+            first = messages[0]
+    elif "input" in body and "messages" not in body:
+        items = body.get("input")
+        items = items if isinstance(items, list) else [items]
+        if items:
+            first = items[0]
+    else:
+        n_sys = 0
+        for i, m in enumerate(body.get("messages") or ()):
+            if isinstance(m, dict) and m.get("role") in ("system", "developer") and n_sys == i:
+                n_sys += 1
+                continue
+            first = m
+            break
+    if first is _NONE:
+        return "empty"
+    return hashlib.sha256(_dump(first)).hexdigest()[:12]
+
+
+_NONE = object()
+
+
 def common_prefix(a: tuple[bytes, ...] | list[bytes], b: tuple[bytes, ...] | list[bytes]) -> int:
     """How many leading segments two chains share. Chained digests make a binary search exact."""
     lo, hi = 0, min(len(a), len(b))

@@ -21,7 +21,7 @@ import orjson
 from ..providers.adapters import adapter_for
 from . import session as sess
 from .bust import Bust, detect
-from .canonical import Canonicaliser, Prompt, segments
+from .canonical import Canonicaliser, Prompt, first_message_head, segments
 from .index import PrefixIndex
 from .slots import SlotTable
 
@@ -32,21 +32,35 @@ PERSIST_EVERY_S = 1.0
 MAX_SLOT_WAIT_S = 120.0
 
 
-@dataclass(slots=True)
 class Ticket:
-    """What affinity knows about one request, and (for the journal and `corectl explain`) what it did."""
+    """What affinity knows about one request, and (for the journal and `corectl explain`) what it did.
 
-    prompt: Prompt
-    session: sess.SessionKey
-    lane: str
-    lane_kind: str
-    canonical: dict  # the body with per-request noise removed (same object when nothing was removed)
-    canonical_raw: bytes | None = None
-    slot: int | None = None
-    predicted_tokens: int | None = None
-    cached_tokens: int | None = None
-    bust: Bust | None = None
-    placement_why: str = ""
+    `prompt` (the chained digests of the whole canonical body) is computed on first use: on a backend without
+    slots that is after the answer went out (in `finish`), not before."""
+
+    __slots__ = ("_prompt", "session", "lane", "lane_kind", "canonical", "ingress", "canonical_raw", "slot",
+                 "predicted_tokens", "cached_tokens", "bust", "placement_why")
+
+    def __init__(self, prompt: Prompt | None, session: sess.SessionKey, lane: str, lane_kind: str, canonical: dict,
+                 ingress: str = "anthropic") -> None:
+        self._prompt = prompt
+        self.session = session
+        self.lane = lane
+        self.lane_kind = lane_kind
+        self.canonical = canonical  # the body with per-request noise removed (same object when nothing was)
+        self.ingress = ingress
+        self.canonical_raw: bytes | None = None
+        self.slot: int | None = None
+        self.predicted_tokens: int | None = None
+        self.cached_tokens: int | None = None
+        self.bust: Bust | None = None
+        self.placement_why = ""
+
+    @property
+    def prompt(self) -> Prompt:
+        if self._prompt is None:
+            self._prompt = segments(self.canonical, self.ingress)
+        return self._prompt
 
     @property
     def lane_label(self) -> str:
@@ -67,7 +81,7 @@ class Ticket:
 class Placement:
     provider: str
     slot: int | None
-    predicted_bytes: int
+    predicted_bytes: int | None  # None: not predicted yet (see `place`)
     fields: dict = field(default_factory=dict)
     started: float = 0.0
 
@@ -143,8 +157,8 @@ class Affinity:
             return None
         try:
             canonical = self.canonicaliser.canonical(req.body, req.ingress)
-            prompt = segments(canonical, req.ingress)
-            key = sess.session_key(req.headers, req.body, prompt.head)
+            head = first_message_head(canonical, req.ingress)
+            key = sess.session_key(req.headers, req.body, head)
             if key.source == "fingerprint" and prompt_cache_key:
                 key = sess.from_prompt_cache_key(prompt_cache_key) or key
             kind = sess.lane_kind(req.body, key)
@@ -152,7 +166,7 @@ class Affinity:
             # A body shape nobody anticipated costs this request its affinity, never the request itself.
             log.debug("no prefix affinity for this request: %s", e)
             return None
-        return Ticket(prompt, key, sess.lane_id(key, kind, prompt.head), kind, canonical)
+        return Ticket(None, key, sess.lane_id(key, kind, head), kind, canonical, req.ingress)
 
     def body_for(self, ticket: Ticket | None, provider, req) -> tuple[dict, bytes]:
         """The client body as this provider should get it: canonical, except for the real Anthropic API."""
@@ -175,7 +189,8 @@ class Affinity:
         table = await self._slots(provider)
         now = self.clock()
         if table is None:
-            placement = Placement(name, None, self.index.predict(name, ticket.lane, ticket.prompt), started=now)
+            # No slot to choose: the prediction (for the record) is made in `finish`, after the answer went out.
+            placement = Placement(name, None, None, started=now)
             p.in_flight += 1
             return placement
         for _ in range(8):
@@ -324,6 +339,8 @@ class Affinity:
         usage = strategy.usage or {}
         prompt_tokens, cached, processed, prefill_s = _reported_cache(
             usage, getattr(strategy, "raw_usage", None), getattr(strategy, "timings", None), strategy.upstream_wire)
+        if placement.predicted_bytes is None:
+            placement.predicted_bytes = self.index.predict(name, ticket.lane, ticket.prompt)
         ticket.predicted_tokens = int(placement.predicted_bytes / p.bytes_per_token)
         previous = self.index.last_prompt(ticket.lane)
         if cached >= 0 and prompt_tokens > 0:

@@ -4,17 +4,19 @@ cache-bust naming, the index, and the provider preference by expected time to fi
 from __future__ import annotations
 
 import copy
+from types import SimpleNamespace
 
 import orjson
 import pytest
 
 from coderouterd.affinity import session as sess
 from coderouterd.affinity.bust import detect, first_difference
-from coderouterd.affinity.canonical import Canonicaliser, common_prefix, segments
+from coderouterd.affinity.canonical import Canonicaliser, common_prefix, first_message_head, segments
 from coderouterd.affinity.index import PrefixIndex
-from coderouterd.affinity.service import _reported_cache, keeps_billing_header, merge_fields
+from coderouterd.affinity.service import Affinity, _reported_cache, keeps_billing_header, merge_fields
 from coderouterd.affinity.slots import SlotTable
-from coderouterd.config.schema import ProviderConfig
+from coderouterd.config.schema import AffinityConfig, ProviderConfig
+from coderouterd.routing.request import ClientRequest
 from tests.support.claude_sessions import Session
 
 SID = "0b7a4c1e-2f7d-4a8e-9c1b-3d2e1f0a9b8c"
@@ -427,3 +429,32 @@ def test_background_lanes_are_evicted_before_conversations():
     # The conversation is the least recently used, but the background lane goes first.
     c = t.choose("s2|main|y", _prompts(Session(38), 1)[0])
     assert c.evicted == "s1|bg"
+
+
+# -- the lane's name without the whole chain ------------------------------------------------------------------
+
+@pytest.mark.parametrize("ingress,body", [
+    ("anthropic", {"system": "s", "messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "x"}]}),
+    ("anthropic", {"system": "s", "messages": []}),
+    ("anthropic", {"messages": ["not a dict"]}),
+    ("openai", {"messages": [{"role": "system", "content": "a"}, {"role": "developer", "content": "b"},
+                             {"role": "user", "content": "c"}, {"role": "system", "content": "late"}]}),
+    ("openai", {"messages": [{"role": "system", "content": "only"}]}),
+    ("openai", {"messages": [{"role": "user", "content": [{"type": "text", "text": "t", "cache_control": {"type": "ephemeral"}}]}]}),
+    ("openai", {"input": [{"type": "message", "role": "user", "content": "x"}], "instructions": "i"}),
+    ("openai", {"input": "just text"}),
+    ("openai", {"input": None}),
+    ("openai", {"input": []}),
+    ("openai", {}),
+])
+def test_first_message_head_is_the_chain_head(ingress, body):
+    assert first_message_head(body, ingress) == segments(body, ingress).head
+
+
+def test_the_prompt_chain_is_only_computed_when_asked():
+    aff = Affinity(SimpleNamespace(affinity=AffinityConfig()))
+    req = ClientRequest(ingress="anthropic", body={"messages": [{"role": "user", "content": "hi"}], "tools": []},
+                        raw=b"{}", headers={}, stream=False, model="m", request_id="r")
+    t = aff.ticket(req)
+    assert t._prompt is None
+    assert t.prompt == segments(req.body, "anthropic") and t._prompt is not None
