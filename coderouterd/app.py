@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 from . import __version__
 from .affinity.service import Affinity
+from .after_response import AfterResponse
 from .config import ConfigError, LoadedConfig, load_config, state_dir
 from .config.envfile import missing_keys
 from .guards.apply import BudgetHooks, apply_tool_loop
@@ -62,6 +63,8 @@ class Daemon:
         self.recent: OrderedDict[str, dict] = OrderedDict()  # request id -> decision trace, newest last
         # ingress -> model requests being served now (the proxy counts them in and out on the event loop)
         self.in_flight: dict[str, int] = {"anthropic": 0, "openai": 0, "responses": 0}
+        # finish(ex) runs here, once the answer is out (see after_response.py)
+        self.after_response = AfterResponse()
         self.health: HealthMonitor | None = None
         self.budget: Budget | None = None
         self.processes = None  # processes.Processes when any provider has a process block
@@ -300,6 +303,7 @@ class Daemon:
         if self._shut_down:
             return
         self._shut_down = True
+        self.after_response.drain()
         if self._background is not None and not self._background.done():
             self._background.cancel()
             await asyncio.gather(self._background, return_exceptions=True)
@@ -313,6 +317,7 @@ class Daemon:
             await self.processes.shutdown()
         if self.runtime is not None:
             await close_pools(self.runtime)
+        self.after_response.drain()  # requests the server finished while the parts above stopped
         if self.telemetry is not None:
             self.router.affinity.flush()
             self.telemetry.publish(DaemonLifecycle(event="stop", pid=self.pid, version=self.version))

@@ -112,7 +112,15 @@ class AdminServer:
         # is already listening (bind()): a client that connects meanwhile waits in its backlog.
         from .api import create_admin_app
 
-        config = uvicorn.Config(create_admin_app(self.daemon, self.path), loop="none", http="h11",
+        app = create_admin_app(self.daemon, self.path)
+        after = getattr(self.daemon, "after_response", None)
+
+        async def admin(scope, receive, send) -> None:
+            if after is not None:
+                after.drain()  # what a request just answered left to record is recorded before anyone reads
+            await app(scope, receive, send)
+
+        config = uvicorn.Config(admin, loop="none", http="h11",
                                 lifespan="off", access_log=False, log_level="warning",
                                 timeout_graceful_shutdown=2, server_header=False, date_header=False)
         self.server = ManagedServer(config)

@@ -259,9 +259,11 @@ class ProxyApp:
         rid = req.request_id
         from ..routing.executor import Exchange  # loaded after start-up (see Daemon._start_background)
 
-        ex = Exchange(req, r, runtime=runtime, router=daemon.router, profile=profile)
+        after = daemon.after_response
+        ex = Exchange(req, r, runtime=runtime, router=daemon.router, profile=profile,
+                      before_upstream=after.while_waiting)
         if await daemon.guard_request(ex):
-            daemon.finish(ex)
+            after.defer(daemon.finish, ex)
             return
         task = asyncio.current_task()
         hook = scope.get(DISCONNECT_HOOK)
@@ -299,7 +301,7 @@ class ProxyApp:
                 hook(None)
             else:
                 watcher.cancel()
-        daemon.finish(ex)
+        after.defer(daemon.finish, ex)
         if not r.headers_sent and ex.error_class == "client_disconnected":
             raise ClientLeft  # nothing was answered because the client left: the edge guard stays quiet
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from ..ids import new_id
@@ -60,10 +61,12 @@ class Exchange:
     """The life of one client request across its attempts. Collects the decision trace as it goes."""
 
     def __init__(self, req: ClientRequest, sink: ClientSink, *, runtime, router, profile: str,
-                 call_factory=Call) -> None:
+                 call_factory=Call, before_upstream: Callable[[], None] | None = None) -> None:
         """`call_factory(provider, strategy, raw_body=, stream=, client_headers=)` makes one upstream call;
-        tests give a scripted one."""
+        tests give a scripted one. `before_upstream()` is called just before each wait on an upstream (the
+        daemon runs its deferred bookkeeping there, see after_response.py)."""
         self.req = req
+        self._before_upstream = before_upstream
         self._call_factory = call_factory
         self.sink = sink
         self.runtime = runtime
@@ -304,6 +307,8 @@ class Exchange:
             call.placement = slot.placement = await aff.place(self.affinity, slot.provider)
             if slot.placement is not None:
                 call.extra_fields = slot.placement.fields
+        if self._before_upstream is not None:
+            self._before_upstream()
         if self.req.stream:
             await self.deliver_stream(slot, await self._first_output(call))
         else:
