@@ -51,7 +51,10 @@ class Daemon:
         # Built here, started in startup(): the constructors do no I/O.
         self.telemetry = t = Telemetry(state_dir(cfg), cfg)
         self.routing = RoutingState(cfg, on_breaker=t.breaker_moved, on_health=t.health_moved)
-        self.affinity = Affinity(cfg)  # prefix affinity; its store and bus are wired by telemetry at start
+        # finish(ex) and other bookkeeping run here, once the answer is out (see after_response.py)
+        self.after_response = AfterResponse()
+        # Prefix affinity; its store and bus are wired by telemetry at start.
+        self.affinity = Affinity(cfg, defer=self.after_response.defer)
         self.router: Router | None = None  # needs the budget, which reads the store once it is open
         self.tasks = TaskSet()  # every background task outside a request, awaited at shutdown
         self.active_profile = loaded.model.server.default_profile
@@ -63,8 +66,6 @@ class Daemon:
         self.recent: OrderedDict[str, dict] = OrderedDict()  # request id -> decision trace, newest last
         # ingress -> model requests being served now (the proxy counts them in and out on the event loop)
         self.in_flight: dict[str, int] = {"anthropic": 0, "openai": 0, "responses": 0}
-        # finish(ex) runs here, once the answer is out (see after_response.py)
-        self.after_response = AfterResponse()
         self.health: HealthMonitor | None = None
         self.budget: Budget | None = None
         self.processes = None  # processes.Processes when any provider has a process block

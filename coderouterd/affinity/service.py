@@ -128,8 +128,11 @@ def _reported_cache(usage: dict, raw_usage: dict | None, timings: dict | None,
 
 class Affinity:
     def __init__(self, config, *, publish: Callable | None = None, persist: Callable | None = None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, defer: Callable | None = None) -> None:
+        """`defer(fn, *args)`: run fn later on the loop, once the answer is out (the daemon's AfterResponse);
+        by default at once."""
         self.index = PrefixIndex()
+        self._defer = defer or (lambda fn, *args: fn(*args))
         self.publish = publish
         self.persist = persist  # (provider, snapshot) -> None: store.set, written by the store's thread
         self.clock = clock
@@ -335,6 +338,11 @@ class Affinity:
                 ev.set()
         if not ok or strategy is None:
             return
+        # What the backend reused teaches the index: not needed by this answer, so done once it is out.
+        self._defer(self._learn, ticket, placement, p, strategy, request_id, now)
+
+    def _learn(self, ticket: Ticket, placement: Placement, p, strategy, request_id: str, now: float) -> None:
+        name = placement.provider
         ticket.slot = placement.slot
         usage = strategy.usage or {}
         prompt_tokens, cached, processed, prefill_s = _reported_cache(
