@@ -20,9 +20,9 @@ import uvicorn
 from . import discovery
 from .admin.lock import LOCK_NAME, LockHeld, StateLock, ensure_private_dir
 from .admin.server import AdminServer, AdminSocketError, ManagedServer
-from .app import Daemon
 from .config import LoadedConfig, admin_socket_path, state_dir
-from .ingress.app import ProxyApp
+from .daemon import Daemon
+from .ingress.dispatch import ProxyApp
 from .ingress.protocol import Limits, make_protocol
 from .reload import ConfigWatcher, apply_reload
 
@@ -131,7 +131,6 @@ def connections_for_fds(soft: int) -> int | None:
 
 
 async def serve(loaded: LoadedConfig) -> int:
-    daemon = Daemon(loaded)
     cfg = loaded.model
     sdir = state_dir(cfg)
     # A state directory we cannot use (read-only disk, wrong owner, a file in the way) costs persistence, never
@@ -153,7 +152,7 @@ async def serve(loaded: LoadedConfig) -> int:
     if unusable is not None:
         log.warning("%s; serving with state in memory only (nothing persists until restarted with a usable "
                     "state directory)", unusable)
-        daemon.state_unusable = unusable
+    daemon = Daemon(loaded, state_unusable=unusable)
     sock_path = admin_socket_path(cfg)
     if unusable is not None and sock_path.parent == sdir:
         sock_path = fallback_socket_path()

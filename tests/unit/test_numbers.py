@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from coderouterd.metrics import Metrics
+from coderouterd.observe.metrics import Metrics
 from coderouterd.providers.pool import Pool
 from coderouterd.state.events import ProcessEvent, RequestFinished, moved_past
 

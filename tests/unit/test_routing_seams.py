@@ -41,7 +41,7 @@ def test_no_attribute_of_the_router_or_routing_state_is_assigned_from_outside():
                 if isinstance(t, ast.Attribute):
                     owner = t.value
                     name = owner.attr if isinstance(owner, ast.Attribute) else getattr(owner, "id", "")
-                    if name in ("router", "routing", "state") and path.name != "app.py" or (
-                            name in ("router", "routing") and path.name == "app.py"):
+                    if name in ("router", "routing", "state") and path.name != "daemon.py" or (
+                            name in ("router", "routing") and path.name == "daemon.py"):
                         offenders.append(f"{path.relative_to(PKG)}:{node.lineno}")
     assert offenders == []

@@ -6,9 +6,10 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from .affinity.slot_save import slot_dir, with_slot_save_path
-from .config import state_dir
-from .supervise import ProcessSpec, Supervisor
+from ..affinity.slot_save import slot_dir, with_slot_save_path
+from ..config import state_dir
+from .registry import Supervisor
+from .spec import ProcessSpec
 
 log = logging.getLogger("coderouterd")
 

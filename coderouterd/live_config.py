@@ -11,7 +11,7 @@ import fnmatch
 from .config import LoadedConfig
 from .ids import clip
 from .providers.pool import Pool
-from .providers.runtime import Provider
+from .providers.provider import Provider
 from .routing.router import Router
 
 

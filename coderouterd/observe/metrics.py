@@ -9,7 +9,7 @@ from collections import Counter as Counter_
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-from .state.events import (
+from ..state.events import (
     BreakerTransition,
     GuardFired,
     HealthTransition,
