@@ -312,6 +312,7 @@ class Daemon:
         if self.selfheal is not None:
             await self.selfheal.stop()
         await self.tasks.close()
+        await self.affinity.stop()
         if self.processes is not None:
             await self.processes.shutdown()
         if self.runtime is not None:
