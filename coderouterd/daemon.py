@@ -40,9 +40,10 @@ log = logging.getLogger("coderouterd")
 
 
 class Daemon:
-    def __init__(self, loaded: LoadedConfig, *, state_unusable: str | None = None) -> None:
+    def __init__(self, loaded: LoadedConfig, *, state_unusable: str | None = None, connection_limits=None) -> None:
         """`state_unusable`: why the state directory cannot be used (serve.py found it so), for memory-only
-        state reported in status; None when it can."""
+        state reported in status; None when it can. `connection_limits`: the proxy's ingress.protocol.Limits,
+        which a reload updates (None when no proxy listens, as in tests)."""
         self.version = __version__
         self.pid = os.getpid()
         self.started_at = time.time()
@@ -60,7 +61,7 @@ class Daemon:
         self.active_profile = loaded.model.server.default_profile
         self.listen = (loaded.model.server.host, loaded.model.server.port)
         self.last_reload_error: str | None = None
-        self.connection_limits = None  # ingress.protocol.Limits once the proxy listens; a reload updates it
+        self.connection_limits = connection_limits
         self._shut_down = False
         self.recent = RecentTraces()  # request id -> decision trace, newest last, for `corectl explain`
         self._recorder = RequestRecorder(t.publish)
@@ -208,6 +209,10 @@ class Daemon:
             self.active_profile = fallback
             self.persist_active_profile()
         return {"ok": True, "changed": changed}
+
+    def reload_failed(self, reason: str) -> None:
+        """A reload ended in our own error (the watcher reports it); status shows it as last_reload_error."""
+        self.last_reload_error = reason
 
     def _reject_reload(self, reason: str) -> dict:
         # apply_reload logs the outcome (one line); status shows it as last_reload_error.

@@ -109,7 +109,7 @@ class ConfigWatcher:
                 try:
                     await apply_reload(self.daemon, "file change")
                 except Exception as e:  # a bug in one reload must not end the watch: later edits still apply
-                    self.daemon.last_reload_error = f"internal error while reloading: {type(e).__name__}"
+                    self.daemon.reload_failed(f"internal error while reloading: {type(e).__name__}")
                     log.error("config reload (file change) failed: %s; still watching", type(e).__name__)
         except asyncio.CancelledError:
             raise

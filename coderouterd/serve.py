@@ -153,7 +153,8 @@ async def serve(loaded: LoadedConfig) -> int:
     if unusable is not None:
         log.warning("%s; serving with state in memory only (nothing persists until restarted with a usable "
                     "state directory)", unusable)
-    daemon = Daemon(loaded, state_unusable=unusable)
+    limits = Limits(cfg.server, fd_cap=connections_for_fds(raise_fd_limit()))
+    daemon = Daemon(loaded, state_unusable=unusable, connection_limits=limits)
     sock_path = admin_socket_path(cfg)
     if unusable is not None and sock_path.parent == sdir:
         sock_path = fallback_socket_path()
@@ -193,7 +194,7 @@ def _discovery_record(daemon: Daemon, loaded: LoadedConfig, sdir, sock_path) -> 
 
 async def _run(daemon: Daemon, loaded: LoadedConfig, admin: AdminServer) -> int:
     s = loaded.model.server
-    limits = daemon.connection_limits = Limits(s, fd_cap=connections_for_fds(raise_fd_limit()))
+    limits = daemon.connection_limits
     config = uvicorn.Config(
         ProxyApp(daemon), host=s.host, port=s.port, loop="none", http=make_protocol(limits), lifespan="on",
         access_log=False, log_level="warning", timeout_graceful_shutdown=s.drain_timeout_s,
