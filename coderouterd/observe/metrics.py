@@ -14,6 +14,7 @@ from ..state.events import (
     GuardFired,
     HealthTransition,
     ProcessEvent,
+    ProcessEventName,
     RequestFinished,
     moved_past,
 )
@@ -90,7 +91,7 @@ class Metrics:
                 self.breaker.labels(ev.provider).set(_BREAKER_VALUE.get(str(ev.new), 0))
             elif kind == _HEALTH:
                 self.health.labels(ev.provider).set(_HEALTH_VALUE.get(str(ev.new), 0))
-            elif kind == _PROCESS and ev.event == "restarting" and ev.primary:
+            elif kind == _PROCESS and ev.event == ProcessEventName.RESTARTING and ev.primary:
                 self.restarts.labels(ev.process or ev.provider).inc()
             elif kind == _GUARD:
                 self.guards.labels(ev.guard, ev.action).inc()
