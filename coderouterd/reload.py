@@ -1,5 +1,6 @@
 """Hot reload: watch the config file and apply changes through Daemon.reload() (atomic swap, old config kept
-on any error). Also the one place that logs a reload's outcome, whatever triggered it (file, SIGHUP, corectl)."""
+on any error). Also the one place that logs a reload's outcome, whatever triggered it (file, SIGHUP, corectl),
+and the checks a new configuration goes through before it is swapped in."""
 
 from __future__ import annotations
 
@@ -8,6 +9,49 @@ import logging
 from pathlib import Path
 
 log = logging.getLogger("coderouterd.reload")
+daemon_log = logging.getLogger("coderouterd")
+
+
+def warn_reload_risks(cfg) -> None:
+    """Settings that make a backend reload its model behind our back (logged at start and on each reload)."""
+    from .affinity.ollama import reload_risks
+
+    for w in reload_risks(cfg):
+        daemon_log.warning("%s", w)
+
+
+def listener_change_refused(listen: tuple[str, int], new_server) -> str | None:
+    """Why a reloaded [server] section cannot be applied to the running listener, or None. The socket is bound
+    once: a new host or port would silently not take effect, and dropping every key from a listener that
+    stays bound beyond loopback would switch auth off for the network."""
+    host, port = listen
+    if (new_server.host, new_server.port) != (host, port):
+        return (f"server.host/server.port changed ({host}:{port} -> {new_server.host}:{new_server.port}): "
+                "restart needed; the running configuration is kept until then")
+    if not new_server.api_keys and not _is_loopback(host):
+        return (f"server.api_keys: removing every key while listening on {host!r} (not loopback) is refused; "
+                "the running configuration is kept")
+    return None
+
+
+def _is_loopback(host: str) -> bool:
+    from .config.schema import ServerConfig
+
+    return ServerConfig(host=host, api_keys=["x"]).is_loopback()
+
+
+def changed_sections(old, new) -> list[str]:
+    """Top-level keys (and provider/profile names) whose values differ: for the audit log and corectl."""
+    changed = []
+    a, b = old.model_dump(), new.model_dump()
+    for key in sorted(set(a) | set(b)):
+        if key in ("providers", "profiles", "processes"):
+            for name in sorted(set(a.get(key, {})) | set(b.get(key, {}))):
+                if a.get(key, {}).get(name) != b.get(key, {}).get(name):
+                    changed.append(f"{key}.{name}")
+        elif a.get(key) != b.get(key):
+            changed.append(key)
+    return changed
 
 
 async def apply_reload(daemon, source: str) -> dict:
@@ -65,7 +109,7 @@ class ConfigWatcher:
                 try:
                     await apply_reload(self.daemon, "file change")
                 except Exception as e:  # a bug in one reload must not end the watch: later edits still apply
-                    self.daemon.last_reload_error = f"internal error while reloading: {type(e).__name__}"
+                    self.daemon.reload_failed(f"internal error while reloading: {type(e).__name__}")
                     log.error("config reload (file change) failed: %s; still watching", type(e).__name__)
         except asyncio.CancelledError:
             raise

@@ -20,11 +20,12 @@ import uvicorn
 from . import discovery
 from .admin.lock import LOCK_NAME, LockHeld, StateLock, ensure_private_dir
 from .admin.server import AdminServer, AdminSocketError, ManagedServer
-from .app import Daemon
 from .config import LoadedConfig, admin_socket_path, state_dir
-from .ingress.app import ProxyApp
+from .daemon import Daemon
+from .ingress.dispatch import ProxyApp
 from .ingress.protocol import Limits, make_protocol
 from .reload import ConfigWatcher, apply_reload
+from .tasks import TaskSet
 
 log = logging.getLogger("coderouterd")
 
@@ -131,7 +132,6 @@ def connections_for_fds(soft: int) -> int | None:
 
 
 async def serve(loaded: LoadedConfig) -> int:
-    daemon = Daemon(loaded)
     cfg = loaded.model
     sdir = state_dir(cfg)
     # A state directory we cannot use (read-only disk, wrong owner, a file in the way) costs persistence, never
@@ -153,7 +153,8 @@ async def serve(loaded: LoadedConfig) -> int:
     if unusable is not None:
         log.warning("%s; serving with state in memory only (nothing persists until restarted with a usable "
                     "state directory)", unusable)
-        daemon.state_unusable = unusable
+    limits = Limits(cfg.server, fd_cap=connections_for_fds(raise_fd_limit()))
+    daemon = Daemon(loaded, state_unusable=unusable, connection_limits=limits)
     sock_path = admin_socket_path(cfg)
     if unusable is not None and sock_path.parent == sdir:
         sock_path = fallback_socket_path()
@@ -193,7 +194,7 @@ def _discovery_record(daemon: Daemon, loaded: LoadedConfig, sdir, sock_path) -> 
 
 async def _run(daemon: Daemon, loaded: LoadedConfig, admin: AdminServer) -> int:
     s = loaded.model.server
-    limits = daemon.connection_limits = Limits(s, fd_cap=connections_for_fds(raise_fd_limit()))
+    limits = daemon.connection_limits
     config = uvicorn.Config(
         ProxyApp(daemon), host=s.host, port=s.port, loop="none", http=make_protocol(limits), lifespan="on",
         access_log=False, log_level="warning", timeout_graceful_shutdown=s.drain_timeout_s,
@@ -204,9 +205,12 @@ async def _run(daemon: Daemon, loaded: LoadedConfig, admin: AdminServer) -> int:
     signals.install()
     # Not on the embedded default: there is no file to watch.
     watcher = None if loaded.is_embedded else ConfigWatcher(daemon, loaded.path)
-    tasks: dict[str, asyncio.Task] = {}
+    # The announcement and the admin API: owned here, ended (and awaited) before serve() returns.
+    tasks = TaskSet()
+    running: dict[str, asyncio.Task] = {}
     failed = []
-    announce = asyncio.create_task(_after_start(proxy, watcher, admin, tasks, failed, s.host, s.port, loaded.path))
+    tasks.spawn(_after_start(proxy, watcher, admin, tasks, running, failed, s.host, s.port, loaded.path),
+                name="announce")
     try:
         try:
             await proxy.serve()
@@ -215,34 +219,34 @@ async def _run(daemon: Daemon, loaded: LoadedConfig, admin: AdminServer) -> int:
             return 1
         return 0 if proxy.started and not failed else 1
     finally:
-        announce.cancel()
         admin.request_stop()
         if watcher is not None:
             await watcher.stop()
-        admin_task = tasks.get("admin")
+        admin_task = running.get("admin")
         if admin_task is not None:
             try:
-                await asyncio.wait_for(admin_task, timeout=5)
+                await asyncio.wait_for(asyncio.shield(admin_task), timeout=5)
             except (TimeoutError, asyncio.CancelledError):
                 pass
             except Exception as e:
                 log.error("admin API failed: %s", e)
+        await tasks.close()
         signals.uninstall()
         log.info("coderouterd stopped")
 
 
-async def _after_start(proxy: uvicorn.Server, watcher: ConfigWatcher | None, admin: AdminServer,
-                       tasks: dict, failed: list, host: str, port: int, config_path: str) -> None:
+async def _after_start(proxy: ManagedServer, watcher: ConfigWatcher | None, admin: AdminServer, tasks: TaskSet,
+                       running: dict, failed: list, host: str, port: int, config_path: str) -> None:
     """Once the proxy serves (so the runtime a reload replaces exists): announce it, start the admin API and
     the config watcher. The proxy comes first: it is what a user is waiting for at login."""
-    while not proxy.started:
-        await asyncio.sleep(0.005)
+    await proxy.ready.wait()
     log.info("coderouterd listening on http://%s:%s (config: %s)", host, port, config_path)
-    admin_task = tasks["admin"] = asyncio.create_task(admin.serve(), name="admin-api")
+    admin_task = running["admin"] = tasks.spawn(admin.serve(), name="admin-api")
     if watcher is not None:
         watcher.start()
-    while (admin.server is None or not admin.server.started) and not admin_task.done():
-        await asyncio.sleep(0.005)
+    admin_ready = tasks.spawn(admin.ready.wait(), name="admin-ready")
+    await asyncio.wait((admin_task, admin_ready), return_when=asyncio.FIRST_COMPLETED)
+    admin_ready.cancel()
     if admin_task.done():
         log.error("the admin API could not start: %r; stopping", admin_task.exception())
         failed.append("admin")

@@ -12,8 +12,8 @@ from pathlib import Path
 import orjson
 
 from ..config import ConfigError, load_config
+from ..live_config import UnknownProfile
 from ..reload import apply_reload
-from ..runtime import UnknownProfile
 from .asgi import AdminApp, AdminError, AdminRequest
 from .version import API_VERSION
 

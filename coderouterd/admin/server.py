@@ -6,6 +6,7 @@ Authorisation is the socket's file mode (0600) and its directory's (0700), as wi
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import os
@@ -35,6 +36,15 @@ class ManagedServer(uvicorn.Server):
     @contextlib.contextmanager
     def capture_signals(self):
         yield
+
+    def __init__(self, config: uvicorn.Config, *, ready: asyncio.Event | None = None) -> None:
+        super().__init__(config)
+        self.ready = ready if ready is not None else asyncio.Event()  # set once it listens (serve.py awaits it)
+
+    async def startup(self, sockets=None) -> None:
+        await super().startup(sockets=sockets)
+        if self.started:
+            self.ready.set()
 
 
 # -- the socket --------------------------------------------------------------------------------------------
@@ -98,6 +108,7 @@ class AdminServer:
         self.path = path
         self.private_dir = private_dir
         self.server: ManagedServer | None = None
+        self.ready = asyncio.Event()  # set once the admin API answers on its socket
         self._sock: socket.socket | None = None
         self._inode: tuple[int, int] | None = None
 
@@ -123,7 +134,7 @@ class AdminServer:
         config = uvicorn.Config(admin, loop="none", http="h11",
                                 lifespan="off", access_log=False, log_level="warning",
                                 timeout_graceful_shutdown=2, server_header=False, date_header=False)
-        self.server = ManagedServer(config)
+        self.server = ManagedServer(config, ready=self.ready)
         await self.server.serve(sockets=[self._sock])
 
     def request_stop(self, *, force: bool = False) -> None:

@@ -387,6 +387,15 @@ class Affinity:
         for provider in list(self._dirty):
             self._persist_now(provider)
 
+    async def stop(self) -> None:
+        """Shutdown: slot discoveries still under way (shielded from the requests that wait on them, so
+        nobody else ends them) are cancelled and awaited before the pools they use close."""
+        pending = list(self._discovering.values())
+        self._discovering.clear()
+        for fut in pending:
+            fut.cancel()
+        await asyncio.gather(*pending, return_exceptions=True)
+
     # -- choosing among equally acceptable providers ---------------------------------------------------------
 
     def prefer(self, candidates: list[str], ticket: Ticket | None, enabled: Callable[[str], bool]) -> \

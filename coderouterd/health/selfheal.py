@@ -21,6 +21,11 @@ log = logging.getLogger("coderouterd.selfheal")
 
 RESTART_COMMAND_TIMEOUT_S = 120.0
 
+E = ProcessEventName
+_UP = frozenset({E.READY, E.ADOPTED})  # the process answers: back into routing
+_DOWN = frozenset({E.STARTED, E.EXITED, E.FATAL, E.STOPPED, E.RESTARTING})  # not serving: out of routing
+_ENDED = frozenset({E.EXITED, E.FATAL})  # gone on its own: recover it
+
 
 class SelfHealer:
     """Receives the routing state (to take a provider out and bring it back, by named operations), the health
@@ -44,7 +49,7 @@ class SelfHealer:
     def supervisor(self):
         return self._supervisor()
 
-    def _event(self, provider: str, process: str, event: str, pid=None, detail: str = "", *,
+    def _event(self, provider: str, process: str, event: ProcessEventName, pid=None, detail: str = "", *,
                primary: bool = True) -> None:
         if self.publish is not None:
             self.publish(ProcessEvent(provider=provider, process=process, event=event, pid=pid, detail=detail,
@@ -52,20 +57,20 @@ class SelfHealer:
 
     # -- triggers -------------------------------------------------------------------------------------------
 
-    def on_process_event(self, name: str, event: str, pid, detail: str) -> None:
+    def on_process_event(self, name: str, event: ProcessEventName, pid, detail: str) -> None:
         """Supervisor callback. A process that is not ready takes its providers out of routing at once, so no
         request waits on a server that is starting, restarting or gone."""
         providers = self.supervisor.providers_of(name) if self.supervisor else []
         for i, p in enumerate(providers or [name]):
             self._event(p, name, event, pid, detail, primary=i == 0)
-        if event in ("ready", "adopted"):  # adoption happens only when the backend answers
+        if event in _UP:  # adoption happens only when the backend answers
             self.state.mark_up(providers)
             # Health restarts from this readiness: probed now, not at the next tick. A provider being
             # recovered is probed by its recovery as soon as it is ready.
             self.monitor.probe_soon([p for p in providers if p not in self._recovering])
-        elif event in ("started", "exited", "fatal", "stopped", "restarting"):
+        elif event in _DOWN:
             self.state.mark_down(providers)
-        if event in ("exited", "fatal"):
+        if event in _ENDED:
             for p in providers:
                 self.trigger(p, f"process {name} {event}: {detail}", restart=False)
 
@@ -77,7 +82,8 @@ class SelfHealer:
             task = self._recovering.get(provider)
             if task is not None and task is not asyncio.current_task() and not task.done():
                 task.cancel()
-                self._event(provider, self._process_name(provider), "rejoined", None, "served a request")
+                self._event(provider, self._process_name(provider), ProcessEventName.REJOINED, None,
+                            "served a request")
 
     def trigger(self, provider: str, reason: str, *, restart: bool) -> bool:
         task = self._recovering.get(provider)

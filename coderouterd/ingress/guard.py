@@ -20,7 +20,7 @@ class ClientLeft(Exception):
 
 
 def describe_exception(e: BaseException) -> str:
-    """`ValueError at translate/x.py:12 in f <- ingress/app.py:40 in g ...` without the exception's message."""
+    """`ValueError at translate/x.py:12 in f <- ingress/dispatch.py:40 in g ...` without the exception's message."""
     frames = traceback.extract_tb(e.__traceback__)[-_FRAMES:]
     where = " <- ".join(f"{_short(f.filename)}:{f.lineno} in {f.name}" for f in reversed(frames))
     return f"internal {type(e).__name__}" + (f" at {where}" if where else "") + " (values omitted)"

@@ -17,7 +17,7 @@ from .errors import (
     UNBUILDABLE,
     UpstreamError,
 )
-from .runtime import Provider
+from .provider import Provider
 
 _CONNECT_ERRORS = (aiohttp.ClientConnectorError, aiohttp.ServerDisconnectedError, aiohttp.ClientOSError,
                    ConnectionError, OSError)

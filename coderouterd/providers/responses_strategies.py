@@ -12,18 +12,13 @@ from __future__ import annotations
 
 import orjson
 
-from ..translate.answer_observe import observe_anthropic, observe_openai
-from ..translate.openai_ingress import (
-    AnthropicStreamToOpenAI,
-    anthropic_response_to_openai,
-    openai_request_to_anthropic,
-)
+from ..translate.answer_observe import observe_openai
 from ..translate.openai_to_anthropic import anthropic_usage
 from ..translate.responses_objects import chat_completion_to_response
 from ..translate.responses_request import ResponsesRequest
 from ..translate.responses_stream import ChatStreamToResponses, encode_all
 from .errors import DISCONNECT, STREAM_ERROR, UpstreamError, stream_error_reason
-from .strategies import Strategy
+from .strategies import AnthropicUpstreamAsChat, Strategy
 
 # Prefix of an encrypted reasoning blob as this daemon hands it to the client: which provider issued it, so it
 # goes back only there (another upstream cannot decrypt it and would reject the whole request).
@@ -120,57 +115,30 @@ class ResponsesToChat(_ResponsesStrategy):
                             after_content=self.tr.started_content)
 
 
-class ResponsesToAnthropic(_ResponsesStrategy):
+class ResponsesToAnthropic(_ResponsesStrategy, AnthropicUpstreamAsChat):
     """Responses client -> Anthropic Messages upstream, through the chat form."""
 
-    upstream_wire = "anthropic"
-
     def __init__(self, **kw) -> None:
-        super().__init__(**kw)
-        self.a2o = AnthropicStreamToOpenAI(self.model, include_usage=True)
-
-    def request(self, raw: bytes, stream: bool) -> bytes:
-        body = openai_request_to_anthropic(self.client_body, self.model)
-        body["stream"] = stream
-        return orjson.dumps(body)
+        super().__init__(include_usage=True, **kw)
 
     def response(self, body: bytes) -> bytes:
-        resp = orjson.loads(body)
-        self.usage = resp.get("usage") or {}
-        self._repair_anthropic_body(resp)
-        completion = anthropic_response_to_openai(resp, self.model)
-        return orjson.dumps(chat_completion_to_response(self.rq, completion, self.tr.model))
+        return orjson.dumps(chat_completion_to_response(self.rq, self._completion(body), self.tr.model))
+
+    def _after_content(self) -> bool:
+        return self.delivered
 
     def events(self, events: list[tuple[str | None, str]]) -> bytes:
         out = self._batch()
-        tr = self.tr
-        for name, data in events:
-            if name == "ping" or not data:
-                continue
-            obj = orjson.loads(data)
-            etype = name or obj.get("type")
-            if etype == "error":
-                err = obj.get("error") or {}
-                message = str(err.get("message", "upstream error"))
-                raise UpstreamError(stream_error_reason(message), message=message, error_type=err.get("type"),
-                                    after_content=self.delivered)
-            if self.answer is not None or self.repair is not None:
-                obj = obj if "type" in obj else {**obj, "type": etype}
-                if self.answer is not None:
-                    observe_anthropic(self.answer, obj)
-            for ev in self.repair.feed(obj) if self.repair is not None else (obj,):
-                for chunk in self.a2o.feed(ev):
-                    tr.feed(chunk, out)
-            if etype == "message_stop":
-                for chunk in self.a2o.finish():
-                    tr.feed(chunk, out)
-                self._finish(out)
-        self.usage = self.a2o.usage
+        chunks, stopped = self._chat_chunks(events)
+        for chunk in chunks:
+            self.tr.feed(chunk, out)
+        if stopped:
+            self._finish(out)
         self._sync()
         return encode_all(out)
 
     def eof(self) -> bytes:
-        if self.a2o.started_content and self.a2o.usage.get("output_tokens"):
+        if self._complete_without_stop():
             out = self._batch()
             for chunk in self.a2o.finish():
                 self.tr.feed(chunk, out)

@@ -345,30 +345,38 @@ class AnthropicToOpenAIUpstream(Strategy):
                             after_content=self.translator.started_content)
 
 
-class OpenAIToAnthropicUpstream(Strategy):
-    """OpenAI client -> Anthropic upstream."""
+class AnthropicUpstreamAsChat(Strategy):
+    """An Anthropic upstream for a client served in the chat-completions form (OpenAI clients, and Responses
+    clients through it): the chat body goes up as Messages, the answer and the stream come back as a chat
+    completion and chat chunks. Subclasses encode those for their client."""
 
     upstream_wire = "anthropic"
 
-    def __init__(self, **kw) -> None:
+    def __init__(self, *, include_usage: bool, **kw) -> None:
         super().__init__(**kw)
-        so = self.client_body.get("stream_options") or {}
-        self.translator = AnthropicStreamToOpenAI(self.model, include_usage=bool(so.get("include_usage")))
+        self.a2o = AnthropicStreamToOpenAI(self.model, include_usage=include_usage)
 
     def request(self, raw: bytes, stream: bool) -> bytes:
         body = openai_request_to_anthropic(self.client_body, self.model)
         body["stream"] = stream
         return orjson.dumps(body)
 
-    def response(self, body: bytes) -> bytes:
+    def _completion(self, body: bytes) -> dict:
+        """A whole Messages answer (tool calls written as text repaired) as a chat completion."""
         resp = orjson.loads(body)
         self.usage = resp.get("usage") or {}
         self._repair_anthropic_body(resp)
-        return orjson.dumps(anthropic_response_to_openai(resp, self.model))
+        return anthropic_response_to_openai(resp, self.model)
 
-    def events(self, events: list[tuple[str | None, str]]) -> bytes:
-        out: list[bytes] = []
-        tr = self.translator
+    def _after_content(self) -> bool:
+        """Whether the client has seen content: an error after that cannot fail over."""
+        return self.a2o.started_content
+
+    def _chat_chunks(self, events: list[tuple[str | None, str]]) -> tuple[list[dict], bool]:
+        """Chat chunks for a batch of Anthropic events, and whether message_stop ended the stream (its closing
+        chunks included)."""
+        chunks: list[dict] = []
+        stopped = False
         for name, data in events:
             if name == "ping" or not data:
                 continue
@@ -377,28 +385,52 @@ class OpenAIToAnthropicUpstream(Strategy):
             if etype == "error":
                 err = obj.get("error") or {}
                 raise _stream_error(err.get("message", "upstream error"),
-                                    error_type=err.get("type"), after_content=tr.started_content)
-            if self.answer is not None:
-                observe_anthropic(self.answer, obj if "type" in obj else {**obj, "type": etype})
-            if self.repair is not None:
-                for ev in self.repair.feed(obj if "type" in obj else {**obj, "type": etype}):
-                    out.extend(encode_data(c) for c in tr.feed(ev))
-            else:
-                out.extend(encode_data(c) for c in tr.feed(obj))
+                                    error_type=err.get("type"), after_content=self._after_content())
+            if self.answer is not None or self.repair is not None:
+                obj = obj if "type" in obj else {**obj, "type": etype}
+                if self.answer is not None:
+                    observe_anthropic(self.answer, obj)
+            for ev in self.repair.feed(obj) if self.repair is not None else (obj,):
+                chunks.extend(self.a2o.feed(ev))
             if etype == "message_stop":
-                out.extend(encode_data(c) for c in tr.finish())
-                out.append(DONE)
-                self.done = True
-        self.started_content = tr.started_content
-        self.usage = tr.usage
+                chunks.extend(self.a2o.finish())
+                stopped = True
+        self.usage = self.a2o.usage
+        return chunks, stopped
+
+    def _complete_without_stop(self) -> bool:
+        """A stream that ended after content and its usage but without message_stop: complete enough."""
+        return self.a2o.started_content and bool(self.a2o.usage.get("output_tokens"))
+
+    def _no_stop(self) -> UpstreamError:
+        return UpstreamError(DISCONNECT, message="upstream closed the stream before message_stop",
+                             after_content=self.a2o.started_content)
+
+
+class OpenAIToAnthropicUpstream(AnthropicUpstreamAsChat):
+    """OpenAI client -> Anthropic upstream."""
+
+    def __init__(self, **kw) -> None:
+        so = kw["client_body"].get("stream_options") or {}
+        super().__init__(include_usage=bool(so.get("include_usage")), **kw)
+
+    def response(self, body: bytes) -> bytes:
+        return orjson.dumps(self._completion(body))
+
+    def events(self, events: list[tuple[str | None, str]]) -> bytes:
+        chunks, stopped = self._chat_chunks(events)
+        out = [encode_data(c) for c in chunks]
+        if stopped:
+            out.append(DONE)
+            self.done = True
+        self.started_content = self.a2o.started_content
         return b"".join(out)
 
     def eof(self) -> bytes:
-        if self.translator.started_content and self.usage.get("output_tokens"):
+        if self._complete_without_stop():
             self.done = True
-            return b"".join(encode_data(c) for c in self.translator.finish()) + DONE
-        raise UpstreamError(DISCONNECT, message="upstream closed the stream before message_stop",
-                            after_content=self.translator.started_content)
+            return b"".join(encode_data(c) for c in self.a2o.finish()) + DONE
+        raise self._no_stop()
 
 
 def strategy_for(ingress: str, upstream_wire: str, *, serves_responses: bool = False):

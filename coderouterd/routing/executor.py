@@ -26,7 +26,7 @@ from ..ids import new_id
 from ..protocol.errors import error_kind
 from ..providers.call import Call
 from ..providers.errors import BUDGET, IDLE_TIMEOUT, OVERFLOW, TOTAL_TIMEOUT, UpstreamError
-from ..providers.runtime import Provider
+from ..providers.provider import Provider
 from ..translate.images import omit_images
 from ..translate.tool_repair import repair_tools_for
 from . import replies
@@ -105,10 +105,9 @@ class Exchange:
         self.attempts.append(Attempt(slot.name, outcome, reason, status,
                                      round((time.monotonic() - slot.started) * 1000, 2), message[:300], slot.panic))
 
-    def skips_and_attempts(self) -> list[dict]:
-        """The whole decision trace in order: what was skipped (and why), then each attempt."""
-        return [{"provider": s.provider, "outcome": "skipped", "reason": s.reason} for s in self.skips] + \
-            [a.as_dict(message=False) for a in self.attempts]
+    def skips_and_attempts(self) -> list[Skip | Attempt]:
+        """The whole decision trace in order, typed: what was skipped (and why), then each attempt."""
+        return [*self.skips, *self.attempts]
 
     def trace(self, latency_s: float) -> dict:
         """The decision trace of this request, for `corectl explain` and GET /v1/requests/{id}."""

@@ -57,8 +57,12 @@ class Skip:
     def transient(self) -> bool:
         return self.reason in TRANSIENT_SKIPS and self.overridable
 
-    def as_dict(self) -> dict[str, str]:
-        return {"provider": self.provider, "reason": self.reason, "message": self.message}
+    def as_dict(self, *, message: bool = True) -> dict[str, str]:
+        """JSON at the edges (trace, journal, admin answer); in one decision trace with `Attempt.as_dict`."""
+        d = {"provider": self.provider, "outcome": "skipped", "reason": self.reason}
+        if message:
+            d["message"] = self.message
+        return d
 
 
 @dataclass

@@ -4,7 +4,7 @@ only the backend's own failures count; errors the request caused and our own exc
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from ..affinity.service import Affinity
 from ..providers.errors import MEMORY_PRESSURE, UpstreamError
@@ -20,18 +20,20 @@ CLOSED, TRIAL, PANIC = "closed", "trial", "panic"
 
 class Router:
     def __init__(self, state: RoutingState, *, budget=None, affinity: Affinity | None = None,
-                 memory_cooldown_s: float = 60.0) -> None:
+                 memory_cooldown_s: float = 60.0,
+                 order_adjusters: Sequence[Callable[[object, list[str]], list[dict]]] = ()) -> None:
         """`budget`: guards.apply.BudgetHooks (allowed / reserve / settle), or None when nothing is paid for.
         `affinity`: prefix affinity (session lanes, slots, prefix index), or None.
-        `memory_cooldown_s`: how long a provider that ran out of memory is not tried."""
+        `memory_cooldown_s`: how long a provider that ran out of memory is not tried.
+        `order_adjusters`: consulted after planning, in order: (profile config, candidates) -> order notes;
+        each may reorder the candidates in place. Guards that move providers (drift demotion, memory
+        pressure) plug in here."""
         self.state = state
         self._budget = budget
         self.affinity = affinity
         self._orderers: dict[str, AdaptiveOrderer] = {}
         self.memory_cooldown_s = memory_cooldown_s
-        # Consulted after planning, in order: (profile config, candidates) -> order notes; each may reorder the
-        # candidates in place. Guards that move providers (drift demotion, memory pressure) plug in here.
-        self.order_adjusters: list[Callable[[object, list[str]], list[dict]]] = []
+        self.order_adjusters = tuple(order_adjusters)
 
     def reconfigure(self, config) -> None:
         self.state.reconfigure(config)

@@ -4,7 +4,6 @@ from coderouterd.state.audit import AuditLog, follow_audit, read_audit
 from coderouterd.state.bus import EventBus
 from coderouterd.state.cost import cache_savings_usd, cost_usd
 from coderouterd.state.events import (
-    AttemptFailed,
     BreakerTransition,
     BudgetBlocked,
     BudgetWarning,
@@ -29,7 +28,6 @@ from coderouterd.state.replay import compare
 from coderouterd.state.store import Store
 
 __all__ = [
-    "AttemptFailed",
     "AuditLog",
     "BreakerTransition",
     "BudgetBlocked",

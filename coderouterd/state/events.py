@@ -89,17 +89,6 @@ def moved_past(attempts: list, served: bool) -> list:
 
 
 @dataclass(slots=True)
-class AttemptFailed(Event):
-    kind: ClassVar[str] = "attempt_failed"
-
-    request_id: str
-    provider: str
-    reason: str
-    status: int | None = None
-    elapsed_ms: float = 0.0
-
-
-@dataclass(slots=True)
 class FallbackUsed(Event):
     kind: ClassVar[str] = "fallback_used"
     audited: ClassVar[bool] = True
@@ -313,7 +302,7 @@ class ProcessEvent(Event):
 
     provider: str
     process: str
-    event: str  # a ProcessEventName (a str enum: plain names compare equal)
+    event: ProcessEventName  # a str enum: it reaches the audit log as its plain name
     pid: int | None = None
     detail: str | dict = ""
     # A process serving several providers has its event recorded once per provider; only the first copy is
@@ -358,7 +347,6 @@ EVENT_TYPES: dict[str, type[Event]] = {
     cls.kind: cls
     for cls in (
         RequestFinished,
-        AttemptFailed,
         FallbackUsed,
         BreakerTransition,
         HealthTransition,

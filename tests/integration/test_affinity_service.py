@@ -8,7 +8,7 @@ import asyncio
 from coderouterd.affinity.canonical import Canonicaliser
 from coderouterd.affinity.service import Affinity
 from coderouterd.config import parse_config_text
-from coderouterd.providers.runtime import Provider
+from coderouterd.providers.provider import Provider
 from coderouterd.routing.request import ClientRequest
 from tests.fakes.runner import FakeServer
 from tests.support.claude_sessions import Session

@@ -21,7 +21,7 @@ from coderouterd.providers.adapters import (
     error_message,
 )
 from coderouterd.providers.errors import OVERFLOW
-from coderouterd.providers.runtime import Provider
+from coderouterd.providers.provider import Provider
 from coderouterd.providers.strategies import (
     AnthropicPassthrough,
     AnthropicToOpenAIUpstream,

@@ -374,7 +374,7 @@ def test_responses_bodies_segment_and_prompt_cache_key_names_the_session():
 def test_managed_llama_server_gets_a_slot_save_path_unless_it_has_one(tmp_path, monkeypatch):
     from coderouterd.affinity.slot_save import with_slot_save_path
     from coderouterd.config import parse_config_text
-    from coderouterd.processes import specs_from_config
+    from coderouterd.supervise.from_config import specs_from_config
 
     d = tmp_path / "slots"
     assert with_slot_save_path(["/opt/bin/llama-server", "-m", "x.gguf"], d) == \

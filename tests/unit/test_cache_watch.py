@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from coderouterd.config import parse_config_text
-from coderouterd.telemetry import CACHE_WRITE_STREAK, Telemetry
+from coderouterd.observe.cache_watch import CACHE_WRITE_STREAK, CacheWatch
 
 CFG = """
 [state]
@@ -19,12 +17,10 @@ providers = ["claude"]
 """
 
 
-def make(tmp_path: Path):
+def make(_tmp_path):
     cfg = parse_config_text(CFG, "t")
-    t = Telemetry(tmp_path, cfg)
     seen = []
-    t.bus.publish = seen.append  # observe what would be published
-    return t, cfg.providers["claude"].cost, seen
+    return CacheWatch(seen.append), cfg.providers["claude"].cost, seen
 
 
 def write(n=1000):
@@ -34,13 +30,13 @@ def write(n=1000):
 def test_streak_of_writes_warns_once(tmp_path):
     t, cost, seen = make(tmp_path)
     for _ in range(CACHE_WRITE_STREAK - 1):
-        t._watch_cache("claude", "default", write(), cost)
+        t.observe("claude", "default", write(), cost)
     assert seen == []
-    t._watch_cache("claude", "default", write(), cost)
+    t.observe("claude", "default", write(), cost)
     assert len(seen) == 1 and seen[0].kind == "cache_ineffective" and seen[0].writes == CACHE_WRITE_STREAK
     assert seen[0].extra_cost_usd == round(CACHE_WRITE_STREAK * 1000 * 0.75 / 1e6, 6)
     for _ in range(3 * CACHE_WRITE_STREAK):
-        t._watch_cache("claude", "default", write(), cost)
+        t.observe("claude", "default", write(), cost)
     assert len(seen) == 1
 
 
@@ -48,5 +44,5 @@ def test_a_read_resets_the_streak(tmp_path):
     t, cost, seen = make(tmp_path)
     for i in range(3 * CACHE_WRITE_STREAK):
         usage = write() if i % (CACHE_WRITE_STREAK - 1) else {**write(), "cache_read_input_tokens": 500}
-        t._watch_cache("claude", "default", usage, cost)
+        t.observe("claude", "default", usage, cost)
     assert seen == []

@@ -79,8 +79,8 @@ def test_daemon_refuses_a_bad_config(tmp_path):
 
 
 def test_listener_changes_refused_on_reload():
-    from coderouterd.app import listener_change_refused
     from coderouterd.config.schema import ServerConfig
+    from coderouterd.reload import listener_change_refused
 
     assert listener_change_refused(("127.0.0.1", 8088), ServerConfig()) is None
     assert "restart needed" in listener_change_refused(("127.0.0.1", 8088), ServerConfig(port=9000))

@@ -10,7 +10,7 @@ import orjson
 import pytest
 
 from coderouterd.config import parse_config_text
-from coderouterd.ingress.app import ProxyApp
+from coderouterd.ingress.dispatch import ProxyApp
 
 CONFIG = """
 [providers.local]
@@ -66,5 +66,5 @@ def test_unexpected_exception_is_a_500_in_the_callers_shape(path, shape, caplog)
     errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
     assert len(errors) == 1
     text = errors[0].getMessage() + (errors[0].exc_text or "")
-    assert "internal " in text and "coderouterd/ingress/app.py" in text and "(values omitted)" in text
+    assert "internal " in text and "coderouterd/ingress/dispatch.py" in text and "(values omitted)" in text
     assert "SECRET-VALUE" not in text and errors[0].exc_info is None

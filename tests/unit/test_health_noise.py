@@ -10,7 +10,7 @@ from types import SimpleNamespace
 
 from coderouterd.config import parse_config_text
 from coderouterd.health.monitor import DEGRADED, HEALTHY, UNHEALTHY, HealthMonitor
-from coderouterd.providers.runtime import Provider
+from coderouterd.providers.provider import Provider
 from coderouterd.routing.state import RoutingState
 from coderouterd.state import HealthTransition, RecoveryProbe
 from coderouterd.tasks import TaskSet

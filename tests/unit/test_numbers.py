@@ -8,9 +8,9 @@ from types import SimpleNamespace
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from coderouterd.metrics import Metrics
+from coderouterd.observe.metrics import Metrics
 from coderouterd.providers.pool import Pool
-from coderouterd.state.events import ProcessEvent, RequestFinished, moved_past
+from coderouterd.state.events import ProcessEvent, ProcessEventName, RequestFinished, moved_past
 
 
 def _metrics() -> Metrics:
@@ -34,12 +34,12 @@ def _total(samples: dict, name: str, **labels) -> float:
 def test_a_restart_moves_the_restart_counter_once_per_process():
     m = _metrics()
     m.sink([
-        ProcessEvent(provider="ollama-qwen", process="ollama", event="exited", detail="killed by SIGKILL"),
+        ProcessEvent(provider="ollama-qwen", process="ollama", event=ProcessEventName.EXITED, detail="killed by SIGKILL"),
         # a process serving two providers is recorded once per provider; only the first copy is primary
-        ProcessEvent(provider="ollama-qwen", process="ollama", event="restarting", detail="restart 1/5 in 1s"),
-        ProcessEvent(provider="ollama-chat", process="ollama", event="restarting", detail="restart 1/5 in 1s",
+        ProcessEvent(provider="ollama-qwen", process="ollama", event=ProcessEventName.RESTARTING, detail="restart 1/5 in 1s"),
+        ProcessEvent(provider="ollama-chat", process="ollama", event=ProcessEventName.RESTARTING, detail="restart 1/5 in 1s",
                      primary=False),
-        ProcessEvent(provider="llama", process="llama", event="restarting", detail="corectl restart"),
+        ProcessEvent(provider="llama", process="llama", event=ProcessEventName.RESTARTING, detail="corectl restart"),
     ])
     s = _samples(m)
     assert _total(s, "coderouter_process_restarts_total", process="ollama") == 1

@@ -9,6 +9,7 @@ from coderouterd.health.monitor import HealthMonitor
 from coderouterd.health.selfheal import SelfHealer
 from coderouterd.routing.breaker import BreakerState
 from coderouterd.state import ProcessEvent, RecoveryProbe
+from coderouterd.state.events import ProcessEventName
 from coderouterd.tasks import TaskSet
 from tests.fakes.runner import FakeServer
 from tests.support.routing import Routing
@@ -110,9 +111,9 @@ def test_a_reachable_provider_with_a_closed_breaker_rejoins_without_a_generation
 def test_process_events_take_providers_out_of_routing_and_back():
     with FakeServer("openai") as f:
         async def body(r, h):
-            h.on_process_event("proc", "started", 123, "")
+            h.on_process_event("proc", ProcessEventName.STARTED, 123, "")
             down = r.state.is_down("p")
-            h.on_process_event("proc", "ready", 123, "")
+            h.on_process_event("proc", ProcessEventName.READY, 123, "")
             return down, r.state.is_down("p")
 
         _r, events, _s, (down, after) = harness(f.url, body, supervisor=Supervisor())

@@ -19,17 +19,25 @@ class Provider:
     """One named upstream. Its connection pool lives as long as the provider's endpoint settings do: a config
     reload that leaves them unchanged hands the same Pool (and its warm connections) to the new Provider."""
 
-    def __init__(self, name: str, cfg: ProviderConfig, pool: Pool | None = None) -> None:
+    def __init__(self, name: str, cfg: ProviderConfig, pool: Pool | None = None, *,
+                 previous: Provider | None = None) -> None:
+        """`previous`: this provider in the configuration a reload replaces; when its endpoint settings are
+        unchanged, its pool and what was learnt about the backend carry over."""
         self.name = name
         self.cfg = cfg
         self.adapter = adapter_for(cfg)  # what this provider's kind means for URLs, headers and errors
-        self.pool = pool if pool is not None else Pool(cfg.timeouts.connect)
         self._models: list[str] | None = None
         self._models_at = 0.0
         self._models_lock: asyncio.Lock | None = None
         # Characters per token observed on this backend (prompt size vs reported prompt tokens), for estimates.
         self.chars_per_token = 3.6
         self.tokenize_supported: bool | None = None
+        if previous is not None and previous.pool_key() == self.pool_key():
+            pool = previous.pool
+            self._models, self._models_at = previous._models, previous._models_at
+            self.chars_per_token = previous.chars_per_token
+            self.tokenize_supported = previous.tokenize_supported
+        self.pool = pool if pool is not None else Pool(cfg.timeouts.connect)
 
     def pool_key(self) -> tuple:
         c = self.cfg

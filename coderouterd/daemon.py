@@ -5,9 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import threading
 import time
-from collections import OrderedDict
 from typing import TYPE_CHECKING
 
 from . import __version__
@@ -19,14 +17,20 @@ from .guards.apply import BudgetHooks, apply_tool_loop
 from .guards.budget import Budget
 from .health.drift_actions import DriftManager
 from .health.memory import MemoryWatch
-from .ids import MAX_STORED_CHARS, clip
+from .live_config import Runtime, UnknownProfile, build_runtime, close_pools
+from .observe.finish import RequestFinisher
+from .observe.metrics_http import LazyMetrics
+from .observe.request_record import RequestRecorder
+from .observe.traces import RecentTraces
+from .persisted import PersistedState
+from .reload import changed_sections, listener_change_refused, warn_reload_risks
 from .routing.router import Router
 from .routing.state import RoutingState
-from .runtime import Runtime, UnknownProfile, build_runtime, close_pools
 from .state import ConfigRejected, ConfigReloaded, DaemonLifecycle, ProfileSwitched
 from .state.repair_stats import RepairStats
 from .tasks import TaskSet
-from .telemetry import NS_DAEMON, Telemetry
+from .telemetry import Telemetry
+from .warmup import warm_imports
 
 if TYPE_CHECKING:
     from .health.monitor import HealthMonitor
@@ -35,13 +39,12 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("coderouterd")
 
-# Decision traces kept in memory for `corectl explain`; the journal keeps the rest.
-RECENT_TRACES = 500
-req_log = logging.getLogger("coderouterd.request")
-
 
 class Daemon:
-    def __init__(self, loaded: LoadedConfig) -> None:
+    def __init__(self, loaded: LoadedConfig, *, state_unusable: str | None = None, connection_limits=None) -> None:
+        """`state_unusable`: why the state directory cannot be used (serve.py found it so), for memory-only
+        state reported in status; None when it can. `connection_limits`: the proxy's ingress.protocol.Limits,
+        which a reload updates (None when no proxy listens, as in tests)."""
         self.version = __version__
         self.pid = os.getpid()
         self.started_at = time.time()
@@ -49,31 +52,35 @@ class Daemon:
         self._loaded = loaded
         cfg = loaded.model
         # Built here, started in startup(): the constructors do no I/O.
-        self.telemetry = t = Telemetry(state_dir(cfg), cfg)
-        self.routing = RoutingState(cfg, on_breaker=t.breaker_moved, on_health=t.health_moved)
+        self.telemetry = t = Telemetry(state_dir(cfg), cfg, unusable=state_unusable)
+        self.persisted = persisted = PersistedState(t.store, t.publish)
+        self.routing = RoutingState(cfg, on_breaker=persisted.breaker_moved, on_health=persisted.health_moved)
         # finish(ex) and other bookkeeping run here, once the answer is out (see after_response.py)
         self.after_response = AfterResponse()
-        # Prefix affinity; its store and bus are wired by telemetry at start.
-        self.affinity = Affinity(cfg, defer=self.after_response.defer)
+        # Prefix affinity; its index is restored from the store once the store is open (startup).
+        self.affinity = Affinity(cfg, publish=t.publish, persist=persisted.affinity_changed,
+                                 defer=self.after_response.defer)
         self.router: Router | None = None  # needs the budget, which reads the store once it is open
         self.tasks = TaskSet()  # every background task outside a request, awaited at shutdown
         self.active_profile = loaded.model.server.default_profile
         self.listen = (loaded.model.server.host, loaded.model.server.port)
         self.last_reload_error: str | None = None
-        self.state_unusable: str | None = None  # why the state directory cannot be used (serve.py)
-        self.connection_limits = None  # ingress.protocol.Limits once the proxy listens; a reload updates it
+        self.connection_limits = connection_limits
         self._shut_down = False
-        self.recent: OrderedDict[str, dict] = OrderedDict()  # request id -> decision trace, newest last
+        self.recent = RecentTraces()  # request id -> decision trace, newest last, for `corectl explain`
+        self._recorder = RequestRecorder(t.publish)
+        self._finisher: RequestFinisher | None = None  # once the drift manager exists (startup)
         # ingress -> model requests being served now (the proxy counts them in and out on the event loop)
         self.in_flight: dict[str, int] = {"anthropic": 0, "openai": 0, "responses": 0}
         self.health: HealthMonitor | None = None
         self.budget: Budget | None = None
-        self.processes = None  # processes.Processes when any provider has a process block
+        self.processes = None  # supervise.from_config.Processes when any provider has a process block
         self.metrics = LazyMetrics(self)
+        self.metrics_endpoint = self.metrics.endpoint  # GET /metrics (ingress dispatches it)
         self.repair_stats = RepairStats()
         self.drift: DriftManager | None = None
-        cfg = loaded.model
-        self.memory = MemoryWatch(low_mb=cfg.memory.low_available_mb, interval_s=cfg.memory.sample_interval_s)
+        self.memory = MemoryWatch(low_mb=cfg.memory.low_available_mb, interval_s=cfg.memory.sample_interval_s,
+                                  publish=t.publish)
         self.selfheal: SelfHealer | None = None
         self._background: asyncio.Task | None = None
 
@@ -82,32 +89,30 @@ class Daemon:
     async def startup(self) -> None:
         self.runtime = build_runtime(self._loaded)
         t = self.telemetry
-        if self.state_unusable:  # set by serve.py before start-up: keep state in memory only
-            t.use_memory_only(self.state_unusable)
         t.bus.subscribe(self.metrics.sink)
         t.bus.subscribe(self.repair_stats.sink)
         t.start()
         cfg = self._loaded.model
-        t.restore_routing(self.routing, managed={p for p in cfg.providers if cfg.process_for(p) is not None})
-        t.wire_affinity(self.affinity)
-        _warn_reload_risks(self._loaded.model)
+        self.persisted.restore_routing(self.routing,
+                                       managed={p for p in cfg.providers if cfg.process_for(p) is not None})
+        self.persisted.restore_affinity(self.affinity)
+        warn_reload_risks(cfg)
         self.load_persisted_profile()
         t.publish(DaemonLifecycle(event="start", pid=self.pid, version=self.version))
         self.budget = Budget(t.store, publish=t.publish)
-        self._configure_budget(self._loaded.model)
-        self.router = Router(self.routing, budget=BudgetHooks(self.budget), affinity=self.affinity,
-                             memory_cooldown_s=self._loaded.model.memory.cooldown_s)
+        self._configure_budget(cfg)
         self.drift = DriftManager(self, publish=t.publish)
-        self.router.order_adjusters.append(self.drift.adjust_order)
-        self.memory.publish = t.publish
-        self.router.order_adjusters.append(self._memory_order)
+        self.router = Router(self.routing, budget=BudgetHooks(self.budget), affinity=self.affinity,
+                             memory_cooldown_s=cfg.memory.cooldown_s,
+                             order_adjusters=[self.drift.adjust_order, self._memory_order])
+        self._finisher = RequestFinisher(self._recorder, self.recent, drift=self.drift)
         self._background = self.tasks.spawn(self._start_background(), name="start-background")
 
     async def _start_background(self) -> None:
         """What can wait until the proxy answers: the upstream HTTP stack and everything that probes or
         supervises. Imported in a thread (~0.3 s of CPU for aiohttp alone), so /healthz answers meanwhile;
         a request that arrives first simply waits for the import it needs."""
-        await asyncio.to_thread(_warm_imports)
+        await asyncio.to_thread(warm_imports)
         from .health.monitor import HealthMonitor
         from .health.selfheal import SelfHealer
 
@@ -118,7 +123,7 @@ class Daemon:
         cfg = self._loaded.model
         if _has_processes(cfg):
             from .affinity.slot_save import ensure_slot_dir
-            from .processes import Processes
+            from .supervise.from_config import Processes
 
             if cfg.affinity.enabled and cfg.affinity.manage_slot_save:
                 await asyncio.to_thread(ensure_slot_dir, state_dir(cfg))
@@ -158,14 +163,13 @@ class Daemon:
     def persist_active_profile(self) -> None:
         """Keep the active profile across restarts, in the state store (written by its own thread, within the
         flush interval; never on the event loop, never raising)."""
-        if self.telemetry is not None:
-            self.telemetry.store.set(NS_DAEMON, "active_profile", self.active_profile)
+        self.persisted.set_active_profile(self.active_profile)
 
     def load_persisted_profile(self) -> str | None:
         """At start: take the profile chosen by `corectl profile use` before the restart, if the current
         config still has it. Returns the profile applied, or None."""
-        name = self.telemetry.store.get(NS_DAEMON, "active_profile") if self.telemetry is not None else None
-        if not isinstance(name, str) or not name:
+        name = self.persisted.active_profile()
+        if name is None:
             return None
         if name not in self._loaded.model.profiles:
             log.warning("persisted active profile %r is not in the configuration; using %r", name,
@@ -188,9 +192,9 @@ class Daemon:
         if refused:
             return self._reject_reload(f"{self._loaded.path}: {refused}")
         old = self.runtime
-        changed = _changed_sections(old.config, loaded.model)
+        changed = changed_sections(old.config, loaded.model)
         self.runtime = build_runtime(loaded, previous=old)
-        _warn_reload_risks(loaded.model)
+        warn_reload_risks(loaded.model)
         self._loaded = loaded
         self.router.reconfigure(loaded.model)
         if self.drift is not None:
@@ -210,6 +214,10 @@ class Daemon:
             self.persist_active_profile()
         return {"ok": True, "changed": changed}
 
+    def reload_failed(self, reason: str) -> None:
+        """A reload ended in our own error (the watcher reports it); status shows it as last_reload_error."""
+        self.last_reload_error = reason
+
     def _reject_reload(self, reason: str) -> dict:
         # apply_reload logs the outcome (one line); status shows it as last_reload_error.
         self.last_reload_error = reason
@@ -222,7 +230,7 @@ class Daemon:
 
     def _reload_processes(self, cfg) -> None:
         if self.processes is None and _has_processes(cfg):
-            from .processes import Processes
+            from .supervise.from_config import Processes
 
             on_event = self.selfheal.on_process_event if self.selfheal is not None else None
             self.processes = Processes(state_dir(cfg) / "logs", self.telemetry.store, on_event=on_event)
@@ -314,6 +322,7 @@ class Daemon:
         if self.selfheal is not None:
             await self.selfheal.stop()
         await self.tasks.close()
+        await self.affinity.stop()
         if self.processes is not None:
             await self.processes.shutdown()
         if self.runtime is not None:
@@ -340,112 +349,10 @@ class Daemon:
         return await apply_tool_loop(ex, self.telemetry.publish if self.telemetry else None)
 
     def finish(self, ex: Exchange) -> None:
-        """After every request: the one log line, and the record for journal, metrics and stats."""
-        latency = time.monotonic() - ex.req.started
-        if self.telemetry is not None:
-            self.telemetry.request_finished(ex, latency)
-        if self.drift is not None:
-            self.drift.record(ex)
-        recent = self.recent
-        trace = ex.trace(latency)
-        if len(trace.get("model_requested") or "") > MAX_STORED_CHARS:  # 500 kept traces x a 3 MB model name
-            trace["model_requested"] = clip(trace["model_requested"])
-        recent[ex.req.request_id] = trace
-        if len(recent) > RECENT_TRACES:
-            recent.popitem(last=False)
-        if ex.status >= 400 or len(ex.attempts) > 1 or ex.skips:
-            req_log.info("%s %s profile=%s provider=%s status=%s attempts=%s", ex.req.request_id, ex.req.ingress,
-                         ex.profile_name, ex.served_by, ex.status, ex.attempts_header())
-        elif req_log.isEnabledFor(logging.DEBUG):
-            req_log.debug("%s %s profile=%s provider=%s status=%s", ex.req.request_id, ex.req.ingress,
-                          ex.profile_name, ex.served_by, ex.status)
-
-    async def metrics_endpoint(self, scope, send) -> None:
-        if not self.metrics.authorized(scope):
-            status, body, ctype = 401, b'{"error":"metrics need the configured bearer token"}', b"application/json"
-        else:
-            status, body, ctype = 200, self.metrics.render(), b"text/plain; version=0.0.4; charset=utf-8"
-        await send({"type": "http.response.start", "status": status, "headers": [(b"content-type", ctype)]})
-        await send({"type": "http.response.body", "body": body})
-
-
-def _warn_reload_risks(cfg) -> None:
-    from .affinity.ollama import reload_risks
-
-    for w in reload_risks(cfg):
-        log.warning("%s", w)
-
-
-def listener_change_refused(listen: tuple[str, int], new_server) -> str | None:
-    """Why a reloaded [server] section cannot be applied to the running listener, or None. The socket is bound
-    once: a new host or port would silently not take effect, and dropping every key from a listener that
-    stays bound beyond loopback would switch auth off for the network."""
-    host, port = listen
-    if (new_server.host, new_server.port) != (host, port):
-        return (f"server.host/server.port changed ({host}:{port} -> {new_server.host}:{new_server.port}): "
-                "restart needed; the running configuration is kept until then")
-    if not new_server.api_keys and not _is_loopback(host):
-        return (f"server.api_keys: removing every key while listening on {host!r} (not loopback) is refused; "
-                "the running configuration is kept")
-    return None
-
-
-def _is_loopback(host: str) -> bool:
-    from .config.schema import ServerConfig
-
-    return ServerConfig(host=host, api_keys=["x"]).is_loopback()
-
-
-def _changed_sections(old, new) -> list[str]:
-    """Top-level keys (and provider/profile names) whose values differ: for the audit log and corectl."""
-    changed = []
-    a, b = old.model_dump(), new.model_dump()
-    for key in sorted(set(a) | set(b)):
-        if key in ("providers", "profiles", "processes"):
-            for name in sorted(set(a.get(key, {})) | set(b.get(key, {}))):
-                if a.get(key, {}).get(name) != b.get(key, {}).get(name):
-                    changed.append(f"{key}.{name}")
-        elif a.get(key) != b.get(key):
-            changed.append(key)
-    return changed
-
-
-def _warm_imports() -> None:
-    import aiohttp  # noqa: F401
-
-    from .health import monitor, selfheal  # noqa: F401
-    from .ingress import tokens  # noqa: F401
-    from .routing import executor  # noqa: F401
+        """After every request (ingress calls it): see observe/finish.py."""
+        self._finisher(ex)
 
 
 def _has_processes(cfg) -> bool:
     # Checked without importing the supervisor: most setups own no process, and start-up time matters.
     return any(p.process is not None for p in cfg.providers.values())
-
-
-class LazyMetrics:
-    """The Prometheus registry, built on first use: its first events arrive in the bus's writer thread, so
-    importing prometheus_client there keeps it out of the daemon's start-up time."""
-
-    def __init__(self, daemon) -> None:
-        self._daemon = daemon
-        self._metrics = None
-        self._lock = threading.Lock()
-
-    def get(self):
-        if self._metrics is None:
-            with self._lock:
-                if self._metrics is None:
-                    from .metrics import Metrics
-
-                    self._metrics = Metrics(self._daemon)
-        return self._metrics
-
-    def sink(self, events: list) -> None:
-        self.get().sink(events)
-
-    def authorized(self, scope) -> bool:
-        return self.get().authorized(scope)
-
-    def render(self) -> bytes:
-        return self.get().render()

@@ -9,11 +9,12 @@ from collections import Counter as Counter_
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-from .state.events import (
+from ..state.events import (
     BreakerTransition,
     GuardFired,
     HealthTransition,
     ProcessEvent,
+    ProcessEventName,
     RequestFinished,
     moved_past,
 )
@@ -90,7 +91,7 @@ class Metrics:
                 self.breaker.labels(ev.provider).set(_BREAKER_VALUE.get(str(ev.new), 0))
             elif kind == _HEALTH:
                 self.health.labels(ev.provider).set(_HEALTH_VALUE.get(str(ev.new), 0))
-            elif kind == _PROCESS and ev.event == "restarting" and ev.primary:
+            elif kind == _PROCESS and ev.event == ProcessEventName.RESTARTING and ev.primary:
                 self.restarts.labels(ev.process or ev.provider).inc()
             elif kind == _GUARD:
                 self.guards.labels(ev.guard, ev.action).inc()

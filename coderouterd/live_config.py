@@ -11,7 +11,7 @@ import fnmatch
 from .config import LoadedConfig
 from .ids import clip
 from .providers.pool import Pool
-from .providers.runtime import Provider
+from .providers.provider import Provider
 from .routing.router import Router
 
 
@@ -55,13 +55,9 @@ def build_runtime(loaded: LoadedConfig, previous: Runtime | None = None) -> Runt
     providers: dict[str, Provider] = {}
     kept: set[int] = set()
     for name, cfg in loaded.model.providers.items():
-        p = Provider(name, cfg)
         old = previous.providers.get(name) if previous else None
-        if old is not None and old.pool_key() == p.pool_key():
-            p.pool = old.pool
-            p._models, p._models_at = old._models, old._models_at
-            p.chars_per_token = old.chars_per_token
-            p.tokenize_supported = old.tokenize_supported
+        p = Provider(name, cfg, previous=old)
+        if old is not None and p.pool is old.pool:
             kept.add(id(old.pool))
         providers[name] = p
     retired: list[Pool] = []

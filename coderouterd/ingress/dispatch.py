@@ -11,8 +11,8 @@ import time
 import orjson
 
 from ..ids import client_request_id, new_id
+from ..live_config import UnknownProfile
 from ..routing.request import ClientRequest
-from ..runtime import UnknownProfile
 from .guard import ClientLeft, answer_internal_error, describe_exception
 from .protocol import DISCONNECT_HOOK
 from .responder import ClientGone, Responder

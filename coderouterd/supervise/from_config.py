@@ -6,9 +6,11 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from .affinity.slot_save import slot_dir, with_slot_save_path
-from .config import state_dir
-from .supervise import ProcessSpec, Supervisor
+from ..affinity.slot_save import slot_dir, with_slot_save_path
+from ..config import state_dir
+from ..tasks import TaskSet
+from .registry import Supervisor
+from .spec import ProcessSpec
 
 log = logging.getLogger("coderouterd")
 
@@ -42,7 +44,9 @@ class Processes:
     def __init__(self, log_dir, store, on_event) -> None:
         self.store = store
         self.supervisor = Supervisor(log_dir=log_dir, on_event=on_event, record=self._record, lookup=self._lookup)
-        self._start_task: asyncio.Task | None = None
+        # Starts that run on their own (the first start of every autostarted process, those a reload adds):
+        # shutdown cancels them before it stops the processes.
+        self._starts = TaskSet()
 
     @staticmethod
     def autostarted_providers(cfg) -> list[str]:
@@ -87,11 +91,11 @@ class Processes:
         for name, (spec, _) in wanted.items():
             mp = self.supervisor.get(name)
             if spec.autostart and mp.state == "stopped" and mp.pid is None:
-                asyncio.ensure_future(mp.start())
+                self._starts.spawn(mp.start(), name=f"start:{name}")
 
     def start_background(self) -> None:
         # Big models load slowly: the proxy serves (and fails over) while managed backends come up.
-        self._start_task = asyncio.ensure_future(self.supervisor.start_all())
+        self._starts.spawn(self.supervisor.start_all(), name="start-all")
 
     def resolve(self, name: str):
         """A managed process by its own name or by the name of a provider it serves."""
@@ -117,7 +121,5 @@ class Processes:
         return {"ok": True, "process": mp.snapshot()}
 
     async def shutdown(self) -> None:
-        if self._start_task is not None and not self._start_task.done():
-            self._start_task.cancel()
-            await asyncio.gather(self._start_task, return_exceptions=True)
+        await self._starts.close()
         await self.supervisor.shutdown()
