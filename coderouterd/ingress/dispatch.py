@@ -82,6 +82,21 @@ def _client_left(ex) -> None:
     ex.error_class = "client_disconnected"
 
 
+class _TrackedSend:
+    """The server's `send`, noting that a response started. A callable returning the server's own awaitable:
+    no coroutine of ours per message."""
+
+    __slots__ = ("send", "started")
+
+    def __init__(self, send) -> None:
+        self.send = send
+        self.started = False
+
+    def __call__(self, message):
+        self.started = True
+        return self.send(message)
+
+
 class ProxyApp:
     def __init__(self, daemon) -> None:
         self.daemon = daemon
@@ -91,23 +106,17 @@ class ProxyApp:
         if kind == "http":
             # The one guard at the edge: whatever escapes a handler is answered in the caller's shape (never
             # uvicorn's plain-text 500) and logged once, without request values.
-            started = False
-
-            async def tracked_send(message) -> None:
-                nonlocal started
-                started = True
-                await send(message)
-
+            tracked = _TrackedSend(send)
             try:
-                await self.http(scope, receive, tracked_send)
+                await self.http(scope, receive, tracked)
             except ClientLeft:
                 return
             except Exception as e:
                 log.error("%s %s failed: %s", scope.get("method"), scope.get("path", "")[:100],
                           describe_exception(e))
-                await answer_internal_error(scope, send, started)
+                await answer_internal_error(scope, send, tracked.started)
                 return
-            if not started:  # a handler that returned without answering is a bug, still answered properly
+            if not tracked.started:  # a handler that returned without answering is a bug, still answered properly
                 log.error("%s %s: no response from its handler", scope.get("method"), scope.get("path", "")[:100])
                 await answer_internal_error(scope, send, False)
         elif kind == "lifespan":

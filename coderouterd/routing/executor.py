@@ -317,8 +317,11 @@ class Exchange:
     async def deliver_body(self, slot: Slot, body: bytes) -> None:
         """A whole non-streaming answer from the slot's provider: it won."""
         self.ttfb = slot.call.ttfb
-        self.succeeded(slot)
-        await self.sink.finish(body, self.route_headers(slot.name))
+        self.succeeded(slot, learn=False)
+        try:
+            await self.sink.finish(body, self.route_headers(slot.name))
+        finally:
+            self._learn_from(slot)  # after the answer is out: nothing in it depends on this
 
     async def deliver_stream(self, slot: Slot, first: bytes) -> None:
         """Stream the slot's provider to the client from its first output to its end. Raises UpstreamError."""
@@ -336,7 +339,9 @@ class Exchange:
         await call.drain()
         await self.sink.finish()
 
-    def succeeded(self, slot: Slot) -> None:
+    def succeeded(self, slot: Slot, *, learn: bool = True) -> None:
+        """The slot's provider served the request. `learn=False`: the caller calls `_learn_from` itself once
+        the answer is out."""
         call = slot.call
         slot.done = slot.ok = True
         self.served_by = slot.name
@@ -346,8 +351,14 @@ class Exchange:
         self.repair_applied = st.repair_tools is not None
         self.tools_repaired = st.repaired
         self.repair_formats = st.repair_formats
-        self.drift_sample = st.drift_sample(tools_offered=bool(self.req.body.get("tools")))
         self._record(slot, Outcome.OK, "ok", 200)
+        if learn:
+            self._learn_from(slot)
+
+    def _learn_from(self, slot: Slot) -> None:
+        """What a success teaches: the breaker and adaptive stats, the token ratio, drift, affinity."""
+        call = slot.call
+        self.drift_sample = call.strategy.drift_sample(tools_offered=bool(self.req.body.get("tools")))
         latency = call.ttfb if call.ttfb is not None else time.monotonic() - slot.started
         self.router.report_success(slot.name, latency, slot.admission)
         prompt_tokens = (self.usage.get("input_tokens") or 0) + (self.usage.get("cache_read_input_tokens") or 0)
