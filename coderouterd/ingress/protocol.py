@@ -15,13 +15,15 @@ for header size (httptools accumulates an unterminated header without bound). So
 
 And two things per request that cost less here than in the app (bench/README.md, "Tail and big body"):
 
-- a response with a content-length leaves in one write (head and body together) instead of two;
+- a response's head leaves with its first body bytes: one write instead of two for a sized answer, and a
+  stream's head goes out with its first event;
 - the app learns that its client left through a callback (`DISCONNECT_HOOK` in the scope) instead of a task
   per request waiting on `receive()`.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 
@@ -296,12 +298,20 @@ class _HeadHeld:
             self.head = b""
         self.transport.write(data)
 
+    def flush(self) -> None:
+        """A stream's head, if no body write took it along in the same turn of the loop."""
+        if self.head:
+            head, self.head = self.head, b""
+            if not self.transport.is_closing():
+                self.transport.write(head)
+
     def __getattr__(self, name: str):
         return getattr(self.transport, name)
 
 
 class _Cycle(RequestResponseCycle):
-    """uvicorn's cycle with one write per sized response and a disconnect callback (see the module's
+    """uvicorn's cycle with the response head sent along with the first body bytes (one write for a sized
+    response, and for a stream's head and first event) and a disconnect callback (see the module's
     docstring)."""
 
     on_disconnect = None
@@ -312,16 +322,19 @@ class _Cycle(RequestResponseCycle):
     async def send(self, message) -> None:
         if not self.response_started and message["type"] == "http.response.start" \
                 and self.scope["method"] != "HEAD":
-            for name, _value in message.get("headers", ()):
-                if name == b"content-length":
-                    held = self.transport = _HeadHeld(self.transport)
-                    held.hold = True
-                    try:
-                        return await super().send(message)
-                    finally:
-                        held.hold = False
-                        if not held.head:  # nothing held (the client left meanwhile): back to the real one
-                            self.transport = held.transport
+            held = self.transport = _HeadHeld(self.transport)
+            held.hold = True
+            try:
+                await super().send(message)
+            finally:
+                held.hold = False
+                if not held.head:  # nothing held (the client left meanwhile): back to the real one
+                    self.transport = held.transport
+            if held.head and not any(name == b"content-length" for name, _v in message.get("headers", ())):
+                # A stream: its first event normally follows in this same turn and takes the head along;
+                # if not (a held stream that pings later), the head leaves on the loop's next turn anyway.
+                asyncio.get_running_loop().call_soon(held.flush)
+            return
         await super().send(message)
         if self.response_complete and type(self.transport) is _HeadHeld:
             self.transport = self.transport.transport

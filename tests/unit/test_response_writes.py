@@ -66,12 +66,27 @@ def test_a_sized_response_in_parts_sends_the_head_with_the_first_part():
     run(go())
 
 
-def test_a_stream_head_is_written_at_once():
+def test_a_stream_head_leaves_with_its_first_event():
     async def go():
         c, t = cycle()
         await c.send({"type": "http.response.start", "status": 200,
                       "headers": [(b"content-type", b"text/event-stream")]})
+        await c.send({"type": "http.response.body", "body": b"data: 1\n\n", "more_body": True})
         assert len(t.writes) == 1 and b"transfer-encoding: chunked" in t.writes[0]
+        assert t.writes[0].endswith(b"data: 1\n\n\r\n")
+        await asyncio.sleep(0)
+        assert len(t.writes) == 1  # nothing left to flush
+    run(go())
+
+
+def test_a_stream_head_without_an_event_leaves_on_the_next_turn():
+    async def go():
+        c, t = cycle()
+        await c.send({"type": "http.response.start", "status": 200,
+                      "headers": [(b"content-type", b"text/event-stream")]})
+        assert t.writes == []
+        await asyncio.sleep(0)
+        assert len(t.writes) == 1 and t.writes[0].startswith(b"HTTP/1.1 200 OK")
     run(go())
 
 
