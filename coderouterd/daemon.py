@@ -12,7 +12,6 @@ from . import __version__
 from .affinity.service import Affinity
 from .after_response import AfterResponse
 from .config import ConfigError, LoadedConfig, load_config, state_dir
-from .config.envfile import missing_keys
 from .guards.apply import BudgetHooks, apply_tool_loop
 from .guards.budget import Budget
 from .health.drift_actions import DriftManager
@@ -236,77 +235,6 @@ class Daemon:
             self.processes = Processes(state_dir(cfg) / "logs", self.telemetry.store, on_event=on_event)
         if self.processes is not None:
             self.tasks.spawn(self.processes.reload(cfg), name="processes-reload")
-
-    def status(self) -> dict:
-        """Everything `corectl status` shows, as JSON-ready data (served by the admin API)."""
-        runtime = self.runtime
-        cfg = runtime.config
-        router = self.router
-        host, port = self.listen
-        url_host = f"[{host}]" if ":" in host else host
-        providers = []
-        no_key = missing_keys({n: p.cfg for n, p in runtime.providers.items()})
-        for name, p in runtime.providers.items():
-            c = p.cfg
-            providers.append({
-                "name": name, "kind": c.kind, "base_url": c.base_url, "model": c.model, "paid": c.paid,
-                "key_problem": no_key.get(name),
-                "breaker": router.breakers.get(name).snapshot(),
-                "health": self.routing.health_of(name) or "unknown",
-                "auth": self.routing.auth_state(name),
-                "figures": router.stats.figures(name),
-                "cache": router.affinity.provider_status(name),
-                "tool_repair": {"mode": c.tool_repair, "local": c.is_local(), **self.repair_stats.snapshot(name)},
-                "drift": self.drift.snapshot(name) if self.drift is not None and c.is_local() else None,
-            })
-        profiles = []
-        for name in runtime.profile_names:
-            prof = cfg.profiles[name]
-            plan = router.effective_order(name, prof, runtime).explain()
-            profiles.append({
-                "name": name, "active": name == self.active_profile, "providers": list(prof.providers),
-                "mode": prof.mode, "adaptive": prof.adaptive, "health_action": prof.health_action,
-                "effective_order": plan["candidates"], "skips": plan["skips"], "order_notes": plan["order"],
-            })
-        t = self.telemetry
-        store = {"enabled": False, "healthy": True, "problem": None}
-        if t is not None:
-            problems = [t.unusable,
-                        f"state database: {t.store.problem}" if not t.store.healthy else None,
-                        f"audit log: {t.audit.problem}" if t.audit is not None and not t.audit.healthy else None]
-            problems = [p for p in problems if p]
-            store = {"enabled": t.enabled, "healthy": not problems, "problem": "; ".join(problems) or None}
-        procs = self.processes.supervisor.snapshot() if self.processes is not None else {}
-        recovering = self.selfheal.snapshot() if self.selfheal is not None else {}
-        for snap in procs.values():
-            # A process serving several providers is probed for each; the soonest probe is the one to show.
-            times = [recovering[p]["next_probe_at"] for p in snap["providers"]
-                     if p in recovering and recovering[p]["next_probe_at"] is not None]
-            snap["recovering"] = any(p in recovering for p in snap["providers"])
-            snap["next_probe_at"] = min(times) if times else None
-        now = time.time()
-        return {
-            "version": self.version,
-            "pid": self.pid,
-            "started_at": self.started_at,
-            "uptime_s": now - self.started_at,
-            "listen": {"host": host, "port": port, "url": f"http://{url_host}:{port}"},
-            "config_path": self.config_path,
-            "embedded_config": self._loaded.is_embedded,
-            "active_profile": self.active_profile,
-            "default_profile": cfg.server.default_profile,
-            "last_reload_error": self.last_reload_error,
-            "stats_window_s": cfg.adaptive.window_s,
-            "providers": providers,
-            "profiles": profiles,
-            "routes": [{"model": r.model, "profile": r.profile} for r in cfg.routes],
-            "state_dir": str(t.state_dir if t is not None else state_dir(cfg)),
-            "store": store,
-            "processes": procs,
-            "health": self.health.snapshot() if self.health is not None else {},
-            "budget": self.budget.snapshot() if self.budget is not None else None,
-            "memory": self.memory.snapshot(),
-        }
 
     async def shutdown(self) -> None:
         if self._shut_down:

@@ -1,7 +1,9 @@
-"""The admin API's routes, served on the Unix socket by server.AdminServer.
+"""The admin API: a FastAPI app served on the Unix socket by server.AdminServer, built after the proxy listens.
 
-Handlers are `async def` on purpose: they run on the loop thread, so they never race the proxy over the
-daemon's state."""
+Request bodies and answers are the pydantic models of apitype.py (shared with corectl); errors keep the admin
+API's own shape (errors.py). Handlers compute only what they return (views.py has one function per section).
+They are `async def` on purpose: they run on the loop thread, so they never race the proxy over the daemon's
+state."""
 
 from __future__ import annotations
 
@@ -9,34 +11,25 @@ import asyncio
 import logging
 from pathlib import Path
 
-import orjson
+from fastapi import APIRouter, FastAPI
 
 from ..config import ConfigError, load_config
 from ..live_config import UnknownProfile
 from ..reload import apply_reload
-from .asgi import AdminApp, AdminError, AdminRequest
+from . import apitype, views
+from .errors import AdminError, AdminRoute, JSONAnswer, install
 from .version import API_VERSION
 
 __all__ = ["API_VERSION", "create_admin_app"]
 
 log = logging.getLogger("coderouterd.admin")
 
+# Every route: answers are validated against their model, and only the fields the handler set are sent.
+ANSWER = {"response_model_exclude_unset": True}
+REFUSALS = {code: {"model": apitype.ErrorAnswer} for code in (400, 404, 409, 502, 503)}
 
 
-async def _json_body(request: AdminRequest) -> dict:
-    raw = await request.body()
-    if not raw:
-        raise AdminError(400, "request body must be a JSON object")
-    try:
-        body = orjson.loads(raw)
-    except orjson.JSONDecodeError as e:
-        raise AdminError(400, f"request body is not valid JSON: {e}") from None
-    if not isinstance(body, dict):
-        raise AdminError(400, "request body must be a JSON object")
-    return body
-
-
-def _runtime(daemon):
+def runtime_of(daemon):
     runtime = daemon.runtime
     if runtime is None:
         raise AdminError(503, "coderouterd is still starting")
@@ -44,7 +37,7 @@ def _runtime(daemon):
 
 
 def _profile_detail(daemon, name: str) -> dict:
-    runtime = _runtime(daemon)
+    runtime = runtime_of(daemon)
     prof = runtime.config.profiles.get(name)
     if prof is None:
         raise AdminError(404, str(UnknownProfile(name, runtime.profile_names)), valid_profiles=runtime.profile_names)
@@ -67,53 +60,48 @@ def _provider_brief(runtime, name: str) -> dict:
     return {"name": name, "kind": c.kind, "base_url": c.base_url, "model": c.model, "paid": c.paid}
 
 
-def create_admin_app(daemon, socket_path: Path) -> AdminApp:
-    app = AdminApp(api_version=API_VERSION)
+def daemon_routes(daemon, socket_path: Path) -> APIRouter:
+    """Status, profiles, reload and the config check."""
+    r = APIRouter(route_class=AdminRoute, responses=REFUSALS)
 
-    @app.get("/v1/status")
-    async def status(_req):
-        _runtime(daemon)
-        out = daemon.status()
-        out["admin_socket"] = str(socket_path)
-        out["api_version"] = API_VERSION
-        return out
+    @r.get("/v1/status", response_model=apitype.Status, **ANSWER)
+    async def status():
+        runtime_of(daemon)
+        return {**views.status(daemon), "admin_socket": str(socket_path), "api_version": API_VERSION}
 
-    @app.get("/v1/profiles")
-    async def profiles(_req):
-        runtime = _runtime(daemon)
+    @r.get("/v1/profiles", response_model=apitype.ProfilesAnswer, **ANSWER)
+    async def profiles():
+        runtime = runtime_of(daemon)
         return {"active": daemon.active_profile, "default": runtime.config.server.default_profile,
-                "profiles": daemon.status()["profiles"]}
+                "profiles": views.profiles(daemon)}
 
-    @app.get("/v1/profiles/{name}")
-    async def profile(req):
-        return _profile_detail(daemon, req.params["name"])
+    @r.get("/v1/profiles/{name}", response_model=apitype.ProfileDetail, **ANSWER)
+    async def profile(name: str):
+        return _profile_detail(daemon, name)
 
-    @app.post("/v1/profile/use")
-    async def use_profile(request):
-        body = await _json_body(request)
-        name = body.get("name")
-        if not isinstance(name, str) or not name:
-            raise AdminError(400, "name: required, a profile name (string)")
-        _runtime(daemon)
+    @r.post("/v1/profile/use", response_model=apitype.UseProfileAnswer, **ANSWER)
+    async def use_profile(body: apitype.UseProfileRequest):
+        runtime_of(daemon)
         try:
-            old, new = daemon.use_profile(name, source="corectl")
+            old, new = daemon.use_profile(body.name, source="corectl")
         except UnknownProfile as e:
             raise AdminError(404, str(e), valid_profiles=e.valid) from None
         if old != new:
             log.info("active profile: %s -> %s (corectl)", old, new)
         return {"ok": True, "previous": old, "active": new}
 
-    @app.post("/v1/reload")
-    async def reload(_req):
-        _runtime(daemon)
+    @r.post("/v1/reload", response_model=apitype.ReloadAnswer, **ANSWER,
+            responses={422: {"model": apitype.ReloadAnswer, "description": "refused; the running config stays"}})
+    async def reload():
+        runtime_of(daemon)
         result = await apply_reload(daemon, "corectl")
         result.setdefault("path", daemon.config_path)
         if not result.get("ok"):
-            return 422, result
+            return JSONAnswer(result, status_code=422)
         return result
 
-    @app.get("/v1/config/check")
-    async def config_check(_req):
+    @r.get("/v1/config/check", response_model=apitype.ConfigCheckAnswer, **ANSWER)
+    async def config_check():
         path = daemon.config_path
         if daemon.runtime is not None and daemon.runtime.loaded.is_embedded:
             return {"ok": True, "path": path, "message": "running on the embedded default"}
@@ -124,8 +112,15 @@ def create_admin_app(daemon, socket_path: Path) -> AdminApp:
         return {"ok": True, "path": loaded.path, "providers": sorted(loaded.model.providers),
                 "profiles": sorted(loaded.model.profiles)}
 
-    from .ops import register_ops  # here, not at the top: ops imports this module's helpers
-    register_ops(app, daemon)
+    return r
+
+
+def create_admin_app(daemon, socket_path: Path) -> FastAPI:
+    from .ops import ops_routes
+
+    app = FastAPI(title="coderouterd admin API", version=str(API_VERSION), openapi_url="/openapi.json",
+                  docs_url=None, redoc_url=None, swagger_ui_oauth2_redirect_url=None)
+    install(app)
+    app.include_router(daemon_routes(daemon, socket_path))
+    app.include_router(ops_routes(daemon))
     return app
-
-

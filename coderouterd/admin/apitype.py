@@ -1,186 +1,249 @@
-"""The admin API's contract, shared by the daemon (which serves it) and corectl (its one client).
+"""The admin API's contract, shared by the daemon (which serves it) and corectl (its one client): tailscale's
+`apitype` pattern, as pydantic models.
 
-The daemon sends its API_VERSION (version.py) on every answer (header API_VERSION_HEADER); corectl refuses to talk
-to a daemon of another version instead of misreading its answers, which happens after an upgrade until the
-running daemon is restarted.
+Request bodies are validated by these models (a bad body is a 400 naming the field); answers are declared as
+the routes' response models, so /openapi.json describes them, and corectl validates what it reads with the
+same classes. Answers may carry fields beyond the ones named here (extra="allow"): the models name what
+corectl relies on, and a newer daemon may add more without breaking an older corectl.
 
-The shapes below name the fields corectl relies on; answers may carry more (total=False)."""
+The daemon sends its API_VERSION (version.py) on every answer (header API_VERSION_HEADER); corectl refuses to
+talk to a daemon of another version instead of misreading its answers, which happens after an upgrade until
+the running daemon is restarted. `corectl status` and the other fast-path commands do not import this module
+(pydantic costs that path ~100 ms of its 250 ms budget; see docs/decisions.md)."""
 
 from __future__ import annotations
 
-from typing import Any, TypedDict
+from typing import Annotated, Any
+
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StringConstraints
 
 from .version import API_VERSION, API_VERSION_HEADER
 
-__all__ = ["API_VERSION", "API_VERSION_HEADER"]  # and the shapes below
+__all__ = ["API_VERSION", "API_VERSION_HEADER"]  # and the models below
+
+Name = Annotated[str, StringConstraints(strict=True, min_length=1)]
 
 
-class ProviderStatus(TypedDict, total=False):
+class ApiRequest(BaseModel):
+    """A request body. Unknown fields are ignored, as an older daemon ignores what a newer corectl adds."""
+
+    model_config = ConfigDict(extra="ignore")
+
+
+class Answer(BaseModel):
+    """An answer: the fields corectl relies on, and whatever else the daemon sends."""
+
+    model_config = ConfigDict(extra="allow")
+
+
+# -- requests ------------------------------------------------------------------------------------------------
+
+class UseProfileRequest(ApiRequest):
+    name: Name = Field(description="a profile name (non-empty string)")
+
+
+class ProcessActionRequest(ApiRequest):
+    wait_s: Annotated[float, Field(strict=True, ge=0)] = Field(
+        0, description="seconds to wait for the process to be ready (a number >= 0)")
+
+
+class ModelControlRequest(ApiRequest):
+    provider: Name = Field(description="a provider name (non-empty string)")
+    model: Name = Field(description="a model id (non-empty string)")
+    force: StrictBool = Field(False, description="load even when the memory check says it does not fit")
+
+
+# -- status, profiles ----------------------------------------------------------------------------------------
+
+class ProviderStatus(Answer):
     name: str
     kind: str
     base_url: str
-    model: str
-    paid: bool
-    key_problem: str | None  # "no key: $NAME is not set" when its api_key_env is unset
-    breaker: dict[str, Any]
-    health: str
-    figures: dict[str, Any]
-    # GET /v1/providers adds:
-    health_detail: dict[str, Any] | None
-    budget: dict[str, Any] | None
-    process: str | None
-    process_state: str | None
+    model: str | None = None
+    paid: bool = False
+    key_problem: str | None = None  # "no key: $NAME is not set" when its api_key_env is unset
+    breaker: dict[str, Any] = {}
+    health: str = "unknown"
+    figures: dict[str, Any] = {}
 
 
-class ProfileStatus(TypedDict, total=False):
+class ProviderRow(ProviderStatus):
+    """A provider as GET /v1/providers shows it: its status and what serves or limits it."""
+
+    health_detail: dict[str, Any] | None = None
+    budget: dict[str, Any] | None = None
+    process: str | None = None
+    process_state: str | None = None
+
+
+class ProfileStatus(Answer):
     name: str
     active: bool
     providers: list[str]
     mode: str
-    adaptive: bool
-    health_action: str
+    adaptive: bool = False
+    health_action: str | None = None
     effective_order: list[str]
-    skips: list[dict[str, Any]]
-    order_notes: list[dict[str, Any]]
+    skips: list[dict[str, Any]] = []
+    order_notes: list[dict[str, Any]] = []
 
 
-class Status(TypedDict, total=False):
+class Status(Answer):
     api_version: int
     version: str
     pid: int
     started_at: float
     uptime_s: float
     listen: dict[str, Any]
-    config_path: str
-    embedded_config: bool
+    config_path: str | None = None
+    embedded_config: bool = False
     admin_socket: str
     active_profile: str
     default_profile: str
-    last_reload_error: str | None
-    stats_window_s: float
+    last_reload_error: str | None = None
+    stats_window_s: float | None = None
     providers: list[ProviderStatus]
     profiles: list[ProfileStatus]
-    routes: list[dict[str, str]]
-    state_dir: str
-    store: dict[str, Any]
-    processes: dict[str, dict[str, Any]]
-    health: dict[str, Any]
-    budget: dict[str, Any] | None
+    routes: list[dict[str, str]] = []
+    state_dir: str | None = None
+    store: dict[str, Any] = {}
+    processes: dict[str, dict[str, Any]] = {}
+    health: dict[str, Any] = {}
+    budget: dict[str, Any] | None = None
 
 
-class ProfilesAnswer(TypedDict):
+class ProfilesAnswer(Answer):
     active: str
     default: str
     profiles: list[ProfileStatus]
 
 
-class ProfileDetail(TypedDict, total=False):
+class ProviderBrief(Answer):
+    name: str
+    kind: str
+    base_url: str
+    model: str | None = None
+    paid: bool = False
+
+
+class ProfileDetail(Answer):
     name: str
     active: bool
     default: bool
     settings: dict[str, Any]
     effective_order: list[str]
-    skips: list[dict[str, Any]]
-    order_notes: list[dict[str, Any]]
-    providers: list[ProviderStatus]
-    routes: list[str]
+    skips: list[dict[str, Any]] = []
+    order_notes: list[dict[str, Any]] = []
+    providers: list[ProviderBrief]
+    routes: list[str] = []
 
 
-class UseProfileAnswer(TypedDict):
+class UseProfileAnswer(Answer):
     ok: bool
     previous: str
     active: str
 
 
-class ReloadAnswer(TypedDict, total=False):
+class ReloadAnswer(Answer):
     ok: bool
-    path: str
-    changed: list[str]
-    message: str
-    error: str
+    path: str | None = None
+    changed: list[str] = []
+    message: str | None = None
+    error: str | None = None
 
 
-class ConfigCheckAnswer(TypedDict, total=False):
+class ConfigCheckAnswer(Answer):
     ok: bool
-    path: str
-    message: str
-    error: str
-    providers: list[str]
-    profiles: list[str]
+    path: str | None = None
+    message: str | None = None
+    error: str | None = None
+    providers: list[str] = []
+    profiles: list[str] = []
 
 
-class ProvidersAnswer(TypedDict):
-    providers: list[ProviderStatus]
-    stats_window_s: float | None
+# -- providers, processes, models ----------------------------------------------------------------------------
+
+class ProvidersAnswer(Answer):
+    providers: list[ProviderRow]
+    stats_window_s: float | None = None
 
 
-class ProcessesAnswer(TypedDict):
+class ProcessesAnswer(Answer):
     processes: dict[str, dict[str, Any]]
     names: list[str]  # every name `corectl restart NAME` accepts
 
 
-class ProcessActionAnswer(TypedDict, total=False):
+class ProcessActionAnswer(Answer):
     ok: bool
     action: str
-    process: dict[str, Any]
-    ready: bool
-    message: str
+    process: dict[str, Any] | None = None
+    ready: bool | None = None  # only when the caller waited for readiness
+    message: str | None = None
 
 
-class ModelEntry(TypedDict, total=False):
-    id: str
-    loaded: bool | None
-    size: int
-    max_context_length: int
-    instances: list[str]
+class ModelEntry(Answer):
+    # As the backend lists it: any of these may be missing from a backend's own answer.
+    id: str | None = None
+    loaded: bool | None = None
+    size: int | None = None
+    max_context_length: int | None = None
+    instances: list[Any] = []
 
 
-class ProviderModels(TypedDict, total=False):
+class ProviderModels(Answer):
     provider: str
-    backend: str
-    models: list[ModelEntry]
-    error: str  # the backend could not be asked (one line, names its URL)
+    backend: str | None = None
+    models: list[ModelEntry] = []
+    error: str | None = None  # the backend could not be asked (one line, names its URL)
 
 
-class ModelsAnswer(TypedDict):
+class ModelsAnswer(Answer):
     providers: list[ProviderModels]
 
 
-class ModelControlAnswer(TypedDict, total=False):
+class ModelControlAnswer(Answer):
     provider: str
-    backend: str
+    backend: str | None = None
     model: str
-    loaded: bool
-    already_loaded: bool
-    already_unloaded: bool
-    load_time_seconds: float
-    instances: list[str]
+    loaded: bool | None = None
+    already_loaded: bool | None = None
+    already_unloaded: bool | None = None
+    load_time_seconds: float | None = None
+    instances: list[Any] = []
 
 
-class Trace(TypedDict, total=False):
+# -- recent requests -----------------------------------------------------------------------------------------
+
+class Trace(Answer):
     request_id: str
-    ts: float
-    ingress: str
-    stream: bool
-    model_requested: str
-    model_used: str
-    profile: str
-    mode: str | None
-    candidates: list[str] | None
-    effective_order: list[str] | None
-    order_notes: list[dict[str, Any]] | None
-    skips: list[dict[str, Any]]
-    attempts: list[dict[str, Any]]
-    served_by: str | None
-    status: int
-    error_class: str | None
-    race_outcome: str | None
-    latency_ms: float | None
-    ttfb_ms: float | None
-    usage: dict[str, Any]
-    cost_usd: float | None
+    ts: float | None = None
+    ingress: str | None = None
+    stream: bool | None = None
+    model_requested: str | None = None
+    model_used: str | None = None
+    profile: str | None = None
+    mode: str | None = None
+    candidates: list[str] | None = None
+    effective_order: list[str] | None = None
+    order_notes: list[dict[str, Any]] | None = None
+    skips: list[dict[str, Any]] = []
+    attempts: list[dict[str, Any]] = []
+    served_by: str | None = None
+    status: int | None = None
+    error_class: str | None = None
+    race_outcome: str | None = None
+    latency_ms: float | None = None
+    ttfb_ms: float | None = None
+    usage: dict[str, Any] | None = None
+    cost_usd: float | None = None
 
 
-class RequestsAnswer(TypedDict):
+class RequestsAnswer(Answer):
     requests: list[Trace]
     kept: int
+
+
+class ErrorAnswer(Answer):
+    """Every refusal: a one-line reason, and fields that help the caller (valid names, the process, ...)."""
+
+    error: str

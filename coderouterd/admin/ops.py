@@ -1,6 +1,6 @@
 """Admin endpoints for operating the daemon: providers, managed processes, model control, recent requests.
 
-Registered on the admin app by create_admin_app. Like the rest of the admin API, handlers are `async def` and
+Included in the admin app by create_admin_app. Like the rest of the admin API, handlers are `async def` and
 run on the daemon's loop, so they read the daemon's state without racing the proxy."""
 
 from __future__ import annotations
@@ -9,6 +9,7 @@ import asyncio
 
 import aiohttp
 import orjson
+from fastapi import APIRouter, Query
 
 from ..providers.errors import UpstreamError
 from ..providers.models_control import (
@@ -19,8 +20,9 @@ from ..providers.models_control import (
     unload_model,
 )
 from ..supervise import ExternalProcessError
-from .api import _json_body, _runtime
-from .asgi import AdminApp, AdminError
+from . import apitype, views
+from .api import ANSWER, REFUSALS, runtime_of
+from .errors import AdminError, AdminRoute
 
 PROCESS_ACTIONS = ("start", "stop", "restart")
 DEFAULT_REQUESTS = 50
@@ -68,48 +70,35 @@ def _unreachable(p, exc: BaseException) -> AdminError:
     return AdminError(502, f"{p.name}: {_backend_problem(p, exc)}", provider=p.name, base_url=p.cfg.base_url)
 
 
-def _model_args(body: dict) -> tuple[str, str]:
-    provider, model = body.get("provider"), body.get("model")
-    if not isinstance(provider, str) or not provider:
-        raise AdminError(400, "provider: required, a provider name (string)")
-    if not isinstance(model, str) or not model:
-        raise AdminError(400, "model: required, a model id (string)")
-    return provider, model
+def ops_routes(daemon) -> APIRouter:
+    r = APIRouter(route_class=AdminRoute, responses=REFUSALS)
 
-
-def register_ops(app: AdminApp, daemon) -> None:
-    @app.get("/v1/providers")
-    async def providers(_req):
-        _runtime(daemon)
-        status = daemon.status()
-        procs = status.get("processes") or {}
+    @r.get("/v1/providers", response_model=apitype.ProvidersAnswer, **ANSWER)
+    async def providers():
+        runtime = runtime_of(daemon)
+        procs = views.processes(daemon)
         by_provider = {p: name for name, snap in procs.items() for p in snap.get("providers", [])}
-        spend = (status.get("budget") or {}).get("providers", {})
-        health = status.get("health") or {}
+        spend = (views.budget(daemon) or {}).get("providers", {})
+        health = views.health(daemon)
         out = []
-        for p in status["providers"]:
+        for p in views.providers(daemon):
             name = p["name"]
             proc = by_provider.get(name)
             out.append({**p, "health_detail": health.get(name), "budget": spend.get(name),
                         "process": proc, "process_state": procs[proc]["state"] if proc else None})
-        return {"providers": out, "stats_window_s": status.get("stats_window_s")}
+        return {"providers": out, "stats_window_s": runtime.config.adaptive.window_s}
 
-    @app.get("/v1/processes")
-    async def processes(_req):
-        _runtime(daemon)
-        return {"processes": daemon.status().get("processes") or {}, "names": _process_names(daemon)}
+    @r.get("/v1/processes", response_model=apitype.ProcessesAnswer, **ANSWER)
+    async def processes():
+        runtime_of(daemon)
+        return {"processes": views.processes(daemon), "names": _process_names(daemon)}
 
-    @app.post("/v1/processes/{name}/{action}")
-    async def process_action(request):
-        name, action = request.params["name"], request.params["action"]
-        _runtime(daemon)
+    @r.post("/v1/processes/{name}/{action}", response_model=apitype.ProcessActionAnswer, **ANSWER)
+    async def process_action(name: str, action: str, body: apitype.ProcessActionRequest | None = None):
+        runtime_of(daemon)
         if action not in PROCESS_ACTIONS:
             raise AdminError(404, f"unknown process action {action!r}; expected one of {', '.join(PROCESS_ACTIONS)}")
-        raw = await request.body()
-        body = await _json_body(request) if raw.strip() else {}
-        wait = body.get("wait_s", 0)
-        if not isinstance(wait, int | float) or isinstance(wait, bool) or wait < 0:
-            raise AdminError(400, "wait_s: must be a number of seconds >= 0")
+        wait = body.wait_s if body is not None else 0.0
         procs = daemon.processes
         mp = procs.resolve(name) if procs is not None else None
         if mp is None:
@@ -129,10 +118,9 @@ def register_ops(app: AdminApp, daemon) -> None:
         result["action"] = action
         return result
 
-    @app.get("/v1/models")
-    async def models(req):
-        provider = req.query.get("provider")
-        runtime = _runtime(daemon)
+    @r.get("/v1/models", response_model=apitype.ModelsAnswer, **ANSWER)
+    async def models(provider: str | None = None):
+        runtime = runtime_of(daemon)
         if provider is not None:
             p = _provider(runtime, provider)
             try:
@@ -155,13 +143,12 @@ def register_ops(app: AdminApp, daemon) -> None:
                 out.append(res)
         return {"providers": out}
 
-    async def _control(request, fn, *, check_memory: bool = False):
-        runtime = _runtime(daemon)
-        body = await _json_body(request)
-        name, model = _model_args(body)
+    async def _control(body: apitype.ModelControlRequest, fn, *, check_memory: bool = False):
+        runtime = runtime_of(daemon)
+        name, model = body.provider, body.model
         p = _provider(runtime, name)
         try:
-            if check_memory and not body.get("force") and p.cfg.is_local():
+            if check_memory and not body.force and p.cfg.is_local():
                 await _refuse_if_too_large(p, name, model)
             return await fn(p, model)
         except _BACKEND_ERRORS as e:
@@ -177,19 +164,16 @@ def register_ops(app: AdminApp, daemon) -> None:
             raise AdminError(409, f"{name}: not loading {model}: {why}", provider=name, model=model,
                              model_bytes=size, available_bytes=daemon.memory.available)
 
-    @app.post("/v1/models/load")
-    async def models_load(request):
-        return await _control(request, load_model, check_memory=True)
+    @r.post("/v1/models/load", response_model=apitype.ModelControlAnswer, **ANSWER)
+    async def models_load(body: apitype.ModelControlRequest):
+        return await _control(body, load_model, check_memory=True)
 
-    @app.post("/v1/models/unload")
-    async def models_unload(request):
-        return await _control(request, unload_model)
+    @r.post("/v1/models/unload", response_model=apitype.ModelControlAnswer, **ANSWER)
+    async def models_unload(body: apitype.ModelControlRequest):
+        return await _control(body, unload_model)
 
-    @app.get("/v1/requests")
-    async def requests(req):
-        limit = req.query_int("limit", DEFAULT_REQUESTS)
-        if limit < 0:
-            raise AdminError(400, "limit: must be >= 0")
+    @r.get("/v1/requests", response_model=apitype.RequestsAnswer, **ANSWER)
+    async def requests(limit: int = Query(DEFAULT_REQUESTS, ge=0)):
         recent = daemon.recent
         out = []
         # Newest last in the OrderedDict; iterate from the end and stop early.
@@ -199,11 +183,12 @@ def register_ops(app: AdminApp, daemon) -> None:
             out.append(recent[rid])
         return {"requests": out, "kept": len(recent)}
 
-    @app.get("/v1/requests/{request_id}")
-    async def request_trace(req):
-        request_id = req.params["request_id"]
+    @r.get("/v1/requests/{request_id}", response_model=apitype.Trace, **ANSWER)
+    async def request_trace(request_id: str):
         trace = daemon.recent.get(request_id)
         if trace is None:
             raise AdminError(404, f"request {request_id!r} is not among the {len(daemon.recent)} recent requests "
                                   "coderouterd keeps in memory", request_id=request_id)
         return trace
+
+    return r

@@ -1,5 +1,5 @@
-"""The admin API: a small raw-ASGI app (admin/api.py) served by its own uvicorn Server on a Unix socket, in the
-daemon's loop.
+"""The admin API's server: the FastAPI app of admin/api.py, served by its own uvicorn Server on a Unix socket, in
+the daemon's loop. FastAPI is imported only once the proxy listens (serve()), so readiness does not pay for it.
 
 Authorisation is the socket's file mode (0600) and its directory's (0700), as with tailscaled. Handlers are
 `async def` on purpose: they run on the loop thread, so they never race the proxy over the daemon's state."""
@@ -100,6 +100,12 @@ def _socket_alive(path: Path) -> bool:
     return True
 
 
+def _build_app(daemon, path: Path):
+    from .api import create_admin_app
+
+    return create_admin_app(daemon, path)
+
+
 # -- the app -----------------------------------------------------------------------------------------------
 
 class AdminServer:
@@ -119,11 +125,10 @@ class AdminServer:
         self.server = None
 
     async def serve(self) -> None:
-        # The admin app is built only now, after the proxy serves. The socket
-        # is already listening (bind()): a client that connects meanwhile waits in its backlog.
-        from .api import create_admin_app
-
-        app = create_admin_app(self.daemon, self.path)
+        # The admin app is built only now, after the proxy serves, and in a thread: importing FastAPI and
+        # building the routes' models is ~0.4 s of CPU on this VM, during which the loop keeps answering the
+        # proxy. The socket is already listening (bind()): a client that connects meanwhile waits in its backlog.
+        app = await asyncio.to_thread(_build_app, self.daemon, self.path)
         after = getattr(self.daemon, "after_response", None)
 
         async def admin(scope, receive, send) -> None:

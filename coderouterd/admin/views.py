@@ -1,0 +1,118 @@
+"""The status view-model: what `corectl status` and the admin endpoints show, built from the daemon's parts.
+
+One function per section, so each endpoint computes only what it returns: `/v1/profiles` plans the profiles
+(the costly part: every profile's effective order), `/v1/providers` reads breakers, stats and health, and
+neither builds the other's section. `status()` is every section together, for `/v1/status`."""
+
+from __future__ import annotations
+
+import time
+
+from ..config import state_dir
+from ..config.envfile import missing_keys
+
+
+def daemon_info(daemon) -> dict:
+    """Who and where the daemon is, and its configuration's identity (cheap: no provider is looked at)."""
+    cfg = daemon.runtime.config
+    host, port = daemon.listen
+    url_host = f"[{host}]" if ":" in host else host
+    t = daemon.telemetry
+    return {
+        "version": daemon.version,
+        "pid": daemon.pid,
+        "started_at": daemon.started_at,
+        "uptime_s": time.time() - daemon.started_at,
+        "listen": {"host": host, "port": port, "url": f"http://{url_host}:{port}"},
+        "config_path": daemon.config_path,
+        "embedded_config": daemon.runtime.loaded.is_embedded,
+        "active_profile": daemon.active_profile,
+        "default_profile": cfg.server.default_profile,
+        "last_reload_error": daemon.last_reload_error,
+        "stats_window_s": cfg.adaptive.window_s,
+        "routes": [{"model": r.model, "profile": r.profile} for r in cfg.routes],
+        "state_dir": str(t.state_dir if t is not None else state_dir(cfg)),
+    }
+
+
+def providers(daemon) -> list[dict]:
+    """Each provider with its breaker, health, figures and the local-model extras."""
+    runtime, router, routing = daemon.runtime, daemon.router, daemon.routing
+    no_key = missing_keys({n: p.cfg for n, p in runtime.providers.items()})
+    out = []
+    for name, p in runtime.providers.items():
+        c = p.cfg
+        out.append({
+            "name": name, "kind": c.kind, "base_url": c.base_url, "model": c.model, "paid": c.paid,
+            "key_problem": no_key.get(name),
+            "breaker": router.breakers.get(name).snapshot(),
+            "health": routing.health_of(name) or "unknown",
+            "auth": routing.auth_state(name),
+            "figures": router.stats.figures(name),
+            "cache": router.affinity.provider_status(name),
+            "tool_repair": {"mode": c.tool_repair, "local": c.is_local(), **daemon.repair_stats.snapshot(name)},
+            "drift": daemon.drift.snapshot(name) if daemon.drift is not None and c.is_local() else None,
+        })
+    return out
+
+
+def profiles(daemon) -> list[dict]:
+    """Each profile with its effective order: this plans every profile, so only endpoints that show it call it."""
+    runtime, router = daemon.runtime, daemon.router
+    out = []
+    for name in runtime.profile_names:
+        prof = runtime.config.profiles[name]
+        plan = router.effective_order(name, prof, runtime).explain()
+        out.append({
+            "name": name, "active": name == daemon.active_profile, "providers": list(prof.providers),
+            "mode": prof.mode, "adaptive": prof.adaptive, "health_action": prof.health_action,
+            "effective_order": plan["candidates"], "skips": plan["skips"], "order_notes": plan["order"],
+        })
+    return out
+
+
+def store(daemon) -> dict:
+    """Whether state is persisted, and what is wrong with the state directory if anything."""
+    t = daemon.telemetry
+    if t is None:
+        return {"enabled": False, "healthy": True, "problem": None}
+    problems = [t.unusable,
+                f"state database: {t.store.problem}" if not t.store.healthy else None,
+                f"audit log: {t.audit.problem}" if t.audit is not None and not t.audit.healthy else None]
+    problems = [p for p in problems if p]
+    return {"enabled": t.enabled, "healthy": not problems, "problem": "; ".join(problems) or None}
+
+
+def processes(daemon) -> dict[str, dict]:
+    """Managed processes by name, each with whether self-healing is probing it and when next."""
+    procs = daemon.processes.supervisor.snapshot() if daemon.processes is not None else {}
+    recovering = daemon.selfheal.snapshot() if daemon.selfheal is not None else {}
+    for snap in procs.values():
+        # A process serving several providers is probed for each; the soonest probe is the one to show.
+        times = [recovering[p]["next_probe_at"] for p in snap["providers"]
+                 if p in recovering and recovering[p]["next_probe_at"] is not None]
+        snap["recovering"] = any(p in recovering for p in snap["providers"])
+        snap["next_probe_at"] = min(times) if times else None
+    return procs
+
+
+def health(daemon) -> dict:
+    return daemon.health.snapshot() if daemon.health is not None else {}
+
+
+def budget(daemon) -> dict | None:
+    return daemon.budget.snapshot() if daemon.budget is not None else None
+
+
+def status(daemon) -> dict:
+    """Everything `corectl status` shows, as JSON-ready data."""
+    return {
+        **daemon_info(daemon),
+        "providers": providers(daemon),
+        "profiles": profiles(daemon),
+        "store": store(daemon),
+        "processes": processes(daemon),
+        "health": health(daemon),
+        "budget": budget(daemon),
+        "memory": daemon.memory.snapshot(),
+    }
