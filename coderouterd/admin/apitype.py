@@ -39,17 +39,17 @@ class Answer(BaseModel):
 # -- requests ------------------------------------------------------------------------------------------------
 
 class UseProfileRequest(ApiRequest):
-    name: Name = Field(description="a profile name (non-empty string)")
+    name: Name = Field(description="a profile name")
 
 
 class ProcessActionRequest(ApiRequest):
     wait_s: Annotated[float, Field(strict=True, ge=0)] = Field(
-        0, description="seconds to wait for the process to be ready (a number >= 0)")
+        0, description="seconds to wait for the process to be ready, >= 0")
 
 
 class ModelControlRequest(ApiRequest):
-    provider: Name = Field(description="a provider name (non-empty string)")
-    model: Name = Field(description="a model id (non-empty string)")
+    provider: Name = Field(description="a provider name")
+    model: Name = Field(description="a model id")
     force: StrictBool = Field(False, description="load even when the memory check says it does not fit")
 
 

@@ -85,7 +85,9 @@ def store(daemon) -> dict:
 
 def processes(daemon) -> dict[str, dict]:
     """Managed processes by name, each with whether self-healing is probing it and when next."""
-    procs = daemon.processes.supervisor.snapshot() if daemon.processes is not None else {}
+    if daemon.processes is None:
+        return {}
+    procs = daemon.processes.supervisor.snapshot()
     recovering = daemon.selfheal.snapshot() if daemon.selfheal is not None else {}
     for snap in procs.values():
         # A process serving several providers is probed for each; the soonest probe is the one to show.

@@ -302,6 +302,27 @@ def test_socket_permissions_malformed_requests_and_no_tcp_admin(fakes, daemons, 
     assert d.proc.poll() is None
 
 
+def test_openapi_is_served_on_the_socket(fakes, daemons, tmp_path):
+    a, b = fakes
+    d = start(daemons, config_text(a.url, b.url), tmp_path)
+    with admin_client(sock_of(d)) as c:
+        r = c.get("/openapi.json")
+        assert r.status_code == 200 and r.headers["content-type"] == "application/json"
+        assert r.headers["x-coderouter-api-version"]
+        doc = r.json()
+        paths = set(doc["paths"])
+        for path in ("/v1/status", "/v1/profiles", "/v1/profiles/{name}", "/v1/profile/use", "/v1/reload",
+                     "/v1/config/check", "/v1/providers", "/v1/processes", "/v1/processes/{name}/{action}",
+                     "/v1/models", "/v1/models/load", "/v1/models/unload", "/v1/requests",
+                     "/v1/requests/{request_id}"):
+            assert path in paths, path
+        body = doc["paths"]["/v1/profile/use"]["post"]["requestBody"]["content"]["application/json"]["schema"]
+        assert body["$ref"].endswith("/UseProfileRequest")
+        assert doc["info"]["version"] == c.get("/v1/status").headers["x-coderouter-api-version"]
+    # Not on the proxy's port.
+    assert httpx.get(d.url + "/openapi.json", timeout=5).status_code == 404
+
+
 def test_stale_socket_second_daemon_and_not_running(fakes, daemons, tmp_path):
     a, b = fakes
     d = start(daemons, config_text(a.url, b.url), tmp_path)
