@@ -172,7 +172,7 @@ def _complete_processes(ctx: typer.Context, incomplete: str) -> list[str]:
     try:
         with DaemonAPI(ctx.find_root().params.get("socket"), timeout=2.0) as api:
             data = api.processes()
-        return [n for n in data.get("names", []) if n.startswith(incomplete)]
+        return [n for n in data.names if n.startswith(incomplete)]
     except Exception:  # completion must never print errors into the user's shell
         return []
 

@@ -15,6 +15,9 @@ from .client import DEFAULT_TIMEOUT_S, CorectlError
 def emit_json(data) -> None:
     import orjson
 
+    if hasattr(data, "model_dump"):  # a typed answer (apitype): what the daemon sent, nothing added
+        data = data.model_dump(exclude_unset=True)
+
     sys.stdout.write(orjson.dumps(data, option=orjson.OPT_INDENT_2).decode() + "\n")
 
 

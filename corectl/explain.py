@@ -43,7 +43,7 @@ def find_trace(socket: str | None, request_id: str, state_dir: str | None) -> tu
         with DaemonAPI(socket) as api:
             trace = api.request(request_id)
         if trace is not None:
-            return dict(trace), "memory"
+            return trace.model_dump(exclude_unset=True), "memory"
     except DaemonNotRunning as e:
         down = e
     from coderouterd.state import journal_row

@@ -8,6 +8,7 @@ import os
 import sys
 import time
 from collections.abc import Callable
+from typing import TypeVar
 
 from .api import DaemonAPI
 from .client import DEFAULT_TIMEOUT_S, CorectlError
@@ -32,15 +33,16 @@ def _console(stderr: bool = False):
 
 def providers(socket: str | None, as_json: bool) -> int:
     def work(api: DaemonAPI) -> None:
-        data = api.providers()
+        answer = api.providers()
         if as_json:
-            emit_json(data)
+            emit_json(answer)
             return
+        rows = [p.model_dump(exclude_unset=True) for p in answer.providers]
         out = _console()
-        out.print(providers_table(data["providers"], data.get("stats_window_s"), out.width))
+        out.print(providers_table(rows, answer.stats_window_s, out.width))
         from .render import key_problems
 
-        for line in key_problems(data["providers"]):
+        for line in key_problems(rows):
             out.print(line)
 
     return with_api(socket, as_json, work)
@@ -88,8 +90,8 @@ def process_action(socket: str | None, name: str, action: str, wait_s: float, as
             verb = {"start": "Starting", "stop": "Stopping", "restart": "Restarting"}[action]
             with _spinner(f"{verb} {name}…"):
                 data = api.process_action(name, action, wait)
-        snap = data.get("process") or {}
-        ready = data.get("ready")
+        snap = data.process or {}
+        ready = data.ready
         failed = wait > 0 and ready is False
         if as_json:
             emit_json(data)
@@ -188,9 +190,9 @@ def follow_file(path: str, *, poll_s: float = FOLLOW_POLL_S, stop: Callable[[], 
 def logs(socket: str | None, name: str, n: int, follow: bool, as_json: bool) -> int:
     def work(api: DaemonAPI) -> int:
         data = api.processes()
-        snap = find_process(data.get("processes") or {}, name)
+        snap = find_process(data.processes, name)
         if snap is None:
-            valid = data.get("names") or []
+            valid = data.names
             listed = ", ".join(valid) if valid else "none (no provider has a [process] block)"
             raise CorectlError(f"no managed process {name!r}; valid names: {listed}", code=1, payload={"valid": valid})
         api.close()  # following can last hours; the daemon need not hold our connection
@@ -236,7 +238,7 @@ def models_list(socket: str | None, provider: str | None, as_json: bool) -> int:
         with _spinner("Asking the backends for their models…"):
             data = api.models(provider)
         out = _console()
-        out.print(models_table(data["providers"], out.width))
+        out.print(models_table([e.model_dump(exclude_unset=True) for e in data.providers], out.width))
 
     return with_api(socket, as_json, work, timeout=60.0)
 
@@ -274,16 +276,15 @@ def model_control(socket: str | None, action: str, model: str, provider: str, as
             return
         data = _with_progress(f"{'Loading' if action == 'load' else 'Unloading'} {model} on {provider}",
                               lambda: api.model_control(action, provider, model, force=force))
-        if data.get("already_loaded"):
+        if data.already_loaded:
             echo(f"{model} was already loaded on {provider}.")
-        elif data.get("already_unloaded"):
+        elif data.already_unloaded:
             echo(f"{model} was not loaded on {provider}.")
         elif action == "load":
-            took = data.get("load_time_seconds")
-            echo(f"Loaded {model} on {provider} ({data.get('backend')})"
-                 + (f" in {took:.1f} s." if isinstance(took, int | float) else "."))
+            took = data.load_time_seconds
+            echo(f"Loaded {model} on {provider} ({data.backend})" + (f" in {took:.1f} s." if took is not None else "."))
         else:
-            echo(f"Unloaded {model} from {provider} ({data.get('backend')}).")
+            echo(f"Unloaded {model} from {provider} ({data.backend}).")
 
     return with_api(socket, as_json, work, timeout=MODEL_LOAD_TIMEOUT_S)
 
@@ -296,7 +297,10 @@ def _spinner(label: str):
     return err.status(label) if err.is_terminal else contextlib.nullcontext()
 
 
-def _with_progress(label: str, call: Callable[[], dict]) -> dict:
+R = TypeVar("R")
+
+
+def _with_progress(label: str, call: Callable[[], R]) -> R:
     """A spinner with the elapsed time while a slow call runs (on stderr, so stdout stays the answer)."""
     from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 

@@ -202,8 +202,8 @@ def fetch(api: DaemonAPI) -> dict:
         # An idle kept-alive connection may have been closed by the server (long --interval): reconnect once.
         api.close()
         status = api.status()
-    traces = api.requests(TRACES_FETCHED).get("requests", [])
-    return compute(dict(status), [dict(t) for t in traces], time.time())
+    traces = api.requests(TRACES_FETCHED).requests
+    return compute(dict(status), [t.model_dump(exclude_unset=True) for t in traces], time.time())
 
 
 class _Keys:
