@@ -26,7 +26,7 @@ log = logging.getLogger("coderouterd.admin")
 
 # Every route: answers are validated against their model, and only the fields the handler set are sent.
 ANSWER = {"response_model_exclude_unset": True}
-REFUSALS = {code: {"model": apitype.ErrorAnswer} for code in (400, 404, 409, 502, 503)}
+REFUSALS = {code: {"model": apitype.ErrorAnswer} for code in (400, 404, 409, 422, 500, 502, 503)}
 
 
 def runtime_of(daemon):

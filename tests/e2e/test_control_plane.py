@@ -322,6 +322,13 @@ def test_openapi_is_served_on_the_socket(fakes, daemons, tmp_path):
     # Not on the proxy's port.
     assert httpx.get(d.url + "/openapi.json", timeout=5).status_code == 404
 
+    # corectl's fast path reads a real answer without FastAPI, pydantic or the models (its 250 ms budget).
+    code = ("import sys; from corectl.__main__ import main; rc = main(['--socket', sys.argv[1], 'status', '--json']); "
+            "bad = [m for m in ('fastapi', 'pydantic', 'coderouterd.admin.apitype', 'typer') if m in sys.modules]; "
+            "print('RESULT', rc, bad)")
+    r = subprocess.run([sys.executable, "-c", code, sock_of(d)], capture_output=True, text=True, timeout=30)
+    assert r.stdout.strip().splitlines()[-1] == "RESULT 0 []", r.stdout + r.stderr
+
 
 def test_stale_socket_second_daemon_and_not_running(fakes, daemons, tmp_path):
     a, b = fakes

@@ -206,3 +206,15 @@ def test_openapi_lists_the_endpoints_and_the_shared_models(client):
             "/v1/requests/{request_id}"} <= set(doc["paths"])
     assert {"UseProfileRequest", "Status", "ErrorAnswer"} <= set(doc["components"]["schemas"])
     assert client.get("/docs").status_code == 404
+
+
+def test_the_daemon_does_not_import_fastapi_before_the_proxy_listens():
+    """serve.py and the composition root load without FastAPI: the admin app is built after the proxy listens
+    (admin/server.py, in a thread), so readiness does not pay for it."""
+    import subprocess
+    import sys
+
+    code = ("import sys, coderouterd.serve, coderouterd.app, coderouterd.admin.server; "
+            "print([m for m in ('fastapi', 'starlette', 'coderouterd.admin.api') if m in sys.modules])")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert r.stdout.strip() == "[]", r.stdout + r.stderr
