@@ -1,5 +1,6 @@
 """The admin API's server: the FastAPI app of admin/api.py, served by its own uvicorn Server on a Unix socket, in
-the daemon's loop. FastAPI is imported only once the proxy listens (serve()), so readiness does not pay for it.
+the daemon's loop. The server starts once the proxy listens, and FastAPI is imported on the first admin request
+(LazyAdminApp), so neither readiness nor the first proxied requests pay for it.
 
 Authorisation is the socket's file mode (0600) and its directory's (0700), as with tailscaled. Handlers are
 `async def` on purpose: they run on the loop thread, so they never race the proxy over the daemon's state."""
@@ -100,19 +101,47 @@ def _socket_alive(path: Path) -> bool:
     return True
 
 
-def _build_app(daemon, path: Path):
-    from ..interpreter import settle
-    from .api import create_admin_app
-
-    app = create_admin_app(daemon, path)
-    # FastAPI's routes and models are ~26k long-lived objects (+50% of the daemon's heap, full collections
-    # 19 -> 31 ms): freeze them out of the collector's reach like the rest of start-up (interpreter.py),
-    # whichever of this and the daemon's background start finishes last.
-    settle()
-    return app
-
-
 # -- the app -----------------------------------------------------------------------------------------------
+
+class LazyAdminApp:
+    """The admin API's ASGI app, built (FastAPI imported, routes and models created) on the first admin request.
+
+    Importing FastAPI and building the routes is ~0.3 s of CPU on this VM and ~9 MB (bench/README.md). Built at
+    start-up, even in a thread, it competed with the first proxied requests, which arrive just then (a race's
+    winner was decided late enough for its headers to name the loser); a daemon that only proxies never pays
+    it at all. The first `corectl` call after a start waits for the build instead; it runs in a thread so the
+    loop keeps serving the proxy meanwhile."""
+
+    def __init__(self, daemon, path: Path) -> None:
+        self._daemon = daemon
+        self._path = path
+        self._app = None
+        self._building = asyncio.Lock()
+
+    async def __call__(self, scope, receive, send) -> None:
+        after = getattr(self._daemon, "after_response", None)
+        if after is not None:
+            after.drain()  # what a request just answered left to record is recorded before anyone reads
+        if self._app is None:
+            async with self._building:
+                if self._app is None:
+                    self._app = await asyncio.to_thread(self._build)
+        await self._app(scope, receive, send)
+
+    def _build(self):
+        import gc
+
+        from .api import create_admin_app
+
+        app = create_admin_app(self._daemon, self._path)
+        # Its ~26k long-lived objects (+50% of the daemon's heap; full collections 19 -> 31 ms) go where the
+        # collector never looks, like the rest of start-up (interpreter.py). Freeze only, no collect: this can
+        # run while requests are in flight, and a full collection would stall them.
+        gc.freeze()
+        return app
+
+
+# -- the server -----------------------------------------------------------------------------------------------
 
 class AdminServer:
     def __init__(self, daemon, path: Path, *, private_dir: bool = True) -> None:
@@ -131,18 +160,9 @@ class AdminServer:
         self.server = None
 
     async def serve(self) -> None:
-        # The admin app is built only now, after the proxy serves, and in a thread: importing FastAPI and
-        # building the routes' models is ~0.4 s of CPU on this VM, during which the loop keeps answering the
-        # proxy. The socket is already listening (bind()): a client that connects meanwhile waits in its backlog.
-        app = await asyncio.to_thread(_build_app, self.daemon, self.path)
-        after = getattr(self.daemon, "after_response", None)
-
-        async def admin(scope, receive, send) -> None:
-            if after is not None:
-                after.drain()  # what a request just answered left to record is recorded before anyone reads
-            await app(scope, receive, send)
-
-        config = uvicorn.Config(admin, loop="none", http="h11",
+        # Started after the proxy serves; the socket is already listening (bind()), so a client that connects
+        # meanwhile waits in its backlog. The FastAPI app itself is built on the first admin request.
+        config = uvicorn.Config(LazyAdminApp(self.daemon, self.path), loop="none", http="h11",
                                 lifespan="off", access_log=False, log_level="warning",
                                 timeout_graceful_shutdown=2, server_header=False, date_header=False)
         self.server = ManagedServer(config, ready=self.ready)
