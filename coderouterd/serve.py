@@ -182,7 +182,7 @@ async def serve(loaded: LoadedConfig) -> int:
 
 
 def _discovery_record(daemon: Daemon, loaded: LoadedConfig, sdir, sock_path) -> dict:
-    from .admin.api import API_VERSION
+    from .admin.version import API_VERSION  # not .admin.api: that is the FastAPI app, built on first use
 
     s = loaded.model.server
     host = f"[{s.host}]" if ":" in s.host else s.host

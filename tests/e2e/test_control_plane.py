@@ -330,6 +330,40 @@ def test_openapi_is_served_on_the_socket(fakes, daemons, tmp_path):
     assert r.stdout.strip().splitlines()[-1] == "RESULT 0 []", r.stdout + r.stderr
 
 
+def test_fastapi_is_loaded_by_the_first_admin_call_not_by_the_start(tmp_path):
+    """The admin app (FastAPI) is built on the first admin request: a daemon that answers /healthz and serves
+    its socket, but has had no admin call, has not imported it (its RSS and the first proxied requests do not
+    pay for it). -X importtime lists every import as it happens, on stderr."""
+    port = free_port()
+    env = {**os.environ, "CODEROUTER_STATE_DIR": str(tmp_path / "state")}
+    for k in ("CODEROUTER_CONFIG", "CODEROUTER_SOCKET", "CODEROUTER_ADMIN__SOCKET"):
+        env.pop(k, None)
+    err = tmp_path / "stderr.txt"
+    with err.open("wb") as fh:
+        proc = subprocess.Popen([sys.executable, "-X", "importtime", "-m", "coderouterd", "--port", str(port)],
+                                cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=fh)
+    sock = tmp_path / "state" / "coderouterd.sock"
+    try:
+        deadline = time.monotonic() + 30
+        while "admin API on unix socket" not in err.read_text(errors="replace"):
+            assert proc.poll() is None and time.monotonic() < deadline, err.read_text(errors="replace")[-2000:]
+            time.sleep(0.05)
+        assert httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=5).status_code == 200
+        time.sleep(1.0)  # the background start (aiohttp, health) is done by now
+        imported = [line.rsplit("|", 1)[-1].strip() for line in err.read_text(errors="replace").splitlines()
+                    if line.startswith("import time:")]
+        assert "aiohttp" in imported  # the listing is complete
+        assert "fastapi" not in imported and "coderouterd.admin.api" not in imported
+        with admin_client(str(sock)) as c:
+            assert c.get("/v1/status").status_code == 200
+        imported = [line.rsplit("|", 1)[-1].strip() for line in err.read_text(errors="replace").splitlines()
+                    if line.startswith("import time:")]
+        assert "fastapi" in imported
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(15)
+
+
 def test_stale_socket_second_daemon_and_not_running(fakes, daemons, tmp_path):
     a, b = fakes
     d = start(daemons, config_text(a.url, b.url), tmp_path)

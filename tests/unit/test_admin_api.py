@@ -14,7 +14,7 @@ from fastapi.testclient import TestClient
 from coderouterd.admin import views
 from coderouterd.admin.api import create_admin_app
 from coderouterd.admin.version import API_VERSION, API_VERSION_HEADER
-from coderouterd.runtime import UnknownProfile
+from coderouterd.live_config import UnknownProfile
 
 
 class _Plan:
@@ -209,12 +209,12 @@ def test_openapi_lists_the_endpoints_and_the_shared_models(client):
 
 
 def test_the_daemon_does_not_import_fastapi_before_the_proxy_listens():
-    """serve.py and the composition root load without FastAPI: the admin app is built after the proxy listens
-    (admin/server.py, in a thread), so readiness does not pay for it."""
+    """serve.py and the composition root load without FastAPI: the admin app is built on the first admin request
+    (admin/server.py, LazyAdminApp), so neither readiness nor the first proxied requests pay for it."""
     import subprocess
     import sys
 
-    code = ("import sys, coderouterd.serve, coderouterd.app, coderouterd.admin.server; "
+    code = ("import sys, coderouterd.serve, coderouterd.daemon, coderouterd.admin.server; "
             "print([m for m in ('fastapi', 'starlette', 'coderouterd.admin.api') if m in sys.modules])")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert r.stdout.strip() == "[]", r.stdout + r.stderr
