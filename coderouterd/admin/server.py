@@ -106,11 +106,10 @@ def _socket_alive(path: Path) -> bool:
 class LazyAdminApp:
     """The admin API's ASGI app, built (FastAPI imported, routes and models created) on the first admin request.
 
-    Importing FastAPI and building the routes is ~0.3 s of CPU on this VM and ~9 MB (bench/README.md). Built at
-    start-up, even in a thread, it competed with the first proxied requests, which arrive just then (a race's
-    winner was decided late enough for its headers to name the loser); a daemon that only proxies never pays
-    it at all. The first `corectl` call after a start waits for the build instead; it runs in a thread so the
-    loop keeps serving the proxy meanwhile."""
+    Importing FastAPI and building the routes is ~0.3 s of CPU on this VM and ~9.6 MB (bench/README.md). Built
+    at start-up, even in a thread, it would compete with the first proxied requests, which arrive just then;
+    a daemon that only proxies never pays it at all. The first `corectl` call after a start waits for the
+    build instead (~0.3 s); it runs in a thread so the loop keeps serving the proxy meanwhile."""
 
     def __init__(self, daemon, path: Path) -> None:
         self._daemon = daemon
