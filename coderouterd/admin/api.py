@@ -1,4 +1,4 @@
-"""The admin API: a FastAPI app served on the Unix socket by server.AdminServer, built after the proxy listens.
+"""The admin API: a FastAPI app served on the Unix socket by server.AdminServer, built on the first admin request.
 
 Request bodies and answers are the pydantic models of apitype.py (shared with corectl); errors keep the admin
 API's own shape (errors.py). Handlers compute only what they return (views.py has one function per section).
