@@ -117,8 +117,13 @@ race_width = 2
 @pytest.mark.parametrize("stream", [False, True])
 def test_race_returns_the_faster_and_closes_the_loser(tmp_path, stream):
     with FakeServer("openai", name="a", behaviour="slow_first_byte;delay=3") as a, FakeServer("openai", name="b") as b:
-        d = DaemonProcess(_race_config(a, b), tmp_path).start()
+        warm = '\n[profiles.warm]\nproviders = ["b"]\n'
+        d = DaemonProcess(_race_config(a, b, extra=warm), tmp_path).start()
         try:
+            # The race is timed on a warm daemon. A request that arrives while the routing stack is still being
+            # imported (right after /healthz answers) spends that wait out of its stream hold (0.2 s here) and
+            # commits its headers to whoever leads then. One request through b alone warms it, a untouched.
+            assert post(d, "warm").status_code == 200
             t0 = time.monotonic()
             r = post(d, "default", stream=stream)
             elapsed = time.monotonic() - t0
