@@ -47,6 +47,8 @@ class SSEParser:
         out: list[tuple[str | None, str]] = []
         if not chunk:
             return out
+        if not self._buf and b"\r" not in chunk:
+            return self._feed_lf(chunk, out)
         buf = self._buf
         buf += chunk
         start = 0
@@ -64,6 +66,35 @@ class SSEParser:
         if start:
             del buf[:start]
         self._scan = len(buf) - 1 if buf.endswith(b"\r") else len(buf)
+        return out
+
+    def _feed_lf(self, chunk: bytes, out: list[tuple[str | None, str]]) -> list[tuple[str | None, str]]:
+        """The common case (nothing buffered, "\n" line ends only): the complete lines are decoded at once and
+        split in C, instead of one regex search, copy and decode per line; a burst of 20 events is one read."""
+        complete, sep, tail = chunk.rpartition(b"\n")
+        if sep:
+            text = complete.decode("utf-8", "replace")
+            if self._first_line:
+                self._first_line = False
+                if text.startswith("\ufeff"):
+                    text = text[1:]
+            data = self._data
+            for line in text.split("\n"):
+                if not line:
+                    if data:
+                        out.append((self._event, "\n".join(data)))
+                        data = self._data = []
+                    self._event = None
+                elif line.startswith("data:"):
+                    data.append(line[6:] if line.startswith(" ", 5) else line[5:])
+                elif line.startswith("event:"):
+                    self._event = line[7:] if line.startswith(" ", 6) else line[6:]
+                elif line[0] != ":":
+                    self._field(line)
+                    data = self._data
+        if tail:
+            self._buf += tail
+            self._scan = len(self._buf)
         return out
 
     def flush(self) -> list[tuple[str | None, str]]:
@@ -91,6 +122,9 @@ class SSEParser:
             return
         if line[0] == ":":
             return
+        self._field(line)
+
+    def _field(self, line: str) -> None:
         name, sep, value = line.partition(":")
         if sep and value.startswith(" "):
             value = value[1:]

@@ -1,5 +1,7 @@
 import orjson
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from coderouterd.protocol.sse import DONE, SSEParser, encode_data, encode_event
 
@@ -126,3 +128,26 @@ def test_large_line_in_many_small_chunks():
     for i in range(0, len(raw), 7):
         out += parser.feed(raw[i : i + 7])
     assert out == [(None, payload)]
+
+
+def _parse_all(parser: SSEParser, chunks: list[bytes]) -> list:
+    out = []
+    for c in chunks:
+        out += parser.feed(c)
+    return out + parser.flush()
+
+
+@settings(max_examples=300, derandomize=True, deadline=None)
+@given(lines=st.lists(st.sampled_from(["data: {\"a\": 1}", "data:x", "data", "event: ping", "event:msg", ": comment",
+                                       "", "id: 7", "dataX: no", "data: ünïcödé ✓", "retry: 10"]), max_size=30),
+       bom=st.booleans(), cuts=st.lists(st.integers(min_value=0, max_value=400), max_size=6))
+def test_fast_path_equals_the_line_by_line_parse(lines, bom, cuts):
+    raw = ("\ufeff" if bom else "").encode() + "".join(f"{ln}\n" for ln in lines).encode()
+    points = sorted({c for c in cuts if c < len(raw)})
+    chunks = [raw[a:b] for a, b in zip([0, *points], [*points, len(raw)], strict=True)]
+    ref = SSEParser()  # the reference: each line through the general line handler
+    reference: list = []
+    for line in raw.split(b"\n")[:-1]:
+        ref._line(line, reference)
+    reference += ref.flush()
+    assert _parse_all(SSEParser(), chunks) == reference
