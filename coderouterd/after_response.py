@@ -3,8 +3,8 @@
 A request's record (journal event, metrics, drift sample, decision trace) costs 0.1-0.4 ms of CPU on the
 benchmark VM. Done right after the answer, it delays the client's next request, which arrives in about that
 time. Deferred, it runs while the loop has nothing else to do: `while_waiting()` is called just before an
-exchange waits on its upstream (the loop is idle until the upstream answers), and a short timer catches the
-rest (the last request of a burst). Readers of what the bookkeeping writes (the admin API, shutdown) call
+exchange sends its upstream request (the loop is then idle until the upstream answers), and a short timer
+catches the rest (the last request of a burst). Readers of what the bookkeeping writes (the admin API, shutdown) call
 `drain()` first, so nobody ever sees a request as missing.
 """
 
@@ -39,10 +39,13 @@ class AfterResponse:
                 self.drain()
 
     def while_waiting(self) -> None:
-        """The caller is about to wait on an upstream: deferred work runs as soon as it yields."""
+        """The caller is about to send an upstream request and wait for the answer: deferred work runs once the
+        request is on its way. Two turns of the loop, not one: aiohttp writes the request from a task of its own
+        that is scheduled after this call, and work run before it would hold the request back."""
         if self._queue and not self._soon:
             self._soon = True
-            asyncio.get_running_loop().call_soon(self.drain)
+            loop = asyncio.get_running_loop()
+            loop.call_soon(loop.call_soon, self.drain)
 
     def drain(self) -> None:
         self._soon = False

@@ -57,8 +57,7 @@ class Daemon:
         # finish(ex) and other bookkeeping run here, once the answer is out (see after_response.py)
         self.after_response = AfterResponse()
         # Prefix affinity; its index is restored from the store once the store is open (startup).
-        self.affinity = Affinity(cfg, publish=t.publish, persist=persisted.affinity_changed,
-                                 defer=self.after_response.defer)
+        self.affinity = Affinity(cfg, publish=t.publish, persist=persisted.affinity_changed)
         self.router: Router | None = None  # needs the budget, which reads the store once it is open
         self.tasks = TaskSet()  # every background task outside a request, awaited at shutdown
         self.active_profile = loaded.model.server.default_profile

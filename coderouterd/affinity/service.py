@@ -128,11 +128,8 @@ def _reported_cache(usage: dict, raw_usage: dict | None, timings: dict | None,
 
 class Affinity:
     def __init__(self, config, *, publish: Callable | None = None, persist: Callable | None = None,
-                 clock: Callable[[], float] = time.monotonic, defer: Callable | None = None) -> None:
-        """`defer(fn, *args)`: run fn later on the loop, once the answer is out (the daemon's AfterResponse);
-        by default at once."""
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.index = PrefixIndex()
-        self._defer = defer or (lambda fn, *args: fn(*args))
         self.publish = publish
         self.persist = persist  # (provider, snapshot) -> None: store.set, written by the store's thread
         self.clock = clock
@@ -338,8 +335,11 @@ class Affinity:
                 ev.set()
         if not ok or strategy is None:
             return
-        # What the backend reused teaches the index: not needed by this answer, so done once it is out.
-        self._defer(self._learn, ticket, placement, p, strategy, request_id, now)
+        # What the backend reused teaches the index. Not deferred with the request's record
+        # (after_response.py): for a big prompt the digests take longer than the next upstream's answer, and
+        # here, right after the answer, the client's next request is still on its way (measured,
+        # bench/README.md "Tail and big body").
+        self._learn(ticket, placement, p, strategy, request_id, now)
 
     def _learn(self, ticket: Ticket, placement: Placement, p, strategy, request_id: str, now: float) -> None:
         name = placement.provider

@@ -19,6 +19,10 @@ def test_deferred_work_runs_when_an_exchange_waits_on_its_upstream():
         assert done == [] and after.pending == 2
         after.while_waiting()
         assert done == []  # not inline: the caller first sends its upstream request
+        sent = []
+        asyncio.get_running_loop().call_soon(sent.append, "request")  # what aiohttp's writer task does next
+        await asyncio.sleep(0)
+        assert sent == ["request"] and done == []  # the request goes out first
         await asyncio.sleep(0)
         assert done == [1, 2] and after.pending == 0
     asyncio.run(go())
