@@ -99,7 +99,7 @@ class Daemon:
         t.publish(DaemonLifecycle(event="start", pid=self.pid, version=self.version))
         self.budget = Budget(t.store, publish=t.publish)
         self._configure_budget(cfg)
-        self.drift = DriftManager(self, publish=t.publish)
+        self.drift = DriftManager(lambda: self.runtime, healer=lambda: self.selfheal, publish=t.publish)
         self.router = Router(self.routing, budget=BudgetHooks(self.budget), affinity=self.affinity,
                              memory_cooldown_s=cfg.memory.cooldown_s,
                              order_adjusters=[self.drift.adjust_order, self._memory_order])

@@ -26,12 +26,16 @@ def settings_from(cfg) -> DriftSettings:
 
 
 class DriftManager:
-    def __init__(self, daemon, *, publish: Callable | None = None,
+    def __init__(self, runtime: Callable, *, healer: Callable = lambda: None, publish: Callable | None = None,
                  clock: Callable[[], float] = time.monotonic) -> None:
-        self.daemon = daemon
+        """`runtime()`: the live config (providers); `healer()`: the self-healer, once it exists (it is built
+        after the first request can arrive, see Daemon._start_background)."""
+        self._runtime = runtime
+        self._healer = healer
         self.publish = publish
         self.clock = clock
-        cfg = daemon.runtime.config if daemon.runtime is not None else None
+        current = runtime()
+        cfg = current.config if current is not None else None
         self.detector = DriftDetector(settings_from(cfg) if cfg is not None else None)
         self.cooldown_s = cfg.drift.cooldown_s if cfg is not None else 300.0
         self.demoted_until: dict[str, float] = {}  # provider -> monotonic deadline
@@ -98,10 +102,10 @@ class DriftManager:
     async def _reload(self, provider: str, model: str) -> None:
         from ..providers.models_control import load_model, unload_model
 
-        p = self.daemon.runtime.providers.get(provider)
+        p = self._runtime().providers.get(provider)
         if p is None:
             return
-        healer = self.daemon.selfheal
+        healer = self._healer()
         hold = (healer.hold(provider, f"drift: reloading {model}") if healer is not None
                 else contextlib.nullcontext(True))
         try:

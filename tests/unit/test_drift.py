@@ -96,7 +96,7 @@ class Clock:
 def test_demotion_lasts_the_cooldown_and_is_shown_as_a_note():
     events: list = []
     clock = Clock()
-    m = DriftManager(SimpleNamespace(runtime=None), publish=events.append, clock=clock)
+    m = DriftManager(lambda: None, publish=events.append, clock=clock)
     m.detector.settings = CFG
     m.cooldown_s = 60
     for i in range(8):
