@@ -277,7 +277,8 @@ class ProxyApp:
         task = asyncio.current_task()
         hook = scope.get(DISCONNECT_HOOK)
         if hook is not None:
-            # Our protocol calls back when the client leaves: no task per request to watch for it.
+            # Our protocol calls back when the client leaves: no task per request to watch for it. (An HTTP/1.0
+            # connection's cycle is the close-delimited one, without the hook: it keeps the watcher task.)
             hook(lambda: task.cancel() if not r.finished else None)
             watcher = None
         else:
