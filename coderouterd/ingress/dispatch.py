@@ -63,16 +63,6 @@ async def _read_body(receive, limit: int) -> bytes:
     return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
 
-async def _watch_disconnect(receive, task: asyncio.Task, responder: Responder) -> None:
-    """Cancel the request's work when the client goes away, so a hung upstream is dropped at once."""
-    while True:
-        msg = await receive()
-        if msg["type"] == "http.disconnect":
-            if not responder.finished:
-                task.cancel()
-            return
-
-
 def _client_left(ex) -> None:
     """The client went away before the response's closing bytes. One that already had the whole answer
     (it closes right after [DONE]) was served: the request keeps its success and the usage it recorded."""
@@ -275,14 +265,11 @@ class ProxyApp:
             after.defer(daemon.finish, ex)
             return
         task = asyncio.current_task()
+        # Our protocol (ingress/protocol.py) calls back when the client leaves, so a hung upstream is dropped
+        # at once: no task per request to watch for it. Absent only when the app is driven without our server.
         hook = scope.get(DISCONNECT_HOOK)
         if hook is not None:
-            # Our protocol calls back when the client leaves: no task per request to watch for it. (An HTTP/1.0
-            # connection's cycle is the close-delimited one, without the hook: it keeps the watcher task.)
             hook(lambda: task.cancel() if not r.finished else None)
-            watcher = None
-        else:
-            watcher = asyncio.ensure_future(_watch_disconnect(receive, task, r))
         try:
             await ex.run()
         except ClientGone:
@@ -307,10 +294,8 @@ class ProxyApp:
                 except ClientGone:
                     pass
         finally:
-            if watcher is None:
+            if hook is not None:
                 hook(None)
-            else:
-                watcher.cancel()
         after.defer(daemon.finish, ex)
         if not r.headers_sent and ex.error_class == "client_disconnected":
             raise ClientLeft  # nothing was answered because the client left: the edge guard stays quiet

@@ -204,12 +204,8 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         if cycle is None:
             return
         # Swapped before its task first runs, so the app's send is ours.
-        if self.scope.get("http_version") == "1.0":
-            cycle.__class__ = _CloseDelimitedCycle
-        else:
-            cycle.__class__ = _Cycle
-            cycle.on_disconnect = None
-            self.scope[DISCONNECT_HOOK] = cycle.watch_disconnect
+        cycle.__class__ = _CloseDelimitedCycle if self.scope.get("http_version") == "1.0" else _Cycle
+        self.scope[DISCONNECT_HOOK] = cycle.watch_disconnect
 
     def on_body(self, body: bytes) -> None:
         if not self._refused:
@@ -309,15 +305,18 @@ class _HeadHeld:
         return getattr(self.transport, name)
 
 
-class _Cycle(RequestResponseCycle):
-    """uvicorn's cycle with the response head sent along with the first body bytes (one write for a sized
-    response, and for a stream's head and first event) and a disconnect callback (see the module's
-    docstring)."""
+class _WatchedCycle(RequestResponseCycle):
+    """uvicorn's cycle with the app's disconnect callback (called by GuardedHttpToolsProtocol.connection_lost)."""
 
     on_disconnect = None
 
     def watch_disconnect(self, callback) -> None:
         self.on_disconnect = callback
+
+
+class _Cycle(_WatchedCycle):
+    """The response head sent along with the first body bytes: one write for a sized response, and for a
+    stream's head and first event (see the module's docstring)."""
 
     async def send(self, message) -> None:
         if not self.response_started and message["type"] == "http.response.start" \
@@ -340,7 +339,7 @@ class _Cycle(RequestResponseCycle):
             self.transport = self.transport.transport
 
 
-class _CloseDelimitedCycle(RequestResponseCycle):
+class _CloseDelimitedCycle(_WatchedCycle):
     """HTTP/1.0 has no chunked encoding: a response without a length is sent raw and ended by closing."""
 
     _close_delimited = False

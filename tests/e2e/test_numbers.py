@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import threading
 import time
 from collections import Counter
 
 import httpx
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from coderouterd.state.audit import read_audit
@@ -21,6 +23,18 @@ from tests.support.daemon import DaemonProcess
 
 USER = [{"role": "user", "content": "hi"}]
 
+
+
+def one_provider(url: str) -> str:
+    """A daemon config with one OpenAI-compatible provider `a` at `url` and the default profile on it."""
+    return f"""
+[server]
+port = {{PORT}}
+[providers.a]
+base_url = "{url}/v1"
+[profiles.default]
+providers = ["a"]
+"""
 
 def scrape(d) -> dict:
     r = httpx.get(d.url + "/metrics", timeout=10)
@@ -99,14 +113,7 @@ race_width = 2
 
 def test_reload_that_replaces_a_pool_lets_its_stream_finish_and_shutdown_closes_everything(tmp_path):
     with FakeServer("openai", name="a", behaviour="slow_stream;chunk_delay=0.3") as a:
-        cfg = f"""
-[server]
-port = {{PORT}}
-[providers.a]
-base_url = "{a.url}/v1"
-[profiles.default]
-providers = ["a"]
-"""
+        cfg = one_provider(a.url)
         d = DaemonProcess(cfg, tmp_path).start()
         try:
             assert anthropic(d).status_code == 200
@@ -129,27 +136,22 @@ providers = ["a"]
         assert "Unclosed" not in log, log
 
 
-def test_a_client_that_leaves_frees_its_request_at_once(tmp_path):
-    """The client hangs up while the upstream has not answered: the request is cancelled at once (our protocol's
-    disconnect callback, no watcher task; without it this request would hang for good) and the journal says 499."""
-    import socket
+# -- in-flight -----------------------------------------------------------------------------------------------
 
+
+@pytest.mark.parametrize("http_version", ["1.1", "1.0"])
+def test_a_client_that_leaves_frees_its_request_at_once(tmp_path, http_version):
+    """The client hangs up while the upstream has not answered: the request is cancelled at once (our protocol's
+    disconnect callback, no watcher task; without it this request would hang for good) and the journal says 499.
+    HTTP/1.0 connections (close-delimited responses) get the same callback."""
     with FakeServer("openai", name="a", behaviour="hang") as a:
-        cfg = f"""
-[server]
-port = {{PORT}}
-[providers.a]
-base_url = "{a.url}/v1"
-[profiles.default]
-providers = ["a"]
-"""
-        d = DaemonProcess(cfg, tmp_path).start()
+        d = DaemonProcess(one_provider(a.url), tmp_path).start()
         try:
             body = b'{"model":"m","messages":[{"role":"user","content":"hi"}]}'
             host, port = d.url.split("//")[1].split(":")
             s = socket.create_connection((host, int(port)))
-            s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
-                      b"content-length: %d\r\n\r\n%s" % (len(body), body))
+            s.sendall(b"POST /v1/chat/completions HTTP/%s\r\nhost: x\r\ncontent-type: application/json\r\n"
+                      b"content-length: %d\r\n\r\n%s" % (http_version.encode(), len(body), body))
             assert wait_for(lambda: a.active >= 1, 5, 0.01)
             assert total(scrape(d), "coderouter_requests_in_flight") == 1
             s.close()
@@ -160,19 +162,9 @@ providers = ["a"]
         assert [(r["status"], r["error_class"]) for r in rows] == [(499, "client_disconnected")]
 
 
-# -- in-flight -----------------------------------------------------------------------------------------------
-
-
 def test_in_flight_gauge_counts_requests_being_served(tmp_path):
     with FakeServer("openai", name="a", behaviour="slow_first_byte;delay=1.5") as a:
-        cfg = f"""
-[server]
-port = {{PORT}}
-[providers.a]
-base_url = "{a.url}/v1"
-[profiles.default]
-providers = ["a"]
-"""
+        cfg = one_provider(a.url)
         d = DaemonProcess(cfg, tmp_path).start()
         try:
             threads = [threading.Thread(target=anthropic, args=(d,)), threading.Thread(target=openai, args=(d,))]

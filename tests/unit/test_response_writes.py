@@ -105,3 +105,4 @@ def test_the_disconnect_callback_is_kept_until_called():
     assert c.on_disconnect is not None
     c.watch_disconnect(None)
     assert c.on_disconnect is None and seen == []
+
