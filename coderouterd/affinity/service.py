@@ -42,7 +42,7 @@ class Ticket:
                  "predicted_tokens", "cached_tokens", "bust", "placement_why")
 
     def __init__(self, prompt: Prompt | None, session: sess.SessionKey, lane: str, lane_kind: str, canonical: dict,
-                 ingress: str = "anthropic") -> None:
+                 ingress: str) -> None:
         self._prompt = prompt
         self.session = session
         self.lane = lane

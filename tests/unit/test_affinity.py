@@ -4,6 +4,7 @@ cache-bust naming, the index, and the provider preference by expected time to fi
 from __future__ import annotations
 
 import copy
+import hashlib
 from types import SimpleNamespace
 
 import orjson
@@ -433,22 +434,30 @@ def test_background_lanes_are_evicted_before_conversations():
 
 # -- the lane's name without the whole chain ------------------------------------------------------------------
 
-@pytest.mark.parametrize("ingress,body", [
-    ("anthropic", {"system": "s", "messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "x"}]}),
-    ("anthropic", {"system": "s", "messages": []}),
-    ("anthropic", {"messages": ["not a dict"]}),
-    ("openai", {"messages": [{"role": "system", "content": "a"}, {"role": "developer", "content": "b"},
-                             {"role": "user", "content": "c"}, {"role": "system", "content": "late"}]}),
-    ("openai", {"messages": [{"role": "system", "content": "only"}]}),
-    ("openai", {"messages": [{"role": "user", "content": [{"type": "text", "text": "t", "cache_control": {"type": "ephemeral"}}]}]}),
-    ("openai", {"input": [{"type": "message", "role": "user", "content": "x"}], "instructions": "i"}),
-    ("openai", {"input": "just text"}),
-    ("openai", {"input": None}),
-    ("openai", {"input": []}),
-    ("openai", {}),
+_HI = {"role": "user", "content": "hi"}
+_C = {"role": "user", "content": "c"}
+_ITEM = {"type": "message", "role": "user", "content": "x"}
+
+
+@pytest.mark.parametrize("ingress,body,first", [
+    ("anthropic", {"system": "s", "messages": [_HI, {"role": "assistant", "content": "x"}]}, _HI),
+    ("anthropic", {"system": "s", "messages": []}, None),
+    ("anthropic", {"messages": ["not a dict"]}, "not a dict"),
+    ("openai", {"messages": [{"role": "system", "content": "a"}, {"role": "developer", "content": "b"}, _C,
+                             {"role": "system", "content": "late"}]}, _C),
+    ("openai", {"messages": [{"role": "system", "content": "only"}]}, None),
+    ("openai", {"input": [_ITEM], "instructions": "i"}, _ITEM),
+    ("openai", {"input": "just text"}, "just text"),
+    ("openai", {"input": None}, "null"),
+    ("openai", {"input": []}, None),
+    ("openai", {}, None),
 ])
-def test_first_message_head_is_the_chain_head(ingress, body):
-    assert first_message_head(body, ingress) == segments(body, ingress).head
+def test_the_head_is_the_first_message_after_the_leading_system_ones(ingress, body, first):
+    """`first_message_head` names a lane; `segments` reports the same head with its chain."""
+    expected = "empty" if first is None else \
+        hashlib.sha256(b"null" if first == "null" else orjson.dumps(first)).hexdigest()[:12]
+    assert first_message_head(body, ingress) == expected
+    assert segments(body, ingress).head == expected
 
 
 def test_the_prompt_chain_is_only_computed_when_asked():
