@@ -74,7 +74,7 @@ def judge(samples: list[DriftSample], cfg: DriftSettings) -> Verdict:
                 errors += 1
             continue
         if recent:
-            if s.length == 0 and not s.tool_called:
+            if s.empty:
                 empty += 1
             if s.repetition >= cfg.repetition_level:
                 looping += 1
