@@ -117,7 +117,8 @@ class Daemon:
         t = self.telemetry
         self.health = HealthMonitor(self.routing, lambda: self.runtime, tasks=self.tasks)
         self.selfheal = SelfHealer(self.routing, self.health, supervisor=self._supervisor,
-                                   runtime=lambda: self.runtime, publish=t.publish)
+                                   runtime=lambda: self.runtime, publish=t.publish,
+                                   fresh_start=self.affinity.server_restarted)
         cfg = self._loaded.model
         if _has_processes(cfg):
             from .affinity.slot_save import ensure_slot_dir
@@ -129,7 +130,8 @@ class Daemon:
             self.processes = Processes(state_dir(cfg) / "logs", t.store, on_event=self.selfheal.on_process_event)
             self.processes.apply(cfg)
             # Until their process says ready (or is adopted), autostarted backends are not routed to.
-            self.routing.mark_down(self.processes.autostarted_providers(cfg))
+            for providers, wait_s in self.processes.autostarted(cfg):
+                self.routing.mark_down(providers, wait_s=wait_s)
         if self.processes is not None:
             self.processes.start_background()
         self.health.start()

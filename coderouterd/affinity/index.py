@@ -79,6 +79,11 @@ class PrefixIndex:
         while len(self.lanes) > MAX_LANES:
             self.lanes.popitem(last=False)
 
+    def forget_provider(self, provider: str) -> None:
+        """Lanes whose last prompt went to `provider` forget it (its cache is gone)."""
+        for lane in [lane for lane, (prov, _p, _t) in self.lanes.items() if prov == provider]:
+            del self.lanes[lane]
+
     def predict(self, provider: str, lane: str, prompt: Prompt) -> int:
         """Bytes of `prompt` the backend is expected to hold, before any slot choice: the best slot for a
         slotted backend; else the longest prefix of any recent prompt sent there (one shared cache)."""

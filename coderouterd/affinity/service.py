@@ -148,6 +148,18 @@ class Affinity:
             if isinstance(snap, dict):
                 self.index.restore(provider, snap)
 
+    def server_restarted(self, providers) -> None:
+        """The process behind these providers started afresh: its KV cache died with its predecessor. Never
+        predict it: slots are emptied, the lanes' last prompts there forgotten (no cache bust is named against
+        a cache that is gone), and the slot table is discovered again (the new server may have other slots)."""
+        for name in providers:
+            p = self.index.providers.get(name)
+            if p is not None and p.slots is not None:
+                p.slots.forget_contents()
+            self.index.forget_provider(name)
+            self._discovered.pop(name, None)
+            self._persist_soon(name)
+
     # -- per request ----------------------------------------------------------------------------------------
 
     def ticket(self, req, *, prompt_cache_key: str | None = None) -> Ticket | None:

@@ -172,6 +172,12 @@ class SlotTable:
             if s.lane is None and self.owned(lane) is None:
                 s.lane = lane
 
+    def forget_contents(self) -> None:
+        """The server restarted: every slot is empty. Lanes keep their slots (a pin costs nothing), and saved
+        states stay known: their files outlive the process."""
+        for s in self.slots:
+            s.digests, s.ends, s.busy = (), (), 0
+
     def forget_saved(self, filename: str) -> None:
         for lane, sv in list(self.saved.items()):
             if sv.filename == filename:

@@ -25,6 +25,7 @@ E = ProcessEventName
 _UP = frozenset({E.READY, E.ADOPTED})  # the process answers: back into routing
 _DOWN = frozenset({E.STARTED, E.EXITED, E.FATAL, E.STOPPED, E.RESTARTING})  # not serving: out of routing
 _ENDED = frozenset({E.EXITED, E.FATAL})  # gone on its own: recover it
+_COMING = frozenset({E.STARTED, E.RESTARTING, E.EXITED})  # the supervisor is bringing it (back) up
 
 
 class SelfHealer:
@@ -33,13 +34,17 @@ class SelfHealer:
     one) and one for the live runtime."""
 
     def __init__(self, state: RoutingState, monitor, *, supervisor: Callable[[], object | None],
-                 runtime: Callable[[], object], publish=None, sleep=asyncio.sleep) -> None:
+                 runtime: Callable[[], object], publish=None, sleep=asyncio.sleep,
+                 fresh_start: Callable[[list[str]], None] | None = None) -> None:
+        """`fresh_start(providers)`: a process was started anew (not adopted); whatever its predecessor held in
+        memory (a KV cache) is gone."""
         self.state = state
         self.monitor = monitor
         self._supervisor = supervisor
         self._runtime = runtime
         self.publish = publish
         self.sleep = sleep
+        self._fresh_start = fresh_start
         # provider -> the recovery task watching it; a second trigger while one runs is a logged no-op
         self._recovering: dict[str, asyncio.Task] = {}
         self.next_probe_at: dict[str, float] = {}
@@ -63,13 +68,17 @@ class SelfHealer:
         providers = self.supervisor.providers_of(name) if self.supervisor else []
         for i, p in enumerate(providers or [name]):
             self._event(p, name, event, pid, detail, primary=i == 0)
+        if event is E.STARTED and providers and self._fresh_start is not None:
+            self._fresh_start(providers)
         if event in _UP:  # adoption happens only when the backend answers
             self.state.mark_up(providers)
             # Health restarts from this readiness: probed now, not at the next tick. A provider being
             # recovered is probed by its recovery as soon as it is ready.
             self.monitor.probe_soon([p for p in providers if p not in self._recovering])
         elif event in _DOWN:
-            self.state.mark_down(providers)
+            # Starting, restarting, or exited and about to be restarted: a request nothing else can serve waits
+            # for it (routing/executor.py). Stopped or fatal: it is not coming back by itself.
+            self.state.mark_down(providers, wait_s=self._start_timeout(name) if event in _COMING else 0.0)
         if event in _ENDED:
             for p in providers:
                 self.trigger(p, f"process {name} {event}: {detail}", restart=False)
@@ -106,6 +115,13 @@ class SelfHealer:
             return
         log.info("self-healing: %s busy elsewhere (%s)", provider, reason)
         yield True
+
+    def _start_timeout(self, process: str) -> float:
+        sup = self.supervisor
+        try:
+            return sup.get(process).spec.start_timeout_s if sup is not None else 0.0
+        except KeyError:
+            return 0.0
 
     def _process_name(self, provider: str) -> str:
         mp = self.supervisor.for_provider(provider) if self.supervisor else None

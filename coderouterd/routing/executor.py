@@ -169,6 +169,8 @@ class Exchange:
         if not self.attempts and self._enter_panic():
             if await self.try_in_order(self._panic_order(), errors):
                 return
+        if await self._wait_for_restart(errors):
+            return
         await self.conclude(errors)
 
     async def try_in_order(self, names: list[str], errors: list[UpstreamError]) -> bool:
@@ -210,6 +212,33 @@ class Exchange:
 
     def _panic_order(self) -> list[str]:
         return self.router.panic_order([s.provider for s in self._panicked])
+
+    # -- a managed backend that is (re)starting --------------------------------------------------------------
+
+    async def _wait_for_restart(self, errors: list[UpstreamError]) -> bool:
+        """Nothing else could serve, and a managed process of this profile is starting or restarting (its model
+        loading, or the supervisor bringing it back after a crash): wait for it, within its start timeout,
+        then try it. True when the client has been answered."""
+        state = self.router.state
+        deadline = None
+        for _ in range(3):  # a process that dies again as soon as it is ready is not waited for forever
+            coming = [n for n in self.profile.providers if state.coming_within(n) > 0 and n in self.runtime.providers]
+            if not coming:
+                return False
+            now = time.monotonic()
+            if deadline is None:
+                deadline = now + max(state.coming_within(n) for n in coming)
+            waited = time.monotonic()
+            up = await state.wait_up(coming, deadline - now)
+            if not up:
+                return False
+            self.skips = [s for s in self.skips if not (s.provider in up and s.reason == "not_ready")]
+            self.notes.append({"provider": up[0], "moved": "none", "waited_s": round(time.monotonic() - waited, 3),
+                               "why": f"waited for {', '.join(up)} to be ready (managed process starting); "
+                                      "nothing else could serve"})
+            if await self.try_in_order(up, errors):
+                return True
+        return False
 
     # -- one attempt ----------------------------------------------------------------------------------------
 

@@ -8,6 +8,7 @@ self-healer receive this object, not the daemon. Single-threaded: every call hap
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -48,6 +49,10 @@ class RoutingState:
         self._health: dict[str, str] = {}
         self._health_view = MappingProxyType(self._health)  # a live read-only view, made once
         self._down: set[str] = set()
+        # provider -> how long a request may wait for its managed process to become ready (starting or
+        # restarting); absent: it is not coming back on its own (stopped, fatal) or it is up.
+        self._coming: dict[str, float] = {}
+        self._up: asyncio.Event | None = None  # set (and replaced) whenever a provider comes up
         self._passive: dict[str, int] = {}
         self._held: set[str] = set()
         self._auth: dict[str, dict] = {}
@@ -134,11 +139,53 @@ class RoutingState:
         for fn in list(self._health_watchers):
             fn(provider, old_word, new)
 
-    def mark_down(self, providers: Iterable[str]) -> None:
-        self._down.update(providers)
+    def mark_down(self, providers: Iterable[str], *, wait_s: float = 0.0) -> None:
+        """The providers' managed process is not ready. `wait_s` > 0: it is starting or restarting, and a request
+        that nothing else can serve may wait that long for it (`wait_up`); 0: it will not come back by itself."""
+        for p in providers:
+            self._down.add(p)
+            if wait_s > 0:
+                self._coming[p] = wait_s
+            else:
+                self._coming.pop(p, None)
+        self._notify()  # a waiter for a process that just became fatal stops waiting
 
     def mark_up(self, providers: Iterable[str]) -> None:
+        providers = list(providers)
         self._down.difference_update(providers)
+        for p in providers:
+            self._coming.pop(p, None)
+        self._notify()
+
+    def _notify(self) -> None:
+        if self._up is not None:
+            self._up.set()
+            self._up = None
+
+    def coming_within(self, provider: str) -> float:
+        """Seconds a request may wait for this down provider's process to be ready (0: not coming)."""
+        return self._coming.get(provider, 0.0) if provider in self._down else 0.0
+
+    async def wait_up(self, providers: Iterable[str], timeout: float) -> list[str]:
+        """Wait until one of `providers` is no longer down, or `timeout` passes, or none of them is coming any
+        more. Returns those that are up, in the given order (empty: none came)."""
+        providers = list(providers)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while True:
+            up = [p for p in providers if p not in self._down]
+            if up or not any(p in self._coming for p in providers):
+                return up
+            left = deadline - loop.time()
+            if left <= 0:
+                return []
+            if self._up is None:
+                self._up = asyncio.Event()
+            ev = self._up
+            try:
+                await asyncio.wait_for(ev.wait(), left)
+            except TimeoutError:
+                return [p for p in providers if p not in self._down]
 
     def hold(self, provider: str, reason: str, *, quiet: bool = False) -> None:
         """Self-healing takes the provider out of routing while it recovers it; passive news is ignored."""

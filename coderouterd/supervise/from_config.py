@@ -49,8 +49,10 @@ class Processes:
         self._starts = TaskSet()
 
     @staticmethod
-    def autostarted_providers(cfg) -> list[str]:
-        return [p for spec, providers in specs_from_config(cfg).values() if spec.autostart for p in providers]
+    def autostarted(cfg) -> list[tuple[list[str], float]]:
+        """(providers, start timeout) of each process started with the daemon: requests may wait for it."""
+        return [(providers, spec.start_timeout_s) for spec, providers in specs_from_config(cfg).values()
+                if spec.autostart]
 
     async def _record(self, name: str, info: dict | None) -> None:
         if info is None:

@@ -156,3 +156,26 @@ def test_affinity_false_on_a_provider_turns_it_off():
 
         assert asyncio.run(go()) is None
         assert fake.count("/props") == 0
+
+
+def test_a_restarted_server_is_never_predicted_to_hold_its_predecessors_cache():
+    async def scenario(aff, provider):
+        a = Session(1)
+        ta = aff.ticket(_req(a))
+        pa = await aff.place(ta, provider)
+        aff.finish(ta, pa, provider, ok=True, strategy=_Done())
+        a.advance()
+        warm = aff.index.predict("p", ta.lane, aff.ticket(_req(a)).prompt)
+        aff.server_restarted(["p"])  # the supervisor started the process afresh
+        a.advance()
+        t2 = aff.ticket(_req(a))
+        cold = aff.index.predict("p", t2.lane, t2.prompt)
+        p2 = await aff.place(t2, provider)
+        return warm, cold, p2, aff.index.last_prompt(t2.lane)
+
+    with FakeServer("llamacpp", n_slots=2) as fake:
+        warm, cold, p2, last = _run(fake, scenario)
+        assert warm > 1000 and cold == 0 and p2.predicted_bytes == 0
+        assert p2.slot == 0  # the lane keeps its slot: a pin costs nothing
+        assert last is None  # no cache bust is named against a cache that died
+        assert fake.count("/props") == 2  # slots discovered again: the new server may have others

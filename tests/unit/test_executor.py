@@ -238,6 +238,47 @@ def test_a_managed_process_that_is_not_ready_is_never_a_panic_candidate():
     assert "a:skipped:not_ready" in sink.headers()["x-coderouter-attempts"]
 
 
+def test_a_request_nothing_else_can_serve_waits_for_a_starting_process_then_is_served():
+    async def go():
+        r = Routing(chain_config("a"))
+        r.state.mark_down(["a"], wait_s=30)  # the supervisor is (re)starting a's server
+        task = asyncio.ensure_future(r.serve())
+        for _ in range(5):
+            await asyncio.sleep(0)
+        assert not task.done() and r.ups.sent == []  # waiting, not failing
+        r.state.mark_up(["a"])  # READY
+        ex, sink = await asyncio.wait_for(task, 5)
+        assert sink.status == 200 and ex.served_by == "a"
+        assert "a:skipped:not_ready" not in sink.headers()["x-coderouter-attempts"]
+        assert any("waited for a" in n.get("why", "") for n in ex.notes)
+    run(go())
+
+
+def test_a_waiting_request_gives_up_when_the_process_turns_fatal_or_its_start_timeout_passes():
+    async def go():
+        r = Routing(chain_config("a"))
+        r.state.mark_down(["a"], wait_s=30)
+        task = asyncio.ensure_future(r.serve())
+        await asyncio.sleep(0.01)
+        r.state.mark_down(["a"])  # FATAL: it is not coming back by itself
+        _ex, sink = await asyncio.wait_for(task, 1)
+        assert sink.status == 529 and r.ups.sent == []
+        r2 = Routing(chain_config("a"))
+        r2.state.mark_down(["a"], wait_s=0.05)
+        _ex, sink = await asyncio.wait_for(r2.serve(), 2)
+        assert sink.status == 529 and r2.ups.sent == []
+    run(go())
+
+
+def test_a_fallback_that_serves_is_not_held_back_by_a_starting_process():
+    async def go():
+        r = Routing(chain_config("a", "b"))
+        r.state.mark_down(["a"], wait_s=30)
+        ex, sink = await asyncio.wait_for(r.serve(), 2)
+        assert sink.status == 200 and ex.served_by == "b"
+    run(go())
+
+
 def test_unhealthy_excluded_provider_is_tried_in_panic():
     r = Routing(chain_config("a"))
     r.state.set_health("a", "UNHEALTHY", "test")

@@ -4,6 +4,7 @@ against fake upstreams on loopback, an injected sleep (no waiting), and a fake s
 from __future__ import annotations
 
 import asyncio
+import types
 
 from coderouterd.health.monitor import HealthMonitor
 from coderouterd.health.selfheal import SelfHealer
@@ -37,8 +38,13 @@ class Supervisor:
     def for_provider(self, provider):
         return None
 
+    def get(self, name):
+        if name != "proc":
+            raise KeyError(name)
+        return types.SimpleNamespace(spec=types.SimpleNamespace(start_timeout_s=42.0))
 
-def harness(url: str, body, *, supervisor=None, on_sleep=None):
+
+def harness(url: str, body, *, supervisor=None, on_sleep=None, fresh_start=None):
     r = Routing(config(url))
     events: list = []
     sleeps: list[float] = []
@@ -53,7 +59,7 @@ def harness(url: str, body, *, supervisor=None, on_sleep=None):
         tasks = TaskSet()
         m = HealthMonitor(r.state, lambda: r.runtime, tasks=tasks)
         h = SelfHealer(r.state, m, supervisor=lambda: supervisor, runtime=lambda: r.runtime,
-                       publish=events.append, sleep=sleep)
+                       publish=events.append, sleep=sleep, fresh_start=fresh_start)
         try:
             return await body(r, h)
         finally:
@@ -119,6 +125,23 @@ def test_process_events_take_providers_out_of_routing_and_back():
         _r, events, _s, (down, after) = harness(f.url, body, supervisor=Supervisor())
     assert down and not after
     assert [e.event for e in events if isinstance(e, ProcessEvent)] == ["started", "ready"]
+
+
+def test_a_starting_process_may_be_waited_for_a_fatal_one_not_and_a_fresh_start_forgets_its_cache():
+    fresh: list[list[str]] = []
+    with FakeServer("openai") as f:
+        async def body(r, h):
+            seen = []
+            for event in (ProcessEventName.STARTED, ProcessEventName.READY, ProcessEventName.EXITED,
+                          ProcessEventName.FATAL, ProcessEventName.ADOPTED):
+                h.on_process_event("proc", event, 123, "")
+                seen.append((event.value, r.state.is_down("p"), r.state.coming_within("p")))
+            return seen
+
+        _r, _events, _s, seen = harness(f.url, body, supervisor=Supervisor(), fresh_start=fresh.append)
+    assert seen == [("started", True, 42.0), ("ready", False, 0.0), ("exited", True, 42.0),
+                    ("fatal", True, 0.0), ("adopted", False, 0.0)]
+    assert fresh == [["p"]]  # only a process we started anew lost its cache; an adopted one kept it
 
 
 def test_a_second_trigger_while_recovering_is_a_no_op():
