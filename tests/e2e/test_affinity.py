@@ -10,6 +10,8 @@ import pytest
 from tests.fakes.runner import FakeServer
 from tests.support.claude_sessions import drive_router, drive_straight, reuse_report
 
+BIG_CTX = 131072  # tokens per slot: these sessions grow past 16k tokens
+
 CONFIG = """
 [server]
 port = {PORT}
@@ -23,13 +25,13 @@ providers = ["llama"]
 
 
 def _baseline(n_slots: int, slot_save: bool, sessions: int, turns: int) -> dict:
-    with FakeServer("llamacpp", name="baseline", n_slots=n_slots, slot_save=slot_save) as fake:
+    with FakeServer("llamacpp", name="baseline", n_slots=n_slots, slot_save=slot_save, n_ctx=BIG_CTX) as fake:
         drive_straight(fake.url, sessions, turns)
         return reuse_report(fake.fake.log)
 
 
 def _through_router(start_daemon, n_slots: int, slot_save: bool, sessions: int, turns: int) -> tuple:
-    fake = FakeServer("llamacpp", name="routed", n_slots=n_slots, slot_save=slot_save).start()
+    fake = FakeServer("llamacpp", name="routed", n_slots=n_slots, slot_save=slot_save, n_ctx=BIG_CTX).start()
     d = start_daemon(CONFIG % fake.url)
     drive_router(d.url, sessions, turns)
     return reuse_report(fake.fake.log), fake, d
@@ -112,7 +114,7 @@ def test_cache_bust_names_the_segment(start_daemon, mutate, segment):
     from coderouterd.state import read_audit
     from tests.support.claude_sessions import Session
 
-    with FakeServer("llamacpp", name="bust", n_slots=2) as fake:
+    with FakeServer("llamacpp", name="bust", n_slots=2, n_ctx=BIG_CTX) as fake:
         d = start_daemon(CONFIG % fake.url)
         client = anthropic.Anthropic(base_url=d.url, api_key="x", max_retries=0)
         s = Session(40)
@@ -147,7 +149,7 @@ def test_hit_ratio_in_status_metrics_and_journal(start_daemon):
     from coderouterd.state.journal import journal_rows
     from tests.support.claude_sessions import Session
 
-    with FakeServer("llamacpp", name="vis", n_slots=2) as fake:
+    with FakeServer("llamacpp", name="vis", n_slots=2, n_ctx=BIG_CTX) as fake:
         d = start_daemon(CONFIG % fake.url)
         client = anthropic.Anthropic(base_url=d.url, api_key="x", max_retries=0)
         s = Session(41)
@@ -184,7 +186,7 @@ def test_hit_ratio_in_status_metrics_and_journal(start_daemon):
 def test_slot_map_survives_a_daemon_restart(start_daemon):
     from tests.support.claude_sessions import Session
 
-    with FakeServer("llamacpp", name="persist", n_slots=3) as fake:
+    with FakeServer("llamacpp", name="persist", n_slots=3, n_ctx=BIG_CTX) as fake:
         d = start_daemon(CONFIG % fake.url)
         client = anthropic.Anthropic(base_url=d.url, api_key="x", max_retries=0)
         a, b = Session(50), Session(51)
@@ -229,7 +231,7 @@ def test_race_prefers_the_backend_holding_the_prefix_but_fallback_keeps_its_orde
 
     from tests.support.claude_sessions import Session
 
-    with FakeServer("llamacpp", name="a", n_slots=2) as fa, FakeServer("llamacpp", name="b", n_slots=2) as fb:
+    with FakeServer("llamacpp", name="a", n_slots=2, n_ctx=BIG_CTX) as fa, FakeServer("llamacpp", name="b", n_slots=2, n_ctx=BIG_CTX) as fb:
         d = start_daemon(RACE_CONFIG % (fa.url, fb.url))
         client = anthropic.Anthropic(base_url=d.url, api_key="x", max_retries=0)
         s = Session(60)
@@ -256,7 +258,7 @@ def test_openai_clients_get_lanes_from_prompt_cache_key(start_daemon):
 
     tools = [{"type": "function", "function": {"name": t["name"], "description": t["description"],
                                                "parameters": t["input_schema"]}} for t in TOOLS]
-    with FakeServer("llamacpp", name="oa", n_slots=2) as fake:
+    with FakeServer("llamacpp", name="oa", n_slots=2, n_ctx=BIG_CTX) as fake:
         d = start_daemon(CONFIG % fake.url)
         client = openai.OpenAI(base_url=d.url + "/v1", api_key="x", max_retries=0)
         convs = {k: [{"role": "system", "content": "You are a coding agent."},
@@ -283,7 +285,7 @@ def test_concurrent_sessions_and_background_calls_keep_their_slots(start_daemon)
 
     from tests.support.claude_sessions import Session
 
-    with FakeServer("llamacpp", name="conc", n_slots=4) as fake:
+    with FakeServer("llamacpp", name="conc", n_slots=4, n_ctx=BIG_CTX) as fake:
         d = start_daemon(CONFIG % fake.url)
         client = anthropic.Anthropic(base_url=d.url, api_key="x", max_retries=0)
 
@@ -315,7 +317,7 @@ def test_codex_responses_sessions_get_lanes_from_prompt_cache_key(start_daemon):
 
     from coderouterd.state.journal import journal_rows
 
-    with FakeServer("llamacpp", name="codex", n_slots=2) as fake:
+    with FakeServer("llamacpp", name="codex", n_slots=2, n_ctx=BIG_CTX) as fake:
         d = start_daemon(CONFIG % fake.url)
         client = openai.OpenAI(base_url=d.url + "/v1", api_key="x", max_retries=0)
         convs = {k: [{"role": "user", "content": f"task {k}: " + "explain the repository layout " * 40}]

@@ -1,20 +1,32 @@
 """Fake llama-server with slots: the server's own slot choice, `id_slot`, `cache_prompt`, `timings`,
-``/props`` (``total_slots``), ``/slots`` and slot save/restore.
+``/props`` (``total_slots``, per-slot ``n_ctx``), ``/slots``, slot save/restore and the RAM prompt cache.
+Held to the real llama-server by tests/real/test_llama_contract.py.
 
 The prompt is the chat rendered to text (tools, then each message); a token is four bytes of it. Each slot
 keeps the bytes of the last prompt it processed. Without ``id_slot`` the server picks as llama-server does:
-among idle slots, the one sharing the longest common prefix with the prompt if that covers more than
-``slot_prompt_similarity`` of it (default 0.1), else the least recently used. With ``id_slot`` the request
+among idle slots holding something, the one sharing the longest common prefix with the prompt if that covers
+more than ``slot_prompt_similarity`` of it (default 0.1), else the least recently used (among never-used
+slots, the highest id). With ``id_slot`` (taken modulo the slot count, as the real server does) the request
 waits for that slot. ``cache_prompt`` (default true) reuses the common prefix; at least one token is always
 evaluated, as in llama.cpp.
 
-Options: ``n_slots`` (default 4), ``slot_prompt_similarity`` (0.1), ``slot_save`` (False: save/restore
-answer 501 as a server started without ``--slot-save-path``), ``ms_per_token`` (reported prefill speed).
-``log`` records every generation: slot, id_slot asked, prompt tokens, cached tokens and the prompt bytes.
+The RAM prompt cache (``--cache-ram``, on by default in llama-server): when a task lands on a slot that
+would keep less than half of what it holds, the slot's prompt is saved to RAM first, and the cached prompt
+that best matches the new task (keeping at least a quarter of itself, and more of both than the slot has) is
+loaded into the slot. ``cache_ram=False`` turns it off (``--cache-ram 0``).
+
+A prompt longer than a slot's context (``n_ctx``, tokens per slot) is refused with the server's
+``exceed_context_size_error``. ``loading_s``: /health answers 503 "Loading model" that long after start.
+
+Options: ``n_slots`` (default 4), ``n_ctx`` (8192), ``slot_prompt_similarity`` (0.1), ``slot_save`` (False:
+save/restore answer 501 as a server started without ``--slot-save-path``), ``cache_ram`` (True),
+``ms_per_token`` (reported prefill speed), ``loading_s`` (0). ``log`` records every generation: slot,
+id_slot asked, prompt tokens, cached tokens and the prompt bytes.
 """
 
 import asyncio
 import itertools
+import time
 
 import orjson
 from aiohttp import web
@@ -65,7 +77,16 @@ class FakeSlot:
         self.id = sid
         self.cache = b""
         self.busy = False
-        self.last_used = 0
+        self.last_used = -1
+        self.task: dict | None = None  # what /slots reports of the last task: prompt tokens, processed, cached
+
+
+def _valid_filename(name: str) -> bool:
+    return bool(name) and "/" not in name and "\\" not in name and name not in (".", "..") and len(name) <= 255
+
+
+def _error(status: int, message: str, etype: str) -> web.StreamResponse:
+    return json_response({"error": {"code": status, "message": message, "type": etype}}, status)
 
 
 class LlamaServerFake(OpenAIFake):
@@ -77,7 +98,11 @@ class LlamaServerFake(OpenAIFake):
         self.similarity = float(self.options.get("slot_prompt_similarity", 0.1))
         self.slot_save = bool(self.options.get("slot_save", False))
         self.ms_per_token = float(self.options.get("ms_per_token", 1.0))
+        self.cache_ram = bool(self.options.get("cache_ram", True))
+        self.loading_until = time.monotonic() + float(self.options.get("loading_s", 0.0))
         self.slots = [FakeSlot(i) for i in range(self.n_slots)]
+        self.prompt_cache: list[bytes] = []  # the RAM prompt cache, oldest first
+        self._task_ids = itertools.count()
         self.files: dict[str, bytes] = {}
         self.log: list[dict] = []
         self.slot_actions: list[tuple[str, int, str]] = []
@@ -94,22 +119,34 @@ class LlamaServerFake(OpenAIFake):
         return json_response({"default_generation_settings": {"n_ctx": self.n_ctx}, "total_slots": self.n_slots,
                               "model_path": self.models[0], "build_info": "fake-llama-server"})
 
+    async def health(self, call: Call) -> web.StreamResponse:
+        if time.monotonic() < self.loading_until:
+            return _error(503, "Loading model", "unavailable_error")
+        return json_response({"status": "ok"})
+
     async def list_slots(self, call: Call) -> web.StreamResponse:
-        return json_response([{"id": s.id, "n_ctx": self.n_ctx, "is_processing": s.busy,
-                               "n_past": len(s.cache) // BYTES_PER_TOKEN} for s in self.slots])
+        out = []
+        for s in self.slots:
+            row = {"id": s.id, "n_ctx": self.n_ctx, "speculative": False, "is_processing": s.busy}
+            if s.task is not None:
+                row.update(s.task)
+            out.append(row)
+        return json_response(out)
 
     async def slot_action(self, call: Call) -> web.StreamResponse:
         if not self.slot_save:
-            return json_response({"error": {"code": 501, "type": "not_supported_error",
-                                            "message": "This server does not support slots action. "
-                                                       "Start it with `--slot-save-path`"}}, 501)
-        sid = int(call.request.match_info["id"])
+            return _error(501, "This server does not support slots action. Start it with `--slot-save-path`",
+                          "not_supported_error")
+        try:
+            sid = int(call.request.match_info["id"]) % self.n_slots  # the real server wraps ids too
+        except ValueError:
+            return _error(400, "Invalid slot ID", "invalid_request_error")
         action = call.request.query.get("action", "")
+        if action not in ("save", "restore", "erase"):
+            return _error(400, "Invalid action", "invalid_request_error")
         fname = str((call.body or {}).get("filename") or "")
-        if not 0 <= sid < self.n_slots or action not in ("save", "restore", "erase") or \
-                (action != "erase" and (not fname or "/" in fname)):
-            return json_response({"error": {"code": 400, "type": "invalid_request_error",
-                                            "message": "Invalid slot action"}}, 400)
+        if action != "erase" and not _valid_filename(fname):
+            return _error(400, "Invalid filename", "invalid_request_error")
         slot = self.slots[sid]
         self.slot_actions.append((action, sid, fname))
         if action == "save":
@@ -118,8 +155,7 @@ class LlamaServerFake(OpenAIFake):
                                   "n_written": len(slot.cache), "timings": {"save_ms": 1.0}})
         if action == "restore":
             if fname not in self.files:
-                return json_response({"error": {"code": 400, "type": "invalid_request_error",
-                                                "message": "failed to restore slot"}}, 400)
+                return _error(400, "failed to restore slot", "invalid_request_error")
             slot.cache = self.files[fname]
             return json_response({"id_slot": sid, "filename": fname,
                                   "n_restored": len(slot.cache) // BYTES_PER_TOKEN, "n_read": len(slot.cache),
@@ -129,18 +165,54 @@ class LlamaServerFake(OpenAIFake):
 
     # -- generation -------------------------------------------------------------------------------------
 
-    def _pick(self, prompt: bytes, id_slot) -> FakeSlot | None:
-        if isinstance(id_slot, int) and 0 <= id_slot < self.n_slots:
-            s = self.slots[id_slot]
-            return None if s.busy else s
+    def _pick(self, prompt: bytes, id_slot) -> tuple[FakeSlot | None, bool]:
+        """(the slot, whether the RAM prompt cache is updated first): as llama-server's get_available_slot."""
+        if isinstance(id_slot, int) and id_slot >= 0:
+            s = self.slots[id_slot % self.n_slots]  # out-of-range ids wrap around
+            if s.busy:
+                return None, False
+            keep = common_bytes(s.cache, prompt) / len(s.cache) if s.cache else 0.0
+            sim = common_bytes(s.cache, prompt) / max(1, len(prompt))
+            return s, not (s.cache and sim > self.similarity and keep >= 0.5)
         idle = [s for s in self.slots if not s.busy]
         if not idle:
-            return None
+            return None, False
         if self.similarity > 0:
-            best = max(idle, key=lambda s: (common_bytes(s.cache, prompt), -s.last_used))
-            if common_bytes(best.cache, prompt) > self.similarity * len(prompt):
-                return best
-        return min(idle, key=lambda s: s.last_used)
+            scored = [(common_bytes(s.cache, prompt) / max(1, len(prompt)), s) for s in idle if s.cache]
+            best = None
+            for sim, s in scored:  # the first slot with the best similarity above the threshold
+                if sim > self.similarity and (best is None or sim > best[0]):
+                    best = (sim, s)
+            if best is not None:
+                s = best[1]
+                return s, common_bytes(s.cache, prompt) / len(s.cache) < 0.5
+        lru = None
+        for s in idle:  # `<=`: among equally old slots the last one wins, as in the real server
+            if lru is None or s.last_used <= lru.last_used:
+                lru = s
+        return lru, True
+
+    def _update_prompt_cache(self, slot: FakeSlot, prompt: bytes) -> None:
+        """Save the slot's prompt to RAM, then load the cached prompt that best fits the new one."""
+        if not self.cache_ram:
+            return
+        if slot.cache and not any(common_bytes(c, slot.cache) == len(slot.cache) for c in self.prompt_cache):
+            # Cached prompts wholly contained in the one being saved are obsolete.
+            self.prompt_cache = [c for c in self.prompt_cache if common_bytes(c, slot.cache) != len(c)]
+            self.prompt_cache.append(slot.cache)
+        lcp = common_bytes(slot.cache, prompt)
+        keep_best = lcp / len(slot.cache) if slot.cache else -1.0
+        sim_best = lcp / max(1, len(prompt))
+        best = None
+        for i, c in enumerate(self.prompt_cache):
+            cur = common_bytes(c, prompt)
+            keep, sim = cur / len(c), cur / max(1, len(prompt))
+            if keep < 0.25:
+                continue  # don't trash large prompts
+            if keep_best < keep and sim_best < sim:
+                keep_best, sim_best, best = keep, sim, i
+        if best is not None:
+            slot.cache = self.prompt_cache.pop(best)
 
     async def chat_completions(self, call: Call) -> web.StreamResponse:
         body = call.body
@@ -149,20 +221,28 @@ class LlamaServerFake(OpenAIFake):
         if self._freed is None:
             self._freed = asyncio.Condition()
         prompt = render(body)
+        n_prompt = -(-len(prompt) // BYTES_PER_TOKEN)
+        if n_prompt > self.n_ctx:
+            return json_response({"error": {
+                "code": 400, "message": "the request exceeds the available context size, try increasing it",
+                "type": "exceed_context_size_error", "n_prompt_tokens": n_prompt, "n_ctx": self.n_ctx}}, 400)
         id_slot = body.get("id_slot")
         async with self._freed:
-            slot = self._pick(prompt, id_slot)
+            slot, update_cache = self._pick(prompt, id_slot)
             while slot is None:
                 await self._freed.wait()
-                slot = self._pick(prompt, id_slot)
+                slot, update_cache = self._pick(prompt, id_slot)
             slot.busy = True
         try:
-            n_prompt = -(-len(prompt) // BYTES_PER_TOKEN)
+            if update_cache and body.get("cache_prompt", True):
+                self._update_prompt_cache(slot, prompt)
             cached = 0
             if body.get("cache_prompt", True):
                 cached = min(common_bytes(slot.cache, prompt) // BYTES_PER_TOKEN, n_prompt - 1)
             slot.cache = prompt
             slot.last_used = next(_tick)
+            slot.task = {"id_task": next(self._task_ids), "n_prompt_tokens": n_prompt,
+                         "n_prompt_tokens_processed": n_prompt - cached, "n_prompt_tokens_cache": cached}
             entry = {"slot": slot.id, "id_slot": id_slot, "n_prompt": n_prompt, "cache_n": cached,
                      "prompt": prompt}
             self.log.append(entry)
