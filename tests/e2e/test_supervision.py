@@ -180,3 +180,47 @@ health_threshold = 3
             assert wait_for(lambda: ask(d).headers.get("x-coderouter-provider") == "flaky", 10)
         finally:
             d.stop()
+
+
+def lone_managed_config(port: int, start_delay: float) -> str:
+    """One managed backend and nothing behind it: a request has nowhere else to go."""
+    cmd = [sys.executable, "-m", "tests.fakes", "--kind", "openai", "--port", str(port), "--models", "qwen3",
+           "--start-delay", str(start_delay)]
+    return f"""
+[server]
+port = {{PORT}}
+[health]
+recovery_backoff_s = [0.3, 0.6]
+[providers.local]
+kind = "openai"
+base_url = "http://127.0.0.1:{port}/v1"
+[providers.local.process]
+command = {cmd!r}
+cwd = "{ROOT}"
+ready_url = "http://127.0.0.1:{port}/health"
+stop_timeout_s = 2
+startsecs = 0.1
+start_timeout_s = 30
+[profiles.default]
+providers = ["local"]
+health_action = "warn"
+""".replace("'", '"')
+
+
+def test_requests_wait_for_a_starting_or_restarting_backend_instead_of_failing(tmp_path):
+    port = free_port()
+    d = DaemonProcess(lone_managed_config(port, start_delay=1.0), tmp_path).start()
+    try:
+        # Sent while the backend is still starting (it binds its port a second after it was spawned).
+        t0 = time.monotonic()
+        r = ask(d)
+        assert r.status_code == 200, r.text
+        assert time.monotonic() - t0 >= 0.5  # it did wait
+        pid = wait_for(lambda: backend_pids(port))[0]
+        os.kill(pid, signal.SIGKILL)
+        time.sleep(0.3)
+        r = ask(d)  # the supervisor is bringing it back: wait, then serve
+        assert r.status_code == 200, r.text
+        assert backend_pids(port) and backend_pids(port)[0] != pid
+    finally:
+        d.stop()

@@ -30,24 +30,51 @@ INSTRUCTIONS = "Follow the instructions carefully and use the tools well. " * 11
 AGENTS = "Available agent types and skills: general-purpose, explore, plan. " * 90
 
 
+def _small_tool(i: int) -> dict:
+    return {"name": f"Tool{i}", "description": f"Tool number {i}. " + "It does a useful thing for the agent. " * 3,
+            "input_schema": {"type": "object", "properties": {
+                "param_0": {"type": "string", "description": "The path to work on."},
+                "limit": {"type": "integer", "description": "How many lines."}}, "required": ["param_0"]}}
+
+
+class Shape:
+    """How big a session is: Claude Code's real sizes (the default), or scaled down for a real small model
+    (a few hundred tokens of shared prefix, on a CPU that processes about 120 prompt tokens a second)."""
+
+    def __init__(self, tools: list[dict], instructions: str, agents: str, tool_result_lines: int,
+                 max_tokens: int, background_max_tokens: int) -> None:
+        self.tools = tools
+        self.instructions = instructions
+        self.agents = agents
+        self.tool_result_lines = tool_result_lines
+        self.max_tokens = max_tokens
+        self.background_max_tokens = background_max_tokens
+
+
+CLAUDE_CODE = Shape(TOOLS, INSTRUCTIONS, AGENTS, 70, 64000, 32000)
+SMALL = Shape([_small_tool(i) for i in range(3)], "Follow the instructions carefully and use the tools well. " * 14,
+              "Available agent types and skills: general-purpose, explore, plan. " * 4, 9, 4, 4)
+
+
 def billing_block() -> dict:
     return {"type": "text", "text": f"x-anthropic-billing-header: cc_version=2.1.197.a1b; cc_entrypoint=cli; "
                                     f"cch={next(_cch):05x};"}
 
 
 class Session:
-    def __init__(self, n: int, *, tool_result_lines: int = 70) -> None:
+    def __init__(self, n: int, *, tool_result_lines: int | None = None, shape: Shape = CLAUDE_CODE) -> None:
         self.n = n
         self.id = str(uuid.UUID(int=0xC0DE0000 + n))
         self.turn = 0
-        self.lines = tool_result_lines
+        self.shape = shape
+        self.lines = tool_result_lines or shape.tool_result_lines
         self.messages: list[dict] = [
             {"role": "user", "content": [
                 {"type": "text", "text": f"<system-reminder>Repository context for session {n}.</system-reminder>"},
                 {"type": "text", "text": f"Session {n}: please fix the failing tests in module_{n}.py"}]},
-            {"role": "system", "content": AGENTS},
+            {"role": "system", "content": shape.agents},
         ]
-        self.tools = TOOLS
+        self.tools = shape.tools
         self.system_extra = ""
 
     @property
@@ -58,20 +85,23 @@ class Session:
         return [billing_block(),
                 {"type": "text", "text": "You are Claude Code, Anthropic's official CLI for Claude.",
                  "cache_control": {"type": "ephemeral"}},
-                {"type": "text", "text": INSTRUCTIONS + self.system_extra, "cache_control": {"type": "ephemeral"}}]
+                {"type": "text", "text": self.shape.instructions + self.system_extra,
+                 "cache_control": {"type": "ephemeral"}}]
 
     def main_body(self) -> dict:
         messages = [dict(m) for m in self.messages]
         last = messages[-1] if messages[-1]["role"] == "user" else messages[0]
         if isinstance(last["content"], list):
             last["content"] = [*last["content"][:-1], {**last["content"][-1], "cache_control": {"type": "ephemeral"}}]
-        return {"model": "claude-sonnet-5", "max_tokens": 64000, "system": self.system(), "tools": self.tools,
+        return {"model": "claude-sonnet-5", "max_tokens": self.shape.max_tokens, "system": self.system(),
+                "tools": self.tools,
                 "messages": messages, "metadata": {"user_id": '{"device_id":"' + "d" * 64 +
                                                    '","account_uuid":"","session_id":"' + self.id + '"}'}}
 
     def background_body(self) -> dict:
         first = self.messages[0]["content"][-1]["text"]
-        return {"model": "claude-haiku-4-5-20251001", "max_tokens": 32000, "thinking": {"type": "disabled"},
+        return {"model": "claude-haiku-4-5-20251001", "max_tokens": self.shape.background_max_tokens,
+                "thinking": {"type": "disabled"},
                 "system": [billing_block(), {"type": "text", "text": "Generate a concise title for this "
                                                                       "conversation. " * 20}],
                 "messages": [{"role": "user", "content": f"{first} (turn {self.turn})"}]}
@@ -90,14 +120,17 @@ class Session:
         self.turn += 1
 
 
-def workload(n_sessions: int, turns: int, *, background_every: int = 4) -> list[tuple[Session, str]]:
-    """The request order: sessions take turns round-robin; a background call every few turns."""
-    sessions = [Session(i) for i in range(n_sessions)]
+def workload(n_sessions: int, turns: int, *, background_every: int = 4, shape: Shape = CLAUDE_CODE,
+             background_sessions: int | None = None) -> list[tuple[Session, str]]:
+    """The request order: sessions take turns round-robin; a background call every few turns (from the first
+    `background_sessions` sessions only, when given)."""
+    sessions = [Session(i, shape=shape) for i in range(n_sessions)]
+    with_background = n_sessions if background_sessions is None else background_sessions
     order: list[tuple[Session, str]] = []
     for t in range(turns):
         for s in sessions:
             order.append((s, "main"))
-            if t % background_every == 1:
+            if t % background_every == 1 and s.n < with_background:
                 order.append((s, "background"))
     return order
 

@@ -1,0 +1,338 @@
+"""Prefix routing on a real llama.cpp llama-server (SmolLM2-135M, built by `make real-llama`): Claude-Code-shaped
+sessions (shared system prompt and tools, growing tool results, background calls) sent through coderouterd,
+which manages the server, and the same workload sent straight at an identical server that picks its slots
+itself (with its RAM prompt cache). Same run, same machine.
+
+    .venv/bin/python bench/real_llama.py [--scenario within|twice|all] [--restart]
+
+Reuse is what the server reports it took from cache (`timings.cache_n`, relayed as cached tokens) against
+the best any slot assignment could give: for each request, the longest token prefix it shares with any
+earlier prompt (tokenised by the server itself with /apply-template and /tokenize). `--restart` also
+measures after the managed server was killed and restarted by the supervisor, and after coderouterd itself
+restarted on its persisted state: the first turn after a restart is cold for everyone, the rest must be warm.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import statistics
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import orjson
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from tests.support.claude_sessions import SMALL, Session, workload  # noqa: E402
+from tests.support.daemon import DaemonProcess, free_port  # noqa: E402
+from tests.support.real_llama import LlamaServer, paths, server_argv  # noqa: E402
+
+MODEL = "smollm2"
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    slots: int
+    ctx: int  # tokens per slot
+    sessions: int
+    turns: int
+    background_sessions: int  # how many sessions make a background call each turn
+
+
+# 3 lanes on 3 slots: session 0's main and background lanes, session 1's main lane.
+WITHIN = Scenario("within", slots=3, ctx=2048, sessions=2, turns=5, background_sessions=1)
+# 4 lanes on 2 slots: two sessions, each with its background lane; slots are saved and restored.
+TWICE = Scenario("twice", slots=2, ctx=2048, sessions=2, turns=5, background_sessions=2)
+
+
+def order(sc: Scenario) -> list[tuple[Session, str]]:
+    return workload(sc.sessions, sc.turns, background_every=1, shape=SMALL,
+                    background_sessions=sc.background_sessions)
+
+
+def openai_body(body: dict, *, stream: bool) -> dict:
+    """The Anthropic body as coderouterd sends it to an OpenAI-wire server (billing header removed)."""
+    from coderouterd.affinity.canonical import Canonicaliser
+    from coderouterd.translate.anthropic_to_openai import request_to_openai
+
+    oa, _ = request_to_openai(Canonicaliser().anthropic(body), MODEL, stream=stream)
+    return oa
+
+
+@dataclass
+class Turn:
+    session: int
+    kind: str  # main | background
+    first: bool  # the session's first turn of this kind (cold by nature)
+    prompt_tokens: int
+    cached_tokens: int
+    ttft_s: float
+
+
+# -- the two drivers ---------------------------------------------------------------------------------------------
+
+
+def _sse(resp: httpx.Response):
+    for line in resp.iter_lines():
+        if line.startswith("data: ") and line != "data: [DONE]":
+            yield orjson.loads(line[6:])
+
+
+def drive_straight(url: str, sc: Scenario) -> list[Turn]:
+    """Straight at llama-server: it chooses the slot (longest prefix, else LRU, plus its RAM prompt cache)."""
+    out: list[Turn] = []
+    seen: set[tuple[int, str]] = set()
+    with httpx.Client(base_url=url, timeout=300) as http:
+        for s, kind in order(sc):
+            body = openai_body(s.main_body() if kind == "main" else s.background_body(), stream=True)
+            body["stream_options"] = {"include_usage": True}
+            t0 = time.perf_counter()
+            ttft = None
+            timings = None
+            with http.stream("POST", "/v1/chat/completions", json=body) as r:
+                if r.status_code != 200:
+                    raise RuntimeError(f"straight request failed: {r.status_code} {r.read()[:300]!r}")
+                for ev in _sse(r):
+                    if ttft is None and ev.get("choices"):
+                        ttft = time.perf_counter() - t0
+                    timings = ev.get("timings") or timings
+            out.append(Turn(s.n, kind, (s.n, kind) not in seen, timings["cache_n"] + timings["prompt_n"],
+                            timings["cache_n"], ttft or 0.0))
+            seen.add((s.n, kind))
+            if kind == "main":
+                s.advance()
+    return out
+
+
+def drive_router(url: str, sc: Scenario, turns: list[tuple[Session, str]] | None = None) -> list[Turn]:
+    """Through coderouterd, as Claude Code sends it (Anthropic Messages, streamed, session header)."""
+    out: list[Turn] = []
+    seen: set[tuple[int, str]] = set()
+    with httpx.Client(base_url=url, timeout=300, headers={"anthropic-version": "2023-06-01"}) as http:
+        for s, kind in turns if turns is not None else order(sc):
+            body = {**(s.main_body() if kind == "main" else s.background_body()), "stream": True}
+            t0 = time.perf_counter()
+            ttft = None
+            usage: dict = {}
+            with http.stream("POST", "/v1/messages", json=body, headers=s.headers) as r:
+                if r.status_code != 200:
+                    raise RuntimeError(f"routed request failed: {r.status_code} {r.read()[:300]!r}")
+                for ev in _sse(r):
+                    t = ev.get("type")
+                    if ttft is None and t == "content_block_start":
+                        ttft = time.perf_counter() - t0
+                    if t == "message_start":
+                        usage.update(ev["message"].get("usage") or {})
+                    elif t == "message_delta":
+                        usage.update({k: v for k, v in (ev.get("usage") or {}).items() if v is not None})
+                    elif t == "error":
+                        raise RuntimeError(f"routed stream failed: {ev}")
+            cached = usage.get("cache_read_input_tokens") or 0
+            out.append(Turn(s.n, kind, (s.n, kind) not in seen, (usage.get("input_tokens") or 0) + cached, cached,
+                            ttft or 0.0))
+            seen.add((s.n, kind))
+            if kind == "main":
+                s.advance()
+    return out
+
+
+# -- the best any assignment could do ----------------------------------------------------------------------------
+
+
+def token_prompts(url: str, sc: Scenario) -> list[list[int]]:
+    """Each request's prompt as the server tokenises it (its own chat template), in workload order."""
+    prompts = []
+    with httpx.Client(base_url=url, timeout=60) as http:
+        for s, kind in order(sc):
+            body = openai_body(s.main_body() if kind == "main" else s.background_body(), stream=False)
+            text = http.post("/apply-template", json=body).json()["prompt"]
+            prompts.append(http.post("/tokenize", json={"content": text, "add_special": True,
+                                                        "parse_special": True}).json()["tokens"])
+            if kind == "main":
+                s.advance()
+    return prompts
+
+
+def best_reuse(prompts: list[list[int]]) -> list[int]:
+    """Per request: the longest prefix shared with any earlier prompt (at least one token is always
+    evaluated), an upper bound for any slot assignment."""
+    out = []
+    for i, p in enumerate(prompts):
+        best = 0
+        for q in prompts[:i]:
+            n = 0
+            for a, b in zip(p, q, strict=False):
+                if a != b:
+                    break
+                n += 1
+            best = max(best, n)
+        out.append(min(best, len(p) - 1))
+    return out
+
+
+def summary(turns: list[Turn], bound: list[int]) -> dict:
+    reused = sum(t.cached_tokens for t in turns)
+    best = sum(bound)
+    prompt = sum(t.prompt_tokens for t in turns)
+    warm = [t.ttft_s for t in turns if t.kind == "main" and not t.first]
+    return {"requests": len(turns), "prompt_tokens": prompt, "reused_tokens": reused, "best_tokens": best,
+            "processed_tokens": prompt - reused, "ideal_processed": prompt - best,
+            "of_best": round(reused / best, 4) if best else 1.0,
+            "warm_ttft_p50_s": round(statistics.median(warm), 3) if warm else None,
+            "warm_ttft_p95_s": round(sorted(warm)[max(0, int(len(warm) * 0.95) - 1)], 3) if warm else None}
+
+
+# -- running a scenario ------------------------------------------------------------------------------------------
+
+CONFIG = """
+[server]
+port = {PORT}
+
+[providers.llama]
+kind = "openai"
+base_url = "http://127.0.0.1:@LP@/v1"
+model = "@MODEL@"
+affinity = @AFFINITY@
+timeouts = { connect = 5, first_byte = 300, idle = 120, total = 600 }
+
+[providers.llama.process]
+command = @ARGV@
+ready_url = "http://127.0.0.1:@LP@/health"
+start_timeout_s = 60
+startsecs = 0.2
+
+[profiles.default]
+providers = ["llama"]
+health_action = "warn"
+"""
+
+
+def daemon_config(sc: Scenario, port: int, *, affinity: bool = True) -> str:
+    p = paths()
+    argv = server_argv(p["LLAMA_SERVER"], p["LLAMA_MODEL"], port, slots=sc.slots, ctx_per_slot=sc.ctx)
+    return (CONFIG.replace("@LP@", str(port)).replace("@ARGV@", json.dumps(argv)).replace("@MODEL@", MODEL)
+            .replace("@AFFINITY@", "true" if affinity else "false"))
+
+
+def wait_model(url: str, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(url + "/health", timeout=1).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.05)
+    raise RuntimeError(f"{url} not ready")
+
+
+def baseline(sc: Scenario, tmp: Path) -> tuple[dict, list[list[int]]]:
+    with LlamaServer(tmp, slots=sc.slots, ctx_per_slot=sc.ctx, save=False) as server:
+        prompts = token_prompts(server.url, sc)
+        turns = drive_straight(server.url, sc)
+    return summary(turns, best_reuse(prompts)), prompts
+
+
+def routed(sc: Scenario, tmp: Path, prompts: list[list[int]], *, affinity: bool = True) -> dict:
+    port = free_port()
+    d = DaemonProcess(daemon_config(sc, port, affinity=affinity), tmp)
+    d.start()
+    try:
+        wait_model(f"http://127.0.0.1:{port}")
+        return summary(drive_router(d.url, sc), best_reuse(prompts))
+    finally:
+        d.stop()
+
+
+def split(turns_order: list[tuple[Session, str]], at: int) -> tuple[list, list]:
+    return turns_order[:at], turns_order[at:]
+
+
+def after_restarts(sc: Scenario, tmp: Path, prompts: list[list[int]]) -> dict:
+    """The workload in three parts: fresh; after kill -9 of the managed server (the supervisor restarts it);
+    after coderouterd itself restarted on its persisted state (its server too). Reuse over the whole run."""
+    port = free_port()
+    d = DaemonProcess(daemon_config(sc, port), tmp)
+    turns_order = order(sc)
+    third = len(turns_order) // 3
+    parts = [turns_order[:third], turns_order[third:2 * third], turns_order[2 * third:]]
+    got: list[Turn] = []
+    d.start()
+    try:
+        wait_model(f"http://127.0.0.1:{port}")
+        got += drive_router(d.url, sc, parts[0])
+        with httpx.Client(transport=httpx.HTTPTransport(uds=str(d.state_dir / "coderouterd.sock")),
+                          base_url="http://coderouterd", timeout=10) as a:
+            procs = a.get("/v1/processes").json()["processes"]
+        proc = procs[0] if isinstance(procs, list) else next(iter(procs.values()))
+        os.kill(proc["pid"], signal.SIGKILL)
+        time.sleep(0.3)
+        got += drive_router(d.url, sc, parts[1])  # the first of these waits for the restart
+        d.stop()
+        d.start()
+        wait_model(f"http://127.0.0.1:{port}")
+        got += drive_router(d.url, sc, parts[2])
+    finally:
+        d.stop()
+    return summary(got, best_reuse(prompts))
+
+
+def restart_bound(prompts: list[list[int]], sc: Scenario) -> list[int]:
+    """The best any assignment could give when the server's cache is emptied twice (at each third)."""
+    third = len(prompts) // 3
+    out = []
+    for i, p in enumerate(prompts):
+        start = 0 if i < third else third if i < 2 * third else 2 * third
+        out.append(best_reuse(prompts[start:i + 1])[-1])
+    return out
+
+
+def run(scenarios: list[Scenario], restart: bool) -> list[dict]:
+    rows = []
+    for sc in scenarios:
+        with tempfile.TemporaryDirectory(prefix=f"crreal-{sc.name}-") as t:
+            tmp = Path(t)
+            t0 = time.monotonic()
+            base, prompts = baseline(sc, tmp / "base")
+            rows.append({"scenario": sc.name, "run": "straight (server's choice)", **base})
+            rows.append({"scenario": sc.name, "run": "coderouterd, affinity", **routed(sc, tmp / "aff", prompts)})
+            rows.append({"scenario": sc.name, "run": "coderouterd, affinity off",
+                         **routed(sc, tmp / "noaff", prompts, affinity=False)})
+            if restart:
+                r = after_restarts(sc, tmp / "restart", prompts)
+                best = sum(restart_bound(prompts, sc))
+                r["best_tokens"] = best
+                r["of_best"] = round(r["reused_tokens"] / best, 4) if best else 1.0
+                rows.append({"scenario": sc.name, "run": "coderouterd, server killed + daemon restarted", **r})
+            print(f"# {sc.name}: {time.monotonic() - t0:.0f} s", file=sys.stderr)
+    return rows
+
+
+def print_table(rows: list[dict]) -> None:
+    cols = ["scenario", "run", "requests", "prompt_tokens", "processed_tokens", "ideal_processed", "reused_tokens",
+            "best_tokens", "of_best", "warm_ttft_p50_s", "warm_ttft_p95_s"]
+    print("| " + " | ".join(cols) + " |")
+    print("|" + "---|" * len(cols))
+    for r in rows:
+        print("| " + " | ".join(str(r.get(c, "")) for c in cols) + " |")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--scenario", choices=["within", "twice", "all"], default="all")
+    ap.add_argument("--restart", action="store_true")
+    args = ap.parse_args()
+    scenarios = {"within": [WITHIN], "twice": [TWICE], "all": [WITHIN, TWICE]}[args.scenario]
+    print_table(run(scenarios, args.restart))
+
+
+if __name__ == "__main__":
+    main()

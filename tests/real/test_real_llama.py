@@ -1,0 +1,316 @@
+"""coderouterd with a real llama.cpp llama-server (SmolLM2-135M, built by `make real-llama`) as a managed
+process: supervision and readiness, every ingress through official SDKs and real CLIs, the usage it journals,
+context limits, tool calls, and a kill -9 in the middle of a stream.
+
+One daemon and one server serve the whole module (loading the model and the clients is the slow part); the
+fault test runs last because it restarts the server."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import anthropic
+import httpx
+import openai
+import orjson
+import pytest
+
+from coderouterd.state.journal import journal_rows
+from tests.support.daemon import ROOT, DaemonProcess, free_port
+from tests.support.real_llama import paths, server_argv
+
+SLOTS = 3
+CTX = 2048  # tokens per slot
+MODEL = "smollm2"
+
+CONFIG = """
+[server]
+port = {PORT}
+
+[providers.llama]
+kind = "openai"
+base_url = "http://127.0.0.1:@LP@/v1"
+model = "@MODEL@"
+timeouts = { connect = 5, first_byte = 120, idle = 60, total = 300 }
+
+[providers.llama.process]
+command = @ARGV@
+ready_url = "http://127.0.0.1:@LP@/health"
+start_timeout_s = 60
+startsecs = 0.2
+
+[profiles.default]
+providers = ["llama"]
+health_action = "warn"
+"""
+
+
+def managed_config(port: int) -> str:
+    p = paths()
+    argv = server_argv(p["LLAMA_SERVER"], p["LLAMA_MODEL"], port, slots=SLOTS, ctx_per_slot=CTX)
+    # --slot-save-path is added by coderouterd itself (affinity.manage_slot_save), under its state directory.
+    return (CONFIG.replace("@LP@", str(port)).replace("@ARGV@", json.dumps(argv))
+            .replace("@MODEL@", MODEL))
+
+
+class Env:
+    def __init__(self, daemon: DaemonProcess, llama_port: int) -> None:
+        self.d = daemon
+        self.llama_url = f"http://127.0.0.1:{llama_port}"
+        self.first_answer: anthropic.types.Message | None = None
+
+    def admin(self) -> httpx.Client:
+        return httpx.Client(transport=httpx.HTTPTransport(uds=str(self.d.state_dir / "coderouterd.sock")),
+                            base_url="http://coderouterd", timeout=30)
+
+    def process(self) -> dict:
+        with self.admin() as a:
+            procs = a.get("/v1/processes").json()["processes"]
+        return procs[0] if isinstance(procs, list) else next(iter(procs.values()))
+
+    def anthropic(self) -> anthropic.Anthropic:
+        return anthropic.Anthropic(base_url=self.d.url, api_key="x", max_retries=0, timeout=120)
+
+    def corectl(self, *args: str) -> subprocess.CompletedProcess:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("CODEROUTER_")}
+        env.update({"COLUMNS": "200", "CODEROUTER_SOCKET": str(self.d.state_dir / "coderouterd.sock"),
+                    "CODEROUTER_STATE_DIR": str(self.d.state_dir), "XDG_CONFIG_HOME": str(self.d.tmp / "xdg")})
+        return subprocess.run([sys.executable, "-m", "corectl", *args, "--config", str(self.d.config_path)]
+                              if args[0] in ("doctor",) else [sys.executable, "-m", "corectl", *args],
+                              capture_output=True, text=True, timeout=120, env=env, cwd=ROOT)
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory):
+    paths()  # skips with the reason when the real server could not be had
+    tmp = tmp_path_factory.mktemp("real_llama")
+    port = free_port()
+    d = DaemonProcess(managed_config(port), tmp)
+    d.start()
+    e = Env(d, port)
+    try:
+        # The very first request goes out while llama-server is still starting and loading its model: it waits
+        # for readiness instead of failing.
+        e.first_answer = e.anthropic().messages.create(
+            model="claude-sonnet-5", max_tokens=8, messages=[{"role": "user", "content": "Say hi."}])
+        yield e
+    finally:
+        d.stop()
+
+
+def test_a_request_sent_while_the_model_loads_waits_for_it(env):
+    msg = env.first_answer
+    assert msg is not None and msg.content and msg.content[0].type == "text"
+    assert msg.usage.input_tokens > 0 and msg.usage.output_tokens > 0
+    assert env.process()["state"] == "ready"
+
+
+def test_status_models_and_doctor_show_the_real_model_its_context_and_slots(env):
+    status = env.corectl("status")
+    assert status.returncode == 0, status.stderr
+    assert "llama" in status.stdout and "ready" in status.stdout.lower()
+    with env.admin() as a:
+        providers = a.get("/v1/providers").json()
+    text = orjson.dumps(providers).decode()
+    assert f'"total":{SLOTS}' in text.replace(" ", "")  # the slot table discovered from the real server
+    models = env.corectl("models")
+    assert models.returncode == 0, models.stderr + models.stdout
+    assert "SmolLM2" in models.stdout or MODEL in models.stdout or "smollm" in models.stdout.lower()
+    doctor = env.corectl("doctor")
+    assert "llama" in doctor.stdout, doctor.stdout + doctor.stderr
+    assert str(CTX) in doctor.stdout.replace(",", ""), doctor.stdout  # the context window of one slot
+
+
+def test_anthropic_and_openai_ingresses_stream_and_not(env):
+    client = env.anthropic()
+    msg = client.messages.create(model="claude-sonnet-5", max_tokens=8,
+                                 messages=[{"role": "user", "content": "Name a colour."}])
+    assert msg.content[0].type == "text" and msg.stop_reason in ("end_turn", "max_tokens")
+    with client.messages.stream(model="claude-sonnet-5", max_tokens=8,
+                                messages=[{"role": "user", "content": "Name a fruit."}]) as st:
+        text = "".join(st.text_stream)
+        final = st.get_final_message()
+    assert final.usage.output_tokens > 0 and isinstance(text, str)
+    oa = openai.OpenAI(base_url=env.d.url + "/v1", api_key="x", max_retries=0, timeout=120)
+    r = oa.chat.completions.create(model="any", max_tokens=8, messages=[{"role": "user", "content": "Count to 3."}])
+    assert r.choices[0].message.content is not None and r.usage.prompt_tokens > 0
+    chunks = list(oa.chat.completions.create(model="any", max_tokens=8, stream=True,
+                                             stream_options={"include_usage": True},
+                                             messages=[{"role": "user", "content": "Count to 4."}]))
+    assert any(c.usage for c in chunks)
+
+
+def test_the_journal_holds_the_usage_the_server_reported(env):
+    oa = openai.OpenAI(base_url=env.d.url + "/v1", api_key="x", max_retries=0, timeout=120)
+    raw = oa.chat.completions.with_raw_response.create(
+        model="any", max_tokens=6, messages=[{"role": "user", "content": "Spell the word journal."}])
+    r = raw.parse()
+    rid = raw.headers["x-request-id"]
+    client = env.anthropic()
+    araw = client.messages.with_raw_response.create(model="claude-sonnet-5", max_tokens=6,
+                                                    messages=[{"role": "user", "content": "Spell the word usage."}])
+    a = araw.parse()
+    arid = araw.headers["request-id"] if "request-id" in araw.headers else araw.headers["x-request-id"]
+    rows: dict[str, dict] = {}
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and not (rid in rows and arid in rows):
+        rows = {row["request_id"]: row for row in journal_rows(env.d.state_dir / "state.db")}
+        time.sleep(0.2)
+    row = rows[rid]
+    # The OpenAI ingress relays the server's own usage: the journal must hold exactly that.
+    cached = (r.usage.prompt_tokens_details.cached_tokens or 0) if r.usage.prompt_tokens_details else 0
+    assert row["input_tokens"] + (row["cache_read_tokens"] or 0) == r.usage.prompt_tokens
+    assert (row["cache_read_tokens"] or 0) == cached
+    assert row["output_tokens"] == r.usage.completion_tokens
+    arow = rows[arid]
+    assert arow["input_tokens"] == a.usage.input_tokens and arow["output_tokens"] == a.usage.output_tokens
+    assert (arow["cache_read_tokens"] or 0) == (a.usage.cache_read_input_tokens or 0)
+    # ... and what the server says it processed for that prompt (its slot's own count) adds up to the same.
+    with httpx.Client(base_url=env.llama_url) as http:
+        slots = http.get("/slots").json()
+    reported = [s["n_prompt_tokens_processed"] + s["n_prompt_tokens_cache"] for s in slots if "id_task" in s]
+    assert a.usage.input_tokens + (a.usage.cache_read_input_tokens or 0) in reported
+
+
+def test_a_prompt_over_the_slot_context_is_prompt_too_long_with_the_servers_numbers(env):
+    long = " ".join(f"word{i}" for i in range(3000))
+    with pytest.raises(anthropic.BadRequestError) as e:
+        env.anthropic().messages.create(model="claude-sonnet-5", max_tokens=8,
+                                        messages=[{"role": "user", "content": long}])
+    err = e.value.body["error"]
+    assert err["type"] == "invalid_request_error"
+    import re
+
+    m = re.fullmatch(r"prompt is too long: (\d+) tokens > (\d+) maximum", err["message"])
+    assert m, err["message"]
+    assert int(m.group(1)) > CTX and int(m.group(2)) == CTX
+
+
+TOOL = {"name": "get_weather", "description": "Get the current weather in a city.",
+        "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}
+
+
+@pytest.mark.parametrize("forced", [False, True])
+def test_tool_calls_reach_the_client_as_well_formed_blocks(env, forced):
+    kw = {"tool_choice": {"type": "tool", "name": "get_weather"}} if forced else {}
+    msg = env.anthropic().messages.create(
+        model="claude-sonnet-5", max_tokens=48, tools=[TOOL],
+        messages=[{"role": "user", "content": "What is the weather in Paris? Use the tool."}], **kw)
+    kinds = [b.type for b in msg.content]
+    print(f"\nforced={forced}: the model answered {kinds}, stop_reason={msg.stop_reason}: "
+          + "; ".join(repr(b.input) if b.type == "tool_use" else repr(b.text[:80]) for b in msg.content))
+    assert kinds and set(kinds) <= {"text", "tool_use"}
+    for b in msg.content:
+        if b.type == "tool_use":
+            assert b.name == "get_weather" and isinstance(b.input, dict) and b.id
+    if "tool_use" in kinds:
+        assert msg.stop_reason == "tool_use"
+    if forced:
+        assert "tool_use" in kinds  # the server constrains a forced call with a grammar
+
+
+def test_claude_code_says_hi_through_the_real_model(env, tmp_path):
+    from tests.e2e.test_claude_code import CLAUDE, _skip_reason
+
+    reason = _skip_reason()
+    if reason:
+        pytest.skip(reason)
+    home = tmp_path / "home"
+    home.mkdir()
+    keep = ("PATH", "LANG", "LC_ALL", "TERM", "TMPDIR")
+    child = {k: v for k, v in os.environ.items() if k in keep}
+    child.update({
+        "HOME": str(home), "CLAUDE_CONFIG_DIR": str(home / ".claude"), "ANTHROPIC_BASE_URL": env.d.url,
+        "ANTHROPIC_AUTH_TOKEN": "test-token", "ANTHROPIC_MODEL": MODEL, "ANTHROPIC_SMALL_FAST_MODEL": MODEL,
+        "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1", "DISABLE_AUTOUPDATER": "1", "DISABLE_TELEMETRY": "1",
+        "DISABLE_ERROR_REPORTING": "1", "CLAUDE_CODE_ATTRIBUTION_HEADER": "0", "NO_PROXY": "127.0.0.1,localhost",
+        "CLAUDE_CODE_MAX_OUTPUT_TOKENS": "16",
+    })
+    # Claude Code's own system prompt and tools run to ~20k tokens, ten times what a slot of this 135M model
+    # holds: a short system prompt and no tools make the same request shape fit.
+    r = subprocess.run([str(CLAUDE), "-p", "say hi", "--bare", "--system-prompt", "You are a helpful assistant.",
+                        "--tools", "", "--output-format", "json"], env=child, cwd=tmp_path, capture_output=True,
+                       text=True, timeout=180, stdin=subprocess.DEVNULL)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    out = json.loads(r.stdout)
+    assert out.get("is_error") is False and out.get("result", "").strip(), out
+
+
+def test_codex_exec_through_the_real_model(env, tmp_path):
+    from tests.e2e.test_codex_cli import CODEX, CODEX_CONFIG, _skip_reason
+
+    reason = _skip_reason()
+    if reason:
+        pytest.skip(reason)
+    home = tmp_path / "codex-home"
+    home.mkdir()
+    instructions = tmp_path / "instructions.md"
+    instructions.write_text("You are a helpful assistant. Answer in one short sentence.\n")
+    (home / "config.toml").write_text(CODEX_CONFIG.replace("@URL@", env.d.url).replace("@PROFILE@", "default")
+                                      + f'\nmodel_instructions_file = "{instructions}"\n')
+    out = tmp_path / "last.txt"
+    child = {"PATH": os.environ.get("PATH", ""), "HOME": str(tmp_path), "CODEX_HOME": str(home),
+             "CODEROUTER_KEY": "k", "NO_COLOR": "1"}
+    r = subprocess.run([str(CODEX), "exec", "--skip-git-repo-check", "-o", str(out), "say hi"], env=child,
+                       cwd=tmp_path, capture_output=True, text=True, timeout=240, stdin=subprocess.DEVNULL)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+    assert out.exists() and out.read_text().strip()
+
+
+def test_zz_kill_9_mid_stream_is_a_well_formed_error_then_the_restarted_server_serves(env):
+    """Last in the module: it kills the server. The stream in flight ends with an error event in its own
+    protocol; the supervisor restarts the server; a request sent 0.3 s after a second kill waits for the
+    restart and is served; the affinity index for the server was emptied."""
+    for ingress in ("anthropic", "openai"):
+        pid = env.process()["pid"]
+        if ingress == "anthropic":
+            req = {"model": "claude-sonnet-5", "max_tokens": 400, "stream": True,
+                   "messages": [{"role": "user", "content": "Write a long story about a lighthouse."}]}
+            path = "/v1/messages"
+        else:
+            req = {"model": "any", "max_tokens": 400, "stream": True,
+                   "messages": [{"role": "user", "content": "Write a long story about a lighthouse."}]}
+            path = "/v1/chat/completions"
+        events: list[str] = []
+        with httpx.stream("POST", env.d.url + path, json=req, timeout=120,
+                          headers={"anthropic-version": "2023-06-01"}) as resp:
+            assert resp.status_code == 200
+            killed = False
+            for line in resp.iter_lines():
+                events.append(line)
+                if not killed and ("text_delta" in line or '"content"' in line):
+                    os.kill(pid, signal.SIGKILL)
+                    killed = True
+        assert killed, events[:10]
+        data = [orjson.loads(e[6:]) for e in events if e.startswith("data: ") and e != "data: [DONE]"]
+        if ingress == "anthropic":
+            assert data[-1]["type"] == "error" and data[-1]["error"]["type"], data[-3:]
+            assert any(e == "event: error" for e in events)
+        else:
+            assert "error" in data[-1], data[-3:]
+        _wait_ready(env, old_pid=pid)
+    # A request sent 0.3 s after a kill waits for the restart instead of failing.
+    pid = env.process()["pid"]
+    os.kill(pid, signal.SIGKILL)
+    time.sleep(0.3)
+    msg = env.anthropic().messages.create(model="claude-sonnet-5", max_tokens=6,
+                                          messages=[{"role": "user", "content": "Still there?"}])
+    assert msg.content and env.process()["pid"] != pid
+    with env.admin() as a:
+        providers = a.get("/v1/providers").json()
+    print("\nafter restarts:", orjson.dumps(providers).decode()[:600])
+
+
+def _wait_ready(env: Env, old_pid: int, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        p = env.process()
+        if p["state"] == "ready" and p["pid"] != old_pid:
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"llama-server not restarted: {env.process()}")
