@@ -252,10 +252,6 @@ def routed(sc: Scenario, tmp: Path, prompts: list[list[int]], *, affinity: bool 
         d.stop()
 
 
-def split(turns_order: list[tuple[Session, str]], at: int) -> tuple[list, list]:
-    return turns_order[:at], turns_order[at:]
-
-
 def after_restarts(sc: Scenario, tmp: Path, prompts: list[list[int]]) -> dict:
     """The workload in three parts: fresh; after kill -9 of the managed server (the supervisor restarts it);
     after coderouterd itself restarted on its persisted state (its server too). Reuse over the whole run."""
@@ -285,11 +281,11 @@ def after_restarts(sc: Scenario, tmp: Path, prompts: list[list[int]]) -> dict:
     return summary(got, best_reuse(prompts))
 
 
-def restart_bound(prompts: list[list[int]], sc: Scenario) -> list[int]:
+def restart_bound(prompts: list[list[int]]) -> list[int]:
     """The best any assignment could give when the server's cache is emptied twice (at each third)."""
     third = len(prompts) // 3
     out = []
-    for i, p in enumerate(prompts):
+    for i in range(len(prompts)):
         start = 0 if i < third else third if i < 2 * third else 2 * third
         out.append(best_reuse(prompts[start:i + 1])[-1])
     return out
@@ -308,7 +304,7 @@ def run(scenarios: list[Scenario], restart: bool) -> list[dict]:
                          **routed(sc, tmp / "noaff", prompts, affinity=False)})
             if restart:
                 r = after_restarts(sc, tmp / "restart", prompts)
-                best = sum(restart_bound(prompts, sc))
+                best = sum(restart_bound(prompts))
                 r["best_tokens"] = best
                 r["of_best"] = round(r["reused_tokens"] / best, 4) if best else 1.0
                 rows.append({"scenario": sc.name, "run": "coderouterd, server killed + daemon restarted", **r})
