@@ -25,7 +25,7 @@ from tests.support.daemon import ROOT, DaemonProcess, free_port
 from tests.support.real_llama import paths, server_argv
 
 SLOTS = 3
-CTX = 2048  # tokens per slot
+CTX = 4096  # tokens per slot: Codex's smallest request is about 2,000 tokens
 MODEL = "smollm2"
 
 CONFIG = """
@@ -178,7 +178,7 @@ def test_the_journal_holds_the_usage_the_server_reported(env):
 
 
 def test_a_prompt_over_the_slot_context_is_prompt_too_long_with_the_servers_numbers(env):
-    long = " ".join(f"word{i}" for i in range(3000))
+    long = " ".join(f"word{i}" for i in range(4000))
     with pytest.raises(anthropic.BadRequestError) as e:
         env.anthropic().messages.create(model="claude-sonnet-5", max_tokens=8,
                                         messages=[{"role": "user", "content": long}])
@@ -251,8 +251,12 @@ def test_codex_exec_through_the_real_model(env, tmp_path):
     home.mkdir()
     instructions = tmp_path / "instructions.md"
     instructions.write_text("You are a helpful assistant. Answer in one short sentence.\n")
-    (home / "config.toml").write_text(CODEX_CONFIG.replace("@URL@", env.d.url).replace("@PROFILE@", "default")
-                                      + f'\nmodel_instructions_file = "{instructions}"\n')
+    # Codex's own instructions and tools run to ~10k tokens: its instructions are replaced and the optional
+    # tools switched off, so the request (~2k tokens) fits a slot of this small model.
+    (home / "config.toml").write_text(
+        f'model_instructions_file = "{instructions}"\n'
+        + CODEX_CONFIG.replace("@URL@", env.d.url).replace("@PROFILE@", "default")
+        + "\n[features]\nmulti_agent = false\ngoals = false\nview_image = false\nrequest_user_input = false\n")
     out = tmp_path / "last.txt"
     child = {"PATH": os.environ.get("PATH", ""), "HOME": str(tmp_path), "CODEX_HOME": str(home),
              "CODEROUTER_KEY": "k", "NO_COLOR": "1"}
@@ -260,6 +264,29 @@ def test_codex_exec_through_the_real_model(env, tmp_path):
                        cwd=tmp_path, capture_output=True, text=True, timeout=240, stdin=subprocess.DEVNULL)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
     assert out.exists() and out.read_text().strip()
+
+
+def test_corectl_init_finds_the_real_server_and_its_config_serves(env, tmp_path):
+    home = tmp_path / "home"
+    home.mkdir()
+    closed = [free_port() for _ in range(3)]
+    ports = ["--backend-port", f"llamacpp={env.llama_url.rsplit(':', 1)[1]}", "--backend-port",
+             f"lmstudio={closed[0]}", "--backend-port", f"ollama={closed[1]}", "--backend-port", f"vllm={closed[2]}"]
+    child = {k: v for k, v in os.environ.items() if not k.startswith(("CODEROUTER_", "XDG_"))}
+    child["HOME"] = str(home)
+    r = subprocess.run([sys.executable, "-m", "corectl", "init", *ports], cwd=ROOT, env=child, capture_output=True,
+                       text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert "llama.cpp" in r.stdout and "found" in r.stdout, r.stdout
+    written = (home / ".config" / "coderouter" / "config.toml").read_text()
+    port = free_port()
+    d = DaemonProcess(written.replace("port = 8088", f"port = {port}"), tmp_path, port=port).start()
+    try:
+        msg = anthropic.Anthropic(base_url=d.url, api_key="x", max_retries=0, timeout=120).messages.create(
+            model="claude-sonnet-5", max_tokens=6, messages=[{"role": "user", "content": "Say hi."}])
+        assert msg.content and msg.content[0].type == "text"
+    finally:
+        d.stop()
 
 
 def test_zz_kill_9_mid_stream_is_a_well_formed_error_then_the_restarted_server_serves(env):

@@ -1,0 +1,38 @@
+"""Prefix routing on a real llama-server's slots, measured from what the server reports it reused
+(`timings.cache_n`) against the best any slot assignment could give, with the same workload sent straight at
+an identical server (its own slot choice and RAM prompt cache) as the baseline, in the same run.
+The workload and the measurement are bench/real_llama.py's; the figures it prints are in bench/README.md."""
+
+from __future__ import annotations
+
+from bench.real_llama import TWICE, WITHIN, after_restarts, baseline, print_table, restart_bound, routed
+from tests.support.real_llama import paths
+
+
+def _show(rows: list[dict]) -> None:
+    print()
+    print_table(rows)
+
+
+def test_lanes_within_slots_reuse_nearly_all_any_assignment_could_also_after_restarts(tmp_path):
+    paths()
+    base, prompts = baseline(WITHIN, tmp_path / "base")
+    got = routed(WITHIN, tmp_path / "aff", prompts)
+    again = after_restarts(WITHIN, tmp_path / "restart", prompts)
+    best = sum(restart_bound(prompts))
+    again["best_tokens"], again["of_best"] = best, round(again["reused_tokens"] / best, 4)
+    _show([{"run": "straight", **base}, {"run": "coderouterd", **got},
+           {"run": "coderouterd, server killed, then daemon restarted", **again}])
+    assert got["of_best"] >= 0.95, got
+    assert got["reused_tokens"] >= base["reused_tokens"], (got, base)
+    # After the server died and after the daemon restarted on its persisted state: no prediction of a cache that
+    # died with the process, and every turn after the first cold one is warm again.
+    assert again["of_best"] >= 0.95, again
+
+
+def test_twice_as_many_lanes_as_slots_with_save_restore(tmp_path):
+    paths()
+    base, prompts = baseline(TWICE, tmp_path / "base")
+    got = routed(TWICE, tmp_path / "aff", prompts)
+    _show([{"run": "straight", **base}, {"run": "coderouterd", **got}])
+    assert got["of_best"] >= 0.80, got
