@@ -224,7 +224,8 @@ class LlamaServerFake(OpenAIFake):
         n_prompt = -(-len(prompt) // BYTES_PER_TOKEN)
         if n_prompt > self.n_ctx:
             return json_response({"error": {
-                "code": 400, "message": "the request exceeds the available context size, try increasing it",
+                "code": 400, "message": f"request ({n_prompt} tokens) exceeds the available context size "
+                                        f"({self.n_ctx} tokens), try increasing it",
                 "type": "exceed_context_size_error", "n_prompt_tokens": n_prompt, "n_ctx": self.n_ctx}}, 400)
         id_slot = body.get("id_slot")
         async with self._freed:
@@ -242,7 +243,7 @@ class LlamaServerFake(OpenAIFake):
             slot.cache = prompt
             slot.last_used = next(_tick)
             slot.task = {"id_task": next(self._task_ids), "n_prompt_tokens": n_prompt,
-                         "n_prompt_tokens_processed": n_prompt - cached, "n_prompt_tokens_cache": cached}
+                         "n_prompt_tokens_processed": 0, "n_prompt_tokens_cache": 0}
             entry = {"slot": slot.id, "id_slot": id_slot, "n_prompt": n_prompt, "cache_n": cached,
                      "prompt": prompt}
             self.log.append(entry)
@@ -255,6 +256,8 @@ class LlamaServerFake(OpenAIFake):
 
     def _timings(self, call: Call, plan: Plan) -> dict:
         e = call.request[LLAMA]
+        # The slot keeps the prompt and what was generated, all but the last token (as /slots reports it).
+        self.slots[e["slot"]].task["n_prompt_tokens"] = e["n_prompt"] + max(0, plan.output_tokens - 1)
         processed = e["n_prompt"] - e["cache_n"]
         return {"cache_n": e["cache_n"], "prompt_n": processed, "prompt_ms": processed * self.ms_per_token,
                 "prompt_per_second": 1000 / self.ms_per_token if self.ms_per_token else 0.0,
