@@ -505,7 +505,7 @@ class Exchange:
         if e.after_content:
             await self._fail_committed(e)
         elif e.reason == OVERFLOW:
-            await self._reply(replies.overflow(e, len(self.req.raw)))
+            await self._reply(replies.overflow(e))
         else:
             await self._reply(replies.passed_on(e))
 
