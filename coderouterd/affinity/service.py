@@ -134,6 +134,7 @@ class Affinity:
         self.persist = persist  # (provider, snapshot) -> None: store.set, written by the store's thread
         self.clock = clock
         # What each server said about itself (kind, slots, context window), shared with the context gate.
+        self._own_servers = servers is None  # built here (tests, tools): stopped here too
         self.servers = servers if servers is not None else ServerDirectory(
             timeout_s=config.affinity.probe_timeout_s, clock=clock)
         self._released: dict[tuple[str, int], asyncio.Event] = {}
@@ -366,7 +367,8 @@ class Affinity:
     async def stop(self) -> None:
         """Shutdown: server discoveries still under way are cancelled and awaited before the pools they use
         close."""
-        await self.servers.stop()
+        if self._own_servers:
+            await self.servers.stop()
 
     # -- choosing among equally acceptable providers ---------------------------------------------------------
 

@@ -521,7 +521,7 @@ class Exchange:
         needed = e.overflow[0] if e.overflow and e.overflow[0] else 0
         have = e.overflow[1] if e.overflow and e.overflow[1] else 0
         for name in rest:
-            w = self.runtime.providers[name].cfg.context_window
+            w = self.router.context_window(self.runtime.providers[name])
             if w == 0 or w > max(have, needed):
                 return True
         return False
