@@ -159,7 +159,7 @@ class Affinity:
             if p is not None and p.slots is not None:
                 p.slots.forget_contents()
             self.index.forget_provider(name)
-            self._discovered.pop(name, None)
+            self.servers.forget(name)
             self._persist_soon(name)
 
     # -- per request ----------------------------------------------------------------------------------------

@@ -158,6 +158,11 @@ class ServerDirectory:
             log.info("%s: %s server, context window %d tokens (%s)", provider.name, info.kind,
                      info.context_window, info.window_source)
 
+    def forget(self, name: str) -> None:
+        """The server behind `name` started afresh (it may have other slots, another context): ask it again
+        the next time anyone needs to know."""
+        self._known.pop(name, None)
+
     def start(self, providers) -> None:
         """Ask every provider's server now (at start and after a reload), so the first requests are gated."""
         for p in providers:
