@@ -96,7 +96,9 @@ class OpenAIFake(FakeBase):
         opts = self.options
         self.reasoning_field = str(opts.get("reasoning_field", self.default_reasoning_field))
         self.tool_split = opts.get("tool_split", self.default_tool_split)
-        self.n_ctx = int(opts.get("n_ctx", 8192))
+        # Reported in /props, which the daemon's context gate now reads; the fake does not refuse a prompt over
+        # it (only the ``overflow`` behaviour does), so the default is large enough to gate nothing a test sends.
+        self.n_ctx = int(opts.get("n_ctx", 131072))
         self.created = int(time.time())
         self.completion_id = f"chatcmpl-{self.name}"
         self._frame_cache: dict[tuple, list[bytes]] = {}
