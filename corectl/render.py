@@ -278,7 +278,7 @@ def providers_table(providers: list[dict], window_s: float | None, *, base_url: 
     # Drop rank: what goes first when the terminal is narrow (the base URL, then the kind, ...).
     columns = [("Provider", {"no_wrap": True, "style": "bold"}, 0), ("Kind", {"no_wrap": True}, 6),
                ("Model", {"no_wrap": True}, 3), ("Breaker", {"no_wrap": True}, 0), ("Health", {"no_wrap": True}, 0),
-               ("Context", right, 4), ("Reqs", right, 5), ("Errors", right, 1), ("Median", right, 2),
+               ("Context", right, 8), ("Reqs", right, 5), ("Errors", right, 1), ("Median", right, 2),
                ("Cache hit", right, 4),
                ("Repair", right, 3), ("Drift", {"no_wrap": True}, 2)]
     if base_url:
