@@ -103,8 +103,9 @@ class Router:
             estimated_tokens=req.estimated_tokens(),
         )
         st = self.state
+        facts = self._facts(runtime, profile.providers)
         p = plan(
-            list(profile.providers), self._facts(runtime, profile.providers), features,
+            list(profile.providers), facts, features,
             breakers=st.breakers, health=st.health, health_action=profile.health_action,
             orderer=self.orderer(profile_name) if profile.adaptive else None,
             budget_ok=self._budget.allowed if self._budget is not None else None,
@@ -115,11 +116,28 @@ class Router:
                 p.candidates.remove(name)
                 # Not transient in the panic sense: nothing answers until the process is ready.
                 p.skips.append(Skip(name, "not_ready", f"{name}'s managed process is not ready", overridable=False))
+        if not p.candidates:
+            self._try_reported_windows(p, facts, down)
         if ticket is not None and self.affinity is not None and (profile.mode == "race" or profile.adaptive):
             self._prefer_cached(p, ticket, runtime)
         for adjust in self.order_adjusters:
             p.order_notes.extend(adjust(profile, p.candidates))
         return p
+
+    @staticmethod
+    def _try_reported_windows(p: Plan, facts: dict[str, ProviderFacts], down) -> None:
+        """Nobody left, and some were skipped only because the prompt's estimate exceeds the window their
+        server reports: try those anyway, in chain order. The estimate is rough; the server's own refusal
+        carries the real numbers ("prompt is too long: N tokens > M maximum", which Claude Code compacts by),
+        where a refusal of ours could only say "no provider"."""
+        reported = [s for s in p.skips if s.reason == "context" and s.provider not in down
+                    and (f := facts.get(s.provider)) is not None and f.window_reported]
+        for s in reported:
+            p.skips.remove(s)
+            p.candidates.append(s.provider)
+            p.order_notes.append({"provider": s.provider, "moved": "none",
+                                  "why": f"{s.message}; tried anyway: no other provider, and the server's own "
+                                         "answer says by how much"})
 
     def _prefer_cached(self, p: Plan, ticket, runtime) -> None:
         """Among providers the profile treats as equals (race, adaptive order), the one expected to answer

@@ -3,6 +3,7 @@ than the small llama-server's slot context goes to the next provider without tou
 
 from __future__ import annotations
 
+import re
 import time
 
 import httpx
@@ -32,6 +33,8 @@ base_url = "{small.url}/v1"
 base_url = "{big.url}/v1"
 [profiles.default]
 providers = ["small", "big"]
+[profiles.solo]
+providers = ["small"]
 """
         d = DaemonProcess(cfg, tmp_path).start()
         try:
@@ -55,5 +58,14 @@ providers = ["small", "big"]
             assert small.count("/v1/chat/completions") == before  # never tried
 
             assert context_cell(shown["small"]).plain == "1,000 srv"  # corectl status: the server's figure
+
+            # Alone in its chain, the small server is still asked: its own refusal would carry the real numbers
+            # (Claude Code compacts by them), where ours could only say "no provider" from an estimate.
+            r = httpx.post(d.url + "/v1/messages", json=big_prompt, headers={"x-coderouter-profile": "solo"},
+                           timeout=20)
+            assert small.count("/v1/chat/completions") == before + 1
+            err = r.json()["error"]
+            assert r.status_code == 400 and err["type"] == "invalid_request_error"
+            assert re.fullmatch(r"prompt is too long: \d+ tokens > 1000 maximum", err["message"]), err
         finally:
             d.stop()
