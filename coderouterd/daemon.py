@@ -22,6 +22,7 @@ from .observe.metrics_http import LazyMetrics
 from .observe.request_record import RequestRecorder
 from .observe.traces import RecentTraces
 from .persisted import PersistedState
+from .providers.server_info import ServerDirectory
 from .reload import changed_sections, listener_change_refused, warn_reload_risks
 from .routing.router import Router
 from .routing.state import RoutingState
@@ -57,7 +58,10 @@ class Daemon:
         # finish(ex) and other bookkeeping run here, once the answer is out (see after_response.py)
         self.after_response = AfterResponse()
         # Prefix affinity; its index is restored from the store once the store is open (startup).
-        self.affinity = Affinity(cfg, publish=t.publish, persist=persisted.affinity_changed)
+        # What each provider's server says about itself (kind, context window, slots): the context gate and
+        # prefix affinity share it, so each server is asked once.
+        self.servers = ServerDirectory(timeout_s=cfg.affinity.probe_timeout_s)
+        self.affinity = Affinity(cfg, publish=t.publish, persist=persisted.affinity_changed, servers=self.servers)
         self.router: Router | None = None  # needs the budget, which reads the store once it is open
         self.tasks = TaskSet()  # every background task outside a request, awaited at shutdown
         self.active_profile = loaded.model.server.default_profile
@@ -100,7 +104,7 @@ class Daemon:
         self.budget = Budget(t.store, publish=t.publish)
         self._configure_budget(cfg)
         self.drift = DriftManager(lambda: self.runtime, healer=lambda: self.selfheal, publish=t.publish)
-        self.router = Router(self.routing, budget=BudgetHooks(self.budget), affinity=self.affinity,
+        self.router = Router(self.routing, budget=BudgetHooks(self.budget), affinity=self.affinity, servers=self.servers,
                              memory_cooldown_s=cfg.memory.cooldown_s,
                              order_adjusters=[self.drift.adjust_order, self._memory_order])
         self._finisher = RequestFinisher(self._recorder, self.recent, drift=self.drift)
@@ -136,6 +140,7 @@ class Daemon:
             self.processes.start_background()
         self.health.start()
         self.memory.start()
+        self.servers.start(self.runtime.providers.values())
         from .interpreter import settle
 
         settle()
@@ -197,6 +202,8 @@ class Daemon:
         warn_reload_risks(loaded.model)
         self._loaded = loaded
         self.router.reconfigure(loaded.model)
+        if self.health is not None:  # started: ask new or moved servers now (the upstream stack is loaded)
+            self.servers.start(self.runtime.providers.values())
         if self.drift is not None:
             self.drift.reconfigure(loaded.model)
         self.memory.reconfigure(loaded.model)
@@ -252,6 +259,7 @@ class Daemon:
             await self.selfheal.stop()
         await self.tasks.close()
         await self.affinity.stop()
+        await self.servers.stop()
         if self.processes is not None:
             await self.processes.shutdown()
         if self.runtime is not None:

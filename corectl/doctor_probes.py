@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import re
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -21,7 +20,9 @@ from typing import Any
 import httpx
 import orjson
 
+from coderouterd import servers
 from coderouterd.providers.adapters import adapter_for, error_message
+from coderouterd.servers import lmstudio, ollama
 from coderouterd.translate.reasoning import CLOSE_TAG, OPEN_TAG, split_think_tags
 
 OK, WARN, FAIL, SKIP = "ok", "warn", "fail", "skip"
@@ -29,7 +30,7 @@ LABELS = {OK: "OK", WARN: "NEEDS TUNING", FAIL: "FAIL", SKIP: "skipped"}
 STYLES = {OK: "green", WARN: "bold yellow", FAIL: "bold red", SKIP: "dim"}
 # Claude Code's first request alone is ~20k tokens; a smaller window cannot serve a coding agent.
 MIN_AGENT_CONTEXT = 16384
-OLLAMA_DEFAULT_CONTEXT = 4096
+OLLAMA_DEFAULT_CONTEXT = ollama.DEFAULT_CONTEXT
 PROMPT = "Reply with the single word: ok"
 TOOL_PROMPT = "What time is it in UTC? Use the get_current_time tool."
 TOOL_NAME = "get_current_time"
@@ -104,7 +105,7 @@ class ProviderProbe:
         self.backend = cfg.kind  # refined by detect_backend() when the URL hides an unknown server
         self.model = cfg.model or cfg.default_model
         self.checks: list[dict] = []
-        self.props: dict = {}
+        self.answers: dict = {}  # the servers package's probe answers, by path
         self.show: dict | None = None  # Ollama /api/show, fetched once
         self.answer: Answer | None = None
         self.stream_answer: Answer | None = None
@@ -280,18 +281,23 @@ class ProviderProbe:
             return False
         return True
 
+    async def probe_get(self, path: str) -> tuple[int, Any]:
+        """A GET under the server's root for the servers package: (status, JSON or None); raises on no answer."""
+        r = await self.client.get(self.root + path, headers=self.headers(), timeout=self.limits.probe)
+        try:
+            return r.status_code, orjson.loads(r.content) if r.status_code < 400 else None
+        except orjson.JSONDecodeError:
+            return r.status_code, None
+
     async def detect_backend(self) -> None:
-        """Which server is behind an OpenAI-compatible URL: decides the context probe and the suggestions."""
-        tags, v0, props = await asyncio.gather(
-            self.optional_json("GET", f"{self.root}/api/tags"),
-            self.optional_json("GET", f"{self.root}/api/v0/models"),
-            self.optional_json("GET", f"{self.root}/props"))
-        if isinstance(tags, dict) and isinstance(tags.get("models"), list):
-            self.backend = "ollama"
-        elif isinstance(v0, dict) and isinstance(v0.get("data"), list):
-            self.backend = "lmstudio"
-        elif isinstance(props, dict) and isinstance(props.get("default_generation_settings"), dict):
-            self.backend, self.props = "llama.cpp", props
+        """Which server is behind an OpenAI-compatible URL (the servers package's probes, as the daemon
+        asks them): decides the context probe and the suggestions."""
+        try:
+            found = await servers.detect(self.probe_get)
+        except servers.Unreachable:
+            return  # the reachability check says so
+        if found.kind is not servers.GENERIC:
+            self.backend, self.answers = found.kind.name, found.answers
 
     async def check_model(self, data: dict) -> None:
         listed = self.adapter.model_ids(data)
@@ -572,44 +578,25 @@ class ProviderProbe:
 
     async def real_context(self) -> tuple[int | None, str, int | None]:
         if self.backend == "ollama":
-            return await self.ollama_context()
-        if self.backend == "lmstudio":
-            v1 = await self.optional_json("GET", f"{self.root}/api/v1/models")
-            for m in (v1 or {}).get("models") or []:
-                if isinstance(m, dict) and m.get("key") == self.model:
-                    instances = m.get("loaded_instances") or []
-                    loaded = [i.get("config", {}).get("context_length") for i in instances]
-                    loaded = [n for n in loaded if isinstance(n, int)]
-                    if loaded:
-                        return min(loaded), "loaded instance", m.get("max_context_length")
-                    most = m.get("max_context_length")
-                    return None, f"{self.model} is not loaded (it supports up to {most})", None
-            return None, "LM Studio did not describe the model (/api/v1/models)", None
-        if self.backend == "llama.cpp":
-            n_ctx = self.props.get("default_generation_settings", {}).get("n_ctx")
-            if isinstance(n_ctx, int) and n_ctx > 0:
-                return n_ctx, "llama-server /props n_ctx", None
-        return None, "", None
+            show, ps = await asyncio.gather(self.ollama_show(),
+                                            self.optional_json("GET", f"{self.root}/api/ps"))
+            w = ollama.window_from(show, ps, self.model)
+        elif self.backend == "lmstudio":
+            w = lmstudio.window_from(await self.optional_json("GET", f"{self.root}/api/v1/models"), None, self.model)
+            if not w.firm:  # not loaded: what it supports is not what it serves
+                return None, w.source, None
+        else:
+            kind = servers.by_name(self.backend)
+            if kind is servers.GENERIC:
+                return None, "", None
+            try:
+                w = await kind.window(self.probe_get, self.model, self.answers)
+            except httpx.HTTPError:
+                return None, "", None
+        return w.tokens, w.source, w.trained
 
     async def ollama_show(self) -> dict | None:
         if self.show is None:
             show = await self.optional_json("POST", f"{self.root}/api/show", {"model": self.model})
             self.show = show if isinstance(show, dict) else {}
         return self.show or None
-
-    async def ollama_context(self) -> tuple[int | None, str, int | None]:
-        show, ps = await asyncio.gather(self.ollama_show(), self.optional_json("GET", f"{self.root}/api/ps"))
-        trained = None
-        if isinstance(show, dict):
-            for key, value in (show.get("model_info") or {}).items():
-                if key.endswith(".context_length") and isinstance(value, int):
-                    trained = value
-        for m in (ps or {}).get("models") or []:
-            if isinstance(m, dict) and m.get("name") in (self.model, f"{self.model}:latest"):
-                if isinstance(m.get("context_length"), int):
-                    return m["context_length"], "as loaded, /api/ps", trained
-        params = show.get("parameters", "") if isinstance(show, dict) else ""
-        found = re.search(r"^\s*num_ctx\s+(\d+)", params if isinstance(params, str) else "", re.M)
-        if found:
-            return int(found.group(1)), "num_ctx in the model's parameters", trained
-        return OLLAMA_DEFAULT_CONTEXT, "Ollama's default unless OLLAMA_CONTEXT_LENGTH is set", trained

@@ -264,6 +264,8 @@ def models_table(entries: list[dict], width: int = 10_000):
                 Text("loaded", style="green") if loaded else Text("-", style="dim")
             extra = size(m["size"]) if m.get("size") else \
                 (f"ctx {m['max_context_length']:,}" if m.get("max_context_length") else "")
+            if not extra and e.get("context_window") and len(e["models"]) == 1:
+                extra = f"ctx {e['context_window']:,}"  # the server's one model: the window it serves
             rows.append([e["provider"], e.get("backend", "?"), m.get("id") or "?", mark, extra])
     return fit_table(width, columns, rows, title="Models", title_justify="left", title_style="bold")
 

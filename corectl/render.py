@@ -278,7 +278,8 @@ def providers_table(providers: list[dict], window_s: float | None, *, base_url: 
     # Drop rank: what goes first when the terminal is narrow (the base URL, then the kind, ...).
     columns = [("Provider", {"no_wrap": True, "style": "bold"}, 0), ("Kind", {"no_wrap": True}, 6),
                ("Model", {"no_wrap": True}, 3), ("Breaker", {"no_wrap": True}, 0), ("Health", {"no_wrap": True}, 0),
-               ("Reqs", right, 5), ("Errors", right, 1), ("Median", right, 2), ("Cache hit", right, 4),
+               ("Context", right, 8), ("Reqs", right, 5), ("Errors", right, 1), ("Median", right, 2),
+               ("Cache hit", right, 4),
                ("Repair", right, 3), ("Drift", {"no_wrap": True}, 2)]
     if base_url:
         columns.append(("Base URL", {"no_wrap": True}, 7))
@@ -289,11 +290,20 @@ def providers_table(providers: list[dict], window_s: float | None, *, base_url: 
         errors = f.get("errors") or 0
         cells = [p["name"], p["kind"] + (" $" if p.get("paid") else ""),
                  p["model"] or Text("(client's)", style="dim"), _breaker(p.get("breaker") or {}),
-                 _health(health_word(p)), str(reqs),
+                 _health(health_word(p)), context_cell(p), str(reqs),
                  Text(str(errors), style="red" if errors else ""), latency(f.get("median_s")),
                  cache_hit(p.get("cache")), repair_cell(p.get("tool_repair")), drift_cell(p.get("drift"))]
         rows.append(cells + ([p["base_url"]] if base_url else []))
     return fit_table(width, columns, rows, title=title, title_justify="left", title_style="bold")
+
+
+def context_cell(p: dict) -> Text:
+    """The window requests are routed by; "srv" when it is what the server reports (the config left it unset)."""
+    window = p.get("context_window")
+    if not window:
+        return Text("?", style="dim")
+    reported = not (p.get("configured_context_window") or 0)
+    return Text(f"{window:,}") + (Text(" srv", style="dim") if reported else Text(""))
 
 
 def repair_cell(tr: dict | None) -> Text:

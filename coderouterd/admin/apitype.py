@@ -65,6 +65,10 @@ class ProviderStatus(Answer):
     breaker: dict[str, Any] = {}
     health: str = "unknown"
     figures: dict[str, Any] = {}
+    # The window requests are routed by (configured, else as the server reports it); None = unknown.
+    context_window: int | None = None
+    configured_context_window: int | None = None
+    server: dict[str, Any] | None = None  # what the server said: kind, context_window, context_source, slots
 
 
 class ProviderRow(ProviderStatus):
@@ -194,6 +198,7 @@ class ProviderModels(Answer):
     provider: str
     backend: str | None = None
     models: list[ModelEntry] = []
+    context_window: int | None = None  # per request, as routed by (configured, else the server's)
     error: str | None = None  # the backend could not be asked (one line, names its URL)
 
 

@@ -124,7 +124,7 @@ def ops_routes(daemon) -> APIRouter:
         if provider is not None:
             p = _provider(runtime, provider)
             try:
-                return {"providers": [await list_models(p)]}
+                return {"providers": [_with_window(p, await list_models(p))]}
             except _BACKEND_ERRORS as e:
                 raise _unreachable(p, e) from None
             except ModelControlError as e:
@@ -140,8 +140,13 @@ def ops_routes(daemon) -> APIRouter:
                 problem = _backend_problem(p, res) if isinstance(res, _BACKEND_ERRORS) else str(res)
                 out.append({"provider": name, "error": problem, "models": []})
             else:
-                out.append(res)
+                out.append(_with_window(runtime.providers[name], res))
         return {"providers": out}
+
+    def _with_window(p, listed: dict) -> dict:
+        """The context a request gets on this provider, next to its models (from config or its server)."""
+        window = daemon.router.context_window(p) if daemon.router is not None else p.cfg.context_window
+        return {**listed, "context_window": window or None}
 
     async def _control(body: apitype.ModelControlRequest, fn, *, check_memory: bool = False):
         runtime = runtime_of(daemon)

@@ -50,6 +50,9 @@ def providers(daemon) -> list[dict]:
             "auth": routing.auth_state(name),
             "figures": router.stats.figures(name),
             "cache": router.affinity.provider_status(name),
+            "context_window": router.context_window(p) or None,
+            "configured_context_window": c.context_window or None,
+            "server": server.as_dict() if (server := daemon.servers.info(p)) is not None else None,
             "tool_repair": {"mode": c.tool_repair, "local": c.is_local(), **daemon.repair_stats.snapshot(name)},
             "drift": daemon.drift.snapshot(name) if daemon.drift is not None and c.is_local() else None,
         })

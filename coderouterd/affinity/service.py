@@ -1,7 +1,7 @@
 """Prefix affinity at run time: the only part of affinity that performs I/O or touches the daemon.
 
 Per request: a Ticket (session, lane, canonical prompt). Per attempt: `place` picks the slot on a backend
-that exposes llama-server's slots (discovered from `GET /props` → `total_slots`), saves/restores slot state
+that exposes llama-server's slots (as its server said: providers/server_info.py), saves/restores slot state
 when lanes outnumber slots, and returns the fields to add to the upstream body (`id_slot`,
 `cache_prompt`); `finish` records the outcome, corrects the index from what the backend reports it
 reused, and names a cache bust. All of it runs on the event loop without blocking: persistence goes through
@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 import orjson
 
 from ..providers.adapters import adapter_for
+from ..providers.server_info import ServerDirectory
 from . import session as sess
 from .bust import Bust, detect
 from .canonical import Canonicaliser, Prompt, first_message_head, segments
@@ -27,7 +28,6 @@ from .slots import SlotTable
 
 log = logging.getLogger("coderouterd.affinity")
 
-DISCOVERY_RETRY_S = 60.0
 PERSIST_EVERY_S = 1.0
 MAX_SLOT_WAIT_S = 120.0
 
@@ -128,13 +128,15 @@ def _reported_cache(usage: dict, raw_usage: dict | None, timings: dict | None,
 
 class Affinity:
     def __init__(self, config, *, publish: Callable | None = None, persist: Callable | None = None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, servers: ServerDirectory | None = None) -> None:
         self.index = PrefixIndex()
         self.publish = publish
         self.persist = persist  # (provider, snapshot) -> None: store.set, written by the store's thread
         self.clock = clock
-        self._discovered: dict[str, tuple[str, float, int]] = {}  # provider -> (base_url, retry_at, slots)
-        self._discovering: dict[str, asyncio.Future] = {}
+        # What each server said about itself (kind, slots, context window), shared with the context gate.
+        self._own_servers = servers is None  # built here (tests, tools): stopped here too
+        self.servers = servers if servers is not None else ServerDirectory(
+            timeout_s=config.affinity.probe_timeout_s, clock=clock)
         self._released: dict[tuple[str, int], asyncio.Event] = {}
         self._dirty: set[str] = set()  # providers whose index changed since their last snapshot
         self.configure(config)
@@ -157,7 +159,7 @@ class Affinity:
             if p is not None and p.slots is not None:
                 p.slots.forget_contents()
             self.index.forget_provider(name)
-            self._discovered.pop(name, None)
+            self.servers.forget(name)
             self._persist_soon(name)
 
     # -- per request ----------------------------------------------------------------------------------------
@@ -274,61 +276,24 @@ class Affinity:
             return 0
 
     async def _slots(self, provider) -> SlotTable | None:
-        """The backend's slot table, discovered once (and retried a minute after a failure)."""
-        cfg = provider.cfg
-        if not adapter_for(cfg).fronts_unknown_server:  # llama-server hides behind an OpenAI-compatible URL
-            return None
-        name = provider.name
-        known = self._discovered.get(name)
-        p = self.index.provider(name)
-        if known is not None and known[0] == cfg.base_url and (known[2] or self.clock() < known[1]):
-            return p.slots if known[2] else None
-        fut = self._discovering.get(name)
-        if fut is None:
-            fut = self._discovering[name] = asyncio.ensure_future(self._discover(provider))
-        try:
-            n, answered = await asyncio.shield(fut)
-        finally:
-            if fut.done():
-                self._discovering.pop(name, None)
-        # A server that answered without slots (a 404: not llama-server) is not asked again until its base_url
-        # changes; one that could not be reached is asked again a minute later.
-        retry_at = float("inf") if answered else self.clock() + DISCOVERY_RETRY_S
-        self._discovered[name] = (cfg.base_url, retry_at, n)
+        """The backend's slot table, from what its server said (providers/server_info.py: asked once per
+        base_url, again a minute after it did not answer)."""
+        info = await self.servers.discover(provider)
+        n = info.slots if info is not None else 0
+        p = self.index.provider(provider.name)
         if not n:
             p.slots = None
             return None
+        if p.slots is not None and len(p.slots.slots) == n and p.slots.configured:
+            return p.slots  # set up already, with what it learnt since (e.g. that saving is refused)
         if p.slots is None:
             p.slots = SlotTable(n)
         p.slots.resize(n)
+        p.slots.configured = True
         p.slots.can_save = self.cfg.max_saved_slots > 0
         p.slots.max_saved = self.cfg.max_saved_slots
         p.slots.clone_min_bytes = int(self.cfg.clone_min_tokens * p.bytes_per_token)
         return p.slots
-
-    async def _discover(self, provider) -> tuple[int, bool]:
-        """(slots, whether the server answered at all)."""
-        import aiohttp
-
-        headers = provider.adapter.headers()
-        try:
-            async with asyncio.timeout(self.cfg.probe_timeout_s):
-                async with provider.session().get(f"{provider.root_url}/props", headers=headers) as r:
-                    if r.status >= 300:
-                        return 0, True
-                    props = orjson.loads(await r.read())
-                n = props.get("total_slots") if isinstance(props, dict) else None
-                if not isinstance(n, int) or n < 1:
-                    return 0, True
-                # /slots answering confirms this is llama-server with its slot API on (an OpenAI-compatible
-                # server that merely has a /props is left to choose for itself).
-                async with provider.session().get(f"{provider.root_url}/slots", headers=headers) as r:
-                    await r.read()
-                    return (n if r.status < 300 else 0), True
-        except (orjson.JSONDecodeError, AttributeError):
-            return 0, True
-        except (aiohttp.ClientError, OSError, TimeoutError):
-            return 0, False
 
     def finish(self, ticket: Ticket | None, placement: Placement | None, provider, *, ok: bool,
                strategy=None, request_id: str = "") -> None:
@@ -400,13 +365,10 @@ class Affinity:
             self._persist_now(provider)
 
     async def stop(self) -> None:
-        """Shutdown: slot discoveries still under way (shielded from the requests that wait on them, so
-        nobody else ends them) are cancelled and awaited before the pools they use close."""
-        pending = list(self._discovering.values())
-        self._discovering.clear()
-        for fut in pending:
-            fut.cancel()
-        await asyncio.gather(*pending, return_exceptions=True)
+        """Shutdown: server discoveries still under way are cancelled and awaited before the pools they use
+        close."""
+        if self._own_servers:
+            await self.servers.stop()
 
     # -- choosing among equally acceptable providers ---------------------------------------------------------
 

@@ -62,6 +62,7 @@ class SlotTable:
         self.clone_min_bytes = clone_min_bytes
         self.max_saved = max_saved
         self.saved: OrderedDict[str, Saved] = OrderedDict()
+        self.configured = False  # the affinity settings applied once the server's slot count is known
 
     def resize(self, n: int) -> None:
         if n == len(self.slots):

@@ -1,15 +1,18 @@
 """Model control on local backends: which models are available and loaded, load and unload.
 
-Ollama: /api/tags (available), /api/ps (loaded), an empty /api/generate loads, keep_alive 0 unloads.
-LM Studio: /api/v1/models (loaded_instances), /api/v1/models/load and /unload (REST v1, 0.4+), falling back to
-/api/v0/models for the loaded state on older versions. Anything else: the OpenAI model list, no load state."""
+What each kind of server offers (Ollama's /api, LM Studio's REST API, none for llama-server, vLLM and other
+OpenAI-compatible servers) lives in its module under coderouterd/servers/; this module runs it over the
+provider's connection pool and shapes the admin API's answers. A kind without a model list of its own gets
+the OpenAI model list, with no load state."""
 
 from __future__ import annotations
 
 import asyncio
 
-import aiohttp
 import orjson
+
+from .. import servers
+from ..servers import NoModelControl, ServerKind
 
 LOAD_TIMEOUT_S = 600.0
 _LIST_TIMEOUT_S = 10.0
@@ -60,26 +63,33 @@ def error_message(data) -> str | None:
     return None
 
 
-async def detect_backend(provider) -> str:
-    """ollama | lmstudio | openai, by asking the backend's own endpoints."""
+def _getter(provider):
+    """The servers package's GET over this provider's pool: (status, JSON or None)."""
+
+    async def get(path: str):
+        try:
+            return await _get(provider, path)
+        except orjson.JSONDecodeError:
+            return 200, None
+
+    return get
+
+
+async def _kind(provider) -> ServerKind:
+    """The kind of server behind the provider: the config's kind when it says (ollama), else recognised by the
+    servers package's probes."""
     if provider.adapter.model_backend:
-        return provider.adapter.model_backend
+        return servers.by_name(provider.adapter.model_backend)
     try:
-        status, _ = await _get(provider, "/api/version")
-        if status == 200:
-            return "ollama"
-        status, data = await _get(provider, "/api/v1/models")
-        if status == 200 and isinstance(data, dict) and "models" in data:
-            return "lmstudio"
-        status, data = await _get(provider, "/api/v0/models")
-        if status == 200:
-            return "lmstudio"
-    except (aiohttp.ClientError, OSError, TimeoutError) as e:
+        return (await servers.detect(_getter(provider))).kind
+    except servers.Unreachable as e:
         # Nothing answers at all: say so, rather than guess "openai" and fail later with a wrong reason.
-        raise BackendUnreachable(f"{type(e).__name__}: {e}" if str(e) else type(e).__name__) from None
-    except orjson.JSONDecodeError:
-        pass
-    return "openai"
+        raise BackendUnreachable(str(e)) from None
+
+
+async def detect_backend(provider) -> str:
+    """The server kind's name: ollama | lmstudio | llama.cpp | vllm | openai (any other OpenAI-compatible)."""
+    return (await _kind(provider)).name
 
 
 class BackendUnreachable(ModelControlError):
@@ -87,68 +97,30 @@ class BackendUnreachable(ModelControlError):
 
 
 async def list_models(provider) -> dict:
-    backend = await detect_backend(provider)
-    models: list[dict] = []
-    if backend == "ollama":
-        _, tags = await _get(provider, "/api/tags")
-        _, ps = await _get(provider, "/api/ps")
-        loaded = {m.get("name") or m.get("model") for m in (ps or {}).get("models", [])}
-        for m in (tags or {}).get("models", []):
-            name = m.get("name") or m.get("model")
-            models.append({"id": name, "loaded": name in loaded, "size": m.get("size"),
-                           "details": m.get("details", {})})
-    elif backend == "lmstudio":
-        status, data = await _get(provider, "/api/v1/models")
-        if status == 200 and data:
-            for m in data.get("models", []):
-                inst = m.get("loaded_instances") or []
-                models.append({"id": m.get("key"), "loaded": bool(inst), "instances": [i.get("id") for i in inst],
-                               "max_context_length": m.get("max_context_length"), "type": m.get("type")})
-        else:
-            _, data = await _get(provider, "/api/v0/models")
-            for m in (data or {}).get("data", []):
-                models.append({"id": m.get("id"), "loaded": m.get("state") == "loaded",
-                               "max_context_length": m.get("max_context_length"), "type": m.get("type")})
-    else:
-        for mid in await provider.list_models(refresh=True):
-            models.append({"id": mid, "loaded": None})
-    return {"provider": provider.name, "backend": backend, "models": models}
+    kind = await _kind(provider)
+    models = await kind.list_models(_getter(provider))
+    if models is None:
+        models = [{"id": mid, "loaded": None} for mid in await provider.list_models(refresh=True)]
+    return {"provider": provider.name, "backend": kind.name, "models": models}
 
 
 async def load_model(provider, model: str) -> dict:
-    backend = await detect_backend(provider)
-    if backend == "ollama":
-        data = await _post(provider, "/api/generate", {"model": model}, LOAD_TIMEOUT_S)
-        return {"provider": provider.name, "backend": backend, "model": model, "loaded": True,
-                "done_reason": (data or {}).get("done_reason")}
-    if backend == "lmstudio":
-        current = await list_models(provider)
-        for m in current["models"]:
-            if m["id"] == model and m.get("loaded"):
-                # Loading again would create a second instance: LM Studio does not deduplicate.
-                return {"provider": provider.name, "backend": backend, "model": model, "loaded": True,
-                        "already_loaded": True}
-        data = await _post(provider, "/api/v1/models/load", {"model": model}, LOAD_TIMEOUT_S)
-        return {"provider": provider.name, "backend": backend, "model": model, "loaded": True,
-                "instance_id": (data or {}).get("instance_id"),
-                "load_time_seconds": (data or {}).get("load_time_seconds")}
-    raise ModelControlError(f"{provider.name}: this backend has no model load API (OpenAI-compatible only)")
+    return await _control(provider, model, "load", LOAD_TIMEOUT_S)
 
 
 async def unload_model(provider, model: str) -> dict:
-    backend = await detect_backend(provider)
-    if backend == "ollama":
-        data = await _post(provider, "/api/generate", {"model": model, "keep_alive": 0}, _LIST_TIMEOUT_S * 3)
-        return {"provider": provider.name, "backend": backend, "model": model, "loaded": False,
-                "done_reason": (data or {}).get("done_reason")}
-    if backend == "lmstudio":
-        current = await list_models(provider)
-        instances = [i for m in current["models"] if m["id"] == model for i in m.get("instances") or [model]]
-        if not instances:
-            return {"provider": provider.name, "backend": backend, "model": model, "loaded": False,
-                    "already_unloaded": True}
-        for inst in instances:
-            await _post(provider, "/api/v1/models/unload", {"instance_id": inst}, _LIST_TIMEOUT_S * 3)
-        return {"provider": provider.name, "backend": backend, "model": model, "loaded": False,
-                "instances": instances}
-    raise ModelControlError(f"{provider.name}: this backend has no model unload API (OpenAI-compatible only)")
+    return await _control(provider, model, "unload", _LIST_TIMEOUT_S * 3)
+
+
+async def _control(provider, model: str, action: str, timeout: float) -> dict:
+    kind = await _kind(provider)
+
+    async def post(path: str, body: dict, t: float):
+        return await _post(provider, path, body, t)
+
+    try:
+        done = await getattr(kind, action)(_getter(provider), post, model, timeout)
+    except NoModelControl:
+        raise ModelControlError(f"{provider.name}: this backend has no model {action} API "
+                                "(OpenAI-compatible only)") from None
+    return {"provider": provider.name, "backend": kind.name, "model": model, **done}

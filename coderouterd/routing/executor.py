@@ -505,7 +505,7 @@ class Exchange:
         if e.after_content:
             await self._fail_committed(e)
         elif e.reason == OVERFLOW:
-            await self._reply(replies.overflow(e, len(self.req.raw)))
+            await self._reply(replies.overflow(e))
         else:
             await self._reply(replies.passed_on(e))
 
@@ -521,7 +521,7 @@ class Exchange:
         needed = e.overflow[0] if e.overflow and e.overflow[0] else 0
         have = e.overflow[1] if e.overflow and e.overflow[1] else 0
         for name in rest:
-            w = self.runtime.providers[name].cfg.context_window
+            w = self.router.context_window(self.runtime.providers[name])
             if w == 0 or w > max(have, needed):
                 return True
         return False

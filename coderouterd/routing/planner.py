@@ -26,6 +26,7 @@ class ProviderFacts:
     vision: bool | None = None
     thinking: bool = True
     context_window: int = 0  # 0 = unknown: no context gate
+    window_reported: bool = False  # the window is what the server reports (the config left it unset)
     paid: bool = False
 
 
@@ -173,7 +174,8 @@ def _gate(
         return Skip(
             p,
             "context",
-            f"request needs ~{req.estimated_tokens:,} tokens, over {p}'s context window of {f.context_window:,}",
+            f"request needs ~{req.estimated_tokens:,} tokens, over {p}'s context window of {f.context_window:,}"
+            + (" (as its server reports it)" if f.window_reported else ""),
         )
     if p in over_budget:
         return Skip(p, "budget", f"{p} is over its monthly budget")

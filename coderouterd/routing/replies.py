@@ -11,6 +11,7 @@ import math
 from dataclasses import dataclass
 
 from ..providers.errors import UpstreamError
+from ..servers import overflow as context_overflow
 from .planner import Skip
 
 OVERLOAD_STATUSES = frozenset({429, 503, 529})
@@ -30,15 +31,12 @@ def retry_after_value(seconds: float) -> str:
     return str(max(1, math.ceil(seconds)))
 
 
-def overflow(e: UpstreamError, request_bytes: int) -> Reply:
-    """Claude Code reads exactly this message to compact its context; Codex reads the code."""
+def overflow(e: UpstreamError) -> Reply:
+    """Claude Code compacts on "prompt is too long" (and sizes it by the numbers); Codex reads the code. The
+    numbers are the server's: ones it did not give are said to be unknown, never estimated here."""
     n, m = e.overflow or (0, 0)
-    if not n:
-        n = int(request_bytes / 4)
-    if not m or m >= n:
-        m = max(1, n - 1) if not m else m
     # OpenAI-shaped clients (Codex) recognise the overflow by its code and compact their history.
-    return Reply(400, f"prompt is too long: {n} tokens > {m} maximum", "invalid_request_error",
+    return Reply(400, context_overflow.client_message(n, m, e.message), "invalid_request_error",
                  code="context_length_exceeded")
 
 

@@ -5,9 +5,11 @@ only the backend's own failures count; errors the request caused and our own exc
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 
 from ..affinity.service import Affinity
 from ..providers.errors import MEMORY_PRESSURE, UpstreamError
+from ..providers.server_info import ServerDirectory
 from .adaptive import AdaptiveOrderer
 from .breaker import BreakerState
 from .planner import Plan, ProviderFacts, RequestFeatures, Skip, plan
@@ -20,10 +22,12 @@ CLOSED, TRIAL, PANIC = "closed", "trial", "panic"
 
 class Router:
     def __init__(self, state: RoutingState, *, budget=None, affinity: Affinity | None = None,
-                 memory_cooldown_s: float = 60.0,
+                 servers: ServerDirectory | None = None, memory_cooldown_s: float = 60.0,
                  order_adjusters: Sequence[Callable[[object, list[str]], list[dict]]] = ()) -> None:
         """`budget`: guards.apply.BudgetHooks (allowed / reserve / settle), or None when nothing is paid for.
         `affinity`: prefix affinity (session lanes, slots, prefix index), or None.
+        `servers`: what each provider's server reports about itself; its context window gates requests
+        for providers whose config leaves context_window unset. None: configured windows only.
         `memory_cooldown_s`: how long a provider that ran out of memory is not tried.
         `order_adjusters`: consulted after planning, in order: (profile config, candidates) -> order notes;
         each may reorder the candidates in place. Guards that move providers (drift demotion, memory
@@ -31,6 +35,7 @@ class Router:
         self.state = state
         self._budget = budget
         self.affinity = affinity
+        self.servers = servers
         self._orderers: dict[str, AdaptiveOrderer] = {}
         self.memory_cooldown_s = memory_cooldown_s
         self.order_adjusters = tuple(order_adjusters)
@@ -68,6 +73,29 @@ class Router:
                                       thinking=c.capabilities.thinking, context_window=c.context_window, paid=c.paid)
         return out
 
+    def context_window(self, provider) -> int:
+        """The window a provider is routed by: configured, else as its server reports it (0 = unknown)."""
+        if self.servers is None:
+            return provider.cfg.context_window
+        return self.servers.context_window(provider)
+
+    def _facts(self, runtime, names) -> dict[str, ProviderFacts]:
+        """The runtime's facts, with the context window the server reports where the config left it unset.
+        Never waits: a server not heard from yet is asked in the background and not gated meanwhile."""
+        facts = runtime.facts
+        if self.servers is None:
+            return facts
+        out = None
+        for name in names:
+            f, provider = facts.get(name), runtime.providers.get(name)
+            if f is None or provider is None or f.context_window:
+                continue
+            window = self.servers.context_window(provider)
+            if window:
+                out = out if out is not None else dict(facts)
+                out[name] = replace(f, context_window=window, window_reported=True)
+        return out if out is not None else facts
+
     def plan(self, profile_name: str, profile, runtime, req: ClientRequest, ticket=None) -> Plan:
         features = RequestFeatures(
             has_tools=req.has_tools(),
@@ -75,8 +103,9 @@ class Router:
             estimated_tokens=req.estimated_tokens(),
         )
         st = self.state
+        facts = self._facts(runtime, profile.providers)
         p = plan(
-            list(profile.providers), runtime.facts, features,
+            list(profile.providers), facts, features,
             breakers=st.breakers, health=st.health, health_action=profile.health_action,
             orderer=self.orderer(profile_name) if profile.adaptive else None,
             budget_ok=self._budget.allowed if self._budget is not None else None,
@@ -87,11 +116,28 @@ class Router:
                 p.candidates.remove(name)
                 # Not transient in the panic sense: nothing answers until the process is ready.
                 p.skips.append(Skip(name, "not_ready", f"{name}'s managed process is not ready", overridable=False))
+        if not p.candidates:
+            self._try_reported_windows(p, facts, down)
         if ticket is not None and self.affinity is not None and (profile.mode == "race" or profile.adaptive):
             self._prefer_cached(p, ticket, runtime)
         for adjust in self.order_adjusters:
             p.order_notes.extend(adjust(profile, p.candidates))
         return p
+
+    @staticmethod
+    def _try_reported_windows(p: Plan, facts: dict[str, ProviderFacts], down) -> None:
+        """Nobody left, and some were skipped only because the prompt's estimate exceeds the window their
+        server reports: try those anyway, in chain order. The estimate is rough; the server's own refusal
+        carries the real numbers ("prompt is too long: N tokens > M maximum", which Claude Code compacts by),
+        where a refusal of ours could only say "no provider"."""
+        reported = [s for s in p.skips if s.reason == "context" and s.provider not in down
+                    and (f := facts.get(s.provider)) is not None and f.window_reported]
+        for s in reported:
+            p.skips.remove(s)
+            p.candidates.append(s.provider)
+            p.order_notes.append({"provider": s.provider, "moved": "none",
+                                  "why": f"{s.message}; tried anyway: no other provider, and the server's own "
+                                         "answer says by how much"})
 
     def _prefer_cached(self, p: Plan, ticket, runtime) -> None:
         """Among providers the profile treats as equals (race, adaptive order), the one expected to answer

@@ -1,8 +1,6 @@
-"""Anthropic Messages request -> OpenAI chat.completions request, and OpenAI overflow errors."""
+"""Anthropic Messages request -> OpenAI chat.completions request."""
 
 from __future__ import annotations
-
-import re
 
 import orjson
 
@@ -334,92 +332,3 @@ def request_to_openai(body: dict, model: str, *, stream: bool) -> tuple[dict, li
         if key not in _KNOWN_TOP_LEVEL:
             warnings.add(_not_expressible(key))
     return req, warnings.items
-
-
-# --- context overflow recognition -------------------------------------------------------------
-
-_OVERFLOW_MARKERS = (
-    "context length",
-    "context_length",
-    "maximum context",
-    "context window",
-    "context size",
-    "prompt is too long",
-    "prompt too long",
-    "n_ctx",
-    "exceed_context_size",
-)
-# Statuses whose errors are never overflows, even when the message mentions a context.
-_NOT_OVERFLOW_STATUS = frozenset({401, 403, 404, 429})
-
-_MAX_PATTERNS = tuple(
-    re.compile(p)
-    for p in (
-        r"tokens? > (\d+) maximum",
-        r"maximum context length is (\d+)",
-        r"context length of (?:only )?(\d+)",
-        r"context (?:window|size|length)(?: of| is)?:? (\d+)",
-        r"n_ctx(?:_slot)?\s*[=:]?\s*(\d+)",
-        r"\((\d+)\)\s*exceeds? the (?:context|maximum)",
-    )
-)
-_PROMPT_PATTERNS = tuple(
-    re.compile(p)
-    for p in (
-        r"prompt is too long: (\d+)",
-        r"(\d+) input tokens",
-        r"prompt contains (?:at least )?(\d+)",
-        r"requested (\d+) tokens",
-        r"keep the first (\d+) tokens",
-        r"n_prompt_tokens\s*[=:]?\s*(\d+)",
-        r"prompt (?:has|is|of) (\d+) tokens",
-        r"(?:input|prompt) length \(?(\d+)",
-    )
-)
-
-
-def _first_number(patterns: tuple[re.Pattern, ...], text: str) -> int:
-    for pattern in patterns:
-        m = pattern.search(text)
-        if m:
-            return int(m.group(1))
-    return 0
-
-
-def openai_error_is_context_overflow(status: int, body: dict | str) -> tuple[int, int] | None:
-    """(prompt_tokens, max_tokens) if ``body`` reports a context overflow (0 = unknown), else None."""
-    if status in _NOT_OVERFLOW_STATUS:
-        return None
-    if isinstance(body, (bytes, bytearray)):
-        body = body.decode("utf-8", "replace")
-    if isinstance(body, str):
-        try:
-            parsed = orjson.loads(body)
-        except orjson.JSONDecodeError:
-            parsed = None
-        body = parsed if isinstance(parsed, dict) else {"error": {"message": body}}
-    if not isinstance(body, dict):
-        return None
-    err = body.get("error", body)
-    if isinstance(err, str):
-        err = {"message": err}
-    if not isinstance(err, dict):
-        return None
-    etype = str(err.get("type") or "")
-    code = str(err.get("code") or "")
-    message = str(err.get("message") or body.get("message") or "")
-    if etype == "exceed_context_size_error" or code == "context_length_exceeded":
-        overflow = True
-    else:
-        lowered = message.lower()
-        overflow = any(marker in lowered for marker in _OVERFLOW_MARKERS)
-    if not overflow:
-        return None
-    lowered = message.lower()
-    prompt = err.get("n_prompt_tokens")
-    limit = err.get("n_ctx")
-    if not isinstance(prompt, int):
-        prompt = _first_number(_PROMPT_PATTERNS, lowered)
-    if not isinstance(limit, int):
-        limit = _first_number(_MAX_PATTERNS, lowered)
-    return prompt, limit

@@ -10,7 +10,7 @@ import secrets
 import orjson
 
 from coderouterd.protocol.anthropic import message_start
-from coderouterd.translate.anthropic_to_openai import openai_error_is_context_overflow
+from coderouterd.servers import overflow as context_overflow
 from coderouterd.translate.reasoning import ThinkTagSplitter, split_think_tags
 
 log = logging.getLogger(__name__)
@@ -212,13 +212,10 @@ def stream_error_to_anthropic(err) -> tuple[str, str]:
         code = err.get("code")
     else:
         message, etype, code = str(err), "", None
-    overflow = openai_error_is_context_overflow(400, {"error": err if isinstance(err, dict) else message})
+    overflow = context_overflow.parse(400, {"error": err if isinstance(err, dict) else message})
     if overflow is not None:
-        prompt, limit = overflow
-        if prompt or limit:
-            # The client parses exactly this wording to trigger compaction.
-            return "invalid_request_error", f"prompt is too long: {prompt} tokens > {limit} maximum"
-        return "invalid_request_error", f"prompt is too long: {message}"
+        # The client parses this wording to trigger compaction (numbers only when the server gave them).
+        return "invalid_request_error", context_overflow.client_message(*overflow, message)
     lowered = message.lower()
     if code == 503 or etype in ("unavailable_error", "overloaded_error") or "loading model" in lowered:
         return "overloaded_error", message

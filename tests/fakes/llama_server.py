@@ -18,7 +18,7 @@ loaded into the slot. ``cache_ram=False`` turns it off (``--cache-ram 0``).
 A prompt longer than a slot's context (``n_ctx``, tokens per slot) is refused with the server's
 ``exceed_context_size_error``. ``loading_s``: /health answers 503 "Loading model" that long after start.
 
-Options: ``n_slots`` (default 4), ``n_ctx`` (8192), ``slot_prompt_similarity`` (0.1), ``slot_save`` (False:
+Options: ``n_slots`` (default 4), ``n_ctx`` (131072, the OpenAI fake's), ``slot_prompt_similarity`` (0.1), ``slot_save`` (False:
 save/restore answer 501 as a server started without ``--slot-save-path``), ``cache_ram`` (True),
 ``ms_per_token`` (reported prefill speed), ``loading_s`` (0). ``log`` records every generation: slot,
 id_slot asked, prompt tokens, cached tokens and the prompt bytes.

@@ -96,7 +96,9 @@ class OpenAIFake(FakeBase):
         opts = self.options
         self.reasoning_field = str(opts.get("reasoning_field", self.default_reasoning_field))
         self.tool_split = opts.get("tool_split", self.default_tool_split)
-        self.n_ctx = int(opts.get("n_ctx", 8192))
+        # Reported in /props, which the daemon's context gate reads (and the llama fake enforces): large by
+        # default, so neither gates a prompt of a test that is not about context sizes.
+        self.n_ctx = int(opts.get("n_ctx", 131072))
         self.created = int(time.time())
         self.completion_id = f"chatcmpl-{self.name}"
         self._frame_cache: dict[tuple, list[bytes]] = {}

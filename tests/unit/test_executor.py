@@ -90,6 +90,16 @@ def test_context_overflows_are_400s_and_never_open_the_breaker():
     assert sink.status == 200 and ex.attempts[-1].panic is False
 
 
+def test_an_overflow_without_numbers_is_told_as_unknown_not_estimated():
+    r = Routing(chain_config("a"))
+    r.ups.script("a", fail(UpstreamError(OVERFLOW, status=400, message="context length exceeded", overflow=(0, 0))))
+    _ex, sink = run(r.serve())
+    err = sink.last_error()
+    # Still the wording Claude Code compacts on, but no "N tokens > M maximum" made up from the body's size.
+    assert err[1] == 400 and err[2].startswith("prompt is too long") and "did not say" in err[2]
+    assert ">" not in err[2] and "context length exceeded" in err[2]
+
+
 def test_last_failure_429_is_a_429_with_the_smallest_retry_after():
     r = Routing(chain_config("a", "b"))
     r.ups.script("a", fail(http_error(429, "slow down", retry_after=9)))

@@ -3,7 +3,7 @@ import copy
 import orjson
 import pytest
 
-from coderouterd.translate.anthropic_to_openai import openai_error_is_context_overflow, request_to_openai
+from coderouterd.translate.anthropic_to_openai import request_to_openai
 
 CC = {"type": "ephemeral"}
 SCHEMA_URL = "https://json-schema.org/draft/2020-12/schema"
@@ -279,42 +279,3 @@ def test_each_warning_kind_reported_once():
     }
     _, warnings = request_to_openai(body, "m", stream=True)
     assert warnings == ["cache_control dropped: not expressible on an OpenAI backend"]
-
-
-# (name, status, body, expected)
-OVERFLOW_CASES = [
-    ("llama.cpp typed error", 400,
-     {"error": {"code": 400, "message": "the request exceeds the available context size, try increasing it",
-                "type": "exceed_context_size_error", "n_prompt_tokens": 40213, "n_ctx": 32768}},
-     (40213, 32768)),
-    ("vllm classic", 400,
-     {"object": "error", "message": "This model's maximum context length is 32768 tokens. However, you requested "
-                                    "40000 tokens (39000 in the messages, 1000 in the completion).", "type": "BadRequestError"},
-     (40000, 32768)),
-    ("vllm input tokens", 400,
-     {"error": {"message": "This model's maximum context length is 8192 tokens. However, your request has 9001 input "
-                           "tokens. Please reduce the length of the input messages."}},
-     (9001, 8192)),
-    ("openai code", 400,
-     {"error": {"message": "too big", "type": "invalid_request_error", "code": "context_length_exceeded"}}, (0, 0)),
-    ("lm studio", 400,
-     {"error": "Trying to keep the first 50000 tokens when context the overflows. However, the model is loaded with "
-               "context length of only 4096 tokens, which is not enough."},
-     (50000, 4096)),
-    ("ollama string error", 500, {"error": "prompt too long; exceeded max context length by 100 tokens"}, (0, 0)),
-    ("anthropic wording", 400,
-     {"type": "error", "error": {"type": "invalid_request_error", "message": "prompt is too long: 210000 tokens > 200000 maximum"}},
-     (210000, 200000)),
-    ("context window phrase", 400, {"error": {"message": "input exceeds the context window"}}, (0, 0)),
-    ("plain text body", 500, "error: n_ctx = 4096 is too small, prompt has 5000 tokens", (5000, 4096)),
-    ("json text body", 400, '{"error":{"type":"exceed_context_size_error","n_prompt_tokens":9,"n_ctx":8}}', (9, 8)),
-    ("unrelated 400", 400, {"error": {"message": "Invalid value for temperature", "type": "invalid_request_error"}}, None),
-    ("model not found mentioning context", 404, {"error": {"message": "model 'ctx' not found, context length unknown"}}, None),
-    ("loading model", 503, {"error": {"code": 503, "message": "Loading model", "type": "unavailable_error"}}, None),
-    ("garbage text", 502, "Bad Gateway", None),
-]
-
-
-@pytest.mark.parametrize("name,status,body,expected", OVERFLOW_CASES, ids=[c[0] for c in OVERFLOW_CASES])
-def test_context_overflow_recognition(name, status, body, expected):
-    assert openai_error_is_context_overflow(status, body) == expected

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import orjson
 
+from ...servers import overflow as context_overflow
 from ..errors import OVERFLOW, UpstreamError, http_error, parse_retry_after
 from .base import UpstreamAdapter, error_message
 
@@ -28,11 +29,9 @@ def prompt_text(body: dict) -> str:
 
 
 def openai_http_error(status: int, body: bytes, headers) -> UpstreamError:
-    from ...translate.anthropic_to_openai import openai_error_is_context_overflow
-
     message, parsed = error_message(body)
     if status in (400, 413, 422, 500):
-        ov = openai_error_is_context_overflow(status, parsed if isinstance(parsed, dict) else str(parsed))
+        ov = context_overflow.parse(status, parsed if isinstance(parsed, dict) else str(parsed))
         if ov is not None:
             return UpstreamError(OVERFLOW, status=400, message=message, overflow=ov)
     return http_error(status, message, retry_after=parse_retry_after(headers))

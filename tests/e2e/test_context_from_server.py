@@ -1,0 +1,71 @@
+"""The context window a server reports gates requests: with no context_window configured, a prompt larger
+than the small llama-server's slot context goes to the next provider without touching the small one."""
+
+from __future__ import annotations
+
+import re
+import time
+
+import httpx
+import orjson
+
+from corectl.render import context_cell
+from tests.e2e.test_control_plane import corectl
+from tests.fakes.runner import FakeServer
+from tests.support.daemon import DaemonProcess
+
+
+def providers_status(d: DaemonProcess) -> dict[str, dict]:
+    r = corectl("status", "--json", socket=str(d.state_dir / "coderouterd.sock"))
+    assert r.returncode == 0, r.stderr
+    return {p["name"]: p for p in orjson.loads(r.stdout)["providers"]}
+
+
+def test_oversize_prompt_skips_the_small_server_before_trying_it(tmp_path):
+    with FakeServer("llamacpp", name="small", n_ctx=1000, n_slots=1) as small, \
+            FakeServer("llamacpp", name="big", n_ctx=100_000, n_slots=1) as big:
+        cfg = f"""
+[server]
+port = {{PORT}}
+[providers.small]
+base_url = "{small.url}/v1"
+[providers.big]
+base_url = "{big.url}/v1"
+[profiles.default]
+providers = ["small", "big"]
+[profiles.solo]
+providers = ["small"]
+"""
+        d = DaemonProcess(cfg, tmp_path).start()
+        try:
+            deadline = time.monotonic() + 10
+            while (shown := providers_status(d))["small"].get("context_window") is None:
+                assert time.monotonic() < deadline, shown
+                time.sleep(0.1)
+            assert shown["small"]["context_window"] == 1000 and shown["small"]["configured_context_window"] is None
+            assert shown["small"]["server"]["kind"] == "llama.cpp" and shown["big"]["context_window"] == 100_000
+
+            small_prompt = {"model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": "hi"}]}
+            r = httpx.post(d.url + "/v1/messages", json=small_prompt, timeout=20)
+            assert r.headers["x-coderouter-provider"] == "small"
+            before = small.count("/v1/chat/completions")
+
+            big_prompt = {**small_prompt, "messages": [{"role": "user", "content": "x" * 20_000}]}
+            r = httpx.post(d.url + "/v1/messages", json=big_prompt, timeout=20)
+            assert r.status_code == 200, r.text
+            assert r.headers["x-coderouter-provider"] == "big"
+            assert "small:skipped:context" in r.headers["x-coderouter-attempts"]
+            assert small.count("/v1/chat/completions") == before  # never tried
+
+            assert context_cell(shown["small"]).plain == "1,000 srv"  # corectl status: the server's figure
+
+            # Alone in its chain, the small server is still asked: its own refusal would carry the real numbers
+            # (Claude Code compacts by them), where ours could only say "no provider" from an estimate.
+            r = httpx.post(d.url + "/v1/messages", json=big_prompt, headers={"x-coderouter-profile": "solo"},
+                           timeout=20)
+            assert small.count("/v1/chat/completions") == before + 1
+            err = r.json()["error"]
+            assert r.status_code == 400 and err["type"] == "invalid_request_error"
+            assert re.fullmatch(r"prompt is too long: \d+ tokens > 1000 maximum", err["message"]), err
+        finally:
+            d.stop()
