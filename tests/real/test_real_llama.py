@@ -118,7 +118,7 @@ def test_status_models_and_doctor_show_the_real_model_its_context_and_slots(env)
         providers = a.get("/v1/providers").json()
     text = orjson.dumps(providers).decode()
     assert f'"total":{SLOTS}' in text.replace(" ", "")  # the slot table discovered from the real server
-    models = env.corectl("models")
+    models = env.corectl("models", "list")
     assert models.returncode == 0, models.stderr + models.stdout
     assert "SmolLM2" in models.stdout or MODEL in models.stdout or "smollm" in models.stdout.lower()
     doctor = env.corectl("doctor")
