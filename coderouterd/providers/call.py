@@ -134,7 +134,12 @@ class Call:
         finally:
             self.wait_s += time.perf_counter() - t0
         if not chunk:
-            return st.eof()
+            out = st.eof()  # raises unless the answer is complete
+            # The end of the body is final. A finished body answers readany() at once, for ever, without yielding
+            # to the event loop: a strategy left not `done` here would be read again in a loop that freezes the
+            # daemon (issue 23). Whatever eof() returned is the last of the stream.
+            st.done = True
+            return out
         if self.ttfb is None:
             self.ttfb = time.monotonic() - self.started
         try:

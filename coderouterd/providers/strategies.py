@@ -25,6 +25,7 @@ from ..translate.tool_repair_wire import (
 from .errors import DISCONNECT, UpstreamError, stream_error_reason
 
 _PING = encode_event({"type": "ping"})
+_MESSAGE_STOP = encode_event({"type": "message_stop"})
 # Anthropic events the repair adapter rewrites; the rest keep their bytes.
 _REPAIR_SEES = frozenset({"content_block_start", "content_block_delta", "content_block_stop", "message_delta"})
 
@@ -197,6 +198,7 @@ class AnthropicPassthrough(Strategy):
     """Anthropic client -> Anthropic upstream: the body goes untouched (except model), events verbatim."""
 
     upstream_wire = "anthropic"
+    _stop_reason_seen = False  # a message_delta came: the answer is complete but for its message_stop
 
     def request(self, raw: bytes, stream: bool) -> bytes:
         if self.client_body.get("model") == self.model:
@@ -223,6 +225,8 @@ class AnthropicPassthrough(Strategy):
             if name == "ping":
                 out.append(_PING)
                 continue
+            if name == "message_delta":
+                self._stop_reason_seen = True
             if self.answer is not None and name in _REPAIR_SEES:
                 observed = orjson.loads(data)
                 observe_anthropic(self.answer, observed)
@@ -262,9 +266,12 @@ class AnthropicPassthrough(Strategy):
         return b"".join(out)
 
     def eof(self) -> bytes:
-        if self.usage.get("output_tokens") is not None and self.started_content:
-            # A stream that ends after message_delta without message_stop is tolerated by clients.
-            return b""
+        if self._stop_reason_seen and self.started_content:
+            # Ended after message_delta (stop reason and usage) without message_stop: the answer is complete, and
+            # the client gets the message_stop its parser waits for. message_start's usage (output_tokens: 1) is
+            # no sign of completeness: a stream cut inside a content block has it too, and is a failure.
+            self.done = True
+            return _MESSAGE_STOP
         raise UpstreamError(DISCONNECT, message="upstream closed the stream before message_stop",
                             after_content=self.started_content)
 

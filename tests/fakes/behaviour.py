@@ -25,14 +25,16 @@ BEHAVIOURS = frozenset({
     "ok", "500", "503_loading", "429", "401", "404_model", "400", "overflow", "529",
     "slow_first_byte", "slow_stream", "disconnect_mid_stream", "hang", "tools", "reasoning",
     "text_only_for_tools", "all_reasoning", "error_mid_stream", "chunks", "echo_tool_result",
-    "text_tools", "empty", "loop", "long", "oom",
+    "text_tools", "empty", "loop", "long", "oom", "cut_mid_block",
 })
 ERROR_BEHAVIOURS = frozenset({"500", "503_loading", "429", "401", "404_model", "400", "overflow", "529", "oom"})
 GLOBAL_BEHAVIOURS = frozenset({"503_loading", "hang", "401"})
 NUMERIC_PARAMS = frozenset({"delay", "chunk_delay", "linger", "retry_after", "n_prompt", "n_ctx", "tokens", "max", "split",
                             "parallel", "n", "after", "think_tags", "text"})
 # `tool`/`cmd`: call that tool with {"cmd": cmd} (a shell tool such as Codex's exec_command).
-TEXT_PARAMS = frozenset({"field", "tool", "cmd", "format"})
+# `end` (cut_mid_block): how the body ends, "chunked" (the chunked terminator) or "close" (no framing: the
+# connection closes, which is a clean end of an unframed HTTP/1.1 body).
+TEXT_PARAMS = frozenset({"field", "tool", "cmd", "format", "end"})
 
 # Fixed tool-call arguments: quotes, a backslash escape, non-ASCII and a multi-byte symbol, so that any
 # fragment boundary falls inside an escape or a character somewhere and reassembly can be checked byte-exact.
@@ -147,7 +149,7 @@ class Plan:
     content: list[str] = field(default_factory=list)
     tool_calls: list[ToolCall] = field(default_factory=list)
     finish: str = "stop"  # OpenAI vocabulary: stop | length | tool_calls
-    fail: str | None = None  # None | "disconnect" | "error"
+    fail: str | None = None  # None | "disconnect" | "error" | "cut" (a clean end mid-block; Anthropic fake only)
     delay: float = 0.0  # seconds between streamed pieces
     linger: float = 0.0  # seconds the HTTP body stays open after the stream's last event (param `linger`)
     reasoning_field: str | None = None  # OpenAI delta field override (behaviour param `field`)
@@ -221,6 +223,8 @@ def make_plan(b: Behaviour, server_name: str, tool_names: list[str], *, split_de
         plan.fail = "disconnect"
     elif name == "error_mid_stream":
         plan.fail = "error"
+    elif name == "cut_mid_block":
+        plan.fail = "cut"
     if plan.fail:
         plan.content = plan.content[:max(0, b.integer("after", 2))]
     return plan

@@ -69,3 +69,29 @@ def test_anthropic_passthrough_keeps_raw_body_and_drops_a_second_message_start()
     with pytest.raises(UpstreamError) as ei:
         st.events([("error", '{"type":"error","error":{"type":"overloaded_error","message":"busy"}}')])
     assert ei.value.error_type == "overloaded_error" and ei.value.message == "busy"
+
+
+def _anthropic_events(*, delta: bool) -> list[tuple[str, str]]:
+    evs = [("message_start", '{"type":"message_start","message":{"usage":{"input_tokens":3,"output_tokens":1}}}'),
+           ("content_block_start", '{"type":"content_block_start","index":0,"content_block":{"type":"text","text":""}}'),
+           ("content_block_delta", '{"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":"hi"}}')]
+    if delta:
+        evs += [("content_block_stop", '{"type":"content_block_stop","index":0}'),
+                ("message_delta", '{"type":"message_delta","delta":{"stop_reason":"end_turn"},"usage":{"output_tokens":2}}')]
+    return evs
+
+
+def test_anthropic_end_inside_a_block_is_a_failure_after_content():
+    """message_start's usage (output_tokens: 1) is no sign of a finished answer: an end before message_delta is a
+    disconnect, and eof() never returns leaving the stream open (issue 23: that was a read loop that froze the daemon)."""
+    st = AnthropicPassthrough(model="m", skip_prologue=False, client_body={"model": "m"})
+    st.events(_anthropic_events(delta=False))
+    with pytest.raises(UpstreamError) as ei:
+        st.eof()
+    assert ei.value.reason == DISCONNECT and ei.value.after_content and not st.done
+
+
+def test_anthropic_end_after_message_delta_is_complete_and_closed_with_message_stop():
+    st = AnthropicPassthrough(model="m", skip_prologue=False, client_body={"model": "m"})
+    st.events(_anthropic_events(delta=True))
+    assert st.eof() == b'event: message_stop\ndata: {"type":"message_stop"}\n\n' and st.done

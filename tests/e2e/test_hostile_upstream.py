@@ -1,0 +1,143 @@
+"""Upstreams that misbehave, against the real daemon (issue 23, items 1-4): a stream that ends mid-block, a
+redirect to another origin, answers without bound, garbage passed off as a success. Whatever an upstream does,
+the client gets a failover or a well-formed error in its API shape, at once, and the daemon keeps serving."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import httpx
+import orjson
+import pytest
+
+from tests.e2e.test_control_plane import corectl
+from tests.fakes.runner import FakeServer
+from tests.support.daemon import DaemonProcess
+from tests.support.sse import event_names
+
+CONFIG = """
+[server]
+port = {PORT}
+stream_hold_s = 0.2
+
+[breaker]
+failures = 1000
+
+[providers.an]
+kind = "anthropic"
+base_url = "@AN@/v1"
+api_key_env = "FAKE_AN_KEY"
+
+[providers.an2]
+kind = "anthropic"
+base_url = "@AN2@/v1"
+api_key_env = "FAKE_AN_KEY"
+
+[providers.oa]
+kind = "openai"
+base_url = "@OA@/v1"
+
+[providers.oa2]
+kind = "openai"
+base_url = "@OA2@/v1"
+
+[profiles.default]
+providers = ["an"]
+health_action = "warn"
+
+[profiles.an]
+providers = ["an"]
+health_action = "warn"
+
+[profiles.anchain]
+providers = ["an", "an2"]
+health_action = "warn"
+
+[profiles.oachain]
+providers = ["oa", "oa2"]
+health_action = "warn"
+"""
+
+SECRET = "sk-an-secret-23"
+USER = [{"role": "user", "content": "hi"}]
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("hostile_upstream")
+    with FakeServer("anthropic", name="an") as an, FakeServer("anthropic", name="an2") as an2, \
+            FakeServer("openai", name="oa") as oa, FakeServer("openai", name="oa2") as oa2:
+        cfg = (CONFIG.replace("@AN@", an.url).replace("@AN2@", an2.url).replace("@OA@", oa.url)
+               .replace("@OA2@", oa2.url))
+        d = DaemonProcess(cfg, tmp, env={"FAKE_AN_KEY": SECRET}).start()
+        try:
+            yield {"daemon": d, "an": an, "an2": an2, "oa": oa, "oa2": oa2}
+        finally:
+            d.stop()
+
+
+@pytest.fixture(autouse=True)
+def _fakes_ok(env):
+    for name in ("an", "an2", "oa", "oa2"):
+        env[name].reset()
+        env[name].set_behaviour("ok")
+
+
+def _failures(env, provider: str) -> int:
+    r = corectl("status", "--json", env_socket=str(env["daemon"].state_dir / "coderouterd.sock"))
+    assert r.returncode == 0, r.stderr
+    return {p["name"]: p for p in orjson.loads(r.stdout)["providers"]}[provider]["breaker"]["consecutive_failures"]
+
+
+def _healthz_fast(env) -> float:
+    t0 = time.monotonic()
+    r = httpx.get(env["daemon"].url + "/healthz", timeout=2)
+    assert r.status_code == 200
+    return time.monotonic() - t0
+
+
+# -- 1. an Anthropic stream that ends cleanly after a block started, before message_stop ---------------------
+
+@pytest.mark.parametrize("end", ["chunked", "close"])
+@pytest.mark.parametrize("ingress", ["anthropic"])
+def test_stream_cut_mid_block_ends_with_an_error_event_at_once(env, end, ingress):
+    d = env["daemon"]
+    env["an"].set_behaviour(f"cut_mid_block;end={end}")
+    before = _failures(env, "an")
+    answer: dict = {}
+
+    def stream() -> None:
+        if ingress == "anthropic":
+            path, body = "/v1/messages", {"model": "m", "max_tokens": 10, "stream": True, "messages": USER}
+        else:
+            path, body = "/v1/chat/completions", {"model": "m", "stream": True, "messages": USER}
+        try:
+            r = httpx.post(d.url + path, json=body, headers={"x-coderouter-profile": "an"}, timeout=10)
+            answer["status"], answer["text"] = r.status_code, r.text
+        except httpx.HTTPError as e:
+            answer["error"] = repr(e)
+
+    t = threading.Thread(target=stream)
+    t0 = time.monotonic()
+    t.start()
+    time.sleep(0.3)
+    assert _healthz_fast(env) < 1.0  # nothing else slowed
+    t.join(15)
+    assert not t.is_alive() and "error" not in answer, answer
+    assert time.monotonic() - t0 < 5
+    assert answer["status"] == 200
+    text = answer["text"]
+    if ingress == "anthropic":
+        names = event_names(text)
+        assert names[0] == "message_start" and "content_block_start" in names and names[-1] == "error", text
+        last = orjson.loads(text.rstrip().splitlines()[-1][6:])
+        assert last["type"] == "error" and "message_stop" in last["error"]["message"]
+    else:
+        datas = [ln[6:] for ln in text.splitlines() if ln.startswith("data: ")]
+        assert "error" in orjson.loads(datas[-1]), text
+    assert _failures(env, "an") == before + 1  # the upstream counted as failed
+    for _ in range(5):
+        assert _healthz_fast(env) < 1.0
+    assert d.proc.poll() is None
+
