@@ -406,8 +406,9 @@ class AnthropicUpstreamAsChat(Strategy):
         return chunks, stopped
 
     def _complete_without_stop(self) -> bool:
-        """A stream that ended after content and its usage but without message_stop: complete enough."""
-        return self.a2o.started_content and bool(self.a2o.usage.get("output_tokens"))
+        """A stream that ended after content and its message_delta but without message_stop: complete enough.
+        Usage alone is no sign: message_start carries output_tokens too, and a stream cut inside a block has it."""
+        return self.a2o.started_content and self.a2o.stop_reason_seen
 
     def _no_stop(self) -> UpstreamError:
         return UpstreamError(DISCONNECT, message="upstream closed the stream before message_stop",

@@ -100,7 +100,7 @@ def _healthz_fast(env) -> float:
 # -- 1. an Anthropic stream that ends cleanly after a block started, before message_stop ---------------------
 
 @pytest.mark.parametrize("end", ["chunked", "close"])
-@pytest.mark.parametrize("ingress", ["anthropic"])
+@pytest.mark.parametrize("ingress", ["anthropic", "openai", "responses"])
 def test_stream_cut_mid_block_ends_with_an_error_event_at_once(env, end, ingress):
     d = env["daemon"]
     env["an"].set_behaviour(f"cut_mid_block;end={end}")
@@ -108,10 +108,11 @@ def test_stream_cut_mid_block_ends_with_an_error_event_at_once(env, end, ingress
     answer: dict = {}
 
     def stream() -> None:
-        if ingress == "anthropic":
-            path, body = "/v1/messages", {"model": "m", "max_tokens": 10, "stream": True, "messages": USER}
-        else:
-            path, body = "/v1/chat/completions", {"model": "m", "stream": True, "messages": USER}
+        path, body = {
+            "anthropic": ("/v1/messages", {"model": "m", "max_tokens": 10, "stream": True, "messages": USER}),
+            "openai": ("/v1/chat/completions", {"model": "m", "stream": True, "messages": USER}),
+            "responses": ("/v1/responses", {"model": "m", "stream": True, "input": "hi"}),
+        }[ingress]
         try:
             r = httpx.post(d.url + path, json=body, headers={"x-coderouter-profile": "an"}, timeout=10)
             answer["status"], answer["text"] = r.status_code, r.text
@@ -133,9 +134,14 @@ def test_stream_cut_mid_block_ends_with_an_error_event_at_once(env, end, ingress
         assert names[0] == "message_start" and "content_block_start" in names and names[-1] == "error", text
         last = orjson.loads(text.rstrip().splitlines()[-1][6:])
         assert last["type"] == "error" and "message_stop" in last["error"]["message"]
-    else:
+    elif ingress == "openai":
+        # The cut answer is not passed off as complete (no finish_reason): an error chunk, then [DONE].
         datas = [ln[6:] for ln in text.splitlines() if ln.startswith("data: ")]
-        assert "error" in orjson.loads(datas[-1]), text
+        assert datas[-1] == "[DONE]" and "error" in orjson.loads(datas[-2]), text
+        assert '"finish_reason":"stop"' not in text, text
+    else:
+        names = [ln[7:] for ln in text.splitlines() if ln.startswith("event: ")]
+        assert "response.completed" not in names and names[-1] in ("response.failed", "error"), text
     assert _failures(env, "an") == before + 1  # the upstream counted as failed
     for _ in range(5):
         assert _healthz_fast(env) < 1.0
