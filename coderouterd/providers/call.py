@@ -16,6 +16,7 @@ from .errors import (
     TOTAL_TIMEOUT,
     UNBUILDABLE,
     UpstreamError,
+    redirect_error,
 )
 from .provider import Provider
 
@@ -72,6 +73,10 @@ class Call:
         try:
             async with asyncio.timeout_at(self._loop_deadline(min(self.first_byte_deadline, self.total_deadline))):
                 self.resp = await self.provider.session().post(url, data=body, headers=headers)
+                if 300 <= self.resp.status < 400:
+                    location = self.resp.headers.get("location")
+                    self.resp.close()  # its body is not wanted: the connection goes, not back to the pool
+                    raise redirect_error(self.resp.status, location)
                 if self.resp.status >= 400:
                     err_body = await self.resp.read()
                     self.resp.release()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
+from urllib.parse import urlsplit
 
 # Reasons are short machine words: they appear in x-coderouter-attempts, the journal and the audit log.
 CONNECT = "connect_error"
@@ -21,6 +22,9 @@ BUDGET = "budget_exhausted"
 # never the provider's. Another provider (another wire) may still take it.
 UNBUILDABLE = "request_unbuildable"
 MEMORY_PRESSURE = "memory_pressure"  # the backend ran out of memory: cooldown, fail over
+# The upstream answered with a redirect. Never followed (providers/upstream_session.py): our credentials and the
+# prompt would go to wherever it points. The provider's failure, like a 5xx.
+REDIRECT = "upstream_redirect"
 
 # What llama.cpp, Ollama, LM Studio, vLLM, MLX and CUDA/Metal say when a model does not fit.
 _OOM = re.compile(
@@ -145,6 +149,15 @@ def _http_date(text: str) -> float | None:
     except OverflowError:
         return None
     return min(max(0.0, delta), MAX_RETRY_AFTER_S)
+
+
+def redirect_error(status: int, location: str | None) -> UpstreamError:
+    """A 3xx. Only the target's origin is named: its path or query may carry what the upstream put there."""
+    parts = urlsplit(location or "")
+    where = f" to {parts.scheme}://{parts.netloc}" if parts.scheme and parts.netloc else ""
+    # No HTTP status on the error: a 3xx is no answer to pass to the client, and failover needs none.
+    return UpstreamError(REDIRECT, message=f"upstream answered HTTP {status} (redirect{where}); redirects are not "
+                                           f"followed")
 
 
 def parse_retry_after(headers) -> float | None:

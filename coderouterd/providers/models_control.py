@@ -25,7 +25,7 @@ class ModelControlError(Exception):
 async def _get(provider, path: str):
     async with asyncio.timeout(_LIST_TIMEOUT_S):
         async with provider.session().get(provider.root_url + path, headers=provider.auth_headers()) as r:
-            if r.status >= 400:
+            if r.status >= 300:  # a redirect (not followed) is no answer either
                 return r.status, None
             return r.status, orjson.loads(await r.read())
 
@@ -42,7 +42,7 @@ async def _post(provider, path: str, body: dict, timeout: float):
                         data = orjson.loads(line)
                     except orjson.JSONDecodeError:
                         pass
-            if r.status >= 400:
+            if r.status >= 300:  # a redirect is not followed (upstream_session.py): no result
                 msg = error_message(data) or raw[:200].decode("utf-8", "replace").strip()
                 raise ModelControlError(f"HTTP {r.status}: {msg or 'no detail'}")
             return data

@@ -9,7 +9,7 @@ import orjson
 
 from ..config.schema import ProviderConfig
 from .adapters import adapter_for
-from .errors import CONNECT, MODEL_DISCOVERY, UpstreamError
+from .errors import CONNECT, MODEL_DISCOVERY, UpstreamError, redirect_error
 from .pool import Pool
 
 MODEL_CACHE_TTL_S = 300.0
@@ -76,6 +76,8 @@ class Provider:
             try:
                 async with asyncio.timeout(self.cfg.timeouts.connect + 5):
                     async with self.session().get(self.adapter.models_url, headers=headers) as r:
+                        if 300 <= r.status < 400:  # not followed (upstream_session.py)
+                            raise redirect_error(r.status, r.headers.get("location"))
                         if r.status >= 400:
                             raise UpstreamError(MODEL_DISCOVERY, status=r.status,
                                                 message=f"listing models failed with HTTP {r.status}")

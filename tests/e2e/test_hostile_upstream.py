@@ -14,7 +14,7 @@ import pytest
 from tests.e2e.test_control_plane import corectl
 from tests.fakes.runner import FakeServer
 from tests.support.daemon import DaemonProcess
-from tests.support.sse import event_names
+from tests.support.sse import event_names, streamed_text
 
 CONFIG = """
 [server]
@@ -67,19 +67,20 @@ USER = [{"role": "user", "content": "hi"}]
 def env(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("hostile_upstream")
     with FakeServer("anthropic", name="an") as an, FakeServer("anthropic", name="an2") as an2, \
-            FakeServer("openai", name="oa") as oa, FakeServer("openai", name="oa2") as oa2:
+            FakeServer("openai", name="oa") as oa, FakeServer("openai", name="oa2") as oa2, \
+            FakeServer("anthropic", name="elsewhere") as elsewhere:
         cfg = (CONFIG.replace("@AN@", an.url).replace("@AN2@", an2.url).replace("@OA@", oa.url)
                .replace("@OA2@", oa2.url))
         d = DaemonProcess(cfg, tmp, env={"FAKE_AN_KEY": SECRET}).start()
         try:
-            yield {"daemon": d, "an": an, "an2": an2, "oa": oa, "oa2": oa2}
+            yield {"daemon": d, "an": an, "an2": an2, "oa": oa, "oa2": oa2, "elsewhere": elsewhere}
         finally:
             d.stop()
 
 
 @pytest.fixture(autouse=True)
 def _fakes_ok(env):
-    for name in ("an", "an2", "oa", "oa2"):
+    for name in ("an", "an2", "oa", "oa2", "elsewhere"):
         env[name].reset()
         env[name].set_behaviour("ok")
 
@@ -147,3 +148,30 @@ def test_stream_cut_mid_block_ends_with_an_error_event_at_once(env, end, ingress
         assert _healthz_fast(env) < 1.0
     assert d.proc.poll() is None
 
+
+
+# -- 2. redirects are never followed --------------------------------------------------------------------------
+
+@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize("status", [301, 302, 303, 307, 308])
+def test_a_redirect_to_another_origin_is_not_followed_and_fails_over(env, status, stream):
+    d, elsewhere = env["daemon"], env["elsewhere"]
+    env["an"].set_behaviour(f"redirect;status={status};to={elsewhere.url}/v1/messages")
+    r = httpx.post(d.url + "/v1/messages", json={"model": "m", "max_tokens": 10, "stream": stream, "messages": USER},
+                   headers={"x-coderouter-profile": "anchain"}, timeout=10)
+    assert r.status_code == 200, r.text
+    # Neither the key nor the prompt went anywhere but the configured providers.
+    assert not elsewhere.requests and not elsewhere.saw_api_key
+    assert r.headers["x-coderouter-attempts"].startswith("an:upstream_redirect,an2:"), r.headers
+    assert (streamed_text(r.text) if stream else r.json()["content"][0]["text"]) == "Hello from an2"
+
+
+def test_a_redirect_is_named_in_the_error_when_nothing_else_serves(env):
+    d, elsewhere = env["daemon"], env["elsewhere"]
+    env["an"].set_behaviour(f"redirect;status=307;to={elsewhere.url}/v1/messages")
+    r = httpx.post(d.url + "/v1/messages", json={"model": "m", "max_tokens": 10, "messages": USER},
+                   headers={"x-coderouter-profile": "an"}, timeout=10)
+    assert r.status_code >= 500 and r.json()["type"] == "error"
+    message = r.json()["error"]["message"]
+    assert "redirect" in message and "307" in message and elsewhere.url.split("//")[1] in message, message
+    assert not elsewhere.requests

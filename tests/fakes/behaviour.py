@@ -21,20 +21,23 @@ from functools import lru_cache
 import orjson
 from aiohttp import web
 
+from .misbehave import MISBEHAVIOURS, misbehave
+
 BEHAVIOURS = frozenset({
     "ok", "500", "503_loading", "429", "401", "404_model", "400", "overflow", "529",
     "slow_first_byte", "slow_stream", "disconnect_mid_stream", "hang", "tools", "reasoning",
     "text_only_for_tools", "all_reasoning", "error_mid_stream", "chunks", "echo_tool_result",
     "text_tools", "empty", "loop", "long", "oom", "cut_mid_block",
-})
+}) | MISBEHAVIOURS  # wire-neutral hostile answers, served by misbehave.py
 ERROR_BEHAVIOURS = frozenset({"500", "503_loading", "429", "401", "404_model", "400", "overflow", "529", "oom"})
-GLOBAL_BEHAVIOURS = frozenset({"503_loading", "hang", "401"})
+GLOBAL_BEHAVIOURS = frozenset({"503_loading", "hang", "401", "redirect"})
 NUMERIC_PARAMS = frozenset({"delay", "chunk_delay", "linger", "retry_after", "n_prompt", "n_ctx", "tokens", "max", "split",
-                            "parallel", "n", "after", "think_tags", "text"})
+                            "parallel", "n", "after", "think_tags", "text", "mb", "status"})
 # `tool`/`cmd`: call that tool with {"cmd": cmd} (a shell tool such as Codex's exec_command).
 # `end` (cut_mid_block): how the body ends, "chunked" (the chunked terminator) or "close" (no framing: the
 # connection closes, which is a clean end of an unframed HTTP/1.1 body).
-TEXT_PARAMS = frozenset({"field", "tool", "cmd", "format", "end"})
+# `to`, `ctype`, `hex`: misbehave.py's redirect target, and the raw answer's content type and bytes.
+TEXT_PARAMS = frozenset({"field", "tool", "cmd", "format", "end", "to", "ctype", "hex"})
 
 # Fixed tool-call arguments: quotes, a backslash escape, non-ASCII and a multi-byte symbol, so that any
 # fragment boundary falls inside an escape or a character somewhere and reassembly can be checked byte-exact.
@@ -402,6 +405,8 @@ class FakeBase:
                     await asyncio.sleep(behaviour.number("delay", 1.0))
                 if behaviour.name in ERROR_BEHAVIOURS:
                     resp = render_error(call)
+                elif behaviour.name in MISBEHAVIOURS:
+                    resp = await misbehave(call)
                 else:
                     resp = await handler(call)
                 if generation:
