@@ -25,6 +25,8 @@ MEMORY_PRESSURE = "memory_pressure"  # the backend ran out of memory: cooldown, 
 # The upstream answered with a redirect. Never followed (providers/upstream_session.py): our credentials and the
 # prompt would go to wherever it points. The provider's failure, like a 5xx.
 REDIRECT = "upstream_redirect"
+# The upstream sent more than we read (providers/limits.py): a whole answer, an event-stream line or event.
+TOO_LARGE = "answer_too_large"
 
 # What llama.cpp, Ollama, LM Studio, vLLM, MLX and CUDA/Metal say when a model does not fit.
 _OOM = re.compile(

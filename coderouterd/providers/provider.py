@@ -10,6 +10,7 @@ import orjson
 from ..config.schema import ProviderConfig
 from .adapters import adapter_for
 from .errors import CONNECT, MODEL_DISCOVERY, UpstreamError, redirect_error
+from .limits import MAX_AUX_BYTES, BodyTooLarge, read_capped
 from .pool import Pool
 
 MODEL_CACHE_TTL_S = 300.0
@@ -81,7 +82,9 @@ class Provider:
                         if r.status >= 400:
                             raise UpstreamError(MODEL_DISCOVERY, status=r.status,
                                                 message=f"listing models failed with HTTP {r.status}")
-                        data = orjson.loads(await r.read())
+                        data = orjson.loads(await read_capped(r, MAX_AUX_BYTES, "model list"))
+            except BodyTooLarge as e:
+                raise UpstreamError(MODEL_DISCOVERY, message=str(e)) from None
             except (aiohttp.ClientError, OSError, TimeoutError) as e:
                 raise UpstreamError(CONNECT, message=f"listing models: {type(e).__name__}: {e}") from None
             except orjson.JSONDecodeError:

@@ -175,3 +175,49 @@ def test_a_redirect_is_named_in_the_error_when_nothing_else_serves(env):
     message = r.json()["error"]["message"]
     assert "redirect" in message and "307" in message and elsewhere.url.split("//")[1] in message, message
     assert not elsewhere.requests
+
+
+# -- 3. what an upstream sends is bounded ----------------------------------------------------------------------
+
+def _peak_rss_mb(d: DaemonProcess) -> float:
+    with open(f"/proc/{d.proc.pid}/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    raise AssertionError("no VmHWM")
+
+
+@pytest.mark.parametrize("wire", ["anthropic", "openai"])
+@pytest.mark.parametrize(("spec", "stream", "reason"), [
+    ("big_json;mb=80", False, "answer_too_large"),  # bound: 64 MB
+    ("gzip_bomb;mb=300", False, "answer_too_large"),  # 300 KB on the wire, 300 MB inflated
+    ("endless_error;status=500", False, "http_500"),  # read up to 64 KB, then judged by its status
+    ("endless_error;status=503", True, "http_503"),
+    ("sse_no_newline", True, "answer_too_large"),  # one line without end (bound: 4 MB)
+    ("sse_no_blank", True, "answer_too_large"),  # data lines, no event ever ends (bound: 4 MB)
+])
+def test_an_answer_without_bound_is_an_upstream_error_that_fails_over(env, wire, spec, stream, reason):
+    d = env["daemon"]
+    up, profile = ("an", "anchain") if wire == "anthropic" else ("oa", "oachain")
+    env[up].set_behaviour(spec)
+    if wire == "anthropic":
+        path, body = "/v1/messages", {"model": "m", "max_tokens": 10, "stream": stream, "messages": USER}
+    else:
+        path, body = "/v1/chat/completions", {"model": "m", "stream": stream, "messages": USER}
+    peak = _peak_rss_mb(d)
+    t0 = time.monotonic()
+    r = httpx.post(d.url + path, json=body, headers={"x-coderouter-profile": profile}, timeout=30)
+    elapsed = time.monotonic() - t0
+    assert r.status_code == 200, r.text[:300]
+    attempts = r.headers["x-coderouter-attempts"]
+    assert attempts.startswith(f"{up}:{reason},{up}2:"), attempts
+    if stream:
+        text = streamed_text(r.text) if wire == "anthropic" else "".join(
+            (orjson.loads(ln[6:])["choices"] or [{}])[0].get("delta", {}).get("content") or ""
+            for ln in r.text.splitlines() if ln.startswith("data: {"))
+    else:
+        text = r.json()["content"][0]["text"] if wire == "anthropic" else r.json()["choices"][0]["message"]["content"]
+    assert text == f"Hello from {up}2"
+    assert elapsed < 10, elapsed
+    assert _peak_rss_mb(d) - peak < 350  # nothing like the gigabyte the fake would have sent
+    assert _healthz_fast(env) < 1.0

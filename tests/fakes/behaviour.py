@@ -30,7 +30,7 @@ BEHAVIOURS = frozenset({
     "text_tools", "empty", "loop", "long", "oom", "cut_mid_block",
 }) | MISBEHAVIOURS  # wire-neutral hostile answers, served by misbehave.py
 ERROR_BEHAVIOURS = frozenset({"500", "503_loading", "429", "401", "404_model", "400", "overflow", "529", "oom"})
-GLOBAL_BEHAVIOURS = frozenset({"503_loading", "hang", "401", "redirect"})
+GLOBAL_BEHAVIOURS = frozenset({"503_loading", "hang", "401", "redirect", "endless_error"})
 NUMERIC_PARAMS = frozenset({"delay", "chunk_delay", "linger", "retry_after", "n_prompt", "n_ctx", "tokens", "max", "split",
                             "parallel", "n", "after", "think_tags", "text", "mb", "status"})
 # `tool`/`cmd`: call that tool with {"cmd": cmd} (a shell tool such as Codex's exec_command).
@@ -250,6 +250,7 @@ class FakeState:
         self.hung = False
         self.closing = False
         self.saw_api_key = False
+        self.endless_sent = 0  # bytes of endless bodies (misbehave.py) written: how much a reader took in
 
     def script(self, specs: list[str]) -> None:
         parsed = [parse_behaviour(s) for s in specs]
@@ -267,6 +268,7 @@ class FakeState:
         self.generations = 0
         self.hung = False
         self.saw_api_key = False
+        self.endless_sent = 0
 
     def choose(self, header: str | None, generation: bool) -> Behaviour:
         if header:
@@ -296,6 +298,7 @@ class Call:
     raw: bytes
     body: dict | None
     behaviour: Behaviour
+    state: "FakeState | None" = None
 
     @property
     def prompt_tokens(self) -> int:
@@ -396,7 +399,7 @@ class FakeBase:
                 # What a text-only model server says to an image (llama-server without its mmproj, say).
                 return json_response({"error": {"message": "image input is not supported by this model",
                                                 "type": "invalid_request_error"}}, 400)
-            call = Call(request, raw, body, behaviour)
+            call = Call(request, raw, body, behaviour, state)
             state.active += 1
             try:
                 if state.hung or behaviour.name == "hang":

@@ -4,19 +4,20 @@ Each is a behaviour (see behaviour.py) that every fake serves on its generation 
 
 - ``redirect;status=307;to=URL``: a redirect (307/308 keep the method and body) to another origin;
 - ``big_json;mb=N``: a well-formed JSON object of N MB, sent in 1 MB writes;
-- ``endless_error;status=500``: an error status with a body that never ends;
+- ``endless_error;status=500``: an error status with a body that never ends (on every endpoint, probes too);
 - ``sse_no_newline``: a 200 event stream that is one line that never ends;
 - ``sse_no_blank``: a 200 event stream of ``data:`` lines with no blank line, so no event ever ends;
 - ``gzip_bomb;mb=N``: a 200 JSON answer, gzip-encoded, that inflates to N MB of NUL bytes;
 - ``raw;status=200;ctype=TYPE;hex=HEX``: exactly these bytes (the property tests' garbage).
 
-Endless bodies stop when the reader leaves, or after ``ENDLESS_CAP`` bytes so a fake never runs for ever.
+Endless bodies stop when the reader leaves, or after ``mb`` MB (default ``ENDLESS_CAP``) so a fake never runs for
+ever.
 """
 
 from __future__ import annotations
 
 import asyncio
-import gzip
+import zlib
 from functools import lru_cache
 from typing import TYPE_CHECKING
 
@@ -33,19 +34,25 @@ ENDLESS_CAP = 1024 * MB
 
 @lru_cache(maxsize=4)
 def _gzip_zeros(mb: int) -> bytes:
-    return gzip.compress(b"\0" * (mb * MB), compresslevel=9)
+    """N MB of NUL bytes, gzipped a megabyte at a time (about 1 KB per MB; never N MB in memory here)."""
+    z = zlib.compressobj(9, zlib.DEFLATED, 31)  # wbits 31: the gzip container
+    zeros = bytes(MB)
+    return b"".join(z.compress(zeros) for _ in range(mb)) + z.flush()
 
 
 async def _endless(call: Call, status: int, ctype: str, piece: bytes, *, head: bytes = b"") -> web.StreamResponse:
     resp = web.StreamResponse(status=status, headers={"content-type": ctype})
     await resp.prepare(call.request)
     sent = 0
+    cap = call.behaviour.integer("mb", 0) * MB or ENDLESS_CAP
     try:
         if head:
             await resp.write(head)
-        while sent < ENDLESS_CAP:
-            await resp.write(piece)
+        while sent < cap:
+            await resp.write(piece)  # waits while the reader does not read: no more than the socket buffers
             sent += len(piece)
+            if call.state is not None:
+                call.state.endless_sent += len(piece)
             await asyncio.sleep(0)
     except (ConnectionError, RuntimeError):  # the reader left: what a bound is for
         call.close_connection()
