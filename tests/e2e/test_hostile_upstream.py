@@ -10,6 +10,8 @@ import time
 import httpx
 import orjson
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from tests.e2e.test_control_plane import corectl
 from tests.fakes.runner import FakeServer
@@ -221,3 +223,75 @@ def test_an_answer_without_bound_is_an_upstream_error_that_fails_over(env, wire,
     assert elapsed < 10, elapsed
     assert _peak_rss_mb(d) - peak < 350  # nothing like the gigabyte the fake would have sent
     assert _healthz_fast(env) < 1.0
+
+
+# -- 4. garbage is no success ------------------------------------------------------------------------------------
+
+_INT = st.integers(-(2**63), 2**63 - 1)  # what orjson writes
+_JSON_NOT_AN_ANSWER = st.one_of(
+    st.none(), st.booleans(), _INT, st.text(max_size=20), st.lists(_INT, max_size=3),
+    st.dictionaries(st.sampled_from(["id", "object", "model", "usage", "data", "result", "type"]),
+                    st.one_of(st.none(), _INT, st.text(max_size=8)), max_size=3),
+    st.just({"choices": None}), st.just({"type": "message", "content": "x"}), st.just({"type": "nope"}),
+).map(lambda v: orjson.dumps(v))
+_TEXT_GARBAGE = st.one_of(
+    st.sampled_from([b"", b"null", b"<html><body>502 Bad Gateway</body></html>", b"OK", b"\x00\x01\x02",
+                     b'{"choices": [', b'{"id": "chatcmpl-1", "choices": [{"index": 0', b"\xef\xbb\xbf{}"]),
+    st.binary(max_size=64),
+)
+_SSE_GARBAGE = st.one_of(
+    st.sampled_from([b"data: hello\n\n", b"data: null\n\n", b"data: [1,2]\n\n", b"data: [DONE]\n\n",
+                     b"event: foo\ndata: {}\n\n", b"event: message_start\ndata: null\n\n",
+                     b'event: message_start\ndata: {"type":"message_start","message":"x"}\n\n',
+                     b'event: content_block_start\ndata: {"type":"content_block_start","index":0}\n\n',
+                     b'data: {"object":"chat.completion.chunk"}\n\n', b"data: {}\n\n",
+                     b"<html>\n\n</html>\n\n"]),
+    st.lists(st.sampled_from([b"data: x\n", b"event: y\n", b"\n", b": c\n", b"data: 1\n"]), max_size=6)
+    .map(b"".join),
+)
+garbage = st.tuples(
+    st.sampled_from(["application/json", "text/html", "text/event-stream", "text/plain", "application/octet-stream"]),
+    st.one_of(_JSON_NOT_AN_ANSWER, _TEXT_GARBAGE, _SSE_GARBAGE),
+)
+
+
+def test_garbage_from_a_same_wire_upstream_fails_over(env):
+    """Property: whatever a same-wire upstream answers with a 200 that is not an answer (HTML, null, JSON of
+    another shape, SSE that does not open as the protocol says), the client gets the next provider's answer:
+    never the garbage, never a 5xx; and the daemon stays healthy."""
+    d = env["daemon"]
+    failures: list[str] = []
+
+    @settings(max_examples=120, deadline=None, derandomize=True, database=None,
+              suppress_health_check=list(HealthCheck))
+    @given(answer=garbage, wire=st.sampled_from(["anthropic", "openai"]), stream=st.booleans())
+    def run(answer, wire, stream):
+        ctype, body = answer
+        up, profile = ("an", "anchain") if wire == "anthropic" else ("oa", "oachain")
+        env[up].set_behaviour(f"raw;status=200;ctype={ctype};hex={body.hex()}")
+        if wire == "anthropic":
+            path, req = "/v1/messages", {"model": "m", "max_tokens": 10, "stream": stream, "messages": USER}
+        else:
+            path, req = "/v1/chat/completions", {"model": "m", "stream": stream, "messages": USER}
+        r = httpx.post(d.url + path, json=req, headers={"x-coderouter-profile": profile}, timeout=10)
+        attempts = r.headers.get("x-coderouter-attempts", "")
+        problem = None
+        if r.status_code != 200:
+            problem = f"status {r.status_code}"
+        elif not attempts.startswith(f"{up}:") or attempts.startswith(f"{up}:ok") or f"{up}2:" not in attempts:
+            problem = f"no failover: {attempts}"
+        elif stream:
+            text = streamed_text(r.text) if wire == "anthropic" else "".join(
+                (orjson.loads(ln[6:])["choices"] or [{}])[0].get("delta", {}).get("content") or ""
+                for ln in r.text.splitlines() if ln.startswith("data: {"))
+            problem = None if text == f"Hello from {up}2" else f"stream text {text!r}"
+        else:
+            data = r.json()
+            text = data["content"][0]["text"] if wire == "anthropic" else data["choices"][0]["message"]["content"]
+            problem = None if text == f"Hello from {up}2" else f"text {text!r}"
+        if problem:
+            failures.append(f"{wire} stream={stream} {ctype} {body[:80]!r}: {problem}; {r.text[:200]!r}")
+
+    run()
+    assert not failures, f"{len(failures)} garbage answers not failed over; first ones:\n" + "\n".join(failures[:8])
+    assert _healthz_fast(env) < 1.0 and d.proc.poll() is None
