@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 import orjson
 
 from ..providers.adapters import adapter_for
+from ..providers.limits import MAX_IGNORED_BYTES, read_at_most
 from ..providers.server_info import ServerDirectory
 from . import session as sess
 from .bust import Bust, detect
@@ -270,7 +271,7 @@ class Affinity:
             async with asyncio.timeout(provider.cfg.timeouts.first_byte):
                 async with provider.session().post(url, json={"filename": filename},
                                                    headers=provider.adapter.headers()) as r:
-                    await r.read()
+                    await read_at_most(r, MAX_IGNORED_BYTES)
                     return r.status
         except (aiohttp.ClientError, OSError, TimeoutError):
             return 0

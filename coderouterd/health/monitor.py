@@ -15,6 +15,7 @@ from collections.abc import Callable
 import aiohttp
 import orjson
 
+from ..providers.limits import MAX_IGNORED_BYTES, read_at_most
 from ..routing.state import DEGRADED, HEALTHY, UNHEALTHY, RoutingState, health_state
 from ..tasks import TaskSet
 
@@ -55,8 +56,9 @@ class HealthMonitor:
         try:
             async with asyncio.timeout(_PROBE_TIMEOUT_S):
                 async with provider.session().get(probe_url(provider), headers=headers) as r:
-                    await r.read()
-                    ok = r.status < 500 and r.status not in (401, 403)
+                    await read_at_most(r, MAX_IGNORED_BYTES)  # the status is the answer: never an endless body
+                    # A redirect is no answer from this backend (it is not followed: upstream_session.py).
+                    ok = r.status < 500 and r.status not in (401, 403) and not 300 <= r.status < 400
                     detail = f"HTTP {r.status}"
         except aiohttp.ClientConnectorError as e:
             ok, detail = False, f"cannot connect: {e.os_error.strerror or e.os_error}"[:200]
@@ -74,8 +76,8 @@ class HealthMonitor:
             url, body = provider.adapter.ping_request(model)
             async with asyncio.timeout(min(cfg.timeouts.first_byte, 60.0)):
                 async with provider.session().post(url, data=orjson.dumps(body), headers=headers) as r:
-                    await r.read()
-                    ok, detail = r.status < 400, f"generation HTTP {r.status}"
+                    await read_at_most(r, MAX_IGNORED_BYTES)
+                    ok, detail = r.status < 300, f"generation HTTP {r.status}"
         except Exception as e:  # a probe must never take the monitor down
             ok, detail = False, f"generation {type(e).__name__}: {e}"[:200]
         return ok, detail, time.monotonic() - t0

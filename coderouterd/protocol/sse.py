@@ -15,6 +15,15 @@ DONE: bytes = b"data: [DONE]\n\n"
 # A lone "\r" is a line end too (per the SSE grammar), so all three forms are matched.
 _EOL = re.compile(rb"\r\n|\r|\n")
 
+# Bounds on what a peer can make us hold (issue 23: a stream with no newline, or data lines with no blank line,
+# grew without end). Far above any real event: a whole tool call's arguments come in many small events.
+MAX_LINE_BYTES = 4 * 1024 * 1024  # a line still waiting for its end
+MAX_EVENT_BYTES = 4 * 1024 * 1024  # the data of one event, its data: lines together
+
+
+class EventTooLarge(ValueError):
+    """A line or an event passed its bound: the stream is not one we read any further."""
+
 
 def encode_event(event: dict) -> bytes:
     """Anthropic framing: ``event: <type>`` + ``data: <compact json>``."""
@@ -34,14 +43,17 @@ class SSEParser:
     a proxy and ignored.
     """
 
-    __slots__ = ("_buf", "_scan", "_event", "_data", "_first_line")
+    __slots__ = ("_buf", "_scan", "_event", "_data", "_first_line", "_size", "max_line", "max_event")
 
-    def __init__(self) -> None:
+    def __init__(self, *, max_line: int = MAX_LINE_BYTES, max_event: int = MAX_EVENT_BYTES) -> None:
         self._buf = bytearray()
         self._scan = 0  # bytes before this offset are known to hold no line end
         self._event: str | None = None
         self._data: list[str] = []
+        self._size = 0  # characters in _data: a running count, so the bound costs one addition per line
         self._first_line = True
+        self.max_line = max_line
+        self.max_event = max_event
 
     def feed(self, chunk: bytes) -> list[tuple[str | None, str]]:
         out: list[tuple[str | None, str]] = []
@@ -65,6 +77,8 @@ class SSEParser:
             start = pos = m.end()
         if start:
             del buf[:start]
+        if len(buf) - buf.endswith(b"\r") > self.max_line:  # a last "\r" is that line's end
+            raise EventTooLarge(f"an event-stream line longer than {self.max_line} bytes")
         self._scan = len(buf) - 1 if buf.endswith(b"\r") else len(buf)
         return out
 
@@ -79,21 +93,31 @@ class SSEParser:
                 if text.startswith("\ufeff"):
                     text = text[1:]
             data = self._data
+            size = self._size
             for line in text.split("\n"):
                 if not line:
                     if data:
                         out.append((self._event, "\n".join(data)))
                         data = self._data = []
+                        size = 0
                     self._event = None
                 elif line.startswith("data:"):
-                    data.append(line[6:] if line.startswith(" ", 5) else line[5:])
+                    value = line[6:] if line.startswith(" ", 5) else line[5:]
+                    data.append(value)
+                    size += len(value)
+                    if size > self.max_event:
+                        raise EventTooLarge(f"an event larger than {self.max_event} bytes")
                 elif line.startswith("event:"):
                     self._event = line[7:] if line.startswith(" ", 6) else line[6:]
                 elif line[0] != ":":
+                    self._size = size
                     self._field(line)
-                    data = self._data
+                    data, size = self._data, self._size
+            self._size = size
         if tail:
             self._buf += tail
+            if len(self._buf) > self.max_line:
+                raise EventTooLarge(f"an event-stream line longer than {self.max_line} bytes")
             self._scan = len(self._buf)
         return out
 
@@ -130,6 +154,9 @@ class SSEParser:
             value = value[1:]
         if name == "data":
             self._data.append(value)
+            self._size += len(value)
+            if self._size > self.max_event:
+                raise EventTooLarge(f"an event larger than {self.max_event} bytes")
         elif name == "event":
             self._event = value
 
@@ -137,4 +164,5 @@ class SSEParser:
         if self._data:
             out.append((self._event, "\n".join(self._data)))
             self._data = []
+        self._size = 0
         self._event = None

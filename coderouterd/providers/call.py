@@ -7,16 +7,19 @@ import time
 
 import aiohttp
 
-from ..protocol.sse import SSEParser
+from ..protocol.sse import EventTooLarge, SSEParser
 from .errors import (
     BAD_RESPONSE,
     CONNECT,
     DISCONNECT,
     FIRST_BYTE_TIMEOUT,
+    TOO_LARGE,
     TOTAL_TIMEOUT,
     UNBUILDABLE,
     UpstreamError,
+    redirect_error,
 )
+from .limits import MAX_ANSWER_BYTES, MAX_ERROR_BODY_BYTES, BodyTooLarge, read_at_most, read_capped
 from .provider import Provider
 
 _CONNECT_ERRORS = (aiohttp.ClientConnectorError, aiohttp.ServerDisconnectedError, aiohttp.ClientOSError,
@@ -72,9 +75,13 @@ class Call:
         try:
             async with asyncio.timeout_at(self._loop_deadline(min(self.first_byte_deadline, self.total_deadline))):
                 self.resp = await self.provider.session().post(url, data=body, headers=headers)
+                if 300 <= self.resp.status < 400:
+                    location = self.resp.headers.get("location")
+                    self.resp.close()  # its body is not wanted: the connection goes, not back to the pool
+                    raise redirect_error(self.resp.status, location)
                 if self.resp.status >= 400:
-                    err_body = await self.resp.read()
-                    self.resp.release()
+                    # Read for its message only: an endless error body must not be read to its end.
+                    err_body = await read_at_most(self.resp, MAX_ERROR_BODY_BYTES)
                     raise self.provider.adapter.classify_error(self.resp.status, err_body, self.resp.headers)
         except UpstreamError:
             raise
@@ -100,7 +107,10 @@ class Call:
         t0 = time.perf_counter()
         try:
             async with asyncio.timeout_at(self._loop_deadline(self.total_deadline)):
-                body = await self.resp.read()
+                body = await read_capped(self.resp, MAX_ANSWER_BYTES)
+        except BodyTooLarge as e:
+            self.close()
+            raise UpstreamError(TOO_LARGE, message=str(e)) from None
         except TimeoutError:
             self.close()
             raise UpstreamError(TOTAL_TIMEOUT, message="upstream did not finish in time") from None
@@ -134,13 +144,20 @@ class Call:
         finally:
             self.wait_s += time.perf_counter() - t0
         if not chunk:
-            return st.eof()
+            out = st.eof()  # raises unless the answer is complete
+            # The end of the body is final. A finished body answers readany() at once, for ever, without yielding
+            # to the event loop: a strategy left not `done` here would be read again in a loop that freezes the
+            # daemon (issue 23). Whatever eof() returned is the last of the stream.
+            st.done = True
+            return out
         if self.ttfb is None:
             self.ttfb = time.monotonic() - self.started
         try:
             return st.events(self.parser.feed(chunk))
         except UpstreamError:
             raise
+        except EventTooLarge as e:
+            raise UpstreamError(TOO_LARGE, message=f"upstream sent {e}", after_content=st.started_content) from None
         except (ValueError, KeyError, TypeError, AttributeError) as e:
             raise UpstreamError(BAD_RESPONSE, message=f"unreadable upstream event: {e}",
                                 after_content=st.started_content) from None

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import re
+from datetime import UTC, datetime
+from email.utils import parsedate_to_datetime
+from urllib.parse import urlsplit
 
 # Reasons are short machine words: they appear in x-coderouter-attempts, the journal and the audit log.
 CONNECT = "connect_error"
@@ -19,6 +22,11 @@ BUDGET = "budget_exhausted"
 # never the provider's. Another provider (another wire) may still take it.
 UNBUILDABLE = "request_unbuildable"
 MEMORY_PRESSURE = "memory_pressure"  # the backend ran out of memory: cooldown, fail over
+# The upstream answered with a redirect. Never followed (providers/upstream_session.py): our credentials and the
+# prompt would go to wherever it points. The provider's failure, like a 5xx.
+REDIRECT = "upstream_redirect"
+# The upstream sent more than we read (providers/limits.py): a whole answer, an event-stream line or event.
+TOO_LARGE = "answer_too_large"
 
 # What llama.cpp, Ollama, LM Studio, vLLM, MLX and CUDA/Metal say when a model does not fit.
 _OOM = re.compile(
@@ -114,17 +122,56 @@ def http_error(status: int, message: str, *, retry_after: float | None = None) -
     return UpstreamError(reason, status=status, message=message, retry_after=retry_after)
 
 
+# The longest wait an upstream may impose through Retry-After. The header is untrusted input: "nan", "1e400" or a
+# date in the year 9999 must neither crash the answer nor open a breaker for ever (the breaker is persisted).
+MAX_RETRY_AFTER_S = 3600.0
+
+
+def _seconds(text: str) -> float | None:
+    """A finite, non-negative number of seconds clamped to the cap, or None for anything else."""
+    try:
+        v = float(text)
+    except (ValueError, OverflowError):
+        return None
+    if v != v or v < 0:  # NaN, or a negative wait (nonsense)
+        return None
+    return min(v, MAX_RETRY_AFTER_S)  # also turns inf into the cap
+
+
+def _http_date(text: str) -> float | None:
+    """The other form RFC 9110 allows: an HTTP date, as seconds from now (0 when already past)."""
+    try:
+        when = parsedate_to_datetime(text)
+    except (TypeError, ValueError, IndexError, OverflowError):
+        return None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=UTC)
+    try:
+        delta = (when - datetime.now(UTC)).total_seconds()
+    except OverflowError:
+        return None
+    return min(max(0.0, delta), MAX_RETRY_AFTER_S)
+
+
+def redirect_error(status: int, location: str | None) -> UpstreamError:
+    """A 3xx. Only the target's origin is named: its path or query may carry what the upstream put there."""
+    parts = urlsplit(location or "")
+    where = f" to {parts.scheme}://{parts.netloc}" if parts.scheme and parts.netloc else ""
+    # No HTTP status on the error: a 3xx is no answer to pass to the client, and failover needs none.
+    return UpstreamError(REDIRECT, message=f"upstream answered HTTP {status} (redirect{where}); redirects are not "
+                                           f"followed")
+
+
 def parse_retry_after(headers) -> float | None:
+    """Seconds to wait from `retry-after-ms` (OpenAI, Anthropic) or `retry-after` (seconds or an HTTP date):
+    always finite and within [0, MAX_RETRY_AFTER_S], None when absent or unreadable."""
     ms = headers.get("retry-after-ms")
     if ms:
-        try:
-            return float(ms) / 1000.0
-        except ValueError:
-            pass
+        v = _seconds(ms)
+        if v is not None:
+            return min(v / 1000.0, MAX_RETRY_AFTER_S)
     v = headers.get("retry-after")
     if not v:
         return None
-    try:
-        return float(v)
-    except ValueError:
-        return None
+    seconds = _seconds(v)
+    return seconds if seconds is not None else _http_date(v)

@@ -13,6 +13,7 @@ import orjson
 
 from .. import servers
 from ..servers import NoModelControl, ServerKind
+from .limits import MAX_AUX_BYTES, BodyTooLarge, read_capped
 
 LOAD_TIMEOUT_S = 600.0
 _LIST_TIMEOUT_S = 10.0
@@ -22,19 +23,26 @@ class ModelControlError(Exception):
     pass
 
 
+async def _read(r) -> bytes:
+    try:
+        return await read_capped(r, MAX_AUX_BYTES)
+    except BodyTooLarge as e:
+        raise ModelControlError(str(e)) from None
+
+
 async def _get(provider, path: str):
     async with asyncio.timeout(_LIST_TIMEOUT_S):
         async with provider.session().get(provider.root_url + path, headers=provider.auth_headers()) as r:
-            if r.status >= 400:
+            if r.status >= 300:  # a redirect (not followed) is no answer either
                 return r.status, None
-            return r.status, orjson.loads(await r.read())
+            return r.status, orjson.loads(await _read(r))
 
 
 async def _post(provider, path: str, body: dict, timeout: float):
     headers = {"content-type": "application/json", **provider.auth_headers()}
     async with asyncio.timeout(timeout):
         async with provider.session().post(provider.root_url + path, data=orjson.dumps(body), headers=headers) as r:
-            raw = await r.read()
+            raw = await _read(r)
             data = None
             for line in raw.splitlines():  # Ollama may answer NDJSON; the last object is the result
                 if line.strip():
@@ -42,7 +50,7 @@ async def _post(provider, path: str, body: dict, timeout: float):
                         data = orjson.loads(line)
                     except orjson.JSONDecodeError:
                         pass
-            if r.status >= 400:
+            if r.status >= 300:  # a redirect is not followed (upstream_session.py): no result
                 msg = error_message(data) or raw[:200].decode("utf-8", "replace").strip()
                 raise ModelControlError(f"HTTP {r.status}: {msg or 'no detail'}")
             return data

@@ -11,13 +11,15 @@ from __future__ import annotations
 import asyncio
 import logging
 
+from .upstream_session import UpstreamSession
+
 log = logging.getLogger("coderouterd")
 
 
 class Pool:
     def __init__(self, connect_timeout: float) -> None:
         self.connect_timeout = connect_timeout
-        self._session = None  # aiohttp.ClientSession, made on first use (aiohttp is imported late)
+        self._session = None  # UpstreamSession, made on first use (aiohttp is imported late)
         self.leases = 0
         self.retired = False
         self.sessions_opened = 0
@@ -31,9 +33,9 @@ class Pool:
 
             connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=60, ttl_dns_cache=300)
             timeout = aiohttp.ClientTimeout(total=None, sock_connect=self.connect_timeout)
-            s = self._session = aiohttp.ClientSession(
+            s = self._session = UpstreamSession(aiohttp.ClientSession(
                 connector=connector, timeout=timeout, auto_decompress=True, skip_auto_headers=("User-Agent",)
-            )
+            ))
             self.sessions_opened += 1
         return s
 

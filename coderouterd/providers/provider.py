@@ -9,7 +9,8 @@ import orjson
 
 from ..config.schema import ProviderConfig
 from .adapters import adapter_for
-from .errors import CONNECT, MODEL_DISCOVERY, UpstreamError
+from .errors import CONNECT, MODEL_DISCOVERY, UpstreamError, redirect_error
+from .limits import MAX_AUX_BYTES, BodyTooLarge, read_capped
 from .pool import Pool
 
 MODEL_CACHE_TTL_S = 300.0
@@ -76,10 +77,14 @@ class Provider:
             try:
                 async with asyncio.timeout(self.cfg.timeouts.connect + 5):
                     async with self.session().get(self.adapter.models_url, headers=headers) as r:
+                        if 300 <= r.status < 400:  # not followed (upstream_session.py)
+                            raise redirect_error(r.status, r.headers.get("location"))
                         if r.status >= 400:
                             raise UpstreamError(MODEL_DISCOVERY, status=r.status,
                                                 message=f"listing models failed with HTTP {r.status}")
-                        data = orjson.loads(await r.read())
+                        data = orjson.loads(await read_capped(r, MAX_AUX_BYTES, "model list"))
+            except BodyTooLarge as e:
+                raise UpstreamError(MODEL_DISCOVERY, message=str(e)) from None
             except (aiohttp.ClientError, OSError, TimeoutError) as e:
                 raise UpstreamError(CONNECT, message=f"listing models: {type(e).__name__}: {e}") from None
             except orjson.JSONDecodeError:

@@ -20,6 +20,7 @@ import orjson
 from .. import servers
 from ..servers import llamacpp
 from ..tasks import TaskSet
+from .limits import MAX_AUX_BYTES, MAX_IGNORED_BYTES, BodyTooLarge, read_at_most, read_capped
 
 log = logging.getLogger("coderouterd.servers")
 
@@ -58,10 +59,12 @@ async def probe(provider, timeout_s: float) -> ServerInfo:
 
     async def get(path: str):
         async with provider.session().get(root + path, headers=headers) as r:
-            raw = await r.read()
+            if r.status >= 300:  # an error, or a redirect (not followed): its body says nothing we use
+                await read_at_most(r, MAX_IGNORED_BYTES)
+                return r.status, None
             try:
-                return r.status, orjson.loads(raw) if r.status < 300 else None
-            except orjson.JSONDecodeError:
+                return r.status, orjson.loads(await read_capped(r, MAX_AUX_BYTES, f"{path} answer"))
+            except (orjson.JSONDecodeError, BodyTooLarge):
                 return r.status, None
 
     async def post(path: str, body: dict, _timeout: float):
@@ -69,7 +72,10 @@ async def probe(provider, timeout_s: float) -> ServerInfo:
                                            headers={"content-type": "application/json", **headers}) as r:
             if r.status >= 300:
                 raise _Unanswered(f"HTTP {r.status}")
-            return orjson.loads(await r.read())
+            try:
+                return orjson.loads(await read_capped(r, MAX_AUX_BYTES, f"{path} answer"))
+            except BodyTooLarge as e:
+                raise _Unanswered(str(e)) from None
 
     try:
         async with asyncio.timeout(timeout_s):

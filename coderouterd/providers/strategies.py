@@ -22,9 +22,10 @@ from ..translate.tool_repair_wire import (
     repair_anthropic_message,
     repair_openai_completion,
 )
-from .errors import DISCONNECT, UpstreamError, stream_error_reason
+from .errors import BAD_RESPONSE, DISCONNECT, UpstreamError, stream_error_reason
 
 _PING = encode_event({"type": "ping"})
+_MESSAGE_STOP = encode_event({"type": "message_stop"})
 # Anthropic events the repair adapter rewrites; the rest keep their bytes.
 _REPAIR_SEES = frozenset({"content_block_start", "content_block_delta", "content_block_stop", "message_delta"})
 
@@ -33,6 +34,37 @@ def _stream_error(message, **kw) -> UpstreamError:
     """An error the upstream reported inside its stream (out-of-memory ones are memory_pressure)."""
     text = str(message)
     return UpstreamError(stream_error_reason(text), message=text, **kw)
+
+
+# Same-wire passthrough relays bytes it does not translate, so it must check that they are an answer at all: a 200
+# with HTML, `null` or SSE garbage is the upstream's failure (it falls over), never the client's success. The checks
+# look only at what is parsed anyway (the body for its usage, the first event), so they cost nothing extra.
+
+def _not_an_answer(what: str, raw: bytes | str) -> UpstreamError:
+    head = raw[:60] if isinstance(raw, bytes) else raw[:60].encode()
+    return UpstreamError(BAD_RESPONSE, message=f"upstream answered 200 with {what}: {head!r}")
+
+
+def _loads_object(body: bytes, expected: str) -> dict:
+    """The body as a JSON object, or the upstream's failure (an error object it sent with a 200 included)."""
+    if body[:1] != b"{" and body.lstrip()[:1] != b"{":  # not an object: no need to parse it to know
+        raise _not_an_answer(f"no {expected}", body)
+    try:
+        resp = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        raise _not_an_answer(f"no {expected} (not JSON)", body) from None
+    if not isinstance(resp, dict):
+        raise _not_an_answer(f"no {expected}", body)
+    return resp
+
+
+def _error_in_body(resp: dict) -> UpstreamError | None:
+    """An error object sent with a 200 (some servers do): the upstream's failure, with its message."""
+    err = resp.get("error")
+    if err is None or resp.get("choices") or resp.get("type") == "message":
+        return None
+    message = err.get("message", err) if isinstance(err, dict) else err
+    return _stream_error(message, error_type=err.get("type") if isinstance(err, dict) else None)
 
 
 class Strategy:
@@ -109,6 +141,7 @@ class OpenAIPassthrough(Strategy):
         so = self.client_body.get("stream_options") or {}
         self.client_wants_usage = bool(so.get("include_usage"))
         self.finished = False  # a choice carried its finish_reason
+        self._opened = False  # the first event was a chat chunk
 
     def request(self, raw: bytes, stream: bool) -> bytes:
         body = dict(self.client_body)
@@ -123,15 +156,14 @@ class OpenAIPassthrough(Strategy):
         return orjson.dumps(body)
 
     def response(self, body: bytes) -> bytes:
-        try:
-            resp = orjson.loads(body)
-            u = resp.get("usage")
-            self.timings = resp.get("timings")
-        except (orjson.JSONDecodeError, AttributeError):
-            resp, u = None, None
-        self.raw_usage = u
-        self.usage = anthropic_usage(u) if u else {}
-        if (self.repair_tools or self.answer is not None) and isinstance(resp, dict):
+        resp = _loads_object(body, "chat completion")
+        if not isinstance(resp.get("choices"), list):
+            raise _error_in_body(resp) or _not_an_answer("no chat completion (no choices)", body)
+        u = resp.get("usage")
+        self.timings = resp.get("timings")
+        self.raw_usage = u if isinstance(u, dict) else None
+        self.usage = anthropic_usage(u) if isinstance(u, dict) and u else {}
+        if self.repair_tools or self.answer is not None:
             self._repair_openai_body(resp)
             if self._repaired_whole:
                 return orjson.dumps(resp)
@@ -140,13 +172,13 @@ class OpenAIPassthrough(Strategy):
     def events(self, events: list[tuple[str | None, str]]) -> bytes:
         out = []
         for _name, data in events:
-            if data == "[DONE]":
+            if data == "[DONE]" and self._opened:
                 self.done = True
                 if self.repair is not None:
                     out.extend(encode_data(c) for c in self.repair.flush())
                 out.append(DONE)
                 continue
-            obj = orjson.loads(data)
+            obj = orjson.loads(data) if self._opened else self._opening(data)
             if "error" in obj and not obj.get("choices"):
                 err = obj["error"]
                 message = err.get("message", err) if isinstance(err, dict) else err
@@ -162,6 +194,18 @@ class OpenAIPassthrough(Strategy):
             if self._note_chunk(obj):
                 out.append(b"data: " + data.encode() + b"\n\n")
         return b"".join(out)
+
+    def _opening(self, data: str) -> dict:
+        """The first event, parsed. A chat stream opens with a chunk (a JSON object with `choices`) or an error
+        object; anything else ([DONE] included) is not a stream of this protocol."""
+        try:
+            obj = orjson.loads(data)
+        except orjson.JSONDecodeError:
+            obj = None
+        if isinstance(obj, dict) and (isinstance(obj.get("choices"), list) or "error" in obj):
+            self._opened = True
+            return obj
+        raise _not_an_answer("a stream that does not open with a chat completion chunk", data)
 
     def _note_chunk(self, obj: dict) -> bool:
         """Record usage, finish and content; False for a usage-only chunk the client did not ask for."""
@@ -197,6 +241,19 @@ class AnthropicPassthrough(Strategy):
     """Anthropic client -> Anthropic upstream: the body goes untouched (except model), events verbatim."""
 
     upstream_wire = "anthropic"
+    _stop_reason_seen = False  # a message_delta came: the answer is complete but for its message_stop
+    _opened = False  # the stream opened as the protocol says (message_start, or an error)
+
+    def _check_opening(self, events: list[tuple[str | None, str]]) -> None:
+        """A Messages stream opens with message_start (pings aside) or reports an error; anything else is not a
+        stream of this protocol. Checked until the first event that is not a ping."""
+        for name, data in events:
+            if name == "ping":
+                continue
+            if name not in ("message_start", "error"):
+                raise _not_an_answer("a stream that does not open with message_start", f"{name}: {data}")
+            self._opened = True
+            return
 
     def request(self, raw: bytes, stream: bool) -> bytes:
         if self.client_body.get("model") == self.model:
@@ -206,23 +263,27 @@ class AnthropicPassthrough(Strategy):
         return orjson.dumps(body)
 
     def response(self, body: bytes) -> bytes:
-        try:
-            resp = orjson.loads(body)
-            self.usage = resp.get("usage") or {}
-        except (orjson.JSONDecodeError, AttributeError):
-            resp, self.usage = None, {}
-        if (self.repair_tools or self.answer is not None) and isinstance(resp, dict):
+        resp = _loads_object(body, "message")
+        if resp.get("type") != "message" or not isinstance(resp.get("content"), list):
+            raise _error_in_body(resp) or _not_an_answer("no message (type and content)", body)
+        u = resp.get("usage")
+        self.usage = u if isinstance(u, dict) else {}
+        if self.repair_tools or self.answer is not None:
             self._repair_anthropic_body(resp)
             if self._repaired_whole:
                 return orjson.dumps(resp)
         return body
 
     def events(self, events: list[tuple[str | None, str]]) -> bytes:
+        if not self._opened and events:
+            self._check_opening(events)
         out = []
         for name, data in events:
             if name == "ping":
                 out.append(_PING)
                 continue
+            if name == "message_delta":
+                self._stop_reason_seen = True
             if self.answer is not None and name in _REPAIR_SEES:
                 observed = orjson.loads(data)
                 observe_anthropic(self.answer, observed)
@@ -243,7 +304,10 @@ class AnthropicPassthrough(Strategy):
                 continue
             if name == "message_start":
                 obj = orjson.loads(data)
-                self.usage.update((obj.get("message") or {}).get("usage") or {})
+                msg = obj.get("message") if isinstance(obj, dict) else None
+                if not isinstance(msg, dict):
+                    raise _not_an_answer("a message_start without its message", data)
+                self.usage.update(msg.get("usage") or {})
                 if self.skip_prologue:
                     continue
             elif name == "content_block_start":
@@ -262,9 +326,12 @@ class AnthropicPassthrough(Strategy):
         return b"".join(out)
 
     def eof(self) -> bytes:
-        if self.usage.get("output_tokens") is not None and self.started_content:
-            # A stream that ends after message_delta without message_stop is tolerated by clients.
-            return b""
+        if self._stop_reason_seen and self.started_content:
+            # Ended after message_delta (stop reason and usage) without message_stop: the answer is complete, and
+            # the client gets the message_stop its parser waits for. message_start's usage (output_tokens: 1) is
+            # no sign of completeness: a stream cut inside a content block has it too, and is a failure.
+            self.done = True
+            return _MESSAGE_STOP
         raise UpstreamError(DISCONNECT, message="upstream closed the stream before message_stop",
                             after_content=self.started_content)
 
@@ -399,8 +466,9 @@ class AnthropicUpstreamAsChat(Strategy):
         return chunks, stopped
 
     def _complete_without_stop(self) -> bool:
-        """A stream that ended after content and its usage but without message_stop: complete enough."""
-        return self.a2o.started_content and bool(self.a2o.usage.get("output_tokens"))
+        """A stream that ended after content and its message_delta but without message_stop: complete enough.
+        Usage alone is no sign: message_start carries output_tokens too, and a stream cut inside a block has it."""
+        return self.a2o.started_content and self.a2o.stop_reason_seen
 
     def _no_stop(self) -> UpstreamError:
         return UpstreamError(DISCONNECT, message="upstream closed the stream before message_stop",

@@ -11,6 +11,7 @@ from collections.abc import Callable
 from enum import StrEnum
 from typing import Any
 
+from ..providers.errors import MAX_RETRY_AFTER_S
 from .clock import Clock, SystemClock, wall_time
 
 log = logging.getLogger(__name__)
@@ -21,6 +22,10 @@ class BreakerState(StrEnum):
     OPEN = "open"
     HALF_OPEN = "half_open"
 
+
+# The longest an upstream's retry-after may hold a breaker open. providers/errors.py clamps the header to it; the
+# breaker clamps again for values that did not come through there (a snapshot persisted by an older daemon).
+MAX_HINT_S = MAX_RETRY_AFTER_S
 
 TransitionHook = Callable[[str, BreakerState, BreakerState, str], None]
 
@@ -130,7 +135,7 @@ class CircuitBreaker:
         state = self.state
         now = self._clock.now()
         hint = (
-            retry_after
+            min(retry_after, MAX_HINT_S)
             if retry_after is not None and math.isfinite(retry_after) and retry_after > 0
             else None
         )
@@ -209,6 +214,8 @@ class CircuitBreaker:
         self._retry_at = None
         if state is BreakerState.OPEN:
             remaining = self.recovery_s if retry_in is None else max(0.0, retry_in)
+            # A snapshot from an older daemon may hold a wait an upstream imposed without bound.
+            remaining = min(remaining, max(self.recovery_s, MAX_HINT_S))
             if retry_at is not None:
                 # Downtime counts toward recovery; a wall clock that went backwards must not extend it.
                 remaining = min(remaining, max(0.0, retry_at - wall))

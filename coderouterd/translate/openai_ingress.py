@@ -356,3 +356,8 @@ class AnthropicStreamToOpenAI:
     @property
     def started_content(self) -> bool:
         return self._started_content
+
+    @property
+    def stop_reason_seen(self) -> bool:
+        """A message_delta came: the answer is complete even if message_stop never does."""
+        return self._finish_sent

@@ -166,11 +166,16 @@ class AnthropicFake(FakeBase):
                           "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0}}
 
     async def _stream(self, call: Call, plan: Plan, model: str) -> web.StreamResponse:
-        resp = web.StreamResponse(status=200, headers={**SSE_HEADERS, "request-id": f"req_fake{next_id():012d}"})
-        await resp.prepare(call.request)
         start = event("message_start", {"type": "message_start",
                                         "message": self._message(call, model, [], None, 1)})
         frames = [start, PING, *self._cached_frames(call, plan)]
+        if plan.fail == "cut" and call.behaviour.get("end", "chunked") == "close":
+            return self._unframed_close(call, frames)
+        resp = web.StreamResponse(status=200, headers={**SSE_HEADERS, "request-id": f"req_fake{next_id():012d}"})
+        await resp.prepare(call.request)
+        if plan.fail == "cut":  # a text block started and never closed, then the chunked terminator
+            await write_frames(resp, frames, plan.delay)
+            return resp
         if plan.fail == "disconnect":
             await write_frames(resp, frames, plan.delay)
             call.close_connection()
@@ -189,8 +194,18 @@ class AnthropicFake(FakeBase):
         await write_frames(resp, frames, plan.delay)
         return resp
 
+    def _unframed_close(self, call: Call, frames: list[bytes]) -> web.StreamResponse:
+        """A response with neither content-length nor chunked framing: its body ends when the connection closes,
+        which the client reads as a clean end of the body (aiohttp's server always frames, so it is written raw)."""
+        head = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\nconnection: close\r\n\r\n"
+        transport = call.request.transport
+        if transport is not None:
+            transport.write(head + b"".join(frames))
+        call.close_connection()  # the transport flushes what was written, then closes
+        return web.Response(status=200)  # never sent: the connection is gone
+
     async def _complete(self, call: Call, plan: Plan, model: str) -> web.StreamResponse:
-        if plan.fail == "disconnect":
+        if plan.fail in ("disconnect", "cut"):
             call.close_connection()
             return web.Response(status=200)
         if plan.fail == "error":

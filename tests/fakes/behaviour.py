@@ -21,18 +21,23 @@ from functools import lru_cache
 import orjson
 from aiohttp import web
 
+from .misbehave import MISBEHAVIOURS, misbehave
+
 BEHAVIOURS = frozenset({
     "ok", "500", "503_loading", "429", "401", "404_model", "400", "overflow", "529",
     "slow_first_byte", "slow_stream", "disconnect_mid_stream", "hang", "tools", "reasoning",
     "text_only_for_tools", "all_reasoning", "error_mid_stream", "chunks", "echo_tool_result",
-    "text_tools", "empty", "loop", "long", "oom",
-})
+    "text_tools", "empty", "loop", "long", "oom", "cut_mid_block",
+}) | MISBEHAVIOURS  # wire-neutral hostile answers, served by misbehave.py
 ERROR_BEHAVIOURS = frozenset({"500", "503_loading", "429", "401", "404_model", "400", "overflow", "529", "oom"})
-GLOBAL_BEHAVIOURS = frozenset({"503_loading", "hang", "401"})
+GLOBAL_BEHAVIOURS = frozenset({"503_loading", "hang", "401", "redirect", "endless_error"})
 NUMERIC_PARAMS = frozenset({"delay", "chunk_delay", "linger", "retry_after", "n_prompt", "n_ctx", "tokens", "max", "split",
-                            "parallel", "n", "after", "think_tags", "text"})
+                            "parallel", "n", "after", "think_tags", "text", "mb", "status"})
 # `tool`/`cmd`: call that tool with {"cmd": cmd} (a shell tool such as Codex's exec_command).
-TEXT_PARAMS = frozenset({"field", "tool", "cmd", "format"})
+# `end` (cut_mid_block): how the body ends, "chunked" (the chunked terminator) or "close" (no framing: the
+# connection closes, which is a clean end of an unframed HTTP/1.1 body).
+# `to`, `ctype`, `hex`: misbehave.py's redirect target, and the raw answer's content type and bytes.
+TEXT_PARAMS = frozenset({"field", "tool", "cmd", "format", "end", "to", "ctype", "hex"})
 
 # Fixed tool-call arguments: quotes, a backslash escape, non-ASCII and a multi-byte symbol, so that any
 # fragment boundary falls inside an escape or a character somewhere and reassembly can be checked byte-exact.
@@ -147,7 +152,7 @@ class Plan:
     content: list[str] = field(default_factory=list)
     tool_calls: list[ToolCall] = field(default_factory=list)
     finish: str = "stop"  # OpenAI vocabulary: stop | length | tool_calls
-    fail: str | None = None  # None | "disconnect" | "error"
+    fail: str | None = None  # None | "disconnect" | "error" | "cut" (a clean end mid-block; Anthropic fake only)
     delay: float = 0.0  # seconds between streamed pieces
     linger: float = 0.0  # seconds the HTTP body stays open after the stream's last event (param `linger`)
     reasoning_field: str | None = None  # OpenAI delta field override (behaviour param `field`)
@@ -221,6 +226,8 @@ def make_plan(b: Behaviour, server_name: str, tool_names: list[str], *, split_de
         plan.fail = "disconnect"
     elif name == "error_mid_stream":
         plan.fail = "error"
+    elif name == "cut_mid_block":
+        plan.fail = "cut"
     if plan.fail:
         plan.content = plan.content[:max(0, b.integer("after", 2))]
     return plan
@@ -243,6 +250,7 @@ class FakeState:
         self.hung = False
         self.closing = False
         self.saw_api_key = False
+        self.endless_sent = 0  # bytes of endless bodies (misbehave.py) written: how much a reader took in
 
     def script(self, specs: list[str]) -> None:
         parsed = [parse_behaviour(s) for s in specs]
@@ -260,6 +268,7 @@ class FakeState:
         self.generations = 0
         self.hung = False
         self.saw_api_key = False
+        self.endless_sent = 0
 
     def choose(self, header: str | None, generation: bool) -> Behaviour:
         if header:
@@ -289,6 +298,7 @@ class Call:
     raw: bytes
     body: dict | None
     behaviour: Behaviour
+    state: "FakeState | None" = None
 
     @property
     def prompt_tokens(self) -> int:
@@ -389,7 +399,7 @@ class FakeBase:
                 # What a text-only model server says to an image (llama-server without its mmproj, say).
                 return json_response({"error": {"message": "image input is not supported by this model",
                                                 "type": "invalid_request_error"}}, 400)
-            call = Call(request, raw, body, behaviour)
+            call = Call(request, raw, body, behaviour, state)
             state.active += 1
             try:
                 if state.hung or behaviour.name == "hang":
@@ -398,6 +408,8 @@ class FakeBase:
                     await asyncio.sleep(behaviour.number("delay", 1.0))
                 if behaviour.name in ERROR_BEHAVIOURS:
                     resp = render_error(call)
+                elif behaviour.name in MISBEHAVIOURS:
+                    resp = await misbehave(call)
                 else:
                     resp = await handler(call)
                 if generation:

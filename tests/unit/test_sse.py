@@ -3,7 +3,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from coderouterd.protocol.sse import DONE, SSEParser, encode_data, encode_event
+from coderouterd.protocol.sse import DONE, EventTooLarge, SSEParser, encode_data, encode_event
 
 ENCODE_CASES = [
     (
@@ -151,3 +151,43 @@ def test_fast_path_equals_the_line_by_line_parse(lines, bom, cuts):
         ref._line(line, reference)
     reference += ref.flush()
     assert _parse_all(SSEParser(), chunks) == reference
+
+
+# -- bounds (issue 23: a stream without newlines, or data lines without a blank line, grew without end) -----------
+
+def _feed_all(p: SSEParser, raw: bytes, cuts: list[int]) -> list:
+    out, prev = [], 0
+    for c in sorted({min(c, len(raw)) for c in cuts}) + [len(raw)]:
+        out += p.feed(raw[prev:c])
+        prev = c
+    return out
+
+
+@settings(max_examples=300, deadline=None)
+@given(size=st.one_of(st.integers(1, 400), st.sampled_from([28, 29, 250, 251])), line_end=st.sampled_from([b"", b"\r"]), line_ends=st.sampled_from([b"\n", b"\r\n", b"\r"]),
+       kind=st.sampled_from(["line", "event"]), cuts=st.lists(st.integers(0, 2000), max_size=8))
+def test_a_line_or_event_past_its_bound_raises_whatever_the_chunking(size, line_end, line_ends, kind, cuts):
+    """Bounds of 256 bytes: anything past them raises before the parser holds more than a chunk beyond them; and
+    anything within them parses as before."""
+    p = SSEParser(max_line=256, max_event=256)
+    if kind == "line":  # one line that never ends (an optional lone CR at the end is not an end either)
+        raw = b"data: " + b"x" * size + line_end
+        too_big = len(raw) - len(line_end) > 256
+    else:  # many short data lines and no blank line
+        raw = (b"data: xxxxxxxxx" + line_ends) * size
+        # The data, without its field names; a last lone "\r" may be half of "\r\n", so that line waits.
+        too_big = (size - (line_ends == b"\r")) * 9 > 256
+    if too_big:
+        with pytest.raises(EventTooLarge):
+            _feed_all(p, raw, cuts)
+    else:
+        _feed_all(p, raw, cuts)
+
+
+def test_events_under_the_bound_never_raise_however_many():
+    p = SSEParser(max_line=64, max_event=64)
+    raw = b"event: e\ndata: " + b"y" * 40 + b"\n\n"
+    out = []
+    for _ in range(1000):
+        out += p.feed(raw)
+    assert len(out) == 1000

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import orjson
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from coderouterd.protocol.sse import DONE
 from coderouterd.providers.errors import DISCONNECT, STREAM_ERROR, UpstreamError
@@ -69,3 +71,97 @@ def test_anthropic_passthrough_keeps_raw_body_and_drops_a_second_message_start()
     with pytest.raises(UpstreamError) as ei:
         st.events([("error", '{"type":"error","error":{"type":"overloaded_error","message":"busy"}}')])
     assert ei.value.error_type == "overloaded_error" and ei.value.message == "busy"
+
+
+def _anthropic_events(*, delta: bool) -> list[tuple[str, str]]:
+    evs = [("message_start", '{"type":"message_start","message":{"usage":{"input_tokens":3,"output_tokens":1}}}'),
+           ("content_block_start", '{"type":"content_block_start","index":0,"content_block":{"type":"text","text":""}}'),
+           ("content_block_delta", '{"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":"hi"}}')]
+    if delta:
+        evs += [("content_block_stop", '{"type":"content_block_stop","index":0}'),
+                ("message_delta", '{"type":"message_delta","delta":{"stop_reason":"end_turn"},"usage":{"output_tokens":2}}')]
+    return evs
+
+
+def test_anthropic_end_inside_a_block_is_a_failure_after_content():
+    """message_start's usage (output_tokens: 1) is no sign of a finished answer: an end before message_delta is a
+    disconnect, and eof() never returns leaving the stream open (issue 23: that was a read loop that froze the daemon)."""
+    st = AnthropicPassthrough(model="m", skip_prologue=False, client_body={"model": "m"})
+    st.events(_anthropic_events(delta=False))
+    with pytest.raises(UpstreamError) as ei:
+        st.eof()
+    assert ei.value.reason == DISCONNECT and ei.value.after_content and not st.done
+
+
+def test_anthropic_end_after_message_delta_is_complete_and_closed_with_message_stop():
+    st = AnthropicPassthrough(model="m", skip_prologue=False, client_body={"model": "m"})
+    st.events(_anthropic_events(delta=True))
+    assert st.eof() == b'event: message_stop\ndata: {"type":"message_stop"}\n\n' and st.done
+
+
+# -- same-wire passthrough checks that what it relays is an answer (issue 23, item 4) ---------------------------
+
+_not_answers = st.one_of(
+    st.binary(max_size=40),
+    st.recursive(st.one_of(st.none(), st.booleans(), st.integers(-(2**63), 2**63 - 1), st.text(max_size=8)),
+                 lambda inner: st.one_of(st.lists(inner, max_size=3),
+                                         st.dictionaries(st.sampled_from(["id", "usage", "type", "content", "x"]),
+                                                         inner, max_size=3)),
+                 max_leaves=6).map(orjson.dumps),
+)
+
+
+def _an() -> AnthropicPassthrough:
+    return AnthropicPassthrough(model="m", skip_prologue=False, client_body={"model": "m"})
+
+
+@settings(max_examples=300, deadline=None)
+@given(body=_not_answers)
+def test_a_non_stream_body_that_is_not_an_answer_raises(body):
+    for st_ in (oa(), _an()):
+        try:
+            resp = orjson.loads(body)
+        except orjson.JSONDecodeError:
+            resp = None
+        valid = isinstance(resp, dict) and (
+            isinstance(resp.get("choices"), list) if isinstance(st_, OpenAIPassthrough)
+            else resp.get("type") == "message" and isinstance(resp.get("content"), list))
+        if valid:
+            continue
+        with pytest.raises(UpstreamError) as ei:
+            st_.response(body)
+        assert ei.value.failover and ei.value.counts_against_provider and not ei.value.after_content
+
+
+def test_a_200_with_an_error_object_is_the_upstreams_error():
+    with pytest.raises(UpstreamError) as ei:
+        oa().response(b'{"error": {"message": "model crashed", "type": "server_error"}}')
+    assert ei.value.reason == STREAM_ERROR and ei.value.message == "model crashed"
+    with pytest.raises(UpstreamError) as ei:
+        _an().response(b'{"type": "error", "error": {"type": "overloaded_error", "message": "busy"}}')
+    assert ei.value.error_type == "overloaded_error" and ei.value.message == "busy"
+
+
+def test_real_answers_pass_through_untouched():
+    body = orjson.dumps({"id": "c", "object": "chat.completion", "choices": [{"index": 0, "message": {
+        "role": "assistant", "content": "hi"}, "finish_reason": "stop"}], "usage": {"prompt_tokens": 3,
+                                                                                   "completion_tokens": 1}})
+    assert oa().response(body) is body
+    body = orjson.dumps({"id": "m", "type": "message", "role": "assistant", "content": [{"type": "text", "text": "hi"}],
+                         "usage": {"input_tokens": 3, "output_tokens": 1}})
+    assert _an().response(body) is body
+
+
+@pytest.mark.parametrize("first", ["[DONE]", "null", "[1]", "{}", '{"object":"chat.completion.chunk"}', "hello"])
+def test_a_chat_stream_must_open_with_a_chunk(first):
+    with pytest.raises(UpstreamError) as ei:
+        oa().events([(None, first)])
+    assert ei.value.reason == "bad_response" and not ei.value.after_content
+
+
+@pytest.mark.parametrize("first", [(None, "{}"), ("content_block_start", "{}"), ("message_start", "null"),
+                                   ("message_start", '{"message": "x"}'), ("foo", "{}")])
+def test_a_messages_stream_must_open_with_message_start(first):
+    with pytest.raises(UpstreamError) as ei:
+        _an().events([("ping", "{}"), first])
+    assert ei.value.reason == "bad_response" and not ei.value.after_content

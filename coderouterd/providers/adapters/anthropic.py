@@ -9,6 +9,7 @@ from urllib.parse import urlsplit
 import orjson
 
 from ..errors import OVERFLOW, UpstreamError, http_error, parse_retry_after
+from ..limits import MAX_AUX_BYTES, read_capped
 from .base import ANTHROPIC_VERSION, UpstreamAdapter, error_message
 
 _OVERFLOW = re.compile(r"prompt is too long:\s*(\d+)\s*tokens\s*>\s*(\d+)")
@@ -56,7 +57,7 @@ class AnthropicAdapter(UpstreamAdapter):
         async with provider.session().post(f"{self.cfg.base_url}/messages/count_tokens", data=orjson.dumps(body),
                                            headers=self.headers(client=req.headers, json=True)) as r:
             if r.status == 200:
-                n = orjson.loads(await r.read()).get("input_tokens")
+                n = orjson.loads(await read_capped(r, MAX_AUX_BYTES, "token count")).get("input_tokens")
                 if isinstance(n, int):
                     return n, f"exact:{provider.name}"
         return None

@@ -6,6 +6,7 @@ import orjson
 
 from ...servers import overflow as context_overflow
 from ..errors import OVERFLOW, UpstreamError, http_error, parse_retry_after
+from ..limits import MAX_AUX_BYTES, read_capped
 from .base import UpstreamAdapter, error_message
 
 
@@ -55,7 +56,7 @@ class OpenAIAdapter(UpstreamAdapter):
         async with provider.session().post(f"{self.root_url}/tokenize", data=orjson.dumps({"content": text}),
                                            headers=self.headers(json=True)) as r:
             if r.status == 200:
-                tokens = orjson.loads(await r.read()).get("tokens")
+                tokens = orjson.loads(await read_capped(r, MAX_AUX_BYTES, "token count")).get("tokens")
                 if isinstance(tokens, list):
                     provider.tokenize_supported = True
                     return len(tokens), f"tokenizer:{provider.name}"

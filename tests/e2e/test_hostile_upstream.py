@@ -1,0 +1,297 @@
+"""Upstreams that misbehave, against the real daemon (issue 23, items 1-4): a stream that ends mid-block, a
+redirect to another origin, answers without bound, garbage passed off as a success. Whatever an upstream does,
+the client gets a failover or a well-formed error in its API shape, at once, and the daemon keeps serving."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import httpx
+import orjson
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from tests.e2e.test_control_plane import corectl
+from tests.fakes.runner import FakeServer
+from tests.support.daemon import DaemonProcess
+from tests.support.sse import event_names, streamed_text
+
+CONFIG = """
+[server]
+port = {PORT}
+stream_hold_s = 0.2
+
+[breaker]
+failures = 1000
+
+[providers.an]
+kind = "anthropic"
+base_url = "@AN@/v1"
+api_key_env = "FAKE_AN_KEY"
+
+[providers.an2]
+kind = "anthropic"
+base_url = "@AN2@/v1"
+api_key_env = "FAKE_AN_KEY"
+
+[providers.oa]
+kind = "openai"
+base_url = "@OA@/v1"
+
+[providers.oa2]
+kind = "openai"
+base_url = "@OA2@/v1"
+
+[profiles.default]
+providers = ["an"]
+health_action = "warn"
+
+[profiles.an]
+providers = ["an"]
+health_action = "warn"
+
+[profiles.anchain]
+providers = ["an", "an2"]
+health_action = "warn"
+
+[profiles.oachain]
+providers = ["oa", "oa2"]
+health_action = "warn"
+"""
+
+SECRET = "sk-an-secret-23"
+USER = [{"role": "user", "content": "hi"}]
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("hostile_upstream")
+    with FakeServer("anthropic", name="an") as an, FakeServer("anthropic", name="an2") as an2, \
+            FakeServer("openai", name="oa") as oa, FakeServer("openai", name="oa2") as oa2, \
+            FakeServer("anthropic", name="elsewhere") as elsewhere:
+        cfg = (CONFIG.replace("@AN@", an.url).replace("@AN2@", an2.url).replace("@OA@", oa.url)
+               .replace("@OA2@", oa2.url))
+        d = DaemonProcess(cfg, tmp, env={"FAKE_AN_KEY": SECRET}).start()
+        try:
+            yield {"daemon": d, "an": an, "an2": an2, "oa": oa, "oa2": oa2, "elsewhere": elsewhere}
+        finally:
+            d.stop()
+
+
+@pytest.fixture(autouse=True)
+def _fakes_ok(env):
+    for name in ("an", "an2", "oa", "oa2", "elsewhere"):
+        env[name].reset()
+        env[name].set_behaviour("ok")
+
+
+def _failures(env, provider: str) -> int:
+    r = corectl("status", "--json", env_socket=str(env["daemon"].state_dir / "coderouterd.sock"))
+    assert r.returncode == 0, r.stderr
+    return {p["name"]: p for p in orjson.loads(r.stdout)["providers"]}[provider]["breaker"]["consecutive_failures"]
+
+
+def _healthz_fast(env) -> float:
+    t0 = time.monotonic()
+    r = httpx.get(env["daemon"].url + "/healthz", timeout=2)
+    assert r.status_code == 200
+    return time.monotonic() - t0
+
+
+# -- 1. an Anthropic stream that ends cleanly after a block started, before message_stop ---------------------
+
+@pytest.mark.parametrize("end", ["chunked", "close"])
+@pytest.mark.parametrize("ingress", ["anthropic", "openai", "responses"])
+def test_stream_cut_mid_block_ends_with_an_error_event_at_once(env, end, ingress):
+    d = env["daemon"]
+    env["an"].set_behaviour(f"cut_mid_block;end={end}")
+    before = _failures(env, "an")
+    answer: dict = {}
+
+    def stream() -> None:
+        path, body = {
+            "anthropic": ("/v1/messages", {"model": "m", "max_tokens": 10, "stream": True, "messages": USER}),
+            "openai": ("/v1/chat/completions", {"model": "m", "stream": True, "messages": USER}),
+            "responses": ("/v1/responses", {"model": "m", "stream": True, "input": "hi"}),
+        }[ingress]
+        try:
+            r = httpx.post(d.url + path, json=body, headers={"x-coderouter-profile": "an"}, timeout=10)
+            answer["status"], answer["text"] = r.status_code, r.text
+        except httpx.HTTPError as e:
+            answer["error"] = repr(e)
+
+    t = threading.Thread(target=stream)
+    t0 = time.monotonic()
+    t.start()
+    time.sleep(0.3)
+    assert _healthz_fast(env) < 1.0  # nothing else slowed
+    t.join(15)
+    assert not t.is_alive() and "error" not in answer, answer
+    assert time.monotonic() - t0 < 5
+    assert answer["status"] == 200
+    text = answer["text"]
+    if ingress == "anthropic":
+        names = event_names(text)
+        assert names[0] == "message_start" and "content_block_start" in names and names[-1] == "error", text
+        last = orjson.loads(text.rstrip().splitlines()[-1][6:])
+        assert last["type"] == "error" and "message_stop" in last["error"]["message"]
+    elif ingress == "openai":
+        # The cut answer is not passed off as complete (no finish_reason): an error chunk, then [DONE].
+        datas = [ln[6:] for ln in text.splitlines() if ln.startswith("data: ")]
+        assert datas[-1] == "[DONE]" and "error" in orjson.loads(datas[-2]), text
+        assert '"finish_reason":"stop"' not in text, text
+    else:
+        names = [ln[7:] for ln in text.splitlines() if ln.startswith("event: ")]
+        assert "response.completed" not in names and names[-1] in ("response.failed", "error"), text
+    assert _failures(env, "an") == before + 1  # the upstream counted as failed
+    for _ in range(5):
+        assert _healthz_fast(env) < 1.0
+    assert d.proc.poll() is None
+
+
+
+# -- 2. redirects are never followed --------------------------------------------------------------------------
+
+@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize("status", [301, 302, 303, 307, 308])
+def test_a_redirect_to_another_origin_is_not_followed_and_fails_over(env, status, stream):
+    d, elsewhere = env["daemon"], env["elsewhere"]
+    env["an"].set_behaviour(f"redirect;status={status};to={elsewhere.url}/v1/messages")
+    r = httpx.post(d.url + "/v1/messages", json={"model": "m", "max_tokens": 10, "stream": stream, "messages": USER},
+                   headers={"x-coderouter-profile": "anchain"}, timeout=10)
+    assert r.status_code == 200, r.text
+    # Neither the key nor the prompt went anywhere but the configured providers.
+    assert not elsewhere.requests and not elsewhere.saw_api_key
+    assert r.headers["x-coderouter-attempts"].startswith("an:upstream_redirect,an2:"), r.headers
+    assert (streamed_text(r.text) if stream else r.json()["content"][0]["text"]) == "Hello from an2"
+
+
+def test_a_redirect_is_named_in_the_error_when_nothing_else_serves(env):
+    d, elsewhere = env["daemon"], env["elsewhere"]
+    env["an"].set_behaviour(f"redirect;status=307;to={elsewhere.url}/v1/messages")
+    r = httpx.post(d.url + "/v1/messages", json={"model": "m", "max_tokens": 10, "messages": USER},
+                   headers={"x-coderouter-profile": "an"}, timeout=10)
+    assert r.status_code >= 500 and r.json()["type"] == "error"
+    message = r.json()["error"]["message"]
+    assert "redirect" in message and "307" in message and elsewhere.url.split("//")[1] in message, message
+    assert not elsewhere.requests
+
+
+# -- 3. what an upstream sends is bounded ----------------------------------------------------------------------
+
+def _peak_rss_mb(d: DaemonProcess) -> float:
+    with open(f"/proc/{d.proc.pid}/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    raise AssertionError("no VmHWM")
+
+
+@pytest.mark.parametrize("wire", ["anthropic", "openai"])
+@pytest.mark.parametrize(("spec", "stream", "reason"), [
+    ("big_json;mb=80", False, "answer_too_large"),  # bound: 64 MB
+    ("gzip_bomb;mb=300", False, "answer_too_large"),  # 300 KB on the wire, 300 MB inflated
+    ("endless_error;status=500", False, "http_500"),  # read up to 64 KB, then judged by its status
+    ("endless_error;status=503", True, "http_503"),
+    ("sse_no_newline", True, "answer_too_large"),  # one line without end (bound: 4 MB)
+    ("sse_no_blank", True, "answer_too_large"),  # data lines, no event ever ends (bound: 4 MB)
+])
+def test_an_answer_without_bound_is_an_upstream_error_that_fails_over(env, wire, spec, stream, reason):
+    d = env["daemon"]
+    up, profile = ("an", "anchain") if wire == "anthropic" else ("oa", "oachain")
+    env[up].set_behaviour(spec)
+    if wire == "anthropic":
+        path, body = "/v1/messages", {"model": "m", "max_tokens": 10, "stream": stream, "messages": USER}
+    else:
+        path, body = "/v1/chat/completions", {"model": "m", "stream": stream, "messages": USER}
+    peak = _peak_rss_mb(d)
+    t0 = time.monotonic()
+    r = httpx.post(d.url + path, json=body, headers={"x-coderouter-profile": profile}, timeout=30)
+    elapsed = time.monotonic() - t0
+    assert r.status_code == 200, r.text[:300]
+    attempts = r.headers["x-coderouter-attempts"]
+    assert attempts.startswith(f"{up}:{reason},{up}2:"), attempts
+    if stream:
+        text = streamed_text(r.text) if wire == "anthropic" else "".join(
+            (orjson.loads(ln[6:])["choices"] or [{}])[0].get("delta", {}).get("content") or ""
+            for ln in r.text.splitlines() if ln.startswith("data: {"))
+    else:
+        text = r.json()["content"][0]["text"] if wire == "anthropic" else r.json()["choices"][0]["message"]["content"]
+    assert text == f"Hello from {up}2"
+    assert elapsed < 10, elapsed
+    assert _peak_rss_mb(d) - peak < 350  # nothing like the gigabyte the fake would have sent
+    assert _healthz_fast(env) < 1.0
+
+
+# -- 4. garbage is no success ------------------------------------------------------------------------------------
+
+_INT = st.integers(-(2**63), 2**63 - 1)  # what orjson writes
+_JSON_NOT_AN_ANSWER = st.one_of(
+    st.none(), st.booleans(), _INT, st.text(max_size=20), st.lists(_INT, max_size=3),
+    st.dictionaries(st.sampled_from(["id", "object", "model", "usage", "data", "result", "type"]),
+                    st.one_of(st.none(), _INT, st.text(max_size=8)), max_size=3),
+    st.just({"choices": None}), st.just({"type": "message", "content": "x"}), st.just({"type": "nope"}),
+).map(lambda v: orjson.dumps(v))
+_TEXT_GARBAGE = st.one_of(
+    st.sampled_from([b"", b"null", b"<html><body>502 Bad Gateway</body></html>", b"OK", b"\x00\x01\x02",
+                     b'{"choices": [', b'{"id": "chatcmpl-1", "choices": [{"index": 0', b"\xef\xbb\xbf{}"]),
+    st.binary(max_size=64),
+)
+_SSE_GARBAGE = st.one_of(
+    st.sampled_from([b"data: hello\n\n", b"data: null\n\n", b"data: [1,2]\n\n", b"data: [DONE]\n\n",
+                     b"event: foo\ndata: {}\n\n", b"event: message_start\ndata: null\n\n",
+                     b'event: message_start\ndata: {"type":"message_start","message":"x"}\n\n',
+                     b'event: content_block_start\ndata: {"type":"content_block_start","index":0}\n\n',
+                     b'data: {"object":"chat.completion.chunk"}\n\n', b"data: {}\n\n",
+                     b"<html>\n\n</html>\n\n"]),
+    st.lists(st.sampled_from([b"data: x\n", b"event: y\n", b"\n", b": c\n", b"data: 1\n"]), max_size=6)
+    .map(b"".join),
+)
+garbage = st.tuples(
+    st.sampled_from(["application/json", "text/html", "text/event-stream", "text/plain", "application/octet-stream"]),
+    st.one_of(_JSON_NOT_AN_ANSWER, _TEXT_GARBAGE, _SSE_GARBAGE),
+)
+
+
+def test_garbage_from_a_same_wire_upstream_fails_over(env):
+    """Property: whatever a same-wire upstream answers with a 200 that is not an answer (HTML, null, JSON of
+    another shape, SSE that does not open as the protocol says), the client gets the next provider's answer:
+    never the garbage, never a 5xx; and the daemon stays healthy."""
+    d = env["daemon"]
+    failures: list[str] = []
+
+    @settings(max_examples=120, deadline=None, derandomize=True, database=None,
+              suppress_health_check=list(HealthCheck))
+    @given(answer=garbage, wire=st.sampled_from(["anthropic", "openai"]), stream=st.booleans())
+    def run(answer, wire, stream):
+        ctype, body = answer
+        up, profile = ("an", "anchain") if wire == "anthropic" else ("oa", "oachain")
+        env[up].set_behaviour(f"raw;status=200;ctype={ctype};hex={body.hex()}")
+        if wire == "anthropic":
+            path, req = "/v1/messages", {"model": "m", "max_tokens": 10, "stream": stream, "messages": USER}
+        else:
+            path, req = "/v1/chat/completions", {"model": "m", "stream": stream, "messages": USER}
+        r = httpx.post(d.url + path, json=req, headers={"x-coderouter-profile": profile}, timeout=10)
+        attempts = r.headers.get("x-coderouter-attempts", "")
+        problem = None
+        if r.status_code != 200:
+            problem = f"status {r.status_code}"
+        elif not attempts.startswith(f"{up}:") or attempts.startswith(f"{up}:ok") or f"{up}2:" not in attempts:
+            problem = f"no failover: {attempts}"
+        elif stream:
+            text = streamed_text(r.text) if wire == "anthropic" else "".join(
+                (orjson.loads(ln[6:])["choices"] or [{}])[0].get("delta", {}).get("content") or ""
+                for ln in r.text.splitlines() if ln.startswith("data: {"))
+            problem = None if text == f"Hello from {up}2" else f"stream text {text!r}"
+        else:
+            data = r.json()
+            text = data["content"][0]["text"] if wire == "anthropic" else data["choices"][0]["message"]["content"]
+            problem = None if text == f"Hello from {up}2" else f"text {text!r}"
+        if problem:
+            failures.append(f"{wire} stream={stream} {ctype} {body[:80]!r}: {problem}; {r.text[:200]!r}")
+
+    run()
+    assert not failures, f"{len(failures)} garbage answers not failed over; first ones:\n" + "\n".join(failures[:8])
+    assert _healthz_fast(env) < 1.0 and d.proc.poll() is None
