@@ -122,7 +122,7 @@ class Daemon:
         self.health = HealthMonitor(self.routing, lambda: self.runtime, tasks=self.tasks)
         self.selfheal = SelfHealer(self.routing, self.health, supervisor=self._supervisor,
                                    runtime=lambda: self.runtime, publish=t.publish,
-                                   fresh_start=self.affinity.server_restarted)
+                                   fresh_start=self.affinity.server_restarted, ready=self._server_ready)
         cfg = self._loaded.model
         if _has_processes(cfg):
             from .affinity.slot_save import ensure_slot_dir
@@ -230,6 +230,15 @@ class Daemon:
         self.last_reload_error = reason
         self._publish(ConfigRejected(path=self._loaded.path, reason=reason))
         return {"ok": False, "error": reason}
+
+    def _server_ready(self, providers: list[str]) -> None:
+        """A managed server answers: ask it now what it is (context window, slots), whatever an earlier probe of
+        the starting process concluded."""
+        for name in providers:
+            p = self.runtime.providers.get(name)
+            if p is not None:
+                self.servers.forget(name)
+                self.servers.refresh(p)
 
     def _publish(self, event) -> None:
         if self.telemetry is not None:

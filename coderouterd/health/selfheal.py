@@ -35,9 +35,11 @@ class SelfHealer:
 
     def __init__(self, state: RoutingState, monitor, *, supervisor: Callable[[], object | None],
                  runtime: Callable[[], object], publish=None, sleep=asyncio.sleep,
-                 fresh_start: Callable[[list[str]], None] | None = None) -> None:
+                 fresh_start: Callable[[list[str]], None] | None = None,
+                 ready: Callable[[list[str]], None] | None = None) -> None:
         """`fresh_start(providers)`: a process was started anew (not adopted); whatever its predecessor held in
-        memory (a KV cache) is gone."""
+        memory (a KV cache) is gone. `ready(providers)`: a process answers (ready or adopted): what its server
+        is and holds can be asked now."""
         self.state = state
         self.monitor = monitor
         self._supervisor = supervisor
@@ -45,6 +47,7 @@ class SelfHealer:
         self.publish = publish
         self.sleep = sleep
         self._fresh_start = fresh_start
+        self._ready = ready
         # provider -> the recovery task watching it; a second trigger while one runs is a logged no-op
         self._recovering: dict[str, asyncio.Task] = {}
         self.next_probe_at: dict[str, float] = {}
@@ -72,6 +75,8 @@ class SelfHealer:
             self._fresh_start(providers)
         if event in _UP:  # adoption happens only when the backend answers
             self.state.mark_up(providers)
+            if self._ready is not None and providers:
+                self._ready(providers)
             # Health restarts from this readiness: probed now, not at the next tick. A provider being
             # recovered is probed by its recovery as soon as it is ready.
             self.monitor.probe_soon([p for p in providers if p not in self._recovering])

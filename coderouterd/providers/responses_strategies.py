@@ -61,6 +61,10 @@ class ResponsesToChat(_ResponsesStrategy):
         body["stream"] = stream
         if stream:
             body["stream_options"] = {"include_usage": True}
+        if not self.named_tool_choice:
+            from ..translate.anthropic_to_openai import force_named_tool_as_required
+
+            body = force_named_tool_as_required(body)
         return orjson.dumps(body)
 
     def response(self, body: bytes) -> bytes:

@@ -25,6 +25,7 @@ from .limits import MAX_AUX_BYTES, MAX_IGNORED_BYTES, BodyTooLarge, read_at_most
 log = logging.getLogger("coderouterd.servers")
 
 RETRY_S = 60.0
+LOADING_RETRY_S = 1.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,7 +48,11 @@ def discoverable(provider) -> bool:
 
 
 class _Unanswered(Exception):
-    pass
+    """Nothing useful answered; asked again `retry_s` later (soon for a server still loading its model)."""
+
+    def __init__(self, message: str, retry_s: float = RETRY_S) -> None:
+        super().__init__(message)
+        self.retry_s = retry_s
 
 
 async def probe(provider, timeout_s: float) -> ServerInfo:
@@ -84,6 +89,10 @@ async def probe(provider, timeout_s: float) -> ServerInfo:
             else:
                 found = await servers.detect(get)
                 kind, answers = found.kind, found.answers
+                if any(status == 503 for status, _ in answers.values()):
+                    # Still loading its model (llama-server answers every path 503 "Loading model" until then):
+                    # what it is and what it holds are asked again, not settled on a half-started server.
+                    raise _Unanswered("server still loading (503)", retry_s=LOADING_RETRY_S)
             slots = kind.slots(answers)
             if slots:
                 # /slots answering confirms llama-server's slot API is on (an OpenAI-compatible server that
@@ -129,6 +138,15 @@ class ServerDirectory:
             return 0
         return info.context_window
 
+    def named_tool_choice(self, provider) -> bool:
+        """Whether the provider's server reads OpenAI's named tool choice (unknown servers are assumed to)."""
+        info = self.info(provider)
+        if info is None:
+            return True
+        from ..servers import by_name
+
+        return by_name(info.kind).named_tool_choice
+
     def refresh(self, provider) -> asyncio.Task | None:
         """Start a discovery for `provider` when one is due and none runs; the running one otherwise."""
         if not discoverable(provider):
@@ -154,8 +172,8 @@ class ServerDirectory:
         try:
             info = await probe(provider, self.timeout_s)
         except _Unanswered as e:
-            log.debug("%s: server did not answer discovery (%s); asking again in %.0fs", provider.name, e, RETRY_S)
-            self._known[provider.name] = (base_url, self.clock() + RETRY_S, None)
+            log.debug("%s: server did not answer discovery (%s); asking again in %.0fs", provider.name, e, e.retry_s)
+            self._known[provider.name] = (base_url, self.clock() + e.retry_s, None)
             return
         finally:
             self._running.pop(provider.name, None)

@@ -8,7 +8,7 @@ import orjson
 from ..health.drift import AnswerStats
 from ..protocol.sse import DONE, encode_data, encode_event
 from ..translate.answer_observe import observe_anthropic, observe_openai
-from ..translate.anthropic_to_openai import request_to_openai
+from ..translate.anthropic_to_openai import force_named_tool_as_required, request_to_openai
 from ..translate.openai_ingress import (
     AnthropicStreamToOpenAI,
     anthropic_response_to_openai,
@@ -86,8 +86,11 @@ class Strategy:
     timings: dict | None = None
 
     def __init__(self, *, model: str, skip_prologue: bool, client_body: dict,
-                 repair_tools: dict[str, ToolSpec] | None = None, observe: bool = False) -> None:
+                 repair_tools: dict[str, ToolSpec] | None = None, observe: bool = False,
+                 named_tool_choice: bool = True) -> None:
         self.model = model
+        # False: the upstream reads tool_choice only as a string (servers/llamacpp.py); see request bodies.
+        self.named_tool_choice = named_tool_choice
         # Figures about the answer for drift detection (local providers only: a hosted API does not drift).
         self.answer = AnswerStats() if observe else None
         self.skip_prologue = skip_prologue
@@ -153,6 +156,8 @@ class OpenAIPassthrough(Strategy):
             so = dict(body.get("stream_options") or {})
             so["include_usage"] = True
             body["stream_options"] = so
+        if not self.named_tool_choice:
+            body = force_named_tool_as_required(body)
         return orjson.dumps(body)
 
     def response(self, body: bytes) -> bytes:
@@ -347,6 +352,8 @@ class AnthropicToOpenAIUpstream(Strategy):
 
     def request(self, raw: bytes, stream: bool) -> bytes:
         body, self.warnings = request_to_openai(self.client_body, self.model, stream=stream)
+        if not self.named_tool_choice:
+            body = force_named_tool_as_required(body)
         return orjson.dumps(body)
 
     def response(self, body: bytes) -> bytes:

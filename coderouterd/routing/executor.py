@@ -318,6 +318,8 @@ class Exchange:
             kw["native"] = req.native
             kw["provider_name"] = provider.name
         kw["repair_tools"] = repair_tools_for(provider.cfg, req.body)
+        if req.body.get("tool_choice") is not None and not self.router.named_tool_choice(provider):
+            kw["named_tool_choice"] = False
         kw["observe"] = self.profile.drift_action != "off" and provider.cfg.is_local()
         if req.ingress == "anthropic" and cls.upstream_wire == "openai":
             kw["input_tokens"] = provider.estimate_tokens(len(raw))

@@ -79,6 +79,10 @@ class Router:
             return provider.cfg.context_window
         return self.servers.context_window(provider)
 
+    def named_tool_choice(self, provider) -> bool:
+        """Whether the provider's server reads OpenAI's named tool choice (servers/base.py)."""
+        return self.servers is None or self.servers.named_tool_choice(provider)
+
     def _facts(self, runtime, names) -> dict[str, ProviderFacts]:
         """The runtime's facts, with the context window the server reports where the config left it unset.
         Never waits: a server not heard from yet is asked in the background and not gated meanwhile."""

@@ -59,6 +59,9 @@ class ServerKind:
     # How its context-overflow errors read: substrings that say "overflow" and full wordings with numbers.
     overflow_markers: tuple[str, ...] = ()
     overflow_wordings: tuple[re.Pattern, ...] = ()
+    # Reads OpenAI's named tool choice (`{"type": "function", "function": {"name": ...}}`). A server that reads
+    # only the strings gets "required" with the named tool alone offered: the same constraint.
+    named_tool_choice = True
 
     def recognise(self, answers: Answers) -> bool:
         return False

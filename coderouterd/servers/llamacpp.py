@@ -9,7 +9,9 @@ off). Cached prompt tokens: `timings.cache_n` (with `prompt_n` processed), also
 `error.type = "exceed_context_size_error"` and the numbers in `error.n_prompt_tokens` / `error.n_ctx`; the
 message reads "request (N tokens) exceeds the available context size (M tokens), try increasing it" (older
 builds: no numbers in the message) or "input (N tokens) is larger than the max context size (M tokens)".
-Models are whatever it was started with: no load or unload."""
+Models are whatever it was started with: no load or unload. `tool_choice` is read only as a string
+("auto", "none", "required"; with `--jinja`): an object (OpenAI's named function) is replaced by "auto" with a
+warning in the server's log, so a forced call would quietly become optional."""
 
 from __future__ import annotations
 
@@ -39,6 +41,7 @@ class LlamaCpp(ServerKind):
     probe_paths = (PROPS,)
     cached_tokens = "timings.cache_n (timings.prompt_n processed); usage.prompt_tokens_details.cached_tokens"
     overflow_markers = ("exceed_context_size", "available context size", "max context size", "n_ctx")
+    named_tool_choice = False
     overflow_wordings = (
         wording(r"(?:request|input) \((?P<prompt>[\d,]+) tokens\) (?:exceeds the available|is larger than the max) "
                 r"context size \((?P<limit>[\d,]+) tokens\)"),

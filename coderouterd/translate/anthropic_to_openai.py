@@ -261,6 +261,25 @@ def _tool_choice(choice: dict) -> str | dict | None:
     return None
 
 
+def force_named_tool_as_required(req: dict) -> dict:
+    """For a server that reads `tool_choice` only as a string (llama-server): a named tool choice becomes
+    "required" with only that tool offered, which constrains the model the same way. Returns `req` itself
+    when there is nothing to change."""
+    choice = req.get("tool_choice")
+    if not isinstance(choice, dict):
+        return req
+    fn = choice.get("function")
+    name = fn.get("name") if isinstance(fn, dict) else None
+    tools = req.get("tools")
+    if not isinstance(name, str) or not isinstance(tools, list):
+        return req
+    named = [t for t in tools if isinstance(t, dict) and isinstance(t.get("function"), dict)
+             and t["function"].get("name") == name]
+    if not named:
+        return req
+    return {**req, "tools": named, "tool_choice": "required"}
+
+
 def request_to_openai(body: dict, model: str, *, stream: bool) -> tuple[dict, list[str]]:
     """Translate an Anthropic Messages request for ``model``; returns (request, warnings)."""
     warnings = _Warnings()

@@ -16,7 +16,8 @@ that best matches the new task (keeping at least a quarter of itself, and more o
 loaded into the slot. ``cache_ram=False`` turns it off (``--cache-ram 0``).
 
 A prompt longer than a slot's context (``n_ctx``, tokens per slot) is refused with the server's
-``exceed_context_size_error``. ``loading_s``: /health answers 503 "Loading model" that long after start.
+``exceed_context_size_error``. ``loading_s``: every endpoint answers 503 "Loading model" that long after
+start.
 
 Options: ``n_slots`` (default 4), ``n_ctx`` (131072, the OpenAI fake's), ``slot_prompt_similarity`` (0.1), ``slot_save`` (False:
 save/restore answer 501 as a server started without ``--slot-save-path``), ``cache_ram`` (True),
@@ -119,9 +120,17 @@ class LlamaServerFake(OpenAIFake):
         return json_response({"default_generation_settings": {"n_ctx": self.n_ctx}, "total_slots": self.n_slots,
                               "model_path": self.models[0], "build_info": "fake-llama-server"})
 
+    def route(self, method, path, handler, **kw) -> None:
+        """Every endpoint answers 503 "Loading model" until the model is loaded, as llama-server's middleware
+        does."""
+        async def guarded(call: Call) -> web.StreamResponse:
+            if time.monotonic() < self.loading_until:
+                return _error(503, "Loading model", "unavailable_error")
+            return await handler(call)
+
+        super().route(method, path, guarded, **kw)
+
     async def health(self, call: Call) -> web.StreamResponse:
-        if time.monotonic() < self.loading_until:
-            return _error(503, "Loading model", "unavailable_error")
         return json_response({"status": "ok"})
 
     async def list_slots(self, call: Call) -> web.StreamResponse:

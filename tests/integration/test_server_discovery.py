@@ -93,3 +93,20 @@ def test_ollama_and_lm_studio_windows():
         assert (info.kind, info.context_window) == ("ollama", 16384)
         info = run(provider(lm.url + "/v1", model="m"), scenario)
         assert (info.kind, info.context_window, info.slots) == ("lmstudio", 8192, 0)
+
+
+def test_a_server_still_loading_its_model_is_asked_again_within_a_second_not_settled_as_another_kind():
+    now = [0.0]
+    with FakeServer("llamacpp", n_slots=3, n_ctx=2048, loading_s=0.4) as fake:
+        async def scenario(d, p):
+            await d.discover(p)  # every path answers 503 "Loading model"
+            during = d.info(p)
+            await asyncio.sleep(0.5)
+            now[0] += 1.0  # the short retry for a loading server, not the minute for one that did not answer
+            await d.discover(p)
+            return during, d.info(p)
+
+        during, after = run(provider(fake.url + "/v1"), scenario,
+                            ServerDirectory(timeout_s=2.0, clock=lambda: now[0]))
+        assert during is None
+        assert (after.kind, after.context_window, after.slots) == ("llama.cpp", 2048, 3)

@@ -44,7 +44,7 @@ class Supervisor:
         return types.SimpleNamespace(spec=types.SimpleNamespace(start_timeout_s=42.0))
 
 
-def harness(url: str, body, *, supervisor=None, on_sleep=None, fresh_start=None):
+def harness(url: str, body, *, supervisor=None, on_sleep=None, fresh_start=None, ready=None):
     r = Routing(config(url))
     events: list = []
     sleeps: list[float] = []
@@ -59,7 +59,7 @@ def harness(url: str, body, *, supervisor=None, on_sleep=None, fresh_start=None)
         tasks = TaskSet()
         m = HealthMonitor(r.state, lambda: r.runtime, tasks=tasks)
         h = SelfHealer(r.state, m, supervisor=lambda: supervisor, runtime=lambda: r.runtime,
-                       publish=events.append, sleep=sleep, fresh_start=fresh_start)
+                       publish=events.append, sleep=sleep, fresh_start=fresh_start, ready=ready)
         try:
             return await body(r, h)
         finally:
@@ -129,6 +129,7 @@ def test_process_events_take_providers_out_of_routing_and_back():
 
 def test_a_starting_process_may_be_waited_for_a_fatal_one_not_and_a_fresh_start_forgets_its_cache():
     fresh: list[list[str]] = []
+    readies: list[list[str]] = []
     with FakeServer("openai") as f:
         async def body(r, h):
             seen = []
@@ -138,10 +139,12 @@ def test_a_starting_process_may_be_waited_for_a_fatal_one_not_and_a_fresh_start_
                 seen.append((event.value, r.state.is_down("p"), r.state.coming_within("p")))
             return seen
 
-        _r, _events, _s, seen = harness(f.url, body, supervisor=Supervisor(), fresh_start=fresh.append)
+        _r, _events, _s, seen = harness(f.url, body, supervisor=Supervisor(), fresh_start=fresh.append,
+                                        ready=readies.append)
     assert seen == [("started", True, 42.0), ("ready", False, 0.0), ("exited", True, 42.0),
                     ("fatal", True, 0.0), ("adopted", False, 0.0)]
     assert fresh == [["p"]]  # only a process we started anew lost its cache; an adopted one kept it
+    assert readies == [["p"], ["p"]]  # ready and adopted: its server is asked what it is now
 
 
 def test_a_second_trigger_while_recovering_is_a_no_op():

@@ -165,3 +165,22 @@ def test_a_messages_stream_must_open_with_message_start(first):
     with pytest.raises(UpstreamError) as ei:
         _an().events([("ping", "{}"), first])
     assert ei.value.reason == "bad_response" and not ei.value.after_content
+
+
+def test_strategies_force_a_named_tool_as_required_when_the_server_reads_only_strings():
+    import orjson
+
+    from coderouterd.providers.strategies import AnthropicToOpenAIUpstream, OpenAIPassthrough
+
+    tools = [{"name": n, "description": n, "input_schema": {"type": "object", "properties": {}}} for n in "ab"]
+    anth = {"model": "m", "max_tokens": 5, "tools": tools, "tool_choice": {"type": "tool", "name": "a"},
+            "messages": [{"role": "user", "content": "x"}]}
+    oa = {"model": "m", "messages": [{"role": "user", "content": "x"}], "tool_choice": {
+        "type": "function", "function": {"name": "b"}}, "tools": [
+        {"type": "function", "function": {"name": n, "parameters": {"type": "object"}}} for n in "ab"]}
+    for cls, body, name in ((AnthropicToOpenAIUpstream, anth, "a"), (OpenAIPassthrough, oa, "b")):
+        sent = orjson.loads(cls(model="m", skip_prologue=False, client_body=body, named_tool_choice=False)
+                            .request(b"", False))
+        assert sent["tool_choice"] == "required" and [t["function"]["name"] for t in sent["tools"]] == [name]
+        kept = orjson.loads(cls(model="m", skip_prologue=False, client_body=body).request(b"", False))
+        assert isinstance(kept["tool_choice"], dict) and len(kept["tools"]) == 2

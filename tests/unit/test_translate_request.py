@@ -279,3 +279,19 @@ def test_each_warning_kind_reported_once():
     }
     _, warnings = request_to_openai(body, "m", stream=True)
     assert warnings == ["cache_control dropped: not expressible on an OpenAI backend"]
+
+
+def test_a_named_tool_choice_becomes_required_with_that_tool_alone_for_servers_reading_only_strings():
+    from coderouterd.translate.anthropic_to_openai import force_named_tool_as_required, request_to_openai
+
+    tools = [{"name": n, "description": n, "input_schema": {"type": "object", "properties": {}}} for n in "abc"]
+    body = {"model": "m", "max_tokens": 5, "tools": tools, "tool_choice": {"type": "tool", "name": "b"},
+            "messages": [{"role": "user", "content": "x"}]}
+    oa, _ = request_to_openai(body, "m", stream=False)
+    assert oa["tool_choice"] == {"type": "function", "function": {"name": "b"}}  # OpenAI's own form by default
+    forced = force_named_tool_as_required(oa)
+    assert forced["tool_choice"] == "required" and [t["function"]["name"] for t in forced["tools"]] == ["b"]
+    assert oa["tool_choice"] != "required"  # the original is not changed
+    for unchanged in ({**oa, "tool_choice": "auto"}, {**oa, "tool_choice": {"type": "function",
+                                                                           "function": {"name": "zz"}}}):
+        assert force_named_tool_as_required(unchanged) is unchanged
