@@ -90,7 +90,8 @@ def drive_straight(url: str, sc: Scenario) -> list[Turn]:
     """Straight at llama-server: it chooses the slot (longest prefix, else LRU, plus its RAM prompt cache)."""
     out: list[Turn] = []
     seen: set[tuple[int, str]] = set()
-    with httpx.Client(base_url=url, timeout=300) as http:
+    # A fresh connection per request: llama-server closes each one after a streamed answer without saying so.
+    with httpx.Client(base_url=url, timeout=300, limits=httpx.Limits(max_keepalive_connections=0)) as http:
         for s, kind in order(sc):
             body = openai_body(s.main_body() if kind == "main" else s.background_body(), stream=True)
             body["stream_options"] = {"include_usage": True}

@@ -25,6 +25,7 @@ class DaemonProcess:
     def __init__(self, config_text: str, tmp: Path, *, env: dict[str, str] | None = None,
                  port: int | None = None) -> None:
         self.tmp = tmp
+        tmp.mkdir(parents=True, exist_ok=True)
         self.port = port or free_port()
         self.state_dir = tmp / "state"
         self.config_path = tmp / "config.toml"

@@ -54,6 +54,7 @@ class LlamaServer:
     def __init__(self, tmp: Path, *, slots: int = 3, ctx_per_slot: int = 2048, save: bool = True,
                  extra: tuple[str, ...] = ()) -> None:
         p = paths()
+        tmp.mkdir(parents=True, exist_ok=True)
         self.port = free_port()
         self.save_dir = tmp / f"slots-{self.port}" if save else None
         if self.save_dir is not None:
