@@ -84,7 +84,11 @@ class SlotTable:
         if own is not None:
             kept = own.reuse(prompt)
             if not own.busy:
-                return Choice(own.id, kept, why="lane's own slot")
+                choice = Choice(own.id, kept, why="lane's own slot")
+                # Its slot lost what it held (the server restarted, or a failure left it unknown) while another
+                # slot holds the shared system prompt and tools: copy those rather than prefill them again.
+                self._copy_longer_prefix(choice, own, prompt)
+                return choice
             alt = self._free_or_lru(prompt, exclude=own.id, idle_only=True)
             if alt is None:
                 return Choice(own.id, kept, wait=True, why="lane's own slot (busy; no idle slot to move to)")
@@ -124,21 +128,30 @@ class SlotTable:
                 choice.predicted = got
                 choice.why += "; restored the lane's saved state"
                 slot.digests, slot.ends = saved.digests, saved.ends
-        if choice.restore is None and self.can_save:
+        if choice.restore is None:
             # A new lane whose longest prefix (typically the shared system prompt and tools) sits in another
             # lane's slot: copy that slot here rather than prefill it again.
-            donor = max((s for s in self.slots if s.id != slot.id), key=lambda s: s.reuse(prompt), default=None)
-            if donor is not None and not donor.busy:
-                got = donor.reuse(prompt)
-                if got - choice.predicted >= self.clone_min_bytes:
-                    fname = f"coderouter-copy-{slot.id}.bin"  # one scratch file per target slot, overwritten
-                    choice.saves.append((donor.id, fname))
-                    choice.restore = fname
-                    choice.predicted = got
-                    choice.why += f"; copied the shared prefix from slot {donor.id}"
-                    slot.digests, slot.ends = donor.digests, donor.ends
+            self._copy_longer_prefix(choice, slot, prompt)
         slot.lane = lane
         return choice
+
+    def _copy_longer_prefix(self, choice: Choice, slot: Slot, prompt: Prompt) -> None:
+        """When another idle slot holds a prefix of `prompt` longer by `clone_min_bytes` than what `slot` would
+        reuse, save it and restore it into `slot` (one scratch file per target slot, overwritten)."""
+        if not self.can_save:
+            return
+        donor = max((s for s in self.slots if s.id != slot.id), key=lambda s: s.reuse(prompt), default=None)
+        if donor is None or donor.busy:
+            return
+        got = donor.reuse(prompt)
+        if got - choice.predicted < self.clone_min_bytes:
+            return
+        fname = f"coderouter-copy-{slot.id}.bin"
+        choice.saves.append((donor.id, fname))
+        choice.restore = fname
+        choice.predicted = got
+        choice.why += f"; copied the shared prefix from slot {donor.id}"
+        slot.digests, slot.ends = donor.digests, donor.ends
 
     def _remember(self, lane: str, digests: tuple[bytes, ...], ends: tuple[int, ...]) -> str:
         """Record the lane's saved state; returns the file to save it to (from the fixed pool)."""

@@ -130,7 +130,7 @@ def workload(n_sessions: int, turns: int, *, background_every: int = 4, shape: S
     for t in range(turns):
         for s in sessions:
             order.append((s, "main"))
-            if t % background_every == 1 and s.n < with_background:
+            if t % background_every == 1 % background_every and s.n < with_background:
                 order.append((s, "background"))
     return order
 

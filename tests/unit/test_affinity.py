@@ -467,3 +467,26 @@ def test_the_prompt_chain_is_only_computed_when_asked():
     t = aff.ticket(req)
     assert t._prompt is None
     assert t.prompt == segments(req.body, "anthropic") and t._prompt is not None
+
+
+def test_a_lane_whose_own_slot_lost_its_contents_copies_the_shared_prefix_from_another_slot():
+    def prompt(s: Session):
+        return segments(Canonicaliser().anthropic(s.main_body()), "anthropic")
+
+    a, b = Session(1), Session(2)  # same system prompt and tools, different conversations
+    t = SlotTable(2, can_save=True, clone_min_bytes=1024)
+    for lane, s in (("A", a), ("B", b)):
+        c = t.choose(lane, prompt(s))
+        t.begin(c.slot, 1.0)
+        t.finish(c.slot, lane, prompt(s), 2.0)
+    own_a = t.owned("A").id
+    t.forget_contents()  # the server restarted: both slots empty, lanes keep their pins
+    c = t.choose("B", prompt(b))
+    assert c.slot == t.owned("B").id and c.restore is None and c.predicted == 0  # nothing anywhere to copy
+    t.begin(c.slot, 3.0)
+    t.finish(c.slot, "B", prompt(b), 4.0)
+    a.advance()
+    c = t.choose("A", prompt(a))
+    assert c.slot == own_a and c.restore is not None and c.saves == [(t.owned("B").id, c.restore)]
+    assert c.predicted >= len(Canonicaliser().anthropic(a.main_body())["system"][1]["text"])  # at least the system
+    assert "copied the shared prefix" in c.why
