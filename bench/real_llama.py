@@ -48,9 +48,9 @@ class Scenario:
 
 
 # 3 lanes on 3 slots: session 0's main and background lanes, session 1's main lane.
-WITHIN = Scenario("within", slots=3, ctx=2048, sessions=2, turns=5, background_sessions=1)
+WITHIN = Scenario("within", slots=3, ctx=2048, sessions=2, turns=4, background_sessions=1)
 # 4 lanes on 2 slots: two sessions, each with its background lane; slots are saved and restored.
-TWICE = Scenario("twice", slots=2, ctx=2048, sessions=2, turns=5, background_sessions=2)
+TWICE = Scenario("twice", slots=2, ctx=2048, sessions=2, turns=4, background_sessions=2)
 
 
 def order(sc: Scenario) -> list[tuple[Session, str]]:
@@ -213,6 +213,11 @@ startsecs = 0.2
 [profiles.default]
 providers = ["llama"]
 health_action = "warn"
+
+[affinity]
+# The shared system prompt and tools here are ~240 tokens, scaled down ~60x from Claude Code's ~15k to fit this
+# small model; the least shared prefix worth a slot copy (default 2,048 tokens) scales down with them.
+clone_min_tokens = 128
 """
 
 

@@ -42,7 +42,6 @@ class Call:
         self.first_byte_deadline = self.started + t.first_byte
         self.ttfb: float | None = None
         self.request_chars = 0
-        self.stale_retries = 0  # pooled connections the server had closed unannounced (see _post)
         self.wait_s = 0.0  # time spent awaiting the upstream: the rest of a request's latency is ours
         # Top-level fields added to this attempt's upstream body (prefix affinity: id_slot, cache_prompt).
         self.extra_fields: dict = {}
@@ -75,7 +74,7 @@ class Call:
         t0 = time.perf_counter()
         try:
             async with asyncio.timeout_at(self._loop_deadline(min(self.first_byte_deadline, self.total_deadline))):
-                self.resp = await self._post(url, body, headers)
+                self.resp = await self.provider.session().post(url, data=body, headers=headers)
                 if 300 <= self.resp.status < 400:
                     location = self.resp.headers.get("location")
                     self.resp.close()  # its body is not wanted: the connection goes, not back to the pool
@@ -97,22 +96,6 @@ class Call:
             raise UpstreamError(DISCONNECT, message=f"{type(e).__name__}: {e}") from None
         finally:
             self.wait_s += time.perf_counter() - t0
-
-    async def _post(self, url: str, body: bytes, headers):
-        """POST, once more on a fresh connection when the server closed the pooled one without a word: llama-server
-        closes every connection after a streamed answer without saying so (no `Connection: close`), and a
-        request that races the close gets no response at all (tests/real). Nothing was answered, so nothing was
-        served: the retry is the request's first real try."""
-        import aiohttp
-
-        session = self.provider.session()
-        try:
-            return await session.post(url, data=body, headers=headers)
-        except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as e:
-            if isinstance(e, aiohttp.ClientConnectorError):
-                raise  # a new connection refused: the server is not there, no pooled connection went stale
-            self.stale_retries += 1
-            return await session.post(url, data=body, headers=headers)
 
     def _loop_deadline(self, monotonic_deadline: float) -> float:
         loop = asyncio.get_running_loop()

@@ -1,25 +1,74 @@
 """The HTTP client every upstream call goes through (requests, health probes, model lists, model control, slot
-calls): an aiohttp session that never follows a redirect.
+calls): an aiohttp session that never follows a redirect, and that sends a request once more on a fresh
+connection when the pooled one it took had been closed by the server without a word.
 
-aiohttp follows redirects by default and, on a redirect to another origin, drops only `Authorization`: an
-Anthropic-kind provider's `x-api-key`, any configured header and the whole prompt (a 307/308 resends the body)
-would go wherever the upstream points. A redirect is answered to the caller as it came; callers treat a 3xx as
-the upstream's failure (`errors.redirect_error`). Only `get` and `post` exist, so no call can bypass this."""
+Redirects: aiohttp follows them by default and, on a redirect to another origin, drops only `Authorization`:
+an Anthropic-kind provider's `x-api-key`, any configured header and the whole prompt (a 307/308 resends the
+body) would go wherever the upstream points. A redirect is answered to the caller as it came; callers treat a
+3xx as the upstream's failure (`errors.redirect_error`). Only `get` and `post` exist, so no call can bypass
+this.
+
+Stale connections: llama-server closes every connection after a streamed answer without saying so (no
+`Connection: close`), so the next request on that pooled connection gets no response at all (seen on the real
+server, tests/real). Nothing was answered, so nothing was served: the second send is the request's first real
+try. A connection refused (nothing listens) is never retried."""
 
 from __future__ import annotations
 
 
+class _Request:
+    """Awaitable (the response) and an async context manager (released on exit), like aiohttp's own."""
+
+    __slots__ = ("_owner", "_method", "_url", "_kw", "_resp")
+
+    def __init__(self, owner: UpstreamSession, method: str, url: str, kw: dict) -> None:
+        self._owner = owner
+        self._method = method
+        self._url = url
+        self._kw = kw
+        self._resp = None
+
+    async def _send(self):
+        import aiohttp
+
+        session = self._owner._session
+        try:
+            return await session.request(self._method, self._url, allow_redirects=False, **self._kw)
+        except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as e:
+            if isinstance(e, aiohttp.ClientConnectorError):
+                raise  # a new connection refused: nothing listens, no pooled connection went stale
+            self._owner.stale_retries += 1
+            return await session.request(self._method, self._url, allow_redirects=False, **self._kw)
+
+    def __await__(self):
+        return self._send().__await__()
+
+    async def __aenter__(self):
+        self._resp = await self._send()
+        return await self._resp.__aenter__()
+
+    async def __aexit__(self, exc_type, exc, tb) -> None:
+        await self._resp.__aexit__(exc_type, exc, tb)
+
+
+def _no_redirects(kw: dict) -> dict:
+    if "allow_redirects" in kw:
+        raise TypeError("upstream calls never follow redirects: allow_redirects cannot be given")
+    return kw
+
+
 class UpstreamSession:
-    __slots__ = ("_session",)
+    __slots__ = ("_session", "stale_retries")
 
     def __init__(self, session) -> None:
         self._session = session  # aiohttp.ClientSession
+        self.stale_retries = 0  # requests sent again because their pooled connection was dead
 
-    def get(self, url: str, **kw):
-        return self._session.get(url, allow_redirects=False, **kw)
+    def get(self, url: str, **kw) -> _Request:
+        return _Request(self, "GET", url, _no_redirects(kw))
 
-    def post(self, url: str, **kw):
-        return self._session.post(url, allow_redirects=False, **kw)
+    def post(self, url: str, **kw) -> _Request:
+        return _Request(self, "POST", url, _no_redirects(kw))
 
     @property
     def closed(self) -> bool:
