@@ -95,7 +95,8 @@ def _user_parts(content) -> str | list[dict]:
             continue
         ptype = p.get("type")
         if ptype in ("input_text", "output_text", "text"):
-            parts.append({"type": "text", "text": p.get("text") or ""})
+            text = p.get("text")
+            parts.append({"type": "text", "text": text if isinstance(text, str) else ""})  # validated: defence
         elif ptype == "input_image":
             url = p.get("image_url")
             if isinstance(url, str) and url:
