@@ -14,7 +14,9 @@ for header size (httptools accumulates an unterminated header without bound). So
 - after an early answer (a 401 before the body was read), the body timeout still closes a client that keeps
   sending;
 - beyond `max_connections` a connection is answered 503 in the caller's shape (except /healthz, which is
-  served, so a supervisor still sees the daemon alive), and beyond a small reserve above it, closed at once;
+  served, so a supervisor still sees the daemon alive); beyond a reserve above it, a small health lane still
+  answers /healthz (and 503 to anything else) and closes; beyond that, closed at once. Every connection over
+  the cap must send its request head within `_OVER_CAP_HEAD_S`, so idle sockets cannot hold the reserve;
 - an HTTP/1.0 client gets a streamed response close-delimited (HTTP/1.0 has no chunked encoding).
 
 And two things per request that cost less here than in the app (bench/README.md, "Tail and big body"):
@@ -43,6 +45,11 @@ DISCONNECT_HOOK = "coderouter.on_disconnect"
 
 # Connections over the cap that still get an answer (503, or /healthz) before new ones are simply closed.
 _RESERVE_MIN = 16
+# Beyond that reserve, a few more for /healthz only: idle sockets filling cap and reserve must not make the
+# daemon look dead to its supervisor (README: /healthz still answers).
+_HEALTH_LANE = 8
+# How long a connection over the cap may take to send its request head (a probe sends it at once).
+_OVER_CAP_HEAD_S = 1.0
 _CAP_LOG_EVERY_S = 60.0
 
 
@@ -71,6 +78,10 @@ class Limits:
     @property
     def hard_connections(self) -> int:
         return self.max_connections + max(_RESERVE_MIN, self.max_connections // 8)
+
+    @property
+    def health_lane_end(self) -> int:
+        return self.hard_connections + _HEALTH_LANE
 
 
 class _CapLog:
@@ -107,6 +118,8 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         self._refused = False
         self._head_timer = None
         self._body_timer = None
+        self._head_s = self.limits.header_timeout_s
+        self._health_lane = False  # over cap and reserve: /healthz only, then close
         self._in_body = False  # between the end of the head and the end of the message
         self._body_seen = 0  # body bytes parsed from the chunk being fed
         self._frame_bytes = 0  # bytes that were not body since the last body bytes: chunk framing, trailers
@@ -119,11 +132,13 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         lim = self.limits
         if n > lim.max_connections:
             _CapLog.note()
-            if n > lim.hard_connections:
+            if n > lim.health_lane_end:
                 self._refused = True
                 transport.abort()
                 return
+            self._health_lane = n > lim.hard_connections
             self.app = _over_capacity(self.app)
+            self._head_s = min(self._head_s, _OVER_CAP_HEAD_S)
         # Also covers a connection that never sends a byte: it is closed when this fires.
         self._arm_head_timer()
 
@@ -145,7 +160,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
 
     def _arm_head_timer(self) -> None:
         if self._head_timer is None:
-            self._head_timer = self.loop.call_later(self.limits.header_timeout_s, self._head_timed_out)
+            self._head_timer = self.loop.call_later(self._head_s, self._head_timed_out)
 
     # -- the request head ------------------------------------------------------------------------------------
 
@@ -224,6 +239,8 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         cycle = self.cycle
         if cycle is None:
             return
+        if self._health_lane:
+            cycle.keep_alive = False  # answered, then closed: the lane is for one probe at a time
         # Swapped before its task first runs, so the app's send is ours.
         cycle.__class__ = _CloseDelimitedCycle if self.scope.get("http_version") == "1.0" else _Cycle
         self.scope[DISCONNECT_HOOK] = cycle.watch_disconnect
@@ -248,7 +265,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         if self._refused or self.transport.is_closing():
             return
         if self._in_head:
-            self._refuse(408, f"request headers not received within {self.limits.header_timeout_s:g} s")
+            self._refuse(408, f"request headers not received within {self._head_s:g} s")
         elif self.cycle is None:
             self.transport.close()  # connected and never sent a byte: close, as an idle keep-alive would be
 

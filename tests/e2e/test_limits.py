@@ -279,3 +279,24 @@ def test_the_body_timeout_holds_after_an_early_401(guarded):
     assert got.startswith(b"HTTP/1.1 401"), got[:200]
     assert closed and elapsed < 3.0, elapsed
 
+
+def test_healthz_answers_when_idle_sockets_fill_the_cap_and_its_reserve(guarded):
+    """20 connections allowed, 16 more answered 503: 36 idle sockets (never a byte) hold them all for the
+    10 s header timeout. /healthz must still answer (a supervisor must not see the daemon dead), quickly;
+    anything else gets 503."""
+    held = [_connect(guarded) for _ in range(36)]
+    try:
+        time.sleep(0.2)
+        t0 = time.monotonic()
+        r = httpx.get(guarded.url + "/healthz", timeout=5)
+        assert r.status_code == 200 and time.monotonic() - t0 < 1.0
+        r = httpx.post(guarded.url + "/v1/messages", content=BODY, headers={"x-api-key": "sekrit"}, timeout=5)
+        assert r.status_code == 503 and r.json()["error"]["type"] == "overloaded_error"
+        for _ in range(3):  # renewably: each probe is answered and closed, the lane is free again
+            assert httpx.get(guarded.url + "/healthz", timeout=5).status_code == 200
+    finally:
+        for s in held:
+            s.close()
+    time.sleep(0.3)
+    r = httpx.post(guarded.url + "/v1/messages", content=BODY, headers={"x-api-key": "sekrit"}, timeout=5)
+    assert r.status_code == 200
