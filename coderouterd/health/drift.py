@@ -7,8 +7,9 @@ is `health/drift_actions.py`'s job.
 
 from __future__ import annotations
 
+import hashlib
 import statistics
-from collections import deque
+from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 
 SIGNALS = ("empty", "length_collapse", "repetition", "tool_silence", "length_stops", "errors")
@@ -114,23 +115,53 @@ def judge(samples: list[DriftSample], cfg: DriftSettings) -> Verdict:
     return Verdict(signals=fired, score=round(score, 3), samples=n)
 
 
+# Model names come from clients (a pass-through provider serves whatever is asked for), so what is kept per
+# name is bounded: so many models per provider, least recently seen forgotten first, and names this long at most.
+MAX_MODELS = 64
+MAX_MODEL_KEY = 256
+_KEY_HEAD = MAX_MODEL_KEY - 17  # the rest: "~" and 16 hex digits of a digest of the whole name
+
+
+def model_key(model: str) -> str:
+    """The name a model's window is kept (and reported) under: itself, or a head plus a digest of the whole
+    (so two long names that differ only at the end keep separate windows)."""
+    if len(model) <= MAX_MODEL_KEY:
+        return model
+    digest = hashlib.blake2b(model.encode("utf-8", "surrogatepass"), digest_size=8).hexdigest()
+    return f"{model[:_KEY_HEAD]}~{digest}"
+
+
+class _Track:
+    __slots__ = ("window", "verdict")
+
+    def __init__(self, size: int) -> None:
+        self.window: deque[DriftSample] = deque(maxlen=size)
+        self.verdict: Verdict | None = None
+
+
 class DriftDetector:
-    """Rolling windows per (provider, model). `observe` returns "detected" / "recovered" on a change of
-    verdict, else None."""
+    """Rolling windows per (provider, model), at most MAX_MODELS per provider (LRU). `observe` returns
+    "detected" / "recovered" on a change of verdict, else None."""
 
     def __init__(self, settings: DriftSettings | None = None) -> None:
         self.settings = settings or DriftSettings()
-        self._windows: dict[tuple[str, str], deque[DriftSample]] = {}
-        self._verdicts: dict[tuple[str, str], Verdict] = {}
+        self._tracks: dict[str, OrderedDict[str, _Track]] = {}
 
     def observe(self, provider: str, model: str, sample: DriftSample) -> str | None:
-        key = (provider, model)
-        w = self._windows.get(key)
-        if w is None:
-            w = self._windows[key] = deque(maxlen=self.settings.window)
-        w.append(sample)
-        before = self._verdicts.get(key)
-        verdict = self._verdicts[key] = judge(list(w), self.settings)
+        key = model_key(model)
+        tracks = self._tracks.get(provider)
+        if tracks is None:
+            tracks = self._tracks[provider] = OrderedDict()
+        t = tracks.get(key)
+        if t is None:
+            if len(tracks) >= MAX_MODELS:
+                tracks.popitem(last=False)
+            t = tracks[key] = _Track(self.settings.window)
+        else:
+            tracks.move_to_end(key)
+        t.window.append(sample)
+        before = t.verdict
+        verdict = t.verdict = judge(list(t.window), self.settings)
         was = before is not None and before.drifting
         if verdict.drifting and not was:
             return "detected"
@@ -139,17 +170,23 @@ class DriftDetector:
         return None
 
     def verdict(self, provider: str, model: str) -> Verdict:
-        return self._verdicts.get((provider, model)) or Verdict()
+        t = self._tracks.get(provider, {}).get(model_key(model))
+        return (t.verdict if t is not None else None) or Verdict()
+
+    def models(self, provider: str) -> list[str]:
+        """The model keys with a window for this provider, least recently seen first."""
+        return list(self._tracks.get(provider, ()))
 
     def reset(self, provider: str, model: str | None = None) -> None:
         """Forget the window (after a reload the model starts afresh)."""
-        for key in [k for k in self._windows if k[0] == provider and (model is None or k[1] == model)]:
-            self._windows.pop(key, None)
-            self._verdicts.pop(key, None)
+        if model is None:
+            self._tracks.pop(provider, None)
+        else:
+            self._tracks.get(provider, {}).pop(model_key(model), None)
 
     def snapshot(self, provider: str) -> dict:
         """The worst verdict over this provider's models, for `corectl status`."""
-        mine = [(k[1], v) for k, v in self._verdicts.items() if k[0] == provider]
+        mine = [(k, t.verdict) for k, t in self._tracks.get(provider, {}).items() if t.verdict is not None]
         if not mine:
             return {"score": 0.0, "signals": {}, "model": None, "samples": 0}
         model, v = max(mine, key=lambda kv: (kv[1].drifting, kv[1].score))

@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable
 
 from ..state.events import DriftAction, DriftDetected, DriftRecovered
-from .drift import DriftDetector, DriftSample, DriftSettings
+from .drift import DriftDetector, DriftSample, DriftSettings, model_key
 
 log = logging.getLogger("coderouterd")
 
@@ -65,6 +65,7 @@ class DriftManager:
             self._observe(ex.served_by, model, sample, action)
 
     def _observe(self, provider: str, model: str, sample: DriftSample, action: str) -> None:
+        model = model_key(model)  # a client's name, bounded: it is kept, logged and journaled
         change = self.detector.observe(provider, model, sample)
         verdict = self.detector.verdict(provider, model)
         if change == "recovered":

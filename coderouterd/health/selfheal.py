@@ -26,6 +26,9 @@ _UP = frozenset({E.READY, E.ADOPTED})  # the process answers: back into routing
 _DOWN = frozenset({E.STARTED, E.EXITED, E.FATAL, E.STOPPED, E.RESTARTING})  # not serving: out of routing
 _ENDED = frozenset({E.EXITED, E.FATAL})  # gone on its own: recover it
 _COMING = frozenset({E.STARTED, E.RESTARTING, E.EXITED})  # the supervisor is bringing it (back) up
+# The process's state as the client's error names it ("process llama is fatal; `corectl restart llama` ...").
+_STATE_WORD = {E.STARTED: "starting", E.RESTARTING: "restarting", E.EXITED: "exited", E.FATAL: "fatal",
+               E.STOPPED: "stopped"}
 
 
 class SelfHealer:
@@ -83,7 +86,8 @@ class SelfHealer:
         elif event in _DOWN:
             # Starting, restarting, or exited and about to be restarted: a request nothing else can serve waits
             # for it (routing/executor.py). Stopped or fatal: it is not coming back by itself.
-            self.state.mark_down(providers, wait_s=self._start_timeout(name) if event in _COMING else 0.0)
+            self.state.mark_down(providers, wait_s=self._start_timeout(name) if event in _COMING else 0.0,
+                                 state=_STATE_WORD.get(event, str(event)), process=name)
         if event in _ENDED:
             for p in providers:
                 self.trigger(p, f"process {name} {event}: {detail}", restart=False)

@@ -9,8 +9,14 @@ for header size (httptools accumulates an unterminated header without bound). So
   so memory stays flat whatever the client sends;
 - the head must arrive within `header_timeout_s` of the connection opening (or of its first byte after an
   idle keep-alive), the body within `body_timeout_s` of the head: slow clients get 408 and a close;
+- chunked-request trailers count against `max_header_kb` too (they arrive after the body, where httptools
+  accumulates them like headers), and are never added to the request's headers;
+- after an early answer (a 401 before the body was read), the body timeout still closes a client that keeps
+  sending;
 - beyond `max_connections` a connection is answered 503 in the caller's shape (except /healthz, which is
-  served, so a supervisor still sees the daemon alive), and beyond a small reserve above it, closed at once;
+  served, so a supervisor still sees the daemon alive); beyond a reserve above it, a small health lane still
+  answers /healthz (and 503 to anything else) and closes; beyond that, closed at once. Every connection over
+  the cap must send its request head within `_OVER_CAP_HEAD_S`, so idle sockets cannot hold the reserve;
 - an HTTP/1.0 client gets a streamed response close-delimited (HTTP/1.0 has no chunked encoding).
 
 And two things per request that cost less here than in the app (bench/README.md, "Tail and big body"):
@@ -39,6 +45,11 @@ DISCONNECT_HOOK = "coderouter.on_disconnect"
 
 # Connections over the cap that still get an answer (503, or /healthz) before new ones are simply closed.
 _RESERVE_MIN = 16
+# Beyond that reserve, a few more for /healthz only: idle sockets filling cap and reserve must not make the
+# daemon look dead to its supervisor (README: /healthz still answers).
+_HEALTH_LANE = 8
+# How long a connection over the cap may take to send its request head (a probe sends it at once).
+_OVER_CAP_HEAD_S = 1.0
 _CAP_LOG_EVERY_S = 60.0
 
 
@@ -67,6 +78,10 @@ class Limits:
     @property
     def hard_connections(self) -> int:
         return self.max_connections + max(_RESERVE_MIN, self.max_connections // 8)
+
+    @property
+    def health_lane_end(self) -> int:
+        return self.hard_connections + _HEALTH_LANE
 
 
 class _CapLog:
@@ -103,6 +118,11 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         self._refused = False
         self._head_timer = None
         self._body_timer = None
+        self._head_s = self.limits.header_timeout_s
+        self._health_lane = False  # over cap and reserve: /healthz only, then close
+        self._in_body = False  # between the end of the head and the end of the message
+        self._body_seen = 0  # body bytes parsed from the chunk being fed
+        self._frame_bytes = 0  # bytes that were not body since the last body bytes: chunk framing, trailers
 
     # -- connection ------------------------------------------------------------------------------------------
 
@@ -112,11 +132,13 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         lim = self.limits
         if n > lim.max_connections:
             _CapLog.note()
-            if n > lim.hard_connections:
+            if n > lim.health_lane_end:
                 self._refused = True
                 transport.abort()
                 return
+            self._health_lane = n > lim.hard_connections
             self.app = _over_capacity(self.app)
+            self._head_s = min(self._head_s, _OVER_CAP_HEAD_S)
         # Also covers a connection that never sends a byte: it is closed when this fires.
         self._arm_head_timer()
 
@@ -138,15 +160,27 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
 
     def _arm_head_timer(self) -> None:
         if self._head_timer is None:
-            self._head_timer = self.loop.call_later(self.limits.header_timeout_s, self._head_timed_out)
+            self._head_timer = self.loop.call_later(self._head_s, self._head_timed_out)
 
     # -- the request head ------------------------------------------------------------------------------------
 
     def data_received(self, data: bytes) -> None:
         if self._refused:
             return
+        was_in_body = self._in_body
+        self._body_seen = 0
         super().data_received(data)
-        if self._refused or not self._in_head:
+        if self._refused:
+            return
+        if was_in_body and self._in_body:
+            # What of this chunk was not body is framing or trailers: since the last body bytes it is bounded
+            # like a head (httptools joins a trailer's pieces by concatenation, and before the app answers).
+            extra = len(data) - self._body_seen
+            self._frame_bytes = extra if self._body_seen else self._frame_bytes + extra
+            if self._frame_bytes > self.limits.max_header_bytes:
+                self._refuse(431, f"request trailers exceed {self.limits.max_header_bytes // 1024} KB")
+            return
+        if not self._in_head:
             return
         # The head is still unfinished after this chunk, so the chunk was head: count it before the parser is
         # fed again, which bounds what httptools buffers to one chunk beyond the limit.
@@ -177,8 +211,8 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
             self._head_problem = f"the request line exceeds {self.limits.max_header_line_bytes // 1024} KB"
 
     def on_header(self, name: bytes, value: bytes) -> None:
-        if self._refused or self._head_problem:
-            return
+        if self._refused or self._head_problem or not self._in_head:
+            return  # not in the head: a trailer, counted in data_received and never a request header
         size = len(name) + len(value) + 4
         self._head_size += size
         lim = self.limits
@@ -199,19 +233,25 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         if self._head_problem:
             return self._refuse(431, self._head_problem)
         self._body_timer = self.loop.call_later(self.limits.body_timeout_s, self._body_timed_out)
+        self._in_body = True
+        self._frame_bytes = 0
         super().on_headers_complete()
         cycle = self.cycle
         if cycle is None:
             return
+        if self._health_lane:
+            cycle.keep_alive = False  # answered, then closed: the lane is for one probe at a time
         # Swapped before its task first runs, so the app's send is ours.
         cycle.__class__ = _CloseDelimitedCycle if self.scope.get("http_version") == "1.0" else _Cycle
         self.scope[DISCONNECT_HOOK] = cycle.watch_disconnect
 
     def on_body(self, body: bytes) -> None:
+        self._body_seen += len(body)
         if not self._refused:
             super().on_body(body)
 
     def on_message_complete(self) -> None:
+        self._in_body = False
         if self._body_timer is not None:
             self._body_timer.cancel()
             self._body_timer = None
@@ -225,14 +265,23 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         if self._refused or self.transport.is_closing():
             return
         if self._in_head:
-            self._refuse(408, f"request headers not received within {self.limits.header_timeout_s:g} s")
+            self._refuse(408, f"request headers not received within {self._head_s:g} s")
         elif self.cycle is None:
             self.transport.close()  # connected and never sent a byte: close, as an idle keep-alive would be
 
     def _body_timed_out(self) -> None:
         self._body_timer = None
         cycle = self.cycle
-        if cycle is None or not cycle.more_body or cycle.response_started:
+        if cycle is None or not cycle.more_body:
+            return
+        if cycle.response_complete:
+            # Answered early (a 401 before the body was read) and the client is still sending: the body timeout
+            # holds, or a client trickling bytes would keep the connection forever.
+            self._refused = True
+            self.transport.close()
+            return
+        if cycle.response_started:  # an answer on its way: its end decides
+            self._body_timer = self.loop.call_later(self.limits.body_timeout_s, self._body_timed_out)
             return
         self._refuse(408, f"request body not received within {self.limits.body_timeout_s:g} s")
 

@@ -305,13 +305,15 @@ def _o_content(content, path: str) -> str | None:
     return None
 
 
-def _o_arguments(args: str, path: str) -> str | None:
+def o_arguments(args: str, path: str) -> str | None:
     # Arguments are parsed back into objects when the upstream speaks Anthropic: bound their nesting too.
     if args.count("{") + args.count("[") <= MAX_DEPTH:
         return None
     try:
         value = orjson.loads(args)
-    except orjson.JSONDecodeError:
+    except orjson.JSONDecodeError as e:
+        if e.msg.startswith("depth limit"):  # orjson stops at 1024 levels, malformed or not
+            return f"{path}: nested deeper than {MAX_DEPTH} levels"
         return None  # repaired or replaced by {} downstream
     return f"{path}: nested deeper than {MAX_DEPTH} levels" if too_deep(value) else None
 
@@ -336,7 +338,7 @@ def _o_message(m, i: int) -> str | None:
             return problem
         args = call["function"].get("arguments")
         if args is not None:
-            problem = _o_arguments(args, path + ".function.arguments")
+            problem = o_arguments(args, path + ".function.arguments")
             if problem:
                 return problem
     return None

@@ -3,13 +3,29 @@ convention: dotted path with [i] indices), before anything is translated or sent
 
 from __future__ import annotations
 
-from .validate import ARRAY, OBJ, STR, _type_name, check_fields
+from .validate import ARRAY, OBJ, STR, _type_name, check_fields, o_arguments
 
 _ROLES = {"user", "assistant", "system", "developer"}
 _PART_FIELDS = {"input_text": (("text", STR, False),), "output_text": (("text", STR, False),),
                 "text": (("text", STR, False),), "input_image": (("image_url", STR, False), ("detail", STR, False))}
 _ITEM_FIELDS = {"reasoning": (("summary", ARRAY, False),), "function_call": (("namespace", STR, False),)}
 _ITEM_ID_FIELDS = {"function_call": ("call_id", "name"), "function_call_output": ("call_id",)}
+
+
+_OUTPUT_ITEMS = frozenset({"function_call_output", "custom_tool_call_output"})
+
+
+def _problem_in_parts(content, where: str) -> str | None:
+    if isinstance(content, list):
+        for j, part in enumerate(content):
+            if not isinstance(part, dict) or not isinstance(part.get("type"), str):
+                return f"{where}[{j}]: expected a content part object with a 'type'"
+            problem = check_fields(part, _PART_FIELDS.get(part["type"], ()), f"{where}[{j}].")
+            if problem:
+                return problem
+    elif not isinstance(content, str):
+        return f"{where}: expected a string or an array of content parts"
+    return None
 
 
 def _problem_in_item(i: int, item) -> str | None:
@@ -23,21 +39,26 @@ def _problem_in_item(i: int, item) -> str | None:
         role = item.get("role")
         if not isinstance(role, str) or role not in _ROLES:  # a list or object here is unhashable: check first
             return f"{where}.role: expected one of user, assistant, system, developer, got {item.get('role')!r}"
-        content = item.get("content")
-        if isinstance(content, list):
-            for j, part in enumerate(content):
-                if not isinstance(part, dict) or not isinstance(part.get("type"), str):
-                    return f"{where}.content[{j}]: expected a content part object with a 'type'"
-                problem = check_fields(part, _PART_FIELDS.get(part["type"], ()), f"{where}.content[{j}].")
-                if problem:
-                    return problem
-        elif not isinstance(content, str):
-            return f"{where}.content: expected a string or an array of content parts"
+        problem = _problem_in_parts(item.get("content"), f"{where}.content")
+        if problem:
+            return problem
+    elif itype in _OUTPUT_ITEMS and item.get("output") is not None:
+        # A tool's output is a string or content parts, read like a message's content (issue 23: a number as
+        # a part's text was a 500)
+        problem = _problem_in_parts(item["output"], f"{where}.output")
+        if problem:
+            return problem
     for key in _ITEM_ID_FIELDS.get(itype, ()):
         if not isinstance(item.get(key), str) or not item.get(key):
             return f"{where}.{key}: field required (a non-empty string)"
-    if itype == "function_call" and not isinstance(item.get("arguments", ""), str):
-        return f"{where}.arguments: expected a JSON string"
+    if itype == "function_call":
+        args = item.get("arguments", "")
+        if not isinstance(args, str):
+            return f"{where}.arguments: expected a JSON string"
+        # Parsed back into an object for an Anthropic upstream: its nesting is bounded like a body's.
+        problem = o_arguments(args, f"{where}.arguments")
+        if problem:
+            return problem
     # The shapes the translation reads (edge guard, issue 11): checked here so they are 400s, not 500s.
     return check_fields(item, _ITEM_FIELDS.get(itype, ()), f"{where}.")
 

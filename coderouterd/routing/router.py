@@ -116,10 +116,16 @@ class Router:
         )
         down = st.down
         if down:
-            for name in [c for c in p.candidates if c in down]:
-                p.candidates.remove(name)
-                # Not transient in the panic sense: nothing answers until the process is ready.
-                p.skips.append(Skip(name, "not_ready", f"{name}'s managed process is not ready", overridable=False))
+            # Not transient in the panic sense: nothing answers until the process is ready. A down provider
+            # may already be skipped for a transient reason (self-healing holds a FATAL one UNHEALTHY, its
+            # breaker may be open): that skip becomes not_ready too, or panic would try it anyway.
+            held = [s for s in p.skips if s.provider in down and s.transient]
+            for s in held:
+                p.skips.remove(s)
+            for name in dict.fromkeys([c for c in p.candidates if c in down] + [s.provider for s in held]):
+                if name in p.candidates:
+                    p.candidates.remove(name)
+                p.skips.append(Skip(name, "not_ready", st.down_reason(name), overridable=False))
         if not p.candidates:
             self._try_reported_windows(p, facts, down)
         if ticket is not None and self.affinity is not None and (profile.mode == "race" or profile.adaptive):

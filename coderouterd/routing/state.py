@@ -52,6 +52,8 @@ class RoutingState:
         # provider -> how long a request may wait for its managed process to become ready (starting or
         # restarting); absent: it is not coming back on its own (stopped, fatal) or it is up.
         self._coming: dict[str, float] = {}
+        # provider -> why it is down, for the client ("process llama is fatal: `corectl restart llama`...")
+        self._down_why: dict[str, str] = {}
         self._up: asyncio.Event | None = None  # set (and replaced) whenever a provider comes up
         self._passive: dict[str, int] = {}
         self._held: set[str] = set()
@@ -102,6 +104,10 @@ class RoutingState:
     def is_down(self, provider: str) -> bool:
         return provider in self._down
 
+    def down_reason(self, provider: str) -> str:
+        """Why a down provider is not routed to, for the client: its process, its state, what brings it back."""
+        return f"{provider}'s {self._down_why.get(provider) or _down_why('', '', coming=True)}"
+
     def is_held(self, provider: str) -> bool:
         return provider in self._held
 
@@ -139,11 +145,15 @@ class RoutingState:
         for fn in list(self._health_watchers):
             fn(provider, old_word, new)
 
-    def mark_down(self, providers: Iterable[str], *, wait_s: float = 0.0) -> None:
+    def mark_down(self, providers: Iterable[str], *, wait_s: float = 0.0, state: str = "",
+                  process: str = "") -> None:
         """The providers' managed process is not ready. `wait_s` > 0: it is starting or restarting, and a request
-        that nothing else can serve may wait that long for it (`wait_up`); 0: it will not come back by itself."""
+        that nothing else can serve may wait that long for it (`wait_up`); 0: it will not come back by itself.
+        `state` (the process's event: starting, fatal, stopped...) and `process` name it to the client."""
+        why = _down_why(state, process, coming=wait_s > 0)
         for p in providers:
             self._down.add(p)
+            self._down_why[p] = why
             if wait_s > 0:
                 self._coming[p] = wait_s
             else:
@@ -155,6 +165,7 @@ class RoutingState:
         self._down.difference_update(providers)
         for p in providers:
             self._coming.pop(p, None)
+            self._down_why.pop(p, None)
         self._notify()
 
     def _notify(self) -> None:
@@ -234,3 +245,11 @@ class RoutingState:
 
     def auth_refused(self, provider: str, status: int) -> None:
         self._auth[provider] = {"status": status, "at": time.time()}
+
+
+def _down_why(state: str, process: str, *, coming: bool) -> str:
+    what = f"managed process {process}" if process else "managed process"
+    if coming or not state:
+        return f"{what} is not ready" + (f" ({state})" if state else "")
+    # Not coming back by itself (fatal, stopped): say so, and what brings it back.
+    return f"{what} is {state}; `corectl restart {process}` starts it again" if process else f"{what} is {state}"

@@ -196,23 +196,52 @@ def _as_parts(content) -> list[dict]:
     return [{"type": "text", "text": content}] if content else []
 
 
-def _merge_into(prev: dict, msg: dict) -> None:
-    """Merge ``msg`` into the previous message of the same role (user or assistant)."""
-    if prev["role"] == "assistant":
-        texts = [t for t in (prev.get("content"), msg.get("content")) if t]
-        prev["content"] = "\n\n".join(texts) if texts else None
-        calls = prev.get("tool_calls", []) + msg.get("tool_calls", [])
-        if calls:
-            prev["tool_calls"] = calls
-        return
-    prev["content"] = _parts_content(_as_parts(prev["content"]) + _as_parts(msg["content"]))
+def _merged_user(group: list[dict]) -> dict:
+    """One user message for a run of them: the same content as merging them pairwise (text-only content
+    joined with blank lines, a part list once an image or document is among them), in one pass."""
+    texts: list[str] = []  # while every part so far is text
+    parts: list[dict] | None = None  # from the first part that is not
+    for m in group:
+        new = _as_parts(m["content"])
+        if parts is None and all(p["type"] == "text" for p in new):
+            if len(texts) == 1 and not texts[0]:
+                texts.clear()  # an empty text so far adds no separator (as an empty string content)
+            texts.extend(p["text"] for p in new)
+            continue
+        if parts is None:
+            joined = "\n\n".join(texts)
+            parts = [{"type": "text", "text": joined}] if joined else []
+        parts.extend(new)
+    return {"role": "user", "content": parts if parts is not None else "\n\n".join(texts)}
 
 
-def _append_message(messages: list[dict], msg: dict) -> None:
-    if messages and msg["role"] in ("user", "assistant") and messages[-1]["role"] == msg["role"]:
-        _merge_into(messages[-1], msg)
-    else:
-        messages.append(msg)
+def _merged_assistant(group: list[dict]) -> dict:
+    texts = [m["content"] for m in group if m.get("content")]
+    message: dict = {"role": "assistant", "content": "\n\n".join(texts) if texts else None}
+    calls = [c for m in group for c in m.get("tool_calls", ())]
+    if calls:
+        message["tool_calls"] = calls
+    return message
+
+
+def _merge_runs(messages: list[dict]) -> list[dict]:
+    """Consecutive user (or assistant) messages become one, as chat templates expect roles to alternate.
+    Each run is merged once, at its end: linear in the request, however many messages a run holds."""
+    out: list[dict] = []
+    i, n = 0, len(messages)
+    while i < n:
+        role = messages[i]["role"]
+        j = i + 1
+        if role in ("user", "assistant"):
+            while j < n and messages[j]["role"] == role:
+                j += 1
+        if j - i == 1:
+            out.append(messages[i])
+        else:
+            group = messages[i:j]
+            out.append(_merged_user(group) if role == "user" else _merged_assistant(group))
+        i = j
+    return out
 
 
 def _system_texts(system, warnings: _Warnings) -> list[str]:
@@ -296,10 +325,10 @@ def request_to_openai(body: dict, model: str, *, stream: bool) -> tuple[dict, li
         elif role == "assistant":
             msg = _assistant_message(content, warnings)
             if msg is not None:
-                _append_message(messages, msg)
+                messages.append(msg)
         else:
-            for msg in _user_messages(content, warnings):
-                _append_message(messages, msg)
+            messages.extend(_user_messages(content, warnings))
+    messages = _merge_runs(messages)
     if system_texts:
         messages.insert(0, {"role": "system", "content": "\n\n".join(system_texts)})
 

@@ -53,11 +53,17 @@ _TRAILING_COMMA = re.compile(r",\s*([}\]])")
 def _loads_object(text: str) -> dict | None:
     try:
         value = json.loads(text, strict=False)  # strict=False: raw newlines inside strings
-    except ValueError:
+    except (ValueError, RecursionError):  # RecursionError: nested deeper than the interpreter's stack allows
         return None
     if isinstance(value, str):  # double-encoded arguments
         return _loads_object(value) if value.strip().startswith("{") else None
-    return value if isinstance(value, dict) else None
+    if not isinstance(value, dict):
+        return None
+    try:  # what orjson could not read (too deep for it) would fail again when the request is serialised
+        orjson.dumps(value)
+    except orjson.JSONEncodeError:
+        return None
+    return value
 
 
 def _close_truncated(text: str) -> str:

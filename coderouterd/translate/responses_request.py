@@ -95,7 +95,8 @@ def _user_parts(content) -> str | list[dict]:
             continue
         ptype = p.get("type")
         if ptype in ("input_text", "output_text", "text"):
-            parts.append({"type": "text", "text": p.get("text") or ""})
+            text = p.get("text")
+            parts.append({"type": "text", "text": text if isinstance(text, str) else ""})  # validated: defence
         elif ptype == "input_image":
             url = p.get("image_url")
             if isinstance(url, str) and url:
@@ -118,7 +119,8 @@ def _tool_output(output) -> str | list[dict]:
 
 class _Messages:
     """Builds the chat message list: consecutive assistant pieces (text, reasoning, calls) merge into one
-    assistant message, as chat requires the calls of one turn to sit in one message."""
+    assistant message, as chat requires the calls of one turn to sit in one message. An assistant message's
+    text and reasoning are gathered as lists and joined once by `done`: linear however many pieces merge."""
 
     def __init__(self) -> None:
         self.system: list[str] = []
@@ -131,9 +133,7 @@ class _Messages:
             last = {"role": "assistant", "content": None}
             self.messages.append(last)
         if self._pending_reasoning:
-            text = "\n\n".join(self._pending_reasoning)
-            prev = last.get("reasoning_content")
-            last["reasoning_content"] = f"{prev}\n\n{text}" if prev else text
+            last.setdefault("reasoning_content", []).append("\n\n".join(self._pending_reasoning))
             self._pending_reasoning = []
         return last
 
@@ -142,7 +142,9 @@ class _Messages:
         if msg.get("tool_calls"):  # text after calls in the same turn: a new message keeps the order
             msg = {"role": "assistant", "content": None}
             self.messages.append(msg)
-        msg["content"] = (msg["content"] or "") + text
+        if msg["content"] is None:
+            msg["content"] = []
+        msg["content"].append(text)
 
     def tool_call(self, call: dict) -> None:
         self._assistant().setdefault("tool_calls", []).append(call)
@@ -155,6 +157,15 @@ class _Messages:
         self._pending_reasoning = []  # reasoning belongs to the assistant turn that follows it, if any
         self.messages.append(msg)
 
+    def done(self) -> list[dict]:
+        for m in self.messages:
+            if m["role"] == "assistant":
+                if isinstance(m["content"], list):
+                    m["content"] = "".join(m["content"])
+                if "reasoning_content" in m:
+                    m["reasoning_content"] = "\n\n".join(m["reasoning_content"])
+        return self.messages
+
 
 def _flatten_tools(tools, namespaced: dict[str, tuple[str, str]], dropped: list[str]) -> list[dict]:
     out: list[dict] = []
@@ -162,6 +173,9 @@ def _flatten_tools(tools, namespaced: dict[str, tuple[str, str]], dropped: list[
     for t in tools or ():
         if isinstance(t, dict) and t.get("type") == "function" and isinstance(t.get("name"), str):
             plain.add(t["name"])
+    # Next suffix to try per flattened name: n tools under one name take n tries in all, not n² (and names
+    # grow by digits, not by one "_" per duplicate).
+    suffix: dict[str, int] = {}
     for t in tools or ():
         if not isinstance(t, dict):
             continue
@@ -174,9 +188,11 @@ def _flatten_tools(tools, namespaced: dict[str, tuple[str, str]], dropped: list[
                 if not isinstance(inner, dict) or inner.get("type", "function") != "function":
                     continue
                 name = str(inner.get("name") or "")
-                flat = f"{ns}{NS_SEP}{name}"
+                flat = base = f"{ns}{NS_SEP}{name}"
                 while flat in plain or flat in namespaced:  # never shadow a plain function of the same name
-                    flat += "_"
+                    n = suffix.get(base, 1) + 1
+                    suffix[base] = n
+                    flat = f"{base}_{n}"
                 namespaced[flat] = (ns, name)
                 desc = inner.get("description") or ""
                 if t.get("description"):
@@ -197,24 +213,29 @@ def _chat_tool(name: str, t: dict) -> dict:
     return {"type": "function", "function": fn}
 
 
-def _flat_name(item: dict, namespaced: dict[str, tuple[str, str]]) -> str:
+def _flat_names(namespaced: dict[str, tuple[str, str]]) -> dict[tuple[str, str], str]:
+    """(namespace, name) -> the first flattened name given to it: one lookup per call item, not a scan."""
+    by_pair: dict[tuple[str, str], str] = {}
+    for flat, pair in namespaced.items():
+        by_pair.setdefault(pair, flat)
+    return by_pair
+
+
+def _flat_name(item: dict, by_pair: dict[tuple[str, str], str]) -> str:
     name = str(item.get("name") or "")
     ns = item.get("namespace")
     if not ns:
         return name
-    for flat, pair in namespaced.items():
-        if pair == (ns, name):
-            return flat
-    return f"{ns}{NS_SEP}{name}"
+    return by_pair.get((ns, name)) or f"{ns}{NS_SEP}{name}"
 
 
-def _tool_choice(choice, namespaced: dict[str, tuple[str, str]]):
+def _tool_choice(choice, by_pair: dict[tuple[str, str], str]):
     if choice in ("auto", "none", "required"):
         return choice
     if isinstance(choice, dict):
         ctype = choice.get("type")
         if ctype == "function" and isinstance(choice.get("name"), str):
-            return {"type": "function", "function": {"name": _flat_name(choice, namespaced)}}
+            return {"type": "function", "function": {"name": _flat_name(choice, by_pair)}}
         if ctype == "allowed_tools":
             return "required" if choice.get("mode") == "required" else "auto"
     return None
@@ -230,6 +251,7 @@ def translate_request(body: dict) -> ResponsesRequest:
     namespaced: dict[str, tuple[str, str]] = {}
     dropped: list[str] = []
     tools = _flatten_tools(body.get("tools"), namespaced, dropped)
+    by_pair = _flat_names(namespaced) if namespaced else {}
     m = _Messages()
     if isinstance(body.get("instructions"), str) and body["instructions"]:
         m.system.append(body["instructions"])
@@ -254,7 +276,7 @@ def translate_request(body: dict) -> ResponsesRequest:
                 m.add({"role": "user", "content": _user_parts(content)})
         elif itype == "function_call":
             m.tool_call({"id": str(item.get("call_id") or item.get("id") or ""), "type": "function",
-                         "function": {"name": _flat_name(item, namespaced),
+                         "function": {"name": _flat_name(item, by_pair),
                                       "arguments": item.get("arguments") or "{}"}})
         elif itype == "function_call_output":
             m.add({"role": "tool", "tool_call_id": str(item.get("call_id") or ""),
@@ -271,13 +293,13 @@ def translate_request(body: dict) -> ResponsesRequest:
             summary = "\n\n".join(_text_of([s]) for s in item.get("summary") or () if isinstance(s, dict))
             m.reasoning(summary or _text_of(item.get("content")))
         # other item types (item_reference, web_search_call, …) have no chat equivalent and are left out
-    messages = m.messages
+    messages = m.done()
     if m.system:
         messages = [{"role": "system", "content": "\n\n".join(m.system)}] + messages
     chat: dict = {"model": body.get("model") or "", "messages": messages, "stream": bool(body.get("stream"))}
     if tools:
         chat["tools"] = tools
-        choice = _tool_choice(body.get("tool_choice"), namespaced)
+        choice = _tool_choice(body.get("tool_choice"), by_pair)
         if choice is not None:
             chat["tool_choice"] = choice
         if isinstance(body.get("parallel_tool_calls"), bool):

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from tests.fakes.runner import FakeServer
 from tests.support.daemon import DaemonProcess
-from tests.support.hostile import INGRESSES, check_response, hostile_body
+from tests.support.hostile import INGRESSES, check_response, hostile_body, typed_cases
 
 CONFIG = """
 [server]
@@ -69,5 +69,26 @@ def test_hostile_bodies_never_get_a_5xx(daemon, ingress):
 
     run()
     assert not failures, f"{len(failures)} bad answers; first ones:\n" + "\n".join(failures[:5])
+    assert client.get("/healthz").status_code == 200
+    assert d.proc.poll() is None
+
+
+@pytest.mark.parametrize("ingress", ["responses", "chat"])
+def test_every_place_given_every_type_never_gets_a_5xx(daemon, ingress):
+    """Typed cases: each place of a Codex-shaped body (tool outputs as content parts, namespaced and custom
+    tools, arguments) holding each JSON type, through a chat upstream and through an Anthropic one (where the
+    translation goes deepest: arguments parsed back into objects)."""
+    d, client = daemon
+    path, shape, base = INGRESSES[ingress]
+    failures: list[str] = []
+    cases = typed_cases(base)
+    for where, body in cases:
+        for profile in ("default", "cloud"):
+            r = client.post(path, content=body, headers={"content-type": "application/json",
+                                                         "x-coderouter-profile": profile})
+            problem = check_response(r.status_code, r.headers, r.content, shape)
+            if problem:
+                failures.append(f"{profile} {where}: {problem}")
+    assert not failures, f"{len(failures)} of {2 * len(cases)} bad answers; first ones:\n" + "\n".join(failures[:5])
     assert client.get("/healthz").status_code == 200
     assert d.proc.poll() is None

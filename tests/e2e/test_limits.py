@@ -191,3 +191,112 @@ def test_http10_stream_is_close_delimited(env):
 
 def test_fd_limit_is_logged(env):
     assert "open files limit:" in env.log()
+
+
+def test_chunked_trailers_count_against_the_header_limit(env):
+    """Trailers come after the body, where httptools joins their pieces by concatenation: beyond the header
+    limit (16 KB here) in total, 431 at once, whatever the pieces; and the daemon stays responsive."""
+    s = _connect(env)
+    s.sendall(b"POST /v1/messages HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+              b"transfer-encoding: chunked\r\n\r\n%x\r\n%s\r\n0\r\nx-trailer: " % (len(BODY), BODY))
+    t0 = time.monotonic()
+    try:
+        for _ in range(40):  # 40 KB of one trailer line, in 1 KB pieces
+            s.sendall(b"a" * 1024)
+            time.sleep(0.002)
+    except (BrokenPipeError, ConnectionResetError):
+        pass
+    resp = _read_all(s, timeout=5)
+    assert resp.startswith(b"HTTP/1.1 431") and b"trailers exceed 16 KB" in resp, resp[:200]
+    assert time.monotonic() - t0 < 3.0
+    s.close()
+    # small trailers are fine, and never become request headers
+    s = _connect(env)
+    s.sendall(b"POST /v1/messages HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+              b"transfer-encoding: chunked\r\n\r\n%x\r\n%s\r\n0\r\nx-coderouter-profile: nope\r\n\r\n"
+              % (len(BODY), BODY))
+    assert _read_all(s, timeout=5).startswith(b"HTTP/1.1 200")
+    s.close()
+    assert _healthy(env)
+
+
+GUARDED = """
+[server]
+port = {PORT}
+api_keys = ["sekrit"]
+header_timeout_s = 10
+body_timeout_s = 0.6
+max_connections = 20
+
+[providers.local]
+kind = "openai"
+base_url = "@LOCAL@/v1"
+
+[profiles.default]
+providers = ["local"]
+"""
+
+
+@pytest.fixture(scope="module")
+def guarded(tmp_path_factory):
+    with FakeServer("openai", name="local") as local:
+        d = DaemonProcess(GUARDED.replace("@LOCAL@", local.url), tmp_path_factory.mktemp("guarded")).start()
+        try:
+            yield d
+        finally:
+            d.stop()
+
+
+def test_the_body_timeout_holds_after_an_early_401(guarded):
+    """Without a key the answer is 401 before the body is read; a client that keeps sending its (huge) body
+    afterwards is closed by the body timeout, not kept for as long as it trickles."""
+    s = _connect(guarded)
+    s.sendall(b"POST /v1/messages HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+              b"content-length: 100000000\r\n\r\n{")
+    t0 = time.monotonic()
+    got = b""
+    closed = False
+    s.settimeout(0.05)
+    while time.monotonic() - t0 < 5:
+        try:
+            s.sendall(b" " * 1024)
+        except (BrokenPipeError, ConnectionResetError):
+            closed = True
+            break
+        try:
+            chunk = s.recv(65536)
+            if not chunk:
+                closed = True
+                break
+            got += chunk
+        except TimeoutError:
+            pass
+        except ConnectionResetError:
+            closed = True
+            break
+    elapsed = time.monotonic() - t0
+    s.close()
+    assert got.startswith(b"HTTP/1.1 401"), got[:200]
+    assert closed and elapsed < 3.0, elapsed
+
+
+def test_healthz_answers_when_idle_sockets_fill_the_cap_and_its_reserve(guarded):
+    """20 connections allowed, 16 more answered 503: 36 idle sockets (never a byte) hold them all for the
+    10 s header timeout. /healthz must still answer (a supervisor must not see the daemon dead), quickly;
+    anything else gets 503."""
+    held = [_connect(guarded) for _ in range(36)]
+    try:
+        time.sleep(0.2)
+        t0 = time.monotonic()
+        r = httpx.get(guarded.url + "/healthz", timeout=5)
+        assert r.status_code == 200 and time.monotonic() - t0 < 1.0
+        r = httpx.post(guarded.url + "/v1/messages", content=BODY, headers={"x-api-key": "sekrit"}, timeout=5)
+        assert r.status_code == 503 and r.json()["error"]["type"] == "overloaded_error"
+        for _ in range(3):  # renewably: each probe is answered and closed, the lane is free again
+            assert httpx.get(guarded.url + "/healthz", timeout=5).status_code == 200
+    finally:
+        for s in held:
+            s.close()
+    time.sleep(0.3)
+    r = httpx.post(guarded.url + "/v1/messages", content=BODY, headers={"x-api-key": "sekrit"}, timeout=5)
+    assert r.status_code == 200

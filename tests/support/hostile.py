@@ -1,7 +1,7 @@
 """Hostile request bodies for the fuzz test (tests/e2e/test_fuzz.py) and the long run (bench/fuzz.py).
 
 Each case is a real client body (Claude-Code-shaped Anthropic, OpenAI chat, count_tokens, Codex Responses) with a few random
-mutations at random places: a value replaced by JSON of another type (or nested very deep), a key dropped or
+mutations at random places (and, deterministically, every place given a value of every type: `typed_cases`): a value replaced by JSON of another type (or nested very deep), a key dropped or
 added, a list emptied, the whole body replaced. What must hold for every case is in `check_response`."""
 
 from __future__ import annotations
@@ -74,10 +74,20 @@ RESPONSES_BASE = {  # what Codex CLI sends (store=false: the whole conversation 
         {"type": "reasoning", "summary": [{"type": "summary_text", "text": "plan"}], "encrypted_content": "E"},
         {"type": "function_call", "call_id": "c1", "name": "exec_command", "arguments": "{\"cmd\": \"ls\"}"},
         {"type": "function_call_output", "call_id": "c1", "output": "a.py"},
+        {"type": "function_call", "call_id": "c2", "name": "spawn_agent", "namespace": "multi_agent_v1",
+         "arguments": "{\"task\": {\"steps\": [1, 2]}}"},
+        {"type": "function_call_output", "call_id": "c2", "output": [
+            {"type": "input_text", "text": "spawned"},
+            {"type": "input_image", "image_url": "data:image/png;base64,AAAA", "detail": "low"}]},
+        {"type": "custom_tool_call", "call_id": "c3", "name": "apply_patch", "input": "*** Begin Patch"},
+        {"type": "custom_tool_call_output", "call_id": "c3", "output": [{"type": "output_text", "text": "ok"}]},
         {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "done"}]},
     ],
     "tools": [{"type": "function", "name": "exec_command", "description": "run",
                "parameters": {"type": "object", "properties": {"cmd": {"type": "string"}}}},
+              {"type": "namespace", "name": "multi_agent_v1", "description": "agents",
+               "tools": [{"type": "function", "name": "spawn_agent", "parameters": {"type": "object"}}]},
+              {"type": "custom", "name": "apply_patch"},
               {"type": "web_search"}],
     "tool_choice": "auto",
     "parallel_tool_calls": False,
@@ -157,8 +167,38 @@ def hostile_body(draw, base: dict) -> bytes:
         elif op == 8:
             parent[key] = [parent[key]]
         else:
-            parent[key] = draw(st.sampled_from(["", [], {}, 0, -1, 1e300, "x" * 3000]))
+            parent[key] = draw(st.sampled_from(["", [], {}, 0, -1, 1e300, "x" * 3000, DEEP_JSON_TEXT]))
     return _dumps(body)
+
+
+# Tool-call arguments are JSON inside a string: parsed back into objects for an Anthropic upstream.
+DEEP_JSON_TEXT = "[" * 5000 + "]" * 5000
+# One value of each JSON type, and the strings that reach parsers: what a typed case puts at a leaf.
+TYPED_VALUES = (None, True, -1, 1.5, "", [], {"a": 1}, DEEP_JSON_TEXT, '{"a":' * 300 + "1" + "}" * 300)
+
+
+def typed_cases(base: dict) -> list[tuple[str, bytes]]:
+    """Every place in the body (each key of each object, each element of each list) given each of
+    TYPED_VALUES in turn: (where, body). Deterministic, so a shape the random mutations rarely reach (a
+    number as a tool output part's text) is always tried."""
+    out: list[tuple[str, bytes]] = []
+    paths: list[tuple] = []
+    stack: list[tuple[object, tuple]] = [(base, ())]
+    while stack:
+        node, path = stack.pop()
+        items = node.items() if isinstance(node, dict) else enumerate(node) if isinstance(node, list) else ()
+        for k, v in items:
+            paths.append(path + (k,))
+            stack.append((v, path + (k,)))
+    for path in paths:
+        for value in TYPED_VALUES:
+            body = copy.deepcopy(base)
+            parent = body
+            for k in path[:-1]:
+                parent = parent[k]
+            parent[path[-1]] = value
+            out.append(("".join(f"[{k!r}]" for k in path) + f" = {str(value)[:20]}", _dumps(body)))
+    return out
 
 
 def _dumps(body) -> bytes:

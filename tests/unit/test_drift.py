@@ -142,3 +142,66 @@ def test_a_model_reload_yields_to_a_recovery_in_progress():
             assert not free
 
     asyncio.run(scenario())
+
+
+# -- bounds: models are whatever clients name (pass-through providers), so the key space is bounded ----------
+
+
+def test_memory_per_provider_is_bounded_whatever_model_names_clients_send():
+    """300 unique 1 MB model names (what a pass-through provider sees from a hostile client) leave at most
+    MAX_MODELS windows with bounded keys: a few hundred KB, not 300 MB."""
+    import tracemalloc
+
+    from coderouterd.health.drift import MAX_MODEL_KEY, MAX_MODELS
+
+    d = DriftDetector(CFG)
+    tracemalloc.start()
+    base = tracemalloc.get_traced_memory()[0]
+    for i in range(300):
+        name = f"{i:04d}" + "m" * 1_000_000
+        d.observe("p", name, good(i))
+        del name
+    kept = tracemalloc.get_traced_memory()[0] - base
+    tracemalloc.stop()
+    assert kept < 2_000_000, kept
+    assert len(d.models("p")) == MAX_MODELS
+    assert all(len(m) <= MAX_MODEL_KEY for m in d.models("p"))
+    # the most recent stay (least recently used go first), and a long name still finds its own window
+    last = "0299" + "m" * 1_000_000
+    assert d.verdict("p", last).samples == 1
+    assert d.verdict("p", "0000" + "m" * 1_000_000).samples == 0
+    assert d.snapshot("p")["samples"] == 1 and len(d.snapshot("p")["model"]) <= MAX_MODEL_KEY
+
+
+def test_long_names_that_differ_only_at_the_end_keep_separate_windows():
+    d = DriftDetector(CFG)
+    a, b = "x" * 5000 + "a", "x" * 5000 + "b"
+    for i in range(3):
+        d.observe("p", a, good(i))
+    d.observe("p", b, good(9))
+    assert d.verdict("p", a).samples == 3 and d.verdict("p", b).samples == 1
+
+
+def test_lru_keeps_a_busy_model_among_many_one_off_names():
+    from coderouterd.health.drift import MAX_MODELS
+
+    d = DriftDetector(CFG)
+    for i in range(MAX_MODELS * 5):
+        d.observe("p", "busy", good(i))
+        d.observe("p", f"one-off-{i}", good(i))
+        d.observe("q", f"other-{i}", good(i))  # another provider's names do not push p's out
+    assert d.verdict("p", "busy").samples == CFG.window
+    assert len(d.models("p")) == MAX_MODELS and len(d.models("q")) == MAX_MODELS
+
+
+def test_drift_events_carry_a_bounded_model_name():
+    events: list = []
+    m = DriftManager(lambda: None, publish=events.append, clock=Clock())
+    m.detector.settings = CFG
+    huge = "m" * 1_000_000
+    for i in range(8):
+        m._observe("local", huge, good(i), "warn")
+    for _ in range(3):
+        m._observe("local", huge, DriftSample(), "warn")
+    assert [e.kind for e in events] == ["drift_detected"]
+    assert len(events[0].model) <= 256

@@ -248,6 +248,24 @@ def test_a_managed_process_that_is_not_ready_is_never_a_panic_candidate():
     assert "a:skipped:not_ready" in sink.headers()["x-coderouter-attempts"]
 
 
+@pytest.mark.parametrize("transient", ["unhealthy", "breaker_open", "both"])
+def test_a_fatal_process_is_skipped_even_in_panic_and_the_client_is_told_how_to_restart_it(transient):
+    # Self-healing holds a provider whose process went FATAL (UNHEALTHY), its breaker may be open too: the planner
+    # skips it for that transient reason before the down check sees it, and panic must still not try it.
+    r = Routing(chain_config("a"))
+    if transient in ("unhealthy", "both"):
+        r.state.set_health("a", "UNHEALTHY", "process llama fatal")
+    if transient in ("breaker_open", "both"):
+        open_breaker(r, "a")
+    r.state.mark_down(["a"], state="fatal", process="llama")
+    ex, sink = run(r.serve())
+    assert r.ups.sent == [] and not ex.attempts
+    status, msg, kind, headers = sink.last_error()[1:]
+    assert status == 529 and kind == "overloaded_error"
+    assert "a:skipped:not_ready" in headers["x-coderouter-attempts"]
+    assert "fatal" in msg and "corectl restart llama" in msg, msg
+
+
 def test_a_request_nothing_else_can_serve_waits_for_a_starting_process_then_is_served():
     async def go():
         r = Routing(chain_config("a"))

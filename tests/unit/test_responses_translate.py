@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import orjson
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from coderouterd.ingress.validate_responses import validate_responses
 from coderouterd.providers.responses_strategies import own_reasoning_only
@@ -149,6 +151,19 @@ VALIDATION_CASES = [
     ({"model": "m", "input": "x", "tools": [{"type": "function"}]}, "tools[0].name"),
     ({"model": "m", "input": "x", "tools": [{"type": "namespace", "name": "n"}]}, "tools[0].tools"),
     ({"model": "m", "input": "x", "instructions": 1}, "instructions"),
+    # tool outputs as content parts are read like message content: same shapes, same 400s
+    ({"model": "m", "input": [{"type": "function_call_output", "call_id": "c", "output": [
+        {"type": "input_text", "text": 5}]}]}, "input[0].output[0].text"),
+    ({"model": "m", "input": [{"type": "function_call_output", "call_id": "c", "output": [3]}]},
+     "input[0].output[0]"),
+    ({"model": "m", "input": [{"type": "function_call_output", "call_id": "c", "output": 7}]}, "input[0].output"),
+    ({"model": "m", "input": [{"type": "custom_tool_call_output", "call_id": "c", "output": [
+        {"type": "output_text", "text": {"a": 1}}]}]}, "input[0].output[0].text"),
+    # arguments are parsed back into objects for an Anthropic upstream: their nesting is bounded
+    ({"model": "m", "input": [{"type": "function_call", "call_id": "c", "name": "f",
+                               "arguments": "[" * 5000 + "]" * 5000}]}, "input[0].arguments"),
+    ({"model": "m", "input": [{"type": "function_call", "call_id": "c", "name": "f",
+                               "arguments": '{"a":' * 300 + "1" + "}" * 300}]}, "input[0].arguments"),
 ]
 
 
@@ -156,6 +171,59 @@ VALIDATION_CASES = [
 def test_validation_names_the_field(body, param):
     problem = validate_responses(body)
     assert problem is not None and problem.split(":")[0] == param
+
+
+def test_deep_arguments_name_the_limit_and_shallow_ones_pass():
+    from coderouterd.ingress.validate import MAX_DEPTH
+
+    deep = {"model": "m", "input": [{"type": "function_call", "call_id": "c", "name": "f",
+                                     "arguments": '{"a":' * 300 + "1" + "}" * 300}]}
+    assert validate_responses(deep) == f"input[0].arguments: nested deeper than {MAX_DEPTH} levels"
+    ok = {"model": "m", "input": [{"type": "function_call", "call_id": "c", "name": "f",
+                                   "arguments": '{"a":' * 100 + "1" + "}" * 100}]}
+    assert validate_responses(ok) is None
+
+
+_JSONISH = st.recursive(st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=5),
+                        lambda kids: st.lists(kids, max_size=3) | st.dictionaries(st.text(max_size=3), kids,
+                                                                                  max_size=3), max_leaves=8)
+_PART = st.fixed_dictionaries({"type": st.sampled_from(["input_text", "output_text", "text", "input_image", "x"])},
+                               optional={"text": _JSONISH, "image_url": _JSONISH, "detail": _JSONISH})
+_OUTPUT_ITEM = st.fixed_dictionaries({
+    "type": st.sampled_from(["function_call_output", "custom_tool_call_output"]), "call_id": st.just("c"),
+    "output": st.one_of(_JSONISH, st.lists(st.one_of(_PART, _JSONISH), max_size=4))})
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(item=_OUTPUT_ITEM)
+def test_any_tool_output_is_a_400_or_translates(item):
+    """Whatever a tool output holds: refused naming a field under input[0], or translated to a chat body that
+    serialises and an Anthropic body that serialises (never an exception, which would be a 500)."""
+    from coderouterd.translate.openai_ingress import openai_request_to_anthropic
+
+    body = {"model": "m", "input": [{"type": "function_call", "call_id": "c", "name": "f", "arguments": "{}"},
+                                    item]}
+    problem = validate_responses(body)
+    if problem is not None:
+        assert problem.startswith("input[1]"), problem
+        return
+    rq = translate_request(body)
+    orjson.dumps(rq.chat)
+    orjson.dumps(openai_request_to_anthropic(rq.chat, "m"))
+
+
+def test_translation_survives_what_validation_would_refuse():
+    """The translation is robust on its own (a caller that skips validation gets no exception)."""
+    from coderouterd.translate.openai_ingress import openai_request_to_anthropic
+
+    rq = translate_request({"model": "m", "input": [
+        {"type": "function_call", "call_id": "c", "name": "f", "arguments": "[" * 5000 + "]" * 5000},
+        {"type": "function_call_output", "call_id": "c", "output": [{"type": "input_text", "text": 5},
+                                                                    {"type": "input_text", "text": "ok"}]}]})
+    assert rq.chat["messages"][-1]["content"] == "ok"
+    anthropic = openai_request_to_anthropic(rq.chat, "m")
+    orjson.dumps(anthropic)
+    assert anthropic["messages"][0]["content"][0]["input"] == {}
 
 
 def test_codex_shaped_body_is_valid():
