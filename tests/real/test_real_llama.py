@@ -325,16 +325,33 @@ def test_zz_kill_9_mid_stream_is_a_well_formed_error_then_the_restarted_server_s
         else:
             assert "error" in data[-1], data[-3:]
         _wait_ready(env, old_pid=pid)
-    # A request sent 0.3 s after a kill waits for the restart instead of failing.
+    # A session warms its slot; the server is killed; a request sent 0.3 s later waits for the restart instead
+    # of failing, and affinity predicts nothing of the cache that died with the process.
+    client = env.anthropic()
+    session = {"x-claude-code-session-id": "0b5e55ed-0000-4000-8000-000000000001"}
+    history = [{"role": "user", "content": "Remember the number 42. " * 40}]
+
+    def turn() -> str:
+        raw = client.messages.with_raw_response.create(model="claude-sonnet-5", max_tokens=4, messages=history,
+                                                       extra_headers=session)
+        history.extend([{"role": "assistant", "content": raw.parse().content[0].text or "ok"},
+                        {"role": "user", "content": f"And now turn {len(history)}."}])
+        return raw.headers["x-request-id"]
+
+    def affinity_of(rid: str) -> dict:
+        with env.admin() as a:
+            return a.get(f"/v1/requests/{rid}").json()["affinity"]
+
+    turn()
+    warm = affinity_of(turn())
+    assert warm["predicted_tokens"] > 200 and warm["cached_tokens"] > 200, warm
     pid = env.process()["pid"]
     os.kill(pid, signal.SIGKILL)
     time.sleep(0.3)
-    msg = env.anthropic().messages.create(model="claude-sonnet-5", max_tokens=6,
-                                          messages=[{"role": "user", "content": "Still there?"}])
-    assert msg.content and env.process()["pid"] != pid
-    with env.admin() as a:
-        providers = a.get("/v1/providers").json()
-    print("\nafter restarts:", orjson.dumps(providers).decode()[:600])
+    after = affinity_of(turn())
+    assert env.process()["pid"] != pid
+    assert after["predicted_tokens"] == 0 and after["cached_tokens"] < 20, after
+    assert affinity_of(turn())["cached_tokens"] > 200  # and it is warm again on the next turn
 
 
 def _wait_ready(env: Env, old_pid: int, timeout: float = 60) -> None:
