@@ -21,6 +21,7 @@ import orjson
 import pytest
 
 from coderouterd.state.journal import journal_rows
+from tests.fakes.runner import FakeServer
 from tests.support.daemon import ROOT, DaemonProcess, free_port
 from tests.support.real_llama import paths, server_argv
 
@@ -44,18 +45,26 @@ ready_url = "http://127.0.0.1:@LP@/health"
 start_timeout_s = 60
 startsecs = 0.2
 
+[providers.big]
+kind = "openai"
+base_url = "@BIG@/v1"
+
 [profiles.default]
 providers = ["llama"]
+health_action = "warn"
+
+[profiles.chain]
+providers = ["llama", "big"]
 health_action = "warn"
 """
 
 
-def managed_config(port: int) -> str:
+def managed_config(port: int, big_url: str = "http://127.0.0.1:9") -> str:
     p = paths()
     argv = server_argv(p["LLAMA_SERVER"], p["LLAMA_MODEL"], port, slots=SLOTS, ctx_per_slot=CTX)
     # --slot-save-path is added by coderouterd itself (affinity.manage_slot_save), under its state directory.
     return (CONFIG.replace("@LP@", str(port)).replace("@ARGV@", json.dumps(argv))
-            .replace("@MODEL@", MODEL))
+            .replace("@MODEL@", MODEL).replace("@BIG@", big_url))
 
 
 class Env:
@@ -63,6 +72,7 @@ class Env:
         self.d = daemon
         self.llama_url = f"http://127.0.0.1:{llama_port}"
         self.first_answer: anthropic.types.Message | None = None
+        self.big: FakeServer | None = None
 
     def admin(self) -> httpx.Client:
         return httpx.Client(transport=httpx.HTTPTransport(uds=str(self.d.state_dir / "coderouterd.sock")),
@@ -90,9 +100,11 @@ def env(tmp_path_factory):
     paths()  # skips with the reason when the real server could not be had
     tmp = tmp_path_factory.mktemp("real_llama")
     port = free_port()
-    d = DaemonProcess(managed_config(port), tmp)
+    big = FakeServer("openai", name="big").start()  # a provider with a large window behind the small server
+    d = DaemonProcess(managed_config(port, big.url), tmp)
     d.start()
     e = Env(d, port)
+    e.big = big
     try:
         # The very first request goes out while llama-server is still starting and loading its model: it waits
         # for readiness instead of failing.
@@ -101,6 +113,7 @@ def env(tmp_path_factory):
         yield e
     finally:
         d.stop()
+        big.stop()
 
 
 def test_a_request_sent_while_the_model_loads_waits_for_it(env):
@@ -191,6 +204,21 @@ def test_a_prompt_over_the_slot_context_is_prompt_too_long_with_the_servers_numb
     m = re.fullmatch(r"prompt is too long: (\d+) tokens > (\d+) maximum", err["message"])
     assert m, err["message"]
     assert int(m.group(1)) > CTX and int(m.group(2)) == CTX
+
+
+def test_the_window_read_from_the_server_sends_an_oversize_prompt_past_it_untried(env):
+    long = " ".join(f"word{i}" for i in range(4000))
+    with httpx.Client(base_url=env.llama_url) as http:
+        before = {s["id"]: s.get("id_task") for s in http.get("/slots").json()}
+    env.big.reset()
+    raw = env.anthropic().messages.with_raw_response.create(
+        model="claude-sonnet-5", max_tokens=8, messages=[{"role": "user", "content": long}],
+        extra_headers={"x-coderouter-profile": "chain"})
+    assert raw.headers["x-coderouter-provider"] == "big"
+    assert raw.headers["x-coderouter-attempts"].startswith("llama:skipped:context"), raw.headers
+    with httpx.Client(base_url=env.llama_url) as http:
+        after = {s["id"]: s.get("id_task") for s in http.get("/slots").json()}
+    assert after == before  # the small server never saw it
 
 
 TOOL = {"name": "get_weather", "description": "Get the current weather in a city.",
