@@ -33,6 +33,8 @@ async def read_capped(resp, limit: int, what: str = "answer") -> bytes:
     if declared is not None and declared > limit:  # compressed or not, it can only grow
         resp.close()
         raise BodyTooLarge(limit, what)
+    if declared is not None and "content-encoding" not in resp.headers:
+        return await resp.read()  # exactly `declared` bytes, within the limit: the common case, in one read
     content = resp.content
     parts: list[bytes] = []
     size = 0
