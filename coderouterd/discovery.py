@@ -18,6 +18,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from . import private_fs
+
 RECORD_NAME = "coderouterd.json"
 LAST_RECORD_NAME = "coderouterd.last.json"
 SOCKET_NAME = "coderouterd.sock"
@@ -41,25 +43,16 @@ def make_record(*, pid: int, version: str, api_version: int, socket: str, config
             "listen_url": listen_url, "started_at": started_at}
 
 
-def _write_atomic(path: Path, data: bytes) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    try:
-        os.write(fd, data)
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
-
-
 def publish(record: dict, directory: Path | None = None) -> Path:
-    """Write the live and the last record (blocking file I/O: the daemon calls it from a thread)."""
+    """Write the live and the last record (blocking file I/O: the daemon calls it from a thread). A directory
+    not ours or writable by others raises (private_fs.UnsafePath): a record there could be forged or redirected."""
     import orjson
 
     d = directory or discovery_dir()
-    d.mkdir(parents=True, exist_ok=True, mode=0o700)
+    private_fs.ensure_private_dir(d)
     data = orjson.dumps(record, option=orjson.OPT_INDENT_2)
-    _write_atomic(d / LAST_RECORD_NAME, data)
-    _write_atomic(d / RECORD_NAME, data)
+    private_fs.write_atomic(d / LAST_RECORD_NAME, data)
+    private_fs.write_atomic(d / RECORD_NAME, data)
     return d / RECORD_NAME
 
 

@@ -11,6 +11,8 @@ import os
 import stat
 from pathlib import Path
 
+from .. import private_fs
+
 log = logging.getLogger("coderouterd.admin")
 
 LOCK_NAME = "coderouterd.lock"
@@ -26,17 +28,14 @@ class LockHeld(Exception):
 
 
 def ensure_private_dir(path: Path, *, enforce: bool) -> None:
-    """Create `path` as 0700. With `enforce`, also tighten an existing directory we own: the admin socket's
-    directory is what keeps other users out on systems that ignore a socket file's own mode."""
-    path.mkdir(mode=0o700, parents=True, exist_ok=True)
-    st = path.stat()
+    """Create `path` as 0700; refuse (UnsafePath) one not ours or writable by others. With `enforce`, also
+    tighten one we own that others can read: the admin socket's directory is what keeps other users out on
+    systems that ignore a socket file's own mode."""
+    st = private_fs.ensure_private_dir(path, tighten=enforce)
     mode = stat.S_IMODE(st.st_mode)
-    if mode & 0o077:
-        if enforce and st.st_uid == os.getuid():
-            os.chmod(path, 0o700)
-        else:
-            log.warning("directory %s is accessible to other users (mode %o); keep the admin socket in a "
-                        "private directory", path, mode)
+    if mode & 0o077 and not enforce:
+        log.warning("directory %s is readable by other users (mode %o); keep the admin socket in a "
+                    "private directory", path, mode)
 
 
 class StateLock:
@@ -50,7 +49,8 @@ class StateLock:
 
     def acquire(self) -> None:
         """Take the lock or raise LockHeld naming the owner's PID."""
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        # Never through a symlink: the lock file sits where the daemon's (maybe privileged) user writes.
+        fd = private_fs.open_private(self.path, os.O_RDWR | os.O_CREAT)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

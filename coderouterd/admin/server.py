@@ -56,7 +56,12 @@ def bind_admin_socket(path: Path, *, private_dir: bool) -> socket.socket:
     if len(os.fsencode(path)) > MAX_SOCKET_PATH:
         raise AdminSocketError(f"admin socket path is too long for a Unix socket ({len(os.fsencode(path))} "
                                f"bytes, max {MAX_SOCKET_PATH}): {path}; set [admin] socket to a shorter path")
-    ensure_private_dir(path.parent, enforce=private_dir)
+    try:
+        ensure_private_dir(path.parent, enforce=private_dir)
+    except OSError as e:
+        # Another user who can write there could unlink our socket and put theirs in its place.
+        raise AdminSocketError(f"cannot use {path.parent} for the admin socket: {e.strerror or e}; "
+                               "set [admin] socket to a path in a directory only you can write to") from None
     try:
         st = path.lstat()
     except FileNotFoundError:

@@ -19,6 +19,7 @@ from typing import Any
 
 import orjson
 
+from coderouterd import private_fs
 from coderouterd.state.events import Event, PersistenceFault
 
 log = logging.getLogger(__name__)
@@ -116,9 +117,11 @@ class AuditLog:
             except FileNotFoundError:
                 pass
             self._close()  # removed or rotated by someone else: start a new live file
-        self.dir.mkdir(parents=True, exist_ok=True)
-        # Unbuffered: every batch reaches the file before the sink returns, for `tail -f` readers.
-        self._fh = open(self.path, "ab", buffering=0)
+        self.dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        # 0600 and never through a symlink planted at the path; unbuffered: every batch reaches the file
+        # before the sink returns, for `tail -f` readers.
+        fd = private_fs.open_private(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+        self._fh = open(fd, "ab", buffering=0)
         self._size = self._fh.seek(0, os.SEEK_END)
 
     def _rotate(self) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import logging
+import os
 import sqlite3
 import threading
 import time
@@ -21,6 +22,7 @@ from typing import Any
 
 import orjson
 
+from coderouterd import private_fs
 from coderouterd.state.events import Event, PersistenceFault, RequestFinished
 from coderouterd.state.journal import INSERT_SQL, JOURNAL_AFFINITY_DDL, JOURNAL_DDL, row_from_event
 
@@ -271,6 +273,7 @@ class Store:
     def _open_checked(self) -> sqlite3.Connection:
         if self.path.is_dir():
             raise sqlite3.OperationalError("path is a directory")
+        self._prepare_files()
         conn = sqlite3.connect(
             str(self.path), timeout=self.busy_timeout_ms / 1000.0, isolation_level=None, check_same_thread=False
         )
@@ -288,6 +291,13 @@ class Store:
             conn.close()
             raise
         return conn
+
+    def _prepare_files(self) -> None:
+        """SQLite follows symlinks and creates files with the umask: refuse a link at the database or its
+        -wal/-shm, and create the database 0600 ourselves (SQLite gives -wal and -shm the database's mode)."""
+        for suffix in ("-wal", "-shm"):
+            private_fs.check_not_link(self.path.with_name(self.path.name + suffix))
+        os.close(private_fs.open_private(self.path, os.O_RDWR | os.O_CREAT))
 
     def _move_aside(self) -> Path | None:
         stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")

@@ -21,6 +21,8 @@ import threading
 import time
 from pathlib import Path
 
+from coderouterd import private_fs
+
 DEFAULT_MAX_BYTES = 5 * 1024 * 1024
 DEFAULT_KEEP = 3
 
@@ -45,7 +47,7 @@ class RotatingLog:
     def open_for_child(self) -> int:
         """A new descriptor for the child's stdout/stderr; the caller closes it after spawning."""
         self._ensure_dir()
-        return os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, _FILE_MODE)
+        return private_fs.open_private(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, _FILE_MODE)
 
     def append(self, line: str) -> None:
         """One supervisor line (start, exit, stop), timestamped, so the file reads as a history."""
@@ -53,7 +55,7 @@ class RotatingLog:
         data = f"[coderouterd {stamp}] {line.rstrip()}\n".encode()
         with self._lock:
             self._ensure_dir()
-            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, _FILE_MODE)
+            fd = private_fs.open_private(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, _FILE_MODE)
             try:
                 os.write(fd, data)
             finally:
@@ -74,14 +76,20 @@ class RotatingLog:
             return True
 
     def _rotate(self) -> None:
-        if self.keep == 0:
-            os.truncate(self.path, 0)
-            return
+        # Through descriptors opened without following symlinks: os.truncate(path) would follow one.
+        live = private_fs.open_private(self.path, os.O_RDWR, _FILE_MODE)
+        with open(live, "r+b") as live_f:
+            if self.keep == 0:
+                live_f.truncate(0)
+                return
+            self._shift_into_first(live_f)
+
+    def _shift_into_first(self, live) -> None:
         older = self.rotated_paths()
         for src, dst in zip(reversed(older[:-1]), reversed(older[1:]), strict=True):
             if src.exists():
                 os.replace(src, dst)
-        fd = os.open(older[0], os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, _FILE_MODE)
-        with open(self.path, "rb") as live, open(fd, "wb") as first:
+        fd = private_fs.open_private(older[0], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, _FILE_MODE)
+        with open(fd, "wb") as first:
             shutil.copyfileobj(live, first, 1 << 20)
-            os.truncate(self.path, 0)
+            live.truncate(0)

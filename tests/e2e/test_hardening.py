@@ -173,6 +173,25 @@ def test_unusable_state_dir_serves_with_memory_state(fake, daemons, tmp_path):
     assert "persistence is failing" in corectl("status", env_socket=sock).stdout
 
 
+def test_state_dir_writable_by_others_is_refused_and_state_kept_in_memory(fake, daemons, tmp_path):
+    # Issue 23 item 9: another user could plant symlinks there; persistence is refused, service is not.
+    state = tmp_path / "shared-state"
+    state.mkdir()
+    os.chmod(state, 0o777)
+    runtime = tmp_path / "run"
+    runtime.mkdir(mode=0o700)
+    d = DaemonProcess(_config(fake.url), tmp_path,
+                      env={"CODEROUTER_STATE_DIR": str(state), "XDG_RUNTIME_DIR": str(runtime)})
+    daemons.append(d)
+    d.start()
+    assert httpx.post(d.url + "/v1/chat/completions", json=CHAT).status_code == 200
+    log = d.log()
+    assert f"state directory {state} is unusable: writable by other users" in log and "chmod 700" in log
+    assert "state in memory only" in log
+    assert list(state.iterdir()) == []  # no lock, database, audit log, record or socket written there
+    assert os.stat(state).st_mode & 0o777 == 0o777
+
+
 @pytest.mark.skipif(os.getuid() == 0, reason="root ignores directory permissions")
 def test_read_only_state_dir_serves(fake, daemons, tmp_path):
     state = tmp_path / "ro-state"
