@@ -51,19 +51,27 @@ def parse_env_text(text: str, source: str) -> dict[str, str]:
 def read_env_file(path: Path | None = None) -> dict[str, str]:
     """The variables in the env file ({} when there is none). Raises EnvFileError when it is unsafe or bad."""
     path = path or env_file_path()
+    # O_NONBLOCK: opening a FIFO (or a device) must not wait for a writer and hang start-up; fstat of what was
+    # opened then refuses anything but a regular file before a byte is read.
     try:
-        st = path.stat()
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     except FileNotFoundError:
         return {}
     except OSError as e:
         raise EnvFileError(f"{path}: cannot read: {e.strerror or e}") from None
-    if st.st_mode & (stat.S_IRWXG | stat.S_IRWXO):
-        raise EnvFileError(f"{path} holds API keys but other users may read it (mode "
-                           f"{stat.S_IMODE(st.st_mode):03o}); fix it with: chmod 600 {path}")
-    try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as e:
-        raise EnvFileError(f"{path}: cannot read: {getattr(e, 'strerror', None) or e}") from None
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):
+        os.close(fd)
+        raise EnvFileError(f"{path} is not a regular file (a FIFO, device or directory); it must be a "
+                           "plain file of KEY=VALUE lines")
+    with open(fd, "rb") as f:
+        if st.st_mode & (stat.S_IRWXG | stat.S_IRWXO):
+            raise EnvFileError(f"{path} holds API keys but other users may read it (mode "
+                               f"{stat.S_IMODE(st.st_mode):03o}); fix it with: chmod 600 {path}")
+        try:
+            text = f.read().decode("utf-8")
+        except (OSError, UnicodeDecodeError) as e:
+            raise EnvFileError(f"{path}: cannot read: {getattr(e, 'strerror', None) or e}") from None
     return parse_env_text(text, str(path))
 
 

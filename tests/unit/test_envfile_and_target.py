@@ -51,6 +51,32 @@ def test_env_file_must_be_private_and_exported_variables_win(tmp_path):
     assert env == {"KEY_ONE": "from-file", "KEY_TWO": "exported"}
 
 
+def test_env_file_that_is_a_fifo_is_refused_without_hanging(tmp_path):
+    # Issue 23 item 15: opening a FIFO for reading waits for a writer, which hung start-up.
+    import threading
+
+    path = tmp_path / "env"
+    os.mkfifo(path, 0o600)
+    outcome: list = []
+
+    def read() -> None:
+        try:
+            outcome.append(read_env_file(path))
+        except EnvFileError as e:
+            outcome.append(e)
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    reader.join(5.0)
+    if reader.is_alive():  # unblock the old code's open() so the thread ends
+        os.close(os.open(path, os.O_WRONLY | os.O_NONBLOCK))
+    assert outcome and isinstance(outcome[0], EnvFileError), outcome
+    assert "not a regular file" in str(outcome[0]) and str(path) in str(outcome[0])
+    (tmp_path / "dir").mkdir(mode=0o700)
+    with pytest.raises(EnvFileError, match="not a regular file"):
+        read_env_file(tmp_path / "dir")
+
+
 def test_missing_keys_names_each_provider_with_an_unset_variable():
     cfg = parse_config_text("""
 [providers.local]
