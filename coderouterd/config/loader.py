@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import tomllib
 from dataclasses import dataclass
 from importlib import resources
@@ -11,7 +12,7 @@ from typing import Any
 
 import platformdirs
 from pydantic import ValidationError
-from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict, SettingsError
 
 from .schema import ConfigModel
 
@@ -90,6 +91,19 @@ def parse_config_text(text: str, source: str) -> ConfigModel:
         return _Settings(**data)
     except ValidationError as e:
         raise ConfigError(f"{source}: invalid configuration:\n{_format_validation_error(e)}") from None
+    except SettingsError as e:
+        raise ConfigError(_env_override_error(e)) from None
+
+
+def _env_override_error(err: SettingsError) -> str:
+    """pydantic-settings fails on an override of a list or table that is not JSON (CODEROUTER_SERVER__API_KEYS=x)
+    before any validation, naming only the section: name the variables and the form they need."""
+    m = re.search(r'field "([^"]+)"', str(err))
+    prefix = f"CODEROUTER_{m.group(1).upper()}__" if m else "CODEROUTER_"
+    names = sorted(k for k in os.environ if k.upper().startswith(prefix))
+    which = ", ".join(names) if names else f"a {prefix}* variable"
+    return (f"environment override {which}: cannot parse its value; a list or table must be written as JSON, "
+            "e.g. CODEROUTER_SERVER__API_KEYS='[\"key-1\"]'")
 
 
 def load_config(cli_path: str | None = None) -> LoadedConfig:

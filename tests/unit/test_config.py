@@ -66,6 +66,17 @@ def test_env_overrides_file(monkeypatch):
     assert m.server.port == 9123 and m.breaker.failures == 7
 
 
+def test_env_override_of_a_list_that_is_not_json_is_a_config_error(monkeypatch):
+    # Issue 23 item 15: CODEROUTER_SERVER__API_KEYS=x printed pydantic-settings' traceback.
+    monkeypatch.setenv("CODEROUTER_SERVER__API_KEYS", "x")
+    with pytest.raises(ConfigError) as ei:
+        parse_config_text(MIN, "f.toml")
+    msg = str(ei.value)
+    assert "CODEROUTER_SERVER__API_KEYS" in msg and "JSON" in msg and "f.toml" not in msg
+    monkeypatch.setenv("CODEROUTER_SERVER__API_KEYS", '["k1"]')
+    assert parse_config_text(MIN, "f.toml").server.api_keys == ["k1"]
+
+
 def test_daemon_refuses_a_bad_config(tmp_path):
     bad = tmp_path / "bad.toml"
     bad.write_text(MIN.replace('["a"]', '["missing"]'))
