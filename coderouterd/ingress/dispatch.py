@@ -167,7 +167,8 @@ class ProxyApp:
         keys = self.daemon.runtime.config.server.api_keys
         if not keys:
             return True
-        given = headers.get("x-api-key") or ""
+        # Both headers alike: surrounding whitespace is not part of a key (config refuses keys that have it).
+        given = (headers.get("x-api-key") or "").strip()
         auth = headers.get("authorization") or ""
         if auth.lower().startswith("bearer "):
             given = given or auth[7:].strip()

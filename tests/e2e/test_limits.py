@@ -300,3 +300,15 @@ def test_healthz_answers_when_idle_sockets_fill_the_cap_and_its_reserve(guarded)
     time.sleep(0.3)
     r = httpx.post(guarded.url + "/v1/messages", content=BODY, headers={"x-api-key": "sekrit"}, timeout=5)
     assert r.status_code == 200
+
+
+@pytest.mark.parametrize("header", [b"x-api-key: sekrit ", b"x-api-key: sekrit\t", b"authorization: Bearer sekrit "])
+def test_a_key_with_trailing_whitespace_is_accepted_by_either_header(guarded, header):
+    """Issue 23 item 15: the same key with trailing whitespace was accepted as a Bearer token and refused as
+    x-api-key; both headers are now treated alike."""
+    s = _connect(guarded)
+    s.sendall(b"POST /v1/messages HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n%s\r\n"
+              b"content-length: %d\r\nconnection: close\r\n\r\n%s" % (header, len(BODY), BODY))
+    answer = _read_all(s, timeout=5)
+    s.close()
+    assert answer.startswith(b"HTTP/1.1 200"), answer[:300]
