@@ -58,6 +58,11 @@ class ServerConfig(_Strict):
                 raise ValueError(f"[{i}] is empty or whitespace; remove it or set a real key")
             if k != k.strip():
                 raise ValueError(f"[{i}] has leading or trailing whitespace, which no client can send")
+            # HTTP header values are bytes read as Latin-1; a non-ASCII or control character in a key could
+            # never compare equal to what a client sends.
+            if not (k.isascii() and k.isprintable()):
+                raise ValueError(f"[{i}] contains a non-ASCII or control character, which no client can send in "
+                                 "a header; use printable ASCII only")
         return keys
 
     def is_loopback(self) -> bool:

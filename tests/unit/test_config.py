@@ -49,6 +49,8 @@ def test_embedded_default():
     (MIN.replace('["a"]', '["a", "zz"]'), "profiles.default.providers[1]: unknown provider 'zz'"),
     (MIN + "[[routes]]\nmodel = '*'\nprofile = 'nope'\n", "routes[0].profile: unknown profile 'nope'"),
     (MIN + "[server]\nhost = '0.0.0.0'\n", "server.api_keys"),
+    (MIN + "[server]\napi_keys = ['kéy']\n", "server.api_keys: [0] contains a non-ASCII"),
+    (MIN + '[server]\napi_keys = ["ok", "k\\u0007y"]\n', "server.api_keys: [1] contains a non-ASCII or control"),
     (MIN.replace("http://", "ftp://"), "providers.a.base_url: must start with http"),
     (MIN + "[profiles.default.tool_loop]\naction = 'explode'\n", "profiles.default.tool_loop.action"),
     ("[server\n", "invalid TOML"),
