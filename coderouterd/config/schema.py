@@ -355,6 +355,11 @@ class ConfigModel(_Strict):
                         f"profiles.{pname}.providers[{i}]: unknown provider {prov!r}"
                         f" (known: {', '.join(sorted(self.providers)) or 'none'})"
                     )
+                elif prov in prof.providers[:i]:
+                    # A second entry is never tried (a provider is attempted once per request): a typo for
+                    # another name, most likely.
+                    first = prof.providers.index(prov)
+                    problems.append(f"profiles.{pname}.providers[{i}]: {prov!r} is already listed at [{first}]")
         for i, route in enumerate(self.routes):
             if route.profile not in self.profiles:
                 problems.append(f"routes[{i}].profile: unknown profile {route.profile!r}")

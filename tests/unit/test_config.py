@@ -47,6 +47,7 @@ def test_embedded_default():
     (MIN + "[server]\nport = 'x'\n", "server.port"),
     (MIN + "[server]\nbogus = 1\n", "server.bogus: unknown key"),
     (MIN.replace('["a"]', '["a", "zz"]'), "profiles.default.providers[1]: unknown provider 'zz'"),
+    (MIN.replace('["a"]', '["a", "a"]'), "profiles.default.providers[1]: 'a' is already listed at [0]"),
     (MIN + "[[routes]]\nmodel = '*'\nprofile = 'nope'\n", "routes[0].profile: unknown profile 'nope'"),
     (MIN + "[server]\nhost = '0.0.0.0'\n", "server.api_keys"),
     (MIN + "[server]\napi_keys = ['kéy']\n", "server.api_keys: [0] contains a non-ASCII"),
