@@ -192,6 +192,19 @@ def _discovery_record(daemon: Daemon, loaded: LoadedConfig, sdir, sock_path) -> 
                                  started_at=daemon.started_at)
 
 
+def _port_taken(host: str, port: int) -> bool:
+    import errno
+    import socket
+
+    try:
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        with socket.socket(family, socket.SOCK_STREAM) as probe:
+            probe.bind((host, port))
+    except OSError as e:
+        return e.errno == errno.EADDRINUSE
+    return False
+
+
 async def _run(daemon: Daemon, loaded: LoadedConfig, admin: AdminServer) -> int:
     s = loaded.model.server
     limits = daemon.connection_limits
@@ -215,7 +228,11 @@ async def _run(daemon: Daemon, loaded: LoadedConfig, admin: AdminServer) -> int:
         try:
             await proxy.serve()
         except SystemExit:
-            # uvicorn exits this way when the port is taken or startup failed; it has logged why.
+            # uvicorn exits this way when the port is taken or startup failed; it has logged why, in its words.
+            if _port_taken(s.host, s.port):
+                log.error("port %d on %s is taken by another program (or another coderouterd): stop it, or "
+                          "choose another port with --port, [server] port in the config, or "
+                          "CODEROUTER_SERVER__PORT", s.port, s.host)
             return 1
         return 0 if proxy.started and not failed else 1
     finally:

@@ -241,3 +241,20 @@ def test_client_strings_are_bounded(fake, daemons, tmp_path):
                       base_url="http://coderouterd", timeout=5) as admin:
         trace = admin.get("/v1/requests/huge-model").json()
     assert len(trace["model_requested"]) < 300
+
+
+def test_a_taken_port_is_named_with_how_to_choose_another(tmp_path):
+    import socket
+
+    from tests.support.daemon import DaemonProcess
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        d = DaemonProcess("[server]\nport = {PORT}\n[providers.a]\nbase_url = \"http://127.0.0.1:9/v1\"\n"
+                          "[profiles.default]\nproviders = [\"a\"]\n", tmp_path, port=port)
+        with pytest.raises(RuntimeError) as e:
+            d.start()
+    log = str(e.value)
+    assert f"port {port} on 127.0.0.1 is taken" in log and "--port" in log and "CODEROUTER_SERVER__PORT" in log
