@@ -547,8 +547,9 @@ class ManagedProcess:
 
     def _emit(self, event: ProcessEventName, pid: int | None, detail: str = "") -> None:
         # A skipped restart changes nothing: the crash or start that made it redundant was logged already.
-        log.log(logging.DEBUG if event in _ROUTINE_EVENTS else logging.INFO, "%s: %s pid=%s %s", self.name, event,
-                pid, detail)
+        # No "pid=None": an event without a process (fatal, stopped, a restart not yet spawned) names none.
+        log.log(logging.DEBUG if event in _ROUTINE_EVENTS else logging.INFO, "%s: %s%s %s", self.name, event,
+                f" pid={pid}" if pid is not None else "", detail)
         if self._on_event is None:
             return
         try:

@@ -251,7 +251,9 @@ def test_not_ready_within_start_timeout_is_killed_and_counted(h: Harness) -> Non
     asyncio.run(scenario())
 
 
-def test_unexecutable_command_is_fatal_with_reason(h: Harness) -> None:
+def test_unexecutable_command_is_fatal_with_reason(h: Harness, caplog) -> None:
+    caplog.set_level("INFO", logger="coderouterd.supervise")
+
     async def scenario() -> None:
         sup = h.supervisor()
         mp = sup.add(ProcessSpec(name="nope", command=[str(h.tmp / "no-such-binary")]))
@@ -262,6 +264,8 @@ def test_unexecutable_command_is_fatal_with_reason(h: Harness) -> None:
         await sup.shutdown()
 
     asyncio.run(scenario())
+    fatal = [r.getMessage() for r in caplog.records if ": fatal" in r.getMessage()]
+    assert fatal and all("pid=None" not in m for m in fatal), fatal  # no process, so no pid is named
 
 
 # ---- crashes, restarts, FATAL --------------------------------------------------------------------
