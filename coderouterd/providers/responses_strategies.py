@@ -70,7 +70,8 @@ class ResponsesToChat(_ResponsesStrategy):
     def response(self, body: bytes) -> bytes:
         completion = orjson.loads(body)
         self.raw_usage, self.timings = completion.get("usage"), completion.get("timings")
-        self.usage = anthropic_usage(completion.get("usage")) if completion.get("usage") else {}
+        self.usage = anthropic_usage(completion.get("usage"), timings=completion.get("timings")) \
+            if completion.get("usage") else {}
         self._repair_openai_body(completion)  # tool calls written as text become function_call items
         return orjson.dumps(chat_completion_to_response(self.rq, completion, self.tr.model))
 
@@ -98,7 +99,7 @@ class ResponsesToChat(_ResponsesStrategy):
                 tr.feed(obj, out)
             if obj.get("usage"):
                 self.raw_usage = obj["usage"]
-                self.usage = anthropic_usage(obj["usage"])
+                self.usage = anthropic_usage(obj["usage"], timings=obj.get("timings"))
             if "timings" in obj:
                 self.timings = obj["timings"]
         self._sync()

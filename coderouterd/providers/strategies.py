@@ -167,7 +167,7 @@ class OpenAIPassthrough(Strategy):
         u = resp.get("usage")
         self.timings = resp.get("timings")
         self.raw_usage = u if isinstance(u, dict) else None
-        self.usage = anthropic_usage(u) if isinstance(u, dict) and u else {}
+        self.usage = anthropic_usage(u, timings=self.timings) if isinstance(u, dict) and u else {}
         if self.repair_tools or self.answer is not None:
             self._repair_openai_body(resp)
             if self._repaired_whole:
@@ -215,11 +215,11 @@ class OpenAIPassthrough(Strategy):
     def _note_chunk(self, obj: dict) -> bool:
         """Record usage, finish and content; False for a usage-only chunk the client did not ask for."""
         u = obj.get("usage")
-        if u:
-            self.raw_usage = u
-            self.usage = anthropic_usage(u)
         if "timings" in obj:
             self.timings = obj["timings"]
+        if u:
+            self.raw_usage = u
+            self.usage = anthropic_usage(u, timings=obj.get("timings"))
         choices = obj.get("choices")
         if not choices:
             return self.client_wants_usage

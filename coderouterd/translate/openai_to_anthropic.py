@@ -146,11 +146,17 @@ def _matched_stop(choice: dict, stop_sequences: list[str] | None) -> str | None:
     return None
 
 
-def anthropic_usage(usage: dict | None, fallback_input: int = 0, fallback_output: int = 0) -> dict:
+def anthropic_usage(usage: dict | None, fallback_input: int = 0, fallback_output: int = 0, *,
+                    timings: dict | None = None) -> dict:
+    """OpenAI usage in Anthropic's shape. `timings`: llama.cpp's, sent beside the usage; its `cache_n` counts the
+    cached prompt tokens when the usage itself does not (older llama-server builds, some forks)."""
     usage = usage or {}
     prompt = usage.get("prompt_tokens")
     details = usage.get("prompt_tokens_details") or {}
-    cached = details.get("cached_tokens") or 0
+    cached = details.get("cached_tokens")
+    if not isinstance(cached, int) and isinstance(timings, dict) and isinstance(timings.get("cache_n"), int):
+        cached = timings["cache_n"]
+    cached = cached if isinstance(cached, int) and cached > 0 else 0
     completion = usage.get("completion_tokens")
     return {
         "input_tokens": max(0, prompt - cached) if isinstance(prompt, int) else fallback_input,
@@ -206,7 +212,7 @@ def response_to_anthropic(resp: dict, model: str, *, stop_sequences: list[str] |
         "content": content,
         "stop_reason": stop_reason,
         "stop_sequence": stop_sequence,
-        "usage": anthropic_usage(resp.get("usage")),
+        "usage": anthropic_usage(resp.get("usage"), timings=resp.get("timings")),
     }
 
 
@@ -290,6 +296,7 @@ class OpenAIStreamToAnthropic:
         self._finish_reason: str | None = None
         self._matched_stop: str | None = None
         self._upstream_usage: dict | None = None
+        self._upstream_timings: dict | None = None
         self._chars = 0
         self._started_content = False
 
@@ -310,6 +317,7 @@ class OpenAIStreamToAnthropic:
             return events + self.error(etype, message)
         if isinstance(chunk.get("usage"), dict):
             self._upstream_usage = chunk["usage"]
+            self._upstream_timings = chunk.get("timings")
         for choice in chunk.get("choices") or ():
             if (choice.get("index") or 0) != 0:
                 continue  # only the first candidate is relayed
@@ -366,7 +374,8 @@ class OpenAIStreamToAnthropic:
     @property
     def usage(self) -> dict:
         # Without upstream usage the output count is a chars/4 estimate, better than zero for budgets.
-        return anthropic_usage(self._upstream_usage, self._input_estimate, max(1, self._chars // 4))
+        return anthropic_usage(self._upstream_usage, self._input_estimate, max(1, self._chars // 4),
+                               timings=self._upstream_timings)
 
     @property
     def finish_reason(self) -> str | None:

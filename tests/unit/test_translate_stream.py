@@ -560,3 +560,16 @@ def test_openai_sdk_raises_on_error_chunk():
     client = sdk_client(openai.OpenAI, "http://127.0.0.1:9/v1", body)
     with pytest.raises(openai.APIError, match="Overloaded"):
         list(client.chat.completions.create(model="g", messages=[{"role": "user", "content": "x"}], stream=True))
+
+
+def test_cached_tokens_reported_only_in_llama_cpp_timings_are_counted():
+    # Some llama-server builds and forks say what they took from cache only in `timings` (cache_n, prompt_n).
+    final = {"choices": [], "usage": {"prompt_tokens": 900, "completion_tokens": 5},
+             "timings": {"cache_n": 850, "prompt_n": 50}}
+    result = assemble(run([chunk({"content": "hi"}), chunk(finish="stop"), final])[1])
+    assert result["usage"]["cache_read_input_tokens"] == 850 and result["usage"]["input_tokens"] == 50
+    from coderouterd.translate.openai_to_anthropic import anthropic_usage
+
+    both = {"prompt_tokens": 900, "completion_tokens": 5, "prompt_tokens_details": {"cached_tokens": 800}}
+    assert anthropic_usage(both, timings={"cache_n": 850})["cache_read_input_tokens"] == 800  # usage wins
+    assert anthropic_usage({"prompt_tokens": 9}, timings={"cache_n": "x"})["cache_read_input_tokens"] == 0
