@@ -112,7 +112,9 @@ def render_config(found: list[Found]) -> str:
     if not up:
         lines += ["# No local model server answered when this file was written. These are the usual places;",
                   "# start one (or fix the port), then run `corectl doctor`.", ""]
-        up = [Found(b, "127.0.0.1", b.port, False) for b in BACKENDS[:2]]
+        # The places that were asked (a --backend-port included), not the defaults.
+        asked = {f.backend.name: f for f in found}
+        up = [asked.get(b.name) or Found(b, "127.0.0.1", b.port, False) for b in BACKENDS[:2]]
     for f in up:
         b = f.backend
         lines.append(f"# {b.label} on port {f.port}" + (f": {len(f.models)} model(s)" if f.ok else ""))

@@ -69,12 +69,17 @@ def test_init_finds_the_running_servers_and_writes_a_loadable_config(tmp_path):
 def test_init_with_nothing_running_still_writes_a_usable_config(tmp_path):
     home = tmp_path / "home"
     home.mkdir()
-    ports = [a for b in ("lmstudio", "ollama", "llamacpp", "vllm") for a in ("--backend-port", f"{b}={free_port()}")]
+    chosen = {b: free_port() for b in ("lmstudio", "ollama", "llamacpp", "vllm")}
+    ports = [a for b, p in chosen.items() for a in ("--backend-port", f"{b}={p}")]
     r = corectl("init", *ports, home=home)
     assert r.returncode == 0, r.stderr
     path = home / ".config" / "coderouter" / "config.toml"
     assert "No local model server answered" in path.read_text()
-    assert set(load_config(str(path)).model.providers) == {"lmstudio", "ollama"}
+    providers = load_config(str(path)).model.providers
+    assert set(providers) == {"lmstudio", "ollama"}
+    # The ports asked for, not the defaults (issue 23: --backend-port was ignored when nothing answered).
+    assert {n: p.base_url for n, p in providers.items()} == {
+        n: f"http://127.0.0.1:{chosen[n]}/v1" for n in ("lmstudio", "ollama")}
 
 
 def test_service_install_without_a_config_points_to_init(tmp_path):
