@@ -252,10 +252,21 @@ def next_probe(at: float | None, now: float | None = None) -> str:
     return "due" if left <= 0 else f"in {duration(left)}"
 
 
+def _next_step(name: str, p: dict, now: float | None) -> str:
+    """When self-healing probes next; a FATAL process is probed by nobody until someone restarts it."""
+    state = p.get("state")
+    if state == "fatal":
+        return f"corectl restart {name}"
+    if state == "stopped":
+        return "-"
+    return next_probe(p.get("next_probe_at"), now)
+
+
 def processes_table(procs: dict[str, dict], *, now: float | None = None, width: int = 10_000) -> Table:
     right = {"justify": "right", "no_wrap": True}
     columns = [("Process", {"no_wrap": True, "style": "bold"}, 0), ("Serves", {}, 4), ("State", {"no_wrap": True}, 0),
-               ("PID", right, 5), ("Up", right, 3), ("Restarts", right, 6), ("RSS", right, 2), ("CPU", right, 1),
+               ("PID", right, 5), ("Up", right, 3), ("Restarts recent/all", right, 6), ("RSS", right, 2),
+               ("CPU", right, 1),
                ("Exit", right, 7), ("Next probe", {"no_wrap": True}, 8)]
     rows = []
     for name, p in procs.items():
@@ -267,7 +278,7 @@ def processes_table(procs: dict[str, dict], *, now: float | None = None, width: 
                      f"{p.get('restarts_recent', 0)}/{p.get('restarts_total', 0)}", size(p.get("rss_bytes")),
                      f"{cpu:.0f}%" if cpu is not None else "-",
                      Text(str(code), style="red" if code else "") if code is not None else "-",
-                     next_probe(p.get("next_probe_at"), now)])
+                     _next_step(name, p, now)])
     return fit_table(width, columns, rows, title="Managed processes", title_justify="left", title_style="bold")
 
 

@@ -95,3 +95,14 @@ def test_top_keeps_every_pane_at_80x24():
     assert len(lines) <= 24, "\n".join(lines)
     _assert_fits(lines, 80, ["Providers", "Effective order", "Recent requests", "updated",
                              "ollama-qwen3-coder", "p50 latency", ROWS[0]["request_id"]])
+
+
+def test_a_fatal_process_says_how_to_restart_it_instead_of_a_next_probe():
+    procs = {"llama": {"providers": ["llama"], "state": "fatal", "pid": None, "restarts_recent": 5,
+                       "restarts_total": 5, "next_probe_at": NOW + 22},
+             "ollama": {"providers": ["ollama"], "state": "ready", "pid": 7, "restarts_recent": 0,
+                        "restarts_total": 1, "next_probe_at": NOW + 22}}
+    text = "\n".join(_render(200, lambda con: con.print(render.processes_table(procs, now=NOW))))
+    fatal = next(line for line in text.splitlines() if line.strip("│ ").startswith("llama"))
+    assert "corectl restart llama" in fatal and " in 2" not in fatal
+    assert "Restarts recent/all" in text
