@@ -58,6 +58,7 @@ class CircuitBreaker:
         # once that time has passed the breaker closes without a trial, since nothing failed that a trial
         # would have to disprove.
         self._hint_only = False
+        self.open_reason = ""  # why it last opened (the planner tells a memory cooldown from a fault)
 
     # -- state -------------------------------------------------------------------------------------------
 
@@ -230,6 +231,7 @@ class CircuitBreaker:
     # -- internals ---------------------------------------------------------------------------------------
 
     def _open(self, now: float, duration: float, reason: str, *, hint_only: bool = False) -> None:
+        self.open_reason = reason
         self._hint_only = hint_only
         self._opened_at = now
         self._retry_at = now + duration

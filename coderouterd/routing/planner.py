@@ -10,11 +10,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..providers.errors import MEMORY_PRESSURE
 from .adaptive import AdaptiveOrderer
 from .breaker import BreakerRegistry, BreakerState
 
 HEALTH_ACTIONS = ("warn", "demote", "exclude")
-SKIP_REASONS = ("tools", "thinking", "context", "budget", "breaker_open", "unhealthy", "not_ready")
+SKIP_REASONS = ("tools", "thinking", "context", "budget", "breaker_open", "memory_cooldown", "unhealthy", "not_ready")
 
 
 @dataclass
@@ -43,7 +44,7 @@ class RequestFeatures:
 
 # Skips that say "not now" rather than "not this request": when every provider of a chain is skipped only for
 # these, the executor tries them anyway (panic mode) instead of routing nowhere.
-TRANSIENT_SKIPS = frozenset({"breaker_open", "unhealthy"})
+TRANSIENT_SKIPS = frozenset({"breaker_open", "memory_cooldown", "unhealthy"})
 
 
 @dataclass
@@ -118,10 +119,13 @@ def plan(
     # Provider state that makes a provider unusable for any request; computed once, used for both the
     # adaptive debounce and the gates.
     open_breakers: dict[str, float | None] = {}
+    cooling: set[str] = set()  # opened because the backend ran out of memory: a cooldown, not a fault
     for p in chain:
         breaker = breakers.get(p)
         if breaker.state is BreakerState.OPEN:
             open_breakers[p] = breaker.retry_in_s
+            if MEMORY_PRESSURE in breaker.open_reason:
+                cooling.add(p)
     unhealthy = {p for p in chain if _health_word(health.get(p)) == "UNHEALTHY"}
     excluded = unhealthy if health_action == "exclude" else set()
     over_budget = {p for p in chain if budget_ok is not None and not budget_ok(p)}
@@ -149,7 +153,8 @@ def plan(
     candidates: list[str] = []
     skips: list[Skip] = []
     for p in order:
-        skip = _gate(p, facts.get(p) or ProviderFacts(name=p), features, open_breakers, excluded, over_budget)
+        skip = _gate(p, facts.get(p) or ProviderFacts(name=p), features, open_breakers, excluded, over_budget,
+                     cooling)
         if skip is None:
             candidates.append(p)
         else:
@@ -164,6 +169,7 @@ def _gate(
     open_breakers: dict[str, float | None],
     excluded: set[str],
     over_budget: set[str],
+    cooling: set[str],
 ) -> Skip | None:
     # Capability gates first: they are permanent for this request and the most useful thing to report.
     if req.has_tools and not f.tools:
@@ -181,6 +187,9 @@ def _gate(
         return Skip(p, "budget", f"{p} is over its monthly budget")
     if p in open_breakers:
         retry = open_breakers[p]
+        if p in cooling:
+            when = f" for {retry:.0f}s more" if retry is not None else ""
+            return Skip(p, "memory_cooldown", f"{p} ran out of memory; cooling down{when}")
         when = f" (trial in {retry:.1f}s)" if retry is not None else ""
         return Skip(p, "breaker_open", f"circuit breaker for {p} is open{when}")
     if p in excluded:

@@ -15,7 +15,7 @@ from ..servers import overflow as context_overflow
 from .planner import Skip
 
 OVERLOAD_STATUSES = frozenset({429, 503, 529})
-_WAIT_SKIPS = frozenset({"breaker_open", "unhealthy", "not_ready", "budget"})
+_WAIT_SKIPS = frozenset({"breaker_open", "memory_cooldown", "unhealthy", "not_ready", "budget"})
 
 
 @dataclass(frozen=True, slots=True)

@@ -355,3 +355,20 @@ def test_openai_image_url_is_replaced_too_and_undeclared_vision_forwards():
     assert b"image_url" not in to_a and b"[image omitted" in to_a
     assert b"image_url" in to_b  # b did not declare vision: unknown, forwarded
     assert orjson.loads(to_b)["messages"][0]["content"][0]["type"] == "image_url"
+
+
+def test_an_out_of_memory_cooldown_is_named_as_such_not_as_an_open_breaker():
+    from coderouterd.providers.errors import MEMORY_PRESSURE
+
+    r = Routing(chain_config("a", "b"))
+    r.ups.script("a", fail(UpstreamError(MEMORY_PRESSURE, status=500, message="cudaMalloc failed: out of memory")))
+    ex, sink = run(r.serve())
+    assert ex.served_by == "b" and r.breaker("a").state is BreakerState.OPEN
+    ex, sink = run(r.serve())
+    skip = next(s for s in ex.skips if s.provider == "a")
+    assert skip.reason == "memory_cooldown" and "ran out of memory; cooling down for" in skip.message
+    assert "a:skipped:memory_cooldown" in sink.headers()["x-coderouter-attempts"]
+    r2 = Routing(chain_config("a", "b"))
+    open_breaker(r2, "a")  # failures of another kind are still an open breaker
+    ex, _sink = run(r2.serve())
+    assert next(s for s in ex.skips if s.provider == "a").reason == "breaker_open"
