@@ -339,13 +339,13 @@ def journal_export(
 @replay_app.command("compare")
 def replay_compare(
     ctx: typer.Context,
-    a: Annotated[str, typer.Argument(metavar="A", help="Baseline: a provider, a profile (--by profile) or a "
-                                                       "window (--window).")],
+    a: Annotated[str, typer.Argument(metavar="A", help="Baseline: a provider, a profile or a window (--window).")],
     b: Annotated[str, typer.Argument(metavar="B", help="Candidate, compared against A.")],
     since: SinceOpt = None,
     until: UntilOpt = None,
     by: Annotated[str, typer.Option("--by", metavar="provider|profile",
-                                    help="What A and B name.")] = "provider",
+                                    help="What A and B name (default: what their names are; providers when "
+                                         "they are both).")] = "auto",
     window: Annotated[bool, typer.Option(
         "--window", help="A and B are time windows START..END (END empty = now), e.g. `--window 14d..7d 7d..` "
                          "compares last week with this one; --provider/--profile narrow both.")] = False,

@@ -427,7 +427,7 @@ def replay_compare(state_dir: str | None, socket: str | None, a: str, b: str, *,
     def work() -> int:
         from rich.text import Text
 
-        if by not in ("provider", "profile"):
+        if by not in ("auto", "provider", "profile"):
             raise CorectlError(f"--by must be provider or profile, not {by!r}", code=2)
         if window and (since or until):
             raise CorectlError("--since/--until do not apply with --window: the windows are the time ranges",
@@ -436,11 +436,16 @@ def replay_compare(state_dir: str | None, socket: str | None, a: str, b: str, *,
         until_ts = _parse_or_fail(until, "--until") if until else None
         sdir = _state_dir_or_fail(state_dir, socket)
         known = known_names(sdir, socket)
+        kind = by
+        if kind == "auto":
+            # What A and B name, when the names say it: profiles when both are profiles and not both providers.
+            both = {k for k in ("provider", "profile") if {a, b} <= (known.get(k) or set())}
+            kind = "profile" if both == {"profile"} else "provider"
         if not window:
-            check_names(known, by, a, b)
+            check_names(known, kind, a, b)
         check_names(known, "provider", provider)
         check_names(known, "profile", profile)
-        result = compare_sides(sdir, a, b, by=by, window=window, since=since_ts, until=until_ts,
+        result = compare_sides(sdir, a, b, by=kind, window=window, since=since_ts, until=until_ts,
                                profile=profile, provider=provider)
         if as_json:
             emit_json(result)

@@ -440,6 +440,8 @@ def test_replay_compare_on_a_known_journal(tmp_path):
     # Profiles, and a time filter that leaves only this week's rows.
     by_profile = ok_json("replay", "compare", "old", "new", "--by", "profile", "--state-dir", str(sdir))
     assert (by_profile["a"]["requests"], by_profile["b"]["requests"]) == (25, 28)
+    # Names that are profiles are compared as profiles without being told (issue 23: --by was required).
+    assert ok_json("replay", "compare", "old", "new", "--state-dir", str(sdir)) == by_profile
     recent = ok_json("replay", "compare", "old", "new", "--by", "profile", "--since", "2d", "--state-dir", str(sdir))
     assert recent["a"]["requests"] == 0 and recent["verdict"].startswith("No requests for old")
 
