@@ -237,7 +237,10 @@ class AnswerStats:
         grams = [tuple(words[i:i + 4]) for i in range(len(words) - 3)]
         return 1 - len(set(grams)) / len(grams)
 
-    def sample(self, *, tools_offered: bool) -> DriftSample:
+    def sample(self, *, tools_offered: bool, prompt_key: int = 0) -> DriftSample:
+        """`prompt_key` names what was asked: the same answer to different questions ("OK", "Done.") is no
+        loop; the same answer to the same question, again and again, is."""
         text = "".join(self._parts)
-        return DriftSample(length=self.length, repetition=self.repetition(), digest=hash(text) if text else 0,
+        return DriftSample(length=self.length, repetition=self.repetition(),
+                           digest=hash((prompt_key, text)) if text else 0,
                            tools_offered=tools_offered, tool_called=self.tool_called, length_stop=self.length_stop)

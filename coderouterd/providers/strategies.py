@@ -112,12 +112,12 @@ class Strategy:
         formats = [c.format for c in self._repaired_whole]
         return formats + (self.repair.formats if self.repair is not None else [])
 
-    def drift_sample(self, *, tools_offered: bool):
+    def drift_sample(self, *, tools_offered: bool, prompt_key: int = 0):
         if self.answer is None:
             return None
         if self.repaired:
             self.answer.tool_called = True  # the model did call, in text
-        return self.answer.sample(tools_offered=tools_offered)
+        return self.answer.sample(tools_offered=tools_offered, prompt_key=prompt_key)
 
     def _repair_openai_body(self, resp: dict) -> None:
         if self.answer is not None:

@@ -389,7 +389,9 @@ class Exchange:
     def _learn_from(self, slot: Slot) -> None:
         """What a success teaches: the breaker and adaptive stats, the token ratio, drift, affinity."""
         call = slot.call
-        self.drift_sample = call.strategy.drift_sample(tools_offered=bool(self.req.body.get("tools")))
+        if getattr(call.strategy, "answer", None) is not None:
+            self.drift_sample = call.strategy.drift_sample(tools_offered=bool(self.req.body.get("tools")),
+                                                           prompt_key=_last_turn_key(self.req.body))
         latency = call.ttfb if call.ttfb is not None else time.monotonic() - slot.started
         self.router.report_success(slot.name, latency, slot.admission)
         prompt_tokens = (self.usage.get("input_tokens") or 0) + (self.usage.get("cache_read_input_tokens") or 0)
@@ -583,6 +585,20 @@ class _Holding:
         finally:
             ex._close_slot(slot)
         return False  # never swallows: the caller decides what an exception means for the request
+
+
+def _last_turn_key(body: dict) -> int:
+    """What was just asked (the last message or input item), for drift: the same answer to the same question is
+    a loop, to different questions it is not. Only for answers drift watches (local providers)."""
+    import orjson
+
+    turns = body.get("messages") or body.get("input")
+    if isinstance(turns, list) and turns:
+        try:
+            return hash(orjson.dumps(turns[-1]))
+        except TypeError:
+            return 0
+    return hash(turns) if isinstance(turns, str) else 0
 
 
 def _serving(slot: Slot, result: str) -> str:

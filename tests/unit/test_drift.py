@@ -205,3 +205,15 @@ def test_drift_events_carry_a_bounded_model_name():
         m._observe("local", huge, DriftSample(), "warn")
     assert [e.kind for e in events] == ["drift_detected"]
     assert len(events[0].model) <= 256
+
+
+def test_the_same_short_answer_to_different_questions_is_no_loop_to_the_same_question_it_is():
+    def answer(text: str, asked: int) -> DriftSample:
+        a = AnswerStats()
+        a.text(text)
+        return a.sample(tools_offered=False, prompt_key=asked)
+
+    different = [answer("Done.", asked=i) for i in range(4)]  # "Done." to four different requests
+    assert "repetition" not in judge([good(i) for i in range(8)] + different, CFG).signals
+    same = [answer("Done.", asked=42) for _ in range(4)]  # the same request answered the same, again and again
+    assert "repetition" in judge([good(i) for i in range(8)] + same, CFG).signals
