@@ -69,7 +69,18 @@ def embedded_default_text() -> str:
     return resources.files("coderouterd").joinpath("default_config.toml").read_text(encoding="utf-8")
 
 
-def _format_validation_error(err: ValidationError) -> str:
+def _env_source(loc: tuple) -> str | None:
+    """The CODEROUTER_<SECTION>__<KEY> variable that set the value at `loc`, when one did."""
+    for depth in range(len(loc), 0, -1):
+        parts = [str(p) for p in loc[:depth] if not isinstance(p, int)]
+        name = "CODEROUTER_" + "__".join(parts).upper()
+        if any(k.upper() == name for k in os.environ):
+            return name
+    return None
+
+
+def _format_validation_error(err: ValidationError, source: str) -> str:
+    """One line per problem, each blamed on where its value came from: the file, or an environment override."""
     lines = []
     for e in err.errors():
         loc = ".".join(str(p) if not isinstance(p, int) else f"[{p}]" for p in e["loc"]).replace(".[", "[")
@@ -78,6 +89,9 @@ def _format_validation_error(err: ValidationError) -> str:
             msg = msg[len("Value error, ") :]
         if e["type"] == "extra_forbidden":
             msg = "unknown key"
+        env = _env_source(tuple(e["loc"])) if e["loc"] else None
+        if env is not None:
+            msg += f" (from ${env}, not {source})"
         lines.append(f"{loc}: {msg}" if loc else msg)
     return "\n".join(lines)
 
@@ -90,7 +104,7 @@ def parse_config_text(text: str, source: str) -> ConfigModel:
     try:
         return _Settings(**data)
     except ValidationError as e:
-        raise ConfigError(f"{source}: invalid configuration:\n{_format_validation_error(e)}") from None
+        raise ConfigError(f"{source}: invalid configuration:\n{_format_validation_error(e, source)}") from None
     except SettingsError as e:
         raise ConfigError(_env_override_error(e)) from None
 

@@ -105,3 +105,16 @@ def test_listener_changes_refused_on_reload():
                                                                                       api_keys=[]))
     assert refused is not None and "api_keys" in refused
     assert listener_change_refused(("0.0.0.0", 8088), ServerConfig(host="0.0.0.0", api_keys=["k"])) is None
+
+
+def test_an_environment_override_is_blamed_for_its_own_error_not_the_file(monkeypatch):
+    monkeypatch.setenv("CODEROUTER_SERVER__PORT", "abc")
+    with pytest.raises(ConfigError) as e:
+        parse_config_text('[providers.a]\nbase_url = "http://127.0.0.1:1/v1"\n[profiles.default]\nproviders = ["a"]\n',
+                          "/etc/cr.toml")
+    assert "server.port:" in str(e.value) and "(from $CODEROUTER_SERVER__PORT, not /etc/cr.toml)" in str(e.value)
+    monkeypatch.delenv("CODEROUTER_SERVER__PORT")
+    with pytest.raises(ConfigError) as e:
+        parse_config_text('[server]\nport = "abc"\n[providers.a]\nbase_url = "http://127.0.0.1:1/v1"\n'
+                          '[profiles.default]\nproviders = ["a"]\n', "/etc/cr.toml")
+    assert "server.port:" in str(e.value) and "from $" not in str(e.value)  # the file's own mistake
