@@ -208,6 +208,11 @@ class ProxyApp:
         if not self._authorized(headers):
             await r.error(401, "missing or invalid API key for this coderouterd", error_type="authentication_error")
             return None
+        if runtime.config.server.api_keys:
+            # The client's key opened this door and is nobody else's: it never goes upstream, even to a provider
+            # with forward_client_key (that is for a client holding the upstream's own key).
+            headers.pop("x-api-key", None)
+            headers.pop("authorization", None)
         body, raw = await self._read_json(scope, receive, r, runtime)
         if body is _SENT:
             return None

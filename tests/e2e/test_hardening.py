@@ -258,3 +258,24 @@ def test_a_taken_port_is_named_with_how_to_choose_another(tmp_path):
             d.start()
     log = str(e.value)
     assert f"port {port} on 127.0.0.1 is taken" in log and "--port" in log and "CODEROUTER_SERVER__PORT" in log
+
+
+def test_coderouterds_own_client_key_is_never_forwarded_upstream(tmp_path):
+    import httpx
+
+    from tests.fakes.runner import FakeServer
+    from tests.support.daemon import DaemonProcess
+
+    with FakeServer("openai", name="up") as up:
+        cfg = ("[server]\nport = {PORT}\napi_keys = [\"sekrit-of-the-router\"]\n[providers.a]\n"
+               f"base_url = \"{up.url}/v1\"\nforward_client_key = true\n[profiles.default]\nproviders = [\"a\"]\n")
+        d = DaemonProcess(cfg, tmp_path).start()
+        try:
+            for headers in ({"authorization": "Bearer sekrit-of-the-router"}, {"x-api-key": "sekrit-of-the-router"}):
+                r = httpx.post(d.url + "/v1/chat/completions", headers=headers, timeout=10,
+                               json={"model": "m", "messages": [{"role": "user", "content": "hi"}]})
+                assert r.status_code == 200, r.text
+        finally:
+            d.stop()
+        sent = [req["headers"] for req in up.requests if req["method"] == "POST"]
+        assert len(sent) == 2 and all("sekrit-of-the-router" not in str(h) for h in sent), sent
