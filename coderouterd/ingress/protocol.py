@@ -194,8 +194,10 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
             self._refuse(431, f"request headers exceed {lim.max_header_bytes // 1024} KB")
 
     def send_400_response(self, msg: str) -> None:
+        """A request the HTTP parser cannot read (bad framing, an invalid header, a bad chunk): a 400 in the
+        caller's JSON error shape, as far as the path is known, instead of uvicorn's plain text."""
         if not self._refused:
-            super().send_400_response(msg)
+            self._refuse(400, msg or "malformed HTTP request")
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
@@ -293,9 +295,10 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         url = getattr(self, "url", None) or b""
         path = url[:200].decode("latin-1", "replace")
         openai = path.startswith("/v1/chat")
-        error_type = "invalid_request_error" if openai or status == 431 else "timeout_error"
+        error_type = "invalid_request_error" if openai or status in (400, 431) else "timeout_error"
         body = error_body(path, status, message, error_type)
-        reason = {408: b"Request Timeout", 431: b"Request Header Fields Too Large"}.get(status, b"Error")
+        reason = {400: b"Bad Request", 408: b"Request Timeout",
+                  431: b"Request Header Fields Too Large"}.get(status, b"Error")
         head = (b"HTTP/1.1 %d %s\r\ncontent-type: application/json\r\ncontent-length: %d\r\n"
                 b"connection: close\r\n\r\n" % (status, reason, len(body)))
         if self.cycle is not None and not self.cycle.response_complete:

@@ -312,3 +312,20 @@ def test_a_key_with_trailing_whitespace_is_accepted_by_either_header(guarded, he
     answer = _read_all(s, timeout=5)
     s.close()
     assert answer.startswith(b"HTTP/1.1 200"), answer[:300]
+
+
+@pytest.mark.parametrize("raw,shape", [
+    (b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ntransfer-encoding: chunked\r\n\r\nzz\r\nnot hex\r\n",
+     b'"error":{'),  # a chunk size that is not hex, on an OpenAI path: OpenAI's shape
+    (b"POST /v1/messages HTTP/1.1\r\nhost: x\r\ncontent-length: 5\r\ncontent-length: 9\r\n\r\nhello",
+     b'"type":"error"'),  # two lengths: Anthropic's shape on its path
+    (b"GARBAGE\x00\x01 / HTTP/1.1\r\n\r\n", b'"type":"error"'),  # not even a request line
+])
+def test_http_framing_errors_are_a_400_in_the_callers_json_shape(env, raw, shape):
+    s = _connect(env)
+    s.sendall(raw)
+    resp = _read_all(s)
+    s.close()
+    assert resp.startswith(b"HTTP/1.1 400"), resp[:200]
+    assert b"content-type: application/json" in resp.lower() and shape in resp, resp[:400]
+    assert _healthy(env)
