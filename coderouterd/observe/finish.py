@@ -25,8 +25,9 @@ class RequestFinisher:
             self.drift.record(ex)
         self.traces.add(ex.req.request_id, ex.trace(latency))
         if ex.status >= 400 or len(ex.attempts) > 1 or ex.skips:
+            # "provider=-" when nobody served it (not "None").
             req_log.info("%s %s profile=%s provider=%s status=%s attempts=%s", ex.req.request_id, ex.req.ingress,
-                         ex.profile_name, ex.served_by, ex.status, ex.attempts_header())
+                         ex.profile_name, ex.served_by or "-", ex.status, ex.attempts_header())
         elif req_log.isEnabledFor(logging.DEBUG):
             req_log.debug("%s %s profile=%s provider=%s status=%s", ex.req.request_id, ex.req.ingress,
                           ex.profile_name, ex.served_by, ex.status)
