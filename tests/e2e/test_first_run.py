@@ -191,7 +191,10 @@ def test_a_daemon_with_its_own_config_and_state_is_found_and_used(user, tmp_path
                 r = user.corectl(*args)
                 assert r.returncode == 1, (args, r.stdout, r.stderr)
                 assert valid in r.stderr and "Traceback" not in r.stderr, (args, r.stderr)
-            hint = user.corectl("replay", "compare", "default", "alt", "--since", "10m")
+            # Profiles are compared as profiles without --by; asked to compare them as providers, the error
+            # still says what they are.
+            assert user.corectl("replay", "compare", "default", "alt", "--since", "10m").returncode == 0
+            hint = user.corectl("replay", "compare", "default", "alt", "--by", "provider", "--since", "10m")
             assert hint.returncode == 1 and "--by profile" in hint.stderr
 
             # An invalid, even non-UTF-8, config on disk: the daemon is still found; the check says what is wrong.

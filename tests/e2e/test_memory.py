@@ -95,7 +95,7 @@ def test_out_of_memory_error_cools_the_provider_down_and_fails_over(env):
     env["local"].set_behaviour("ok")
     r = ask(env)  # inside the cooldown the provider is not even tried
     assert r.headers["x-coderouter-provider"] == "remote"
-    assert "local:skipped:breaker_open" in r.headers["x-coderouter-attempts"]
+    assert "local:skipped:memory_cooldown" in r.headers["x-coderouter-attempts"]
     transitions = wait_for(lambda: [e for e in read_audit(env["daemon"].state_dir)
                                     if e["kind"] == "breaker_transition" and e["provider"] == "local"])
     assert "memory_pressure" in transitions[0]["reason"] and "120" in transitions[0]["reason"]
