@@ -49,6 +49,9 @@ class BudgetHooks:
     def allowed(self, provider: str) -> bool:
         return self.budget.allowed(provider)
 
+    def spent_cap(self, provider: str) -> str | None:
+        return self.budget.spent_cap(provider)
+
     def reserve(self, provider, req):
         cfg = provider.cfg
         if not cfg.paid:

@@ -138,6 +138,21 @@ class Budget:
         self._refused(provider, over, 0.0)
         return False
 
+    def spent_cap(self, provider: str) -> str | None:
+        """Why `provider` stays refused until the month ends, or None: the cap (its own or the global one) is
+        spent by settled requests alone, so retrying cannot help. A refusal caused by other requests' in-flight
+        reservations is not this (it clears in seconds). Only the refusal path calls this."""
+        self._roll()
+        if not self._billable.get(provider, False):
+            return None
+        key = self._over(provider, 0.0, with_reserved=False)
+        if key is None:
+            return None
+        cap, spent = self._cap_and_spent(key)
+        name = "global" if key == GLOBAL else repr(key)
+        resets = datetime.fromtimestamp(self._month_end, UTC).strftime("%Y-%m-%d %H:%M UTC")
+        return f"the {name} monthly budget is spent ({spent:.2f} of {cap:.2f} USD); it resets {resets}"
+
     def spent(self, provider: str | None = None) -> float:
         self._roll()
         if provider is None:

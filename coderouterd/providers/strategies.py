@@ -22,6 +22,7 @@ from ..translate.tool_repair_wire import (
     repair_anthropic_message,
     repair_openai_completion,
 )
+from ..translate.unsigned_thinking import may_carry_unsigned, without_unsigned_thinking
 from .errors import BAD_RESPONSE, DISCONNECT, UpstreamError, stream_error_reason
 
 _PING = encode_event({"type": "ping"})
@@ -261,9 +262,11 @@ class AnthropicPassthrough(Strategy):
             return
 
     def request(self, raw: bytes, stream: bool) -> bytes:
-        if self.client_body.get("model") == self.model:
+        # Reasoning a local provider gave earlier in the conversation carries no signature this upstream made.
+        fixed = without_unsigned_thinking(self.client_body) if may_carry_unsigned(raw) else None
+        if fixed is None and self.client_body.get("model") == self.model:
             return raw
-        body = dict(self.client_body)
+        body = fixed if fixed is not None else dict(self.client_body)
         body["model"] = self.model
         return orjson.dumps(body)
 

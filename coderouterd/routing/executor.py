@@ -519,7 +519,9 @@ class Exchange:
         if errors:
             await self._reply(replies.all_failed(errors, **args))
         else:
-            await self._reply(replies.nothing_attempted(self.skips, **args))
+            spent = {s.provider: why for s in self.skips if s.reason == "budget"
+                     and (why := self.router.spent_cap(s.provider)) is not None}
+            await self._reply(replies.nothing_attempted(self.skips, spent=spent, **args))
 
     def _larger_window_ahead(self, e: UpstreamError, rest: list[str]) -> bool:
         needed = e.overflow[0] if e.overflow and e.overflow[0] else 0

@@ -3,7 +3,8 @@
 The policy in one place: a 429 as the last failure stays a 429 with the soonest retry-after of the chain;
 failures the request itself caused everywhere come back as the client's 4xx; otherwise overloaded
 (529 Anthropic / 503 OpenAI) when every failure said "busy", else 502. Nothing attempted: 529/503 when
-something was skipped for a passing reason, else 400 (no provider can serve this request)."""
+something was skipped for a passing reason; a final "budget spent" when the only thing standing in the way is a
+cap that resets next month; else 400 (no provider can serve this request)."""
 
 from __future__ import annotations
 
@@ -63,7 +64,28 @@ def all_failed(errors: list[UpstreamError], *, ingress: str, profile: str, summa
     return Reply(502, message, "api_error", headers)
 
 
-def nothing_attempted(skips: list[Skip], *, ingress: str, profile: str, summary: str) -> Reply:
+# A spent budget must not be retried and must be shown (protocols.md, checked with the real clients):
+# Claude Code makes one attempt on a 402 `billing_error` and prints its message (529 was retried unseen);
+# Codex retries 402/403 five times and replaces a 429 `insufficient_quota` with its own words, but stops at
+# once on a 400 and prints the body. `x-should-retry: false` stops the Anthropic and OpenAI SDKs whatever the
+# status. Chat Completions clients are those SDKs: 402, as the Anthropic side.
+_SPENT_STATUS = {"anthropic": 402, "openai": 402, "responses": 400}
+_SPENT_KIND = {402: "billing_error", 400: "invalid_request_error"}
+NO_RETRY = {"x-should-retry": "false"}
+
+
+def budget_spent(spent: list[str], *, ingress: str, profile: str) -> Reply:
+    status = _SPENT_STATUS.get(ingress, 402)
+    return Reply(status, f"profile {profile!r} has no provider left this month: " + "; ".join(spent),
+                 _SPENT_KIND[status], dict(NO_RETRY), code="budget_exceeded")
+
+
+def nothing_attempted(skips: list[Skip], *, ingress: str, profile: str, summary: str,
+                      spent: dict[str, str] | None = None) -> Reply:
+    """`spent`: provider → why its budget skip lasts until the cap resets (the others clear by themselves)."""
+    spent = spent or {}
+    if spent and not any(s.reason in _WAIT_SKIPS and s.provider not in spent for s in skips):
+        return budget_spent(list(dict.fromkeys(spent.values())), ingress=ingress, profile=profile)
     if any(s.reason in _WAIT_SKIPS for s in skips):
         return Reply(529 if ingress == "anthropic" else 503,
                      f"no provider available in profile {profile!r}: {summary}", "overloaded_error")

@@ -196,6 +196,10 @@ class Router:
         """A budget reservation for a paid attempt (None when unpaid). Raises UpstreamError(BUDGET) if refused."""
         return self._budget.reserve(provider, req) if self._budget is not None else None
 
+    def spent_cap(self, provider: str) -> str | None:
+        """Why a budget-skipped provider cannot come back before its cap resets, or None (see Budget.spent_cap)."""
+        return self._budget.spent_cap(provider) if self._budget is not None else None
+
     def settle(self, reservation, provider, usage: dict | None) -> None:
         if self._budget is not None and reservation is not None:
             self._budget.settle(reservation, provider, usage)

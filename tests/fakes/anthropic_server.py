@@ -1,16 +1,24 @@
 """Fake Anthropic Messages API: ``/v1/messages`` (SSE and non-stream), ``count_tokens``, ``/v1/models``.
 
 Option ``max_context`` (default 200000) is the M of the ``overflow`` message.
+
+Thinking blocks are signed and checked as the real API does: a signature is an HMAC of the thinking text under a
+key only this instance knows, and a request carrying a thinking block it did not sign is refused with a 400.
+With manual thinking on, a last assistant turn that called a tool must open with a thinking block, and
+`clear_thinking` context edits need thinking on.
 """
 
 import asyncio
+import base64
+import hashlib
+import hmac
+import os
 import time
 
 import orjson
 from aiohttp import web
 
 from .behaviour import (
-    THINKING_SIGNATURE,
     Call,
     FakeBase,
     Plan,
@@ -70,6 +78,44 @@ class AnthropicFake(FakeBase):
         self.max_context = int(self.options.get("max_context", 200_000))
         self.created_at = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
         self._frame_cache: dict[str, list[bytes]] = {}
+        self._signing_key = os.urandom(32)
+
+    def sign(self, thinking: str) -> str:
+        mac = hmac.new(self._signing_key, thinking.encode(), hashlib.sha256).digest()
+        return base64.b64encode(mac).decode()
+
+    def thinking_refusal(self, body: dict) -> str | None:
+        """Why the real API would refuse the thinking in `body`, or None."""
+        messages = body.get("messages") if isinstance(body.get("messages"), list) else []
+        last_assistant = None
+        for i, msg in enumerate(messages):
+            content = msg.get("content") if isinstance(msg, dict) else None
+            if not isinstance(content, list) or msg.get("role") != "assistant":
+                continue
+            last_assistant = (i, content)
+            for j, b in enumerate(content):
+                if isinstance(b, dict) and b.get("type") == "thinking":
+                    sig, text = b.get("signature"), b.get("thinking")
+                    if not (isinstance(sig, str) and isinstance(text, str) and hmac.compare_digest(sig, self.sign(text))):
+                        return f"messages.{i}.content.{j}: Invalid `signature` in `thinking` block"
+        thinking = body.get("thinking")
+        on = isinstance(thinking, dict) and thinking.get("type") in ("enabled", "adaptive")
+        cm = body.get("context_management")
+        edits = cm.get("edits") if isinstance(cm, dict) else None
+        if not on and isinstance(edits, list) and any(
+                isinstance(e, dict) and str(e.get("type", "")).startswith("clear_thinking") for e in edits):
+            return "context_management: the clear_thinking strategy requires thinking to be enabled"
+        # Manual thinking only: in adaptive mode Claude may answer a turn without thinking, so such a turn is
+        # valid history (and a local Anthropic-wire backend played by this fake never thinks on its own).
+        if on and thinking.get("type") == "enabled" and last_assistant is not None:
+            i, content = last_assistant
+            calls = any(isinstance(b, dict) and b.get("type") == "tool_use" for b in content)
+            first = content[0] if content and isinstance(content[0], dict) else {}
+            if calls and first.get("type") not in ("thinking", "redacted_thinking"):
+                return (f"messages.{i}.content.0.type: Expected `thinking` or `redacted_thinking`, but found "
+                        f"`{first.get('type')}`. When `thinking` is enabled, a final `assistant` message must start "
+                        "with a thinking block")
+        return None
 
     def setup_routes(self) -> None:
         self.route("POST", "/v1/messages", self.messages, generation=True)
@@ -116,6 +162,10 @@ class AnthropicFake(FakeBase):
         body = call.body
         if not isinstance(body, dict):
             return self.error_response(call, "400")
+        refusal = self.thinking_refusal(body)
+        if refusal is not None:
+            return json_response({"type": "error", "error": {"type": "invalid_request_error", "message": refusal},
+                                  "request_id": f"req_fake{next_id():012d}"}, 400)
         model = call.model(self.models[0])
         plan = make_plan(call.behaviour, self.name, anthropic_tool_names(body), split_default=3,
                          tool_result=last_tool_result(body),
@@ -131,7 +181,8 @@ class AnthropicFake(FakeBase):
         if plan.reasoning:
             frames.append(block_start(index, {"type": "thinking", "thinking": "", "signature": ""}))
             frames += [block_delta(index, {"type": "thinking_delta", "thinking": p}) for p in plan.reasoning]
-            frames.append(block_delta(index, {"type": "signature_delta", "signature": THINKING_SIGNATURE}))
+            frames.append(block_delta(index, {"type": "signature_delta",
+                                              "signature": self.sign("".join(plan.reasoning))}))
             frames.append(block_stop(index))
             index += 1
         if plan.content:
@@ -214,8 +265,8 @@ class AnthropicFake(FakeBase):
             await asyncio.sleep(plan.delay * plan.output_tokens)
         content: list[dict] = []
         if plan.reasoning:
-            content.append({"type": "thinking", "thinking": "".join(plan.reasoning),
-                            "signature": THINKING_SIGNATURE})
+            text = "".join(plan.reasoning)
+            content.append({"type": "thinking", "thinking": text, "signature": self.sign(text)})
         if plan.content:
             content.append({"type": "text", "text": plan.text})
         for tc in plan.tool_calls:

@@ -32,7 +32,7 @@ BEHAVIOURS = frozenset({
 ERROR_BEHAVIOURS = frozenset({"500", "503_loading", "429", "401", "404_model", "400", "overflow", "529", "oom"})
 GLOBAL_BEHAVIOURS = frozenset({"503_loading", "hang", "401", "redirect", "endless_error"})
 NUMERIC_PARAMS = frozenset({"delay", "chunk_delay", "linger", "retry_after", "n_prompt", "n_ctx", "tokens", "max", "split",
-                            "parallel", "n", "after", "think_tags", "text", "mb", "status"})
+                            "parallel", "n", "after", "think_tags", "text", "reason", "mb", "status"})
 # `tool`/`cmd`: call that tool with {"cmd": cmd} (a shell tool such as Codex's exec_command).
 # `end` (cut_mid_block): how the body ends, "chunked" (the chunked terminator) or "close" (no framing: the
 # connection closes, which is a clean end of an unframed HTTP/1.1 body).
@@ -194,6 +194,8 @@ def make_plan(b: Behaviour, server_name: str, tool_names: list[str], *, split_de
                                             split_text(arguments, split)))
         if not b.flag("text"):
             plan.content = []
+        if b.flag("reason"):  # a thinking model: reasoning before the calls
+            plan.reasoning = words(REASONING_TEXT)
         plan.finish = "tool_calls"
     elif name == "echo_tool_result":
         # The answer quotes the last tool result the client sent back: proof the tool loop closed.

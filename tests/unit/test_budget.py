@@ -284,3 +284,18 @@ def test_warning_event_types(tmp_path):
     budget, events, _ = _budget(tmp_path, {"claude": _paid(cap=1.0)}, warn_ratio=0.5)
     budget.record("claude", 0.5)
     assert isinstance(events[0], BudgetWarning) and events[0].to_dict()["kind"] == "budget_warning"
+
+
+def test_spent_cap_names_the_budget_the_cap_and_the_reset_only_when_settled_spend_fills_it(tmp_path):
+    """Issue 23 item 7: a cap spent until next month is told apart from momentary congestion (reservations)."""
+    providers = {"claude": _paid(cap=1.0), "other": _paid(), "local": _local()}
+    budget, _, _ = _budget(tmp_path, providers, global_cap=5.0, clock=Clock(2025, 12, 30, 8))
+    held = budget.reserve("claude", 1.0)
+    assert not budget.allowed("claude") and budget.spent_cap("claude") is None  # in flight: clears by itself
+    budget.settle(held, 1.0)
+    why = budget.spent_cap("claude")
+    assert why == "the 'claude' monthly budget is spent (1.00 of 1.00 USD); it resets 2026-01-01 00:00 UTC"
+    assert budget.spent_cap("other") is None and budget.spent_cap("local") is None
+    budget.record("other", 4.0)
+    assert budget.spent_cap("other") == ("the global monthly budget is spent (5.00 of 5.00 USD); it resets"
+                                         " 2026-01-01 00:00 UTC")

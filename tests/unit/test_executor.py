@@ -372,3 +372,41 @@ def test_an_out_of_memory_cooldown_is_named_as_such_not_as_an_open_breaker():
     open_breaker(r2, "a")  # failures of another kind are still an open breaker
     ex, _sink = run(r2.serve())
     assert next(s for s in ex.skips if s.provider == "a").reason == "breaker_open"
+
+
+# -- a spent budget (issue 23 item 7) ----------------------------------------------------------------------------
+
+
+def _spent_budget(tmp_path, *providers: str, extra_profile: str = ""):
+    from coderouterd.config.loader import parse_config_text
+    from coderouterd.guards.apply import BudgetHooks
+    from coderouterd.guards.budget import Budget
+    from coderouterd.state.store import Store
+
+    toml = chain_config(*providers, extra_profile=extra_profile, provider_extra={
+        "paid": 'paid = true\ncost = { input = 3.0, output = 15.0 }\nmonthly_budget_usd = 0.01\n'})
+    budget = Budget(Store(tmp_path / "state.db"))
+    budget.configure(parse_config_text(toml, "test").providers, global_cap_usd=0.0, warn_ratio=0.8)
+    budget.record("paid", 0.02)
+    return Routing(toml, budget=BudgetHooks(budget))
+
+
+@pytest.mark.parametrize(("ingress", "status", "kind"), [("anthropic", 402, "billing_error"),
+                                                         ("openai", 402, "billing_error"),
+                                                         ("responses", 400, "invalid_request_error")])
+def test_a_spent_budget_is_final_and_says_which_cap_and_when_it_resets(tmp_path, ingress, status, kind):
+    r = _spent_budget(tmp_path, "paid")
+    _ex, sink = run(r.serve(ingress=ingress))
+    got_status, msg, got_kind, headers = sink.last_error()[1:]
+    assert (got_status, got_kind) == (status, kind)
+    assert headers["x-should-retry"] == "false"  # the SDKs stop at once whatever the status
+    assert "'paid' monthly budget is spent (0.02 of 0.01 USD); it resets " in msg and msg.endswith(" UTC")
+    assert r.ups.sent == []
+
+
+def test_a_spent_budget_next_to_a_provider_that_comes_back_is_still_an_overload(tmp_path):
+    r = _spent_budget(tmp_path, "paid", "local", extra_profile="panic = false")
+    open_breaker(r, "local")
+    _ex, sink = run(r.serve())
+    status, _msg, kind, _h = sink.last_error()[1:]
+    assert (status, kind) == (529, "overloaded_error")

@@ -15,7 +15,6 @@ import pytest
 
 from tests.fakes import (
     REASONING_TEXT,
-    THINKING_SIGNATURE,
     TOOL_ARGUMENTS,
     TOOL_ARGUMENTS_2,
     FakeServer,
@@ -320,7 +319,7 @@ def test_anthropic_non_stream_count_tokens_models_and_errors():
         assert msg.content[0].text == "Hello from claude-fake" and msg.stop_reason == "end_turn"
         thought = client.messages.create(model="a1", max_tokens=10, messages=msgs,
                                          extra_headers={"x-fake-behaviour": "reasoning"})
-        assert thought.content[0].type == "thinking" and thought.content[0].signature == THINKING_SIGNATURE
+        assert thought.content[0].type == "thinking" and thought.content[0].signature
         assert client.messages.count_tokens(model="a1", messages=msgs).input_tokens > 0
         assert [m.id for m in client.models.list()] == ["a1", "a2"]
 
@@ -460,3 +459,29 @@ def test_standalone_process_starts_answers_crashes_and_handles_signals():
                 os.kill(proc.pid, signal.SIGKILL)
                 proc.wait()
             proc.stdout.close()
+
+
+def test_anthropic_fake_checks_thinking_signatures_like_the_real_api():
+    """A block it signed comes back fine; any other signature, or thinking on with a tool turn that does not open
+    with thinking, is a 400 invalid_request_error."""
+    with FakeServer("anthropic", name="claude-fake") as srv:
+        client = anthropic.Anthropic(base_url=srv.url, api_key="k", max_retries=0)
+        first = client.messages.create(model="a1", max_tokens=10, messages=[{"role": "user", "content": "hi"}],
+                                       extra_headers={"x-fake-behaviour": "reasoning"})
+        block = first.content[0].model_dump(include={"type", "thinking", "signature"})
+        turn = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": [block]},
+                {"role": "user", "content": "again"}]
+        assert client.messages.create(model="a1", max_tokens=10, messages=turn).content[0].type == "text"
+        for forged in ("coderouter-unsigned", "", block["signature"][:-2] + "AA"):
+            turn[1] = {"role": "assistant", "content": [{**block, "signature": forged}]}
+            with pytest.raises(anthropic.BadRequestError) as err:
+                client.messages.create(model="a1", max_tokens=10, messages=turn)
+            assert err.value.body["error"] == {"type": "invalid_request_error", "message":
+                                               "messages.1.content.0: Invalid `signature` in `thinking` block"}
+        loop = [{"role": "user", "content": "hi"},
+                {"role": "assistant", "content": [{"type": "tool_use", "id": "toolu_1", "name": "t", "input": {}}]},
+                {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": "ok"}]}]
+        with pytest.raises(anthropic.BadRequestError, match="must start with a thinking block"):
+            client.messages.create(model="a1", max_tokens=2000, messages=loop,
+                                   thinking={"type": "enabled", "budget_tokens": 1024})
+        assert client.messages.create(model="a1", max_tokens=10, messages=loop).content

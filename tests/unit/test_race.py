@@ -37,6 +37,9 @@ class Budget:
     def settle(self, reservation, provider, usage):
         self.settled.append((provider.name, usage))
 
+    def spent_cap(self, name):
+        return None  # refusals here stand for reservations in flight, never a spent month
+
 
 def half_open(r, name):
     br = r.breaker(name)

@@ -8,6 +8,7 @@ from urllib.parse import urlsplit
 
 import orjson
 
+from ...translate.unsigned_thinking import may_carry_unsigned, without_unsigned_thinking
 from ..errors import OVERFLOW, UpstreamError, http_error, parse_retry_after
 from ..limits import MAX_AUX_BYTES, read_capped
 from .base import ANTHROPIC_VERSION, UpstreamAdapter, error_message
@@ -52,7 +53,7 @@ class AnthropicAdapter(UpstreamAdapter):
 
     async def count_tokens(self, provider, req) -> tuple[int, str] | None:
         """The Messages API counts for us (same model mapping as a real request)."""
-        body = dict(req.body)
+        body = (without_unsigned_thinking(req.body) if may_carry_unsigned(req.raw) else None) or dict(req.body)
         body["model"] = await provider.resolve_model(req.model)
         async with provider.session().post(f"{self.cfg.base_url}/messages/count_tokens", data=orjson.dumps(body),
                                            headers=self.headers(client=req.headers, json=True)) as r:
