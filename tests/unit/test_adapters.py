@@ -241,7 +241,9 @@ def test_message_start_shape():
 
 
 def _req(body: dict, headers: dict | None = None):
-    return SimpleNamespace(body=body, model=body["model"], headers=headers or {})
+    import orjson
+
+    return SimpleNamespace(body=body, raw=orjson.dumps(body), model=body["model"], headers=headers or {})
 
 
 BODY = {"model": "claude-x", "max_tokens": 10, "messages": [{"role": "user", "content": "count these words " * 20}]}
