@@ -179,13 +179,7 @@ def test_health_while_the_model_loads_is_a_503_unavailable_error(tmp_path):
     finally:
         fake.stop()
     real_seen: list[tuple[int, dict]] = []
-    server = LlamaServer(tmp_path, slots=1, ctx_per_slot=512, save=False)
-    server.proc = None
-    import subprocess
-
-    server._log = open(server.log_path, "ab")
-    server.proc = subprocess.Popen(server.argv, stdout=server._log, stderr=subprocess.STDOUT,
-                                   stdin=subprocess.DEVNULL, start_new_session=True)
+    server = LlamaServer(tmp_path, slots=1, ctx_per_slot=512, save=False).spawn()
     try:
         _poll_until_ready(server.url, real_seen, 60)
     finally:

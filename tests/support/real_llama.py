@@ -68,10 +68,15 @@ class LlamaServer:
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
-    def start(self, timeout: float = 60.0) -> LlamaServer:
-        self._log = open(self.log_path, "ab")
+    def spawn(self) -> LlamaServer:
+        """Start the process without waiting for its model to load."""
+        self._log = open(self.log_path, "ab")  # noqa: SIM115 (closed by stop())
         self.proc = subprocess.Popen(self.argv, stdout=self._log, stderr=subprocess.STDOUT,
                                      stdin=subprocess.DEVNULL, start_new_session=True)
+        return self
+
+    def start(self, timeout: float = 60.0) -> LlamaServer:
+        self.spawn()
         self.wait_ready(timeout)
         return self
 
