@@ -61,7 +61,10 @@ health_action = "warn"
 
 def managed_config(port: int, big_url: str = "http://127.0.0.1:9") -> str:
     p = paths()
-    argv = server_argv(p["LLAMA_SERVER"], p["LLAMA_MODEL"], port, slots=SLOTS, ctx_per_slot=CTX)
+    # Greedy decoding by default (clients that send no temperature, as Claude Code's main calls): the small
+    # model then answers the same way every run, so a chatty answer cannot make a client test flaky.
+    argv = server_argv(p["LLAMA_SERVER"], p["LLAMA_MODEL"], port, slots=SLOTS, ctx_per_slot=CTX,
+                       extra=("--temp", "0"))
     # --slot-save-path is added by coderouterd itself (affinity.manage_slot_save), under its state directory.
     return (CONFIG.replace("@LP@", str(port)).replace("@ARGV@", json.dumps(argv))
             .replace("@MODEL@", MODEL).replace("@BIG@", big_url))
