@@ -18,6 +18,10 @@ import pytest
 from tests.fakes.runner import FakeServer
 from tests.support.real_llama import LlamaServer
 
+# A real model on two CPU cores: each test here takes tens of seconds when the machine is idle, and several times
+# that when it is not. The suite-wide 120 s guard is for tests that should be instant.
+pytestmark = pytest.mark.timeout(900)
+
 SLOTS = 3
 CTX = 1024  # tokens per slot
 

@@ -5,8 +5,14 @@ The workload and the measurement are bench/real_llama.py's; the figures it print
 
 from __future__ import annotations
 
+import pytest
+
 from bench.real_llama import TWICE, WITHIN, after_restarts, baseline, print_table, restart_bound, routed
 from tests.support.real_llama import paths
+
+# A real model on two CPU cores: each test here takes tens of seconds when the machine is idle, and several times
+# that when it is not. The suite-wide 120 s guard is for tests that should be instant.
+pytestmark = pytest.mark.timeout(900)
 
 
 def _show(rows: list[dict]) -> None:

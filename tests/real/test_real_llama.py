@@ -25,6 +25,10 @@ from tests.fakes.runner import FakeServer
 from tests.support.daemon import ROOT, DaemonProcess, free_port
 from tests.support.real_llama import paths, server_argv
 
+# A real model on two CPU cores: each test here takes tens of seconds when the machine is idle, and several times
+# that when it is not. The suite-wide 120 s guard is for tests that should be instant.
+pytestmark = pytest.mark.timeout(900)
+
 SLOTS = 3
 CTX = 4096  # tokens per slot: Codex's smallest request is about 2,000 tokens
 MODEL = "smollm2"
