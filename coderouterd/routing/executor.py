@@ -501,15 +501,17 @@ class Exchange:
 
     def ends_request(self, e: UpstreamError, rest: list[str]) -> bool:
         """Whether this failure ends the request (then `send_failure(e)`) instead of moving to the next provider."""
-        if e.after_content:
-            return True
+        if e.after_content and self.committed:
+            return True  # the client has part of this answer: another provider's cannot follow it
+        # Content the upstream produced but the client never saw (the failure came in the same read as the first
+        # events, before anything was sent) is no reason to stop: the next provider can still answer whole.
         if e.reason == OVERFLOW:
             return not self._larger_window_ahead(e, rest)
         return not e.failover
 
     async def send_failure(self, e: UpstreamError) -> None:
         """Answer the client with the failure that ended the request."""
-        if e.after_content:
+        if e.after_content and self.committed:
             await self._fail_committed(e)
         elif e.reason == OVERFLOW:
             await self._reply(replies.overflow(e))

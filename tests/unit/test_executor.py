@@ -198,6 +198,31 @@ def test_midstream_failure_ends_with_an_error_event_and_releases_nothing_twice()
     assert r.ups.sent and all(n == "a" for n, _ in r.ups.sent)  # committed: never moved to b
 
 
+def test_a_failure_after_content_the_client_never_saw_moves_to_the_next_provider():
+    """The upstream's first events and its error came in one read: it had produced content, but nothing was
+    sent (the stream is not committed), so the next provider answers whole (the soak's 502s without failover)."""
+    from tests.support.routing import Script
+
+    r = Routing(chain_config("a", "b"))
+    r.ups.script("a", Script("midstream", (), error=UpstreamError("stream_error", message="crashed",
+                                                                 after_content=True)))
+    ex, sink = run(r.serve(STREAM))
+    assert [n for n, _ in r.ups.sent] == ["a", "b"]
+    assert ex.status == 200 and ex.served_by == "b" and ex.error_class is None
+    assert [e[0] for e in sink.log][0] == "start" and "error" not in [e[0] for e in sink.log]
+
+
+def test_a_failure_after_unseen_content_on_the_last_provider_is_an_http_error_not_an_event():
+    from tests.support.routing import Script
+
+    r = Routing(chain_config("a"))
+    r.ups.script("a", Script("midstream", (), error=UpstreamError("stream_error", message="crashed",
+                                                                 after_content=True)))
+    ex, sink = run(r.serve(STREAM))
+    assert not sink.headers_sent or sink.status >= 500
+    assert ex.status >= 500  # what the client got is what the journal says
+
+
 # -- panic ------------------------------------------------------------------------------------------------------
 
 
