@@ -236,6 +236,8 @@ class RouteConfig(_Strict):
 class BreakerConfig(_Strict):
     failures: int = Field(3, ge=1, le=1000)
     recovery_s: float = seconds(30.0)
+    # Each failed half-open trial doubles the time out (recovery_s, 2x, 4x, ...) up to this; never below recovery_s.
+    max_recovery_s: float = seconds(300.0)
 
 
 class AdaptiveConfig(_Strict):

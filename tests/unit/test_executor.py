@@ -178,7 +178,7 @@ def test_every_exit_of_a_half_open_trial_releases_the_slot(case):
         assert br.state is BreakerState.CLOSED  # it answered: alive
     elif case == "upstream_500":
         assert br.state is BreakerState.OPEN  # a real failed trial re-opens; no slot is left held
-        r.clock.advance(30)
+        r.clock.advance(60)  # for twice as long: the second ejection
     else:
         assert br.state is BreakerState.HALF_OPEN
         assert isinstance(result, (asyncio.CancelledError, KeyError, ClientGone))
