@@ -76,17 +76,7 @@ def ops_routes(daemon) -> APIRouter:
     @r.get("/v1/providers", response_model=apitype.ProvidersAnswer, **ANSWER)
     async def providers():
         runtime = runtime_of(daemon)
-        procs = views.processes(daemon)
-        by_provider = {p: name for name, snap in procs.items() for p in snap.get("providers", [])}
-        spend = (views.budget(daemon) or {}).get("providers", {})
-        health = views.health(daemon)
-        out = []
-        for p in views.providers(daemon):
-            name = p["name"]
-            proc = by_provider.get(name)
-            out.append({**p, "health_detail": health.get(name), "budget": spend.get(name),
-                        "process": proc, "process_state": procs[proc]["state"] if proc else None})
-        return {"providers": out, "stats_window_s": runtime.config.adaptive.window_s}
+        return {"providers": views.provider_rows(daemon), "stats_window_s": runtime.config.adaptive.window_s}
 
     @r.get("/v1/processes", response_model=apitype.ProcessesAnswer, **ANSWER)
     async def processes():
