@@ -60,7 +60,10 @@
 
   function badge(text, kind) { return el("span", text, "badge " + (kind || "")); }
 
-  function healthKind(h) { return h === "healthy" ? "ok" : h === "unknown" ? "" : h === "degraded" ? "warn" : "bad"; }
+  function healthKind(h) {
+    const v = String(h || "unknown").toLowerCase();
+    return v === "healthy" ? "ok" : v === "unknown" ? "" : v === "degraded" ? "warn" : "bad";
+  }
   function breakerKind(b) { return b === "closed" ? "ok" : b === "half_open" ? "warn" : "bad"; }
 
   async function getJSON(path) {
@@ -145,7 +148,7 @@
       color(p.name);
       const name = el("span");
       name.append(el("strong", p.name), el("span", " " + p.kind + (p.model ? " · " + p.model : ""), "dim"));
-      const health = badge(p.health, healthKind(p.health));
+      const health = badge(String(p.health || "unknown").toLowerCase(), healthKind(p.health));
       const br = (p.breaker && p.breaker.state) || "closed";
       const breaker = badge(br.replace("_", "-"), breakerKind(br));
       const s = sparkData && sparkData.providers[p.name];
@@ -242,10 +245,10 @@
       daily.push({ label: n, stroke: color(n), width: 2, points: { show: true, size: 6 }, value: (u, v) => fmt.usd(v) });
       dailyData.push(p.daily);
       let acc = 0;
-      cumul.push({ label: n, stroke: color(n), width: 2, value: (u, v) => fmt.usd(v) });
+      cumul.push({ label: n, stroke: color(n), width: 2, points: { show: true, size: 5 }, value: (u, v) => fmt.usd(v) });
       cumulData.push(p.daily.map((v) => (v === null ? null : (acc += v))));
       if (p.cap) {
-        cumul.push({ label: n + " cap", stroke: color(n), width: 1, dash: [6, 4], value: (u, v) => fmt.usd(v) });
+        cumul.push({ label: n + " cap", stroke: color(n), width: 1, dash: [6, 4], points: { show: false }, value: (u, v) => fmt.usd(v) });
         cumulData.push(xs.map(() => p.cap));
       }
     }
@@ -325,7 +328,7 @@
       const v = form.elements[k].value;
       if (v) q.set(k, v);
     }
-    q.set("limit", "100");
+    q.set("limit", "50");
     try {
       const r = await getJSON("/ui/api/requests?" + q.toString());
       $("#requests-empty").hidden = r.requests.length > 0;
