@@ -150,3 +150,26 @@ def test_without_a_journal_and_switched_off(start_daemon, cloud, tmp_path):
     for path in ("/ui", "/ui/api/now", "/ui/static/app.js"):
         assert httpx.get(off.url + path).status_code == 404, path
     assert httpx.get(off.url + "/healthz").status_code == 200
+
+
+def test_with_keys_the_page_and_its_data_need_one(start_daemon, cloud):
+    d = start_daemon(_config(cloud, server='api_keys = ["dash-key"]'))
+    page = httpx.get(d.url + "/ui")
+    assert page.status_code == 401 and 'name="key"' in page.text and "providers-table" not in page.text
+    assert httpx.get(d.url + "/ui/api/now").status_code == 401
+    assert httpx.get(d.url + "/ui/api/now", headers={"x-api-key": "wrong"}).status_code == 401
+    assert httpx.get(d.url + "/ui/api/now", headers={"x-api-key": "dash-key"}).status_code == 200
+    own = {"origin": d.url}
+    assert httpx.post(d.url + "/ui/login", data={"key": "dash-key"},
+                      headers={"origin": "http://attacker.example"}).status_code == 403
+    wrong = httpx.post(d.url + "/ui/login", data={"key": "nope"}, headers=own)
+    assert wrong.status_code == 401 and "set-cookie" not in wrong.headers
+    ok = httpx.post(d.url + "/ui/login", data={"key": "dash-key"}, headers=own)
+    assert ok.status_code == 303 and ok.headers["location"] == "/ui"
+    cookie = ok.headers["set-cookie"]
+    assert "HttpOnly" in cookie and "SameSite=Strict" in cookie and "dash-key" not in cookie
+    jar = {"cookie": cookie.split(";")[0]}
+    assert httpx.get(d.url + "/ui/api/now", headers=jar).status_code == 200
+    assert httpx.get(d.url + "/ui", headers=jar).status_code == 200
+    # The proxy's clients are unaffected: the same key still opens /v1, the cookie does not.
+    assert httpx.get(d.url + "/v1/models", headers=jar).status_code == 401

@@ -235,6 +235,7 @@
   // -- Spend ---------------------------------------------------------------------------------------------------
 
   function renderSpend(s) {
+    if (typeof uPlot === "undefined") return;
     $("#spend-month").textContent = s.month + " (UTC)";
     const names = Object.keys(s.providers);
     $("#spend-empty").hidden = names.length > 0;
@@ -242,7 +243,9 @@
     const daily = [], cumul = [], dailyData = [xs], cumulData = [xs];
     for (const n of names) {
       const p = s.providers[n];
-      daily.push({ label: n, stroke: color(n), width: 2, points: { show: true, size: 6 }, value: (u, v) => fmt.usd(v) });
+      // Bars, see-through so a provider's bar never hides another's on the same day.
+      daily.push({ label: n, stroke: color(n), fill: color(n) + "55", width: 1, points: { show: false },
+        paths: uPlot.paths.bars({ size: [0.7, 28] }), value: (u, v) => fmt.usd(v) });
       dailyData.push(p.daily);
       let acc = 0;
       cumul.push({ label: n, stroke: color(n), width: 2, points: { show: true, size: 5 }, value: (u, v) => fmt.usd(v) });
@@ -253,7 +256,9 @@
       }
     }
     const money = { axes: [{}, { size: 60, values: (u, vals) => vals.map((v) => fmt.usd(v)) }] };
-    draw("spendDaily", $("#chart-spend-daily"), daily, dailyData, money);
+    // Half a day of room on each side: the first and last days' bars are drawn whole.
+    const padded = { scales: { x: { time: true, range: (u, min, max) => [min - 43200, max + 43200] } } };
+    draw("spendDaily", $("#chart-spend-daily"), daily, dailyData, Object.assign({}, money, padded));
     draw("spendMonth", $("#chart-spend-month"), cumul, cumulData, money);
     fill($("#spend-table tbody"), names.map((n) => {
       const p = s.providers[n];
