@@ -33,7 +33,7 @@ fi
 
 echo "browser: installing Debian's chromium (first run only)"
 export DEBIAN_FRONTEND=noninteractive
-if ! { apt-get update -q && apt-get install -y -q --no-install-recommends chromium; } > "$log" 2>&1; then
+if ! { apt-get update -q && apt-get install -y -q --no-install-recommends chromium fonts-liberation; } > "$log" 2>&1; then
   { echo "apt-get could not install chromium:"; tail -n 3 "$log"; } > "$unavailable"
   echo "browser: $(head -n 1 "$unavailable"); the browser tests will be skipped"
   exit 0

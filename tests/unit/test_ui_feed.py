@@ -135,3 +135,16 @@ def test_the_feed_is_a_bus_subscriber_off_the_publishing_path():
         assert seen == ["event-writer"]
     finally:
         bus.stop()
+
+
+def test_the_daemon_does_not_load_the_dashboard_until_someone_asks_for_it():
+    """Start-up and the proxy import only the feed (a bus subscriber); the page, its views and the journal's
+    trend readers are imported by the first /ui request (ProxyApp.dashboard)."""
+    import subprocess
+    import sys
+
+    code = ("import sys, coderouterd.serve, coderouterd.daemon, coderouterd.ingress.dispatch; "
+            "print([m for m in ('coderouterd.ui.app', 'coderouterd.admin.history', 'coderouterd.state.trends') "
+            "if m in sys.modules], 'coderouterd.ui.feed' in sys.modules)")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert r.stdout.strip() == "[] True", r.stdout + r.stderr
