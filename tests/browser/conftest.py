@@ -9,14 +9,16 @@ from __future__ import annotations
 
 import math
 import os
+import sys
 import time
 from pathlib import Path
 
 import httpx
+import orjson
 import pytest
 
 from tests.fakes.runner import FakeServer
-from tests.support.daemon import DaemonProcess
+from tests.support.daemon import ROOT, DaemonProcess, free_port
 
 HERE = Path(__file__).resolve().parent
 ARTIFACTS = HERE / "artifacts"
@@ -49,6 +51,18 @@ model = "claude-sonnet-5"
 paid = true
 monthly_budget_usd = 25
 cost = { input = 3.0, output = 15.0, cache_read = 0.3, cache_write = 3.75 }
+
+# A managed backend (a real child process the daemon supervises), for the processes panel.
+[providers.box]
+kind = "ollama"
+base_url = "http://127.0.0.1:@BOXPORT@"
+
+[providers.box.process]
+command = @BOXCMD@
+cwd = "@ROOT@"
+ready_url = "http://127.0.0.1:@BOXPORT@/api/tags"
+stop_timeout_s = 2
+startsecs = 0.2
 
 [profiles.default]
 providers = ["local", "cloud"]
@@ -151,7 +165,11 @@ def _start(tmp: Path, keys: list[str]):
     local = FakeServer("openai", name="local", models=["qwen3-coder"]).start()
     cloud = FakeServer("anthropic", name="cloud").start()
     keys_line = f"api_keys = [{', '.join(repr(k) for k in keys)}]".replace("'", '"') if keys else ""
-    cfg = CONFIG.replace("@LOCAL@", local.url).replace("@CLOUD@", cloud.url).replace("@KEYS@", keys_line)
+    box_port = free_port()
+    box_cmd = orjson.dumps([sys.executable, str(ROOT / "tests" / "support" / "fake_backend.py"), "--port",
+                            str(box_port)]).decode()
+    cfg = (CONFIG.replace("@LOCAL@", local.url).replace("@CLOUD@", cloud.url).replace("@KEYS@", keys_line)
+           .replace("@BOXPORT@", str(box_port)).replace("@BOXCMD@", box_cmd).replace("@ROOT@", str(ROOT)))
     d = DaemonProcess(cfg, tmp)
     seed_history(d.state_dir, time.time())
     d.start()

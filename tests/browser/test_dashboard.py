@@ -44,8 +44,12 @@ def test_page_loads_clean_and_shows_the_configured_providers(page, dash):
     assert "unsafe-inline" not in headers["content-security-policy"]
     assert not any(h.startswith("access-control-") for h in headers)
     rows = page.locator("#providers-table tbody tr")
-    assert sorted(rows.evaluate_all("rs => rs.map(r => r.dataset.provider)")) == ["cloud", "local"]
+    assert sorted(rows.evaluate_all("rs => rs.map(r => r.dataset.provider)")) == ["box", "cloud", "local"]
     assert "anthropic" in page.locator(PROVIDER_ROW.format("cloud")).inner_text()
+    # The managed backend: its state, uptime and restarts, as `corectl status` shows them.
+    box = page.locator("#processes-table tbody tr", has_text="box")
+    box.filter(has_text="ready").wait_for(timeout=20_000)
+    assert box.locator("td").nth(3).inner_text() == "0"
     # The trends were drawn from the journal (seeded history): both providers in the latency chart.
     page.wait_for_function("() => window.coderouterDashboard.charts.ttft !== undefined")
     labels = page.evaluate("() => window.coderouterDashboard.charts.ttft.series.map(s => s.label)")
