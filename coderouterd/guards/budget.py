@@ -63,8 +63,7 @@ def _usd(value: Any) -> float:
     return v if math.isfinite(v) and v > 0 else 0.0
 
 
-def month_bounds(ts: float) -> tuple[str, float, float]:
-    """("YYYY-MM", start, end) of the UTC calendar month holding `ts`: the period every cap counts in."""
+def _month_bounds(ts: float) -> tuple[str, float, float]:
     dt = datetime.fromtimestamp(ts, UTC)
     start = datetime(dt.year, dt.month, 1, tzinfo=UTC)
     end = datetime(dt.year + (dt.month == 12), dt.month % 12 + 1, 1, tzinfo=UTC)
@@ -325,7 +324,7 @@ class Budget:
         now = self._clock()
         if self._month_start <= now < self._month_end:
             return
-        self._month, self._month_start, self._month_end = month_bounds(now)
+        self._month, self._month_start, self._month_end = _month_bounds(now)
         self._spent = {}
         self._spent_global = 0.0
         self._warned = set()
@@ -341,3 +340,8 @@ class Budget:
             elif key == f"{self._month}/notices" and isinstance(value, dict):
                 self._warned = {str(k) for k in value.get("warned") or ()}
                 self._blocked = {str(k) for k in value.get("blocked") or ()}
+
+
+# ("YYYY-MM", start, end) of the UTC month holding a time: the period every cap counts in, for readers outside the
+# ledger (the dashboard's cost per day).
+month_bounds = _month_bounds
