@@ -81,7 +81,10 @@ def chromium_path() -> str | None:
     return None
 
 
-@pytest.fixture(scope="session")
+# Module scope, not session: Playwright's sync API keeps an event loop running in this thread while it is
+# started, and every later test that calls asyncio.run() would fail with "cannot be called from a running
+# event loop". Stopped at the end of this module, the suite's other tests never see it.
+@pytest.fixture(scope="module")
 def browser():
     if UNAVAILABLE.is_file():
         pytest.skip(f"no browser: {UNAVAILABLE.read_text().strip()}")
