@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import html
 import logging
+import sqlite3
 from pathlib import Path
 from urllib.parse import parse_qs, unquote
 
@@ -165,6 +166,14 @@ class DashboardApp:
         query = {k: v[-1] for k, v in parse_qs(scope.get("query_string", b"").decode("latin-1")).items()}
         if name == "events":
             return await self._events(scope, send)
+        try:
+            data = await self._data(d, name, query)
+        except sqlite3.Error as e:
+            # A journal being recovered or moved aside: the page says so and keeps polling.
+            raise Answer(503, f"cannot read the journal right now: {e}") from None
+        await _send(send, 200, _json(data), b"application/json")
+
+    async def _data(self, d, name: str, query: dict[str, str]):
         if name == "now":
             data = {"daemon": views.daemon_info(d), "providers": views.provider_rows(d),
                     "processes": views.processes(d), "store": views.store(d), "in_flight": dict(d.in_flight),
@@ -192,7 +201,7 @@ class DashboardApp:
             data = {"trace": found[0], "source": found[1]}
         else:
             raise Answer(404, f"no such endpoint: /ui/api/{name[:100]}")
-        await _send(send, 200, _json(data), b"application/json")
+        return data
 
     async def _events(self, scope, send) -> None:
         feed = self.daemon.live
