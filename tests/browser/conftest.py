@@ -39,6 +39,9 @@ port = {PORT}
 [breaker]
 failures = 1000
 
+[budget]
+global_monthly_usd = 50
+
 [providers.local]
 kind = "openai"
 base_url = "@LOCAL@/v1"

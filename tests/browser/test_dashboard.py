@@ -54,6 +54,9 @@ def test_page_loads_clean_and_shows_the_configured_providers(page, dash):
     page.wait_for_function("() => window.coderouterDashboard.charts.ttft !== undefined")
     labels = page.evaluate("() => window.coderouterDashboard.charts.ttft.series.map(s => s.label)")
     assert {"local p50", "local p95", "cloud p50", "cloud p95"} <= set(labels)
+    # Spend: the cloud's month against its cap, and every paid provider against the global cap.
+    spend = page.locator("#spend-table").inner_text()
+    assert "$25.00" in spend and "all paid providers" in spend and "$50.00" in spend
     # The seeded cache-busts are listed with the segment that changed.
     assert "system[0] changed" in page.locator("#busts-table").inner_text()
     page.wait_for_timeout(500)  # a late console error (a chart, the feed) still counts

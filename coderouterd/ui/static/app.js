@@ -260,7 +260,7 @@
     const padded = { scales: { x: { time: true, range: (u, min, max) => [min - 43200, max + 43200] } } };
     draw("spendDaily", $("#chart-spend-daily"), daily, dailyData, Object.assign({}, money, padded));
     draw("spendMonth", $("#chart-spend-month"), cumul, cumulData, money);
-    fill($("#spend-table tbody"), names.map((n) => {
+    const rows = names.map((n) => {
       const p = s.providers[n];
       const today = p.daily[s.today];
       const used = p.ratio === null || p.ratio === undefined ? "–" : fmt.pct(p.ratio);
@@ -268,7 +268,14 @@
         [p.cap ? fmt.usd(p.cap) : "no cap", "num"], [used, p.blocked ? "num bad" : "num"]]);
       tr.dataset.provider = n;
       return tr;
-    }));
+    });
+    const g = s.global;
+    if (g && g.cap) {  // the cap over every paid provider together ([budget] global_monthly_usd)
+      const today = names.reduce((a, n) => a + (s.providers[n].daily[s.today] || 0), 0);
+      rows.push(row([el("strong", "all paid providers"), [fmt.usd(today), "num"], [fmt.usd(g.spent), "num"],
+        [fmt.usd(g.reserved), "num"], [fmt.usd(g.cap), "num"], [fmt.pct(g.ratio), g.blocked ? "num bad" : "num"]]));
+    }
+    fill($("#spend-table tbody"), rows);
   }
 
   async function refreshSpend() {
