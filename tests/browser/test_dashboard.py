@@ -114,6 +114,33 @@ def test_opening_a_request_shows_its_trace_as_corectl_explain_does(page, dash):
     assert page.errors == []
 
 
+def test_a_hidden_tab_leaves_the_live_feed_and_rejoins_when_shown(page, dash):
+    open_dashboard(page, dash)
+
+    def viewers() -> int:  # browsers the daemon's live feed is serving now
+        return httpx.get(dash.url + "/api/now").json()["viewers"]
+
+    assert viewers() >= 1
+    before = viewers()
+    page.evaluate("""() => {
+        Object.defineProperty(document, "visibilityState", {configurable: true, get: () => "hidden"});
+        document.dispatchEvent(new Event("visibilitychange"));
+    }""")
+    page.wait_for_selector("#live-state.off")
+    deadline = time.monotonic() + 5
+    while viewers() != before - 1:  # the daemon saw the stream close
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    page.evaluate("""() => {
+        Object.defineProperty(document, "visibilityState", {configurable: true, get: () => "visible"});
+        document.dispatchEvent(new Event("visibilitychange"));
+    }""")
+    page.wait_for_selector("#live-state.on")
+    dash.request("default", "ui-rejoined-1")
+    page.wait_for_selector('#live-feed li[data-request-id="ui-rejoined-1"]', timeout=2_000)
+    assert page.errors == []
+
+
 def test_requests_filter_by_outcome_and_provider(page, dash):
     open_dashboard(page, dash)
     page.select_option('#filters select[name="outcome"]', "error")

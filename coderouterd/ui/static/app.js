@@ -10,7 +10,7 @@
 
   const state = {
     colors: new Map(), charts: {}, sparks: new Map(), range: "24h", liveCount: 0,
-    profiles: new Set(), providers: new Set(), refreshTimer: null, dropped: 0,
+    profiles: new Set(), providers: new Set(), refreshTimer: null, dropped: 0, events: null,
   };
   // Tests and curious users read the charts' own data from here (window.coderouterDashboard.charts.spendDaily.data).
   window.coderouterDashboard = state;
@@ -204,7 +204,8 @@
 
   function connectLive() {
     const badgeEl = $("#live-state");
-    const es = new EventSource("/ui/api/events");
+    if (state.events) state.events.close();
+    const es = state.events = new EventSource("/ui/api/events");
     es.onopen = () => { badgeEl.textContent = "live"; badgeEl.className = "badge on"; };
     es.onerror = () => { badgeEl.textContent = "live: reconnecting"; badgeEl.className = "badge off"; };
     const handle = (ev) => {
@@ -437,7 +438,16 @@
     every(NOW_EVERY_MS, refreshNow);
     every(HISTORY_EVERY_MS, () => { refreshTrends(); refreshSpend(); });
     document.addEventListener("visibilitychange", () => {
-      if (document.visibilityState === "visible") { refreshNow(); refreshTrends(); refreshSpend(); refreshRequests(); }
+      if (document.visibilityState === "visible") {
+        connectLive(); refreshNow(); refreshTrends(); refreshSpend(); refreshRequests();
+      } else if (state.events) {
+        // A hidden tab leaves the live feed: the daemon does nothing for a page nobody looks at.
+        state.events.close();
+        state.events = null;
+        const badgeEl = $("#live-state");
+        badgeEl.textContent = "live: paused";
+        badgeEl.className = "badge off";
+      }
     });
   }
 
