@@ -7,7 +7,7 @@ CLIENTS := tests/clients
 CLIENTS_STAMP := $(CLIENTS)/node_modules/.installed
 NPM_OFFLINE := ENOTFOUND|ECONNREFUSED|ECONNRESET|ETIMEDOUT|EAI_AGAIN|ENETUNREACH|network
 
-.PHONY: run test lint bench clean install real-llama
+.PHONY: run test lint bench clean install real-llama browser
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -54,7 +54,12 @@ $(CLIENTS_STAMP): $(CLIENTS)/package.json $(CLIENTS)/package-lock.json
 real-llama: | $(BIN)/python
 	PIP=$(BIN)/pip bash scripts/real_llama.sh
 
-test: $(TEST_STAMP) $(CLIENTS_STAMP) real-llama
+# Debian's headless Chromium for the dashboard's browser tests (installed with apt-get when missing and root);
+# when it cannot be had, the reason goes to tests/browser/.unavailable and those tests skip.
+browser:
+	bash scripts/browser.sh
+
+test: $(TEST_STAMP) $(CLIENTS_STAMP) real-llama browser
 	$(BIN)/python -m pytest
 
 lint: $(TEST_STAMP)

@@ -30,6 +30,7 @@ from .state import ConfigRejected, ConfigReloaded, DaemonLifecycle, ProfileSwitc
 from .state.repair_stats import RepairStats
 from .tasks import TaskSet
 from .telemetry import Telemetry
+from .ui.feed import LiveFeed
 from .warmup import warm_imports
 
 if TYPE_CHECKING:
@@ -80,6 +81,8 @@ class Daemon:
         self.metrics = LazyMetrics(self)
         self.metrics_endpoint = self.metrics.endpoint  # GET /metrics (ingress dispatches it)
         self.repair_stats = RepairStats()
+        # The dashboard's live feed (ui/feed.py): fed by the bus's writer thread, idle while nobody watches.
+        self.live = LiveFeed()
         self.drift: DriftManager | None = None
         self.memory = MemoryWatch(low_mb=cfg.memory.low_available_mb, interval_s=cfg.memory.sample_interval_s,
                                   publish=t.publish)
@@ -94,6 +97,8 @@ class Daemon:
         t.bus.subscribe(self.metrics.sink)
         t.bus.subscribe(self.repair_stats.sink)
         t.start()
+        # After the journal's sink (subscribed by start()): a browser told of a request finds its row already written.
+        t.bus.subscribe(self.live.sink)
         cfg = self._loaded.model
         self.persisted.restore_routing(self.routing,
                                        managed={p for p in cfg.providers if cfg.process_for(p) is not None})

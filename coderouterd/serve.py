@@ -213,7 +213,7 @@ async def _run(daemon: Daemon, loaded: LoadedConfig, admin: AdminServer) -> int:
         access_log=False, log_level="warning", timeout_graceful_shutdown=s.drain_timeout_s,
         server_header=False, date_header=False, timeout_keep_alive=s.keep_alive_s, proxy_headers=False,
     )
-    proxy = ManagedServer(config)
+    proxy = ManagedServer(config, on_shutdown=(daemon.live.close,))
     signals = _Signals(daemon, proxy, admin)
     signals.install()
     # Not on the embedded default: there is no file to watch.

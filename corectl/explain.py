@@ -7,33 +7,11 @@ from __future__ import annotations
 
 import sqlite3
 
+from coderouterd.observe.traces import trace_from_row
+
 from .api import DaemonAPI
 from .client import CorectlError, DaemonNotRunning
 from .commands import emit_json, run
-
-
-def trace_from_row(row: dict) -> dict:
-    """The journal row in the shape of a decision trace; what the journal does not keep is None."""
-    steps = row.get("attempts") or []
-    return {
-        "request_id": row["request_id"], "ts": row["ts"], "ingress": row.get("ingress"),
-        "stream": row.get("streaming"), "model_requested": row.get("model_requested"),
-        "model_used": row.get("model_used"), "profile": row.get("profile"), "mode": None,
-        "candidates": None, "effective_order": None, "order_notes": None,
-        "skips": [{"provider": s["provider"], "reason": s.get("reason"), "message": ""}
-                  for s in steps if s.get("outcome") == "skipped"],
-        "attempts": [a for a in steps if a.get("outcome") != "skipped"],
-        "served_by": row.get("provider"), "status": row.get("status"), "error_class": row.get("error_class"),
-        "race_outcome": row.get("race_outcome"), "latency_ms": row.get("latency_ms"), "ttfb_ms": row.get("ttfb_ms"),
-        "usage": {"input_tokens": row.get("input_tokens"), "output_tokens": row.get("output_tokens"),
-                  "cache_read_input_tokens": row.get("cache_read_tokens"),
-                  "cache_creation_input_tokens": row.get("cache_write_tokens")},
-        "cost_usd": row.get("cost_usd"),
-        "affinity": {"session": row.get("session"), "lane": row.get("lane"), "slot": row.get("slot"),
-                     "predicted_tokens": row.get("predicted_tokens"), "cached_tokens": row.get("cache_read_tokens"),
-                     "cache_bust": {"segment": row["cache_bust"]} if row.get("cache_bust") else None}
-        if row.get("lane") else None,
-    }
 
 
 def find_trace(socket: str | None, request_id: str, state_dir: str | None) -> tuple[dict, str]:

@@ -38,9 +38,18 @@ class ManagedServer(uvicorn.Server):
     def capture_signals(self):
         yield
 
-    def __init__(self, config: uvicorn.Config, *, ready: asyncio.Event | None = None) -> None:
+    def __init__(self, config: uvicorn.Config, *, ready: asyncio.Event | None = None,
+                 on_shutdown: tuple = ()) -> None:
         super().__init__(config)
         self.ready = ready if ready is not None else asyncio.Event()  # set once it listens (serve.py awaits it)
+        # Called as the drain begins: endless answers (the dashboard's live feed) end here, or uvicorn would wait
+        # the whole drain timeout for them.
+        self.on_shutdown = on_shutdown
+
+    async def shutdown(self, sockets=None) -> None:
+        for callback in self.on_shutdown:
+            callback()
+        await super().shutdown(sockets=sockets)
 
     async def startup(self, sockets=None) -> None:
         await super().startup(sockets=sockets)

@@ -59,6 +59,22 @@ def providers(daemon) -> list[dict]:
     return out
 
 
+def provider_rows(daemon) -> list[dict]:
+    """Each provider as GET /v1/providers and the dashboard show it: its status, its health detail, its month's
+    spend, and the managed process serving it."""
+    procs = processes(daemon)
+    by_provider = {p: name for name, snap in procs.items() for p in snap.get("providers", [])}
+    spend = (budget(daemon) or {}).get("providers", {})
+    detail = health(daemon)
+    out = []
+    for p in providers(daemon):
+        name = p["name"]
+        proc = by_provider.get(name)
+        out.append({**p, "health_detail": detail.get(name), "budget": spend.get(name),
+                    "process": proc, "process_state": procs[proc]["state"] if proc else None})
+    return out
+
+
 def profiles(daemon) -> list[dict]:
     """Each profile with its effective order: this plans every profile, so only endpoints that show it call it."""
     runtime, router = daemon.runtime, daemon.router

@@ -48,6 +48,8 @@ class ServerConfig(_Strict):
     body_timeout_s: float = seconds(30.0)
     keep_alive_s: float = seconds(75.0)
     max_connections: int = Field(512, ge=1, le=100_000)
+    # The read-only web dashboard at /ui on this port (README: "The dashboard"); false answers /ui with 404.
+    dashboard: bool = True
 
     @field_validator("api_keys")
     @classmethod

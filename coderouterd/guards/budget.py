@@ -365,3 +365,8 @@ class Budget:
             elif key == f"{self._month}/notices" and isinstance(value, dict):
                 self._warned = {str(k) for k in value.get("warned") or ()}
                 self._blocked = {str(k) for k in value.get("blocked") or ()}
+
+
+# ("YYYY-MM", start, end) of the UTC month holding a time: the period every cap counts in, for readers outside the
+# ledger (the dashboard's cost per day).
+month_bounds = _month_bounds

@@ -4,7 +4,6 @@ docs/decisions.md). Dispatch, body limits, auth, profile selection; the work its
 from __future__ import annotations
 
 import asyncio
-import hmac
 import logging
 import time
 
@@ -13,6 +12,7 @@ import orjson
 from ..ids import client_request_id, new_id
 from ..live_config import UnknownProfile
 from ..routing.request import ClientRequest
+from .auth import key_accepted, presented_key
 from .guard import ClientLeft, answer_internal_error, describe_exception
 from .protocol import DISCONNECT_HOOK
 from .responder import ClientGone, Responder
@@ -90,6 +90,7 @@ class _TrackedSend:
 class ProxyApp:
     def __init__(self, daemon) -> None:
         self.daemon = daemon
+        self._dashboard = None  # ui.app.DashboardApp, on the first /ui request
 
     async def __call__(self, scope, receive, send) -> None:
         kind = scope["type"]
@@ -155,6 +156,9 @@ class ProxyApp:
                 return await self.models(scope, send)
             if path == "/metrics":
                 return await self.daemon.metrics_endpoint(scope, send)
+        if path == "/ui" or path.startswith("/ui/"):
+            # After every proxy route: the model requests never pay for this comparison.
+            return await self.dashboard(scope, receive, send)
         r = Responder(send, _caller_wire(path, scope), new_id("req"))
         known = path in ("/v1/messages", "/v1/chat/completions", "/v1/responses", "/v1/messages/count_tokens",
                          "/v1/models", "/healthz", "/", "/metrics")
@@ -163,16 +167,20 @@ class ProxyApp:
         else:
             await r.error(404, f"no such endpoint: {method} {path}", error_type="not_found_error")
 
+    async def dashboard(self, scope, receive, send) -> None:
+        """/ui: the read-only web dashboard, built (and its modules imported) on the first visit."""
+        app = self._dashboard
+        if app is None:
+            from ..ui.app import DashboardApp
+
+            app = self._dashboard = DashboardApp(self.daemon)
+        await app(scope, receive, send)
+
     def _authorized(self, headers: dict[str, str]) -> bool:
         keys = self.daemon.runtime.config.server.api_keys
         if not keys:
             return True
-        # Both headers alike: surrounding whitespace is not part of a key (config refuses keys that have it).
-        given = (headers.get("x-api-key") or "").strip()
-        auth = headers.get("authorization") or ""
-        if auth.lower().startswith("bearer "):
-            given = given or auth[7:].strip()
-        return any(hmac.compare_digest(given.encode(), k.encode()) for k in keys)
+        return key_accepted(presented_key(headers), keys)
 
     async def _read_json(self, scope, receive, r: Responder, runtime):
         """The request body parsed (any JSON value, `null` included), or _SENT after an error was sent."""
