@@ -55,7 +55,7 @@ HEALTHZ_P99_MS = 50.0
 HOSTILE_EVERY_S = 1.0
 # (behaviour, weight): what the hostile upstreams do, one at a time. The heavy ones (tens of MB on loopback for
 # each request) are rare so the machine measures the daemon, not the fakes.
-HOSTILE = [("redirect;status=307;to=http://127.0.0.1:9/steal", 3), ("big_json;mb=70", 1), ("gzip_bomb;mb=80", 1),
+HOSTILE = [("redirect;status=307;to=http://127.0.0.1:9/steal", 3), ("big_json;mb=20", 1), ("gzip_bomb;mb=40", 1),
            ("endless_error;status=500;mb=8", 2), ("sse_no_newline;mb=6", 2), ("sse_no_blank;mb=6", 2),
            ("raw;status=200;ctype=text/html;hex=3c68746d6c3e3c2f68746d6c3e", 3), ("raw;status=200;hex=6e756c6c", 2),
            ("cut_mid_block;end=chunked", 3), ("cut_mid_block;end=close", 3), ("disconnect_mid_stream", 2),
