@@ -3,23 +3,42 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 TEST_STAMP := $(VENV)/.installed-test
+# The locks `make` installs from (exact versions, sha256 of every file); `make lock` regenerates them.
+LOCK := requirements/runtime.txt
+TEST_LOCK := requirements/test.txt
+UV_VERSION := 0.13.9
 CLIENTS := tests/clients
 CLIENTS_STAMP := $(CLIENTS)/node_modules/.installed
 NPM_OFFLINE := ENOTFOUND|ECONNREFUSED|ECONNRESET|ETIMEDOUT|EAI_AGAIN|ENETUNREACH|network
 
-.PHONY: run test lint bench clean install real-llama
+.PHONY: run test lint bench clean install real-llama lock
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 
-$(STAMP): pyproject.toml | $(BIN)/python
-	$(BIN)/pip install -q -e .
+# Dependencies exactly as locked (pip refuses any file whose hash is not in the lock), then the project
+# itself, editable, built by the locked setuptools (no build isolation: nothing unpinned is fetched).
+$(STAMP): pyproject.toml $(LOCK) | $(BIN)/python
+	$(BIN)/pip install -q --require-hashes -r $(LOCK)
+	$(BIN)/pip install -q --no-deps --no-build-isolation -e .
 	touch $@
 
-$(TEST_STAMP): pyproject.toml | $(BIN)/python
-	$(BIN)/pip install -q -e '.[test]'
+$(TEST_STAMP): pyproject.toml $(TEST_LOCK) | $(BIN)/python
+	$(BIN)/pip install -q --require-hashes -r $(TEST_LOCK)
+	$(BIN)/pip install -q --no-deps --no-build-isolation -e .
 	touch $@ $(STAMP)
+
+# Regenerate the locks after changing a dependency in pyproject.toml. Versions already locked are kept where
+# they still fit (uv reads the existing file); `make lock UPGRADE=1` moves everything to the newest release.
+# One resolution for every OS and Python >= 3.11 (--universal), so the lock made here installs on macOS too.
+# The runtime lock is constrained by the test lock: both name the same version of every shared package.
+LOCK_FLAGS := --universal --python-version 3.11 --generate-hashes --quiet --custom-compile-command 'make lock' \
+	$(if $(UPGRADE),--upgrade)
+lock: | $(BIN)/python
+	$(BIN)/pip install -q uv==$(UV_VERSION)
+	$(BIN)/uv pip compile $(LOCK_FLAGS) pyproject.toml requirements/build.in --extra test -o $(TEST_LOCK)
+	$(BIN)/uv pip compile $(LOCK_FLAGS) pyproject.toml requirements/build.in -c $(TEST_LOCK) -o $(LOCK)
 
 run: $(STAMP)
 	$(BIN)/coderouterd
