@@ -43,14 +43,15 @@ lock: | $(BIN)/python
 run: $(STAMP)
 	$(BIN)/coderouterd
 
-# coderouterd and corectl on PATH for every shell, in an isolated environment of their own (uv tool or pipx).
-# Run it again after a `git pull`. Without either tool: `make .venv/.installed` then `. .venv/bin/activate`.
+# coderouterd and corectl on PATH for every shell, in an isolated environment of their own: uv tool or pipx
+# when installed, else a private venv with the two commands linked into ~/.local/bin (scripts/install_venv.sh).
+# Versions come from the lock either way. Run it again after a `git pull`.
 install:
-	@if command -v uv >/dev/null 2>&1; then uv tool install --force --reinstall . ; \
-	elif command -v pipx >/dev/null 2>&1; then pipx install --force . ; \
-	else echo "make install needs uv (https://docs.astral.sh/uv/) or pipx (https://pipx.pypa.io)."; \
-	     echo "Without them: make .venv/.installed && . .venv/bin/activate   (PATH for this shell only)"; exit 1; fi
-	@command -v corectl >/dev/null 2>&1 || echo "installed; add the tool directory to PATH: uv tool update-shell, or pipx ensurepath"
+	@if command -v uv >/dev/null 2>&1; then uv tool install --force --reinstall -c $(CURDIR)/$(LOCK) . ; \
+	elif command -v pipx >/dev/null 2>&1; then pipx install --force --pip-args='-c $(CURDIR)/$(LOCK)' . ; \
+	else PY=$(PY) bash scripts/install_venv.sh; fi
+	@if command -v uv >/dev/null 2>&1 || command -v pipx >/dev/null 2>&1; then command -v corectl >/dev/null 2>&1 || \
+	    echo "installed; add the tool directory to PATH: uv tool update-shell, or pipx ensurepath"; fi
 
 # The real coding-agent CLIs the e2e tests drive (pinned in tests/clients/package-lock.json). When npm cannot
 # reach its registry the reason is written to .npm-unavailable and those tests skip; any other failure stops here.
