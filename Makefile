@@ -77,8 +77,10 @@ real-llama: | $(BIN)/python
 test: $(TEST_STAMP) $(CLIENTS_STAMP) real-llama
 	$(BIN)/python -m pytest
 
+# ruff, then mypy over coderouterd/ and corectl/ (configured in pyproject.toml). .ci/run runs it before the tests.
 lint: $(TEST_STAMP)
 	$(BIN)/ruff check .
+	$(BIN)/mypy
 
 bench: $(TEST_STAMP)
 	$(BIN)/python bench/proxy.py

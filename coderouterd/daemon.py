@@ -36,6 +36,7 @@ if TYPE_CHECKING:
     from .health.monitor import HealthMonitor
     from .health.selfheal import SelfHealer
     from .routing.executor import Exchange
+    from .supervise.from_config import Processes
 
 log = logging.getLogger("coderouterd")
 
@@ -76,7 +77,7 @@ class Daemon:
         self.in_flight: dict[str, int] = {"anthropic": 0, "openai": 0, "responses": 0}
         self.health: HealthMonitor | None = None
         self.budget: Budget | None = None
-        self.processes = None  # supervise.from_config.Processes when any provider has a process block
+        self.processes: Processes | None = None  # when any provider has a process block
         self.metrics = LazyMetrics(self)
         self.metrics_endpoint = self.metrics.endpoint  # GET /metrics (ingress dispatches it)
         self.repair_stats = RepairStats()

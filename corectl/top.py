@@ -212,7 +212,7 @@ class _Keys:
 
     def __init__(self) -> None:
         self.fd = sys.stdin.fileno() if sys.stdin is not None and sys.stdin.isatty() else None
-        self._saved = None
+        self._saved: list | None = None  # the terminal's attributes, restored on exit
 
     def __enter__(self) -> _Keys:
         if self.fd is not None:

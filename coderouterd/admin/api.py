@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from pathlib import Path
+from typing import Any
 
 from fastapi import APIRouter, FastAPI
 
@@ -25,8 +26,9 @@ __all__ = ["API_VERSION", "create_admin_app"]
 log = logging.getLogger("coderouterd.admin")
 
 # Every route: answers are validated against their model, and only the fields the handler set are sent.
-ANSWER = {"response_model_exclude_unset": True}
-REFUSALS = {code: {"model": apitype.ErrorAnswer} for code in (400, 404, 409, 422, 500, 502, 503)}
+ANSWER: dict[str, Any] = {"response_model_exclude_unset": True}
+REFUSALS: dict[int | str, dict[str, Any]] = {
+    code: {"model": apitype.ErrorAnswer} for code in (400, 404, 409, 422, 500, 502, 503)}
 
 
 def runtime_of(daemon):

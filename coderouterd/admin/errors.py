@@ -5,7 +5,7 @@ reads. Also the API version header on every answer, errors included, and JSON as
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 import orjson
 from fastapi import FastAPI, Request
@@ -38,7 +38,7 @@ class JSONAnswer(Response):
         return orjson.dumps(content)
 
 
-def error_answer(status: int, message: str, headers: dict | None = None, **extra) -> JSONAnswer:
+def error_answer(status: int, message: str, headers: Mapping[str, str] | None = None, **extra) -> JSONAnswer:
     return JSONAnswer({"error": message, **extra}, status_code=status, headers=headers)
 
 

@@ -180,7 +180,7 @@ def ops_routes(daemon) -> APIRouter:
     @r.get("/v1/requests", response_model=apitype.RequestsAnswer, **ANSWER)
     async def requests(limit: int = Query(DEFAULT_REQUESTS, ge=0)):
         recent = daemon.recent
-        out = []
+        out: list[dict] = []
         # Newest last in the OrderedDict; iterate from the end and stop early.
         for rid in reversed(recent):
             if len(out) >= limit:

@@ -14,10 +14,14 @@ import os
 import socket
 import stat
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import uvicorn
 
 from .lock import ensure_private_dir
+
+if TYPE_CHECKING:
+    from uvicorn._types import ASGI3Application as ASGIApp
 
 log = logging.getLogger("coderouterd.admin")
 
@@ -119,7 +123,7 @@ class LazyAdminApp:
     def __init__(self, daemon, path: Path) -> None:
         self._daemon = daemon
         self._path = path
-        self._app = None
+        self._app: ASGIApp | None = None
         self._building = asyncio.Lock()
 
     async def __call__(self, scope, receive, send) -> None:

@@ -368,9 +368,9 @@ class ConfigModel(_Strict):
                 f"server.default_profile: unknown profile {self.server.default_profile!r}"
                 f" (known: {', '.join(sorted(self.profiles))})"
             )
-        for name, prov in self.providers.items():
-            if isinstance(prov.process, str) and prov.process not in self.processes:
-                problems.append(f"providers.{name}.process: unknown process {prov.process!r}")
+        for name, pcfg in self.providers.items():
+            if isinstance(pcfg.process, str) and pcfg.process not in self.processes:
+                problems.append(f"providers.{name}.process: unknown process {pcfg.process!r}")
         if not self.server.is_loopback() and not self.server.api_keys:
             problems.append(
                 f"server.api_keys: binding {self.server.host!r} (not loopback) requires client api_keys"

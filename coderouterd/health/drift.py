@@ -170,7 +170,8 @@ class DriftDetector:
         return None
 
     def verdict(self, provider: str, model: str) -> Verdict:
-        t = self._tracks.get(provider, {}).get(model_key(model))
+        tracks = self._tracks.get(provider)
+        t = tracks.get(model_key(model)) if tracks is not None else None
         return (t.verdict if t is not None else None) or Verdict()
 
     def models(self, provider: str) -> list[str]:
@@ -182,7 +183,9 @@ class DriftDetector:
         if model is None:
             self._tracks.pop(provider, None)
         else:
-            self._tracks.get(provider, {}).pop(model_key(model), None)
+            tracks = self._tracks.get(provider)
+            if tracks is not None:
+                tracks.pop(model_key(model), None)
 
     def snapshot(self, provider: str) -> dict:
         """The worst verdict over this provider's models, for `corectl status`."""

@@ -11,6 +11,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import aiohttp
 import orjson
@@ -18,6 +19,9 @@ import orjson
 from ..providers.limits import MAX_IGNORED_BYTES, read_at_most
 from ..routing.state import DEGRADED, HEALTHY, UNHEALTHY, RoutingState, health_state
 from ..tasks import TaskSet
+
+if TYPE_CHECKING:
+    from ..live_config import Runtime
 
 log = logging.getLogger("coderouterd.health")
 
@@ -35,7 +39,7 @@ class HealthMonitor:
     figures fresh and are the only probe allowed to prove a failing backend generates again. Passive health
     (real traffic) is kept by the routing state itself."""
 
-    def __init__(self, state: RoutingState, runtime: Callable[[], object], *, tasks: TaskSet) -> None:
+    def __init__(self, state: RoutingState, runtime: Callable[[], Runtime], *, tasks: TaskSet) -> None:
         self.state = state
         self._runtime = runtime
         self._tasks = tasks

@@ -227,6 +227,7 @@ class ProxyApp:
                 native, problem, param = admit_responses(body)
             if native is not None:
                 native.raw = raw
+                assert isinstance(r, ResponsesResponder)  # ingress == "responses" made it one, above
                 r.rq = native
                 body = native.chat
         else:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from typing import TYPE_CHECKING
 
 import aiohttp
 
@@ -21,6 +22,9 @@ from .errors import (
 )
 from .limits import MAX_ANSWER_BYTES, MAX_ERROR_BODY_BYTES, BodyTooLarge, read_at_most, read_capped
 from .provider import Provider
+
+if TYPE_CHECKING:
+    from .pool import Pool
 
 _CONNECT_ERRORS = (aiohttp.ClientConnectorError, aiohttp.ServerDisconnectedError, aiohttp.ClientOSError,
                    ConnectionError, OSError)
@@ -46,7 +50,7 @@ class Call:
         # Top-level fields added to this attempt's upstream body (prefix affinity: id_slot, cache_prompt).
         self.extra_fields: dict = {}
         self.placement = None  # affinity.service.Placement when prefix affinity placed this attempt
-        self._pool = None  # the pool leased from open() to close(): a reload-retired pool outlives us, no more
+        self._pool: Pool | None = None  # the pool leased from open() to close(): a reload-retired pool outlives us, no more
 
     def _url_and_headers(self) -> tuple[str, dict[str, str]]:
         p = self.provider

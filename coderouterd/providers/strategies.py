@@ -176,11 +176,11 @@ class OpenAIPassthrough(Strategy):
         return body
 
     def events(self, events: list[tuple[str | None, str]]) -> bytes:
-        out = []
+        out: list[bytes] = []
         for _name, data in events:
             if data == "[DONE]" and self._opened:
                 self.done = True
-                if self.repair is not None:
+                if isinstance(self.repair, OpenAIStreamRepair):  # an OpenAI upstream
                     out.extend(encode_data(c) for c in self.repair.flush())
                 out.append(DONE)
                 continue
@@ -236,7 +236,7 @@ class OpenAIPassthrough(Strategy):
     def eof(self) -> bytes:
         if self.finished:  # some servers end the body without [DONE]; the answer was complete
             self.done = True
-            if self.repair is not None:
+            if isinstance(self.repair, OpenAIStreamRepair):  # an OpenAI upstream
                 return b"".join(encode_data(c) for c in self.repair.flush()) + DONE
             return DONE
         raise UpstreamError(DISCONNECT, message="upstream closed the stream before [DONE]",
@@ -405,7 +405,7 @@ class AnthropicToOpenAIUpstream(Strategy):
         return b"".join(out)
 
     def _flush_repair(self, out: list[bytes]) -> None:
-        if self.repair is not None:
+        if isinstance(self.repair, OpenAIStreamRepair):  # an OpenAI upstream
             for c in self.repair.flush():
                 out.extend(self._encode(self.translator.feed(c)))
 

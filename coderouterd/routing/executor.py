@@ -21,6 +21,7 @@ import asyncio
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Literal
 
 from ..ids import new_id
 from ..protocol.errors import error_kind
@@ -574,7 +575,7 @@ class _Holding:
     def __enter__(self) -> Slot:
         return self.slot
 
-    def __exit__(self, exc_type, exc, tb) -> bool:
+    def __exit__(self, exc_type, exc, tb) -> Literal[False]:
         ex, slot = self.ex, self.slot
         try:
             if exc_type is not None:
