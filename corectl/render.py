@@ -11,8 +11,6 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from .history import health_word
-
 _BREAKER_STYLE = {"closed": "green", "open": "bold red", "half_open": "yellow"}
 _HEALTH_STYLE = {"HEALTHY": "green", "DEGRADED": "yellow", "UNHEALTHY": "bold red"}
 
@@ -23,6 +21,14 @@ def console() -> Console:
     if not c.is_terminal and "COLUMNS" not in os.environ:
         c = Console(highlight=False, width=140)
     return c
+
+
+def health_word(provider: dict) -> str:
+    """A provider's state as `corectl status` and `top` show it: `auth (401)` while it refuses our key."""
+    auth = provider.get("auth")
+    if auth:
+        return f"auth ({auth.get('status')})"
+    return provider.get("health", "unknown")
 
 
 # A column: (header, add_column kwargs, drop rank). The kwargs are Any: their dicts mix value types.

@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import logging
 from pathlib import Path
-from typing import Any
 
 from fastapi import APIRouter, FastAPI
 
@@ -18,25 +17,12 @@ from ..config import ConfigError, load_config
 from ..live_config import UnknownProfile
 from ..reload import apply_reload
 from . import apitype, views
-from .errors import AdminError, AdminRoute, JSONAnswer, install
+from .errors import ANSWER, REFUSALS, AdminError, AdminRoute, JSONAnswer, install, runtime_of
 from .version import API_VERSION
 
 __all__ = ["API_VERSION", "create_admin_app"]
 
 log = logging.getLogger("coderouterd.admin")
-
-# Every route: answers are validated against their model, and only the fields the handler set are sent.
-ANSWER: dict[str, Any] = {"response_model_exclude_unset": True}
-REFUSALS: dict[int | str, dict[str, Any]] = {
-    code: {"model": apitype.ErrorAnswer} for code in (400, 404, 409, 422, 500, 502, 503)}
-
-
-def runtime_of(daemon):
-    runtime = daemon.runtime
-    if runtime is None:
-        raise AdminError(503, "coderouterd is still starting")
-    return runtime
-
 
 def _profile_detail(daemon, name: str) -> dict:
     runtime = runtime_of(daemon)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping
+from typing import Any
 
 import orjson
 from fastapi import FastAPI, Request
@@ -40,6 +41,19 @@ class JSONAnswer(Response):
 
 def error_answer(status: int, message: str, headers: Mapping[str, str] | None = None, **extra) -> JSONAnswer:
     return JSONAnswer({"error": message, **extra}, status_code=status, headers=headers)
+
+
+# Every route (api.py and ops.py): answers are validated against their model, and only the fields the handler set are sent.
+ANSWER: dict[str, Any] = {"response_model_exclude_unset": True}
+REFUSALS: dict[int | str, dict[str, Any]] = {
+    code: {"model": apitype.ErrorAnswer} for code in (400, 404, 409, 422, 500, 502, 503)}
+
+
+def runtime_of(daemon):
+    runtime = daemon.runtime
+    if runtime is None:
+        raise AdminError(503, "coderouterd is still starting")
+    return runtime
 
 
 class AdminRoute(APIRoute):

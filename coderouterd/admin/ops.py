@@ -21,8 +21,7 @@ from ..providers.models_control import (
 )
 from ..supervise import ExternalProcessError
 from . import apitype, views
-from .api import ANSWER, REFUSALS, runtime_of
-from .errors import AdminError, AdminRoute
+from .errors import ANSWER, REFUSALS, AdminError, AdminRoute, runtime_of
 
 PROCESS_ACTIONS = ("start", "stop", "restart")
 DEFAULT_REQUESTS = 50

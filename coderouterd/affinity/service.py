@@ -93,18 +93,6 @@ def keeps_billing_header(cfg) -> bool:
     return adapter_for(cfg).keeps_billing_header()
 
 
-def merge_fields(body: bytes, fields: dict) -> bytes:
-    """Add top-level keys to a serialised JSON object without parsing it again (bodies run to megabytes)."""
-    if not fields:
-        return body
-    end = body.rstrip()
-    if not end.endswith(b"}"):
-        return body
-    head = end[:-1].rstrip()
-    extra = orjson.dumps(fields)[1:]
-    return head + (extra if head.endswith(b"{") else b"," + extra)
-
-
 def _reported_cache(usage: dict, raw_usage: dict | None, timings: dict | None,
                     upstream_wire: str) -> tuple[int, int, int | None, float | None]:
     """(prompt tokens, cached tokens, processed tokens, prefill seconds) as the backend reports them;

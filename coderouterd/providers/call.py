@@ -7,6 +7,7 @@ import time
 from typing import TYPE_CHECKING
 
 import aiohttp
+import orjson
 
 from ..protocol.sse import EventTooLarge, SSEParser
 from .errors import (
@@ -68,8 +69,6 @@ class Call:
             raise UpstreamError(UNBUILDABLE, status=400, message=f"request cannot be translated for "
                                 f"{self.provider.name}: {type(e).__name__}: {e}"[:300]) from None
         if self.extra_fields:
-            from ..affinity.service import merge_fields
-
             body = merge_fields(body, self.extra_fields)
         if self._pool is None:
             self._pool = self.provider.pool
@@ -191,3 +190,17 @@ class Call:
         pool, self._pool = self._pool, None
         if pool is not None:
             pool.release()
+
+
+# Affinity hands its per-attempt fields (id_slot, cache_prompt) through Call.extra_fields; merging them is
+# part of building the upstream body, so it lives here, below affinity/.
+def merge_fields(body: bytes, fields: dict) -> bytes:
+    """Add top-level keys to a serialised JSON object without parsing it again (bodies run to megabytes)."""
+    if not fields:
+        return body
+    end = body.rstrip()
+    if not end.endswith(b"}"):
+        return body
+    head = end[:-1].rstrip()
+    extra = orjson.dumps(fields)[1:]
+    return head + (extra if head.endswith(b"{") else b"," + extra)

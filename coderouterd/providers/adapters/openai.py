@@ -42,7 +42,6 @@ class OpenAIAdapter(UpstreamAdapter):
     kind = "openai"
     wire = "openai"
     generation_path = "/chat/completions"
-    may_serve_responses = True
     fronts_unknown_server = True
 
     def classify_error(self, status: int, body: bytes, headers) -> UpstreamError:
