@@ -242,8 +242,7 @@ class Daemon:
                 self.servers.refresh(p)
 
     def _publish(self, event) -> None:
-        if self.telemetry is not None:
-            self.telemetry.publish(event)
+        self.telemetry.publish(event)
 
     def _reload_processes(self, cfg) -> None:
         if self.processes is None and _has_processes(cfg):
@@ -275,10 +274,9 @@ class Daemon:
         if self.runtime is not None:
             await close_pools(self.runtime)
         self.after_response.drain()  # requests the server finished while the parts above stopped
-        if self.telemetry is not None:
-            self.router.affinity.flush()
-            self.telemetry.publish(DaemonLifecycle(event="stop", pid=self.pid, version=self.version))
-            self.telemetry.stop()
+        self.router.affinity.flush()
+        self.telemetry.publish(DaemonLifecycle(event="stop", pid=self.pid, version=self.version))
+        self.telemetry.stop()
 
     def _memory_order(self, profile, candidates: list[str]) -> list[dict]:
         providers = self.runtime.providers
@@ -293,7 +291,7 @@ class Daemon:
 
     async def guard_request(self, ex: Exchange) -> bool:
         """Guards that act before routing. True when a guard already answered the request."""
-        return await apply_tool_loop(ex, self.telemetry.publish if self.telemetry else None)
+        return await apply_tool_loop(ex, self.telemetry.publish)
 
     def finish(self, ex: Exchange) -> None:
         """After every request (ingress calls it): see observe/finish.py."""

@@ -16,8 +16,6 @@ from dataclasses import dataclass, field
 from ..translate.answer_stats import AnswerStats as AnswerStats  # re-exported for drift's users
 from ..translate.answer_stats import DriftSample
 
-SIGNALS = ("empty", "length_collapse", "repetition", "tool_silence", "length_stops", "errors")
-
 
 @dataclass(frozen=True, slots=True)
 class DriftSettings:

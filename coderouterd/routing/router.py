@@ -238,6 +238,3 @@ class Router:
                 br.record_success()  # it answered: alive; the trial closes the breaker
             else:
                 br.release()
-
-    def report_probe(self, provider: str, latency_s: float | None, ok: bool) -> None:
-        self.state.probed(provider, latency_s, ok)
