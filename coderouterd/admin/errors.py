@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 from fastapi import FastAPI, Request
@@ -17,6 +17,9 @@ from starlette.responses import Response
 
 from . import apitype
 from .version import API_VERSION, API_VERSION_HEADER
+
+if TYPE_CHECKING:
+    from ..daemon import Daemon
 
 log = logging.getLogger("coderouterd.admin")
 
@@ -49,7 +52,7 @@ REFUSALS: dict[int | str, dict[str, Any]] = {
     code: {"model": apitype.ErrorAnswer} for code in (400, 404, 409, 422, 500, 502, 503)}
 
 
-def runtime_of(daemon):
+def runtime_of(daemon: Daemon):
     runtime = daemon.runtime
     if runtime is None:
         raise AdminError(503, "coderouterd is still starting")

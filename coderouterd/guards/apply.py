@@ -4,6 +4,7 @@ each paid attempt."""
 from __future__ import annotations
 
 import logging
+from typing import TYPE_CHECKING
 
 import orjson
 
@@ -12,10 +13,13 @@ from ..state import cost_usd
 from . import tool_loop
 from .budget import Budget
 
+if TYPE_CHECKING:
+    from ..routing.executor import Exchange
+
 log = logging.getLogger("coderouterd.guards")
 
 
-async def apply_tool_loop(ex, publish) -> bool:
+async def apply_tool_loop(ex: Exchange, publish) -> bool:
     """Returns True when the guard answered the request itself (action = break)."""
     cfg = ex.profile.tool_loop
     req = ex.req

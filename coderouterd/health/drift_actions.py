@@ -11,9 +11,13 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from ..state.events import DriftAction, DriftDetected, DriftRecovered
 from .drift import DriftDetector, DriftSample, DriftSettings, model_key
+
+if TYPE_CHECKING:
+    from ..routing.executor import Exchange
 
 log = logging.getLogger("coderouterd")
 
@@ -49,7 +53,7 @@ class DriftManager:
 
     # -- samples --------------------------------------------------------------------------------------------
 
-    def record(self, ex) -> None:
+    def record(self, ex: Exchange) -> None:
         """After a request (on the event loop; pure bookkeeping, no I/O)."""
         action = ex.profile.drift_action
         if action == "off":

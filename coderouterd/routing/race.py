@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from .executor import Exchange, Slot
 
 
-async def _until_useful(ex, call: Call) -> bytes:
+async def _until_useful(ex: Exchange, call: Call) -> bytes:
     """Open the call and read until it produced content; returns everything produced so far."""
     await call.open()
     if not ex.req.stream:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import replace
+from typing import TYPE_CHECKING
 
 from ..affinity.service import Affinity
 from ..providers.errors import MEMORY_PRESSURE, UpstreamError
@@ -15,6 +16,9 @@ from .breaker import BreakerState
 from .planner import Plan, ProviderFacts, RequestFeatures, Skip, plan
 from .request import ClientRequest
 from .state import RoutingState
+
+if TYPE_CHECKING:
+    from ..live_config import Runtime
 
 # Router.admit's answers: how an attempt was let through, which decides what its end gives back.
 CLOSED, TRIAL, PANIC = "closed", "trial", "panic"
@@ -65,7 +69,7 @@ class Router:
         return o
 
     @staticmethod
-    def facts(runtime) -> dict[str, ProviderFacts]:
+    def facts(runtime: Runtime) -> dict[str, ProviderFacts]:
         out = {}
         for name, p in runtime.providers.items():
             c = p.cfg
@@ -83,7 +87,7 @@ class Router:
         """Whether the provider's server reads OpenAI's named tool choice (servers/base.py)."""
         return self.servers is None or self.servers.named_tool_choice(provider)
 
-    def _facts(self, runtime, names) -> dict[str, ProviderFacts]:
+    def _facts(self, runtime: Runtime, names) -> dict[str, ProviderFacts]:
         """The runtime's facts, with the context window the server reports where the config left it unset.
         Never waits: a server not heard from yet is asked in the background and not gated meanwhile."""
         facts = runtime.facts
@@ -100,7 +104,7 @@ class Router:
                 out[name] = replace(f, context_window=window, window_reported=True)
         return out if out is not None else facts
 
-    def plan(self, profile_name: str, profile, runtime, req: ClientRequest, ticket=None) -> Plan:
+    def plan(self, profile_name: str, profile, runtime: Runtime, req: ClientRequest, ticket=None) -> Plan:
         features = RequestFeatures(
             has_tools=req.has_tools(),
             thinking_required=req.thinking_required,
@@ -149,7 +153,7 @@ class Router:
                                   "why": f"{s.message}; tried anyway: no other provider, and the server's own "
                                          "answer says by how much"})
 
-    def _prefer_cached(self, p: Plan, ticket, runtime) -> None:
+    def _prefer_cached(self, p: Plan, ticket, runtime: Runtime) -> None:
         """Among providers the profile treats as equals (race, adaptive order), the one expected to answer
         first given what it has cached leads. Providers adaptive or health moved back stay behind."""
         moved_back = {n["provider"] for n in p.order_notes if n.get("moved") == "back"}
@@ -159,7 +163,7 @@ class Router:
         p.candidates = order + rest
         p.order_notes.extend(notes)
 
-    def effective_order(self, profile_name: str, profile, runtime) -> Plan:
+    def effective_order(self, profile_name: str, profile, runtime: Runtime) -> Plan:
         return self.plan(profile_name, profile, runtime, ClientRequest(
             ingress="anthropic", body={}, raw=b"", headers={}, stream=False, model="", request_id="status"))
 
