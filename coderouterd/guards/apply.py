@@ -14,6 +14,7 @@ from . import tool_loop
 from .budget import Budget
 
 if TYPE_CHECKING:
+    from ..providers.provider import Provider
     from ..routing.executor import Exchange
 
 log = logging.getLogger("coderouterd.guards")
@@ -56,7 +57,7 @@ class BudgetHooks:
     def spent_cap(self, provider: str) -> str | None:
         return self.budget.spent_cap(provider)
 
-    def reserve(self, provider, req):
+    def reserve(self, provider: Provider, req):
         cfg = provider.cfg
         if not cfg.paid:
             return None
@@ -67,7 +68,7 @@ class BudgetHooks:
             raise UpstreamError(BUDGET, message=f"monthly budget for {provider.name} would be exceeded")
         return res
 
-    def settle(self, reservation, provider, usage: dict | None) -> None:
+    def settle(self, reservation, provider: Provider, usage: dict | None) -> None:
         if reservation is None:
             return
         if usage is None:

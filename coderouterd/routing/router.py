@@ -19,6 +19,7 @@ from .state import RoutingState
 
 if TYPE_CHECKING:
     from ..live_config import Runtime
+    from ..providers.provider import Provider
 
 # Router.admit's answers: how an attempt was let through, which decides what its end gives back.
 CLOSED, TRIAL, PANIC = "closed", "trial", "panic"
@@ -77,13 +78,13 @@ class Router:
                                       thinking=c.capabilities.thinking, context_window=c.context_window, paid=c.paid)
         return out
 
-    def context_window(self, provider) -> int:
+    def context_window(self, provider: Provider) -> int:
         """The window a provider is routed by: configured, else as its server reports it (0 = unknown)."""
         if self.servers is None:
             return provider.cfg.context_window
         return self.servers.context_window(provider)
 
-    def named_tool_choice(self, provider) -> bool:
+    def named_tool_choice(self, provider: Provider) -> bool:
         """Whether the provider's server reads OpenAI's named tool choice (servers/base.py)."""
         return self.servers is None or self.servers.named_tool_choice(provider)
 
@@ -196,7 +197,7 @@ class Router:
         if admission == TRIAL:
             self.state.breakers.get(provider).release()
 
-    def reserve(self, provider, req: ClientRequest):
+    def reserve(self, provider: Provider, req: ClientRequest):
         """A budget reservation for a paid attempt (None when unpaid). Raises UpstreamError(BUDGET) if refused."""
         return self._budget.reserve(provider, req) if self._budget is not None else None
 
@@ -204,7 +205,7 @@ class Router:
         """Why a budget-skipped provider cannot come back before its cap resets, or None (see Budget.spent_cap)."""
         return self._budget.spent_cap(provider) if self._budget is not None else None
 
-    def settle(self, reservation, provider, usage: dict | None) -> None:
+    def settle(self, reservation, provider: Provider, usage: dict | None) -> None:
         if self._budget is not None and reservation is not None:
             self._budget.settle(reservation, provider, usage)
 

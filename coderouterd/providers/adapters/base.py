@@ -5,11 +5,15 @@ from __future__ import annotations
 import os
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 import orjson
 
 from ...config.kinds import ALWAYS_LOCAL, SERVES_RESPONSES
 from ..errors import UpstreamError
+
+if TYPE_CHECKING:
+    from ..provider import Provider
 
 # The Messages API version sent to an Anthropic-wire upstream when the client did not name one.
 ANTHROPIC_VERSION = "2023-06-01"
@@ -154,7 +158,7 @@ class UpstreamAdapter(ABC):
     def classify_error(self, status: int, body: bytes, headers) -> UpstreamError:
         """An HTTP error answer as routing should see it (overflow, retry-after, failover or not)."""
 
-    async def count_tokens(self, provider, req) -> tuple[int, str] | None:
+    async def count_tokens(self, provider: Provider, req) -> tuple[int, str] | None:
         """The prompt's exact token count from the backend, with its source label; None when it cannot say.
         Network errors propagate (the caller falls back to an estimate)."""
         return None
