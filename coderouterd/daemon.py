@@ -33,6 +33,7 @@ from .telemetry import Telemetry
 from .warmup import warm_imports
 
 if TYPE_CHECKING:
+    from .config.schema import ConfigModel
     from .health.monitor import HealthMonitor
     from .health.selfheal import SelfHealer
     from .routing.executor import Exchange
@@ -244,7 +245,7 @@ class Daemon:
     def _publish(self, event) -> None:
         self.telemetry.publish(event)
 
-    def _reload_processes(self, cfg) -> None:
+    def _reload_processes(self, cfg: ConfigModel) -> None:
         if self.processes is None and _has_processes(cfg):
             from .supervise.from_config import Processes
 
@@ -285,7 +286,7 @@ class Daemon:
 
     # -- request hooks --------------------------------------------------------------------------------------
 
-    def _configure_budget(self, cfg) -> None:
+    def _configure_budget(self, cfg: ConfigModel) -> None:
         self.budget.configure(cfg.providers, global_cap_usd=cfg.budget.global_monthly_usd,
                               warn_ratio=cfg.budget.warn_ratio)
 
@@ -298,6 +299,6 @@ class Daemon:
         self._finisher(ex)
 
 
-def _has_processes(cfg) -> bool:
+def _has_processes(cfg: ConfigModel) -> bool:
     # Checked without importing the supervisor: most setups own no process, and start-up time matters.
     return any(p.process is not None for p in cfg.providers.values())

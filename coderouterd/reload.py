@@ -10,13 +10,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from .config.schema import ConfigModel
     from .daemon import Daemon
 
 log = logging.getLogger("coderouterd.reload")
 daemon_log = logging.getLogger("coderouterd")
 
 
-def warn_reload_risks(cfg) -> None:
+def warn_reload_risks(cfg: ConfigModel) -> None:
     """Settings that make a backend reload its model behind our back (logged at start and on each reload)."""
     from .affinity.ollama import reload_risks
 

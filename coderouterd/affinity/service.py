@@ -29,6 +29,7 @@ from .index import PrefixIndex
 from .slots import SlotTable
 
 if TYPE_CHECKING:
+    from ..config.schema import ProviderConfig
     from ..providers.provider import Provider
 
 log = logging.getLogger("coderouterd.affinity")
@@ -91,7 +92,7 @@ class Placement:
     started: float = 0.0
 
 
-def keeps_billing_header(cfg) -> bool:
+def keeps_billing_header(cfg: ProviderConfig) -> bool:
     """Only the real Anthropic API reads the billing header; any other upstream (including a local
     Anthropic-compatible server) gets the canonical prompt."""
     return adapter_for(cfg).keeps_billing_header()

@@ -17,12 +17,13 @@ from ..state.events import DriftAction, DriftDetected, DriftRecovered
 from .drift import DriftDetector, DriftSample, DriftSettings, model_key
 
 if TYPE_CHECKING:
+    from ..config.schema import ConfigModel
     from ..routing.executor import Exchange
 
 log = logging.getLogger("coderouterd")
 
 
-def settings_from(cfg) -> DriftSettings:
+def settings_from(cfg: ConfigModel) -> DriftSettings:
     d = cfg.drift
     return DriftSettings(window=d.window, recent=d.recent, min_fill=d.min_fill, empty_rate=d.empty_rate,
                          repetition_rate=d.repetition_rate, collapse_ratio=d.collapse_ratio,
@@ -47,7 +48,7 @@ class DriftManager:
         self._last_action: dict[str, float] = {}
         self._tasks: set[asyncio.Task] = set()
 
-    def reconfigure(self, cfg) -> None:
+    def reconfigure(self, cfg: ConfigModel) -> None:
         self.detector.settings = settings_from(cfg)
         self.cooldown_s = cfg.drift.cooldown_s
 
