@@ -1,4 +1,4 @@
-"""Imports run one way: no module of coderouterd/ or corectl/ takes part in an import cycle, and the lower
+"""Imports run one way: no module of coderouterd/, corectl/ or bench/ takes part in an import cycle, and the lower
 layers never import the upper ones named below (docs/architecture.md: "each layer imports only the layers
 below it").
 
@@ -13,7 +13,7 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-PACKAGES = ("coderouterd", "corectl")
+PACKAGES = ("coderouterd", "corectl", "bench")  # bench: cycles only (its scripts are not layered)
 
 # (importer prefix, imported prefix): modules under the first must not import modules under the second.
 FORBIDDEN = [
