@@ -86,6 +86,8 @@ def store(daemon: Daemon) -> dict:
     problems = [t.unusable,
                 f"state database: {t.store.problem}" if not t.store.healthy else None,
                 f"audit log: {t.audit.problem}" if t.audit is not None and not t.audit.healthy else None]
+    if not t.store.healthy and t.store.dropped_this_outage:
+        problems.append(f"{t.store.dropped_this_outage} journal rows dropped so far (the oldest waiting)")
     problems = [p for p in problems if p]
     return {"enabled": t.enabled, "healthy": not problems, "problem": "; ".join(problems) or None}
 

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 import orjson
 
-from ..providers.errors import BUDGET, UpstreamError
+from ..providers.errors import BUDGET, BUDGET_FINAL, UpstreamError
 from ..state import cost_usd
 from . import tool_loop
 from .budget import Budget
@@ -65,6 +65,9 @@ class BudgetHooks:
         est = Budget.estimate(cfg, provider.estimate_tokens(len(req.raw)), int(max_tokens))
         res = self.budget.reserve(provider.name, est)
         if res is None:
+            final = self.budget.too_dear(provider.name, est)
+            if final is not None:  # this request cannot fit before the reset, whatever else is in flight
+                raise UpstreamError(BUDGET, message=final, error_type=BUDGET_FINAL)
             raise UpstreamError(BUDGET, message=f"monthly budget for {provider.name} would be exceeded")
         return res
 

@@ -124,6 +124,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         self._in_body = False  # between the end of the head and the end of the message
         self._body_seen = 0  # body bytes parsed from the chunk being fed
         self._frame_bytes = 0  # bytes that were not body since the last body bytes: chunk framing, trailers
+        self._peer_done = False  # the client half-closed after a complete request: close once it is answered
 
     # -- connection ------------------------------------------------------------------------------------------
 
@@ -152,6 +153,22 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
             if callback is not None:
                 cycle.on_disconnect = None
                 callback()
+
+    def eof_received(self) -> bool | None:
+        # A client may shut down its sending side once its request is complete (HTTP/1.1 allows it: `nc -N`,
+        # some scripts). It still reads the answer, and the upstream is already working (and billing) for
+        # it, so the transport stays open for writing until that answer is sent. EOF anywhere else (idle, or
+        # inside a request that can now never complete) closes the connection as before.
+        cycle = self.cycle
+        if cycle is not None and not cycle.more_body and not cycle.response_complete:
+            self._peer_done = True
+            return True
+        return None
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        if self._peer_done and not self.pipeline and not self.transport.is_closing():
+            self.transport.close()  # nothing more can arrive: no keep-alive wait on a half-closed socket
 
     def _cancel_timers(self) -> None:
         for t in (self._head_timer, self._body_timer):

@@ -160,6 +160,7 @@ class Call:
         except UpstreamError:
             raise
         except EventTooLarge as e:
+            self.parser.discard()
             raise UpstreamError(TOO_LARGE, message=f"upstream sent {e}", after_content=st.started_content) from None
         except (ValueError, KeyError, TypeError, AttributeError) as e:
             raise UpstreamError(BAD_RESPONSE, message=f"unreadable upstream event: {e}",

@@ -133,6 +133,6 @@ async def _control(provider: Provider, model: str, action: str, timeout: float) 
     try:
         done = await getattr(kind, action)(_getter(provider), post, model, timeout)
     except NoModelControl:
-        raise ModelControlError(f"{provider.name}: this backend has no model {action} API "
+        raise ModelControlError(f"this backend has no model {action} API "
                                 "(OpenAI-compatible only)") from None
     return {"provider": provider.name, "backend": kind.name, "model": model, **done}

@@ -40,8 +40,8 @@ class _Request:
         try:
             return await session.request(self._method, self._url, allow_redirects=False, **self._kw)
         except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as e:
-            if isinstance(e, aiohttp.ClientConnectorError):
-                raise  # a new connection refused: nothing listens, no pooled connection went stale
+            if isinstance(e, aiohttp.ClientConnectorError) or session.closed:
+                raise  # a new connection refused (nothing listens), or the session itself was closed under it
             self._owner.stale_retries += 1
             return await session.request(self._method, self._url, allow_redirects=False, **self._kw)
 

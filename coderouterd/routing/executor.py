@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Literal
 from ..ids import new_id
 from ..protocol.errors import error_kind
 from ..providers.call import Call
-from ..providers.errors import BUDGET, IDLE_TIMEOUT, OVERFLOW, TOTAL_TIMEOUT, UpstreamError
+from ..providers.errors import BUDGET, BUDGET_FINAL, IDLE_TIMEOUT, OVERFLOW, TOTAL_TIMEOUT, UpstreamError
 from ..providers.provider import Provider
 from ..translate.images import omit_images
 from ..translate.tool_repair import repair_tools_for
@@ -80,6 +80,7 @@ class Exchange:
         self.server = runtime.config.server
         self.attempts: list[Attempt] = []
         self.skips: list[Skip] = []
+        self.budget_final: dict[str, str] = {}  # provider -> why its budget refused this request until the reset
         self.notes: list[dict] = []  # what routing did to the request on the way (panic, images omitted)
         self.committed = False
         self.panic = False
@@ -262,6 +263,8 @@ class Exchange:
                 raise
             self.router.release(name, admission)  # a refused reservation is a budget gate, not a failure
             self.skips.append(Skip(name, "budget", e.message))
+            if e.error_type == BUDGET_FINAL:
+                self.budget_final[name] = e.message
             return None
         return slot
 
@@ -524,7 +527,7 @@ class Exchange:
             await self._reply(replies.all_failed(errors, **args))
         else:
             spent = {s.provider: why for s in self.skips if s.reason == "budget"
-                     and (why := self.router.spent_cap(s.provider)) is not None}
+                     and (why := self.budget_final.get(s.provider) or self.router.spent_cap(s.provider)) is not None}
             await self._reply(replies.nothing_attempted(self.skips, spent=spent, **args))
 
     def _larger_window_ahead(self, e: UpstreamError, rest: list[str]) -> bool:

@@ -329,3 +329,39 @@ def test_http_framing_errors_are_a_400_in_the_callers_json_shape(env, raw, shape
     assert resp.startswith(b"HTTP/1.1 400"), resp[:200]
     assert b"content-type: application/json" in resp.lower() and shape in resp, resp[:400]
     assert _healthy(env)
+
+
+# -- a client that half-closes after its request (issue 23, item 15) ------------------------------------------
+
+def _half_closed_request(d, body: bytes, *, extra: bytes = b"", length: int | None = None) -> bytes:
+    s = _connect(d)
+    n = len(body) if length is None else length
+    s.sendall(b"POST /v1/messages HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n" + extra
+              + b"content-length: %d\r\n\r\n" % n + body)
+    s.shutdown(socket.SHUT_WR)  # nothing more to send; the answer is still wanted
+    try:
+        return _read_all(s, timeout=5)
+    finally:
+        s.close()
+
+
+def test_a_client_that_half_closes_after_a_complete_request_gets_its_answer(env):
+    resp = _half_closed_request(env, BODY, extra=b"x-fake-behaviour: ok;delay=0.3\r\n")
+    assert resp.startswith(b"HTTP/1.1 200"), resp[:200]
+    assert b'"type":"message"' in resp
+    assert _healthy(env)
+
+
+def test_a_half_closed_streaming_request_gets_the_whole_stream_then_the_connection_closes(env):
+    body = BODY[:-1] + b',"stream":true}'
+    resp = _half_closed_request(env, body, extra=b"x-fake-behaviour: ok;chunk_delay=0.05\r\n")
+    assert resp.startswith(b"HTTP/1.1 200"), resp[:200]
+    assert b"event: message_stop" in resp  # _read_all returned: the daemon closed once the answer was sent
+
+
+def test_eof_inside_a_request_body_still_closes_without_an_answer(env):
+    t0 = time.monotonic()
+    resp = _half_closed_request(env, BODY, length=len(BODY) + 50)  # the rest of the body can never come
+    assert resp == b"" or resp.startswith(b"HTTP/1.1 4"), resp[:200]
+    assert time.monotonic() - t0 < 3.0
+    assert _healthy(env)

@@ -410,3 +410,24 @@ def test_a_spent_budget_next_to_a_provider_that_comes_back_is_still_an_overload(
     _ex, sink = run(r.serve())
     status, _msg, kind, _h = sink.last_error()[1:]
     assert (status, kind) == (529, "overloaded_error")
+
+
+def test_a_request_too_dear_for_what_is_left_of_the_cap_is_final_too(tmp_path):
+    """The cap is not spent, but this request's worst case (input + max_tokens) cannot fit what is left: retrying
+    cannot help before the reset, so it is the final budget answer, not a retryable overload."""
+    from coderouterd.config.loader import parse_config_text
+    from coderouterd.guards.apply import BudgetHooks
+    from coderouterd.guards.budget import Budget
+    from coderouterd.state.store import Store
+
+    toml = chain_config("paid", provider_extra={
+        "paid": 'paid = true\ncost = { input = 3.0, output = 15.0 }\nmonthly_budget_usd = 1.0\n'})
+    budget = Budget(Store(tmp_path / "state.db"))
+    budget.configure(parse_config_text(toml, "test").providers, global_cap_usd=0.0, warn_ratio=0.8)
+    budget.record("paid", 0.99999)
+    r = Routing(toml, budget=BudgetHooks(budget))
+    _ex, sink = run(r.serve())
+    status, msg, kind, headers = sink.last_error()[1:]
+    assert (status, kind) == (402, "billing_error") and headers["x-should-retry"] == "false"
+    assert "more than the 1e-05 USD left of the 'paid' monthly budget" in msg
+    assert r.ups.sent == []
