@@ -154,7 +154,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
                 cycle.on_disconnect = None
                 callback()
 
-    def eof_received(self) -> bool | None:
+    def eof_received(self) -> bool | None:  # type: ignore[override]  # uvicorn narrowed asyncio's bool | None
         # A client may shut down its sending side once its request is complete (HTTP/1.1 allows it: `nc -N`,
         # some scripts). It still reads the answer, and the upstream is already working (and billing) for
         # it, so the transport stays open for writing until that answer is sent. EOF anywhere else (idle, or

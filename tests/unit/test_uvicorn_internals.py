@@ -79,10 +79,12 @@ PROTOCOL_METHODS = {
     "on_headers_complete": [],
     "on_body": ["body"],
     "on_message_complete": [],
+    "eof_received": [],
+    "on_response_complete": [],
 }
 # Fields of the protocol it reads or writes (timeout_keep_alive and app are written).
 PROTOCOL_FIELDS = {"timeout_keep_alive", "connections", "app", "loop", "cycle", "url", "scope", "transport",
-                   "flow", "parser"}
+                   "flow", "parser", "pipeline"}
 # Fields of the response cycle that _Cycle and _CloseDelimitedCycle read or write.
 CYCLE_FIELDS = {"scope", "transport", "flow", "message_event", "on_response", "disconnected", "keep_alive",
                 "more_body", "response_started", "response_complete", "chunked_encoding"}
@@ -120,6 +122,10 @@ def test_the_cycle_is_swapped_before_its_task_first_runs():
     source = inspect.getsource(base.on_headers_complete)
     assert "self.cycle = RequestResponseCycle(" in source, _fail(
         "on_headers_complete no longer builds self.cycle as RequestResponseCycle(...)")
+    # Our on_response_complete (closing a half-closed connection once answered) runs only if the cycle is
+    # handed the protocol's method, looked up on the instance.
+    assert "on_response=self.on_response_complete" in source, _fail(
+        "the cycle is no longer given on_response=self.on_response_complete")
     started_by = inspect.getsource(getattr(base, "_start_asgi_task", base.on_headers_complete))
     assert "create_task" in started_by and "eager" not in started_by, _fail(
         "the request's task is no longer started with loop.create_task (an eager start would run the app "
