@@ -34,9 +34,11 @@ from .ui.feed import LiveFeed
 from .warmup import warm_imports
 
 if TYPE_CHECKING:
+    from .config.schema import ConfigModel
     from .health.monitor import HealthMonitor
     from .health.selfheal import SelfHealer
     from .routing.executor import Exchange
+    from .supervise.from_config import Processes
 
 log = logging.getLogger("coderouterd")
 
@@ -77,7 +79,7 @@ class Daemon:
         self.in_flight: dict[str, int] = {"anthropic": 0, "openai": 0, "responses": 0}
         self.health: HealthMonitor | None = None
         self.budget: Budget | None = None
-        self.processes = None  # supervise.from_config.Processes when any provider has a process block
+        self.processes: Processes | None = None  # when any provider has a process block
         self.metrics = LazyMetrics(self)
         self.metrics_endpoint = self.metrics.endpoint  # GET /metrics (ingress dispatches it)
         self.repair_stats = RepairStats()
@@ -246,10 +248,9 @@ class Daemon:
                 self.servers.refresh(p)
 
     def _publish(self, event) -> None:
-        if self.telemetry is not None:
-            self.telemetry.publish(event)
+        self.telemetry.publish(event)
 
-    def _reload_processes(self, cfg) -> None:
+    def _reload_processes(self, cfg: ConfigModel) -> None:
         if self.processes is None and _has_processes(cfg):
             from .supervise.from_config import Processes
 
@@ -279,10 +280,9 @@ class Daemon:
         if self.runtime is not None:
             await close_pools(self.runtime)
         self.after_response.drain()  # requests the server finished while the parts above stopped
-        if self.telemetry is not None:
-            self.router.affinity.flush()
-            self.telemetry.publish(DaemonLifecycle(event="stop", pid=self.pid, version=self.version))
-            self.telemetry.stop()
+        self.router.affinity.flush()
+        self.telemetry.publish(DaemonLifecycle(event="stop", pid=self.pid, version=self.version))
+        self.telemetry.stop()
 
     def _memory_order(self, profile, candidates: list[str]) -> list[dict]:
         providers = self.runtime.providers
@@ -291,19 +291,19 @@ class Daemon:
 
     # -- request hooks --------------------------------------------------------------------------------------
 
-    def _configure_budget(self, cfg) -> None:
+    def _configure_budget(self, cfg: ConfigModel) -> None:
         self.budget.configure(cfg.providers, global_cap_usd=cfg.budget.global_monthly_usd,
                               warn_ratio=cfg.budget.warn_ratio)
 
     async def guard_request(self, ex: Exchange) -> bool:
         """Guards that act before routing. True when a guard already answered the request."""
-        return await apply_tool_loop(ex, self.telemetry.publish if self.telemetry else None)
+        return await apply_tool_loop(ex, self.telemetry.publish)
 
     def finish(self, ex: Exchange) -> None:
         """After every request (ingress calls it): see observe/finish.py."""
         self._finisher(ex)
 
 
-def _has_processes(cfg) -> bool:
+def _has_processes(cfg: ConfigModel) -> bool:
     # Checked without importing the supervisor: most setups own no process, and start-up time matters.
     return any(p.process is not None for p in cfg.providers.values())

@@ -22,7 +22,7 @@ def _display_type_rich(self, ctx):
     return None if self.is_flag or self.count else _typed(self, ctx)
 
 
-TyperOption.display_type_rich = _display_type_rich
+TyperOption.display_type_rich = _display_type_rich  # type: ignore[method-assign]  # the patch described above
 
 
 class _Root(TyperGroup):

@@ -73,7 +73,7 @@ def affinity_rows(aff: dict | None) -> list:
     if aff.get("placement"):
         where += f" ({aff['placement']})"
     pred, got = aff.get("predicted_tokens"), aff.get("cached_tokens")
-    rows = [("affinity", where),
+    rows: list[tuple[str, str | Text]] = [("affinity", where),
             ("prefix", f"predicted {pred:,} cached tokens, backend reported " +
              (f"{got:,}" if got is not None else "nothing") if pred is not None else "not predicted")]
     bust = aff.get("cache_bust")
@@ -151,16 +151,16 @@ def render(trace: dict, source: str, out) -> None:
     columns = [("#", right, 0), ("Provider", {"style": "bold", "no_wrap": True}, 0), ("Outcome", {"no_wrap": True}, 0),
                ("Reason", {"no_wrap": True}, 0), ("HTTP", right, 2), ("Time", right, 1),
                ("Detail", {"overflow": "fold"}, 3)]
-    rows = []
+    cells = []
     for i, a in enumerate(attempts, 1):
         ok = a.get("outcome") == "ok"
         winner = ok and a.get("provider") == served
-        rows.append([str(i), Text(a.get("provider") or "?", style="bold green" if winner else ""),
+        cells.append([str(i), Text(a.get("provider") or "?", style="bold green" if winner else ""),
                      Text((a.get("outcome") or "?") + (" (panic)" if a.get("panic") else ""),
                           style="green" if ok else "red"),
                      "" if ok else (a.get("reason") or ""), str(a["status"]) if a.get("status") else "-",
                      _ms(a.get("ms")), a.get("message") or ""])
     if attempts:
-        out.print(fit_table(out.width, columns, rows, title="Attempts", title_justify="left", title_style="bold"))
+        out.print(fit_table(out.width, columns, cells, title="Attempts", title_justify="left", title_style="bold"))
     else:
         out.print(Text("No provider was attempted.", style="red"))

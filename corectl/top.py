@@ -15,7 +15,7 @@ import time
 from .api import DaemonAPI
 from .client import CorectlError
 from .commands import emit_json, report_error
-from .history import health_word, route_text
+from .history import route_text
 
 RATE_WINDOW_S = 10.0
 RECENT_SHOWN = 12
@@ -32,6 +32,8 @@ def _median(values: list[float]) -> float | None:
 
 def compute(status: dict, traces: list[dict], now: float, *, rate_window_s: float = RATE_WINDOW_S) -> dict:
     """What the view shows, as data (also the --json output). Traces are newest first."""
+    from .render import health_word
+
     window = status.get("stats_window_s") or 60.0
     recent = [t for t in traces if t.get("ts") is not None and now - t["ts"] <= rate_window_s]
     in_window = [t for t in traces if t.get("ts") is not None and now - t["ts"] <= window]
@@ -265,7 +267,7 @@ class _Keys:
 
     def __init__(self) -> None:
         self.fd = sys.stdin.fileno() if sys.stdin is not None and sys.stdin.isatty() else None
-        self._saved = None
+        self._saved: list | None = None  # the terminal's attributes, restored on exit
 
     def __enter__(self) -> _Keys:
         if self.fd is not None:

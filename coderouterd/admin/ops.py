@@ -6,6 +6,7 @@ run on the daemon's loop, so they read the daemon's state without racing the pro
 from __future__ import annotations
 
 import asyncio
+from typing import TYPE_CHECKING
 
 import aiohttp
 import orjson
@@ -21,8 +22,11 @@ from ..providers.models_control import (
 )
 from ..supervise import ExternalProcessError
 from . import apitype, history, views
-from .api import ANSWER, REFUSALS, runtime_of
-from .errors import AdminError, AdminRoute
+from .errors import ANSWER, REFUSALS, AdminError, AdminRoute, runtime_of
+
+if TYPE_CHECKING:
+    from ..daemon import Daemon
+    from ..live_config import Runtime
 
 PROCESS_ACTIONS = ("start", "stop", "restart")
 DEFAULT_REQUESTS = 50
@@ -30,7 +34,7 @@ DEFAULT_REQUESTS = 50
 MAX_WAIT_S = 600.0
 
 
-def _provider(runtime, name: str):
+def _provider(runtime: Runtime, name: str):
     p = runtime.providers.get(name)
     if p is None:
         valid = sorted(runtime.providers)
@@ -39,7 +43,7 @@ def _provider(runtime, name: str):
     return p
 
 
-def _process_names(daemon) -> list[str]:
+def _process_names(daemon: Daemon) -> list[str]:
     """Every name `corectl restart NAME` accepts: process names and the providers they serve."""
     if daemon.processes is None:
         return []
@@ -70,7 +74,7 @@ def _unreachable(p, exc: BaseException) -> AdminError:
     return AdminError(502, f"{p.name}: {_backend_problem(p, exc)}", provider=p.name, base_url=p.cfg.base_url)
 
 
-def ops_routes(daemon) -> APIRouter:
+def ops_routes(daemon: Daemon) -> APIRouter:
     r = APIRouter(route_class=AdminRoute, responses=REFUSALS)
 
     @r.get("/v1/providers", response_model=apitype.ProvidersAnswer, **ANSWER)
@@ -170,7 +174,7 @@ def ops_routes(daemon) -> APIRouter:
     @r.get("/v1/requests", response_model=apitype.RequestsAnswer, **ANSWER)
     async def requests(limit: int = Query(DEFAULT_REQUESTS, ge=0)):
         recent = daemon.recent
-        out = []
+        out: list[dict] = []
         # Newest last in the OrderedDict; iterate from the end and stop early.
         for rid in reversed(recent):
             if len(out) >= limit:

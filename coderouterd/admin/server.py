@@ -14,10 +14,16 @@ import os
 import socket
 import stat
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import uvicorn
 
 from .lock import ensure_private_dir
+
+if TYPE_CHECKING:
+    from uvicorn._types import ASGI3Application as ASGIApp
+
+    from ..daemon import Daemon
 
 log = logging.getLogger("coderouterd.admin")
 
@@ -125,10 +131,10 @@ class LazyAdminApp:
     a daemon that only proxies never pays it at all. The first `corectl` call after a start waits for the
     build instead (~0.3 s); it runs in a thread so the loop keeps serving the proxy meanwhile."""
 
-    def __init__(self, daemon, path: Path) -> None:
+    def __init__(self, daemon: Daemon, path: Path) -> None:
         self._daemon = daemon
         self._path = path
-        self._app = None
+        self._app: ASGIApp | None = None
         self._building = asyncio.Lock()
 
     async def __call__(self, scope, receive, send) -> None:
@@ -157,7 +163,7 @@ class LazyAdminApp:
 # -- the server -----------------------------------------------------------------------------------------------
 
 class AdminServer:
-    def __init__(self, daemon, path: Path, *, private_dir: bool = True) -> None:
+    def __init__(self, daemon: Daemon, path: Path, *, private_dir: bool = True) -> None:
         self.daemon = daemon
         self.path = path
         self.private_dir = private_dir

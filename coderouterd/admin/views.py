@@ -7,12 +7,16 @@ neither builds the other's section. `status()` is every section together, for `/
 from __future__ import annotations
 
 import time
+from typing import TYPE_CHECKING
 
 from ..config import state_dir
 from ..config.envfile import missing_keys
 
+if TYPE_CHECKING:
+    from ..daemon import Daemon
 
-def daemon_info(daemon) -> dict:
+
+def daemon_info(daemon: Daemon) -> dict:
     """Who and where the daemon is, and its configuration's identity (cheap: no provider is looked at)."""
     cfg = daemon.runtime.config
     host, port = daemon.listen
@@ -35,7 +39,7 @@ def daemon_info(daemon) -> dict:
     }
 
 
-def providers(daemon) -> list[dict]:
+def providers(daemon: Daemon) -> list[dict]:
     """Each provider with its breaker, health, figures and the local-model extras."""
     runtime, router, routing = daemon.runtime, daemon.router, daemon.routing
     no_key = missing_keys({n: p.cfg for n, p in runtime.providers.items()})
@@ -59,7 +63,7 @@ def providers(daemon) -> list[dict]:
     return out
 
 
-def provider_rows(daemon) -> list[dict]:
+def provider_rows(daemon: Daemon) -> list[dict]:
     """Each provider as GET /v1/providers and the dashboard show it: its status, its health detail, its month's
     spend, and the managed process serving it."""
     procs = processes(daemon)
@@ -75,7 +79,7 @@ def provider_rows(daemon) -> list[dict]:
     return out
 
 
-def profiles(daemon) -> list[dict]:
+def profiles(daemon: Daemon) -> list[dict]:
     """Each profile with its effective order: this plans every profile, so only endpoints that show it call it."""
     runtime, router = daemon.runtime, daemon.router
     out = []
@@ -90,7 +94,7 @@ def profiles(daemon) -> list[dict]:
     return out
 
 
-def store(daemon) -> dict:
+def store(daemon: Daemon) -> dict:
     """Whether state is persisted, and what is wrong with the state directory if anything."""
     t = daemon.telemetry
     if t is None:
@@ -104,7 +108,7 @@ def store(daemon) -> dict:
     return {"enabled": t.enabled, "healthy": not problems, "problem": "; ".join(problems) or None}
 
 
-def processes(daemon) -> dict[str, dict]:
+def processes(daemon: Daemon) -> dict[str, dict]:
     """Managed processes by name, each with whether self-healing is probing it and when next."""
     if daemon.processes is None:
         return {}
@@ -119,15 +123,15 @@ def processes(daemon) -> dict[str, dict]:
     return procs
 
 
-def health(daemon) -> dict:
+def health(daemon: Daemon) -> dict:
     return daemon.health.snapshot() if daemon.health is not None else {}
 
 
-def budget(daemon) -> dict | None:
+def budget(daemon: Daemon) -> dict | None:
     return daemon.budget.snapshot() if daemon.budget is not None else None
 
 
-def status(daemon) -> dict:
+def status(daemon: Daemon) -> dict:
     """Everything `corectl status` shows, as JSON-ready data."""
     return {
         **daemon_info(daemon),

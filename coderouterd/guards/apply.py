@@ -4,6 +4,7 @@ each paid attempt."""
 from __future__ import annotations
 
 import logging
+from typing import TYPE_CHECKING
 
 import orjson
 
@@ -12,10 +13,14 @@ from ..state import cost_usd
 from . import tool_loop
 from .budget import Budget
 
+if TYPE_CHECKING:
+    from ..providers.provider import Provider
+    from ..routing.executor import Exchange
+
 log = logging.getLogger("coderouterd.guards")
 
 
-async def apply_tool_loop(ex, publish) -> bool:
+async def apply_tool_loop(ex: Exchange, publish) -> bool:
     """Returns True when the guard answered the request itself (action = break)."""
     cfg = ex.profile.tool_loop
     req = ex.req
@@ -52,7 +57,7 @@ class BudgetHooks:
     def spent_cap(self, provider: str) -> str | None:
         return self.budget.spent_cap(provider)
 
-    def reserve(self, provider, req):
+    def reserve(self, provider: Provider, req):
         cfg = provider.cfg
         if not cfg.paid:
             return None
@@ -66,7 +71,7 @@ class BudgetHooks:
             raise UpstreamError(BUDGET, message=f"monthly budget for {provider.name} would be exceeded")
         return res
 
-    def settle(self, reservation, provider, usage: dict | None) -> None:
+    def settle(self, reservation, provider: Provider, usage: dict | None) -> None:
         if reservation is None:
             return
         if usage is None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from typing import TYPE_CHECKING
 
 import orjson
 
@@ -18,6 +19,12 @@ from .protocol import DISCONNECT_HOOK
 from .responder import ClientGone, Responder
 from .responses import ResponsesResponder, admit_responses
 from .validate import depth_problem, validate_anthropic, validate_openai
+
+if TYPE_CHECKING:
+    from ..daemon import Daemon
+    from ..live_config import Runtime
+    from ..routing.executor import Exchange
+    from ..ui.app import DashboardApp
 
 log = logging.getLogger("coderouterd.request")
 
@@ -63,7 +70,7 @@ async def _read_body(receive, limit: int) -> bytes:
     return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
 
-def _client_left(ex) -> None:
+def _client_left(ex: Exchange) -> None:
     """The client went away before the response's closing bytes. One that already had the whole answer
     (it closes right after [DONE]) was served: the request keeps its success and the usage it recorded."""
     if ex.status == 200 and ex.error_class is None:
@@ -88,9 +95,9 @@ class _TrackedSend:
 
 
 class ProxyApp:
-    def __init__(self, daemon) -> None:
+    def __init__(self, daemon: Daemon) -> None:
         self.daemon = daemon
-        self._dashboard = None  # ui.app.DashboardApp, on the first /ui request
+        self._dashboard: DashboardApp | None = None  # made on the first /ui request
 
     async def __call__(self, scope, receive, send) -> None:
         kind = scope["type"]
@@ -182,7 +189,7 @@ class ProxyApp:
             return True
         return key_accepted(presented_key(headers), keys)
 
-    async def _read_json(self, scope, receive, r: Responder, runtime):
+    async def _read_json(self, scope, receive, r: Responder, runtime: Runtime):
         """The request body parsed (any JSON value, `null` included), or _SENT after an error was sent."""
         limit = int(runtime.config.server.max_body_mb * 1024 * 1024)
         for k, v in scope["headers"]:
@@ -207,7 +214,7 @@ class ProxyApp:
             await r.error(400, f"request body is not valid JSON: {e}", error_type="invalid_request_error")
             return _SENT, None
 
-    async def _admit(self, scope, receive, send, ingress: str, runtime, *, count_tokens: bool = False):
+    async def _admit(self, scope, receive, send, ingress: str, runtime: Runtime, *, count_tokens: bool = False):
         """What every model request goes through first: auth, body limits, JSON, validation, profile.
         Returns (request, responder, profile), or None after an error in the caller's shape was sent."""
         headers = _headers(scope)
@@ -235,6 +242,7 @@ class ProxyApp:
                 native, problem, param = admit_responses(body)
             if native is not None:
                 native.raw = raw
+                assert isinstance(r, ResponsesResponder)  # ingress == "responses" made it one, above
                 r.rq = native
                 body = native.chat
         else:

@@ -21,6 +21,7 @@ import asyncio
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Literal
 
 from ..ids import new_id
 from ..protocol.errors import error_kind
@@ -34,6 +35,9 @@ from .planner import Skip
 from .records import Attempt, Outcome
 from .request import ClientRequest
 from .sink import ClientGone, ClientSink, StreamOpening
+
+if TYPE_CHECKING:
+    from ..live_config import Runtime
 
 
 @dataclass(slots=True, eq=False)
@@ -60,7 +64,7 @@ class Slot:
 class Exchange:
     """The life of one client request across its attempts. Collects the decision trace as it goes."""
 
-    def __init__(self, req: ClientRequest, sink: ClientSink, *, runtime, router, profile: str,
+    def __init__(self, req: ClientRequest, sink: ClientSink, *, runtime: Runtime, router, profile: str,
                  call_factory=Call, before_upstream: Callable[[], None] | None = None) -> None:
         """`call_factory(provider, strategy, raw_body=, stream=, client_headers=)` makes one upstream call;
         tests give a scripted one. `before_upstream()` is called just before each wait on an upstream (the
@@ -579,7 +583,7 @@ class _Holding:
     def __enter__(self) -> Slot:
         return self.slot
 
-    def __exit__(self, exc_type, exc, tb) -> bool:
+    def __exit__(self, exc_type, exc, tb) -> Literal[False]:
         ex, slot = self.ex, self.slot
         try:
             if exc_type is not None:

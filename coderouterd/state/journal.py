@@ -158,10 +158,10 @@ def journal_rows(
         if value is not None:
             where.append(clause)
             args.append(value)
-    for clause, value in (("provider = ?", provider), ("profile = ?", profile)):
-        if value is not None:
+    for clause, name in (("provider = ?", provider), ("profile = ?", profile)):
+        if name is not None:
             where.append(clause)
-            args.append(value)
+            args.append(name)
     if outcome is not None:
         where.append(OUTCOMES[outcome])
     sql = f"SELECT {', '.join(JOURNAL_COLUMNS)} FROM journal"

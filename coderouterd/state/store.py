@@ -426,7 +426,11 @@ class Store:
         # Oldest first, a batch at a time: what fits on a nearly full disk is written, the rest waits.
         while self._pending_journal:
             rows = self._pending_journal[:WRITE_BATCH]
-            if self._transaction(lambda conn, rows=rows: conn.executemany(INSERT_SQL, rows)) is None:
+
+            def insert(conn: sqlite3.Connection, rows: list = rows) -> sqlite3.Cursor:
+                return conn.executemany(INSERT_SQL, rows)
+
+            if self._transaction(insert) is None:
                 return
             del self._pending_journal[:len(rows)]
 
