@@ -214,9 +214,12 @@ def test_an_answer_without_bound_is_an_upstream_error_that_fails_over(env, wire,
     attempts = r.headers["x-coderouter-attempts"]
     if stream and attempts == f"{up}:streaming":
         # The stream hold (0.2 s) ran out before the fake had sent 4 MB (a loaded machine): the stream was
-        # committed with nothing in it, so the breach ends it with a well-formed error event instead.
+        # committed with nothing in it. The breach then moves to the next provider (nothing was sent yet), or,
+        # if content had gone out, ends the stream with a well-formed error event naming it.
         marker = "event: error" if wire == "anthropic" else 'data: {"error"'
-        assert marker in r.text and ("larger than" in r.text or "longer than" in r.text), r.text[-400:]
+        failed_over = f"Hello from {up}2".split()[-1] in r.text and marker not in r.text
+        named = marker in r.text and ("larger than" in r.text or "longer than" in r.text)
+        assert failed_over or named, r.text[-400:]
         assert elapsed < 10, elapsed
         assert _healthz_fast(env) < 1.0
         return
