@@ -13,7 +13,6 @@ from .affinity.service import Affinity
 from .after_response import AfterResponse
 from .config import ConfigError, LoadedConfig, load_config, state_dir
 from .guards.apply import BudgetHooks, apply_tool_loop
-from .guards.budget import Budget
 from .health.drift_actions import DriftManager
 from .health.memory import MemoryWatch
 from .live_config import Runtime, UnknownProfile, build_runtime, close_pools
@@ -28,6 +27,7 @@ from .routing.router import Router
 from .routing.state import RoutingState
 from .state import ConfigRejected, ConfigReloaded, DaemonLifecycle, ProfileSwitched
 from .state.repair_stats import RepairStats
+from .state.shared.backend import build as build_backend
 from .tasks import TaskSet
 from .telemetry import Telemetry
 from .warmup import warm_imports
@@ -55,6 +55,12 @@ class Daemon:
         self.telemetry = t = Telemetry(state_dir(cfg), cfg, unusable=state_unusable)
         self.persisted = persisted = PersistedState(t.store, t.publish)
         self.routing = RoutingState(cfg, on_breaker=persisted.breaker_moved, on_health=persisted.health_moved)
+        self.tasks = TaskSet()  # every background task outside a request, awaited at shutdown
+        # What is shared with other instances (README: Several machines): nothing with the default backend.
+        self.shared = build_backend(cfg.state, state_dir=t.state_dir, version=self.version, tasks=self.tasks,
+                                    publish=t.publish, journal_db=t.journal_path,
+                                    info=lambda: {"listen": f"{self.listen[0]}:{self.listen[1]}"})
+        self.shared.attach_routing(self.routing)
         # finish(ex) and other bookkeeping run here, once the answer is out (see after_response.py)
         self.after_response = AfterResponse()
         # Prefix affinity; its index is restored from the store once the store is open (startup).
@@ -63,7 +69,6 @@ class Daemon:
         self.servers = ServerDirectory(timeout_s=cfg.affinity.probe_timeout_s)
         self.affinity = Affinity(cfg, publish=t.publish, persist=persisted.affinity_changed, servers=self.servers)
         self.router: Router | None = None  # needs the budget, which reads the store once it is open
-        self.tasks = TaskSet()  # every background task outside a request, awaited at shutdown
         self.active_profile = loaded.model.server.default_profile
         self.listen = (loaded.model.server.host, loaded.model.server.port)
         self.last_reload_error: str | None = None
@@ -75,7 +80,7 @@ class Daemon:
         # ingress -> model requests being served now (the proxy counts them in and out on the event loop)
         self.in_flight: dict[str, int] = {"anthropic": 0, "openai": 0, "responses": 0}
         self.health: HealthMonitor | None = None
-        self.budget: Budget | None = None
+        self.budget = None  # guards.budget.Budget, or the shared ledger's SharedBudget
         self.processes = None  # supervise.from_config.Processes when any provider has a process block
         self.metrics = LazyMetrics(self)
         self.metrics_endpoint = self.metrics.endpoint  # GET /metrics (ingress dispatches it)
@@ -101,8 +106,9 @@ class Daemon:
         warn_reload_risks(cfg)
         self.load_persisted_profile()
         t.publish(DaemonLifecycle(event="start", pid=self.pid, version=self.version))
-        self.budget = Budget(t.store, publish=t.publish)
+        self.budget = self.shared.budget(t.store, t.publish)
         self._configure_budget(cfg)
+        await self.shared.start()
         self.drift = DriftManager(lambda: self.runtime, healer=lambda: self.selfheal, publish=t.publish)
         self.router = Router(self.routing, budget=BudgetHooks(self.budget), affinity=self.affinity, servers=self.servers,
                              memory_cooldown_s=cfg.memory.cooldown_s,
@@ -266,6 +272,7 @@ class Daemon:
             await self.drift.stop()
         if self.selfheal is not None:
             await self.selfheal.stop()
+        await self.shared.stop()  # settles queued, the journal's last batch shipped, gone from the live list
         await self.tasks.close()
         await self.affinity.stop()
         await self.servers.stop()

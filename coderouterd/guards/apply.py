@@ -4,6 +4,7 @@ each paid attempt."""
 from __future__ import annotations
 
 import logging
+from inspect import isawaitable
 
 import orjson
 
@@ -43,7 +44,9 @@ class BudgetHooks:
     """Reserve a worst-case estimate before a paid call and settle with the real cost after, so concurrent
     requests cannot overshoot a cap together."""
 
-    def __init__(self, budget: Budget) -> None:
+    def __init__(self, budget) -> None:
+        """`budget`: guards.budget.Budget (this machine), or state.shared.budget.SharedBudget (a shared ledger,
+        whose reserve is awaited)."""
         self.budget = budget
 
     def allowed(self, provider: str) -> bool:
@@ -52,13 +55,15 @@ class BudgetHooks:
     def spent_cap(self, provider: str) -> str | None:
         return self.budget.spent_cap(provider)
 
-    def reserve(self, provider, req):
+    async def reserve(self, provider, req):
         cfg = provider.cfg
         if not cfg.paid:
             return None
         max_tokens = req.body.get("max_tokens") or req.body.get("max_completion_tokens") or 4096
         est = Budget.estimate(cfg, provider.estimate_tokens(len(req.raw)), int(max_tokens))
         res = self.budget.reserve(provider.name, est)
+        if isawaitable(res):
+            res = await res
         if res is None:
             raise UpstreamError(BUDGET, message=f"monthly budget for {provider.name} would be exceeded")
         return res

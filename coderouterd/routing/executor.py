@@ -178,7 +178,7 @@ class Exchange:
         turn until one serves the request or a failure ends it. True when the client has been answered; False
         when every provider failed or was skipped (then `conclude` answers, with `errors` collected here)."""
         for i, name in enumerate(names):
-            slot = self.open_slot(name)
+            slot = await self.open_slot(name)
             if slot is None:
                 continue
             with self.holding(slot):
@@ -242,7 +242,7 @@ class Exchange:
 
     # -- one attempt ----------------------------------------------------------------------------------------
 
-    def open_slot(self, name: str) -> Slot | None:
+    async def open_slot(self, name: str) -> Slot | None:
         """Admit an attempt at `name` (breaker, then budget), or record why it is skipped and return None."""
         provider = self.runtime.providers[name]
         admission = self.router.admit(name, panic=self.panic)
@@ -252,13 +252,18 @@ class Exchange:
             return None
         slot = Slot(provider, admission, time.monotonic(), panic=self.panic)
         try:
-            slot.reservation = self.router.reserve(provider, self.req)
+            slot.reservation = await self.router.reserve(provider, self.req)
         except UpstreamError as e:
             if e.reason != BUDGET:
+                self.router.release(name, admission)
                 raise
             self.router.release(name, admission)  # a refused reservation is a budget gate, not a failure
             self.skips.append(Skip(name, "budget", e.message))
             return None
+        except BaseException:
+            # Cancelled (client gone) while a shared ledger answered: the trial slot is not ours to keep.
+            self.router.release(name, admission)
+            raise
         return slot
 
     def holding(self, slot: Slot) -> _Holding:

@@ -1,0 +1,84 @@
+"""The shared budget ledger's statements: reserve, settle, reclaim, read. Amounts are nano-USD integers.
+
+Rows are keyed by (budget, period): a new month is a new row, so no reset job exists to race with spend
+(a late reset erasing a new month's spend is a failure mode of shared ledgers that reset in place)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+NANO = 1_000_000_000
+
+
+def to_nano(usd: float, *, up: bool = False) -> int:
+    """USD as nano-USD; estimates round up (a reservation never holds less than it may cost)."""
+    v = float(usd) * NANO
+    return int(math.ceil(v - 1e-6)) if up else int(round(v))
+
+
+def to_usd(nano: int) -> float:
+    return nano / NANO
+
+
+@dataclass(frozen=True, slots=True)
+class Row:
+    budget: str
+    cap: int
+    spent: int
+    reserved: int
+
+
+async def reserve(conn, *, rid: str, instance: str, period: str, budgets: list[tuple[str, int]], amount: int,
+                  lease_s: float) -> str | None:
+    """Hold `amount` on every (budget, cap) at once, or on none. None when granted, else the budget refusing."""
+    budgets = sorted(budgets)
+    cur = await conn.execute("SELECT cr_reserve(%s, %s, %s, %s, %s, %s, %s)",
+                             (rid, instance, period, [b for b, _ in budgets], [c for _, c in budgets], amount,
+                              float(lease_s)))
+    return (await cur.fetchone())[0]
+
+
+async def settle(conn, *, rid: str, instance: str, period: str, budgets: list[tuple[str, int]],
+                 actual: int) -> bool:
+    """Move the hold to spent with the real cost (0 = cancelled). False when this id was settled before."""
+    budgets = sorted(budgets)
+    cur = await conn.execute("SELECT cr_settle(%s, %s, %s, %s, %s, %s)",
+                             (rid, instance, period, [b for b, _ in budgets], [c for _, c in budgets], actual))
+    return bool((await cur.fetchone())[0])
+
+
+async def reclaim(conn) -> int:
+    """Give back the holds whose lease ran out; any instance may run it. Returns how many."""
+    cur = await conn.execute("SELECT cr_reclaim()")
+    return int((await cur.fetchone())[0])
+
+
+async def renew(conn, *, instance: str, lease_s: float) -> int:
+    """Extend this instance's open reservations: a long stream keeps its hold while the instance lives."""
+    cur = await conn.execute(
+        "UPDATE cr_reservation SET lease_until = now() + make_interval(secs => %s)"
+        " WHERE instance = %s AND settled_at IS NULL AND reclaimed_at IS NULL", (float(lease_s), instance))
+    return cur.rowcount
+
+
+async def set_caps(conn, *, period: str, caps: dict[str, int]) -> None:
+    """The configured caps for this period (a reload on any instance changes them for all: one ledger)."""
+    for budget, cap in sorted(caps.items()):
+        await conn.execute(
+            "INSERT INTO cr_ledger (budget, period, cap) VALUES (%s, %s, %s)"
+            " ON CONFLICT (budget, period) DO UPDATE SET cap = EXCLUDED.cap WHERE cr_ledger.cap <> EXCLUDED.cap",
+            (budget, period, cap))
+
+
+async def rows(conn, period: str) -> dict[str, Row]:
+    cur = await conn.execute("SELECT budget, cap, spent, reserved FROM cr_ledger WHERE period = %s", (period,))
+    return {r[0]: Row(*r) for r in await cur.fetchall()}
+
+
+async def purge_done(conn, *, older_than_days: float = 7.0) -> int:
+    """Settled and reclaimed reservation rows are kept a while (a repeated settle must find its row), then go."""
+    cur = await conn.execute(
+        "DELETE FROM cr_reservation WHERE (settled_at IS NOT NULL OR reclaimed_at IS NOT NULL)"
+        " AND created_at < now() - make_interval(days => %s)", (int(older_than_days),))
+    return cur.rowcount
