@@ -116,6 +116,8 @@ class SharedBreakers:
             row = await cur.fetchone()
             if row is not None:
                 self.versions[name] = row[0]
+                if state is BreakerState.OPEN:
+                    self._schedule_probe(name)
                 return
             # Someone moved it first. Their row is newer news, except that failures seen here are evidence:
             # an open decided here is written on top of a peer's closed, anything else takes the peer's row.
@@ -141,10 +143,13 @@ class SharedBreakers:
         self.versions[name] = version
         self._probe_until.pop(name, None)
         try:
-            self.routing.adopt_breaker(name, snap, f"shared: {why}")
+            state = self.routing.adopt_breaker(name, snap, f"shared: {why}")
             self.adopted += 1
         except ValueError as e:
             log.warning("shared breaker for %s ignored: %s", name, e)
+            return
+        if state is BreakerState.OPEN:
+            self._schedule_probe(name)
 
     async def _listen_loop(self) -> None:
         delay = 0.2
@@ -152,7 +157,8 @@ class SharedBreakers:
             try:
                 conn = await self.db.connect()
                 self._listen_conn = conn
-                await conn.execute("SET application_name = %s", (f"coderouter-listen-{self.instance}"[:63],))
+                await conn.execute("SELECT set_config('application_name', %s, false)",
+                                   (f"coderouter-listen-{self.instance}"[:63],))
                 await conn.execute("LISTEN " + CHANNEL)
                 self.listening = True
                 delay = 0.2
@@ -165,6 +171,8 @@ class SharedBreakers:
                 if self.listening:
                     log.warning("shared breakers: LISTEN connection lost (%s); polling every %g s until it is back",
                                 type(e).__name__, self.poll_s)
+                else:
+                    log.debug("shared breakers: LISTEN failed: %s", e)
             finally:
                 self.listening = False
                 conn, self._listen_conn = self._listen_conn, None
@@ -207,6 +215,24 @@ class SharedBreakers:
 
     # -- the half-open probe lease --------------------------------------------------------------------------
 
+    def _schedule_probe(self, name: str) -> None:
+        """Ask for the probe lease when the open breaker's recovery time comes, so the holder is known before
+        the first request wants to try (asking only then would turn that request away)."""
+        retry_in = self.routing.breakers.get(name).retry_in_s
+        if retry_in is None:
+            return
+        loop = asyncio.get_running_loop()
+        loop.call_later(max(retry_in - 0.02, 0.0), self._want_probe, name)
+
+    def _want_probe(self, name: str) -> None:
+        version = self.versions.get(name, 0)
+        if version and name not in self._acquiring and self.db.up:
+            self._acquiring.add(name)
+            try:
+                self._tasks.spawn(self._acquire(name, version), name="shared-breaker-probe")
+            except RuntimeError:  # stopping
+                self._acquiring.discard(name)
+
     def _may_probe(self, name: str) -> bool:
         """The breaker's trial gate (sync, on the request path): True when this instance holds the probe lease,
         or when there is nothing to arbitrate (no shared row, or the database is unreachable)."""
@@ -215,9 +241,7 @@ class SharedBreakers:
             return True
         if self._probe_until.get(name, 0.0) > time.monotonic():
             return True
-        if name not in self._acquiring:
-            self._acquiring.add(name)
-            self._tasks.spawn(self._acquire(name, version), name="shared-breaker-probe")
+        self._want_probe(name)  # a holder whose lease ran out without a trial: anyone may take it now
         return False
 
     async def _acquire(self, name: str, version: int) -> None:
