@@ -68,6 +68,18 @@ def _admin(d: DaemonProcess, path: str) -> dict:
         return c.get(path).json()
 
 
+def _corectl(d: DaemonProcess, *args: str) -> dict:
+    import json
+
+    env = {**os.environ, "CODEROUTER_SOCKET": str(d.state_dir / "coderouterd.sock"),
+           "CODEROUTER_STATE_DIR": str(d.state_dir), "XDG_CONFIG_HOME": str(d.tmp / "xdg-config")}
+    env.update(d.env)
+    r = subprocess.run([sys.executable, "-m", "corectl", *args], cwd=ROOT, env=env, capture_output=True, text=True,
+                       timeout=60)
+    assert r.returncode == 0, r.stderr + r.stdout
+    return json.loads(r.stdout)
+
+
 @pytest.fixture
 def upstream():
     with FakeServer("openai", name="paid", models=["m"], behaviour="slow_first_byte;delay=0.2") as up:
@@ -77,8 +89,13 @@ def upstream():
 def test_two_instances_share_one_cap_and_one_journal(tmp_path, pg_dsn, upstream):
     ds = [_daemon(tmp_path, n, upstream.url, pg_dsn).start() for n in ("east", "west")]
     try:
+        served_by_west = []
+
         def one(i):
-            return httpx.post(ds[i % 2].url + "/v1/chat/completions", json=BODY, timeout=30).status_code
+            r = httpx.post(ds[i % 2].url + "/v1/chat/completions", json=BODY, timeout=30)
+            if i % 2 and r.status_code == 200:
+                served_by_west.append(r.headers["x-request-id"])
+            return r.status_code
 
         with cf.ThreadPoolExecutor(24) as pool:
             codes = list(pool.map(one, range(48)))
@@ -103,6 +120,17 @@ def test_two_instances_share_one_cap_and_one_journal(tmp_path, pg_dsn, upstream)
         assert {i["instance"] for i in st["shared"]["instances"]} == {"east", "west"}
         assert st["shared"]["up"] is True and "password" not in str(st["shared"])
         assert st["budget"]["global"]["spent"] == pytest.approx(spent / 1e9)
+        # corectl, pointed at east, reads the shared journal: both instances' rows, or one instance's.
+        every = _corectl(ds[0], "journal", "tail", "-n", "100", "--json")
+        assert len(every["rows"]) == 48 and {r["instance"] for r in every["rows"]} == {"east", "west"}
+        assert "password" not in every["journal"]
+        west = _corectl(ds[0], "journal", "tail", "-n", "100", "--instance", "west", "--json")
+        assert len(west["rows"]) == 24 and {r["instance"] for r in west["rows"]} == {"west"}
+        assert len(_corectl(ds[0], "journal", "tail", "-n", "100", "--local", "--json")["rows"]) == 24
+        # A request west served, explained through east.
+        if served_by_west:
+            ex = _corectl(ds[0], "explain", served_by_west[0], "--json")
+            assert ex["source"] == "journal" and ex["trace"]["request_id"] == served_by_west[0]
     finally:
         for d in ds:
             d.stop()
