@@ -7,7 +7,7 @@ CLIENTS := tests/clients
 CLIENTS_STAMP := $(CLIENTS)/node_modules/.installed
 NPM_OFFLINE := ENOTFOUND|ECONNREFUSED|ECONNRESET|ETIMEDOUT|EAI_AGAIN|ENETUNREACH|network
 
-.PHONY: run test lint bench clean install real-llama
+.PHONY: run test lint bench clean install real-llama postgres
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -54,7 +54,12 @@ $(CLIENTS_STAMP): $(CLIENTS)/package.json $(CLIENTS)/package-lock.json
 real-llama: | $(BIN)/python
 	PIP=$(BIN)/pip bash scripts/real_llama.sh
 
-test: $(TEST_STAMP) $(CLIENTS_STAMP) real-llama
+# Debian's postgresql for the shared-state tests (tests/shared start their own server from its binaries);
+# when it cannot be installed the reason goes to tests/.postgres-unavailable and those tests skip.
+postgres:
+	bash scripts/postgres.sh
+
+test: $(TEST_STAMP) $(CLIENTS_STAMP) real-llama postgres
 	$(BIN)/python -m pytest
 
 lint: $(TEST_STAMP)
