@@ -137,7 +137,7 @@ class SharedBudget:
             if cap <= 0:
                 continue
             if self.offline_since is not None or self.rows_at is None:
-                if self._offline_used.get(budget, 0) >= self._share.get(budget, 0):
+                if self._offline_used.get(budget, 0) >= self._share_of(budget):
                     return False
                 continue
             row = self.rows.get(budget)
@@ -265,9 +265,21 @@ class SharedBudget:
         if refused is None:
             self._queue_settle(res, 0)
 
+    def _share_of(self, budget: str) -> int:
+        """What this instance may hold without the ledger: fixed when the database went down; for a database
+        that is only slow, the same division over the newest rows read (ours included)."""
+        if self.offline_since is not None:
+            return self._share.get(budget, 0)
+        row = self.rows.get(budget)
+        if row is None or self.rows_at is None:
+            return 0
+        if row.cap <= 0:
+            return 1 << 62
+        return max(row.cap - row.spent - row.reserved, 0) // max(int(self._live() or 1), 1)
+
     def _reserve_offline(self, res: SharedReservation):
         for budget, cap in res.budgets:
-            if cap > 0 and self._offline_used.get(budget, 0) + res.amount > self._share.get(budget, 0):
+            if cap > 0 and self._offline_used.get(budget, 0) + res.amount > self._share_of(budget):
                 self.refused += 1
                 return None
         for budget, _ in res.budgets:
