@@ -238,7 +238,7 @@ def part_budget(pg, tmp: Path) -> list[list[str]]:
 def part_reclaim(pg, tmp: Path) -> list[list[str]]:
     fake, url = start_fake("slow_first_byte;delay=20")
     dsn = pg.fresh_db("reclaim")
-    c = Cluster(tmp / "reclaim", dsn, url, cap=1000.0, lease=3)
+    c = Cluster(tmp / "reclaim", dsn, url, cap=1000.0, lease=3, timeout_ms=2000)
     try:
         victim = c.start("victim")
         c.start("peer")

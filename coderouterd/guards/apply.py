@@ -68,10 +68,10 @@ class BudgetHooks:
             raise UpstreamError(BUDGET, message=f"monthly budget for {provider.name} would be exceeded")
         return res
 
-    def settle(self, reservation, provider, usage: dict | None) -> None:
+    def settle(self, reservation, provider, usage: dict | None) -> dict | None:
+        """None, or (shared ledger) the settle's record, which the request's journal row carries."""
         if reservation is None:
-            return
+            return None
         if usage is None:
-            self.budget.cancel(reservation)
-        else:
-            self.budget.settle(reservation, cost_usd(usage, provider.cfg.cost))
+            return self.budget.cancel(reservation)
+        return self.budget.settle(reservation, cost_usd(usage, provider.cfg.cost))

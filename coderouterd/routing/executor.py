@@ -77,6 +77,7 @@ class Exchange:
         self.attempts: list[Attempt] = []
         self.skips: list[Skip] = []
         self.notes: list[dict] = []  # what routing did to the request on the way (panic, images omitted)
+        self.settles: list[dict] = []  # shared-ledger settles, journaled with the request (see state/shared)
         self.committed = False
         self.panic = False
         self._panicked: list[Skip] = []  # the transient skips panic mode overrode
@@ -296,7 +297,9 @@ class Exchange:
             usage = slot.bill
             if usage is None and call is not None and (slot.ok or call.strategy.started_content):
                 usage = call.strategy.usage
-            self.router.settle(slot.reservation, slot.provider, usage)
+            settled = self.router.settle(slot.reservation, slot.provider, usage)
+            if settled is not None:
+                self.settles.append(settled)
             slot.reservation = None
 
     def new_call(self, slot: Slot, model: str) -> Call:

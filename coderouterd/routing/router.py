@@ -205,9 +205,11 @@ class Router:
         """Why a budget-skipped provider cannot come back before its cap resets, or None (see Budget.spent_cap)."""
         return self._budget.spent_cap(provider) if self._budget is not None else None
 
-    def settle(self, reservation, provider, usage: dict | None) -> None:
+    def settle(self, reservation, provider, usage: dict | None) -> dict | None:
+        """Settle with the real cost; a shared ledger answers with the settle's record for the journal."""
         if self._budget is not None and reservation is not None:
-            self._budget.settle(reservation, provider, usage)
+            return self._budget.settle(reservation, provider, usage)
+        return None
 
     # -- outcomes -------------------------------------------------------------------------------------------
 

@@ -109,7 +109,7 @@ class PostgresBackend:
         local = Budget(MemoryStore())
         self.shared_budget = SharedBudget(local, self.db, instance=self.instance, lease_s=self.cfg.lease_s,
                                           tasks=self._tasks, live_instances=self.instances.live_count,
-                                          publish=self._publish)
+                                          publish=self._publish, poll_s=self.cfg.poll_s)
         return self.shared_budget
 
     def attach_routing(self, routing) -> None:
@@ -167,6 +167,7 @@ class PostgresBackend:
 
     async def stop(self) -> None:
         if self.shared_budget is not None:
+            await self.shared_budget.release_allowances()
             await self.shared_budget.drain(2.0)
         if self.ready.is_set():
             if self.shipper is not None:

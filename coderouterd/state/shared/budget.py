@@ -2,15 +2,20 @@
 
 Reserve is one round trip (`ledger.reserve`), bounded by `[state] shared_timeout_ms`. Settle never makes a
 request wait: it goes on a queue drained in order by one task, retried until the database takes it (a settle
-is idempotent by reservation id, so a retry after a lost answer cannot charge twice).
+is idempotent by reservation id, so a retry after a lost answer cannot charge twice). Its record also goes into
+the request's journal row, and the journal shipper applies it again with the row: a settle lost with a killed
+instance reaches the ledger when that instance's journal is shipped.
 
-When the database is down (or too slow for this request), a paid request is held against a conservative local
-share: what the ledger had left when it was last seen, divided by the instances alive then. Spent offline is
-charged to the ledger when it returns (the queued settles), so the ledger ends up with every cent; the share is
-what keeps N instances, each blind to the others, from spending N times the remainder meanwhile. Nothing is
-known before the first contact: then paid providers are refused until the ledger has been read once.
+When the ledger cannot answer in time (down, or slow for this request), a paid request is held against this
+instance's allowance: a reservation the instance took in the ledger in advance, of a tenth of what was left
+divided by the live instances, renewed with its heartbeat and re-taken when half spent or too large for what is
+left. Because the allowance is itself held in the ledger, what an instance spends blind can never be spent by a
+peer too: N instances cut off at once still cannot overshoot the cap. The allowance's draws are settled against
+it when the ledger answers again (`cr_settle_draw`); an allowance whose instance died is reclaimed like any
+lease. Before the first contact there is no allowance: paid providers with a cap are refused until the ledger
+has answered once. Uncapped budgets need no allowance (their rows are a report of who spent what).
 
-Every instance reads the ledger every `poll_s` (and after its own settles), which is what `allowed()` and the
+Every instance re-reads the ledger every `poll_s` (and after its own settles), which is what `allowed()` and the
 status answer from; the reservation itself is the only check that counts."""
 
 from __future__ import annotations
@@ -21,13 +26,16 @@ import logging
 import os
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 
 from ...guards.budget import GLOBAL, Budget
 from ..events import BudgetBlocked, BudgetWarning, Event
 from . import ledger
 from .db import Database, Unavailable
+
+# The allowance: this fraction of what is left per live instance, held in advance for blind spending.
+ALLOWANCE_FRACTION = 10
 
 log = logging.getLogger("coderouterd.shared")
 
@@ -41,13 +49,15 @@ class SharedReservation:
     period: str = ""
     budgets: list[tuple[str, int]] = field(default_factory=list)
     amount: int = 0
-    offline: bool = False  # held against the local share, not the ledger
+    offline: bool = False  # not held in the ledger by its own row (the ledger did not answer in time)
+    parent: str = ""  # offline: the allowance it was drawn from ("" = an uncapped budget, nothing to draw from)
     done: bool = False
 
 
 class SharedBudget:
     def __init__(self, local: Budget, db: Database, *, instance: str, lease_s: float, tasks,
-                 live_instances: Callable[[], int], publish: Callable[[Event], None] | None = None) -> None:
+                 live_instances: Callable[[], int], publish: Callable[[Event], None] | None = None,
+                 poll_s: float = 2.0) -> None:
         """`local`: the configuration side of the budget (caps, which providers bill, estimates, the month).
         `live_instances`: how many instances heartbeat now (the offline share divides by it)."""
         self.local = local
@@ -66,9 +76,11 @@ class SharedBudget:
         self._settles: asyncio.Queue | None = None
         self._notified: dict[str, set[str]] = {"warned": set(), "blocked": set()}
         self._notified_period = ""
-        # The offline share: budget -> nano-USD this instance may still hold, and what it holds against it.
-        self._share: dict[str, int] = {}
-        self._offline_used: dict[str, int] = {}
+        self.poll_s = poll_s
+        # provider -> this instance's allowance (a reservation held in advance), and the estimates drawn from it.
+        self.allowances: dict[str, SharedReservation] = {}
+        self._stopping = False
+        self._drawn: dict[str, int] = {}
         self.offline_since: float | None = None
         self.refused = 0
         self.granted = 0
@@ -106,6 +118,7 @@ class SharedBudget:
         await self._push_caps()
         await self.refresh()
         self._tasks.spawn(self._drain_settles(), name="shared-budget-settle")
+        self._tasks.spawn(self._refresh_loop(), name="shared-budget-refresh")
 
     async def drain(self, timeout_s: float) -> bool:
         """Wait (at most `timeout_s`) until every queued settle reached the ledger: a clean stop leaves no
@@ -127,19 +140,24 @@ class SharedBudget:
             return
         self.rows, self.rows_period, self.rows_at = rows, period, time.time()
         self._check_notices()
+        await self._tend_allowances()
+
+    async def _refresh_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.poll_s)
+            await self.refresh()
 
     # -- the request path -----------------------------------------------------------------------------------
 
     def allowed(self, provider: str) -> bool:
         if not self.local.is_billable(provider):
             return True
-        for budget, cap in self._keys(provider):
-            if cap <= 0:
-                continue
-            if self.offline_since is not None or self.rows_at is None:
-                if self._offline_used.get(budget, 0) >= self._share_of(budget):
-                    return False
-                continue
+        keys = self._keys(provider)
+        if not any(cap > 0 for _, cap in keys):
+            return True
+        if self.offline_since is not None or self.rows_at is None or not self.db.up:
+            return self._left(provider) > 0
+        for budget, _cap in keys:
             row = self.rows.get(budget)
             if row is not None and row.spent + row.reserved >= row.cap > 0:
                 return False
@@ -170,25 +188,42 @@ class SharedBudget:
                 self.granted += 1
                 self._booked(budgets, reserved=amount)
                 return res
-        return self._reserve_offline(res)
+        # A new id: should the ledger's late answer grant the first one, that one is given back by its own id.
+        return self._draw(replace(res, rid=f"{res.rid}d"))
 
-    def settle(self, res, actual_usd: float) -> None:
+    async def release_allowances(self) -> None:
+        """A clean stop: the allowances go back now, not when their lease runs out (and no new one is taken)."""
+        self._stopping = True
+        for provider, a in list(self.allowances.items()):
+            self.allowances.pop(provider, None)
+            self._drawn.pop(provider, None)
+            self._queue_settle(a, 0)
+
+    def settle(self, res, actual_usd: float) -> dict | None:
+        """Queue the settle; returns its record, which the request's journal row keeps (the shipper applies it
+        again with the row: idempotent, and durable as the journal is)."""
         if not isinstance(res, SharedReservation):
             self.local.settle(res, actual_usd)
-            return
+            return None
         if res.done:
-            return
+            return None
         res.done = True
         actual = ledger.to_nano(max(float(actual_usd or 0.0), 0.0))
-        if res.offline:
-            for budget, _ in res.budgets:
-                self._offline_used[budget] = self._offline_used.get(budget, 0) - res.amount + actual
-        else:
-            self._booked(res.budgets, reserved=-res.amount, spent=actual)
+        # Our own move, on the cached rows at once: an allowance draw leaves the allowance's hold, a reservation
+        # its own; an uncapped offline request held nothing.
+        held = res.amount if (not res.offline or res.parent) else 0
+        self._booked(res.budgets, reserved=-held, spent=actual)
         self._queue_settle(res, actual)
+        record = {"rid": res.rid, "period": res.period, "budgets": [list(b) for b in res.budgets], "actual": actual}
+        if res.parent:
+            record.update(parent=res.parent, est=res.amount)
+        return record
 
-    def cancel(self, res) -> None:
-        self.settle(res, 0.0) if isinstance(res, SharedReservation) else self.local.cancel(res)
+    def cancel(self, res) -> dict | None:
+        if isinstance(res, SharedReservation):
+            return self.settle(res, 0.0)
+        self.local.cancel(res)
+        return None
 
     def record(self, provider: str, actual_usd: float) -> None:
         if not self.local.is_billable(provider):
@@ -233,9 +268,8 @@ class SharedBudget:
         snap["shared"] = {
             "ledger_read_at": self.rows_at,
             "offline_since": self.offline_since,
-            "offline_share_usd": {k: ledger.to_usd(v) for k, v in self._share.items()} if self.offline_since else {},
-            "offline_used_usd": ({k: ledger.to_usd(v) for k, v in self._offline_used.items()}
-                                 if self.offline_since else {}),
+            "allowances_usd": {p: {"held": ledger.to_usd(a.amount), "drawn": ledger.to_usd(self._drawn.get(p, 0))}
+                               for p, a in self.allowances.items()},
             "settles_queued": self._settles.qsize() if self._settles is not None else 0,
             "granted": self.granted, "refused": self.refused, "fallbacks": self.fallbacks,
         }
@@ -265,27 +299,74 @@ class SharedBudget:
         if refused is None:
             self._queue_settle(res, 0)
 
-    def _share_of(self, budget: str) -> int:
-        """What this instance may hold without the ledger: fixed when the database went down; for a database
-        that is only slow, the same division over the newest rows read (ours included)."""
-        if self.offline_since is not None:
-            return self._share.get(budget, 0)
-        row = self.rows.get(budget)
-        if row is None or self.rows_at is None:
+    def _left(self, provider: str) -> int:
+        a = self.allowances.get(provider)
+        if a is None or a.period != self.local.period()[0]:
             return 0
-        if row.cap <= 0:
-            return 1 << 62
-        return max(row.cap - row.spent - row.reserved, 0) // max(int(self._live() or 1), 1)
+        return a.amount - self._drawn.get(provider, 0)
 
-    def _reserve_offline(self, res: SharedReservation):
-        for budget, cap in res.budgets:
-            if cap > 0 and self._offline_used.get(budget, 0) + res.amount > self._share_of(budget):
-                self.refused += 1
-                return None
-        for budget, _ in res.budgets:
-            self._offline_used[budget] = self._offline_used.get(budget, 0) + res.amount
+    def _draw(self, res: SharedReservation):
+        """The ledger did not answer in time: hold the request against this instance's allowance."""
         res.offline = True
+        if not any(cap > 0 for _, cap in res.budgets):
+            return res  # nothing capped: nothing to protect, the settle charges the cost when it can
+        if self._left(res.provider) < res.amount:
+            self.refused += 1
+            return None
+        self._drawn[res.provider] = self._drawn.get(res.provider, 0) + res.amount
+        res.parent = self.allowances[res.provider].rid
         return res
+
+    def _allowance_target(self, provider: str) -> int:
+        live = max(int(self._live() or 1), 1)
+        target = None
+        for budget, cap in self._keys(provider):
+            if cap <= 0:
+                continue
+            row = self.rows.get(budget)
+            left = cap - (row.spent + row.reserved if row is not None else 0)
+            share = max(left, 0) // (live * ALLOWANCE_FRACTION)
+            target = share if target is None else min(target, share)
+        return target or 0
+
+    async def _tend_allowances(self) -> None:
+        """Keep an allowance per capped billable provider: re-taken when half drawn, too large for what is left
+        (a cap nearly spent must not sit in allowances), or of a past month."""
+        period, _ = self.local.period()
+        for provider in self._billable_names():
+            if self._stopping:
+                return
+            if not any(cap > 0 for _, cap in self._keys(provider)):
+                continue
+            target = self._allowance_target(provider)
+            current = self.allowances.get(provider)
+            if current is not None:
+                left = current.amount - self._drawn.get(provider, 0)
+                if current.period == period and left * 2 >= current.amount and current.amount <= 2 * target + 1:
+                    continue
+                # Give back what is left of it; draws not settled yet are charged against it or, once it is
+                # gone, without a hold (cr_settle_draw).
+                self.allowances.pop(provider, None)
+                self._drawn.pop(provider, None)
+                self._booked(current.budgets, reserved=-left)
+                self._queue_settle(current, 0)
+            if target <= 0:
+                continue
+            res = SharedReservation(provider, ledger.to_usd(target), True,
+                                    rid=f"{self.instance}:{self._boot}:a{next(self._ids)}", period=period,
+                                    budgets=self._keys(provider), amount=target)
+            try:
+                refused = await self.db.run(lambda c, r=res: ledger.reserve(
+                    c, rid=r.rid, instance=self.instance, period=r.period, budgets=r.budgets, amount=r.amount,
+                    lease_s=self.lease_s))
+            except Unavailable:
+                return
+            if refused is None and self._stopping:
+                self._queue_settle(res, 0)  # taken while the stop gave the others back: this one goes too
+            elif refused is None:
+                self.allowances[provider] = res
+                self._drawn[provider] = 0
+                self._booked(res.budgets, reserved=res.amount)
 
     def _queue_settle(self, res: SharedReservation, actual: int) -> None:
         if self._settles is not None:
@@ -298,8 +379,7 @@ class SharedBudget:
             res, actual = await q.get()
             while True:
                 try:
-                    await self.db.run(lambda c, r=res, a=actual: ledger.settle(
-                        c, rid=r.rid, instance=self.instance, period=r.period, budgets=r.budgets, actual=a))
+                    await self.db.run(lambda c, r=res, a=actual: self._settle_one(c, r, a))
                     delay = 0.05
                     break
                 except Unavailable:
@@ -309,6 +389,13 @@ class SharedBudget:
             q.task_done()
             if q.empty():
                 await self.refresh()
+
+    async def _settle_one(self, conn, res: SharedReservation, actual: int) -> bool:
+        if res.parent:
+            return await ledger.settle_draw(conn, rid=res.rid, parent=res.parent, instance=self.instance,
+                                            period=res.period, budgets=res.budgets, est=res.amount, actual=actual)
+        return await ledger.settle(conn, rid=res.rid, instance=self.instance, period=res.period,
+                                   budgets=res.budgets, actual=actual)
 
     def _db_changed(self, up: bool) -> None:
         if not up:
@@ -325,19 +412,9 @@ class SharedBudget:
         if self.offline_since is not None:
             return
         self.offline_since = time.time()
-        live = max(int(self._live() or 1), 1)
-        share = {}
-        if self.rows_at is not None:
-            for budget, row in self.rows.items():
-                if row.cap > 0:
-                    share[budget] = max(row.cap - row.spent - row.reserved, 0) // live
-                else:
-                    share[budget] = 1 << 62  # uncapped: only a report, nothing to protect
-        self._share = share
-        self._offline_used = {}
-        log.warning("shared budget: ledger unreachable; this instance holds paid requests against 1/%d of what "
-                    "was left (%s)", live, ", ".join(f"{k}: {ledger.to_usd(v):.4f} USD" for k, v in share.items()
-                                                     if v < 1 << 62) or "nothing capped")
+        log.warning("shared budget: ledger unreachable; paid requests are held against this instance's allowance "
+                    "(%s)", ", ".join(f"{p}: {ledger.to_usd(a.amount - self._drawn.get(p, 0)):.4f} USD left"
+                                      for p, a in self.allowances.items()) or "none: capped paid providers refused")
 
     def _refused(self, budget: str) -> None:
         row = self.rows.get(budget)

@@ -48,6 +48,27 @@ async def settle(conn, *, rid: str, instance: str, period: str, budgets: list[tu
     return bool((await cur.fetchone())[0])
 
 
+async def settle_draw(conn, *, rid: str, parent: str, instance: str, period: str, budgets: list[tuple[str, int]],
+                      est: int, actual: int) -> bool:
+    """Settle a request held against the allowance `parent` (the ledger was unreachable or slow for it)."""
+    budgets = sorted(budgets)
+    cur = await conn.execute("SELECT cr_settle_draw(%s, %s, %s, %s, %s, %s, %s, %s)",
+                             (rid, parent, instance, period, [b for b, _ in budgets], [c for _, c in budgets], est,
+                              actual))
+    return bool((await cur.fetchone())[0])
+
+
+async def apply(conn, instance: str, record: dict) -> bool:
+    """A settle as the journal keeps it (budget.py's record), applied again: the shipper's backstop."""
+    budgets = [(str(b), int(c)) for b, c in record["budgets"]]
+    if record.get("parent"):
+        return await settle_draw(conn, rid=record["rid"], parent=record["parent"], instance=instance,
+                                 period=record["period"], budgets=budgets, est=int(record.get("est") or 0),
+                                 actual=int(record["actual"]))
+    return await settle(conn, rid=record["rid"], instance=instance, period=record["period"], budgets=budgets,
+                        actual=int(record["actual"]))
+
+
 async def reclaim(conn) -> int:
     """Give back the holds whose lease ran out; any instance may run it. Returns how many."""
     cur = await conn.execute("SELECT cr_reclaim()")

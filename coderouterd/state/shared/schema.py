@@ -130,6 +130,39 @@ BEGIN
 END $$
 """
 
+# Settle a request that was held against this instance's allowance (a reservation taken in advance, see
+# budget.py) because the ledger was down or slow: its estimate leaves the allowance's hold, its cost joins spent.
+# Idempotent by the request's own id. If the allowance was already given back (retired, or reclaimed after its
+# lease), its hold is gone already and only the cost is charged.
+_SETTLE_DRAW = """
+CREATE FUNCTION cr_settle_draw(p_id text, p_parent text, p_instance text, p_period text, p_budgets text[],
+                               p_caps bigint[], p_est bigint, p_actual bigint) RETURNS boolean
+LANGUAGE plpgsql AS $$
+DECLARE
+  par cr_reservation;
+  held bigint := 0;
+  i int;
+BEGIN
+  PERFORM 1 FROM cr_reservation WHERE id = p_id;
+  IF FOUND THEN
+    RETURN false;
+  END IF;
+  SELECT * INTO par FROM cr_reservation WHERE id = p_parent FOR UPDATE;
+  IF FOUND AND par.settled_at IS NULL AND par.reclaimed_at IS NULL THEN
+    held := least(p_est, par.amount);
+    UPDATE cr_reservation SET amount = amount - held WHERE id = p_parent;
+  END IF;
+  INSERT INTO cr_reservation (id, instance, period, budgets, amount, lease_until, settled_at, actual)
+    VALUES (p_id, p_instance, p_period, p_budgets, 0, now(), now(), p_actual);
+  FOR i IN 1 .. coalesce(array_length(p_budgets, 1), 0) LOOP
+    INSERT INTO cr_ledger (budget, period, cap) VALUES (p_budgets[i], p_period, p_caps[i]) ON CONFLICT DO NOTHING;
+    UPDATE cr_ledger SET reserved = greatest(reserved - held, 0), spent = spent + p_actual
+     WHERE budget = p_budgets[i] AND period = p_period;
+  END LOOP;
+  RETURN true;
+END $$
+"""
+
 MIGRATIONS: list[tuple[int, tuple[str, ...]]] = [
     (1, (
         "CREATE TABLE cr_instance (instance text PRIMARY KEY, host text, pid integer, version text,"
@@ -145,7 +178,7 @@ MIGRATIONS: list[tuple[int, tuple[str, ...]]] = [
         " WHERE settled_at IS NULL AND reclaimed_at IS NULL",
         "CREATE INDEX cr_reservation_instance ON cr_reservation (instance)"
         " WHERE settled_at IS NULL AND reclaimed_at IS NULL",
-        _RESERVE, _SETTLE, _RECLAIM,
+        _RESERVE, _SETTLE, _RECLAIM, _SETTLE_DRAW,
         "CREATE TABLE cr_breaker (provider text PRIMARY KEY, version bigint NOT NULL, state text NOT NULL,"
         " snapshot jsonb NOT NULL, instance text, updated_at timestamptz NOT NULL DEFAULT now(),"
         " probe_holder text, probe_until timestamptz)",

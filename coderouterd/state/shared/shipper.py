@@ -14,7 +14,10 @@ import sqlite3
 import time
 from pathlib import Path
 
+import orjson
+
 from ..journal import JOURNAL_COLUMNS
+from . import ledger
 from .db import Database, Unavailable
 
 log = logging.getLogger("coderouterd.shared")
@@ -31,7 +34,7 @@ def read_local(db_path: Path, after: int, limit: int = BATCH) -> list[tuple]:
         return []
     conn = sqlite3.connect(f"{db_path.resolve().as_uri()}?mode=ro", uri=True, timeout=5.0)
     try:
-        return conn.execute(f"SELECT id, {_COLS} FROM journal WHERE id > ? ORDER BY id LIMIT ?",
+        return conn.execute(f"SELECT id, {_COLS}, settles FROM journal WHERE id > ? ORDER BY id LIMIT ?",
                             (after, limit)).fetchall()
     except sqlite3.OperationalError as e:
         if "no such table" in str(e):
@@ -47,17 +50,35 @@ async def high_water(conn, instance: str) -> int:
 
 
 async def ship(conn, instance: str, rows: list[tuple]) -> int:
-    """One batch in one transaction; returns how many rows were new to the shared journal."""
+    """One batch in one transaction; returns how many rows were new to the shared journal. Rows are
+    (seq, *columns, settles): the budget settles a row carries are applied in the same transaction (a settle is
+    idempotent by reservation id, so one the instance made itself changes nothing; one that died with it, killed
+    between the answer and its settle, reaches the ledger with the row)."""
     async with conn.transaction():
         await conn.execute(_STAGE)
         cur = conn.cursor()
         async with cur.copy(f"COPY cr_journal_stage (instance, seq, {_COLS}) FROM STDIN") as copy:
             for row in rows:
-                await copy.write_row((instance, *row))
+                await copy.write_row((instance, *row[:-1]))
         cur = await conn.execute(f"INSERT INTO cr_journal (instance, seq, {_COLS})"
                                  f" SELECT instance, seq, {_COLS} FROM cr_journal_stage"
                                  " ON CONFLICT (instance, seq) DO NOTHING")
-        return cur.rowcount
+        inserted = cur.rowcount
+        for row in rows:
+            for s in _settles(row[-1]):
+                await ledger.apply(conn, instance, s)
+        return inserted
+
+
+def _settles(raw) -> list[dict]:
+    if not raw:
+        return []
+    try:
+        value = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return []
+    return [s for s in value if isinstance(s, dict) and {"rid", "period", "budgets", "actual"} <= s.keys()] \
+        if isinstance(value, list) else []
 
 
 class Shipper:
