@@ -91,9 +91,8 @@ def test_instances_cut_off_together_cannot_overshoot(pg_dsn):
     async def go():
         insts = [await _budget(pg_dsn, f"i{k}", cap=3.0, live=3) for k in range(3)]
         try:
-            # The ledger is nearly spent by someone else meanwhile (their reservations were guarded).
             served = 0
-            for sb, _, db in insts:
+            for _sb, _, db in insts:
                 db.up = False
             for _ in range(100):
                 for sb, _, _ in insts:
