@@ -243,6 +243,11 @@ def part_reclaim(pg, tmp: Path) -> list[list[str]]:
         victim = c.start("victim")
         c.start("peer")
 
+        def opened() -> int:
+            # The victim's holds for requests (its allowance, id "...:aN", is reclaimed with them but not counted).
+            return sql(dsn, "SELECT count(*) FROM cr_reservation WHERE instance = 'victim' AND settled_at IS NULL"
+                            " AND reclaimed_at IS NULL AND id !~ ':a[0-9]+$'")[0][0]
+
         async def hold():
             import aiohttp
 
@@ -256,15 +261,13 @@ def part_reclaim(pg, tmp: Path) -> list[list[str]]:
                         pass
                 tasks = [asyncio.ensure_future(one()) for _ in range(8)]
                 for _ in range(200):
-                    if sql(dsn, "SELECT coalesce(max(reserved), 0) FROM cr_ledger WHERE budget = '*'")[0][0] >= \
-                            8 * COST * 1e9 - 1:
+                    if opened() >= 8:
                         break
                     await asyncio.sleep(0.05)
-                held = sql(dsn, "SELECT reserved FROM cr_ledger WHERE budget = '*'")[0][0]
+                held = opened()
                 c.kill9("victim")
                 t0 = time.monotonic()
-                while sql(dsn, "SELECT reserved FROM cr_ledger WHERE budget = '*'")[0][0] > 0 and \
-                        time.monotonic() - t0 < 30:
+                while opened() > 0 and time.monotonic() - t0 < 30:
                     await asyncio.sleep(0.05)
                 took = time.monotonic() - t0
                 for t in tasks:
@@ -290,7 +293,7 @@ def part_reclaim(pg, tmp: Path) -> list[list[str]]:
     finally:
         c.stop_all()
         stop(fake)
-    return [[f"{held / 1e9 / COST:.0f} reservations (${held / 1e9:.2f})", "3 s", f"{took:.2f} s",
+    return [[f"{held} requests (${held * COST:.2f})", "3 s", f"{took:.2f} s",
              f"${ledger[0] / 1e9:.4f}", f"${journal[0]:.4f} ({journal[1]} rows)",
              f"{(ledger[0] / 1e9 - journal[0]):+.4f}", f"${ledger[1] / 1e9:.2f}"]]
 

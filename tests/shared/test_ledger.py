@@ -158,7 +158,7 @@ def test_expired_leases_are_reclaimed_by_any_peer(pg_dsn):
             assert await ledger.reclaim(peer) == 0  # not yet
             for _ in range(3):
                 await asyncio.sleep(0.5)
-                await ledger.renew(peer, instance="peer", lease_s=1)
+                await ledger.renew(peer, instance="peer", prefix="p", lease_s=1)
             n = await ledger.reclaim(peer)
             held = (await ledger.rows(peer, "2026-12"))["*"].reserved
             # The dead instance's request finished after all (its settle arrives late): the cost is charged,

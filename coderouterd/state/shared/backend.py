@@ -90,9 +90,12 @@ class PostgresBackend:
         self._tasks = tasks
         self._publish = publish
         self._journal_db = journal_db
+        from .budget import new_boot
+
+        self.boot = new_boot()
         self.db = Database(resolve(state_cfg), timeout_s=state_cfg.shared_timeout_ms / 1000.0, tasks=tasks)
         self.instances = Instances(self.db, instance=self.instance, heartbeat_s=state_cfg.heartbeat_s,
-                                   lease_s=state_cfg.lease_s, version=version, info=info)
+                                   lease_s=state_cfg.lease_s, version=version, info=info, boot=self.boot)
         self.shared_budget = None
         self.breakers = None
         self.shipper = None
@@ -109,7 +112,7 @@ class PostgresBackend:
         local = Budget(MemoryStore())
         self.shared_budget = SharedBudget(local, self.db, instance=self.instance, lease_s=self.cfg.lease_s,
                                           tasks=self._tasks, live_instances=self.instances.live_count,
-                                          publish=self._publish, poll_s=self.cfg.poll_s)
+                                          publish=self._publish, poll_s=self.cfg.poll_s, boot=self.boot)
         return self.shared_budget
 
     def attach_routing(self, routing) -> None:

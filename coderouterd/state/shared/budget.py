@@ -40,6 +40,12 @@ ALLOWANCE_FRACTION = 10
 log = logging.getLogger("coderouterd.shared")
 
 
+def new_boot() -> str:
+    """This process's part of its reservation ids: ids never repeat across restarts, and the heartbeat renews
+    only this process's holds."""
+    return f"{int(time.time() * 1000):x}{os.getpid():x}"
+
+
 @dataclass(slots=True, eq=False)
 class SharedReservation:
     provider: str
@@ -57,7 +63,7 @@ class SharedReservation:
 class SharedBudget:
     def __init__(self, local: Budget, db: Database, *, instance: str, lease_s: float, tasks,
                  live_instances: Callable[[], int], publish: Callable[[Event], None] | None = None,
-                 poll_s: float = 2.0) -> None:
+                 poll_s: float = 2.0, boot: str | None = None) -> None:
         """`local`: the configuration side of the budget (caps, which providers bill, estimates, the month).
         `live_instances`: how many instances heartbeat now (the offline share divides by it)."""
         self.local = local
@@ -69,7 +75,7 @@ class SharedBudget:
         self._publish_fn = publish
         # Reservation ids must never repeat, across restarts too (a settle is idempotent by id).
         self._ids = itertools.count()
-        self._boot = f"{int(time.time() * 1000):x}{os.getpid():x}"
+        self._boot = boot or new_boot()
         self.rows: dict[str, ledger.Row] = {}
         self.rows_period = ""
         self.rows_at: float | None = None

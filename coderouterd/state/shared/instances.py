@@ -43,9 +43,10 @@ async def live(conn, *, within_s: float) -> list[dict]:
 
 class Instances:
     def __init__(self, db: Database, *, instance: str, heartbeat_s: float, lease_s: float, version: str,
-                 info: Callable[[], dict] | None = None) -> None:
+                 info: Callable[[], dict] | None = None, boot: str = "") -> None:
         self.db = db
         self.instance = instance
+        self.prefix = f"{instance}:{boot}:"  # this process's reservation ids (SharedBudget makes them so)
         self.heartbeat_s = heartbeat_s
         self.lease_s = lease_s
         self.version = version
@@ -63,7 +64,7 @@ class Instances:
 
         async def work(conn):
             await beat(conn, instance=self.instance, pid=os.getpid(), version=self.version, info=info)
-            await ledger.renew(conn, instance=self.instance, lease_s=self.lease_s)
+            await ledger.renew(conn, instance=self.instance, prefix=self.prefix, lease_s=self.lease_s)
             n = await ledger.reclaim(conn)
             return n, await live(conn, within_s=within)
 

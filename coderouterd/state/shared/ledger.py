@@ -75,11 +75,13 @@ async def reclaim(conn) -> int:
     return int((await cur.fetchone())[0])
 
 
-async def renew(conn, *, instance: str, lease_s: float) -> int:
-    """Extend this instance's open reservations: a long stream keeps its hold while the instance lives."""
+async def renew(conn, *, instance: str, prefix: str, lease_s: float) -> int:
+    """Extend this process's open reservations: a long stream keeps its hold while the process lives. Only ids
+    under `prefix` (instance and boot): a restarted instance must not keep its killed predecessor's holds alive."""
     cur = await conn.execute(
         "UPDATE cr_reservation SET lease_until = now() + make_interval(secs => %s)"
-        " WHERE instance = %s AND settled_at IS NULL AND reclaimed_at IS NULL", (float(lease_s), instance))
+        " WHERE instance = %s AND starts_with(id, %s) AND settled_at IS NULL AND reclaimed_at IS NULL",
+        (float(lease_s), instance, prefix))
     return cur.rowcount
 
 
