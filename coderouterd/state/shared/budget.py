@@ -393,7 +393,8 @@ class SharedBudget:
                     await asyncio.sleep(delay)
                     delay = min(delay * 2, 2.0)
             q.task_done()
-            if q.empty():
+            if q.empty() and (self.rows_at is None or time.time() - self.rows_at > 0.5):
+                # Others' spend shows at the next read; a read after every settle would double the statements.
                 await self.refresh()
 
     async def _settle_one(self, conn, res: SharedReservation, actual: int) -> bool:
