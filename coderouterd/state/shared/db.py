@@ -44,7 +44,7 @@ class Database:
         # autocommit: each function call is its own transaction; explicit ones use conn.transaction().
         self.pool = AsyncConnectionPool(self._dsn, min_size=1, max_size=self._max, open=False,
                                         kwargs={"autocommit": True, "connect_timeout": 5},
-                                        reconnect_timeout=0,  # never give up reconnecting: it comes back
+                                        reconnect_timeout=86_400,  # keep trying: the database comes back
                                         name="coderouter-shared")
         await self.pool.open(wait=False)
 
