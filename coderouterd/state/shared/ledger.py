@@ -69,6 +69,24 @@ async def apply(conn, instance: str, record: dict) -> bool:
                         actual=int(record["actual"]))
 
 
+async def apply_many(conn, instance: str, records: list[dict]) -> None:
+    """`apply` for a batch, pipelined (executemany): one round trip's wait for the lot, not one per settle."""
+    plain, draws = [], []
+    for r in records:
+        budgets = sorted((str(b), int(c)) for b, c in r["budgets"])
+        names, caps = [b for b, _ in budgets], [c for _, c in budgets]
+        if r.get("parent"):
+            draws.append((r["rid"], r["parent"], instance, r["period"], names, caps, int(r.get("est") or 0),
+                          int(r["actual"])))
+        else:
+            plain.append((r["rid"], instance, r["period"], names, caps, int(r["actual"])))
+    cur = conn.cursor()
+    if plain:
+        await cur.executemany("SELECT cr_settle(%s, %s, %s, %s, %s, %s)", plain)
+    if draws:
+        await cur.executemany("SELECT cr_settle_draw(%s, %s, %s, %s, %s, %s, %s, %s)", draws)
+
+
 async def reclaim(conn) -> int:
     """Give back the holds whose lease ran out; any instance may run it. Returns how many."""
     cur = await conn.execute("SELECT cr_reclaim()")

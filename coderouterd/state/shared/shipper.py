@@ -64,9 +64,7 @@ async def ship(conn, instance: str, rows: list[tuple]) -> int:
                                  f" SELECT instance, seq, {_COLS} FROM cr_journal_stage"
                                  " ON CONFLICT (instance, seq) DO NOTHING")
         inserted = cur.rowcount
-        for row in rows:
-            for s in _settles(row[-1]):
-                await ledger.apply(conn, instance, s)
+        await ledger.apply_many(conn, instance, [s for row in rows for s in _settles(row[-1])])
         return inserted
 
 
