@@ -22,7 +22,7 @@ from .observe.request_record import RequestRecorder
 from .observe.traces import RecentTraces
 from .persisted import PersistedState
 from .providers.server_info import ServerDirectory
-from .reload import changed_sections, listener_change_refused, warn_reload_risks
+from .reload import changed_sections, listener_change_refused, shared_state_change_refused, warn_reload_risks
 from .routing.router import Router
 from .routing.state import RoutingState
 from .state import ConfigRejected, ConfigReloaded, DaemonLifecycle, ProfileSwitched
@@ -199,7 +199,8 @@ class Daemon:
             loaded = await asyncio.to_thread(load_config, self._loaded.path)
         except ConfigError as e:
             return self._reject_reload(str(e))
-        refused = listener_change_refused(self.listen, loaded.model.server)
+        refused = (listener_change_refused(self.listen, loaded.model.server)
+                   or shared_state_change_refused(self._loaded.model.state, loaded.model.state))
         if refused:
             return self._reject_reload(f"{self._loaded.path}: {refused}")
         old = self.runtime

@@ -186,3 +186,24 @@ def test_offline_settle_charges_without_a_hold(pg_dsn):
     rows = run(go())
     assert rows["*"].spent == 2 * USD and rows["*"].reserved == 0 and rows["*"].cap == 10 * USD
     assert rows["claude"].spent == 2 * USD
+
+
+def test_a_reload_cannot_move_the_shared_state():
+    """Where state is shared is fixed at start: a reload that changes it is refused (the old config stays)."""
+    from coderouterd.config.schema import StateConfig
+    from coderouterd.reload import shared_state_change_refused
+
+    old = StateConfig(backend="postgres", dsn_env="A")
+    assert shared_state_change_refused(old, StateConfig(backend="postgres", dsn_env="A", poll_s=5)) is None
+    why = shared_state_change_refused(old, StateConfig(backend="postgres", dsn_env="B"))
+    assert "state.dsn_env" in why and "restart" in why
+    assert "state.backend" in shared_state_change_refused(old, StateConfig())
+
+
+def test_the_password_is_never_shown():
+    from coderouterd.state.shared.dsn import redact
+
+    assert redact("postgresql://bob:s3cret@db.example:5432/cr") == "postgresql://bob:***@db.example:5432/cr"
+    assert "s3cret" not in redact("postgresql://db/cr?user=bob&password=s3cret&sslmode=require")
+    assert redact("host=db user=bob password='s 3cret' dbname=cr") == "host=db user=bob password=*** dbname=cr"
+    assert redact("postgresql://bob@/cr?host=/tmp") == "postgresql://bob@/cr?host=/tmp"
