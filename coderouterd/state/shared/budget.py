@@ -183,7 +183,9 @@ class SharedBudget:
                 refused = await self.db.bounded(
                     lambda c: ledger.reserve(c, rid=res.rid, instance=self.instance, period=period, budgets=budgets,
                                              amount=amount, lease_s=self.lease_s),
-                    late=lambda refused: self._late(res, refused))
+                    late=lambda refused: self._late(res, refused),
+                    # Without an allowance to draw on, the fallback could only refuse: wait for the ledger.
+                    wait_longer=lambda: self._left(provider) < amount)
             except Unavailable:
                 self.fallbacks += 1
             else:

@@ -71,7 +71,8 @@ class Database:
         return result
 
     async def bounded(self, fn: Callable[[Any], Awaitable[Any]], *,
-                      late: Callable[[Any], None] | None = None) -> Any:
+                      late: Callable[[Any], None] | None = None,
+                      wait_longer: Callable[[], bool] | None = None) -> Any:
         """fn(conn), but the caller waits at most `timeout_s`: on the request path. Past that it raises
         Unavailable; the statement finishes in the background and `late(result)` is called with its result.
         While the database is known to be down this fails at once: the heartbeat finds out when it is back."""
@@ -91,6 +92,9 @@ class Database:
 
         try:
             done, _ = await asyncio.wait({task}, timeout=self.timeout_s)
+            if not done and wait_longer is not None and wait_longer():
+                # The caller has no fallback that could serve (no allowance yet): a late answer beats a refusal.
+                done, _ = await asyncio.wait({task}, timeout=max(self.timeout_s * 20, 1.0))
         except asyncio.CancelledError:
             task.add_done_callback(finished)  # the caller left (client gone): what it was granted goes back
             raise
