@@ -68,6 +68,8 @@ def test_reserve_settle_and_the_allowance(pg_dsn):
                 sb.settle(r, 0.25)
             db.up = True  # back: the queued settles charge the ledger, from the allowance's hold
             await sb.drain(5)
+            await sb.refresh()  # the next read re-takes the allowance (0.9 of its 1.0 drawn)
+            await sb.drain(5)
             return online, _ledger(pg_dsn)["*"], sb.allowances["paid"].amount
         finally:
             await sb.release_allowances()
