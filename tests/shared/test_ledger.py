@@ -207,3 +207,23 @@ def test_the_password_is_never_shown():
     assert "s3cret" not in redact("postgresql://db/cr?user=bob&password=s3cret&sslmode=require")
     assert redact("host=db user=bob password='s 3cret' dbname=cr") == "host=db user=bob password=*** dbname=cr"
     assert redact("postgresql://bob@/cr?host=/tmp") == "postgresql://bob@/cr?host=/tmp"
+
+
+def test_a_shared_backend_that_cannot_start_is_refused_at_start(tmp_path):
+    """An unset dsn_env variable is a configuration error (exit 2, named), not a database that is down."""
+    import os
+    import subprocess
+    import sys
+
+    from tests.support.daemon import ROOT
+
+    cfg = tmp_path / "c.toml"
+    cfg.write_text('[state]\nbackend = "postgres"\ndsn_env = "CR_NOT_SET_ANYWHERE"\n\n'
+                   '[providers.p]\nkind = "openai"\nbase_url = "http://127.0.0.1:9/v1"\n\n'
+                   '[profiles.default]\nproviders = ["p"]\n')
+    env = {k: v for k, v in os.environ.items() if k != "CR_NOT_SET_ANYWHERE"}
+    env["XDG_CONFIG_HOME"] = str(tmp_path / "xdg")
+    r = subprocess.run([sys.executable, "-m", "coderouterd", "--config", str(cfg), "--check"], cwd=ROOT, env=env,
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2
+    assert "CR_NOT_SET_ANYWHERE is not set" in r.stderr

@@ -204,6 +204,25 @@ class PostgresBackend:
         return out
 
 
+def start_problem(state_cfg) -> str | None:
+    """Why this [state] cannot start (the driver is not installed, the DSN variable is unset), or None. Checked
+    before the daemon starts, and by --check: a shared backend that cannot even be tried is a config error."""
+    if state_cfg.backend != "postgres":
+        return None
+    from importlib.util import find_spec
+
+    if find_spec("psycopg") is None or find_spec("psycopg_pool") is None:
+        return ('[state] backend = "postgres" needs psycopg and psycopg-pool: '
+                "pip install 'coderouter[postgres]'")
+    from .dsn import DsnMissing, resolve
+
+    try:
+        resolve(state_cfg)
+    except DsnMissing as e:
+        return str(e)
+    return None
+
+
 def build(state_cfg, **kw) -> StateBackend:
     if state_cfg.backend == "postgres":
         return PostgresBackend(state_cfg, **kw)
