@@ -349,7 +349,7 @@ def journal_table(rows: list[dict], width: int = 10_000, *, now: float | None = 
                ("Provider", {"no_wrap": True}, 0), ("Status", right, 0), ("Latency", right, 4), ("TTFB", right, 2),
                ("Tokens in/out", right, 3), ("Cost", right, 1), ("Route", {}, 6)]
     if shared:  # the shared journal: which instance served each row
-        columns.insert(1, ("Instance", {"no_wrap": True}, 5))
+        columns.insert(1, ("Instance", {"no_wrap": True}, 0))  # which machine: kept whatever else goes
     cells = []
     for r in rows:
         status = r.get("status") or 0
