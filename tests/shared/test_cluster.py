@@ -223,3 +223,26 @@ def test_corectl_status_lists_the_instances(tmp_path, pg_dsn, upstream):
     finally:
         d.signal(signal.SIGTERM)
         d.stop()
+
+
+def test_a_breaker_opened_by_one_daemon_is_open_on_the_other(tmp_path, pg_dsn):
+    with FakeServer("openai", name="paid", models=["m"], behaviour="500") as up:
+        ds = [_daemon(tmp_path, n, up.url, pg_dsn, cap="100").start() for n in ("east", "west")]
+        try:
+            for _ in range(3):  # [breaker] failures = 3 (default): east opens it
+                assert httpx.post(ds[0].url + "/v1/chat/completions", json=BODY, timeout=30).status_code >= 500
+
+            def state(d):
+                prov = {p["name"]: p for p in _admin(d, "/v1/status")["providers"]}["paid"]
+                return prov["breaker"]["state"]
+
+            assert state(ds[0]) == "open"
+            deadline = time.monotonic() + 3
+            while state(ds[1]) != "open" and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert state(ds[1]) == "open"
+            # West never called the upstream for it: east's failures were enough.
+            assert up.count("/v1/chat/completions") == 3
+        finally:
+            for d in ds:
+                d.stop()
