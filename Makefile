@@ -3,35 +3,55 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 TEST_STAMP := $(VENV)/.installed-test
+# The locks `make` installs from (exact versions, sha256 of every file); `make lock` regenerates them.
+LOCK := requirements/runtime.txt
+TEST_LOCK := requirements/test.txt
+UV_VERSION := 0.13.9
 CLIENTS := tests/clients
 CLIENTS_STAMP := $(CLIENTS)/node_modules/.installed
 NPM_OFFLINE := ENOTFOUND|ECONNREFUSED|ECONNRESET|ETIMEDOUT|EAI_AGAIN|ENETUNREACH|network
 
-.PHONY: run test lint bench clean install real-llama postgres
+.PHONY: run test lint bench clean install real-llama browser lock postgres
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 
-$(STAMP): pyproject.toml | $(BIN)/python
-	$(BIN)/pip install -q -e .
+# Dependencies exactly as locked (pip refuses any file whose hash is not in the lock), then the project
+# itself, editable, built by the locked setuptools (no build isolation: nothing unpinned is fetched).
+$(STAMP): pyproject.toml $(LOCK) | $(BIN)/python
+	$(BIN)/pip install -q --require-hashes -r $(LOCK)
+	$(BIN)/pip install -q --no-deps --no-build-isolation -e .
 	touch $@
 
-$(TEST_STAMP): pyproject.toml | $(BIN)/python
-	$(BIN)/pip install -q -e '.[test]'
+$(TEST_STAMP): pyproject.toml $(TEST_LOCK) | $(BIN)/python
+	$(BIN)/pip install -q --require-hashes -r $(TEST_LOCK)
+	$(BIN)/pip install -q --no-deps --no-build-isolation -e .
 	touch $@ $(STAMP)
+
+# Regenerate the locks after changing a dependency in pyproject.toml. Versions already locked are kept where
+# they still fit (uv reads the existing file); `make lock UPGRADE=1` moves everything to the newest release.
+# One resolution for every OS and Python >= 3.11 (--universal), so the lock made here installs on macOS too.
+# The runtime lock is constrained by the test lock: both name the same version of every shared package.
+LOCK_FLAGS := --universal --python-version 3.11 --generate-hashes --quiet --custom-compile-command 'make lock' \
+	$(if $(UPGRADE),--upgrade)
+lock: | $(BIN)/python
+	$(BIN)/pip install -q uv==$(UV_VERSION)
+	$(BIN)/uv pip compile $(LOCK_FLAGS) pyproject.toml requirements/build.in --extra test -o $(TEST_LOCK)
+	$(BIN)/uv pip compile $(LOCK_FLAGS) pyproject.toml requirements/build.in -c $(TEST_LOCK) -o $(LOCK)
 
 run: $(STAMP)
 	$(BIN)/coderouterd
 
-# coderouterd and corectl on PATH for every shell, in an isolated environment of their own (uv tool or pipx).
-# Run it again after a `git pull`. Without either tool: `make .venv/.installed` then `. .venv/bin/activate`.
+# coderouterd and corectl on PATH for every shell, in an isolated environment of their own: uv tool or pipx
+# when installed, else a private venv with the two commands linked into ~/.local/bin (scripts/install_venv.sh).
+# Versions come from the lock either way. Run it again after a `git pull`.
 install:
-	@if command -v uv >/dev/null 2>&1; then uv tool install --force --reinstall . ; \
-	elif command -v pipx >/dev/null 2>&1; then pipx install --force . ; \
-	else echo "make install needs uv (https://docs.astral.sh/uv/) or pipx (https://pipx.pypa.io)."; \
-	     echo "Without them: make .venv/.installed && . .venv/bin/activate   (PATH for this shell only)"; exit 1; fi
-	@command -v corectl >/dev/null 2>&1 || echo "installed; add the tool directory to PATH: uv tool update-shell, or pipx ensurepath"
+	@if command -v uv >/dev/null 2>&1; then uv tool install --force --reinstall -c $(CURDIR)/$(LOCK) . ; \
+	elif command -v pipx >/dev/null 2>&1; then pipx install --force --pip-args='-c $(CURDIR)/$(LOCK)' . ; \
+	else PY=$(PY) bash scripts/install_venv.sh; fi
+	@if command -v uv >/dev/null 2>&1 || command -v pipx >/dev/null 2>&1; then command -v corectl >/dev/null 2>&1 || \
+	    echo "installed; add the tool directory to PATH: uv tool update-shell, or pipx ensurepath"; fi
 
 # The real coding-agent CLIs the e2e tests drive (pinned in tests/clients/package-lock.json). When npm cannot
 # reach its registry the reason is written to .npm-unavailable and those tests skip; any other failure stops here.
@@ -59,11 +79,18 @@ real-llama: | $(BIN)/python
 postgres:
 	bash scripts/postgres.sh
 
-test: $(TEST_STAMP) $(CLIENTS_STAMP) real-llama postgres
+# Debian's headless Chromium for the dashboard's browser tests (installed with apt-get when missing and root);
+# when it cannot be had, the reason goes to tests/browser/.unavailable and those tests skip.
+browser:
+	bash scripts/browser.sh
+
+test: $(TEST_STAMP) $(CLIENTS_STAMP) real-llama browser postgres
 	$(BIN)/python -m pytest
 
+# ruff, then mypy over coderouterd/ and corectl/ (configured in pyproject.toml). .ci/run runs it before the tests.
 lint: $(TEST_STAMP)
 	$(BIN)/ruff check .
+	$(BIN)/mypy
 
 bench: $(TEST_STAMP)
 	$(BIN)/python bench/proxy.py

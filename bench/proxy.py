@@ -170,7 +170,7 @@ def main() -> int:
     args = ap.parse_args()
     if args.state_compare:
         return state_compare(300 if args.quick else 2000, 1.0 if args.quick else args.seconds)
-    from bench.responses import as_chat, codex_body  # here: bench/responses.py imports this module
+    from bench.codex_body import as_chat, codex_body
 
     n = 200 if args.quick else args.n
     rounds = 1 if args.quick else args.rounds

@@ -8,6 +8,13 @@ kill -9 of the managed child, windows of upstream 500s, valid and invalid config
 one kill -9 and restart of the daemon itself (at 30 %, so the second half is one warmed-up daemon). Every 10 s
 it samples the daemon's RSS, fds, threads, children and in-flight gauge.
 
+Mixed in, a hostile upstream of each wire (`hostile-oa`, `hostile-an`, each first in a profile with `backup`
+behind it) whose behaviour changes every HOSTILE_EVERY_S seconds at random (seeded): redirects, answers without
+bound, gzip bombs, endless error bodies, SSE with no line or event end, HTML passed off as a 200, streams cut
+inside a block, hangs, 500s, and sometimes a good answer. Every request to them must end in a complete answer
+(failover) or, when the stream was already committed, a well-formed error event. A prober asks /healthz every
+HEALTHZ_EVERY_S on its own connection the whole time: its p99 must stay under HEALTHZ_P99_MS.
+
 Add a kind of load by appending a `Load` to LOAD_MIX (a new ingress is one entry: path, body, how a complete
 stream ends). Everything runs on loopback; upstreams are the test fakes, in their own processes.
 """
@@ -16,7 +23,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
+import random
 import re
 import signal
 import sqlite3
@@ -41,6 +50,16 @@ from coderouterd.state.audit import read_audit  # noqa: E402
 from coderouterd.state.journal import journal_rows  # noqa: E402
 
 SAMPLE_EVERY_S = 10.0
+HEALTHZ_EVERY_S = 0.1
+HEALTHZ_P99_MS = 50.0
+HOSTILE_EVERY_S = 1.0
+# (behaviour, weight): what the hostile upstreams do, one at a time. The heavy ones (tens of MB on loopback for
+# each request) are rare so the machine measures the daemon, not the fakes.
+HOSTILE = [("redirect;status=307;to=http://127.0.0.1:9/steal", 3), ("big_json;mb=20", 1), ("gzip_bomb;mb=40", 1),
+           ("endless_error;status=500;mb=8", 2), ("sse_no_newline;mb=6", 2), ("sse_no_blank;mb=6", 2),
+           ("raw;status=200;ctype=text/html;hex=3c68746d6c3e3c2f68746d6c3e", 3), ("raw;status=200;hex=6e756c6c", 2),
+           ("cut_mid_block;end=chunked", 3), ("cut_mid_block;end=close", 3), ("disconnect_mid_stream", 2),
+           ("error_mid_stream", 2), ("hang", 1), ("500", 2), ("ok", 4)]
 REQUEST_TIMEOUT_S = 60.0  # a request without an answer by then counts as a hang
 USER = [{"role": "user", "content": "Write one short sentence about soak tests."}]
 TOOLS = [{"name": "Bash", "description": "run a command",
@@ -73,6 +92,7 @@ def _responses(stream: bool) -> dict:
 
 
 ANTHROPIC_DONE, OPENAI_DONE, RESPONSES_DONE = b"event: message_stop", b"data: [DONE]", b"event: response.completed"
+OPENAI_FAILED = b'data: {"error":'  # the error chunk of a chat stream that failed after its 200
 LOAD_MIX: list[Load] = [
     Load("anthropic", "/v1/messages", _anthropic(False)),
     Load("anthropic-stream", "/v1/messages", _anthropic(True), ANTHROPIC_DONE),
@@ -86,6 +106,11 @@ LOAD_MIX: list[Load] = [
     Load("openai-failover", "/v1/chat/completions", _openai(True), OPENAI_DONE, profile="fo"),
     Load("responses", "/v1/responses", _responses(False)),
     Load("responses-stream", "/v1/responses", _responses(True), RESPONSES_DONE, failed=b"event: response.failed"),
+    Load("hostile-an-stream", "/v1/messages", _anthropic(True), ANTHROPIC_DONE, profile="hostile-an"),
+    Load("hostile-an", "/v1/messages", _anthropic(False), profile="hostile-an"),
+    Load("hostile-oa-stream", "/v1/chat/completions", _openai(True), OPENAI_DONE, profile="hostile-oa",
+         failed=OPENAI_FAILED),
+    Load("hostile-oa", "/v1/chat/completions", _openai(False), profile="hostile-oa"),
 ]
 
 
@@ -121,6 +146,17 @@ base_url = "{fakes['b']}/v1"
 [providers.cloud]
 kind = "anthropic"
 base_url = "{fakes['cloud']}/v1"
+[providers.hostile-an]
+kind = "anthropic"
+base_url = "{fakes['hostile-an']}/v1"
+timeouts = {{ first_byte = 2, idle = 2, total = 20 }}
+[providers.hostile-oa]
+base_url = "{fakes['hostile-oa']}/v1"
+timeouts = {{ first_byte = 2, idle = 2, total = 20 }}
+[profiles.hostile-an]
+providers = ["hostile-an", "backup"]
+[profiles.hostile-oa]
+providers = ["hostile-oa", "backup"]
 [profiles.default]
 providers = ["local", "backup"]
 [profiles.alt]
@@ -170,13 +206,19 @@ class Soak:
         self.start_wall = 0.0
         self.load_start: tuple = ()
         self.idle_breakdown: dict = {}
+        self.unexpected: list[tuple[float, str, str, str]] = []  # (s into the run, load, detail, request id)
+        self.healthz: list[tuple[float, float]] = []  # (wall time, ms) of every /healthz answer
+        self.healthz_failures = 0
+        self.hostile_seen: Counter = Counter()
+        self.rng = random.Random(args.seed)
 
     # -- processes ------------------------------------------------------------------------------------------
 
     def start_upstreams(self) -> None:
         for name, kind, behaviour in (("backup", "openai", "ok"), ("flaky", "openai", "ok"),
                                       ("a", "openai", "slow_first_byte;delay=0.05"), ("b", "openai", "ok"),
-                                      ("cloud", "anthropic", "ok")):
+                                      ("cloud", "anthropic", "ok"), ("hostile-an", "anthropic", "ok"),
+                                      ("hostile-oa", "openai", "ok")):
             self.fakes[name], self.fake_urls[name] = start_fake(kind, behaviour)
 
     def write_config(self, text: str | None = None) -> None:
@@ -224,7 +266,7 @@ class Soak:
         if load.path == "/v1/messages":
             headers["anthropic-version"] = "2023-06-01"
         t0, m0 = time.time(), time.monotonic()
-        status, detail = None, ""
+        status, detail, rid = None, "", ""
         try:
             async with asyncio.timeout(REQUEST_TIMEOUT_S):
                 async with session.post(self.url + load.path, data=orjson.dumps(load.body), headers=headers) as r:
@@ -234,7 +276,8 @@ class Soak:
             if status != 200:
                 detail = f"HTTP {status}"
             elif load.done is not None and (load.done not in body or load.failed in body):
-                detail = "stream ended without its end marker" if load.done not in body else "error event in stream"
+                detail = "error event in stream" if load.failed in body else "stream ended without its end marker"
+            rid = r.headers.get("x-request-id", "")
         except TimeoutError:
             detail = "hang"
         except (aiohttp.ClientError, OSError) as e:
@@ -242,11 +285,16 @@ class Soak:
         self.latencies.append(time.monotonic() - m0)
         if not detail:
             self.outcomes[("ok", "200")] += 1
+        elif detail == "error event in stream" and load.name.startswith("hostile"):
+            # Committed to the client (past the stream hold) before the upstream went bad: an error event is the
+            # right answer; what matters is that it is well-formed and at once (the request did not hang).
+            self.outcomes[("expected", "error event (hostile upstream, after commit)")] += 1
         elif detail != "hang" and self._expected(t0, time.time()):
             self.outcomes[("expected", f"{detail} (daemon killed)")] += 1
         else:
             self.outcomes[("unexpected", detail)] += 1
             self.by_load[(load.name, detail)] += 1
+            self.unexpected.append((t0 - self.start_wall, load.name, detail, rid))
 
     # -- faults ---------------------------------------------------------------------------------------------
 
@@ -297,6 +345,36 @@ class Soak:
             elif action == "kill_daemon":
                 await self.kill_daemon()
         await asyncio.gather(*tasks)
+
+    async def hostile(self, http: aiohttp.ClientSession, end: float) -> None:
+        names, weights = zip(*HOSTILE, strict=True)
+        while time.monotonic() < end:
+            behaviour = self.rng.choices(names, weights)[0]
+            self.hostile_seen[behaviour.split(";")[0]] += 1
+            for which in ("hostile-an", "hostile-oa"):
+                with contextlib.suppress(aiohttp.ClientError, OSError):
+                    (await http.post(self.fake_urls[which] + "/_fake/behaviour", json={"behaviour": behaviour})).release()
+            await asyncio.sleep(HOSTILE_EVERY_S)
+        for which in ("hostile-an", "hostile-oa"):
+            (await http.post(self.fake_urls[which] + "/_fake/behaviour", json={"behaviour": "ok"})).release()
+
+    async def healthz_prober(self, end: float) -> None:
+        """/healthz on a connection of its own, every HEALTHZ_EVERY_S: what a supervisor or load balancer sees."""
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5)) as s:
+            while time.monotonic() < end:
+                t0, m0 = time.time(), time.monotonic()
+                try:
+                    async with s.get(self.url + "/healthz") as r:
+                        await r.read()
+                        ok = r.status == 200
+                except (aiohttp.ClientError, OSError, TimeoutError):
+                    ok = False
+                ms = (time.monotonic() - m0) * 1000
+                if ok:
+                    self.healthz.append((t0, ms))
+                elif not self._expected(t0, time.time()):
+                    self.healthz_failures += 1
+                await asyncio.sleep(max(0.0, HEALTHZ_EVERY_S - ms / 1000))
 
     async def window_500(self, http: aiohttp.ClientSession) -> None:
         url = self.fake_urls["flaky"] + "/_fake/behaviour"
@@ -398,7 +476,8 @@ class Soak:
             timeout = aiohttp.ClientTimeout(total=None)
             admin = aiohttp.ClientSession(connector=aiohttp.UnixConnector(str(self.state_dir / "coderouterd.sock")))
             async with aiohttp.ClientSession(connector=conn, timeout=timeout) as load, admin:
-                await asyncio.gather(self.faults(admin, http), self.sampler(http, end),
+                await asyncio.gather(self.faults(admin, http), self.sampler(http, end), self.hostile(http, end),
+                                     self.healthz_prober(end),
                                      *(self.worker(load, i, end) for i in range(self.args.concurrency)))
             # Settle past the upstream pools' keep-alive (60 s, swept every 60 s), so the last sample is an idle
             # daemon again.
@@ -500,9 +579,22 @@ def report(soak: Soak, res: dict) -> dict:
         print(f"  {cls:<10} {detail:<40} {n}")
     for (name, detail), n in sorted(soak.by_load.items()):
         print(f"    unexpected on {name}: {detail} x{n}")
+    for t, name, detail, rid in soak.unexpected[:20]:
+        print(f"    at {t:6.1f}s {name}: {detail} {rid}")
     lat = sorted(soak.latencies)
     print(f"latency p50 {statistics.median(lat) * 1000:.1f} ms, p99 {lat[int(len(lat) * 0.99)] * 1000:.1f} ms, "
           f"max {lat[-1] * 1000:.0f} ms")
+    print(f"hostile upstreams: behaviour changed {sum(soak.hostile_seen.values())} times: "
+          + ", ".join(f"{k} x{n}" for k, n in sorted(soak.hostile_seen.items())))
+    hz = [ms for t, ms in soak.healthz if not soak._expected(t, t)]
+    hz_p99 = sorted(hz)[int(len(hz) * 0.99)] if hz else float("nan")
+    print(f"/healthz every {HEALTHZ_EVERY_S:g} s: {len(hz)} answers outside the daemon's restart, p50 "
+          f"{statistics.median(hz):.1f} ms, p99 {hz_p99:.1f} ms, max {max(hz):.0f} ms; failures {soak.healthz_failures}"
+          if hz else "/healthz: no answers")
+    windows = {}
+    for t, ms in soak.healthz:
+        windows.setdefault(int((t - soak.start_wall) // 60), []).append(ms)
+    print("  per minute p99 ms: " + " ".join(f"{sorted(v)[int(len(v) * 0.99)]:.0f}" for _, v in sorted(windows.items())))
     second = [s for s in soak.samples if s["t"] >= secs / 2]
     growth = second[-1]["rss_mb"] - second[0]["rss_mb"] if len(second) >= 2 else float("nan")
     print("\nsamples (every 10 s): t, daemon pid, RSS MB, fds, threads, children (own), managed child alive, "
@@ -543,12 +635,13 @@ def report(soak: Soak, res: dict) -> dict:
           f"exit code {res['exit_code']}; children left after SIGTERM: {len(orphans)}")
     unexpected = sum(n for (cls, _), n in soak.outcomes.items() if cls == "unexpected")
     verdict = (unexpected == 0 and all(c[-1] for c in checks) and ic == "ok" and unclosed == 0 and not orphans
-               and (growth <= 2.0 if second else False))
+               and (growth <= 2.0 if second else False) and hz_p99 < HEALTHZ_P99_MS and soak.healthz_failures == 0)
     print(f"\nverdict: {'PASS' if verdict else 'FAIL'}  (state dir {soak.state_dir})")
     return {"requests": total, "rate": total / secs, "outcomes": {f"{c}:{d}": n for (c, d), n in soak.outcomes.items()},
             "rss_growth_second_half_mb": growth, "samples": soak.samples, "child_recovery_s": rec,
             "daemon_restart": dr, "consistency": checks, "integrity": ic, "unclosed": unclosed, "pass": verdict,
-            "events": soak.events}
+            "events": soak.events, "healthz_p99_ms": hz_p99, "healthz_failures": soak.healthz_failures,
+            "hostile": dict(soak.hostile_seen)}
 
 
 def main() -> int:
@@ -559,6 +652,7 @@ def main() -> int:
     ap.add_argument("--settle", type=float, default=130.0,
                     help="idle seconds after the load before the last sample (aiohttp closes a keep-alive "
                          "connection 60-120 s after its last use)")
+    ap.add_argument("--seed", type=int, default=23, help="the hostile upstreams' choices")
     ap.add_argument("--json", type=Path, help="also write the figures here")
     args = ap.parse_args()
     soak = Soak(args)

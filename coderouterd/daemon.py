@@ -30,12 +30,17 @@ from .state.repair_stats import RepairStats
 from .state.shared.backend import build as build_backend
 from .tasks import TaskSet
 from .telemetry import Telemetry
+from .ui.feed import LiveFeed
 from .warmup import warm_imports
 
 if TYPE_CHECKING:
+    from .config.schema import ConfigModel
+    from .guards.budget import Budget
     from .health.monitor import HealthMonitor
     from .health.selfheal import SelfHealer
     from .routing.executor import Exchange
+    from .state.shared.budget import SharedBudget
+    from .supervise.from_config import Processes
 
 log = logging.getLogger("coderouterd")
 
@@ -59,7 +64,7 @@ class Daemon:
         # What is shared with other instances (README: Several machines): nothing with the default backend.
         self.shared = build_backend(cfg.state, state_dir=t.state_dir, version=self.version, tasks=self.tasks,
                                     publish=t.publish, journal_db=t.journal_path,
-                                    info=lambda: {"listen": f"{self.listen[0]}:{self.listen[1]}"})
+                                    info=self._shared_info)
         self.shared.attach_routing(self.routing)
         # finish(ex) and other bookkeeping run here, once the answer is out (see after_response.py)
         self.after_response = AfterResponse()
@@ -80,11 +85,13 @@ class Daemon:
         # ingress -> model requests being served now (the proxy counts them in and out on the event loop)
         self.in_flight: dict[str, int] = {"anthropic": 0, "openai": 0, "responses": 0}
         self.health: HealthMonitor | None = None
-        self.budget = None  # guards.budget.Budget, or the shared ledger's SharedBudget
-        self.processes = None  # supervise.from_config.Processes when any provider has a process block
+        self.budget: Budget | SharedBudget | None = None  # the shared ledger's with [state] backend = "postgres"
+        self.processes: Processes | None = None  # when any provider has a process block
         self.metrics = LazyMetrics(self)
         self.metrics_endpoint = self.metrics.endpoint  # GET /metrics (ingress dispatches it)
         self.repair_stats = RepairStats()
+        # The dashboard's live feed (ui/feed.py): fed by the bus's writer thread, idle while nobody watches.
+        self.live = LiveFeed()
         self.drift: DriftManager | None = None
         self.memory = MemoryWatch(low_mb=cfg.memory.low_available_mb, interval_s=cfg.memory.sample_interval_s,
                                   publish=t.publish)
@@ -99,6 +106,8 @@ class Daemon:
         t.bus.subscribe(self.metrics.sink)
         t.bus.subscribe(self.repair_stats.sink)
         t.start()
+        # After the journal's sink (subscribed by start()): a browser told of a request finds its row already written.
+        t.bus.subscribe(self.live.sink)
         cfg = self._loaded.model
         self.persisted.restore_routing(self.routing,
                                        managed={p for p in cfg.providers if cfg.process_for(p) is not None})
@@ -150,6 +159,10 @@ class Daemon:
         from .interpreter import settle
 
         settle()
+
+    def _shared_info(self) -> dict:
+        """What this instance's heartbeat row says about it, beyond its name and pid."""
+        return {"listen": f"{self.listen[0]}:{self.listen[1]}"}
 
     def _supervisor(self):
         return self.processes.supervisor if self.processes is not None else None
@@ -248,10 +261,9 @@ class Daemon:
                 self.servers.refresh(p)
 
     def _publish(self, event) -> None:
-        if self.telemetry is not None:
-            self.telemetry.publish(event)
+        self.telemetry.publish(event)
 
-    def _reload_processes(self, cfg) -> None:
+    def _reload_processes(self, cfg: ConfigModel) -> None:
         if self.processes is None and _has_processes(cfg):
             from .supervise.from_config import Processes
 
@@ -282,10 +294,9 @@ class Daemon:
         if self.runtime is not None:
             await close_pools(self.runtime)
         self.after_response.drain()  # requests the server finished while the parts above stopped
-        if self.telemetry is not None:
-            self.router.affinity.flush()
-            self.telemetry.publish(DaemonLifecycle(event="stop", pid=self.pid, version=self.version))
-            self.telemetry.stop()
+        self.router.affinity.flush()
+        self.telemetry.publish(DaemonLifecycle(event="stop", pid=self.pid, version=self.version))
+        self.telemetry.stop()
 
     def _memory_order(self, profile, candidates: list[str]) -> list[dict]:
         providers = self.runtime.providers
@@ -294,19 +305,19 @@ class Daemon:
 
     # -- request hooks --------------------------------------------------------------------------------------
 
-    def _configure_budget(self, cfg) -> None:
+    def _configure_budget(self, cfg: ConfigModel) -> None:
         self.budget.configure(cfg.providers, global_cap_usd=cfg.budget.global_monthly_usd,
                               warn_ratio=cfg.budget.warn_ratio)
 
     async def guard_request(self, ex: Exchange) -> bool:
         """Guards that act before routing. True when a guard already answered the request."""
-        return await apply_tool_loop(ex, self.telemetry.publish if self.telemetry else None)
+        return await apply_tool_loop(ex, self.telemetry.publish)
 
     def finish(self, ex: Exchange) -> None:
         """After every request (ingress calls it): see observe/finish.py."""
         self._finisher(ex)
 
 
-def _has_processes(cfg) -> bool:
+def _has_processes(cfg: ConfigModel) -> bool:
     # Checked without importing the supervisor: most setups own no process, and start-up time matters.
     return any(p.process is not None for p in cfg.providers.values())

@@ -7,12 +7,17 @@ from __future__ import annotations
 import asyncio
 import logging
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .config.schema import ConfigModel
+    from .daemon import Daemon
 
 log = logging.getLogger("coderouterd.reload")
 daemon_log = logging.getLogger("coderouterd")
 
 
-def warn_reload_risks(cfg) -> None:
+def warn_reload_risks(cfg: ConfigModel) -> None:
     """Settings that make a backend reload its model behind our back (logged at start and on each reload)."""
     from .affinity.ollama import reload_risks
 
@@ -67,7 +72,7 @@ def changed_sections(old, new) -> list[str]:
     return changed
 
 
-async def apply_reload(daemon, source: str) -> dict:
+async def apply_reload(daemon: Daemon, source: str) -> dict:
     result = await daemon.reload(source=source)
     if result.get("ok"):
         changed = result.get("changed")
@@ -85,7 +90,7 @@ class ConfigWatcher:
     """Watches the config file's directory, not the file: editors that save by writing a new file and renaming
     it over the old one replace the inode, which a watch on the file itself would lose."""
 
-    def __init__(self, daemon, path: str, *, step_ms: int = 50, debounce_ms: int = 1600) -> None:
+    def __init__(self, daemon: Daemon, path: str, *, step_ms: int = 50, debounce_ms: int = 1600) -> None:
         self.daemon = daemon
         self.path = Path(path)
         self.step_ms = step_ms

@@ -210,10 +210,14 @@ async def _run(daemon: Daemon, loaded: LoadedConfig, admin: AdminServer) -> int:
     limits = daemon.connection_limits
     config = uvicorn.Config(
         ProxyApp(daemon), host=s.host, port=s.port, loop="none", http=make_protocol(limits), lifespan="on",
-        access_log=False, log_level="warning", timeout_graceful_shutdown=s.drain_timeout_s,
-        server_header=False, date_header=False, timeout_keep_alive=s.keep_alive_s, proxy_headers=False,
+        access_log=False, log_level="warning",
+        # uvicorn annotates both as int but uses them as asyncio timeouts, and our config takes fractions of a
+        # second (float seconds, as every other timeout in [server]).
+        timeout_graceful_shutdown=s.drain_timeout_s,  # type: ignore[arg-type]
+        server_header=False, date_header=False, timeout_keep_alive=s.keep_alive_s,  # type: ignore[arg-type]
+        proxy_headers=False,
     )
-    proxy = ManagedServer(config)
+    proxy = ManagedServer(config, on_shutdown=(daemon.live.close,))
     signals = _Signals(daemon, proxy, admin)
     signals.install()
     # Not on the embedded default: there is no file to watch.
@@ -221,7 +225,7 @@ async def _run(daemon: Daemon, loaded: LoadedConfig, admin: AdminServer) -> int:
     # The announcement and the admin API: owned here, ended (and awaited) before serve() returns.
     tasks = TaskSet()
     running: dict[str, asyncio.Task] = {}
-    failed = []
+    failed: list[str] = []
     tasks.spawn(_after_start(proxy, watcher, admin, tasks, running, failed, s.host, s.port, loaded.path),
                 name="announce")
     try:

@@ -34,26 +34,27 @@ class Telemetry:
         self._config = config
 
     def start(self) -> None:
-        if not self.enabled:
+        store = self.store
+        if not isinstance(store, Store):  # not enabled: state in memory only
             self.bus.start()
             return
         try:
             self.state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         except OSError as e:
             log.error("state directory %s is unusable: %s (serving without persistence)", self.state_dir, e)
-        self.store.open()
-        if not self.store.healthy:
-            log.error("state store unusable: %s (serving on, retrying)", self.store.problem)
+        store.open()
+        if not store.healthy:
+            log.error("state store unusable: %s (serving on, retrying)", store.problem)
         st = self._config.state
         self.audit = AuditLog(self.state_dir, max_bytes=int(st.audit_max_mb * 1024 * 1024), keep=st.audit_keep,
                               bus=self.bus)
-        self.bus.subscribe(self.store.journal_sink(), kinds={RequestFinished.kind})
+        self.bus.subscribe(store.journal_sink(), kinds={RequestFinished.kind})
         self.bus.subscribe(self.audit.sink)
         self.bus.start()
 
     def stop(self) -> None:
         self.bus.stop()
-        if self.enabled:
+        if isinstance(self.store, Store):  # enabled
             self.store.close()
         if self.audit is not None:
             self.audit.close()

@@ -24,13 +24,16 @@ if TYPE_CHECKING:
 
     from coderouterd.admin.apitype import (
         ConfigCheckAnswer,
+        HistoryRequestsAnswer,
         ModelControlAnswer,
         ModelsAnswer,
         ProcessActionAnswer,
         ProcessesAnswer,
         ProvidersAnswer,
         RequestsAnswer,
+        SpendAnswer,
         Trace,
+        TrendsAnswer,
     )
 
 
@@ -134,3 +137,17 @@ class DaemonAPI:
         if code >= 400:
             raise CorectlError(str(data.get("error") or f"HTTP {code}"), code=1, payload=data)
         return _typed(_models().Trace, "GET", path, data)
+
+    # -- history (the journal's trends, as the dashboard shows them) ---------------------------------------------
+
+    def history_spend(self) -> SpendAnswer:
+        return self._get(_models().SpendAnswer, "/v1/history/spend")
+
+    def history_trends(self, range_name: str = "24h") -> TrendsAnswer:
+        return self._get(_models().TrendsAnswer, f"/v1/history/trends?range={quote(range_name, safe='')}")
+
+    def history_requests(self, *, limit: int = 50, **filters: str | None) -> HistoryRequestsAnswer:
+        """The last requests from the journal, newest first; filters: profile, provider, outcome."""
+        query = "&".join(f"{k}={quote(v, safe='')}" for k, v in filters.items() if v)
+        return self._get(_models().HistoryRequestsAnswer, f"/v1/history/requests?limit={int(limit)}"
+                         + (f"&{query}" if query else ""))

@@ -8,10 +8,21 @@ from dataclasses import dataclass
 from typing import Annotated
 
 import typer
-from typer.core import TyperGroup
+from typer.core import TyperGroup, TyperOption
 
 from . import __version__, commands
 from .api import DaemonAPI
+
+_typed = TyperOption.display_type_rich
+
+
+def _display_type_rich(self, ctx):
+    # Typer's Rich help gives every option a type column, flags included (`--json <bool>`), although its plain
+    # help leaves flags bare: a flag takes no value, so it gets no type (tests/unit/test_corectl_help.py).
+    return None if self.is_flag or self.count else _typed(self, ctx)
+
+
+TyperOption.display_type_rich = _display_type_rich  # type: ignore[method-assign]  # the patch described above
 
 
 class _Root(TyperGroup):

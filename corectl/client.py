@@ -6,8 +6,12 @@ the daemon's config stack (pydantic) unless the cheap guesses at the socket path
 from __future__ import annotations
 
 import os
+from typing import TYPE_CHECKING
 
 from coderouterd.admin.version import API_VERSION, API_VERSION_HEADER
+
+if TYPE_CHECKING:
+    import http.client
 
 SOCKET_NAME = "coderouterd.sock"
 DEFAULT_TIMEOUT_S = 15.0
@@ -86,7 +90,7 @@ def resolve_socket(explicit: str | None) -> str:
     return cheap_socket_path()
 
 
-def _unix_connection(path: str, timeout: float):
+def _unix_connection(path: str, timeout: float) -> http.client.HTTPConnection:
     """An http.client connection whose transport is the Unix socket at `path` (imports deferred: paths that
     never call the daemon do not pay for http.client)."""
     import http.client
@@ -115,7 +119,7 @@ class AdminClient:
     def __init__(self, socket_path: str, *, timeout: float = DEFAULT_TIMEOUT_S) -> None:
         self.socket_path = socket_path
         self.timeout = timeout
-        self._conn = None
+        self._conn: http.client.HTTPConnection | None = None
 
     def close(self) -> None:
         if self._conn is not None:

@@ -7,33 +7,11 @@ from __future__ import annotations
 
 import sqlite3
 
+from coderouterd.observe.traces import trace_from_row
+
 from .api import DaemonAPI
 from .client import CorectlError, DaemonNotRunning
 from .commands import emit_json, run
-
-
-def trace_from_row(row: dict) -> dict:
-    """The journal row in the shape of a decision trace; what the journal does not keep is None."""
-    steps = row.get("attempts") or []
-    return {
-        "request_id": row["request_id"], "ts": row["ts"], "ingress": row.get("ingress"),
-        "stream": row.get("streaming"), "model_requested": row.get("model_requested"),
-        "model_used": row.get("model_used"), "profile": row.get("profile"), "mode": None,
-        "candidates": None, "effective_order": None, "order_notes": None,
-        "skips": [{"provider": s["provider"], "reason": s.get("reason"), "message": ""}
-                  for s in steps if s.get("outcome") == "skipped"],
-        "attempts": [a for a in steps if a.get("outcome") != "skipped"],
-        "served_by": row.get("provider"), "status": row.get("status"), "error_class": row.get("error_class"),
-        "race_outcome": row.get("race_outcome"), "latency_ms": row.get("latency_ms"), "ttfb_ms": row.get("ttfb_ms"),
-        "usage": {"input_tokens": row.get("input_tokens"), "output_tokens": row.get("output_tokens"),
-                  "cache_read_input_tokens": row.get("cache_read_tokens"),
-                  "cache_creation_input_tokens": row.get("cache_write_tokens")},
-        "cost_usd": row.get("cost_usd"),
-        "affinity": {"session": row.get("session"), "lane": row.get("lane"), "slot": row.get("slot"),
-                     "predicted_tokens": row.get("predicted_tokens"), "cached_tokens": row.get("cache_read_tokens"),
-                     "cache_bust": {"segment": row["cache_bust"]} if row.get("cache_bust") else None}
-        if row.get("lane") else None,
-    }
 
 
 def find_trace(socket: str | None, request_id: str, state_dir: str | None) -> tuple[dict, str]:
@@ -94,7 +72,7 @@ def affinity_rows(aff: dict | None) -> list:
     if aff.get("placement"):
         where += f" ({aff['placement']})"
     pred, got = aff.get("predicted_tokens"), aff.get("cached_tokens")
-    rows = [("affinity", where),
+    rows: list[tuple[str, str | Text]] = [("affinity", where),
             ("prefix", f"predicted {pred:,} cached tokens, backend reported " +
              (f"{got:,}" if got is not None else "nothing") if pred is not None else "not predicted")]
     bust = aff.get("cache_bust")
@@ -172,16 +150,16 @@ def render(trace: dict, source: str, out) -> None:
     columns = [("#", right, 0), ("Provider", {"style": "bold", "no_wrap": True}, 0), ("Outcome", {"no_wrap": True}, 0),
                ("Reason", {"no_wrap": True}, 0), ("HTTP", right, 2), ("Time", right, 1),
                ("Detail", {"overflow": "fold"}, 3)]
-    rows = []
+    cells = []
     for i, a in enumerate(attempts, 1):
         ok = a.get("outcome") == "ok"
         winner = ok and a.get("provider") == served
-        rows.append([str(i), Text(a.get("provider") or "?", style="bold green" if winner else ""),
+        cells.append([str(i), Text(a.get("provider") or "?", style="bold green" if winner else ""),
                      Text((a.get("outcome") or "?") + (" (panic)" if a.get("panic") else ""),
                           style="green" if ok else "red"),
                      "" if ok else (a.get("reason") or ""), str(a["status"]) if a.get("status") else "-",
                      _ms(a.get("ms")), a.get("message") or ""])
     if attempts:
-        out.print(fit_table(out.width, columns, rows, title="Attempts", title_justify="left", title_style="bold"))
+        out.print(fit_table(out.width, columns, cells, title="Attempts", title_justify="left", title_style="bold"))
     else:
         out.print(Text("No provider was attempted.", style="red"))

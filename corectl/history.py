@@ -298,14 +298,6 @@ def _rows(sdir: Path, **kw) -> list[dict]:
         raise CorectlError(f"cannot read the journal {sdir / DB_FILE}: {e}", code=1) from None
 
 
-def health_word(provider: dict) -> str:
-    """A provider's state as `corectl status` and `top` show it: `auth (401)` while it refuses our key."""
-    auth = provider.get("auth")
-    if auth:
-        return f"auth ({auth.get('status')})"
-    return provider.get("health", "unknown")
-
-
 def route_text(attempts: list[dict]) -> str:
     parts = []
     for a in attempts or []:

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Sequence
+from typing import Any
 
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
-
-from .history import health_word
 
 _BREAKER_STYLE = {"closed": "green", "open": "bold red", "half_open": "yellow"}
 _HEALTH_STYLE = {"HEALTHY": "green", "DEGRADED": "yellow", "UNHEALTHY": "bold red"}
@@ -23,7 +23,19 @@ def console() -> Console:
     return c
 
 
-def fit_table(width: int, columns: list[tuple[str, dict, int]], rows: list[list], **table_kw) -> Table:
+def health_word(provider: dict) -> str:
+    """A provider's state as `corectl status` and `top` show it: `auth (401)` while it refuses our key."""
+    auth = provider.get("auth")
+    if auth:
+        return f"auth ({auth.get('status')})"
+    return provider.get("health", "unknown")
+
+
+# A column: (header, add_column kwargs, drop rank). The kwargs are Any: their dicts mix value types.
+Column = tuple[str, Any, int]
+
+
+def fit_table(width: int, columns: Sequence[Column], rows: Sequence[Sequence[Any]], **table_kw) -> Table:
     """A table that fits `width` columns without cutting anything: columns are (header, add_column kwargs, drop
     rank). Rank 0 is always shown; while the table's narrowest rendering (no_wrap cells whole, wrappable cells
     at their longest word) is wider than `width`, the column with the highest rank goes. Ids are no_wrap
@@ -47,7 +59,7 @@ def fit_table(width: int, columns: list[tuple[str, dict, int]], rows: list[list]
 _MEASURE = Console(width=10_000, highlight=False)
 
 
-def _sizes(columns: list[tuple[str, dict, int]], rows: list[list]) -> tuple[list[int], list[int]]:
+def _sizes(columns: Sequence[Column], rows: Sequence[Sequence[Any]]) -> tuple[list[int], list[int]]:
     """Per column: the narrowest it can be without cutting (no_wrap: its widest cell; else its longest word)
     and its natural width, padding excluded. Each cell is measured once."""
     from rich.measure import Measurement
@@ -436,6 +448,6 @@ def profile_detail(data: dict, out: Console) -> None:
     out.print(_kv(rows))
     columns = [("#", {"justify": "right", "no_wrap": True}, 0), ("Provider", {"style": "bold", "no_wrap": True}, 0),
                ("Kind", {"no_wrap": True}, 1), ("Base URL", {"no_wrap": True}, 2), ("Model", {"no_wrap": True}, 3)]
-    rows = [[str(i), p["name"], p["kind"] + (" $" if p.get("paid") else ""), p["base_url"],
-             p["model"] or Text("(client's)", style="dim")] for i, p in enumerate(data["providers"], 1)]
-    out.print(fit_table(out.width, columns, rows, title="Chain", title_justify="left", title_style="bold"))
+    cells = [[str(i), p["name"], p["kind"] + (" $" if p.get("paid") else ""), p["base_url"],
+              p["model"] or Text("(client's)", style="dim")] for i, p in enumerate(data["providers"], 1)]
+    out.print(fit_table(out.width, columns, cells, title="Chain", title_justify="left", title_style="bold"))

@@ -15,7 +15,7 @@ import time
 from .api import DaemonAPI
 from .client import CorectlError
 from .commands import emit_json, report_error
-from .history import health_word, route_text
+from .history import route_text
 
 RATE_WINDOW_S = 10.0
 RECENT_SHOWN = 12
@@ -32,6 +32,8 @@ def _median(values: list[float]) -> float | None:
 
 def compute(status: dict, traces: list[dict], now: float, *, rate_window_s: float = RATE_WINDOW_S) -> dict:
     """What the view shows, as data (also the --json output). Traces are newest first."""
+    from .render import health_word
+
     window = status.get("stats_window_s") or 60.0
     recent = [t for t in traces if t.get("ts") is not None and now - t["ts"] <= rate_window_s]
     in_window = [t for t in traces if t.get("ts") is not None and now - t["ts"] <= window]
@@ -123,7 +125,7 @@ def view(data: dict, error: str | None = None, *, width: int = 10_000, height: i
                ("Health", {"no_wrap": True}, 0), ("Req/s", right, 4), ("p50 latency", right, 0),
                ("p50 TTFB", right, 3), ("Reqs", right, 1), ("Errors", right, 2),
                ("Cache hit", right, 5), ("Repaired", right, 6), ("Drift", {"no_wrap": True}, 7)]
-    rows = []
+    rows, interest = [], []
     for p in data["providers"]:
         breaker = p["breaker"].replace("_", "-")
         if p["breaker"] == "open" and p.get("retry_in_s") is not None:
@@ -132,20 +134,33 @@ def view(data: dict, error: str | None = None, *, width: int = 10_000, height: i
                      _health(p["health"]), f"{p['requests_per_s']:.2f}", ms(p["p50_latency_ms"]),
                      ms(p["p50_ttfb_ms"]), str(p["samples"]), Text(str(p["errors"]), style="red" if p["errors"] else ""),
                      cache_hit(p.get("cache")), repair_cell(p.get("tool_repair")), drift_cell(p.get("drift"))])
-    parts.append(fit_table(width, columns, rows, title=f"Providers (latency over {data['stats_window_s']:g} s)",
-                           title_justify="left", title_style="bold", **compact))
+        troubled = p["breaker"] != "closed" or str(p["health"]).upper() not in ("HEALTHY", "UNKNOWN") or bool(p["errors"])
+        interest.append((not troubled, -p["requests_per_s"], -p["samples"]))
 
-    orders = []
+    def providers_table(keep: int):
+        shown = _fold(rows, interest, keep, len(columns))
+        hint = "; all: corectl providers" if len(shown) < len(rows) else ""
+        return fit_table(width, columns, shown, title=f"Providers (latency over {data['stats_window_s']:g} s{hint})",
+                         title_justify="left", title_style="bold", **compact)
+
+    orders, order_interest = [], []
     for p in data["profiles"]:
         order = Text(" > ".join(p["effective_order"]) or "none available",
                      style="" if p["effective_order"] else "bold red")
         if p["skips"]:
             order.append(f"  skipped: {', '.join(p['skips'])}", style="yellow")
         orders.append([Text("●", style="green") if p["active"] else "", p["name"], p.get("mode") or "", order])
-    parts.append(fit_table(width, [("", {"no_wrap": True}, 0), ("Profile", {"no_wrap": True, "style": "bold"}, 0),
-                                   ("Mode", {"no_wrap": True}, 1), ("Order", {}, 0)], orders,
-                           title="Effective order", title_justify="left", title_style="bold", **compact))
+        order_interest.append((not p["active"], not p["skips"] and bool(p["effective_order"])))
+    order_columns = [("", {"no_wrap": True}, 0), ("Profile", {"no_wrap": True, "style": "bold"}, 0),
+                     ("Mode", {"no_wrap": True}, 1), ("Order", {}, 0)]
 
+    def orders_table(keep: int):
+        shown = _fold(orders, order_interest, keep, len(order_columns))
+        hint = " (all: corectl profile list)" if len(shown) < len(orders) else ""
+        return fit_table(width, order_columns, shown, title=f"Effective order{hint}", title_justify="left",
+                         title_style="bold", **compact)
+
+    after: list = []
     if data.get("processes"):
         pr = Text("processes: ", style="bold")
         for name, s in data["processes"].items():
@@ -153,19 +168,11 @@ def view(data: dict, error: str | None = None, *, width: int = 10_000, height: i
             pr.append(f"{name} ")
             pr.append(s["state"] or "?", style=style)
             pr.append(f" (pid {s['pid'] or '-'}, {s.get('restarts_total') or 0} restarts)  ")
-        parts.append(pr)
+        after.append(pr)
 
-    footer = Text(f"updated {time.strftime('%H:%M:%S', time.localtime(data['at']))}; spend "
-                  f"{money((data.get('spend') or {}).get('spent'))}", style="dim")
-    recent = data["recent"]
-    if height is not None:
-        # Title, header and rule (plus two borders when not compact) around the rows.
-        overhead = 3 if compact else 5
-        room = height - _lines(parts, width) - 1 - overhead
-        recent = recent[:max(0, room)]
-    if height is None or recent or room >= 1:
+    def recent_table(keep: int):
         cells = []
-        for q in recent:
+        for q in data["recent"][:keep]:
             status = q.get("status") or 0
             cells.append([time.strftime("%H:%M:%S", time.localtime(q["ts"])) if q.get("ts") else "-",
                           q.get("request_id") or "", q.get("profile") or "",
@@ -173,12 +180,60 @@ def view(data: dict, error: str | None = None, *, width: int = 10_000, height: i
                           ms(q.get("latency_ms")), ms(q.get("ttfb_ms")), q.get("route") or ""])
         if not data["recent"]:
             cells.append(["", Text("no requests yet", style="dim"), "", "", "", "", ""])
-        parts.append(fit_table(width, [("Time", {"no_wrap": True}, 0), ("Request", {"no_wrap": True}, 0),
-                                       ("Profile", {"no_wrap": True}, 3), ("Status", right, 0),
-                                       ("Latency", right, 2), ("TTFB", right, 1), ("Route", {}, 4)], cells,
-                               title="Recent requests", title_justify="left", title_style="bold", **compact))
+        return fit_table(width, [("Time", {"no_wrap": True}, 0), ("Request", {"no_wrap": True}, 0),
+                                 ("Profile", {"no_wrap": True}, 3), ("Status", right, 0),
+                                 ("Latency", right, 2), ("TTFB", right, 1), ("Route", {}, 4)], cells,
+                         title="Recent requests", title_justify="left", title_style="bold", **compact)
+
+    keep_p, keep_o = len(rows), len(orders)
+    if height is not None:
+        # Many providers or profiles must not push the panes below them off the screen: fold the tables (the
+        # troubled and busy rows stay, the rest become one "+N more" line) until the frame leaves room for a
+        # few recent requests and the footer.
+        fixed = _lines(parts + after + [recent_table(min(3, len(data["recent"])))], width) + 1
+        p_lines = _lines([providers_table(keep_p)], width)
+        o_lines = _lines([orders_table(keep_o)], width)
+        while fixed + p_lines + o_lines > height and (keep_p > 1 or keep_o > 1):
+            if keep_p >= keep_o and keep_p > 1:
+                keep_p -= 1
+                p_lines = _lines([providers_table(keep_p)], width)
+            else:
+                keep_o -= 1
+                o_lines = _lines([orders_table(keep_o)], width)
+    parts.append(providers_table(keep_p))
+    parts.append(orders_table(keep_o))
+    parts.extend(after)
+
+    footer = Text(f"updated {time.strftime('%H:%M:%S', time.localtime(data['at']))}; spend "
+                  f"{money((data.get('spend') or {}).get('spent'))}", style="dim")
+    if height is not None:
+        # A routed request's row can take two lines (its route wraps): start from one line a row and drop rows
+        # until the table fits what the panes above left.
+        room = height - _lines(parts, width) - 1 - (3 if compact else 5)
+        keep = max(0, min(room, len(data["recent"])))
+        table = recent_table(keep)
+        while keep > 0 and _lines([table], width) > height - _lines(parts, width) - 1:
+            keep -= 1
+            table = recent_table(keep)
+        if keep or room >= 1:
+            parts.append(table)
+    else:
+        parts.append(recent_table(len(data["recent"])))
     parts.append(footer)
     return Group(*parts)
+
+
+def _fold(rows: list[list], interest: list[tuple], keep: int, ncols: int) -> list[list]:
+    """`rows` cut to `keep` lines: the most interesting (lowest `interest`) rows, in their own order, and a last
+    line saying how many are not shown (short: it sits in a column that never wraps)."""
+    from rich.text import Text
+
+    if keep >= len(rows):
+        return rows
+    keep = max(1, keep) - 1  # the summary line takes one
+    chosen = sorted(sorted(range(len(rows)), key=lambda i: interest[i])[:keep])
+    more = Text(f"+{len(rows) - keep} more", style="dim")
+    return [rows[i] for i in chosen] + [[more] + [""] * (ncols - 1)]
 
 
 def _simple_box():
@@ -212,7 +267,7 @@ class _Keys:
 
     def __init__(self) -> None:
         self.fd = sys.stdin.fileno() if sys.stdin is not None and sys.stdin.isatty() else None
-        self._saved = None
+        self._saved: list | None = None  # the terminal's attributes, restored on exit
 
     def __enter__(self) -> _Keys:
         if self.fd is not None:

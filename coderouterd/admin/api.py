@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from fastapi import APIRouter, FastAPI
 
@@ -17,26 +18,18 @@ from ..config import ConfigError, load_config
 from ..live_config import UnknownProfile
 from ..reload import apply_reload
 from . import apitype, views
-from .errors import AdminError, AdminRoute, JSONAnswer, install
+from .errors import ANSWER, REFUSALS, AdminError, AdminRoute, JSONAnswer, install, runtime_of
 from .version import API_VERSION
+
+if TYPE_CHECKING:
+    from ..daemon import Daemon
+    from ..live_config import Runtime
 
 __all__ = ["API_VERSION", "create_admin_app"]
 
 log = logging.getLogger("coderouterd.admin")
 
-# Every route: answers are validated against their model, and only the fields the handler set are sent.
-ANSWER = {"response_model_exclude_unset": True}
-REFUSALS = {code: {"model": apitype.ErrorAnswer} for code in (400, 404, 409, 422, 500, 502, 503)}
-
-
-def runtime_of(daemon):
-    runtime = daemon.runtime
-    if runtime is None:
-        raise AdminError(503, "coderouterd is still starting")
-    return runtime
-
-
-def _profile_detail(daemon, name: str) -> dict:
+def _profile_detail(daemon: Daemon, name: str) -> dict:
     runtime = runtime_of(daemon)
     prof = runtime.config.profiles.get(name)
     if prof is None:
@@ -55,12 +48,12 @@ def _profile_detail(daemon, name: str) -> dict:
     }
 
 
-def _provider_brief(runtime, name: str) -> dict:
+def _provider_brief(runtime: Runtime, name: str) -> dict:
     c = runtime.providers[name].cfg
     return {"name": name, "kind": c.kind, "base_url": c.base_url, "model": c.model, "paid": c.paid}
 
 
-def daemon_routes(daemon, socket_path: Path) -> APIRouter:
+def daemon_routes(daemon: Daemon, socket_path: Path) -> APIRouter:
     """Status, profiles, reload and the config check."""
     r = APIRouter(route_class=AdminRoute, responses=REFUSALS)
 
@@ -115,7 +108,7 @@ def daemon_routes(daemon, socket_path: Path) -> APIRouter:
     return r
 
 
-def create_admin_app(daemon, socket_path: Path) -> FastAPI:
+def create_admin_app(daemon: Daemon, socket_path: Path) -> FastAPI:
     from .ops import ops_routes
 
     app = FastAPI(title="coderouterd admin API", version=str(API_VERSION), openapi_url="/openapi.json",

@@ -250,6 +250,45 @@ class RequestsAnswer(Answer):
     kept: int
 
 
+# -- history (the journal's trends; the dashboard shows the same answers) --------------------------------------
+
+class SpendAnswer(Answer):
+    month: str  # YYYY-MM, UTC: the budget's period
+    days: list[float]  # each UTC day's start, epoch seconds
+    today: int  # index of today in `days`
+    # provider -> daily (USD per day, None after today), spent, reserved (in flight), cap (None: no cap), ratio
+    providers: dict[str, dict[str, Any]]
+    global_: dict[str, Any] | None = Field(None, alias="global")
+    journal: bool  # false: [state] is off, no history
+
+
+class TrendsAnswer(Answer):
+    range: str
+    t: list[float]  # bucket starts, epoch seconds
+    step_s: float
+    # provider -> ttft_p50, ttft_p95, total_p50, total_p95 (ms), cache_hit_ratio (0..1), requests: one per bucket
+    providers: dict[str, dict[str, list[float | None]]]
+    busts: list[dict[str, Any]] = []  # newest first: ts, request_id, provider, profile, segment, cached_tokens
+    journal: bool
+
+
+class RequestBrief(Answer):
+    request_id: str
+    ts: float | None = None
+    profile: str | None = None
+    provider: str | None = None
+    status: int | None = None
+    error_class: str | None = None
+    latency_ms: float | None = None
+    ttfb_ms: float | None = None
+    cost_usd: float | None = None
+
+
+class HistoryRequestsAnswer(Answer):
+    source: str  # "journal", or "memory" when [state] is off
+    requests: list[RequestBrief]  # newest first
+
+
 class ErrorAnswer(Answer):
     """Every refusal: a one-line reason, and fields that help the caller (valid names, the process, ...)."""
 

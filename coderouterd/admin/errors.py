@@ -5,7 +5,8 @@ reads. Also the API version header on every answer, errors included, and JSON as
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
 
 import orjson
 from fastapi import FastAPI, Request
@@ -16,6 +17,9 @@ from starlette.responses import Response
 
 from . import apitype
 from .version import API_VERSION, API_VERSION_HEADER
+
+if TYPE_CHECKING:
+    from ..daemon import Daemon
 
 log = logging.getLogger("coderouterd.admin")
 
@@ -38,8 +42,21 @@ class JSONAnswer(Response):
         return orjson.dumps(content)
 
 
-def error_answer(status: int, message: str, headers: dict | None = None, **extra) -> JSONAnswer:
+def error_answer(status: int, message: str, headers: Mapping[str, str] | None = None, **extra) -> JSONAnswer:
     return JSONAnswer({"error": message, **extra}, status_code=status, headers=headers)
+
+
+# Every route (api.py and ops.py): answers are validated against their model, and only the fields the handler set are sent.
+ANSWER: dict[str, Any] = {"response_model_exclude_unset": True}
+REFUSALS: dict[int | str, dict[str, Any]] = {
+    code: {"model": apitype.ErrorAnswer} for code in (400, 404, 409, 422, 500, 502, 503)}
+
+
+def runtime_of(daemon: Daemon):
+    runtime = daemon.runtime
+    if runtime is None:
+        raise AdminError(503, "coderouterd is still starting")
+    return runtime
 
 
 class AdminRoute(APIRoute):

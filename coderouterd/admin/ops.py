@@ -6,6 +6,7 @@ run on the daemon's loop, so they read the daemon's state without racing the pro
 from __future__ import annotations
 
 import asyncio
+from typing import TYPE_CHECKING
 
 import aiohttp
 import orjson
@@ -20,9 +21,12 @@ from ..providers.models_control import (
     unload_model,
 )
 from ..supervise import ExternalProcessError
-from . import apitype, views
-from .api import ANSWER, REFUSALS, runtime_of
-from .errors import AdminError, AdminRoute
+from . import apitype, history, views
+from .errors import ANSWER, REFUSALS, AdminError, AdminRoute, runtime_of
+
+if TYPE_CHECKING:
+    from ..daemon import Daemon
+    from ..live_config import Runtime
 
 PROCESS_ACTIONS = ("start", "stop", "restart")
 DEFAULT_REQUESTS = 50
@@ -30,7 +34,7 @@ DEFAULT_REQUESTS = 50
 MAX_WAIT_S = 600.0
 
 
-def _provider(runtime, name: str):
+def _provider(runtime: Runtime, name: str):
     p = runtime.providers.get(name)
     if p is None:
         valid = sorted(runtime.providers)
@@ -39,7 +43,7 @@ def _provider(runtime, name: str):
     return p
 
 
-def _process_names(daemon) -> list[str]:
+def _process_names(daemon: Daemon) -> list[str]:
     """Every name `corectl restart NAME` accepts: process names and the providers they serve."""
     if daemon.processes is None:
         return []
@@ -70,23 +74,13 @@ def _unreachable(p, exc: BaseException) -> AdminError:
     return AdminError(502, f"{p.name}: {_backend_problem(p, exc)}", provider=p.name, base_url=p.cfg.base_url)
 
 
-def ops_routes(daemon) -> APIRouter:
+def ops_routes(daemon: Daemon) -> APIRouter:
     r = APIRouter(route_class=AdminRoute, responses=REFUSALS)
 
     @r.get("/v1/providers", response_model=apitype.ProvidersAnswer, **ANSWER)
     async def providers():
         runtime = runtime_of(daemon)
-        procs = views.processes(daemon)
-        by_provider = {p: name for name, snap in procs.items() for p in snap.get("providers", [])}
-        spend = (views.budget(daemon) or {}).get("providers", {})
-        health = views.health(daemon)
-        out = []
-        for p in views.providers(daemon):
-            name = p["name"]
-            proc = by_provider.get(name)
-            out.append({**p, "health_detail": health.get(name), "budget": spend.get(name),
-                        "process": proc, "process_state": procs[proc]["state"] if proc else None})
-        return {"providers": out, "stats_window_s": runtime.config.adaptive.window_s}
+        return {"providers": views.provider_rows(daemon), "stats_window_s": runtime.config.adaptive.window_s}
 
     @r.get("/v1/processes", response_model=apitype.ProcessesAnswer, **ANSWER)
     async def processes():
@@ -180,13 +174,36 @@ def ops_routes(daemon) -> APIRouter:
     @r.get("/v1/requests", response_model=apitype.RequestsAnswer, **ANSWER)
     async def requests(limit: int = Query(DEFAULT_REQUESTS, ge=0)):
         recent = daemon.recent
-        out = []
+        out: list[dict] = []
         # Newest last in the OrderedDict; iterate from the end and stop early.
         for rid in reversed(recent):
             if len(out) >= limit:
                 break
             out.append(recent[rid])
         return {"requests": out, "kept": len(recent)}
+
+    @r.get("/v1/history/spend", response_model=apitype.SpendAnswer, **ANSWER)
+    async def history_spend():
+        runtime_of(daemon)
+        return await history.spend(daemon)
+
+    @r.get("/v1/history/trends", response_model=apitype.TrendsAnswer, **ANSWER)
+    async def history_trends(range: str = Query(history.DEFAULT_RANGE)):
+        runtime_of(daemon)
+        if range not in history.RANGES:
+            raise AdminError(400, f"unknown range {range!r}; expected one of {', '.join(history.RANGES)}",
+                             valid=list(history.RANGES))
+        return await history.trends(daemon, range)
+
+    @r.get("/v1/history/requests", response_model=apitype.HistoryRequestsAnswer, **ANSWER)
+    async def history_requests(profile: str | None = None, provider: str | None = None,
+                               outcome: str | None = None,
+                               limit: int = Query(DEFAULT_REQUESTS, ge=1, le=history.MAX_REQUESTS)):
+        runtime_of(daemon)
+        try:
+            return await history.requests(daemon, profile=profile, provider=provider, outcome=outcome, limit=limit)
+        except ValueError as e:
+            raise AdminError(400, str(e)) from None
 
     @r.get("/v1/requests/{request_id}", response_model=apitype.Trace, **ANSWER)
     async def request_trace(request_id: str):

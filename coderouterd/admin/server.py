@@ -14,10 +14,16 @@ import os
 import socket
 import stat
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import uvicorn
 
 from .lock import ensure_private_dir
+
+if TYPE_CHECKING:
+    from uvicorn._types import ASGI3Application as ASGIApp
+
+    from ..daemon import Daemon
 
 log = logging.getLogger("coderouterd.admin")
 
@@ -38,9 +44,18 @@ class ManagedServer(uvicorn.Server):
     def capture_signals(self):
         yield
 
-    def __init__(self, config: uvicorn.Config, *, ready: asyncio.Event | None = None) -> None:
+    def __init__(self, config: uvicorn.Config, *, ready: asyncio.Event | None = None,
+                 on_shutdown: tuple = ()) -> None:
         super().__init__(config)
         self.ready = ready if ready is not None else asyncio.Event()  # set once it listens (serve.py awaits it)
+        # Called as the drain begins: endless answers (the dashboard's live feed) end here, or uvicorn would wait
+        # the whole drain timeout for them.
+        self.on_shutdown = on_shutdown
+
+    async def shutdown(self, sockets=None) -> None:
+        for callback in self.on_shutdown:
+            callback()
+        await super().shutdown(sockets=sockets)
 
     async def startup(self, sockets=None) -> None:
         await super().startup(sockets=sockets)
@@ -116,10 +131,10 @@ class LazyAdminApp:
     a daemon that only proxies never pays it at all. The first `corectl` call after a start waits for the
     build instead (~0.3 s); it runs in a thread so the loop keeps serving the proxy meanwhile."""
 
-    def __init__(self, daemon, path: Path) -> None:
+    def __init__(self, daemon: Daemon, path: Path) -> None:
         self._daemon = daemon
         self._path = path
-        self._app = None
+        self._app: ASGIApp | None = None
         self._building = asyncio.Lock()
 
     async def __call__(self, scope, receive, send) -> None:
@@ -148,7 +163,7 @@ class LazyAdminApp:
 # -- the server -----------------------------------------------------------------------------------------------
 
 class AdminServer:
-    def __init__(self, daemon, path: Path, *, private_dir: bool = True) -> None:
+    def __init__(self, daemon: Daemon, path: Path, *, private_dir: bool = True) -> None:
         self.daemon = daemon
         self.path = path
         self.private_dir = private_dir

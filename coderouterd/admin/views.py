@@ -7,12 +7,16 @@ neither builds the other's section. `status()` is every section together, for `/
 from __future__ import annotations
 
 import time
+from typing import TYPE_CHECKING
 
 from ..config import state_dir
 from ..config.envfile import missing_keys
 
+if TYPE_CHECKING:
+    from ..daemon import Daemon
 
-def daemon_info(daemon) -> dict:
+
+def daemon_info(daemon: Daemon) -> dict:
     """Who and where the daemon is, and its configuration's identity (cheap: no provider is looked at)."""
     cfg = daemon.runtime.config
     host, port = daemon.listen
@@ -35,7 +39,7 @@ def daemon_info(daemon) -> dict:
     }
 
 
-def providers(daemon) -> list[dict]:
+def providers(daemon: Daemon) -> list[dict]:
     """Each provider with its breaker, health, figures and the local-model extras."""
     runtime, router, routing = daemon.runtime, daemon.router, daemon.routing
     no_key = missing_keys({n: p.cfg for n, p in runtime.providers.items()})
@@ -59,7 +63,23 @@ def providers(daemon) -> list[dict]:
     return out
 
 
-def profiles(daemon) -> list[dict]:
+def provider_rows(daemon: Daemon) -> list[dict]:
+    """Each provider as GET /v1/providers and the dashboard show it: its status, its health detail, its month's
+    spend, and the managed process serving it."""
+    procs = processes(daemon)
+    by_provider = {p: name for name, snap in procs.items() for p in snap.get("providers", [])}
+    spend = (budget(daemon) or {}).get("providers", {})
+    detail = health(daemon)
+    out = []
+    for p in providers(daemon):
+        name = p["name"]
+        proc = by_provider.get(name)
+        out.append({**p, "health_detail": detail.get(name), "budget": spend.get(name),
+                    "process": proc, "process_state": procs[proc]["state"] if proc else None})
+    return out
+
+
+def profiles(daemon: Daemon) -> list[dict]:
     """Each profile with its effective order: this plans every profile, so only endpoints that show it call it."""
     runtime, router = daemon.runtime, daemon.router
     out = []
@@ -74,7 +94,7 @@ def profiles(daemon) -> list[dict]:
     return out
 
 
-def store(daemon) -> dict:
+def store(daemon: Daemon) -> dict:
     """Whether state is persisted, and what is wrong with the state directory if anything."""
     t = daemon.telemetry
     if t is None:
@@ -82,11 +102,13 @@ def store(daemon) -> dict:
     problems = [t.unusable,
                 f"state database: {t.store.problem}" if not t.store.healthy else None,
                 f"audit log: {t.audit.problem}" if t.audit is not None and not t.audit.healthy else None]
+    if not t.store.healthy and t.store.dropped_this_outage:
+        problems.append(f"{t.store.dropped_this_outage} journal rows dropped so far (the oldest waiting)")
     problems = [p for p in problems if p]
     return {"enabled": t.enabled, "healthy": not problems, "problem": "; ".join(problems) or None}
 
 
-def processes(daemon) -> dict[str, dict]:
+def processes(daemon: Daemon) -> dict[str, dict]:
     """Managed processes by name, each with whether self-healing is probing it and when next."""
     if daemon.processes is None:
         return {}
@@ -101,15 +123,15 @@ def processes(daemon) -> dict[str, dict]:
     return procs
 
 
-def health(daemon) -> dict:
+def health(daemon: Daemon) -> dict:
     return daemon.health.snapshot() if daemon.health is not None else {}
 
 
-def budget(daemon) -> dict | None:
+def budget(daemon: Daemon) -> dict | None:
     return daemon.budget.snapshot() if daemon.budget is not None else None
 
 
-def status(daemon) -> dict:
+def status(daemon: Daemon) -> dict:
     """Everything `corectl status` shows, as JSON-ready data."""
     return {
         **daemon_info(daemon),

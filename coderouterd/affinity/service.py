@@ -15,6 +15,7 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import orjson
 
@@ -26,6 +27,10 @@ from .bust import Bust, detect
 from .canonical import Canonicaliser, Prompt, first_message_head, segments
 from .index import PrefixIndex
 from .slots import SlotTable
+
+if TYPE_CHECKING:
+    from ..config.schema import ProviderConfig
+    from ..providers.provider import Provider
 
 log = logging.getLogger("coderouterd.affinity")
 
@@ -87,22 +92,10 @@ class Placement:
     started: float = 0.0
 
 
-def keeps_billing_header(cfg) -> bool:
+def keeps_billing_header(cfg: ProviderConfig) -> bool:
     """Only the real Anthropic API reads the billing header; any other upstream (including a local
     Anthropic-compatible server) gets the canonical prompt."""
     return adapter_for(cfg).keeps_billing_header()
-
-
-def merge_fields(body: bytes, fields: dict) -> bytes:
-    """Add top-level keys to a serialised JSON object without parsing it again (bodies run to megabytes)."""
-    if not fields:
-        return body
-    end = body.rstrip()
-    if not end.endswith(b"}"):
-        return body
-    head = end[:-1].rstrip()
-    extra = orjson.dumps(fields)[1:]
-    return head + (extra if head.endswith(b"{") else b"," + extra)
 
 
 def _reported_cache(usage: dict, raw_usage: dict | None, timings: dict | None,
@@ -183,7 +176,7 @@ class Affinity:
             return None
         return Ticket(None, key, sess.lane_id(key, kind, head), kind, canonical, req.ingress)
 
-    def body_for(self, ticket: Ticket | None, provider, req) -> tuple[dict, bytes]:
+    def body_for(self, ticket: Ticket | None, provider: Provider, req) -> tuple[dict, bytes]:
         """The client body as this provider should get it: canonical, except for the real Anthropic API."""
         if ticket is None or ticket.canonical is req.body or keeps_billing_header(provider.cfg):
             return req.body, req.raw
@@ -196,7 +189,7 @@ class Affinity:
 
     # -- per attempt ----------------------------------------------------------------------------------------
 
-    async def place(self, ticket: Ticket | None, provider) -> Placement | None:
+    async def place(self, ticket: Ticket | None, provider: Provider) -> Placement | None:
         if ticket is None or not provider.cfg.affinity:
             return None
         name = provider.name
@@ -235,7 +228,7 @@ class Affinity:
         return Placement(name, choice.slot, choice.predicted, {"id_slot": choice.slot, "cache_prompt": True},
                          started=now)
 
-    def unplaced(self, ticket: Ticket | None, provider) -> Placement | None:
+    def unplaced(self, ticket: Ticket | None, provider: Provider) -> Placement | None:
         """For an attempt that was not placed (a race): the prediction only, so the outcome is still learned."""
         if ticket is None or not provider.cfg.affinity:
             return None
@@ -243,7 +236,7 @@ class Affinity:
         return Placement(provider.name, None, self.index.predict(provider.name, ticket.lane, ticket.prompt),
                          started=self.clock())
 
-    async def _save_restore(self, provider, table: SlotTable, choice) -> None:
+    async def _save_restore(self, provider: Provider, table: SlotTable, choice) -> None:
         for slot, fname in choice.saves:
             status = await self._slot_action(provider, slot, "save", fname)
             if status >= 300 or status == 0:
@@ -261,7 +254,7 @@ class Affinity:
             s.digests, s.ends = (), ()
             choice.predicted = 0
 
-    async def _slot_action(self, provider, slot: int, action: str, filename: str) -> int:
+    async def _slot_action(self, provider: Provider, slot: int, action: str, filename: str) -> int:
         """The HTTP status of POST /slots/{id}?action=…, 0 when the server could not be reached in time. Saving
         a long prompt's KV cache writes gigabytes: it gets the provider's first-byte timeout, like a request."""
         import aiohttp
@@ -276,7 +269,7 @@ class Affinity:
         except (aiohttp.ClientError, OSError, TimeoutError):
             return 0
 
-    async def _slots(self, provider) -> SlotTable | None:
+    async def _slots(self, provider: Provider) -> SlotTable | None:
         """The backend's slot table, from what its server said (providers/server_info.py: asked once per
         base_url, again a minute after it did not answer)."""
         info = await self.servers.discover(provider)
@@ -296,7 +289,7 @@ class Affinity:
         p.slots.clone_min_bytes = int(self.cfg.clone_min_tokens * p.bytes_per_token)
         return p.slots
 
-    def finish(self, ticket: Ticket | None, placement: Placement | None, provider, *, ok: bool,
+    def finish(self, ticket: Ticket | None, placement: Placement | None, provider: Provider, *, ok: bool,
                strategy=None, request_id: str = "") -> None:
         """After an attempt (success or failure). Never raises into the request path."""
         if ticket is None or placement is None:

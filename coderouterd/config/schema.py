@@ -8,6 +8,8 @@ from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from .kinds import ALWAYS_LOCAL, SERVES_RESPONSES
+
 # Every timeout and interval lies between 10 ms and one day: `inf`, `1e308` or a typo'd exponent would
 # otherwise reach asyncio timers and sleeps (an inf timeout turned each request into a 500, an inf flush
 # interval killed the store's thread).
@@ -48,6 +50,8 @@ class ServerConfig(_Strict):
     body_timeout_s: float = seconds(30.0)
     keep_alive_s: float = seconds(75.0)
     max_connections: int = Field(512, ge=1, le=100_000)
+    # The read-only web dashboard at /ui on this port (README: "The dashboard"); false answers /ui with 404.
+    dashboard: bool = True
 
     @field_validator("api_keys")
     @classmethod
@@ -194,7 +198,7 @@ class ProviderConfig(_Strict):
 
     @model_validator(mode="after")
     def _responses_only_openai(self):
-        if self.serves_responses and not _adapter(self).may_serve_responses:
+        if self.serves_responses and self.kind not in SERVES_RESPONSES:
             raise ValueError('serves_responses needs kind = "openai" (the Responses API is an OpenAI wire)')
         return self
 
@@ -208,7 +212,7 @@ class ProviderConfig(_Strict):
         key = (self.kind, self.base_url)
         local = _LOCAL_BY_URL.get(key)
         if local is None:
-            local = _LOCAL_BY_URL[key] = _adapter(self).always_local or _host_is_local(self.base_url)
+            local = _LOCAL_BY_URL[key] = self.kind in ALWAYS_LOCAL or _host_is_local(self.base_url)
         return local
 
 
@@ -224,12 +228,6 @@ def _host_is_local(base_url: str) -> bool:
     except ValueError:
         return False
     return addr.is_loopback or addr.is_private or addr.is_link_local
-
-
-def _adapter(cfg: ProviderConfig):
-    from ..providers.adapters import adapter_for  # only when a provider sets serves_responses
-
-    return adapter_for(cfg)
 
 
 class ToolLoopConfig(_Strict):
@@ -266,6 +264,8 @@ class RouteConfig(_Strict):
 class BreakerConfig(_Strict):
     failures: int = Field(3, ge=1, le=1000)
     recovery_s: float = seconds(30.0)
+    # Each failed half-open trial doubles the time out (recovery_s, 2x, 4x, ...) up to this; never below recovery_s.
+    max_recovery_s: float = seconds(300.0)
 
 
 class AdaptiveConfig(_Strict):
@@ -398,9 +398,9 @@ class ConfigModel(_Strict):
                 f"server.default_profile: unknown profile {self.server.default_profile!r}"
                 f" (known: {', '.join(sorted(self.profiles))})"
             )
-        for name, prov in self.providers.items():
-            if isinstance(prov.process, str) and prov.process not in self.processes:
-                problems.append(f"providers.{name}.process: unknown process {prov.process!r}")
+        for name, pcfg in self.providers.items():
+            if isinstance(pcfg.process, str) and pcfg.process not in self.processes:
+                problems.append(f"providers.{name}.process: unknown process {pcfg.process!r}")
         if not self.server.is_loopback() and not self.server.api_keys:
             problems.append(
                 f"server.api_keys: binding {self.server.host!r} (not loopback) requires client api_keys"

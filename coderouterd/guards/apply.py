@@ -5,18 +5,23 @@ from __future__ import annotations
 
 import logging
 from inspect import isawaitable
+from typing import TYPE_CHECKING
 
 import orjson
 
-from ..providers.errors import BUDGET, UpstreamError
+from ..providers.errors import BUDGET, BUDGET_FINAL, UpstreamError
 from ..state import cost_usd
 from . import tool_loop
 from .budget import Budget
 
+if TYPE_CHECKING:
+    from ..providers.provider import Provider
+    from ..routing.executor import Exchange
+
 log = logging.getLogger("coderouterd.guards")
 
 
-async def apply_tool_loop(ex, publish) -> bool:
+async def apply_tool_loop(ex: Exchange, publish) -> bool:
     """Returns True when the guard answered the request itself (action = break)."""
     cfg = ex.profile.tool_loop
     req = ex.req
@@ -55,7 +60,7 @@ class BudgetHooks:
     def spent_cap(self, provider: str) -> str | None:
         return self.budget.spent_cap(provider)
 
-    async def reserve(self, provider, req):
+    async def reserve(self, provider: Provider, req):
         cfg = provider.cfg
         if not cfg.paid:
             return None
@@ -65,10 +70,13 @@ class BudgetHooks:
         if isawaitable(res):
             res = await res
         if res is None:
+            final = self.budget.too_dear(provider.name, est)
+            if final is not None:  # this request cannot fit before the reset, whatever else is in flight
+                raise UpstreamError(BUDGET, message=final, error_type=BUDGET_FINAL)
             raise UpstreamError(BUDGET, message=f"monthly budget for {provider.name} would be exceeded")
         return res
 
-    def settle(self, reservation, provider, usage: dict | None) -> dict | None:
+    def settle(self, reservation, provider: Provider, usage: dict | None) -> dict | None:
         """None, or (shared ledger) the settle's record, which the request's journal row carries."""
         if reservation is None:
             return None

@@ -63,6 +63,11 @@ def _usd(value: Any) -> float:
     return v if math.isfinite(v) and v > 0 else 0.0
 
 
+def _small(usd: float) -> str:
+    """An amount that may be a fraction of a cent, readable: 0.05, 0.0012, 3.2e-05."""
+    return f"{usd:.2f}" if usd >= 0.1 else f"{usd:.2g}"
+
+
 def _month_bounds(ts: float) -> tuple[str, float, float]:
     dt = datetime.fromtimestamp(ts, UTC)
     start = datetime(dt.year, dt.month, 1, tzinfo=UTC)
@@ -168,6 +173,26 @@ class Budget:
         name = "global" if key == GLOBAL else repr(key)
         resets = datetime.fromtimestamp(self._month_end, UTC).strftime("%Y-%m-%d %H:%M UTC")
         return f"the {name} monthly budget is spent ({spent:.2f} of {cap:.2f} USD); it resets {resets}"
+
+    def too_dear(self, provider: str, estimate_usd: float) -> str | None:
+        """Why a request estimated at `estimate_usd` cannot fit what is left of a cap before it resets, counting
+        settled spend only (others' reservations clear in seconds): retrying the same request cannot help, so
+        the client must be told, not asked to come back. None when it would fit an idle ledger."""
+        self._roll()
+        if not self._billable.get(provider, False):
+            return None
+        est = _usd(estimate_usd)
+        key = self._over(provider, est, with_reserved=False)
+        if key is None:
+            return None
+        cap, spent = self._cap_and_spent(key)
+        name = "global" if key == GLOBAL else repr(key)
+        resets = datetime.fromtimestamp(self._month_end, UTC).strftime("%Y-%m-%d %H:%M UTC")
+        if spent >= cap - _EPS:
+            return f"the {name} monthly budget is spent ({spent:.2f} of {cap:.2f} USD); it resets {resets}"
+        return (f"this request may cost up to {_small(est)} USD, more than the {_small(max(cap - spent, 0.0))} USD left of "
+                f"the {name} monthly budget ({spent:.2f} of {cap:.2f} USD spent; lower max_tokens or wait for the "
+                f"reset {resets})")
 
     def spent(self, provider: str | None = None) -> float:
         self._roll()
@@ -356,3 +381,8 @@ class Budget:
             elif key == f"{self._month}/notices" and isinstance(value, dict):
                 self._warned = {str(k) for k in value.get("warned") or ()}
                 self._blocked = {str(k) for k in value.get("blocked") or ()}
+
+
+# ("YYYY-MM", start, end) of the UTC month holding a time: the period every cap counts in, for readers outside the
+# ledger (the dashboard's cost per day).
+month_bounds = _month_bounds

@@ -17,12 +17,15 @@ import json
 from collections.abc import Iterator
 from dataclasses import dataclass
 from itertools import islice
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 
 from coderouterd.ids import clip
 from coderouterd.state.events import GuardFired
+
+if TYPE_CHECKING:
+    from ..config.schema import ToolLoopConfig
 
 GUARD_NAME = "tool_loop"
 
@@ -226,7 +229,7 @@ def check_openai(messages: list, *, threshold: int, window: int, max_tool_calls:
                   threshold=threshold, window=window, max_tool_calls=max_tool_calls)
 
 
-def check(ingress: str, body: dict, cfg) -> LoopFinding | None:
+def check(ingress: str, body: dict, cfg: ToolLoopConfig) -> LoopFinding | None:
     """Run the guard for one request body; `cfg` is a ToolLoopConfig, `ingress` "anthropic" or "openai"."""
     messages = body.get("messages") if isinstance(body, dict) else None
     if not isinstance(messages, list) or not messages:

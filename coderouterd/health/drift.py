@@ -12,22 +12,9 @@ import statistics
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 
-SIGNALS = ("empty", "length_collapse", "repetition", "tool_silence", "length_stops", "errors")
-
-
-@dataclass(frozen=True, slots=True)
-class DriftSample:
-    length: int = 0  # visible characters of the answer (text and tool arguments)
-    repetition: float = 0.0  # 0..1, share of the answer that repeats itself (see AnswerStats.repetition)
-    digest: int = 0  # of the answer's text: the same answer again and again is a loop too
-    tools_offered: bool = False
-    tool_called: bool = False
-    length_stop: bool = False
-    error: bool = False
-
-    @property
-    def empty(self) -> bool:
-        return not self.error and self.length == 0 and not self.tool_called
+# What an answer looked like is measured where answers are read (providers, translate), below this layer.
+from ..translate.answer_stats import AnswerStats as AnswerStats  # re-exported for drift's users
+from ..translate.answer_stats import DriftSample
 
 
 @dataclass(frozen=True, slots=True)
@@ -170,7 +157,8 @@ class DriftDetector:
         return None
 
     def verdict(self, provider: str, model: str) -> Verdict:
-        t = self._tracks.get(provider, {}).get(model_key(model))
+        tracks = self._tracks.get(provider)
+        t = tracks.get(model_key(model)) if tracks is not None else None
         return (t.verdict if t is not None else None) or Verdict()
 
     def models(self, provider: str) -> list[str]:
@@ -182,7 +170,9 @@ class DriftDetector:
         if model is None:
             self._tracks.pop(provider, None)
         else:
-            self._tracks.get(provider, {}).pop(model_key(model), None)
+            tracks = self._tracks.get(provider)
+            if tracks is not None:
+                tracks.pop(model_key(model), None)
 
     def snapshot(self, provider: str) -> dict:
         """The worst verdict over this provider's models, for `corectl status`."""
@@ -191,56 +181,3 @@ class DriftDetector:
             return {"score": 0.0, "signals": {}, "model": None, "samples": 0}
         model, v = max(mine, key=lambda kv: (kv[1].drifting, kv[1].score))
         return {"score": v.score, "signals": dict(v.signals), "model": model, "samples": v.samples}
-
-
-# --- what an answer looked like -------------------------------------------------------------------------
-
-_KEEP_CHARS = 8192
-
-
-class AnswerStats:
-    """Cheap per-answer figures gathered while the answer streams: visible length, whether a tool was called,
-    the finish, and the first 8 KB of text for the repetition check at the end."""
-
-    __slots__ = ("length", "tool_called", "length_stop", "_parts", "_kept")
-
-    def __init__(self) -> None:
-        self.length = 0
-        self.tool_called = False
-        self.length_stop = False
-        self._parts: list[str] = []
-        self._kept = 0
-
-    def text(self, piece: str) -> None:
-        self.length += len(piece)
-        if self._kept < _KEEP_CHARS:
-            self._parts.append(piece)
-            self._kept += len(piece)
-
-    def arguments(self, piece: str) -> None:
-        self.length += len(piece)
-
-    def finish(self, reason: str | None) -> None:
-        if reason in ("length", "max_tokens"):
-            self.length_stop = True
-
-    def repetition(self) -> float:
-        """Share of repeated lines (a model looping on the same lines); for answers with few lines, of repeated
-        word 4-grams (looping inside one line)."""
-        text = "".join(self._parts)
-        lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
-        if len(lines) >= 6:
-            return 1 - len(set(lines)) / len(lines)
-        words = text.split()
-        if len(words) < 24:
-            return 0.0
-        grams = [tuple(words[i:i + 4]) for i in range(len(words) - 3)]
-        return 1 - len(set(grams)) / len(grams)
-
-    def sample(self, *, tools_offered: bool, prompt_key: int = 0) -> DriftSample:
-        """`prompt_key` names what was asked: the same answer to different questions ("OK", "Done.") is no
-        loop; the same answer to the same question, again and again, is."""
-        text = "".join(self._parts)
-        return DriftSample(length=self.length, repetition=self.repetition(),
-                           digest=hash((prompt_key, text)) if text else 0,
-                           tools_offered=tools_offered, tool_called=self.tool_called, length_stop=self.length_stop)

@@ -11,14 +11,19 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from ..state.events import DriftAction, DriftDetected, DriftRecovered
 from .drift import DriftDetector, DriftSample, DriftSettings, model_key
 
+if TYPE_CHECKING:
+    from ..config.schema import ConfigModel
+    from ..routing.executor import Exchange
+
 log = logging.getLogger("coderouterd")
 
 
-def settings_from(cfg) -> DriftSettings:
+def settings_from(cfg: ConfigModel) -> DriftSettings:
     d = cfg.drift
     return DriftSettings(window=d.window, recent=d.recent, min_fill=d.min_fill, empty_rate=d.empty_rate,
                          repetition_rate=d.repetition_rate, collapse_ratio=d.collapse_ratio,
@@ -43,13 +48,13 @@ class DriftManager:
         self._last_action: dict[str, float] = {}
         self._tasks: set[asyncio.Task] = set()
 
-    def reconfigure(self, cfg) -> None:
+    def reconfigure(self, cfg: ConfigModel) -> None:
         self.detector.settings = settings_from(cfg)
         self.cooldown_s = cfg.drift.cooldown_s
 
     # -- samples --------------------------------------------------------------------------------------------
 
-    def record(self, ex) -> None:
+    def record(self, ex: Exchange) -> None:
         """After a request (on the event loop; pure bookkeeping, no I/O)."""
         action = ex.profile.drift_action
         if action == "off":

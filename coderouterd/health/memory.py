@@ -15,8 +15,12 @@ import logging
 import os
 import time
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from ..state.events import MemoryPressure
+
+if TYPE_CHECKING:
+    from ..config.schema import ConfigModel
 
 log = logging.getLogger("coderouterd")
 
@@ -52,7 +56,7 @@ class MemoryWatch:
         self.sampled_at: float | None = None
         self._task: asyncio.Task | None = None
 
-    def reconfigure(self, cfg) -> None:
+    def reconfigure(self, cfg: ConfigModel) -> None:
         self.low_bytes = int(cfg.memory.low_available_mb * 1e6)
         self.interval_s = cfg.memory.sample_interval_s
 

@@ -11,6 +11,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import aiohttp
 import orjson
@@ -19,6 +20,10 @@ from ..providers.limits import MAX_IGNORED_BYTES, read_at_most
 from ..routing.state import DEGRADED, HEALTHY, UNHEALTHY, RoutingState, health_state
 from ..tasks import TaskSet
 
+if TYPE_CHECKING:
+    from ..live_config import Runtime
+    from ..providers.provider import Provider
+
 log = logging.getLogger("coderouterd.health")
 
 __all__ = ["DEGRADED", "HEALTHY", "UNHEALTHY", "HealthMonitor", "health_state", "probe_url"]
@@ -26,7 +31,7 @@ __all__ = ["DEGRADED", "HEALTHY", "UNHEALTHY", "HealthMonitor", "health_state", 
 _PROBE_TIMEOUT_S = 5.0
 
 
-def probe_url(provider) -> str:
+def probe_url(provider: Provider) -> str:
     return provider.adapter.probe_url
 
 
@@ -35,7 +40,7 @@ class HealthMonitor:
     figures fresh and are the only probe allowed to prove a failing backend generates again. Passive health
     (real traffic) is kept by the routing state itself."""
 
-    def __init__(self, state: RoutingState, runtime: Callable[[], object], *, tasks: TaskSet) -> None:
+    def __init__(self, state: RoutingState, runtime: Callable[[], Runtime], *, tasks: TaskSet) -> None:
         self.state = state
         self._runtime = runtime
         self._tasks = tasks
@@ -48,7 +53,7 @@ class HealthMonitor:
 
     # -- probes ---------------------------------------------------------------------------------------------
 
-    async def probe(self, provider) -> tuple[bool, str, float]:
+    async def probe(self, provider: Provider) -> tuple[bool, str, float]:
         """One cheap reachability probe (the model list). Returns (ok, detail, seconds). It says a backend
         answers, never that it generates."""
         t0 = time.monotonic()
@@ -66,7 +71,7 @@ class HealthMonitor:
             ok, detail = False, f"{type(e).__name__}: {e}"[:200]
         return ok, detail, time.monotonic() - t0
 
-    async def generation_probe(self, provider) -> tuple[bool, str, float]:
+    async def generation_probe(self, provider: Provider) -> tuple[bool, str, float]:
         """A real 1-token completion. Returns (ok, detail, seconds to the whole answer)."""
         cfg = provider.cfg
         t0 = time.monotonic()
@@ -122,7 +127,7 @@ class HealthMonitor:
             else:
                 st.set_health(name, new, f"probe failed: {detail}", quiet=True)
 
-    async def latency_probe(self, provider) -> None:
+    async def latency_probe(self, provider: Provider) -> None:
         """A 1-token completion, timed: keeps an idle peer's latency figure fresh."""
         ok, _detail, secs = await self.generation_probe(provider)
         self.state.probed(provider.name, secs if ok else None, ok)

@@ -11,11 +11,15 @@ import logging
 import subprocess
 import time
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from ..routing.breaker import BreakerState
 from ..routing.state import HEALTHY, UNHEALTHY, RoutingState
 from ..state import ProcessEvent, RecoveryProbe
 from ..state.events import ProcessEventName
+
+if TYPE_CHECKING:
+    from ..live_config import Runtime
 
 log = logging.getLogger("coderouterd.selfheal")
 
@@ -37,7 +41,7 @@ class SelfHealer:
     one) and one for the live runtime."""
 
     def __init__(self, state: RoutingState, monitor, *, supervisor: Callable[[], object | None],
-                 runtime: Callable[[], object], publish=None, sleep=asyncio.sleep,
+                 runtime: Callable[[], Runtime], publish=None, sleep=asyncio.sleep,
                  fresh_start: Callable[[list[str]], None] | None = None,
                  ready: Callable[[list[str]], None] | None = None) -> None:
         """`fresh_start(providers)`: a process was started anew (not adopted); whatever its predecessor held in

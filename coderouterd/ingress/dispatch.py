@@ -4,20 +4,27 @@ docs/decisions.md). Dispatch, body limits, auth, profile selection; the work its
 from __future__ import annotations
 
 import asyncio
-import hmac
 import logging
 import time
+from typing import TYPE_CHECKING
 
 import orjson
 
 from ..ids import client_request_id, new_id
 from ..live_config import UnknownProfile
 from ..routing.request import ClientRequest
+from .auth import key_accepted, presented_key
 from .guard import ClientLeft, answer_internal_error, describe_exception
 from .protocol import DISCONNECT_HOOK
 from .responder import ClientGone, Responder
 from .responses import ResponsesResponder, admit_responses
 from .validate import depth_problem, validate_anthropic, validate_openai
+
+if TYPE_CHECKING:
+    from ..daemon import Daemon
+    from ..live_config import Runtime
+    from ..routing.executor import Exchange
+    from ..ui.app import DashboardApp
 
 log = logging.getLogger("coderouterd.request")
 
@@ -63,7 +70,7 @@ async def _read_body(receive, limit: int) -> bytes:
     return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
 
-def _client_left(ex) -> None:
+def _client_left(ex: Exchange) -> None:
     """The client went away before the response's closing bytes. One that already had the whole answer
     (it closes right after [DONE]) was served: the request keeps its success and the usage it recorded."""
     if ex.status == 200 and ex.error_class is None:
@@ -88,8 +95,9 @@ class _TrackedSend:
 
 
 class ProxyApp:
-    def __init__(self, daemon) -> None:
+    def __init__(self, daemon: Daemon) -> None:
         self.daemon = daemon
+        self._dashboard: DashboardApp | None = None  # made on the first /ui request
 
     async def __call__(self, scope, receive, send) -> None:
         kind = scope["type"]
@@ -155,6 +163,9 @@ class ProxyApp:
                 return await self.models(scope, send)
             if path == "/metrics":
                 return await self.daemon.metrics_endpoint(scope, send)
+        if path == "/ui" or path.startswith("/ui/"):
+            # After every proxy route: the model requests never pay for this comparison.
+            return await self.dashboard(scope, receive, send)
         r = Responder(send, _caller_wire(path, scope), new_id("req"))
         known = path in ("/v1/messages", "/v1/chat/completions", "/v1/responses", "/v1/messages/count_tokens",
                          "/v1/models", "/healthz", "/", "/metrics")
@@ -163,18 +174,22 @@ class ProxyApp:
         else:
             await r.error(404, f"no such endpoint: {method} {path}", error_type="not_found_error")
 
+    async def dashboard(self, scope, receive, send) -> None:
+        """/ui: the read-only web dashboard, built (and its modules imported) on the first visit."""
+        app = self._dashboard
+        if app is None:
+            from ..ui.app import DashboardApp
+
+            app = self._dashboard = DashboardApp(self.daemon)
+        await app(scope, receive, send)
+
     def _authorized(self, headers: dict[str, str]) -> bool:
         keys = self.daemon.runtime.config.server.api_keys
         if not keys:
             return True
-        # Both headers alike: surrounding whitespace is not part of a key (config refuses keys that have it).
-        given = (headers.get("x-api-key") or "").strip()
-        auth = headers.get("authorization") or ""
-        if auth.lower().startswith("bearer "):
-            given = given or auth[7:].strip()
-        return any(hmac.compare_digest(given.encode(), k.encode()) for k in keys)
+        return key_accepted(presented_key(headers), keys)
 
-    async def _read_json(self, scope, receive, r: Responder, runtime):
+    async def _read_json(self, scope, receive, r: Responder, runtime: Runtime):
         """The request body parsed (any JSON value, `null` included), or _SENT after an error was sent."""
         limit = int(runtime.config.server.max_body_mb * 1024 * 1024)
         for k, v in scope["headers"]:
@@ -199,7 +214,7 @@ class ProxyApp:
             await r.error(400, f"request body is not valid JSON: {e}", error_type="invalid_request_error")
             return _SENT, None
 
-    async def _admit(self, scope, receive, send, ingress: str, runtime, *, count_tokens: bool = False):
+    async def _admit(self, scope, receive, send, ingress: str, runtime: Runtime, *, count_tokens: bool = False):
         """What every model request goes through first: auth, body limits, JSON, validation, profile.
         Returns (request, responder, profile), or None after an error in the caller's shape was sent."""
         headers = _headers(scope)
@@ -227,6 +242,7 @@ class ProxyApp:
                 native, problem, param = admit_responses(body)
             if native is not None:
                 native.raw = raw
+                assert isinstance(r, ResponsesResponder)  # ingress == "responses" made it one, above
                 r.rq = native
                 body = native.chat
         else:

@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import orjson
 
-from ..protocol.errors import ERROR_KINDS, error_kind
-
-ANTHROPIC_TYPES = ERROR_KINDS
+from ..protocol.errors import error_kind
 
 OPENAI_TYPES = {
     400: "invalid_request_error",

@@ -32,6 +32,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from typing import Any, cast
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
 
@@ -116,8 +117,8 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         self._head_size = 0  # parsed size of the head (url + headers)
         self._head_problem: str | None = None
         self._refused = False
-        self._head_timer = None
-        self._body_timer = None
+        self._head_timer: asyncio.TimerHandle | None = None
+        self._body_timer: asyncio.TimerHandle | None = None
         self._head_s = self.limits.header_timeout_s
         self._health_lane = False  # over cap and reserve: /healthz only, then close
         self._in_body = False  # between the end of the head and the end of the message
@@ -146,8 +147,8 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         self._cancel_timers()
         cycle = self.cycle
         super().connection_lost(exc)
-        if cycle is not None and cycle.disconnected:
-            callback = getattr(cycle, "on_disconnect", None)
+        if isinstance(cycle, _WatchedCycle) and cycle.disconnected:
+            callback = cycle.on_disconnect
             if callback is not None:
                 cycle.on_disconnect = None
                 callback()
@@ -245,7 +246,8 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
             cycle.keep_alive = False  # answered, then closed: the lane is for one probe at a time
         # Swapped before its task first runs, so the app's send is ours.
         cycle.__class__ = _CloseDelimitedCycle if self.scope.get("http_version") == "1.0" else _Cycle
-        self.scope[DISCONNECT_HOOK] = cycle.watch_disconnect
+        # Our own key in the scope (uvicorn types the scope as a TypedDict of the ASGI keys only).
+        cast(dict[str, Any], self.scope)[DISCONNECT_HOOK] = cast(_WatchedCycle, cycle).watch_disconnect
 
     def on_body(self, body: bytes) -> None:
         self._body_seen += len(body)
@@ -373,7 +375,8 @@ class _Cycle(_WatchedCycle):
     async def send(self, message) -> None:
         if not self.response_started and message["type"] == "http.response.start" \
                 and self.scope["method"] != "HEAD":
-            held = self.transport = _HeadHeld(self.transport)
+            held = _HeadHeld(self.transport)
+            self.transport = cast(asyncio.Transport, held)  # it forwards everything else to the real one
             held.hold = True
             try:
                 await super().send(message)

@@ -34,7 +34,6 @@ class Responder:
         self.headers_sent = False
         self.finished = False
         self.status = 0
-        self.bytes_sent = 0
         self.extra_headers: list[tuple[bytes, bytes]] = []
 
     def add_header(self, name: str, value: str) -> None:
@@ -64,7 +63,6 @@ class Responder:
             raise ClientGone(str(e)) from None
 
     async def _body(self, data: bytes, more: bool) -> None:
-        self.bytes_sent += len(data)
         if not more:
             self.finished = True
         try:
@@ -107,8 +105,6 @@ class Responder:
     async def event(self, data: bytes) -> None:
         if data:
             await self._body(data, True)
-
-    chunk = event
 
     async def finish(self, body: bytes | None = None, headers: Mapping[str, str] | None = None) -> None:
         if body is None:

@@ -41,8 +41,6 @@ class ResponsesResponder(Responder):
                     self.last_seq = int(data[start:end])
             await self._body(data, True)
 
-    chunk = event
-
     def prologue(self, model: str, message_id: str, input_tokens: int) -> bytes:
         if self.rq is None:
             return b""

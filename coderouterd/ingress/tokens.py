@@ -7,16 +7,20 @@ ratio learned from the usage that backend reported on real requests (default 3.6
 from __future__ import annotations
 
 import asyncio
+from typing import TYPE_CHECKING
 
 import aiohttp
 import orjson
 
 from ..translate.anthropic_to_openai import request_to_openai
 
+if TYPE_CHECKING:
+    from ..live_config import Runtime
+
 _TIMEOUT_S = 10.0
 
 
-async def count_tokens(req, runtime, router, profile: str) -> tuple[int, str]:
+async def count_tokens(req, runtime: Runtime, router, profile: str) -> tuple[int, str]:
     plan = router.plan(profile, runtime.config.profiles[profile], runtime, req)
     names = plan.candidates or list(runtime.config.profiles[profile].providers)
     provider = runtime.providers[names[0]]

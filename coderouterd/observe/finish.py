@@ -5,9 +5,13 @@ from __future__ import annotations
 
 import logging
 import time
+from typing import TYPE_CHECKING
 
 from .request_record import RequestRecorder
 from .traces import RecentTraces
+
+if TYPE_CHECKING:
+    from ..routing.executor import Exchange
 
 req_log = logging.getLogger("coderouterd.request")
 
@@ -18,7 +22,7 @@ class RequestFinisher:
         self.traces = traces
         self.drift = drift  # health.drift_actions.DriftManager, fed every finished request
 
-    def __call__(self, ex) -> None:
+    def __call__(self, ex: Exchange) -> None:
         latency = time.monotonic() - ex.req.started
         self.recorder.record(ex, latency)
         if self.drift is not None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hmac
 from collections import Counter as Counter_
+from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -19,6 +20,9 @@ from ..state.events import (
     moved_past,
 )
 
+if TYPE_CHECKING:
+    from ..daemon import Daemon
+
 # The kinds are the event classes' own constants: a hand-typed "process_event" once matched nothing, and
 # the restart counter stayed absent for the daemon's whole life.
 _REQUEST, _BREAKER, _HEALTH, _PROCESS, _GUARD = (RequestFinished.kind, BreakerTransition.kind, HealthTransition.kind,
@@ -30,7 +34,7 @@ _HEALTH_VALUE = {"HEALTHY": 0, "DEGRADED": 1, "UNHEALTHY": 2}
 
 
 class Metrics:
-    def __init__(self, daemon) -> None:
+    def __init__(self, daemon: Daemon) -> None:
         self.daemon = daemon
         r = self.registry = CollectorRegistry()
         self.requests = Counter("coderouter_requests_total", "Requests served", ["ingress", "profile", "provider",
@@ -122,7 +126,7 @@ class Metrics:
 class _ScrapeTimeCollector:
     """Figures that are cheapest to read when someone asks: budget spend and managed process state."""
 
-    def __init__(self, daemon) -> None:
+    def __init__(self, daemon: Daemon) -> None:
         self.daemon = daemon
 
     def collect(self):

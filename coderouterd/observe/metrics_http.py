@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import threading
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from ..daemon import Daemon
 
 _DENIED = b'{"error":"metrics need the configured bearer token"}'
 _TEXT = b"text/plain; version=0.0.4; charset=utf-8"
@@ -12,7 +16,7 @@ class LazyMetrics:
     """The Prometheus registry, built on first use: its first events arrive in the bus's writer thread, so
     importing prometheus_client there keeps it out of the daemon's start-up time."""
 
-    def __init__(self, daemon) -> None:
+    def __init__(self, daemon: Daemon) -> None:
         self._daemon = daemon
         self._metrics = None
         self._lock = threading.Lock()

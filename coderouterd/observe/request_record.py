@@ -5,11 +5,15 @@ writer thread. The typed skips and attempts become JSON here, at the journal's e
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from ..ids import MAX_STORED_CHARS, clip
 from ..state import FallbackUsed, RequestFinished, cost_usd
 from ..state.events import ToolRepaired, moved_past
 from .cache_watch import CacheWatch
+
+if TYPE_CHECKING:
+    from ..routing.executor import Exchange
 
 
 class RequestRecorder:
@@ -17,7 +21,7 @@ class RequestRecorder:
         self._publish = publish
         self.cache = CacheWatch(publish)
 
-    def record(self, ex, latency_s: float) -> None:
+    def record(self, ex: Exchange, latency_s: float) -> None:
         u = ex.usage or {}
         provider = ex.served_by
         cost = 0.0

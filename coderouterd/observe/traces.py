@@ -1,5 +1,5 @@
-"""The decision traces of the most recent requests, kept in memory for `corectl explain`; the journal keeps
-the rest."""
+"""The decision traces of the most recent requests, kept in memory for `corectl explain` and the dashboard; the
+journal keeps the rest (`trace_from_row` reads one of its rows as a trace)."""
 
 from __future__ import annotations
 
@@ -23,3 +23,27 @@ class RecentTraces(OrderedDict):
         self[request_id] = trace
         if len(self) > self.limit:
             self.popitem(last=False)
+
+
+def trace_from_row(row: dict) -> dict:
+    """The journal row in the shape of a decision trace; what the journal does not keep is None."""
+    steps = row.get("attempts") or []
+    return {
+        "request_id": row["request_id"], "ts": row["ts"], "ingress": row.get("ingress"),
+        "stream": row.get("streaming"), "model_requested": row.get("model_requested"),
+        "model_used": row.get("model_used"), "profile": row.get("profile"), "mode": None,
+        "candidates": None, "effective_order": None, "order_notes": None,
+        "skips": [{"provider": s["provider"], "reason": s.get("reason"), "message": ""}
+                  for s in steps if s.get("outcome") == "skipped"],
+        "attempts": [a for a in steps if a.get("outcome") != "skipped"],
+        "served_by": row.get("provider"), "status": row.get("status"), "error_class": row.get("error_class"),
+        "race_outcome": row.get("race_outcome"), "latency_ms": row.get("latency_ms"), "ttfb_ms": row.get("ttfb_ms"),
+        "usage": {"input_tokens": row.get("input_tokens"), "output_tokens": row.get("output_tokens"),
+                  "cache_read_input_tokens": row.get("cache_read_tokens"),
+                  "cache_creation_input_tokens": row.get("cache_write_tokens")},
+        "cost_usd": row.get("cost_usd"),
+        "affinity": {"session": row.get("session"), "lane": row.get("lane"), "slot": row.get("slot"),
+                     "predicted_tokens": row.get("predicted_tokens"), "cached_tokens": row.get("cache_read_tokens"),
+                     "cache_bust": {"segment": row["cache_bust"]} if row.get("cache_bust") else None}
+        if row.get("lane") else None,
+    }

@@ -121,6 +121,13 @@ class SSEParser:
             self._scan = len(self._buf)
         return out
 
+    def discard(self) -> None:
+        """Drop what is buffered (after EventTooLarge: up to the limit of a line or an event, kept with the call)."""
+        self._buf = bytearray()
+        self._data = []
+        self._size = 0
+        self._scan = 0
+
     def flush(self) -> list[tuple[str | None, str]]:
         """End of stream: a last line or event without its terminating blank line still counts."""
         out: list[tuple[str | None, str]] = []

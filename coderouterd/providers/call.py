@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import time
+from typing import TYPE_CHECKING
 
 import aiohttp
+import orjson
 
 from ..protocol.sse import EventTooLarge, SSEParser
 from .errors import (
@@ -21,6 +23,9 @@ from .errors import (
 )
 from .limits import MAX_ANSWER_BYTES, MAX_ERROR_BODY_BYTES, BodyTooLarge, read_at_most, read_capped
 from .provider import Provider
+
+if TYPE_CHECKING:
+    from .pool import Pool
 
 _CONNECT_ERRORS = (aiohttp.ClientConnectorError, aiohttp.ServerDisconnectedError, aiohttp.ClientOSError,
                    ConnectionError, OSError)
@@ -46,7 +51,7 @@ class Call:
         # Top-level fields added to this attempt's upstream body (prefix affinity: id_slot, cache_prompt).
         self.extra_fields: dict = {}
         self.placement = None  # affinity.service.Placement when prefix affinity placed this attempt
-        self._pool = None  # the pool leased from open() to close(): a reload-retired pool outlives us, no more
+        self._pool: Pool | None = None  # the pool leased from open() to close(): a reload-retired pool outlives us, no more
 
     def _url_and_headers(self) -> tuple[str, dict[str, str]]:
         p = self.provider
@@ -64,8 +69,6 @@ class Call:
             raise UpstreamError(UNBUILDABLE, status=400, message=f"request cannot be translated for "
                                 f"{self.provider.name}: {type(e).__name__}: {e}"[:300]) from None
         if self.extra_fields:
-            from ..affinity.service import merge_fields
-
             body = merge_fields(body, self.extra_fields)
         if self._pool is None:
             self._pool = self.provider.pool
@@ -157,6 +160,7 @@ class Call:
         except UpstreamError:
             raise
         except EventTooLarge as e:
+            self.parser.discard()
             raise UpstreamError(TOO_LARGE, message=f"upstream sent {e}", after_content=st.started_content) from None
         except (ValueError, KeyError, TypeError, AttributeError) as e:
             raise UpstreamError(BAD_RESPONSE, message=f"unreadable upstream event: {e}",
@@ -187,3 +191,17 @@ class Call:
         pool, self._pool = self._pool, None
         if pool is not None:
             pool.release()
+
+
+# Affinity hands its per-attempt fields (id_slot, cache_prompt) through Call.extra_fields; merging them is
+# part of building the upstream body, so it lives here, below affinity/.
+def merge_fields(body: bytes, fields: dict) -> bytes:
+    """Add top-level keys to a serialised JSON object without parsing it again (bodies run to megabytes)."""
+    if not fields:
+        return body
+    end = body.rstrip()
+    if not end.endswith(b"}"):
+        return body
+    head = end[:-1].rstrip()
+    extra = orjson.dumps(fields)[1:]
+    return head + (extra if head.endswith(b"{") else b"," + extra)

@@ -18,6 +18,9 @@ BAD_RESPONSE = "bad_response"
 OVERFLOW = "context_overflow"
 MODEL_DISCOVERY = "model_discovery_failed"
 BUDGET = "budget_exhausted"
+# error_type of a BUDGET refusal that retrying cannot fix before the cap resets (spent, or this request's
+# estimate alone is more than is left): the client gets the final budget answer, not "overloaded".
+BUDGET_FINAL = "budget_final"
 # The request could not be built for this upstream (our translation refused it): the request's doing or ours,
 # never the provider's. Another provider (another wire) may still take it.
 UNBUILDABLE = "request_unbuildable"

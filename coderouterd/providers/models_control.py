@@ -8,12 +8,16 @@ the OpenAI model list, with no load state."""
 from __future__ import annotations
 
 import asyncio
+from typing import TYPE_CHECKING
 
 import orjson
 
 from .. import servers
 from ..servers import NoModelControl, ServerKind
 from .limits import MAX_AUX_BYTES, BodyTooLarge, read_capped
+
+if TYPE_CHECKING:
+    from .provider import Provider
 
 LOAD_TIMEOUT_S = 600.0
 _LIST_TIMEOUT_S = 10.0
@@ -30,7 +34,7 @@ async def _read(r) -> bytes:
         raise ModelControlError(str(e)) from None
 
 
-async def _get(provider, path: str):
+async def _get(provider: Provider, path: str):
     async with asyncio.timeout(_LIST_TIMEOUT_S):
         async with provider.session().get(provider.root_url + path, headers=provider.auth_headers()) as r:
             if r.status >= 300:  # a redirect (not followed) is no answer either
@@ -38,7 +42,7 @@ async def _get(provider, path: str):
             return r.status, orjson.loads(await _read(r))
 
 
-async def _post(provider, path: str, body: dict, timeout: float):
+async def _post(provider: Provider, path: str, body: dict, timeout: float):
     headers = {"content-type": "application/json", **provider.auth_headers()}
     async with asyncio.timeout(timeout):
         async with provider.session().post(provider.root_url + path, data=orjson.dumps(body), headers=headers) as r:
@@ -71,7 +75,7 @@ def error_message(data) -> str | None:
     return None
 
 
-def _getter(provider):
+def _getter(provider: Provider):
     """The servers package's GET over this provider's pool: (status, JSON or None)."""
 
     async def get(path: str):
@@ -83,7 +87,7 @@ def _getter(provider):
     return get
 
 
-async def _kind(provider) -> ServerKind:
+async def _kind(provider: Provider) -> ServerKind:
     """The kind of server behind the provider: the config's kind when it says (ollama), else recognised by the
     servers package's probes."""
     if provider.adapter.model_backend:
@@ -95,7 +99,7 @@ async def _kind(provider) -> ServerKind:
         raise BackendUnreachable(str(e)) from None
 
 
-async def detect_backend(provider) -> str:
+async def detect_backend(provider: Provider) -> str:
     """The server kind's name: ollama | lmstudio | llama.cpp | vllm | openai (any other OpenAI-compatible)."""
     return (await _kind(provider)).name
 
@@ -104,7 +108,7 @@ class BackendUnreachable(ModelControlError):
     """No HTTP answer at the provider's address (refused, timed out, DNS)."""
 
 
-async def list_models(provider) -> dict:
+async def list_models(provider: Provider) -> dict:
     kind = await _kind(provider)
     models = await kind.list_models(_getter(provider))
     if models is None:
@@ -112,15 +116,15 @@ async def list_models(provider) -> dict:
     return {"provider": provider.name, "backend": kind.name, "models": models}
 
 
-async def load_model(provider, model: str) -> dict:
+async def load_model(provider: Provider, model: str) -> dict:
     return await _control(provider, model, "load", LOAD_TIMEOUT_S)
 
 
-async def unload_model(provider, model: str) -> dict:
+async def unload_model(provider: Provider, model: str) -> dict:
     return await _control(provider, model, "unload", _LIST_TIMEOUT_S * 3)
 
 
-async def _control(provider, model: str, action: str, timeout: float) -> dict:
+async def _control(provider: Provider, model: str, action: str, timeout: float) -> dict:
     kind = await _kind(provider)
 
     async def post(path: str, body: dict, t: float):
@@ -129,6 +133,6 @@ async def _control(provider, model: str, action: str, timeout: float) -> dict:
     try:
         done = await getattr(kind, action)(_getter(provider), post, model, timeout)
     except NoModelControl:
-        raise ModelControlError(f"{provider.name}: this backend has no model {action} API "
+        raise ModelControlError(f"this backend has no model {action} API "
                                 "(OpenAI-compatible only)") from None
     return {"provider": provider.name, "backend": kind.name, "model": model, **done}

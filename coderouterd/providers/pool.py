@@ -68,11 +68,18 @@ class Pool:
         if not self.open:
             return
         try:
-            task = asyncio.get_running_loop().create_task(self.close())
+            task = asyncio.get_running_loop().create_task(self._close_if_unused())
         except RuntimeError:  # no loop: nothing can have used the session in this thread either
             return
         self._closing.add(task)
         task.add_done_callback(self._closing.discard)
+
+    async def _close_if_unused(self) -> None:
+        # A call of the old runtime (a fallback attempt of a request that started before the reload) may have
+        # leased the pool between the last release and this task: closing now would cut its request in flight
+        # (the soak saw "Session is closed" answered as a 500). Its own release schedules the close again.
+        if self.leases == 0:
+            await self.close()
 
     async def close(self) -> None:
         s, self._session = self._session, None

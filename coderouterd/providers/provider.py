@@ -38,7 +38,7 @@ class Provider:
             self._models, self._models_at = previous._models, previous._models_at
             self.chars_per_token = previous.chars_per_token
             self.tokenize_supported = previous.tokenize_supported
-        self.pool = pool if pool is not None else Pool(cfg.timeouts.connect)
+        self.pool: Pool = pool if pool is not None else Pool(cfg.timeouts.connect)
 
     def pool_key(self) -> tuple:
         c = self.cfg

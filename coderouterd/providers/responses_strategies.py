@@ -17,6 +17,7 @@ from ..translate.openai_to_anthropic import anthropic_usage
 from ..translate.responses_objects import chat_completion_to_response
 from ..translate.responses_request import ResponsesRequest
 from ..translate.responses_stream import ChatStreamToResponses, encode_all
+from ..translate.tool_repair_wire import OpenAIStreamRepair
 from .errors import DISCONNECT, STREAM_ERROR, UpstreamError, stream_error_reason
 from .strategies import AnthropicUpstreamAsChat, Strategy
 
@@ -106,7 +107,7 @@ class ResponsesToChat(_ResponsesStrategy):
         return encode_all(out)
 
     def _flush_repair(self, out: list) -> None:
-        if self.repair is not None:
+        if isinstance(self.repair, OpenAIStreamRepair):  # an OpenAI upstream
             for chunk in self.repair.flush():
                 self.tr.feed(chunk, out)
 

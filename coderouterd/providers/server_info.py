@@ -14,6 +14,7 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import orjson
 
@@ -21,6 +22,9 @@ from .. import servers
 from ..servers import llamacpp
 from ..tasks import TaskSet
 from .limits import MAX_AUX_BYTES, MAX_IGNORED_BYTES, BodyTooLarge, read_at_most, read_capped
+
+if TYPE_CHECKING:
+    from .provider import Provider
 
 log = logging.getLogger("coderouterd.servers")
 
@@ -40,7 +44,7 @@ class ServerInfo:
                 "context_source": self.window_source or None, "slots": self.slots or None}
 
 
-def discoverable(provider) -> bool:
+def discoverable(provider: Provider) -> bool:
     """Only servers that hide behind an OpenAI-compatible URL, or say their kind (Ollama), are asked; the
     Anthropic API has nothing to tell."""
     a = provider.adapter
@@ -55,7 +59,7 @@ class _Unanswered(Exception):
         self.retry_s = retry_s
 
 
-async def probe(provider, timeout_s: float) -> ServerInfo:
+async def probe(provider: Provider, timeout_s: float) -> ServerInfo:
     """Ask the provider's server. Raises _Unanswered when nothing answered."""
     import aiohttp
 
@@ -119,15 +123,15 @@ class ServerDirectory:
         self._running: dict[str, asyncio.Task] = {}
         self._tasks = TaskSet()
 
-    def info(self, provider) -> ServerInfo | None:
+    def info(self, provider: Provider) -> ServerInfo | None:
         known = self._known.get(provider.name)
         return known[2] if known is not None and known[0] == provider.cfg.base_url else None
 
-    def _due(self, provider) -> bool:
+    def _due(self, provider: Provider) -> bool:
         known = self._known.get(provider.name)
         return known is None or known[0] != provider.cfg.base_url or (known[2] is None and self.clock() >= known[1])
 
-    def context_window(self, provider) -> int:
+    def context_window(self, provider: Provider) -> int:
         """The window to route by: the configured one when set, else the server's (0 = unknown). Never waits:
         an unknown server is asked in the background."""
         if provider.cfg.context_window:
@@ -138,7 +142,7 @@ class ServerDirectory:
             return 0
         return info.context_window
 
-    def named_tool_choice(self, provider) -> bool:
+    def named_tool_choice(self, provider: Provider) -> bool:
         """Whether the provider's server reads OpenAI's named tool choice (unknown servers are assumed to)."""
         info = self.info(provider)
         if info is None:
@@ -147,7 +151,7 @@ class ServerDirectory:
 
         return by_name(info.kind).named_tool_choice
 
-    def refresh(self, provider) -> asyncio.Task | None:
+    def refresh(self, provider: Provider) -> asyncio.Task | None:
         """Start a discovery for `provider` when one is due and none runs; the running one otherwise."""
         if not discoverable(provider):
             return None
@@ -160,14 +164,14 @@ class ServerDirectory:
         self._running[provider.name] = task
         return task
 
-    async def discover(self, provider) -> ServerInfo | None:
+    async def discover(self, provider: Provider) -> ServerInfo | None:
         """What the server said, waiting for a discovery when one is due (prefix affinity's slot table)."""
         task = self.refresh(provider)
         if task is not None:
             await asyncio.shield(task)
         return self.info(provider)
 
-    async def _discover(self, provider) -> None:
+    async def _discover(self, provider: Provider) -> None:
         base_url = provider.cfg.base_url
         try:
             info = await probe(provider, self.timeout_s)

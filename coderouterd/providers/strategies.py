@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import orjson
 
-from ..health.drift import AnswerStats
 from ..protocol.sse import DONE, encode_data, encode_event
 from ..translate.answer_observe import observe_anthropic, observe_openai
+from ..translate.answer_stats import AnswerStats
 from ..translate.anthropic_to_openai import force_named_tool_as_required, request_to_openai
 from ..translate.openai_ingress import (
     AnthropicStreamToOpenAI,
@@ -176,11 +176,11 @@ class OpenAIPassthrough(Strategy):
         return body
 
     def events(self, events: list[tuple[str | None, str]]) -> bytes:
-        out = []
+        out: list[bytes] = []
         for _name, data in events:
             if data == "[DONE]" and self._opened:
                 self.done = True
-                if self.repair is not None:
+                if isinstance(self.repair, OpenAIStreamRepair):  # an OpenAI upstream
                     out.extend(encode_data(c) for c in self.repair.flush())
                 out.append(DONE)
                 continue
@@ -236,7 +236,7 @@ class OpenAIPassthrough(Strategy):
     def eof(self) -> bytes:
         if self.finished:  # some servers end the body without [DONE]; the answer was complete
             self.done = True
-            if self.repair is not None:
+            if isinstance(self.repair, OpenAIStreamRepair):  # an OpenAI upstream
                 return b"".join(encode_data(c) for c in self.repair.flush()) + DONE
             return DONE
         raise UpstreamError(DISCONNECT, message="upstream closed the stream before [DONE]",
@@ -405,7 +405,7 @@ class AnthropicToOpenAIUpstream(Strategy):
         return b"".join(out)
 
     def _flush_repair(self, out: list[bytes]) -> None:
-        if self.repair is not None:
+        if isinstance(self.repair, OpenAIStreamRepair):  # an OpenAI upstream
             for c in self.repair.flush():
                 out.extend(self._encode(self.translator.feed(c)))
 
@@ -511,12 +511,12 @@ class OpenAIToAnthropicUpstream(AnthropicUpstreamAsChat):
         raise self._no_stop()
 
 
-def strategy_for(ingress: str, upstream_wire: str, *, serves_responses: bool = False):
-    """By (client wire, upstream wire); callers go through their provider's adapter (`adapter.strategy_for`)."""
+def strategy_for(ingress: str, upstream_wire: str):
+    """By (client wire, upstream wire) for the chat ingresses; callers go through their provider's adapter
+    (`adapter.strategy_for`), which takes Responses clients to responses_strategies.py (built on this module,
+    so this module does not import it)."""
     if ingress == "responses":
-        from .responses_strategies import responses_strategy_for  # it builds on this module
-
-        return responses_strategy_for(upstream_wire, serves_responses)
+        raise ValueError("Responses clients: responses_strategies.responses_strategy_for")
     if ingress == "anthropic":
         return AnthropicPassthrough if upstream_wire == "anthropic" else AnthropicToOpenAIUpstream
     return OpenAIToAnthropicUpstream if upstream_wire == "anthropic" else OpenAIPassthrough

@@ -15,6 +15,11 @@ try. A connection refused (nothing listens) is never retried."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import aiohttp
+
 
 class _Request:
     """Awaitable (the response) and an async context manager (released on exit), like aiohttp's own."""
@@ -26,7 +31,7 @@ class _Request:
         self._method = method
         self._url = url
         self._kw = kw
-        self._resp = None
+        self._resp: aiohttp.ClientResponse | None = None
 
     async def _send(self):
         import aiohttp
@@ -35,8 +40,8 @@ class _Request:
         try:
             return await session.request(self._method, self._url, allow_redirects=False, **self._kw)
         except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as e:
-            if isinstance(e, aiohttp.ClientConnectorError):
-                raise  # a new connection refused: nothing listens, no pooled connection went stale
+            if isinstance(e, aiohttp.ClientConnectorError) or session.closed:
+                raise  # a new connection refused (nothing listens), or the session itself was closed under it
             self._owner.stale_retries += 1
             return await session.request(self._method, self._url, allow_redirects=False, **self._kw)
 

@@ -37,6 +37,7 @@ class CircuitBreaker:
         *,
         failures: int = 3,
         recovery_s: float = 30.0,
+        max_recovery_s: float | None = None,
         clock: Clock | None = None,
         on_transition: TransitionHook | None = None,
     ) -> None:
@@ -47,6 +48,12 @@ class CircuitBreaker:
         self.name = name
         self.failures = failures
         self.recovery_s = float(recovery_s)
+        # Ejection time grows: recovery_s, then twice that after each failed trial, up to max_recovery_s, so a
+        # provider that keeps failing its trials is tried less and less often instead of every recovery_s for
+        # ever. The count resets once the provider stays closed as long as its last ejection lasted.
+        self.max_recovery_s = max(float(max_recovery_s or recovery_s * 10), self.recovery_s)
+        self._ejections = 0  # consecutive ejections without a healthy period between them
+        self._closed_at: float | None = None  # monotonic: when it last closed after an ejection
         self._clock: Clock = clock or SystemClock()
         self._on_transition = on_transition
         self._state = BreakerState.CLOSED
@@ -82,6 +89,16 @@ class CircuitBreaker:
             else:
                 self._move(BreakerState.HALF_OPEN, "recovery time elapsed")
         return self._state
+
+    @property
+    def ejection_s(self) -> float:
+        """How long the current (or next) ejection lasts: recovery_s doubled per consecutive ejection, capped."""
+        n = max(self._ejections, 1)
+        return min(self.recovery_s * 2.0 ** min(n - 1, 30), self.max_recovery_s)
+
+    @property
+    def ejections(self) -> int:
+        return self._ejections
 
     @property
     def consecutive_failures(self) -> int:
@@ -124,6 +141,7 @@ class CircuitBreaker:
         if state is BreakerState.HALF_OPEN:
             self._opened_at = None
             self._retry_at = None
+            self._closed_at = self._clock.now()
             self._move(BreakerState.CLOSED, "trial request succeeded")
 
     def reset(self, reason: str) -> None:
@@ -134,6 +152,8 @@ class CircuitBreaker:
         self._hint_only = False
         self._opened_at = None
         self._retry_at = None
+        self._ejections = 0  # verified healthy: the next ejection starts short again
+        self._closed_at = None
         self._move(BreakerState.CLOSED, reason)
 
     def record_failure(self, *, retry_after: float | None = None, reason: str = "") -> None:
@@ -148,7 +168,10 @@ class CircuitBreaker:
         detail = f": {reason}" if reason else ""
         if state is BreakerState.HALF_OPEN:
             self._trial_in_flight = False
-            self._open(now, max(self.recovery_s, hint or 0.0), f"trial request failed{detail}")
+            self._ejections += 1
+            eject = self.ejection_s
+            self._open(now, max(eject, hint or 0.0), f"trial request failed{detail}; out for {eject:g}s "
+                                                     f"(ejection {self._ejections})")
             return
         if state is BreakerState.OPEN:
             # Only a longer upstream hint matters here; the breaker is already refusing traffic. A failure
@@ -159,10 +182,13 @@ class CircuitBreaker:
                 self._retry_at = now + hint
             return
         if self._consecutive >= self.failures:
+            if self._closed_at is not None and now - self._closed_at >= self.ejection_s:
+                self._ejections = 0  # it stayed healthy as long as it was last out: start short again
+            self._ejections += 1
             why = f"{self._consecutive} consecutive failures{detail}"
             if hint is not None:
                 why += f" (retry-after {hint:g}s)"
-            self._open(now, max(self.recovery_s, hint or 0.0), why)
+            self._open(now, max(self.ejection_s, hint or 0.0), why)
         elif hint is not None:
             # The upstream said when to come back; calling earlier only earns more 429s.
             self._open(now, hint, f"retry-after {hint:g}s{detail}", hint_only=True)
@@ -195,6 +221,7 @@ class CircuitBreaker:
             "retry_in_s": retry_in,
             "trial_in_flight": state is BreakerState.HALF_OPEN and self._trial_in_flight,
             "retry_after_only": state is BreakerState.OPEN and self._hint_only,
+            "ejections": self._ejections,
         }
 
     def restore(self, snap: dict[str, Any]) -> None:
@@ -206,6 +233,7 @@ class CircuitBreaker:
         except ValueError as exc:
             raise ValueError(f"unknown breaker state {snap.get('state')!r}") from exc
         consecutive = _non_negative_int(snap.get("consecutive_failures", 0), "consecutive_failures")
+        ejections = _non_negative_int(snap.get("ejections", 0), "ejections")
         now = self._clock.now()
         wall = wall_time(self._clock)
         opened_at = _optional_float(snap.get("opened_at"), "opened_at")
@@ -213,6 +241,7 @@ class CircuitBreaker:
         retry_at = _optional_float(snap.get("retry_at"), "retry_at")
 
         self._consecutive = consecutive
+        self._ejections = ejections if state is not BreakerState.CLOSED else 0
         # The trial that was in flight died with the old process; a new one must be admitted.
         self._trial_in_flight = False
         self._opened_at = None if opened_at is None else now - max(0.0, wall - opened_at)
@@ -220,7 +249,7 @@ class CircuitBreaker:
         if state is BreakerState.OPEN:
             remaining = self.recovery_s if retry_in is None else max(0.0, retry_in)
             # A snapshot from an older daemon may hold a wait an upstream imposed without bound.
-            remaining = min(remaining, max(self.recovery_s, MAX_HINT_S))
+            remaining = min(remaining, max(self.max_recovery_s, MAX_HINT_S))
             if retry_at is not None:
                 # Downtime counts toward recovery; a wall clock that went backwards must not extend it.
                 remaining = min(remaining, max(0.0, retry_at - wall))
@@ -275,11 +304,13 @@ class BreakerRegistry:
         *,
         failures: int = 3,
         recovery_s: float = 30.0,
+        max_recovery_s: float | None = None,
         clock: Clock | None = None,
         on_transition: TransitionHook | None = None,
     ) -> None:
         self._failures = failures
         self._recovery_s = recovery_s
+        self._max_recovery_s = max_recovery_s
         self._clock: Clock = clock or SystemClock()
         self._on_transition = on_transition
         self._breakers: dict[str, CircuitBreaker] = {}
@@ -297,6 +328,7 @@ class BreakerRegistry:
                 name,
                 failures=self._failures,
                 recovery_s=self._recovery_s,
+                max_recovery_s=self._max_recovery_s,
                 clock=self._clock,
                 on_transition=self._on_transition,
             )
@@ -304,7 +336,7 @@ class BreakerRegistry:
             self._breakers[name] = breaker
         return breaker
 
-    def configure(self, failures: int, recovery_s: float) -> None:
+    def configure(self, failures: int, recovery_s: float, max_recovery_s: float | None = None) -> None:
         """New defaults (config reload); applied to existing breakers without resetting their state."""
         if failures < 1:
             raise ValueError("failures must be >= 1")
@@ -312,9 +344,11 @@ class BreakerRegistry:
             raise ValueError("recovery_s must be > 0")
         self._failures = failures
         self._recovery_s = float(recovery_s)
+        self._max_recovery_s = max_recovery_s
         for breaker in self._breakers.values():
             breaker.failures = failures
             breaker.recovery_s = float(recovery_s)
+            breaker.max_recovery_s = max(float(max_recovery_s or recovery_s * 10), breaker.recovery_s)
 
     def names(self) -> list[str]:
         return list(self._breakers)

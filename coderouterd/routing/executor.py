@@ -21,11 +21,12 @@ import asyncio
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Literal
 
 from ..ids import new_id
 from ..protocol.errors import error_kind
 from ..providers.call import Call
-from ..providers.errors import BUDGET, IDLE_TIMEOUT, OVERFLOW, TOTAL_TIMEOUT, UpstreamError
+from ..providers.errors import BUDGET, BUDGET_FINAL, IDLE_TIMEOUT, OVERFLOW, TOTAL_TIMEOUT, UpstreamError
 from ..providers.provider import Provider
 from ..translate.images import omit_images
 from ..translate.tool_repair import repair_tools_for
@@ -34,6 +35,9 @@ from .planner import Skip
 from .records import Attempt, Outcome
 from .request import ClientRequest
 from .sink import ClientGone, ClientSink, StreamOpening
+
+if TYPE_CHECKING:
+    from ..live_config import Runtime
 
 
 @dataclass(slots=True, eq=False)
@@ -60,7 +64,7 @@ class Slot:
 class Exchange:
     """The life of one client request across its attempts. Collects the decision trace as it goes."""
 
-    def __init__(self, req: ClientRequest, sink: ClientSink, *, runtime, router, profile: str,
+    def __init__(self, req: ClientRequest, sink: ClientSink, *, runtime: Runtime, router, profile: str,
                  call_factory=Call, before_upstream: Callable[[], None] | None = None) -> None:
         """`call_factory(provider, strategy, raw_body=, stream=, client_headers=)` makes one upstream call;
         tests give a scripted one. `before_upstream()` is called just before each wait on an upstream (the
@@ -76,6 +80,7 @@ class Exchange:
         self.server = runtime.config.server
         self.attempts: list[Attempt] = []
         self.skips: list[Skip] = []
+        self.budget_final: dict[str, str] = {}  # provider -> why its budget refused this request until the reset
         self.notes: list[dict] = []  # what routing did to the request on the way (panic, images omitted)
         self.settles: list[dict] = []  # shared-ledger settles, journaled with the request (see state/shared)
         self.committed = False
@@ -260,6 +265,8 @@ class Exchange:
                 raise
             self.router.release(name, admission)  # a refused reservation is a budget gate, not a failure
             self.skips.append(Skip(name, "budget", e.message))
+            if e.error_type == BUDGET_FINAL:
+                self.budget_final[name] = e.message
             return None
         except BaseException:
             # Cancelled (client gone) while a shared ledger answered: the trial slot is not ours to keep.
@@ -506,15 +513,17 @@ class Exchange:
 
     def ends_request(self, e: UpstreamError, rest: list[str]) -> bool:
         """Whether this failure ends the request (then `send_failure(e)`) instead of moving to the next provider."""
-        if e.after_content:
-            return True
+        if e.after_content and self.committed:
+            return True  # the client has part of this answer: another provider's cannot follow it
+        # Content the upstream produced but the client never saw (the failure came in the same read as the first
+        # events, before anything was sent) is no reason to stop: the next provider can still answer whole.
         if e.reason == OVERFLOW:
             return not self._larger_window_ahead(e, rest)
         return not e.failover
 
     async def send_failure(self, e: UpstreamError) -> None:
         """Answer the client with the failure that ended the request."""
-        if e.after_content:
+        if e.after_content and self.committed:
             await self._fail_committed(e)
         elif e.reason == OVERFLOW:
             await self._reply(replies.overflow(e))
@@ -528,7 +537,7 @@ class Exchange:
             await self._reply(replies.all_failed(errors, **args))
         else:
             spent = {s.provider: why for s in self.skips if s.reason == "budget"
-                     and (why := self.router.spent_cap(s.provider)) is not None}
+                     and (why := self.budget_final.get(s.provider) or self.router.spent_cap(s.provider)) is not None}
             await self._reply(replies.nothing_attempted(self.skips, spent=spent, **args))
 
     def _larger_window_ahead(self, e: UpstreamError, rest: list[str]) -> bool:
@@ -582,7 +591,7 @@ class _Holding:
     def __enter__(self) -> Slot:
         return self.slot
 
-    def __exit__(self, exc_type, exc, tb) -> bool:
+    def __exit__(self, exc_type, exc, tb) -> Literal[False]:
         ex, slot = self.ex, self.slot
         try:
             if exc_type is not None:

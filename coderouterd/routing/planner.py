@@ -6,7 +6,7 @@ Pure: reads breaker/health/budget state handed in, performs no I/O. The executor
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -107,7 +107,7 @@ def plan(
     features: RequestFeatures,
     *,
     breakers: BreakerRegistry,
-    health: dict[str, str],
+    health: Mapping[str, str],
     health_action: str,
     orderer: AdaptiveOrderer | None = None,
     budget_ok: Callable[[str], bool] | None = None,

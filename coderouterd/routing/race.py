@@ -13,13 +13,17 @@ from __future__ import annotations
 
 import asyncio
 import time
+from typing import TYPE_CHECKING
 
 from ..providers.call import Call
 from ..providers.errors import UpstreamError
 from .sink import ClientGone
 
+if TYPE_CHECKING:
+    from .executor import Exchange, Slot
 
-async def _until_useful(ex, call: Call) -> bytes:
+
+async def _until_useful(ex: Exchange, call: Call) -> bytes:
     """Open the call and read until it produced content; returns everything produced so far."""
     await call.open()
     if not ex.req.stream:
@@ -39,14 +43,14 @@ async def _until_useful(ex, call: Call) -> bytes:
     return b"".join(out)
 
 
-async def run_race(ex, candidates: list[str], errors: list) -> list[str] | None:
+async def run_race(ex: Exchange, candidates: list[str], errors: list) -> list[str] | None:
     """Race the first `race_width` admitted candidates. Returns None when the client has been answered (a
     winner, or a failure that ends the request), else the candidates that were not raced, for try-in-order.
     Failures are appended to `errors`."""
     width = ex.profile.race_width
     delay = ex.profile.race_delay_ms / 1000.0
     pending = list(candidates)
-    running: dict[asyncio.Task, object] = {}  # task -> Slot
+    running: dict[asyncio.Task, Slot] = {}
     launched = 0
 
     async def launch() -> None:

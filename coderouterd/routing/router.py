@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from inspect import isawaitable
+from typing import TYPE_CHECKING
 
 from ..affinity.service import Affinity
 from ..providers.errors import MEMORY_PRESSURE, UpstreamError
@@ -16,6 +17,10 @@ from .breaker import BreakerState
 from .planner import Plan, ProviderFacts, RequestFeatures, Skip, plan
 from .request import ClientRequest
 from .state import RoutingState
+
+if TYPE_CHECKING:
+    from ..live_config import Runtime
+    from ..providers.provider import Provider
 
 # Router.admit's answers: how an attempt was let through, which decides what its end gives back.
 CLOSED, TRIAL, PANIC = "closed", "trial", "panic"
@@ -66,7 +71,7 @@ class Router:
         return o
 
     @staticmethod
-    def facts(runtime) -> dict[str, ProviderFacts]:
+    def facts(runtime: Runtime) -> dict[str, ProviderFacts]:
         out = {}
         for name, p in runtime.providers.items():
             c = p.cfg
@@ -74,17 +79,17 @@ class Router:
                                       thinking=c.capabilities.thinking, context_window=c.context_window, paid=c.paid)
         return out
 
-    def context_window(self, provider) -> int:
+    def context_window(self, provider: Provider) -> int:
         """The window a provider is routed by: configured, else as its server reports it (0 = unknown)."""
         if self.servers is None:
             return provider.cfg.context_window
         return self.servers.context_window(provider)
 
-    def named_tool_choice(self, provider) -> bool:
+    def named_tool_choice(self, provider: Provider) -> bool:
         """Whether the provider's server reads OpenAI's named tool choice (servers/base.py)."""
         return self.servers is None or self.servers.named_tool_choice(provider)
 
-    def _facts(self, runtime, names) -> dict[str, ProviderFacts]:
+    def _facts(self, runtime: Runtime, names) -> dict[str, ProviderFacts]:
         """The runtime's facts, with the context window the server reports where the config left it unset.
         Never waits: a server not heard from yet is asked in the background and not gated meanwhile."""
         facts = runtime.facts
@@ -101,7 +106,7 @@ class Router:
                 out[name] = replace(f, context_window=window, window_reported=True)
         return out if out is not None else facts
 
-    def plan(self, profile_name: str, profile, runtime, req: ClientRequest, ticket=None) -> Plan:
+    def plan(self, profile_name: str, profile, runtime: Runtime, req: ClientRequest, ticket=None) -> Plan:
         features = RequestFeatures(
             has_tools=req.has_tools(),
             thinking_required=req.thinking_required,
@@ -150,7 +155,7 @@ class Router:
                                   "why": f"{s.message}; tried anyway: no other provider, and the server's own "
                                          "answer says by how much"})
 
-    def _prefer_cached(self, p: Plan, ticket, runtime) -> None:
+    def _prefer_cached(self, p: Plan, ticket, runtime: Runtime) -> None:
         """Among providers the profile treats as equals (race, adaptive order), the one expected to answer
         first given what it has cached leads. Providers adaptive or health moved back stay behind."""
         moved_back = {n["provider"] for n in p.order_notes if n.get("moved") == "back"}
@@ -160,7 +165,7 @@ class Router:
         p.candidates = order + rest
         p.order_notes.extend(notes)
 
-    def effective_order(self, profile_name: str, profile, runtime) -> Plan:
+    def effective_order(self, profile_name: str, profile, runtime: Runtime) -> Plan:
         return self.plan(profile_name, profile, runtime, ClientRequest(
             ingress="anthropic", body={}, raw=b"", headers={}, stream=False, model="", request_id="status"))
 
@@ -193,7 +198,7 @@ class Router:
         if admission == TRIAL:
             self.state.breakers.get(provider).release()
 
-    async def reserve(self, provider, req: ClientRequest):
+    async def reserve(self, provider: Provider, req: ClientRequest):
         """A budget reservation for a paid attempt (None when unpaid). Raises UpstreamError(BUDGET) if refused.
         Awaited: a shared ledger answers over the network; the local one answers without suspending."""
         if self._budget is None:
@@ -205,7 +210,7 @@ class Router:
         """Why a budget-skipped provider cannot come back before its cap resets, or None (see Budget.spent_cap)."""
         return self._budget.spent_cap(provider) if self._budget is not None else None
 
-    def settle(self, reservation, provider, usage: dict | None) -> dict | None:
+    def settle(self, reservation, provider: Provider, usage: dict | None) -> dict | None:
         """Settle with the real cost; a shared ledger answers with the settle's record for the journal."""
         if self._budget is not None and reservation is not None:
             return self._budget.settle(reservation, provider, usage)
@@ -245,6 +250,3 @@ class Router:
                 br.record_success()  # it answered: alive; the trial closes the breaker
             else:
                 br.release()
-
-    def report_probe(self, provider: str, latency_s: float | None, ok: bool) -> None:
-        self.state.probed(provider, latency_s, ok)

@@ -43,6 +43,7 @@ class RoutingState:
         self._on_health = on_health
         self._breaker_watchers: list[BreakerHook] = []
         self.breakers = BreakerRegistry(failures=config.breaker.failures, recovery_s=config.breaker.recovery_s,
+                                        max_recovery_s=config.breaker.max_recovery_s,
                                         clock=self.clock, on_transition=self._breaker_moved)
         self.settings = AdaptiveSettings(**config.adaptive.model_dump())
         self.stats = ProviderStats(self.settings, self.clock)
@@ -100,7 +101,7 @@ class RoutingState:
         self._thresholds = t
 
     def reconfigure(self, config) -> None:
-        self.breakers.configure(config.breaker.failures, config.breaker.recovery_s)
+        self.breakers.configure(config.breaker.failures, config.breaker.recovery_s, config.breaker.max_recovery_s)
         new = AdaptiveSettings(**config.adaptive.model_dump())
         for k, v in vars(new).items():
             setattr(self.settings, k, v)

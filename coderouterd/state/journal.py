@@ -74,6 +74,13 @@ JOURNAL_AFFINITY_DDL = (
 # ledger gets every settle the journal has even when the instance died before its own settle reached it.
 STORED_COLUMNS: tuple[str, ...] = (*JOURNAL_COLUMNS, "settles")
 JOURNAL_SETTLES_DDL = ("ALTER TABLE journal ADD COLUMN settles TEXT",)
+# A request's outcome as a filter: the same split as replay.is_error (an HTTP error, or a status-less failure).
+_ERROR_SQL = "(COALESCE(status, 0) >= 400 OR (COALESCE(status, 0) = 0 AND COALESCE(error_class, '') != ''))"
+OUTCOMES: dict[str, str] = {
+    "ok": f"NOT {_ERROR_SQL}",
+    "error": _ERROR_SQL,
+    "fallback": "fallback_count > 0",
+}
 
 INSERT_SQL = (
     f"INSERT INTO journal ({', '.join(STORED_COLUMNS)}) VALUES ({', '.join('?' for _ in STORED_COLUMNS)})"
@@ -140,10 +147,12 @@ def journal_rows(
     provider: str | None = None,
     profile: str | None = None,
     limit: int | None = None,
+    outcome: str | None = None,
 ) -> list[dict[str, Any]]:
     """Journal rows oldest first; with `limit`, the newest `limit` rows (still oldest first).
 
     `since` is inclusive, `until` exclusive; both accept a datetime (naive = UTC) or epoch seconds.
+    `outcome`: one of OUTCOMES (ok, error, fallback); errors as replay.is_error counts them.
     A missing database or one without a journal yet reads as empty.
     """
     path = Path(db_path)
@@ -155,10 +164,12 @@ def journal_rows(
         if value is not None:
             where.append(clause)
             args.append(value)
-    for clause, value in (("provider = ?", provider), ("profile = ?", profile)):
-        if value is not None:
+    for clause, name in (("provider = ?", provider), ("profile = ?", profile)):
+        if name is not None:
             where.append(clause)
-            args.append(value)
+            args.append(name)
+    if outcome is not None:
+        where.append(OUTCOMES[outcome])
     sql = f"SELECT {', '.join(JOURNAL_COLUMNS)} FROM journal"
     if where:
         sql += " WHERE " + " AND ".join(where)

@@ -6,6 +6,7 @@ from __future__ import annotations
 class MemoryStore:
     healthy = True
     problem = None
+    dropped_this_outage = 0  # nothing to write, so nothing is ever dropped (Store's counter, for status)
 
     def __init__(self) -> None:
         self._data: dict[str, dict] = {}

@@ -54,6 +54,13 @@ _UPSERT = (
 
 
 KEEP_CORRUPT_COPIES = 3
+# Rows (and keys) per write transaction. In WAL mode a transaction needs its pages in the -wal file and again
+# in the database at checkpoint: after a long disk-full outage one transaction of 50,000 pending rows needed
+# ~33 MB free before anything could be written. Small batches make progress with a few hundred KB.
+WRITE_BATCH = 256
+# Truncate the -wal back to this after a checkpoint, so space a burst took is given back to a nearly full disk.
+WAL_SIZE_LIMIT = 256 << 10
+WAL_CHECKPOINT_PAGES = 32
 
 
 class _Corrupt(Exception):
@@ -104,7 +111,9 @@ class Store:
         self.max_pending_journal = max_pending_journal
         self.healthy = True
         self.problem: str | None = None
-        self.dropped_journal_rows = 0
+        self.dropped_journal_rows = 0  # since start: rows that waited for a broken database and were given up
+        self._dropped_this_outage = 0
+        self._out_of_space = False  # the last write failed for space: checkpoint before writing again
         self._failures = 0  # failures so far: a flush without a new one is a real recovery
         self._bus = bus
         self._clock = clock
@@ -197,10 +206,12 @@ class Store:
                 if overflow > 0:
                     # Only reachable during a long outage: keep the most recent history.
                     del self._pending_journal[:overflow]
-                    self.dropped_journal_rows += overflow
+                    self._note_dropped(overflow)
                 if not self._retry_due():
                     return
                 failures = self._failures
+                if self._conn is not None and not self._room_for_writes():
+                    return
                 self._write_journal()
                 if self._failures == failures and not self._pending_journal and not self._pending:
                     self._ok()  # everything held in memory really reached the disk
@@ -232,6 +243,8 @@ class Store:
                 if self._conn is None and not self._connect():
                     return
                 failures = self._failures
+                if not self._room_for_writes():
+                    return
                 self._write_kv()
                 self._write_journal()
                 # Recovered only when a whole flush went through: one successful small write on a nearly full
@@ -240,6 +253,24 @@ class Store:
                     self._ok()
         except Exception as exc:  # never let a bug here kill the flusher or reach a caller
             self._fail(f"flush failed: {exc}")
+
+    def _room_for_writes(self) -> bool:
+        """After a write failed for space, first move what the WAL holds into the database and truncate it.
+        Otherwise each retry appends its batch to the WAL, which takes the space the checkpoint needs, and the
+        store ends up holding its backlog twice (in the WAL and, at the checkpoint, in the database)."""
+        if not self._out_of_space or self._conn is None:
+            return True
+        try:
+            busy, frames, moved = self._conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
+        except sqlite3.Error as exc:
+            self._fail(f"write failed: {exc}")
+            return False
+        if busy or frames != moved:  # -1/-1: not in WAL mode; a reader in the way: try again next time
+            if frames >= 0:
+                self._fail("write failed: database or disk is full")
+                return False
+        self._out_of_space = False
+        return True
 
     def _retry_due(self) -> bool:
         return self.healthy or self._clock() >= self._next_retry
@@ -293,6 +324,8 @@ class Store:
             # NORMAL in WAL mode: a power cut may lose the last commits, but never corrupts, and a
             # process kill loses nothing that was committed.
             conn.execute("PRAGMA synchronous = NORMAL")
+            conn.execute(f"PRAGMA journal_size_limit = {WAL_SIZE_LIMIT}")
+            conn.execute(f"PRAGMA wal_autocheckpoint = {WAL_CHECKPOINT_PAGES}")
             _migrate(conn)
         except BaseException:
             conn.close()
@@ -375,27 +408,49 @@ class Store:
         if not batch:
             return
         now = self._clock()
-        upserts = [(ns, key, data.decode(), now) for (ns, key), data in batch.items() if data is not None]
-        deletes = [k for k, data in batch.items() if data is None]
+        items = list(batch.items())
+        for start in range(0, len(items), WRITE_BATCH):
+            part = items[start:start + WRITE_BATCH]
+            upserts = [(ns, key, data.decode(), now) for (ns, key), data in part if data is not None]
+            deletes = [k for k, data in part if data is None]
 
-        def work(conn: sqlite3.Connection) -> bool:
-            conn.executemany(_UPSERT, upserts)
-            conn.executemany("DELETE FROM kv WHERE namespace = ? AND key = ?", deletes)
-            return True
+            def work(conn: sqlite3.Connection, upserts=upserts, deletes=deletes) -> bool:
+                conn.executemany(_UPSERT, upserts)
+                conn.executemany("DELETE FROM kv WHERE namespace = ? AND key = ?", deletes)
+                return True
 
-        if self._transaction(work) is None:
-            with self._lock:
-                for k, data in batch.items():
-                    self._pending.setdefault(k, data)  # a newer set() since the swap wins
+            if self._transaction(work) is None:
+                with self._lock:
+                    for k, data in items[start:]:
+                        self._pending.setdefault(k, data)  # a newer set() since the swap wins
+                return
 
     def _write_journal(self) -> None:
         if not self._pending_journal:
             return
         if self._conn is None and (self._closed or not self._connect()):
             return
-        rows = self._pending_journal
-        if self._transaction(lambda conn: conn.executemany(INSERT_SQL, rows)) is not None:
-            self._pending_journal = []
+        # Oldest first, a batch at a time: what fits on a nearly full disk is written, the rest waits.
+        while self._pending_journal:
+            rows = self._pending_journal[:WRITE_BATCH]
+
+            def insert(conn: sqlite3.Connection, rows: list = rows) -> sqlite3.Cursor:
+                return conn.executemany(INSERT_SQL, rows)
+
+            if self._transaction(insert) is None:
+                return
+            del self._pending_journal[:len(rows)]
+
+    @property
+    def dropped_this_outage(self) -> int:
+        return self._dropped_this_outage
+
+    def _note_dropped(self, n: int) -> None:
+        if self.dropped_journal_rows == 0:
+            log.error("state store: journal rows are being dropped (more than %d waiting for the disk); "
+                      "the count is reported when the store recovers", self.max_pending_journal)
+        self.dropped_journal_rows += n
+        self._dropped_this_outage += n
 
     def _transaction(self, work: Callable[[sqlite3.Connection], Any]) -> Any:
         """Run `work` in one write transaction; its result, or None after recording the failure."""
@@ -417,6 +472,8 @@ class Store:
 
     def _write_failed(self, exc: sqlite3.Error) -> None:
         msg = str(exc)
+        if "full" in msg:
+            self._out_of_space = True
         if _is_corruption(exc) or "readonly" in msg or "disk i/o" in msg.lower() or "no such table" in msg:
             # The handle itself is suspect: reopen (and re-check / move aside) on the next retry.
             self._close_conn()
@@ -436,11 +493,14 @@ class Store:
     def _ok(self) -> None:
         if self.healthy:
             return
-        old = self.problem
+        old = self.problem or ""
         self.healthy = True
         self.problem = None
+        lost, self._dropped_this_outage = self._dropped_this_outage, 0
+        if lost:
+            old += f"; {lost} journal rows dropped during the outage (the oldest; metadata only)"
         log.warning("state store recovered (was: %s)", old)
-        self._publish(PersistenceFault(component="store", problem=old or "", recovered=True))
+        self._publish(PersistenceFault(component="store", problem=old, recovered=True))
 
     def _publish(self, event: Event) -> None:
         if self._bus is not None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from typing import TYPE_CHECKING
 
 from ..affinity.slot_save import slot_dir, with_slot_save_path
 from ..config import state_dir
@@ -12,12 +13,15 @@ from ..tasks import TaskSet
 from .registry import Supervisor
 from .spec import ProcessSpec
 
+if TYPE_CHECKING:
+    from ..config.schema import ConfigModel
+
 log = logging.getLogger("coderouterd")
 
 NS_PROCESSES = "processes"
 
 
-def specs_from_config(cfg) -> dict[str, tuple[ProcessSpec, list[str]]]:
+def specs_from_config(cfg: ConfigModel) -> dict[str, tuple[ProcessSpec, list[str]]]:
     """process id -> (spec, providers served). A shared [processes.NAME] is declared once, referenced by many."""
     out: dict[str, tuple[ProcessSpec, list[str]]] = {}
     for provider in cfg.providers:
@@ -49,7 +53,7 @@ class Processes:
         self._starts = TaskSet()
 
     @staticmethod
-    def autostarted(cfg) -> list[tuple[list[str], float]]:
+    def autostarted(cfg: ConfigModel) -> list[tuple[list[str], float]]:
         """(providers, start timeout) of each process started with the daemon: requests may wait for it."""
         return [(providers, spec.start_timeout_s) for spec, providers in specs_from_config(cfg).values()
                 if spec.autostart]
@@ -65,7 +69,7 @@ class Processes:
     def _lookup(self, name: str) -> dict | None:
         return self.store.get(NS_PROCESSES, name)
 
-    def apply(self, cfg) -> list[str]:
+    def apply(self, cfg: ConfigModel) -> list[str]:
         """Register the configured processes. Returns the names that need a (re)start."""
         wanted = specs_from_config(cfg)
         changed = []
@@ -79,7 +83,7 @@ class Processes:
                 self.supervisor.bind(p, name)
         return changed
 
-    async def reload(self, cfg) -> None:
+    async def reload(self, cfg: ConfigModel) -> None:
         wanted = specs_from_config(cfg)
         for name in list(self.supervisor.names()):
             if name not in wanted:

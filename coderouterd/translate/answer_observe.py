@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import orjson
 
-from ..health.drift import AnswerStats
+from .answer_stats import AnswerStats
 
 
 def observe_openai(answer: AnswerStats, obj: dict) -> None:

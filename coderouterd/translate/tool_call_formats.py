@@ -55,7 +55,7 @@ def offered_tools(body: dict) -> dict[str, ToolSpec]:
     return tools
 
 
-def repair_tools_for(provider_cfg, body: dict) -> dict[str, ToolSpec] | None:
+def repair_tools_for(provider_cfg, body: dict) -> Mapping[str, ToolSpec] | None:
     """The tools to repair calls against for this provider and request, or None when repair does not apply:
     switched off, a remote provider under "auto", no tools offered, or tool_choice "none"."""
     mode = provider_cfg.tool_repair
@@ -79,7 +79,7 @@ def _named(tool) -> bool:
     return isinstance(fn.get("name"), str) and bool(fn.get("name"))
 
 
-class OfferedTools(Mapping):
+class OfferedTools(Mapping[str, ToolSpec]):
     """`offered_tools` of a request, built on first use. Most answers carry no tool-call text at all, so the
     repairer never looks a tool up; building the specs of Claude Code's ~20 tools costs more than the rest of
     the repair on a plain answer (bench/README.md, "Tail and big body")."""
@@ -208,7 +208,7 @@ def _xml_function(body: str, tools: dict[str, ToolSpec]) -> RepairedCall | None:
             return None
         return _validated(name, args if isinstance(args, dict) else None, "function", tools)
     spec = tools.get(name)
-    args: dict = {}
+    args = {}
     pos = 0
     for pm in _PARAMETER.finditer(inner):
         if pm.start() != pos:

@@ -256,14 +256,16 @@ providers = ["flaky", "backup"]
 
 def test_models_list_load_unload_on_ollama_and_lmstudio(tmp_path):
     with FakeServer("ollama", models=["qwen3", "llama3"]) as ol, \
-            FakeServer("lmstudio", models=["lm-a", "lm-b"]) as lm:
+            FakeServer("lmstudio", models=["lm-a", "lm-b"]) as lm, FakeServer("openai", models=["o"]) as oa:
         cfg = BASE + f"""
 [providers.ol]
 base_url = "{ol.url}/v1"
 [providers.lm]
 base_url = "{lm.url}/v1"
+[providers.b]
+base_url = "{oa.url}/v1"
 [profiles.default]
-providers = ["ol", "lm"]
+providers = ["ol", "lm", "b"]
 """
         d = DaemonProcess(cfg, tmp_path).start()
         sock = sock_of(d)
@@ -274,12 +276,18 @@ providers = ["ol", "lm"]
 
             listing = {e["provider"]: e for e in ok_json("models", "list", sock=sock)["providers"]}
             assert listing["ol"]["backend"] == "ollama" and listing["lm"]["backend"] == "lmstudio"
-            assert loaded() == {"ol": {"qwen3": False, "llama3": False}, "lm": {"lm-a": False, "lm-b": False}}
+            assert loaded() == {"ol": {"qwen3": False, "llama3": False}, "lm": {"lm-a": False, "lm-b": False},
+                                "b": {"o": None}}  # unknown on a plain OpenAI server
+            unsupported = corectl("models", "load", "o", "--provider", "b", sock=sock)
+            assert unsupported.returncode == 1
+            assert unsupported.stderr.startswith("corectl: b: this backend has no model load API"), unsupported.stderr
+            assert "b: b:" not in unsupported.stderr  # the provider is named once
 
             for provider, model in (("ol", "qwen3"), ("lm", "lm-b")):
                 r = corectl("models", "load", model, "--provider", provider, sock=sock)
                 assert r.returncode == 0 and f"Loaded {model} on {provider}" in r.stdout, r.stdout + r.stderr
-            assert loaded() == {"ol": {"qwen3": True, "llama3": False}, "lm": {"lm-a": False, "lm-b": True}}
+            assert loaded() == {"ol": {"qwen3": True, "llama3": False}, "lm": {"lm-a": False, "lm-b": True},
+                                "b": {"o": None}}
             human = corectl("models", "list", "lm", sock=sock)
             assert human.returncode == 0 and "loaded" in human.stdout and "lmstudio" in human.stdout
             assert "ollama" not in human.stdout
@@ -288,10 +296,11 @@ providers = ["ol", "lm"]
             assert again["already_loaded"] is True  # no second LM Studio instance
             for provider, model in (("ol", "qwen3"), ("lm", "lm-b")):
                 assert ok_json("models", "unload", model, "--provider", provider, sock=sock)["loaded"] is False
-            assert loaded() == {"ol": {"qwen3": False, "llama3": False}, "lm": {"lm-a": False, "lm-b": False}}
+            assert loaded() == {"ol": {"qwen3": False, "llama3": False}, "lm": {"lm-a": False, "lm-b": False},
+                                "b": {"o": None}}  # unknown on a plain OpenAI server
 
             bad = corectl("models", "load", "x", "--provider", "nope", sock=sock)
-            assert bad.returncode == 1 and "valid providers: lm, ol" in bad.stderr
+            assert bad.returncode == 1 and "valid providers: b, lm, ol" in bad.stderr
             assert bad.stderr.startswith("corectl: ")  # no spinner debris when stderr is not a terminal
             missing = corectl("models", "load", "ghost", "--provider", "lm", sock=sock)
             assert missing.returncode == 1 and "not found" in missing.stderr

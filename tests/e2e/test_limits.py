@@ -37,6 +37,7 @@ BODY = b'{"model":"m","max_tokens":5,"messages":[{"role":"user","content":"hi"}]
 def env(tmp_path_factory):
     with FakeServer("openai", name="local") as local:
         d = DaemonProcess(CONFIG.replace("@LOCAL@", local.url), tmp_path_factory.mktemp("limits")).start()
+        d.upstream = local
         try:
             yield d
         finally:
@@ -328,4 +329,56 @@ def test_http_framing_errors_are_a_400_in_the_callers_json_shape(env, raw, shape
     s.close()
     assert resp.startswith(b"HTTP/1.1 400"), resp[:200]
     assert b"content-type: application/json" in resp.lower() and shape in resp, resp[:400]
+    assert _healthy(env)
+
+
+# -- a client that half-closes after its request (issue 23, item 15) ------------------------------------------
+# A FIN looks the same whether the client shut down only its sending side or closed the socket, so EOF means the
+# client left (as nginx and uvicorn read it): the upstream call is cancelled at once, never left running (and
+# billing) for an answer nobody can receive. Clients that must half-close can send `Connection: close` instead.
+
+def _in_flight(d) -> float:
+    text = httpx.get(d.url + "/metrics", timeout=5).text
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith("coderouter_requests_in_flight{"))
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_client_that_half_closes_is_gone_and_its_upstream_call_is_cancelled_at_once(env, stream):
+    body = BODY[:-1] + b',"stream":true}' if stream else BODY
+    env.upstream.set_behaviour("slow_first_byte;delay=3")
+    try:
+        s = _connect(env)
+        s.sendall(b"POST /v1/messages HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+                  b"content-length: %d\r\n\r\n" % len(body) + body)
+        time.sleep(0.3)  # the upstream call is under way
+        assert _in_flight(env) == 1
+        _half_close_and_expect_cancel(env, s)
+    finally:
+        env.upstream.set_behaviour("ok")
+
+
+def _half_close_and_expect_cancel(env, s) -> None:
+    t0 = time.monotonic()
+    s.shutdown(socket.SHUT_WR)
+    deadline = t0 + 2.0
+    while _in_flight(env) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert _in_flight(env) == 0, "the request was still waiting on its upstream"
+    assert time.monotonic() - t0 < 1.5  # not the upstream's 3 s
+    assert _read_all(s, timeout=2) == b""  # closed, nothing half-written
+    s.close()
+    assert _healthy(env)
+
+
+def test_eof_inside_a_request_body_closes_without_an_answer(env):
+    s = _connect(env)
+    s.sendall(b"POST /v1/messages HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+              b"content-length: %d\r\n\r\n" % (len(BODY) + 50) + BODY)
+    s.shutdown(socket.SHUT_WR)  # the rest of the body can never come
+    t0 = time.monotonic()
+    resp = _read_all(s, timeout=5)
+    assert resp == b"" or resp.startswith(b"HTTP/1.1 4"), resp[:200]
+    assert time.monotonic() - t0 < 3.0
+    s.close()
     assert _healthy(env)

@@ -50,7 +50,10 @@ health_action = "warn"
                 post(d, "default")
             assert bad.count("/v1/chat/completions") == 4
             bad.set_behaviour("ok")
-            time.sleep(1.6)
+            time.sleep(1.6)  # the failed trial doubled the time out (3 s): still out
+            r = post(d, "default")
+            assert r.headers["x-coderouter-provider"] == "good" and bad.count("/v1/chat/completions") == 4
+            time.sleep(1.5)
             r = post(d, "default")
             assert r.headers["x-coderouter-provider"] == "bad"  # half-open trial succeeded: closed again
             r = post(d, "default")

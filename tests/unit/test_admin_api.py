@@ -218,3 +218,27 @@ def test_the_daemon_does_not_import_fastapi_before_the_proxy_listens():
             "print([m for m in ('fastapi', 'starlette', 'coderouterd.admin.api') if m in sys.modules])")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert r.stdout.strip() == "[]", r.stdout + r.stderr
+
+
+def test_history_without_a_journal_is_empty_and_requests_come_from_memory(client, daemon):
+    """[state] off (no telemetry): the trends say so instead of failing, and the last requests are the traces
+    the daemon keeps in memory, filtered as the journal's would be."""
+    daemon.telemetry = None
+    daemon.budget = None
+    daemon.recent["r1"] = {"request_id": "r1", "ts": 1.0, "profile": "default", "served_by": "a", "status": 200}
+    daemon.recent["r2"] = {"request_id": "r2", "ts": 2.0, "profile": "alt", "served_by": "b", "status": 502,
+                           "error_class": "upstream_error"}
+    spend = client.get("/v1/history/spend")
+    assert spend.status_code == 200, spend.text
+    assert spend.json()["journal"] is False and spend.json()["providers"] == {}
+    trends = client.get("/v1/history/trends", params={"range": "1h"})
+    assert trends.status_code == 200 and trends.json()["journal"] is False
+    assert len(trends.json()["t"]) in (60, 61)  # minute buckets over the hour, aligned to whole minutes
+    assert client.get("/v1/history/trends", params={"range": "2y"}).status_code == 400
+    reqs = client.get("/v1/history/requests").json()
+    assert reqs["source"] == "memory" and [r["request_id"] for r in reqs["requests"]] == ["r2", "r1"]
+    errors = client.get("/v1/history/requests", params={"outcome": "error"}).json()["requests"]
+    assert [r["request_id"] for r in errors] == ["r2"]
+    assert client.get("/v1/history/requests", params={"outcome": "weird"}).status_code == 400
+    assert [r["request_id"] for r in client.get("/v1/history/requests", params={"provider": "a"})
+            .json()["requests"]] == ["r1"]

@@ -14,9 +14,10 @@ from coderouterd.affinity import session as sess
 from coderouterd.affinity.bust import detect, first_difference
 from coderouterd.affinity.canonical import Canonicaliser, common_prefix, first_message_head, segments
 from coderouterd.affinity.index import PrefixIndex
-from coderouterd.affinity.service import Affinity, _reported_cache, keeps_billing_header, merge_fields
+from coderouterd.affinity.service import Affinity, _reported_cache, keeps_billing_header
 from coderouterd.affinity.slots import SlotTable
 from coderouterd.config.schema import AffinityConfig, ProviderConfig
+from coderouterd.providers.call import merge_fields
 from coderouterd.routing.request import ClientRequest
 from tests.support.claude_sessions import Session
 

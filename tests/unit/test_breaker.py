@@ -108,7 +108,7 @@ def test_half_open_trial_outcomes(outcome, state_after, next_allow):
     assert b.allow() is next_allow
 
 
-def test_failed_trial_reopens_for_a_full_recovery_period():
+def test_failed_trial_reopens_for_twice_as_long():
     b, clock, events = make()
     for _ in range(3):
         b.record_failure()
@@ -116,10 +116,59 @@ def test_failed_trial_reopens_for_a_full_recovery_period():
     assert b.allow()
     b.record_failure(reason="HTTP 503")
     assert events[-1][2] is BreakerState.OPEN and "trial request failed: HTTP 503" in events[-1][3]
-    clock.advance(29)
+    assert "out for 60s (ejection 2)" in events[-1][3]
+    clock.advance(59)
     assert b.state is BreakerState.OPEN
     clock.advance(1)
     assert b.state is BreakerState.HALF_OPEN
+
+
+def test_ejection_time_grows_with_each_failed_trial_up_to_the_cap_and_resets_after_a_healthy_period():
+    """Issue 25: a flapping upstream is not tried every recovery_s for ever. Ejections last 30, 60, 120, 240 s,
+    then the cap (300 s); a success closes it, and once it stayed closed as long as its last ejection the next
+    one starts at 30 s again (a failure sooner continues the series)."""
+    clock = ManualClock()
+    b = CircuitBreaker("p", failures=1, recovery_s=30.0, max_recovery_s=300.0, clock=clock)
+    b.record_failure()
+    outs = []
+    for _ in range(6):
+        outs.append(b.retry_in_s)
+        clock.advance(b.retry_in_s)
+        assert b.allow()  # the trial
+        b.record_failure()
+    assert outs == [30.0, 60.0, 120.0, 240.0, 300.0, 300.0]
+    assert b.ejections == 7
+    clock.advance(b.retry_in_s)
+    assert b.allow()
+    b.record_success()  # the trial succeeds: closed
+    clock.advance(100)  # not as long as its last ejection (300 s): a new failure continues the series
+    b.record_failure()
+    assert b.retry_in_s == 300.0
+    clock.advance(300)
+    assert b.allow()
+    b.record_success()
+    clock.advance(300)  # healthy as long as it was last out
+    b.record_failure()
+    assert b.retry_in_s == 30.0 and b.ejections == 1
+
+
+def test_ejections_survive_a_restart_and_a_verified_recovery_resets_them():
+    clock = ManualClock()
+    b = CircuitBreaker("p", failures=1, recovery_s=30.0, max_recovery_s=300.0, clock=clock)
+    b.record_failure()
+    clock.advance(30)
+    assert b.allow()
+    b.record_failure()  # second ejection: 60 s
+    again = CircuitBreaker("p", failures=1, recovery_s=30.0, max_recovery_s=300.0, clock=clock)
+    again.restore(orjson.loads(orjson.dumps(b.snapshot())))
+    assert again.ejections == 2 and again.retry_in_s == 60.0
+    clock.advance(60)
+    assert again.allow()
+    again.record_failure()
+    assert again.retry_in_s == 120.0
+    again.reset("probe after restart")  # someone who knows verified it
+    again.record_failure()
+    assert again.retry_in_s == 30.0
 
 
 def test_retry_after_opens_before_failure_count_is_reached():

@@ -299,3 +299,19 @@ def test_spent_cap_names_the_budget_the_cap_and_the_reset_only_when_settled_spen
     budget.record("other", 4.0)
     assert budget.spent_cap("other") == ("the global monthly budget is spent (5.00 of 5.00 USD); it resets"
                                          " 2026-01-01 00:00 UTC")
+
+
+def test_too_dear_is_a_request_that_cannot_fit_what_settled_spend_left(tmp_path):
+    """A nearly spent cap: this request's own worst case is more than is left, whatever is in flight."""
+    providers = {"claude": _paid(cap=1.0), "local": _local()}
+    budget, _, _ = _budget(tmp_path, providers, global_cap=0.0, clock=Clock(2025, 12, 30, 8))
+    budget.record("claude", 0.99)
+    why = budget.too_dear("claude", 0.05)
+    assert why is not None and why.startswith("this request may cost up to 0.05 USD, more than the 0.01 USD "
+                                              "left of the 'claude' monthly budget (0.99 of 1.00 USD spent")
+    assert why.endswith("reset 2026-01-01 00:00 UTC)")
+    assert budget.too_dear("claude", 0.005) is None  # fits
+    held = budget.reserve("claude", 0.009)
+    assert budget.reserve("claude", 0.005) is None and budget.too_dear("claude", 0.005) is None  # congestion only
+    budget.cancel(held)
+    assert budget.too_dear("local", 100.0) is None

@@ -106,3 +106,23 @@ def test_a_fatal_process_says_how_to_restart_it_instead_of_a_next_probe():
     fatal = next(line for line in text.splitlines() if line.strip("│ ").startswith("llama"))
     assert "corectl restart llama" in fatal and " in 2" not in fatal
     assert "Restarts recent/all" in text
+
+
+@pytest.mark.parametrize("size", [(80, 24), (120, 40)])
+def test_top_with_many_providers_and_profiles_folds_them_and_keeps_every_pane(size):
+    width, height = size
+    quiet = {"breaker": {"state": "closed"}, "health": "HEALTHY", "key_problem": None,
+             "figures": {"median_s": 0.5, "samples": 10, "probes": 0, "errors": 0}}
+    many = [{**PROVIDERS[i % len(PROVIDERS)], **quiet, "name": f"provider-{i:02d}"} for i in range(40)]
+    many[33] = {**many[33], "breaker": {"state": "open", "retry_in_s": 12}}  # trouble far down stays in view
+    profiles = [{**STATUS["profiles"][0], "name": f"profile-{i:02d}", "active": i == 17} for i in range(12)]
+    status = {**STATUS, "providers": many, "profiles": profiles, "active_profile": "profile-17"}
+    traces = [{"request_id": r["request_id"], "ts": r["ts"], "served_by": r["provider"], "status": r["status"],
+               "latency_ms": r["latency_ms"], "ttfb_ms": r["ttfb_ms"], "profile": r["profile"],
+               "attempts": r["attempts"]} for r in ROWS * 3]
+    data = top.compute(status, traces, NOW)
+    lines = _render(width, lambda c: c.print(top.view(data, width=width, height=height)))
+    text = "\n".join(lines)
+    assert len(lines) <= height, text
+    _assert_fits(lines, width, ["Providers", "Effective order", "Recent requests", "updated", "provider-33",
+                                "profile-17", "more", "corectl providers", ROWS[0]["request_id"]])

@@ -178,7 +178,7 @@ def test_every_exit_of_a_half_open_trial_releases_the_slot(case):
         assert br.state is BreakerState.CLOSED  # it answered: alive
     elif case == "upstream_500":
         assert br.state is BreakerState.OPEN  # a real failed trial re-opens; no slot is left held
-        r.clock.advance(30)
+        r.clock.advance(60)  # for twice as long: the second ejection
     else:
         assert br.state is BreakerState.HALF_OPEN
         assert isinstance(result, (asyncio.CancelledError, KeyError, ClientGone))
@@ -196,6 +196,31 @@ def test_midstream_failure_ends_with_an_error_event_and_releases_nothing_twice()
     assert kinds == ["start", "event", "error"]
     assert ex.status == 200 and ex.error_class == "upstream_disconnect"
     assert r.ups.sent and all(n == "a" for n, _ in r.ups.sent)  # committed: never moved to b
+
+
+def test_a_failure_after_content_the_client_never_saw_moves_to_the_next_provider():
+    """The upstream's first events and its error came in one read: it had produced content, but nothing was
+    sent (the stream is not committed), so the next provider answers whole (the soak's 502s without failover)."""
+    from tests.support.routing import Script
+
+    r = Routing(chain_config("a", "b"))
+    r.ups.script("a", Script("midstream", (), error=UpstreamError("stream_error", message="crashed",
+                                                                 after_content=True)))
+    ex, sink = run(r.serve(STREAM))
+    assert [n for n, _ in r.ups.sent] == ["a", "b"]
+    assert ex.status == 200 and ex.served_by == "b" and ex.error_class is None
+    assert [e[0] for e in sink.log][0] == "start" and "error" not in [e[0] for e in sink.log]
+
+
+def test_a_failure_after_unseen_content_on_the_last_provider_is_an_http_error_not_an_event():
+    from tests.support.routing import Script
+
+    r = Routing(chain_config("a"))
+    r.ups.script("a", Script("midstream", (), error=UpstreamError("stream_error", message="crashed",
+                                                                 after_content=True)))
+    ex, sink = run(r.serve(STREAM))
+    assert not sink.headers_sent or sink.status >= 500
+    assert ex.status >= 500  # what the client got is what the journal says
 
 
 # -- panic ------------------------------------------------------------------------------------------------------
@@ -410,3 +435,24 @@ def test_a_spent_budget_next_to_a_provider_that_comes_back_is_still_an_overload(
     _ex, sink = run(r.serve())
     status, _msg, kind, _h = sink.last_error()[1:]
     assert (status, kind) == (529, "overloaded_error")
+
+
+def test_a_request_too_dear_for_what_is_left_of_the_cap_is_final_too(tmp_path):
+    """The cap is not spent, but this request's worst case (input + max_tokens) cannot fit what is left: retrying
+    cannot help before the reset, so it is the final budget answer, not a retryable overload."""
+    from coderouterd.config.loader import parse_config_text
+    from coderouterd.guards.apply import BudgetHooks
+    from coderouterd.guards.budget import Budget
+    from coderouterd.state.store import Store
+
+    toml = chain_config("paid", provider_extra={
+        "paid": 'paid = true\ncost = { input = 3.0, output = 15.0 }\nmonthly_budget_usd = 1.0\n'})
+    budget = Budget(Store(tmp_path / "state.db"))
+    budget.configure(parse_config_text(toml, "test").providers, global_cap_usd=0.0, warn_ratio=0.8)
+    budget.record("paid", 0.99999)
+    r = Routing(toml, budget=BudgetHooks(budget))
+    _ex, sink = run(r.serve())
+    status, msg, kind, headers = sink.last_error()[1:]
+    assert (status, kind) == (402, "billing_error") and headers["x-should-retry"] == "false"
+    assert "more than the 1e-05 USD left of the 'paid' monthly budget" in msg
+    assert r.ups.sent == []

@@ -120,6 +120,28 @@ def test_retired_idle_pool_closes_at_once_and_a_late_call_gets_a_fresh_one_close
     asyncio.run(scenario())
 
 
+def test_a_call_that_leases_a_retired_pool_before_its_close_runs_keeps_its_session():
+    """The close of a retired pool is a task: a fallback attempt of an old-generation request may lease the pool
+    (and start its request on the open session) after the last release scheduled the close but before it ran."""
+    async def scenario():
+        pool = Pool(connect_timeout=1.0)
+        pool.acquire()
+        session = pool.session()
+        pool.retire()
+        pool.release()  # the last call ends: the close is scheduled, not run yet
+        pool.acquire()  # ... and a late call takes the pool in between
+        assert pool.session() is session
+        for _ in range(3):
+            await asyncio.sleep(0)
+        assert not session.closed  # still in use
+        pool.release()
+        for _ in range(3):
+            await asyncio.sleep(0)
+        assert session.closed and pool.sessions_closed == 1
+
+    asyncio.run(scenario())
+
+
 @pytest.mark.parametrize("used", [True, False])
 def test_shutdown_drains_every_pool(used):
     async def scenario():

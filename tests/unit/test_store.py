@@ -368,3 +368,134 @@ def test_only_the_newest_three_corrupt_copies_are_kept(tmp_path):
     assert len(left) == KEEP_CORRUPT_COPIES == 3
     assert left[:2] == ["state.db.corrupt-20260103T000000Z", "state.db.corrupt-20260104T000000Z"]
     assert not (tmp_path / "state.db.corrupt-20260101T000000Z-wal").exists()
+
+
+# -- disk full: recover with as little free space as the data needs, and say what was lost (issue 23) ---------
+
+def _finished(i: int):
+    from coderouterd.state.events import RequestFinished
+
+    return RequestFinished(request_id=f"req_{i:020d}", ingress="anthropic", profile="default", provider="local",
+                           attempts=[{"provider": "local", "outcome": "ok", "ms": 12.5}], model_requested="m",
+                           model_used="m", status=200, latency_ms=100.0, input_tokens=1000, output_tokens=10)
+
+
+def _journal_count(path) -> int:
+    conn = sqlite3.connect(path)
+    try:
+        return conn.execute("SELECT COUNT(*) FROM journal").fetchone()[0]
+    finally:
+        conn.close()
+
+
+def test_a_backlog_is_written_in_batches_so_a_little_space_makes_progress(tmp_path):
+    now = [1000.0]
+    path = tmp_path / "state.db"
+    store = Store(path, flush_interval_s=60, retry_s=5.0, clock=lambda: now[0])
+    store.open()
+    sink = store.journal_sink()
+    pages = store._conn.execute("PRAGMA page_count").fetchone()[0]
+    store._conn.execute(f"PRAGMA max_page_count = {pages}")  # full: not one more page
+    sink([_finished(i) for i in range(3000)])
+    assert not store.healthy and "full" in store.problem
+    store._conn.execute(f"PRAGMA max_page_count = {pages + 60}")  # room for some of the backlog, not all of it
+    now[0] += 5.0
+    store.flush()
+    written = 3000 - len(store._pending_journal)
+    assert 0 < written < 3000, written  # one transaction of the whole backlog would have written nothing
+    assert not store.healthy
+    store._conn.execute("PRAGMA max_page_count = 1000000")
+    now[0] += 5.0
+    store.flush()
+    assert store.healthy
+    store.close()
+    assert _journal_count(path) == 3000
+
+
+def test_rows_dropped_in_an_outage_are_counted_in_status_and_in_the_recovery(tmp_path):
+    from coderouterd.admin import views
+
+    now = [1000.0]
+    bus, seen = _collecting_bus()
+    path = tmp_path / "state.db"
+    store = Store(path, flush_interval_s=60, retry_s=5.0, clock=lambda: now[0], bus=bus, max_pending_journal=100)
+    store.open()
+    sink = store.journal_sink()
+    pages = store._conn.execute("PRAGMA page_count").fetchone()[0]
+    store._conn.execute(f"PRAGMA max_page_count = {pages}")
+    sink([_finished(i) for i in range(250)])
+    assert store.dropped_this_outage == 150 and store.dropped_journal_rows == 150
+
+    class _Telemetry:
+        unusable = None
+        audit = None
+        enabled = True
+
+    class _Daemon:
+        telemetry = _Telemetry()
+
+    _Daemon.telemetry.store = store
+    shown = views.store(_Daemon())
+    assert not shown["healthy"] and "150 journal rows dropped so far" in shown["problem"]
+
+    store._conn.execute("PRAGMA max_page_count = 1000000")
+    now[0] += 5.0
+    store.flush()
+    assert store.healthy and store.dropped_this_outage == 0 and views.store(_Daemon())["healthy"]
+    recovered = [f for f in _faults(bus, seen) if f.recovered]
+    assert len(recovered) == 1 and "150 journal rows dropped" in recovered[0].problem
+    store.close()
+    assert _journal_count(path) == 100  # the newest 100 were kept
+
+
+def _mount_tmpfs(path: Path, size: str) -> bool:
+    path.mkdir()
+    if os.geteuid() != 0:
+        return False
+    return subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)],
+                          capture_output=True).returncode == 0
+
+
+def test_on_a_really_full_disk_the_store_recovers_with_about_the_space_its_data_needs(tmp_path):
+    """A real filesystem that fills up (a small tmpfs): the WAL is checkpointed and truncated as batches go,
+    so the space needed to recover is the backlog's own size, not that plus a WAL copy of it."""
+    import pytest
+
+    mnt = tmp_path / "small"
+    if not _mount_tmpfs(mnt, "8m"):
+        pytest.skip("needs root and a mountable tmpfs for a real disk-full")
+    try:
+        now = [1000.0]
+        store = Store(mnt / "state.db", flush_interval_s=3600, retry_s=5.0, clock=lambda: now[0])
+        store.open()
+        sink = store.journal_sink()
+        with open(mnt / "filler", "wb") as f:
+            try:
+                while True:
+                    f.write(b"\0" * 65536)
+                    f.flush()
+            except OSError:
+                pass
+        for i in range(0, 8000, 200):
+            now[0] += 5.0
+            sink([_finished(j) for j in range(i, i + 200)])
+        assert not store.healthy and len(store._pending_journal) == 8000
+        size = os.path.getsize(mnt / "filler")
+        freed = 0
+        while not store.healthy and freed < size:
+            freed += 128 << 10
+            os.truncate(mnt / "filler", size - freed)
+            now[0] += 5.0
+            store.flush()
+        assert store.healthy
+        db = os.path.getsize(mnt / "state.db")
+        wal = mnt / "state.db-wal"
+        wal_size = os.path.getsize(wal) if wal.exists() else 0
+        # Everything is in the database proper (not parked in the WAL waiting for a checkpoint that needs the
+        # same space again), and recovering took little more than that.
+        assert wal_size <= 512 << 10, wal_size
+        assert freed <= db + (768 << 10), (freed, db)
+        store.close()
+        assert _journal_count(mnt / "state.db") == 8000
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], capture_output=True)

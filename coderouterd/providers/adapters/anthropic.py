@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
+from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
 import orjson
@@ -12,6 +13,9 @@ from ...translate.unsigned_thinking import may_carry_unsigned, without_unsigned_
 from ..errors import OVERFLOW, UpstreamError, http_error, parse_retry_after
 from ..limits import MAX_AUX_BYTES, read_capped
 from .base import ANTHROPIC_VERSION, UpstreamAdapter, error_message
+
+if TYPE_CHECKING:
+    from ..provider import Provider
 
 _OVERFLOW = re.compile(r"prompt is too long:\s*(\d+)\s*tokens\s*>\s*(\d+)")
 # Client headers forwarded as they came (passthrough keeps the client's betas and API version).
@@ -51,7 +55,7 @@ class AnthropicAdapter(UpstreamAdapter):
     def classify_error(self, status: int, body: bytes, headers) -> UpstreamError:
         return anthropic_http_error(status, body, headers)
 
-    async def count_tokens(self, provider, req) -> tuple[int, str] | None:
+    async def count_tokens(self, provider: Provider, req) -> tuple[int, str] | None:
         """The Messages API counts for us (same model mapping as a real request)."""
         body = (without_unsigned_thinking(req.body) if may_carry_unsigned(req.raw) else None) or dict(req.body)
         body["model"] = await provider.resolve_model(req.model)

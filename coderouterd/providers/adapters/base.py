@@ -5,10 +5,15 @@ from __future__ import annotations
 import os
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 import orjson
 
+from ...config.kinds import ALWAYS_LOCAL, SERVES_RESPONSES
 from ..errors import UpstreamError
+
+if TYPE_CHECKING:
+    from ..provider import Provider
 
 # The Messages API version sent to an Anthropic-wire upstream when the client did not name one.
 ANTHROPIC_VERSION = "2023-06-01"
@@ -43,7 +48,8 @@ class UpstreamAdapter(ABC):
     generation_path = ""
     # Clients' claude-* model names are real models here (elsewhere they map to the backend's default).
     serves_claude_models = False
-    # May forward Responses requests untranslated (config `serves_responses`).
+    # May forward Responses requests untranslated (config `serves_responses`): from config/kinds.py, which
+    # the config schema reads too (set for each kind in __init_subclass__).
     may_serve_responses = False
     # The server behind the URL is unknown (llama.cpp, LM Studio, Ollama's /v1, a cloud API): worth asking
     # its own endpoints (model control, doctor) and looking for llama-server slots (prefix affinity).
@@ -53,7 +59,13 @@ class UpstreamAdapter(ABC):
     # One loaded model per server: alternating models between providers on one server reloads it.
     reloads_on_model_switch = False
     # The kind alone says the backend runs here (config `local` unset): memory pressure, drift, tool repair.
+    # From config/kinds.py, like may_serve_responses.
     always_local = False
+
+    def __init_subclass__(cls, **kwargs) -> None:
+        super().__init_subclass__(**kwargs)
+        cls.may_serve_responses = cls.kind in SERVES_RESPONSES
+        cls.always_local = cls.kind in ALWAYS_LOCAL
 
     def __init__(self, cfg) -> None:
         self.cfg = cfg
@@ -133,15 +145,20 @@ class UpstreamAdapter(ABC):
 
     def strategy_for(self, ingress: str):
         """The Strategy class that turns a client's `ingress` wire into this upstream's and back."""
-        from ..strategies import strategy_for  # translators load with the request path, not with config
+        # Translators load with the request path, not with config.
+        if ingress == "responses":
+            from ..responses_strategies import responses_strategy_for
 
-        return strategy_for(ingress, self.wire, serves_responses=self.cfg.serves_responses)
+            return responses_strategy_for(self.wire, self.cfg.serves_responses)
+        from ..strategies import strategy_for
+
+        return strategy_for(ingress, self.wire)
 
     @abstractmethod
     def classify_error(self, status: int, body: bytes, headers) -> UpstreamError:
         """An HTTP error answer as routing should see it (overflow, retry-after, failover or not)."""
 
-    async def count_tokens(self, provider, req) -> tuple[int, str] | None:
+    async def count_tokens(self, provider: Provider, req) -> tuple[int, str] | None:
         """The prompt's exact token count from the backend, with its source label; None when it cannot say.
         Network errors propagate (the caller falls back to an estimate)."""
         return None

@@ -7,11 +7,9 @@ from .openai import OpenAIAdapter
 
 class OllamaAdapter(OpenAIAdapter):
     kind = "ollama"
-    may_serve_responses = False
     fronts_unknown_server = False
     model_backend = "ollama"
     reloads_on_model_switch = True
-    always_local = True
 
     @property
     def api_base(self) -> str:

@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import orjson
 
 from ...servers import overflow as context_overflow
 from ..errors import OVERFLOW, UpstreamError, http_error, parse_retry_after
 from ..limits import MAX_AUX_BYTES, read_capped
 from .base import UpstreamAdapter, error_message
+
+if TYPE_CHECKING:
+    from ..provider import Provider
 
 
 def prompt_text(body: dict) -> str:
@@ -42,13 +47,12 @@ class OpenAIAdapter(UpstreamAdapter):
     kind = "openai"
     wire = "openai"
     generation_path = "/chat/completions"
-    may_serve_responses = True
     fronts_unknown_server = True
 
     def classify_error(self, status: int, body: bytes, headers) -> UpstreamError:
         return openai_http_error(status, body, headers)
 
-    async def count_tokens(self, provider, req) -> tuple[int, str] | None:
+    async def count_tokens(self, provider: Provider, req) -> tuple[int, str] | None:
         """llama.cpp's /tokenize on the rendered prompt text; a backend without it is remembered as such."""
         if provider.tokenize_supported is False:
             return None

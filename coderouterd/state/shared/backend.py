@@ -12,7 +12,12 @@ import logging
 import socket
 import time
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    from .breakers import SharedBreakers
+    from .budget import SharedBudget
+    from .shipper import Shipper
 
 log = logging.getLogger("coderouterd.shared")
 
@@ -96,9 +101,9 @@ class PostgresBackend:
         self.db = Database(resolve(state_cfg), timeout_s=state_cfg.shared_timeout_ms / 1000.0, tasks=tasks)
         self.instances = Instances(self.db, instance=self.instance, heartbeat_s=state_cfg.heartbeat_s,
                                    lease_s=state_cfg.lease_s, version=version, info=info, boot=self.boot)
-        self.shared_budget = None
-        self.breakers = None
-        self.shipper = None
+        self.shared_budget: SharedBudget | None = None
+        self.breakers: SharedBreakers | None = None
+        self.shipper: Shipper | None = None
         self.schema: tuple[int, int] | None = None
         self.ready = asyncio.Event()
 
@@ -162,9 +167,9 @@ class PostgresBackend:
         if self._journal_db is not None:
             from .shipper import Shipper
 
-            self.shipper = Shipper(self.db, self._journal_db, instance=self.instance,
-                                   interval_s=self.cfg.ship_interval_s)
-            self._tasks.spawn(self.shipper.run(), name="shared-journal-ship")
+            self.shipper = shipper = Shipper(self.db, self._journal_db, instance=self.instance,
+                                             interval_s=self.cfg.ship_interval_s)
+            self._tasks.spawn(shipper.run(), name="shared-journal-ship")
         self._tasks.spawn(self.instances.run(), name="shared-heartbeat")
         self.ready.set()
 

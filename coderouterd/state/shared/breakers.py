@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from functools import partial
 
 import orjson
 
@@ -103,11 +104,11 @@ class SharedBreakers:
         while True:
             name, snap, state = await q.get()
             try:
-                await self.db.run(lambda c, n=name, s=snap, st=state: self._write(c, n, s, st))
+                await self.db.run(partial(self._write, name, snap, state))
             except Unavailable:
                 pass  # local until the database returns; the poll then brings this instance back in line
 
-    async def _write(self, conn, name: str, snap: dict, state: BreakerState) -> None:
+    async def _write(self, name: str, snap: dict, state: BreakerState, conn) -> None:
         for _attempt in range(3):
             known = self.versions.get(name, 0)
             params = {"p": name, "v": known, "state": state.value, "snap": orjson.dumps(snap).decode(),

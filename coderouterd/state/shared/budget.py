@@ -28,6 +28,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
+from functools import partial
 
 from ...guards.budget import GLOBAL, Budget
 from ..events import BudgetBlocked, BudgetWarning, Event
@@ -364,9 +365,7 @@ class SharedBudget:
                                     rid=f"{self.instance}:{self._boot}:a{next(self._ids)}", period=period,
                                     budgets=self._keys(provider), amount=target)
             try:
-                refused = await self.db.run(lambda c, r=res: ledger.reserve(
-                    c, rid=r.rid, instance=self.instance, period=r.period, budgets=r.budgets, amount=r.amount,
-                    lease_s=self.lease_s))
+                refused = await self.db.run(partial(self._reserve_row, res))
             except Unavailable:
                 return
             if refused is None and self._stopping:
@@ -387,7 +386,7 @@ class SharedBudget:
             res, actual = await q.get()
             while True:
                 try:
-                    await self.db.run(lambda c, r=res, a=actual: self._settle_one(c, r, a))
+                    await self.db.run(partial(self._settle_one, res, actual))
                     delay = 0.05
                     break
                 except Unavailable:
@@ -399,7 +398,11 @@ class SharedBudget:
                 # Others' spend shows at the next read; a read after every settle would double the statements.
                 await self.refresh()
 
-    async def _settle_one(self, conn, res: SharedReservation, actual: int) -> bool:
+    async def _reserve_row(self, res: SharedReservation, conn) -> str | None:
+        return await ledger.reserve(conn, rid=res.rid, instance=self.instance, period=res.period,
+                                    budgets=res.budgets, amount=res.amount, lease_s=self.lease_s)
+
+    async def _settle_one(self, res: SharedReservation, actual: int, conn) -> bool:
         if res.parent:
             return await ledger.settle_draw(conn, rid=res.rid, parent=res.parent, instance=self.instance,
                                             period=res.period, budgets=res.budgets, est=res.amount, actual=actual)

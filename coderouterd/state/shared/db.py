@@ -10,9 +10,12 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .dsn import redact
+
+if TYPE_CHECKING:
+    from psycopg_pool import AsyncConnectionPool
 
 log = logging.getLogger("coderouterd.shared")
 
@@ -28,7 +31,7 @@ class Database:
         self.timeout_s = timeout_s
         self._tasks = tasks  # a TaskSet: statements outliving their caller's patience are still owned
         self._max = max_size
-        self.pool = None
+        self.pool: AsyncConnectionPool | None = None
         self.up = False
         self.problem: str | None = "not connected yet"
         self.down_since: float | None = time.time()
@@ -42,11 +45,11 @@ class Database:
         from psycopg_pool import AsyncConnectionPool
 
         # autocommit: each function call is its own transaction; explicit ones use conn.transaction().
-        self.pool = AsyncConnectionPool(self._dsn, min_size=1, max_size=self._max, open=False,
+        self.pool = pool = AsyncConnectionPool(self._dsn, min_size=1, max_size=self._max, open=False,
                                         kwargs={"autocommit": True, "connect_timeout": 5},
                                         reconnect_timeout=86_400,  # keep trying: the database comes back
                                         name="coderouter-shared")
-        await self.pool.open(wait=False)
+        await pool.open(wait=False)
 
     async def close(self) -> None:
         if self.pool is not None:
@@ -61,8 +64,11 @@ class Database:
     async def run(self, fn: Callable[[Any], Awaitable[Any]], *, timeout_s: float | None = None) -> Any:
         """fn(conn) on a pooled connection, off the request path (background work): waits as long as it takes
         up to `timeout_s` (default 10 s) and raises Unavailable on any database error."""
+        pool = self.pool
+        if pool is None:
+            raise Unavailable("not opened")
         try:
-            async with self.pool.connection(timeout=timeout_s or 10.0) as conn:
+            async with pool.connection(timeout=timeout_s or 10.0) as conn:
                 result = await fn(conn)
         except Exception as e:  # psycopg.Error, PoolTimeout, OSError: all mean "not now"
             self._down(e)

@@ -4,7 +4,7 @@ corectl has no event loop and reads once."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 from ..journal import JOURNAL_COLUMNS, _decode, _epoch
 
@@ -18,7 +18,7 @@ def _connect(dsn: str):
 
 
 def _row(raw: tuple) -> dict[str, Any]:
-    out = _decode(raw[1:])
+    out = _decode(cast(Any, raw[1:]))  # a psycopg row: a plain tuple, which _decode reads as it reads sqlite3's
     out["instance"] = raw[0]
     return out
 

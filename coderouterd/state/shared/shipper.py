@@ -12,6 +12,7 @@ import asyncio
 import logging
 import sqlite3
 import time
+from functools import partial
 from pathlib import Path
 
 import orjson
@@ -79,6 +80,10 @@ def _settles(raw) -> list[dict]:
         if isinstance(value, list) else []
 
 
+async def _ship_as(instance: str, rows: list[tuple], conn) -> int:
+    return await ship(conn, instance, rows)
+
+
 class Shipper:
     def __init__(self, db: Database, local_db: Path, *, instance: str, interval_s: float) -> None:
         self.db = db
@@ -106,7 +111,7 @@ class Shipper:
                 if not rows:
                     self.behind = 0
                     break
-                await self.db.run(lambda c, r=rows: ship(c, self.instance, r), timeout_s=2.0 if final else 30.0)
+                await self.db.run(partial(_ship_as, self.instance, rows), timeout_s=2.0 if final else 30.0)
                 self.hwm = rows[-1][0]  # only now: the batch is committed
                 total += len(rows)
                 self.behind = len(rows) if len(rows) == BATCH else 0

@@ -1,0 +1,147 @@
+"""The history view-model: this month's spend, latency and cache trends, the journal's last requests, and one
+request's decision trace. The admin API (GET /v1/history/...) and the dashboard both answer with these.
+
+Journal reads are SQLite on disk: each runs in a worker thread (one `to_thread` per answer), never on the loop.
+With [state] disabled there is no journal: trends are empty and the requests come from the traces kept in memory.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+
+from ..guards.budget import month_bounds
+from ..observe.traces import trace_from_row
+from ..state.journal import OUTCOMES, journal_row, journal_rows
+from ..state.replay import is_error
+from ..state.trends import cache_busts, daily_cost, month_days, provider_series, series_rows
+from . import views
+
+# A window and its bucket: about 60 points per chart, whatever the window.
+RANGES: dict[str, tuple[float, float]] = {
+    "1h": (3_600.0, 60.0),
+    "6h": (21_600.0, 360.0),
+    "24h": (86_400.0, 1_800.0),
+    "7d": (604_800.0, 10_800.0),
+    "30d": (2_592_000.0, 43_200.0),
+}
+DEFAULT_RANGE = "24h"
+MAX_REQUESTS = 500
+
+# A request as the list shows it: metadata only (no attempts, no session key; the trace has the route).
+_BRIEF = ("ts", "request_id", "ingress", "profile", "provider", "model_requested", "model_used", "status",
+          "error_class", "latency_ms", "ttfb_ms", "input_tokens", "output_tokens", "cache_read_tokens",
+          "cache_write_tokens", "cost_usd", "streaming", "fallback_count", "cache_bust")
+
+
+def journal_path(daemon) -> Path | None:
+    t = daemon.telemetry
+    if t is None or not t.enabled:
+        return None
+    return t.store.path
+
+
+async def spend(daemon, now: float | None = None) -> dict:
+    """Cost per UTC day of this month per provider (from the journal), next to the budget ledger's spent,
+    reserved-in-flight and cap for each (the same ledger `corectl budget` shows)."""
+    now = time.time() if now is None else now
+    month, start, end = month_bounds(now)
+    db = journal_path(daemon)
+    per_day = await asyncio.to_thread(daily_cost, db, start, end) if db is not None else {}
+    days = month_days(start, end)
+    today = int((now - start) // 86_400)
+    ledger = views.budget(daemon) or {}
+    booked = ledger.get("providers") or {}
+    out = {}
+    for name in sorted(set(per_day) | set(booked)):
+        costs = per_day.get(name, {})
+        b = booked.get(name) or {}
+        if not any(costs.values()) and not (b.get("cap") or b.get("spent") or b.get("reserved")):
+            continue  # a free provider: nothing to chart
+        out[name] = {"daily": [costs.get(i, 0.0) if i <= today else None for i in range(len(days))],
+                     "spent": b.get("spent"), "reserved": b.get("reserved", 0.0), "cap": b.get("cap") or None,
+                     "ratio": b.get("ratio"), "blocked": b.get("blocked", False)}
+    return {"month": month, "days": days, "today": today, "providers": out, "global": ledger.get("global"),
+            "journal": db is not None}
+
+
+async def trends(daemon, range_name: str = DEFAULT_RANGE, now: float | None = None) -> dict:
+    """Latency (time to first byte and total, p50/p95) and prefix-cache hit ratio per provider over the window,
+    and the newest cache-busts with the segment that changed."""
+    span, step = RANGES[range_name]
+    now = time.time() if now is None else now
+    since = now - span
+    db = journal_path(daemon)
+
+    def read() -> tuple[list, list]:
+        return series_rows(db, since, now), cache_busts(db)
+
+    rows, busts = await asyncio.to_thread(read) if db is not None else ([], [])
+    return {**provider_series(rows, since, now, step), "range": range_name, "busts": busts,
+            "journal": db is not None}
+
+
+def _brief(row: dict) -> dict:
+    return {k: row.get(k) for k in _BRIEF}
+
+
+def _brief_from_trace(t: dict) -> dict:
+    u = t.get("usage") or {}
+    aff = t.get("affinity") or {}
+    return {"ts": t.get("ts"), "request_id": t.get("request_id"), "ingress": t.get("ingress"),
+            "profile": t.get("profile"), "provider": t.get("served_by"), "model_requested": t.get("model_requested"),
+            "model_used": t.get("model_used"), "status": t.get("status"), "error_class": t.get("error_class"),
+            "latency_ms": t.get("latency_ms"), "ttfb_ms": t.get("ttfb_ms"), "input_tokens": u.get("input_tokens"),
+            "output_tokens": u.get("output_tokens"), "cache_read_tokens": u.get("cache_read_input_tokens"),
+            "cache_write_tokens": u.get("cache_creation_input_tokens"), "cost_usd": t.get("cost_usd"),
+            "streaming": t.get("stream"), "fallback_count": None,
+            "cache_bust": (aff.get("cache_bust") or {}).get("segment")}
+
+
+def _matches(b: dict, profile: str | None, provider: str | None, outcome: str | None) -> bool:
+    if profile is not None and b["profile"] != profile:
+        return False
+    if provider is not None and b["provider"] != provider:
+        return False
+    if outcome == "error":
+        return is_error(b)
+    if outcome == "ok":
+        return not is_error(b)
+    return True
+
+
+async def requests(daemon, *, profile: str | None = None, provider: str | None = None,
+                   outcome: str | None = None, limit: int = 50) -> dict:
+    """The last requests, newest first, filtered by profile, provider and outcome (ok | error | fallback)."""
+    if outcome is not None and outcome not in OUTCOMES:
+        raise ValueError(f"unknown outcome {outcome!r}; expected one of {', '.join(OUTCOMES)}")
+    limit = max(1, min(int(limit), MAX_REQUESTS))
+    db = journal_path(daemon)
+    if db is not None:
+        rows = await asyncio.to_thread(journal_rows, db, provider=provider, profile=profile, outcome=outcome,
+                                       limit=limit)
+        rows.reverse()
+        return {"source": "journal", "requests": [_brief(r) for r in rows]}
+    out = []
+    if outcome != "fallback":  # memory traces do not count fallbacks the journal's way; say nothing rather than guess
+        for rid in reversed(daemon.recent):
+            b = _brief_from_trace(daemon.recent[rid])
+            if _matches(b, profile, provider, outcome):
+                out.append(b)
+                if len(out) >= limit:
+                    break
+    return {"source": "memory", "requests": out}
+
+
+async def trace(daemon, request_id: str) -> tuple[dict, str] | None:
+    """(trace, source) as `corectl explain` finds it: the full trace from memory while the daemon holds it,
+    else the journal's row read as a trace ("journal"); None when neither has it."""
+    t = daemon.recent.get(request_id)
+    if t is not None:
+        return t, "memory"
+    db = journal_path(daemon)
+    if db is None:
+        return None
+    row = await asyncio.to_thread(journal_row, db, request_id)
+    return (trace_from_row(row), "journal") if row is not None else None

@@ -1,0 +1,10 @@
+"""The two facts about a provider kind that the config itself needs (to validate `serves_responses` and to
+answer `is_local()`). They live here, below providers/: the adapters (providers/adapters/) read them from
+this table, so the config schema never imports the providers it configures."""
+
+from __future__ import annotations
+
+# Kinds that may forward Responses requests untranslated (`serves_responses = true`): the OpenAI wire.
+SERVES_RESPONSES = frozenset({"openai"})
+# Kinds whose backend is on this machine by definition (config `local` unset): memory, drift, tool repair.
+ALWAYS_LOCAL = frozenset({"ollama"})

@@ -1,0 +1,98 @@
+"""Trends over the journal: cost per day, latency and prefix-cache hit ratio per provider over time, cache-busts.
+
+The readers open their own read-only connection (as journal.py's do), select only the columns a trend needs and
+cap the rows they read, so a month of history costs one bounded query. The series are pure functions over those
+rows; every figure in a bucket is replay.summarize's, the one definition corectl's `replay` uses too.
+"""
+
+from __future__ import annotations
+
+import math
+import sqlite3
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from coderouterd.state.replay import summarize
+
+# A trend reads at most this many of the newest rows in its window: bounded time and memory whatever the load.
+MAX_ROWS = 50_000
+DAY_S = 86_400.0
+
+_SERIES_COLUMNS = ("ts", "provider", "latency_ms", "ttfb_ms", "input_tokens", "cache_read_tokens",
+                   "cache_write_tokens", "cost_usd", "status", "error_class")
+
+
+def _query(db_path: str | Path, sql: str, args: tuple) -> list[tuple]:
+    path = Path(db_path)
+    if not path.is_file():
+        return []
+    conn = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True, timeout=5.0)
+    try:
+        return conn.execute(sql, args).fetchall()
+    except sqlite3.OperationalError as exc:
+        if "no such table" in str(exc) or "no such column" in str(exc):
+            return []  # a journal not created yet, or from before its affinity columns
+        raise
+    finally:
+        conn.close()
+
+
+def series_rows(db_path: str | Path, since: float, until: float, *, limit: int = MAX_ROWS) -> list[dict[str, Any]]:
+    """The rows a latency/cache trend needs, oldest first (the newest `limit` of the window)."""
+    raw = _query(db_path, f"SELECT {', '.join(_SERIES_COLUMNS)} FROM journal WHERE ts >= ? AND ts < ? "
+                          "ORDER BY ts DESC LIMIT ?", (since, until, int(limit)))
+    raw.reverse()
+    return [dict(zip(_SERIES_COLUMNS, r, strict=True)) for r in raw]
+
+
+def daily_cost(db_path: str | Path, start: float, end: float) -> dict[str, dict[int, float]]:
+    """provider -> {day index from `start` (UTC days): cost in USD} over [start, end), summed by SQLite."""
+    raw = _query(db_path, "SELECT COALESCE(provider, ''), CAST((ts - ?) / 86400 AS INTEGER), SUM(cost_usd) "
+                          "FROM journal WHERE ts >= ? AND ts < ? GROUP BY 1, 2", (start, start, end))
+    out: dict[str, dict[int, float]] = {}
+    for provider, day, cost in raw:
+        out.setdefault(provider or "-", {})[int(day)] = float(cost or 0.0)
+    return out
+
+
+def cache_busts(db_path: str | Path, *, limit: int = 20) -> list[dict[str, Any]]:
+    """The newest cache-busts the journal recorded, newest first, with the segment that changed."""
+    raw = _query(db_path, "SELECT ts, request_id, provider, profile, cache_bust, cache_read_tokens FROM journal "
+                          "WHERE cache_bust IS NOT NULL AND cache_bust != '' ORDER BY ts DESC LIMIT ?", (int(limit),))
+    return [{"ts": ts, "request_id": rid, "provider": prov, "profile": prof, "segment": seg, "cached_tokens": cached}
+            for ts, rid, prov, prof, seg, cached in raw]
+
+
+def buckets(since: float, until: float, step: float) -> list[float]:
+    """Bucket start times covering [since, until), aligned to `step` so a refresh keeps the same buckets."""
+    first = math.floor(since / step) * step
+    n = max(1, math.ceil((until - first) / step))
+    return [first + i * step for i in range(n)]
+
+
+def provider_series(rows: Iterable[dict[str, Any]], since: float, until: float, step: float) -> dict[str, Any]:
+    """Per provider, one value per bucket (None where it served nothing): p50/p95 of time to first byte and of
+    total time, the prefix-cache hit ratio, the request count. Columnar, as a time-series chart takes it."""
+    t = buckets(since, until, step)
+    first = t[0]
+    grouped: dict[str, dict[int, list[dict[str, Any]]]] = {}
+    for r in rows:
+        i = int((r["ts"] - first) // step)
+        if 0 <= i < len(t):
+            grouped.setdefault(r.get("provider") or "-", {}).setdefault(i, []).append(r)
+    fields = {"ttft_p50": "p50_ttfb_ms", "ttft_p95": "p95_ttfb_ms", "total_p50": "p50_latency_ms",
+              "total_p95": "p95_latency_ms", "cache_hit_ratio": "cache_hit_ratio", "requests": "requests"}
+    providers: dict[str, dict[str, list]] = {}
+    for name in sorted(grouped):
+        cols: dict[str, list] = {k: [None] * len(t) for k in fields}
+        for i, group in grouped[name].items():
+            s = summarize(group)
+            for k, src in fields.items():
+                cols[k][i] = s[src]
+        providers[name] = cols
+    return {"t": t, "step_s": step, "providers": providers}
+
+
+def month_days(month_start: float, month_end: float) -> list[float]:
+    return [month_start + i * DAY_S for i in range(round((month_end - month_start) / DAY_S))]

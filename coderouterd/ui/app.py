@@ -1,0 +1,249 @@
+"""The dashboard's HTTP surface under /ui, as raw ASGI (the proxy's dispatch hands it every /ui request).
+
+Every answer goes through the same gate, in this order: the dashboard is enabled, the Host is one of ours
+(guard.py), the key when api_keys are set. Only then is anything read. Every answer carries the security headers
+(a strict CSP, no framing, no CORS). Nothing here changes the daemon: the only POST is the login form, which
+sets a cookie.
+
+The data endpoints answer with the admin API's view-models (admin/views.py, admin/history.py), as JSON:
+
+  GET /ui/api/now                       providers (status, breaker, health, cache, spend), processes, in flight
+  GET /ui/api/spend                     cost per day this month per provider, spent / reserved / cap
+  GET /ui/api/trends?range=24h          latency and cache hit ratio per provider over time, latest cache-busts
+  GET /ui/api/requests?profile=&provider=&outcome=&limit=
+  GET /ui/api/requests/{id}             one request's decision trace (as `corectl explain` shows it)
+  GET /ui/api/events                    the live feed (server-sent events, feed.py)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import html
+import logging
+import sqlite3
+from pathlib import Path
+from urllib.parse import parse_qs, unquote
+
+import orjson
+
+from ..admin import history, views
+from ..ingress.guard import ClientLeft
+from ..ingress.protocol import DISCONNECT_HOOK
+from .guard import SECURITY_HEADERS, UiAuth, allowed_hosts, host_allowed, origin_allowed
+
+log = logging.getLogger("coderouterd.ui")
+
+STATIC = Path(__file__).parent / "static"
+# Every file the page may load, by URL name: nothing else under static/ (or elsewhere) is ever served.
+_ASSETS = {
+    "app.js": ("app.js", b"text/javascript; charset=utf-8"),
+    "ui.css": ("ui.css", b"text/css; charset=utf-8"),
+    "uPlot.iife.min.js": ("vendor/uPlot.iife.min.js", b"text/javascript; charset=utf-8"),
+    "uPlot.min.css": ("vendor/uPlot.min.css", b"text/css; charset=utf-8"),
+    "uPlot.LICENSE.txt": ("vendor/LICENSE", b"text/plain; charset=utf-8"),
+}
+_MAX_LOGIN_BODY = 4096
+PING_S = 15.0  # a comment line on an idle feed: proxies and the browser keep the stream open, dead ones show
+
+
+class Answer(Exception):
+    """An early answer (a refusal) from inside a handler."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+def _headers(scope) -> dict[str, str]:
+    return {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
+
+
+async def _send(send, status: int, body: bytes, ctype: bytes, extra: list | None = None,
+                cache: bytes = b"no-store") -> None:
+    hs = [(b"content-type", ctype), (b"content-length", str(len(body)).encode()), (b"cache-control", cache),
+          *SECURITY_HEADERS, *(extra or [])]
+    await send({"type": "http.response.start", "status": status, "headers": hs})
+    await send({"type": "http.response.body", "body": body})
+
+
+def _json(data) -> bytes:
+    return orjson.dumps(data, option=orjson.OPT_NON_STR_KEYS, default=str)
+
+
+class DashboardApp:
+    def __init__(self, daemon) -> None:
+        self.daemon = daemon
+        self.auth = UiAuth()
+        self._files: dict[str, bytes] = {}
+
+    async def __call__(self, scope, receive, send) -> None:
+        path = scope["path"]
+        api = path.startswith("/ui/api/")
+        try:
+            await self._gate_and_route(scope, receive, send, path, api)
+        except Answer as a:
+            if api or a.status == 403:
+                await _send(send, a.status, _json({"error": a.message}), b"application/json")
+            else:
+                await _send(send, a.status, (a.message + "\n").encode(), b"text/plain; charset=utf-8")
+
+    async def _gate_and_route(self, scope, receive, send, path: str, api: bool) -> None:
+        runtime = self.daemon.runtime
+        if runtime is None:
+            raise Answer(503, "coderouterd is still starting")
+        server = runtime.config.server
+        if not server.dashboard:
+            raise Answer(404, "the dashboard is off ([server] dashboard = false)")
+        headers = _headers(scope)
+        port = (scope.get("server") or (None, self.daemon.listen[1]))[1]
+        allowed = allowed_hosts(self.daemon.listen[0], port)
+        if not host_allowed(headers.get("host"), allowed):
+            # DNS rebinding: another site's page reaching us through the user's browser under its own name.
+            raise Answer(403, "this Host is not served: open the dashboard as http://127.0.0.1:PORT/ui or "
+                              "http://localhost:PORT/ui")
+        method = scope["method"]
+        if path == "/ui/login":
+            return await self._login(scope, receive, send, method, headers, allowed, server.api_keys)
+        if method != "GET":
+            raise Answer(405, f"method {method} not allowed on {path}: the dashboard is read-only")
+        if path.startswith("/ui/static/"):
+            # The page's own code and styles (the login page needs them too): no data in them, so no key.
+            return await self._asset(send, path[len("/ui/static/"):])
+        if not self.auth.authorized(headers, server.api_keys):
+            if api:
+                raise Answer(401, "the dashboard needs one of the server's api_keys (log in at /ui)")
+            return await self._login_page(send, 401, "")
+        if path in ("/ui", "/ui/"):
+            return await self._asset_page(send, "index.html")
+        if not api:
+            raise Answer(404, f"no such page: {path}")
+        await self._api(scope, send, path[len("/ui/api/"):])
+
+    # -- pages and files -------------------------------------------------------------------------------------
+
+    async def _file(self, name: str) -> bytes:
+        data = self._files.get(name)
+        if data is None:
+            # Read once, off the loop; a handful of small files, kept for the daemon's life.
+            data = await asyncio.to_thread((STATIC / name).read_bytes)
+            self._files[name] = data
+        return data
+
+    async def _asset(self, send, name: str) -> None:
+        entry = _ASSETS.get(name)
+        if entry is None:
+            raise Answer(404, f"no such file: {name}")
+        rel, ctype = entry
+        await _send(send, 200, await self._file(rel), ctype, cache=b"no-cache")
+
+    async def _asset_page(self, send, name: str) -> None:
+        await _send(send, 200, await self._file(name), b"text/html; charset=utf-8")
+
+    async def _login_page(self, send, status: int, message: str, extra: list | None = None) -> None:
+        page = (await self._file("login.html")).replace(b"<!--MESSAGE-->", html.escape(message).encode())
+        await _send(send, status, page, b"text/html; charset=utf-8", extra)
+
+    async def _login(self, scope, receive, send, method: str, headers: dict, allowed, keys: list[str]) -> None:
+        if method == "GET" or not keys:
+            # Nothing to log in to (no keys), or a bookmark of the form's target: the page.
+            return await _send(send, 303, b"", b"text/plain", [(b"location", b"/ui")])
+        if method != "POST":
+            raise Answer(405, f"method {method} not allowed on /ui/login")
+        if not origin_allowed(headers, allowed):
+            raise Answer(403, "the login form must be posted from this dashboard's own page")
+        body = await _read_small(receive, _MAX_LOGIN_BODY)
+        key = (parse_qs(body.decode("latin-1")).get("key") or [""])[0]
+        cookie = self.auth.login(key, keys)
+        if cookie is None:
+            return await self._login_page(send, 401, "That key is not one of this coderouterd's api_keys.")
+        await _send(send, 303, b"", b"text/plain", [(b"location", b"/ui"), (b"set-cookie", cookie.encode())])
+
+    # -- data ------------------------------------------------------------------------------------------------
+
+    async def _api(self, scope, send, name: str) -> None:
+        d = self.daemon
+        query = {k: v[-1] for k, v in parse_qs(scope.get("query_string", b"").decode("latin-1")).items()}
+        if name == "events":
+            return await self._events(scope, send)
+        try:
+            data = await self._data(d, name, query)
+        except sqlite3.Error as e:
+            # A journal being recovered or moved aside: the page says so and keeps polling.
+            raise Answer(503, f"cannot read the journal right now: {e}") from None
+        await _send(send, 200, _json(data), b"application/json")
+
+    async def _data(self, d, name: str, query: dict[str, str]):
+        if name == "now":
+            data = {"daemon": views.daemon_info(d), "providers": views.provider_rows(d),
+                    "processes": views.processes(d), "store": views.store(d), "in_flight": dict(d.in_flight),
+                    "viewers": d.live.viewers}
+        elif name == "spend":
+            data = await history.spend(d)
+        elif name == "trends":
+            rng = query.get("range", history.DEFAULT_RANGE)
+            if rng not in history.RANGES:
+                raise Answer(400, f"unknown range {rng!r}; expected one of {', '.join(history.RANGES)}")
+            data = await history.trends(d, rng)
+        elif name == "requests":
+            try:
+                data = await history.requests(d, profile=query.get("profile") or None,
+                                              provider=query.get("provider") or None,
+                                              outcome=query.get("outcome") or None,
+                                              limit=int(query.get("limit") or 100))
+            except ValueError as e:
+                raise Answer(400, str(e)) from None
+        elif name.startswith("requests/"):
+            rid = unquote(name[len("requests/"):])
+            found = await history.trace(d, rid)
+            if found is None:
+                raise Answer(404, f"request {rid[:100]!r} is neither in coderouterd's memory nor in the journal")
+            data = {"trace": found[0], "source": found[1]}
+        else:
+            raise Answer(404, f"no such endpoint: /ui/api/{name[:100]}")
+        return data
+
+    async def _events(self, scope, send) -> None:
+        feed = self.daemon.live
+        viewer = feed.join()
+        if viewer is None:
+            raise Answer(503, f"the live feed already has its {feed.max_viewers} viewers (or is closing)")
+        hook = scope.get(DISCONNECT_HOOK)
+        if hook is not None:
+            hook(viewer.close)  # the browser left: the loop below ends at once
+        try:
+            hs = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-store"), *SECURITY_HEADERS]
+            await send({"type": "http.response.start", "status": 200, "headers": hs})
+            await send({"type": "http.response.body", "body": b"retry: 3000\n: live\n\n", "more_body": True})
+            while not viewer.closed:
+                try:
+                    await asyncio.wait_for(viewer.wake.wait(), PING_S)
+                except TimeoutError:
+                    await send({"type": "http.response.body", "body": b": ping\n\n", "more_body": True})
+                    continue
+                items, dropped = viewer.take()
+                chunks = [b"event: dropped\ndata: %d\n\n" % dropped] if dropped else []
+                chunks += [b"event: %s\ndata: %s\n\n" % (i["kind"].encode(), orjson.dumps(i)) for i in items]
+                if chunks:
+                    # Awaits while the browser's socket is full: meanwhile its queue drops, the daemon never grows.
+                    await send({"type": "http.response.body", "body": b"".join(chunks), "more_body": True})
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+        finally:
+            feed.leave(viewer)
+            if hook is not None:
+                hook(None)
+
+
+async def _read_small(receive, limit: int) -> bytes:
+    chunks, size, more = [], 0, True
+    while more:
+        msg = await receive()
+        if msg["type"] == "http.disconnect":
+            raise ClientLeft
+        chunk = msg.get("body", b"")
+        size += len(chunk)
+        if size > limit:
+            raise Answer(413, "the login form is larger than any key")
+        chunks.append(chunk)
+        more = msg.get("more_body", False)
+    return b"".join(chunks)

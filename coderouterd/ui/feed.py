@@ -1,0 +1,140 @@
+"""The dashboard's live feed: events from the bus, fanned out to the browsers watching, each through a bounded queue.
+
+Cost while nobody watches: the bus's writer thread calls `sink` with each batch and it returns at once (no
+viewer); the request path never sees it (the sink runs in the writer thread, not in `publish`).
+
+While someone watches: the writer thread turns the batch into small metadata dicts (never prompt or answer
+text: only the fields in `_FIELDS`) and hands them to the event loop in one call. Each viewer has a deque of at
+most `queue_len` items: a browser that reads slowly (or not at all) loses its oldest events, counted and
+reported to it, and the daemon's memory stays at viewers x queue_len whatever it does. The number of viewers
+is capped too.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections import deque
+
+from ..state.events import (
+    BreakerTransition,
+    CacheBust,
+    Event,
+    HealthTransition,
+    ProcessEvent,
+    RequestFinished,
+)
+
+QUEUE_LEN = 256
+MAX_VIEWERS = 16
+
+# What a browser is told of each kind: metadata the journal keeps, nothing from a request's body.
+_FIELDS: dict[str, tuple[str, ...]] = {
+    RequestFinished.kind: ("request_id", "ingress", "profile", "provider", "model_requested", "model_used",
+                           "status", "error_class", "latency_ms", "ttfb_ms", "input_tokens", "output_tokens",
+                           "cache_read_tokens", "cache_write_tokens", "cost_usd", "streaming", "fallback_count",
+                           "race_outcome", "cache_bust"),
+    BreakerTransition.kind: ("provider", "old", "new", "reason"),
+    HealthTransition.kind: ("provider", "old", "new", "reason"),
+    CacheBust.kind: ("request_id", "provider", "segment", "cause", "expected_tokens", "cached_tokens"),
+    ProcessEvent.kind: ("provider", "process", "event", "pid"),
+}
+_MAX_STR = 200  # a model name or a reason is shown, a 3 MB one is not carried
+
+
+def project(ev: Event) -> dict | None:
+    """The browser's view of one event, or None for kinds the feed does not carry."""
+    names = _FIELDS.get(ev.kind)
+    if names is None:
+        return None
+    if isinstance(ev, ProcessEvent) and not ev.primary:
+        return None
+    out: dict = {"kind": ev.kind, "ts": ev.ts}
+    for n in names:
+        v = getattr(ev, n)
+        if isinstance(v, str):
+            v = str(v)[:_MAX_STR]  # str(): a StrEnum arrives as its plain name
+        out[n] = v
+    return out
+
+
+class Viewer:
+    """One browser's queue. Filled on the loop by the feed, emptied by its stream."""
+
+    __slots__ = ("queue", "dropped", "wake", "closed")
+
+    def __init__(self, queue_len: int) -> None:
+        self.queue: deque = deque(maxlen=queue_len)
+        self.dropped = 0
+        self.wake = asyncio.Event()
+        self.closed = False
+
+    def offer(self, items: list[dict]) -> None:
+        q = self.queue
+        for item in items:
+            if len(q) == q.maxlen:
+                self.dropped += 1  # the deque drops its oldest on append
+            q.append(item)
+        self.wake.set()
+
+    def close(self) -> None:
+        self.closed = True
+        self.wake.set()
+
+    def take(self) -> tuple[list[dict], int]:
+        """Everything queued and how many were dropped since the last take."""
+        items = list(self.queue)
+        self.queue.clear()
+        dropped, self.dropped = self.dropped, 0
+        self.wake.clear()
+        return items, dropped
+
+
+class LiveFeed:
+    def __init__(self, *, queue_len: int = QUEUE_LEN, max_viewers: int = MAX_VIEWERS) -> None:
+        self.queue_len = queue_len
+        self.max_viewers = max_viewers
+        self._viewers: set[Viewer] = set()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._lock = threading.Lock()
+        self.closed = False
+
+    @property
+    def viewers(self) -> int:
+        return len(self._viewers)
+
+    def join(self) -> Viewer | None:
+        """A new viewer (on the loop), or None when the cap is reached or the feed is closed."""
+        if self.closed or len(self._viewers) >= self.max_viewers:
+            return None
+        self._loop = asyncio.get_running_loop()
+        v = Viewer(self.queue_len)
+        with self._lock:
+            self._viewers = {*self._viewers, v}  # copy-on-write: the writer thread iterates without a lock
+        return v
+
+    def leave(self, v: Viewer) -> None:
+        with self._lock:
+            self._viewers = self._viewers - {v}
+
+    def close(self) -> None:
+        """The server is stopping: every stream ends, so a watching browser does not hold up the drain."""
+        self.closed = True
+        for v in self._viewers:
+            v.close()
+
+    def sink(self, events: list[Event]) -> None:
+        """The bus's writer thread, once per batch."""
+        if not self._viewers:
+            return
+        items = [d for d in map(project, events) if d is not None]
+        loop = self._loop
+        if items and loop is not None and not loop.is_closed():
+            try:
+                loop.call_soon_threadsafe(self._fanout, items)
+            except RuntimeError:  # the loop closed between the check and the call
+                pass
+
+    def _fanout(self, items: list[dict]) -> None:
+        for v in self._viewers:
+            v.offer(items)

@@ -1,0 +1,175 @@
+"""The dashboard's HTTP surface on the real daemon, without a browser (tests/browser/ has the browser's side):
+the same view-models as the admin API, only its own files, read-only, the live feed ending with the server,
+and a switch to turn it off."""
+
+from __future__ import annotations
+
+import time
+
+import httpx
+import pytest
+
+from tests.fakes.runner import FakeServer
+
+CONFIG = """
+[server]
+port = {PORT}
+drain_timeout_s = 10
+@SERVER@
+
+[state]
+enabled = @STATE@
+
+[providers.cloud]
+kind = "anthropic"
+base_url = "@CLOUD@/v1"
+model = "claude-sonnet-5"
+paid = true
+monthly_budget_usd = 10
+cost = { input = 3.0, output = 15.0 }
+
+[profiles.default]
+providers = ["cloud"]
+"""
+
+
+@pytest.fixture(scope="module")
+def cloud():
+    with FakeServer("anthropic", name="cloud") as f:
+        yield f
+
+
+def _config(cloud, *, server: str = "", state: bool = True) -> str:
+    return (CONFIG.replace("@CLOUD@", cloud.url).replace("@SERVER@", server)
+            .replace("@STATE@", "true" if state else "false"))
+
+
+def _chat(d, rid: str) -> None:
+    r = httpx.post(d.url + "/v1/chat/completions", headers={"x-request-id": rid}, timeout=20,
+                   json={"model": "m", "messages": [{"role": "user", "content": "hi"}]})
+    assert r.status_code == 200, r.text
+
+
+def _admin(d) -> httpx.Client:
+    sock = str(d.state_dir / "coderouterd.sock")
+    return httpx.Client(transport=httpx.HTTPTransport(uds=sock), base_url="http://coderouterd", timeout=10)
+
+
+def _wait_admin(admin: httpx.Client) -> None:
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            if admin.get("/v1/status").status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.05)
+    raise AssertionError("the admin API did not answer")
+
+
+def test_the_page_reads_the_admin_apis_view_models(start_daemon, cloud):
+    d = start_daemon(_config(cloud))
+    _chat(d, "dash-1")
+    ui = d.url + "/ui/api"
+    deadline = time.monotonic() + 5
+    while not httpx.get(ui + "/requests").json()["requests"]:  # the journal's writer runs every 250 ms
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    with _admin(d) as admin:
+        _wait_admin(admin)
+        for path in ("/history/spend", "/history/requests?limit=5&provider=cloud", "/history/trends?range=6h"):
+            page = httpx.get(ui + path.replace("/history", "")).json()
+            api = admin.get("/v1" + path).json()
+            if "t" in page:  # the window ends at "now", read twice a few ms apart
+                page.pop("t"), api.pop("t")
+            assert page == api, path
+        providers = admin.get("/v1/providers").json()["providers"]
+    now = httpx.get(ui + "/now").json()
+    assert [p["name"] for p in now["providers"]] == [p["name"] for p in providers] == ["cloud"]
+    assert now["providers"][0]["budget"]["spent"] > 0
+    spend = httpx.get(ui + "/spend").json()
+    assert spend["providers"]["cloud"]["daily"][spend["today"]] == pytest.approx(
+        spend["providers"]["cloud"]["spent"])  # the journal's day and the budget ledger agree
+    trace = httpx.get(ui + "/requests/dash-1").json()
+    assert trace["source"] == "memory" and trace["trace"]["served_by"] == "cloud"
+    assert httpx.get(ui + "/requests/nope").status_code == 404
+
+
+def test_only_its_own_files_read_only_and_strict_headers(start_daemon, cloud):
+    d = start_daemon(_config(cloud))
+    page = httpx.get(d.url + "/ui")
+    assert page.status_code == 200 and "text/html" in page.headers["content-type"]
+    assert "<script>" not in page.text and "style=" not in page.text  # no inline code: the CSP would block it
+    assert not any(k.startswith("access-control-") for k in page.headers)
+    for name in ("app.js", "ui.css", "uPlot.iife.min.js", "uPlot.min.css", "uPlot.LICENSE.txt"):
+        r = httpx.get(f"{d.url}/ui/static/{name}")
+        assert r.status_code == 200 and r.content, name
+        assert r.headers["x-content-type-options"] == "nosniff"
+    assert "MIT License" in httpx.get(d.url + "/ui/static/uPlot.LICENSE.txt").text
+    for path in ("/ui/static/index.html", "/ui/static/login.html", "/ui/static/vendor/LICENSE",
+                 "/ui/static/../app.py", "/ui/static/%2e%2e/app.py", "/ui/app.py", "/ui/api/../../healthz"):
+        r = httpx.get(d.url + path)
+        assert r.status_code == 404 or (path.endswith("healthz") and r.status_code == 200), path
+        assert "import" not in r.text, path
+    for method in ("POST", "PUT", "DELETE"):
+        r = httpx.request(method, d.url + "/ui/api/now")
+        assert r.status_code == 405, method
+        assert "content-security-policy" in r.headers
+    # A request that names the dashboard's path but another Host: refused before anything is read.
+    r = httpx.get(d.url + "/ui/api/now", headers={"host": f"attacker.example:{d.port}"})
+    assert r.status_code == 403 and "cloud" not in r.text
+
+
+def test_an_open_live_feed_does_not_hold_up_the_stop(start_daemon, cloud):
+    d = start_daemon(_config(cloud))
+    with httpx.stream("GET", d.url + "/ui/api/events", timeout=20) as feed:
+        assert feed.status_code == 200 and feed.headers["content-type"] == "text/event-stream"
+        lines = feed.iter_lines()
+        assert next(lines).startswith("retry:")
+        _chat(d, "dash-live-1")
+        sent = time.monotonic()
+        for line in lines:
+            if line.startswith("data:"):
+                assert "dash-live-1" in line and '"messages"' not in line
+                break
+        assert time.monotonic() - sent < 1.0
+        started = time.monotonic()
+        assert d.stop() == 0
+        # The drain timeout is 10 s: the feed ended at once instead of making the stop wait for it.
+        assert time.monotonic() - started < 5.0
+
+
+def test_without_a_journal_and_switched_off(start_daemon, cloud, tmp_path):
+    d = start_daemon(_config(cloud, state=False))
+    _chat(d, "dash-mem-1")
+    reqs = httpx.get(d.url + "/ui/api/requests").json()
+    assert reqs["source"] == "memory" and reqs["requests"][0]["request_id"] == "dash-mem-1"
+    assert httpx.get(d.url + "/ui/api/trends").json()["journal"] is False
+    d.stop()
+    off = start_daemon(_config(cloud, server="dashboard = false"))
+    for path in ("/ui", "/ui/api/now", "/ui/static/app.js"):
+        assert httpx.get(off.url + path).status_code == 404, path
+    assert httpx.get(off.url + "/healthz").status_code == 200
+
+
+def test_with_keys_the_page_and_its_data_need_one(start_daemon, cloud):
+    d = start_daemon(_config(cloud, server='api_keys = ["dash-key"]'))
+    page = httpx.get(d.url + "/ui")
+    assert page.status_code == 401 and 'name="key"' in page.text and "providers-table" not in page.text
+    assert httpx.get(d.url + "/ui/api/now").status_code == 401
+    assert httpx.get(d.url + "/ui/api/now", headers={"x-api-key": "wrong"}).status_code == 401
+    assert httpx.get(d.url + "/ui/api/now", headers={"x-api-key": "dash-key"}).status_code == 200
+    own = {"origin": d.url}
+    assert httpx.post(d.url + "/ui/login", data={"key": "dash-key"},
+                      headers={"origin": "http://attacker.example"}).status_code == 403
+    wrong = httpx.post(d.url + "/ui/login", data={"key": "nope"}, headers=own)
+    assert wrong.status_code == 401 and "set-cookie" not in wrong.headers
+    ok = httpx.post(d.url + "/ui/login", data={"key": "dash-key"}, headers=own)
+    assert ok.status_code == 303 and ok.headers["location"] == "/ui"
+    cookie = ok.headers["set-cookie"]
+    assert "HttpOnly" in cookie and "SameSite=Strict" in cookie and "dash-key" not in cookie
+    jar = {"cookie": cookie.split(";")[0]}
+    assert httpx.get(d.url + "/ui/api/now", headers=jar).status_code == 200
+    assert httpx.get(d.url + "/ui", headers=jar).status_code == 200
+    # The proxy's clients are unaffected: the same key still opens /v1, the cookie does not.
+    assert httpx.get(d.url + "/v1/models", headers=jar).status_code == 401

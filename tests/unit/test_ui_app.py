@@ -1,0 +1,90 @@
+"""The dashboard's gate and answers in-process (raw ASGI calls), with a daemon stand-in holding only what the
+gate and the history views read. The real daemon over HTTP: tests/e2e/test_dashboard_http.py."""
+
+from __future__ import annotations
+
+import asyncio
+from collections import OrderedDict
+from types import SimpleNamespace
+
+import orjson
+import pytest
+
+from coderouterd.ui.app import DashboardApp
+from coderouterd.ui.feed import LiveFeed
+
+
+class _Untouchable:
+    def __getattr__(self, name):
+        raise AssertionError(f"read {name!r} before the request was let in")
+
+
+def _daemon(tmp_path, *, keys=(), journal_bytes: bytes | None = None, telemetry=None):
+    db = tmp_path / "state.db"
+    if journal_bytes is not None:
+        db.write_bytes(journal_bytes)
+    server = SimpleNamespace(dashboard=True, api_keys=list(keys))
+    return SimpleNamespace(
+        runtime=SimpleNamespace(config=SimpleNamespace(server=server)), listen=("127.0.0.1", 8088),
+        telemetry=telemetry or SimpleNamespace(enabled=True, store=SimpleNamespace(path=db)),
+        budget=None, recent=OrderedDict(), live=LiveFeed())
+
+
+def _call(app, path: str, *, host: str = "127.0.0.1:8088", method: str = "GET", query: bytes = b"",
+          headers: list | None = None):
+    sent = []
+
+    async def receive():
+        return {"type": "http.request", "body": b"", "more_body": False}
+
+    async def send(message):
+        sent.append(message)
+
+    scope = {"type": "http", "method": method, "path": path, "query_string": query,
+             "headers": [(b"host", host.encode()), *(headers or [])], "server": ("127.0.0.1", 8088)}
+    asyncio.run(app(scope, receive, send))
+    start = sent[0]
+    body = b"".join(m.get("body", b"") for m in sent[1:])
+    return start["status"], dict(start["headers"]), body
+
+
+def test_a_foreign_host_is_refused_before_anything_is_read(tmp_path):
+    d = _daemon(tmp_path, telemetry=_Untouchable())
+    d.recent = _Untouchable()
+    status, headers, body = _call(DashboardApp(d), "/ui/api/requests", host="attacker.example:8088")
+    assert status == 403 and b"content-security-policy" in headers
+    assert not any(k.startswith(b"access-control-") for k in headers)
+
+
+def test_with_keys_no_data_without_one(tmp_path):
+    d = _daemon(tmp_path, keys=["k"], telemetry=_Untouchable())
+    status, _h, body = _call(DashboardApp(d), "/ui/api/spend")
+    assert status == 401 and orjson.loads(body)["error"]
+    status, _h, body = _call(DashboardApp(d), "/ui")
+    assert status == 401 and b'name="key"' in body
+
+
+def test_an_unreadable_journal_is_a_503_the_page_can_show(tmp_path):
+    d = _daemon(tmp_path, journal_bytes=b"this is not a database" * 100)
+    status, headers, body = _call(DashboardApp(d), "/ui/api/spend")
+    assert status == 503 and headers[b"content-type"] == b"application/json"
+    assert "cannot read the journal" in orjson.loads(body)["error"]
+
+
+@pytest.mark.parametrize("path,query,status", [
+    ("/ui/api/trends", b"range=2y", 400),
+    ("/ui/api/requests", b"limit=lots", 400),
+    ("/ui/api/requests", b"outcome=maybe", 400),
+    ("/ui/api/nothing", b"", 404),
+    ("/ui/nothing", b"", 404),
+    ("/ui/static/../guard.py", b"", 404),
+])
+def test_bad_asks_get_their_answer_with_the_headers(tmp_path, path, query, status):
+    got, headers, _body = _call(DashboardApp(_daemon(tmp_path)), path, query=query)
+    assert got == status and b"content-security-policy" in headers
+
+
+def test_read_only(tmp_path):
+    app = DashboardApp(_daemon(tmp_path))
+    for method in ("POST", "PUT", "DELETE", "PATCH"):
+        assert _call(app, "/ui/api/now", method=method)[0] == 405
