@@ -58,6 +58,9 @@ def test_reserve_settle_and_the_allowance(pg_dsn):
             assert record["rid"] == res.rid and record["actual"] == ledger.to_nano(1.5)
             await sb.drain(5)
             online = _ledger(pg_dsn)["*"]
+            await sb.refresh()
+            # A request dearer than what is left of the shared cap is told so (not asked to retry).
+            assert "more than" in sb.too_dear("paid", 9.0) and sb.too_dear("paid", 1.0) is None
             # The ledger stops answering (down): requests draw on the allowance, up to it and no further.
             db.up = False
             drawn = [await sb.reserve("paid", 0.3) for _ in range(4)]

@@ -258,6 +258,27 @@ class SharedBudget:
                         f"{ledger.to_usd(row.cap):.2f} USD); it resets {resets}")
         return None
 
+    def too_dear(self, provider: str, estimate_usd: float) -> str | None:
+        """Budget.too_dear over the shared ledger's rows (settled spend only): a request that cannot fit what is
+        left of a shared cap before it resets, whatever else is in flight. None when it would fit."""
+        if not self.local.is_billable(provider):
+            return None
+        est = ledger.to_nano(estimate_usd, up=True)
+        _, end = self.local.period()
+        resets = datetime.fromtimestamp(end, UTC).strftime("%Y-%m-%d %H:%M UTC")
+        for budget, _cap in self._keys(provider):
+            row = self.rows.get(budget)
+            if row is None or row.cap <= 0 or row.spent + est <= row.cap:
+                continue
+            name = "global" if budget == GLOBAL else repr(budget)
+            spent, cap = ledger.to_usd(row.spent), ledger.to_usd(row.cap)
+            if row.spent >= row.cap:
+                return f"the {name} monthly budget (shared) is spent ({spent:.2f} of {cap:.2f} USD); it resets {resets}"
+            return (f"this request may cost up to {ledger.to_usd(est):.4f} USD, more than the "
+                    f"{max(cap - spent, 0.0):.4f} USD left of the {name} monthly budget (shared; {spent:.2f} of "
+                    f"{cap:.2f} USD spent; lower max_tokens or wait for the reset {resets})")
+        return None
+
     def spent(self, provider: str | None = None) -> float:
         row = self.rows.get(GLOBAL if provider is None else provider)
         return ledger.to_usd(row.spent) if row is not None else 0.0
