@@ -11,7 +11,7 @@ CLIENTS := tests/clients
 CLIENTS_STAMP := $(CLIENTS)/node_modules/.installed
 NPM_OFFLINE := ENOTFOUND|ECONNREFUSED|ECONNRESET|ETIMEDOUT|EAI_AGAIN|ENETUNREACH|network
 
-.PHONY: run test lint bench clean install real-llama browser lock
+.PHONY: run test lint bench clean install real-llama browser lock postgres
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -74,12 +74,17 @@ $(CLIENTS_STAMP): $(CLIENTS)/package.json $(CLIENTS)/package-lock.json
 real-llama: | $(BIN)/python
 	PIP=$(BIN)/pip bash scripts/real_llama.sh
 
+# Debian's postgresql for the shared-state tests (tests/shared start their own server from its binaries);
+# when it cannot be installed the reason goes to tests/.postgres-unavailable and those tests skip.
+postgres:
+	bash scripts/postgres.sh
+
 # Debian's headless Chromium for the dashboard's browser tests (installed with apt-get when missing and root);
 # when it cannot be had, the reason goes to tests/browser/.unavailable and those tests skip.
 browser:
 	bash scripts/browser.sh
 
-test: $(TEST_STAMP) $(CLIENTS_STAMP) real-llama browser
+test: $(TEST_STAMP) $(CLIENTS_STAMP) real-llama browser postgres
 	$(BIN)/python -m pytest
 
 # ruff, then mypy over coderouterd/ and corectl/ (configured in pyproject.toml). .ci/run runs it before the tests.

@@ -45,6 +45,13 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as e:
         print(f"coderouterd: {e}", file=sys.stderr)
         return 2
+    from .state.shared.backend import start_problem
+
+    shared = start_problem(loaded.model.state)
+    if shared is not None:
+        # Not a database that is down (that is served through): this instance could never join it.
+        print(f"coderouterd: {loaded.path}: {shared}", file=sys.stderr)
+        return 2
     no_key = missing_keys(loaded.model.providers)
     server = loaded.model.server
     if args.check:

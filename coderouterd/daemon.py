@@ -13,7 +13,6 @@ from .affinity.service import Affinity
 from .after_response import AfterResponse
 from .config import ConfigError, LoadedConfig, load_config, state_dir
 from .guards.apply import BudgetHooks, apply_tool_loop
-from .guards.budget import Budget
 from .health.drift_actions import DriftManager
 from .health.memory import MemoryWatch
 from .live_config import Runtime, UnknownProfile, build_runtime, close_pools
@@ -23,11 +22,12 @@ from .observe.request_record import RequestRecorder
 from .observe.traces import RecentTraces
 from .persisted import PersistedState
 from .providers.server_info import ServerDirectory
-from .reload import changed_sections, listener_change_refused, warn_reload_risks
+from .reload import changed_sections, listener_change_refused, shared_state_change_refused, warn_reload_risks
 from .routing.router import Router
 from .routing.state import RoutingState
 from .state import ConfigRejected, ConfigReloaded, DaemonLifecycle, ProfileSwitched
 from .state.repair_stats import RepairStats
+from .state.shared.backend import build as build_backend
 from .tasks import TaskSet
 from .telemetry import Telemetry
 from .ui.feed import LiveFeed
@@ -35,9 +35,11 @@ from .warmup import warm_imports
 
 if TYPE_CHECKING:
     from .config.schema import ConfigModel
+    from .guards.budget import Budget
     from .health.monitor import HealthMonitor
     from .health.selfheal import SelfHealer
     from .routing.executor import Exchange
+    from .state.shared.budget import SharedBudget
     from .supervise.from_config import Processes
 
 log = logging.getLogger("coderouterd")
@@ -58,6 +60,12 @@ class Daemon:
         self.telemetry = t = Telemetry(state_dir(cfg), cfg, unusable=state_unusable)
         self.persisted = persisted = PersistedState(t.store, t.publish)
         self.routing = RoutingState(cfg, on_breaker=persisted.breaker_moved, on_health=persisted.health_moved)
+        self.tasks = TaskSet()  # every background task outside a request, awaited at shutdown
+        # What is shared with other instances (README: Several machines): nothing with the default backend.
+        self.shared = build_backend(cfg.state, state_dir=t.state_dir, version=self.version, tasks=self.tasks,
+                                    publish=t.publish, journal_db=t.journal_path,
+                                    info=self._shared_info)
+        self.shared.attach_routing(self.routing)
         # finish(ex) and other bookkeeping run here, once the answer is out (see after_response.py)
         self.after_response = AfterResponse()
         # Prefix affinity; its index is restored from the store once the store is open (startup).
@@ -66,7 +74,6 @@ class Daemon:
         self.servers = ServerDirectory(timeout_s=cfg.affinity.probe_timeout_s)
         self.affinity = Affinity(cfg, publish=t.publish, persist=persisted.affinity_changed, servers=self.servers)
         self.router: Router | None = None  # needs the budget, which reads the store once it is open
-        self.tasks = TaskSet()  # every background task outside a request, awaited at shutdown
         self.active_profile = loaded.model.server.default_profile
         self.listen = (loaded.model.server.host, loaded.model.server.port)
         self.last_reload_error: str | None = None
@@ -78,7 +85,7 @@ class Daemon:
         # ingress -> model requests being served now (the proxy counts them in and out on the event loop)
         self.in_flight: dict[str, int] = {"anthropic": 0, "openai": 0, "responses": 0}
         self.health: HealthMonitor | None = None
-        self.budget: Budget | None = None
+        self.budget: Budget | SharedBudget | None = None  # the shared ledger's with [state] backend = "postgres"
         self.processes: Processes | None = None  # when any provider has a process block
         self.metrics = LazyMetrics(self)
         self.metrics_endpoint = self.metrics.endpoint  # GET /metrics (ingress dispatches it)
@@ -108,8 +115,9 @@ class Daemon:
         warn_reload_risks(cfg)
         self.load_persisted_profile()
         t.publish(DaemonLifecycle(event="start", pid=self.pid, version=self.version))
-        self.budget = Budget(t.store, publish=t.publish)
+        self.budget = self.shared.budget(t.store, t.publish)
         self._configure_budget(cfg)
+        await self.shared.start()
         self.drift = DriftManager(lambda: self.runtime, healer=lambda: self.selfheal, publish=t.publish)
         self.router = Router(self.routing, budget=BudgetHooks(self.budget), affinity=self.affinity, servers=self.servers,
                              memory_cooldown_s=cfg.memory.cooldown_s,
@@ -151,6 +159,10 @@ class Daemon:
         from .interpreter import settle
 
         settle()
+
+    def _shared_info(self) -> dict:
+        """What this instance's heartbeat row says about it, beyond its name and pid."""
+        return {"listen": f"{self.listen[0]}:{self.listen[1]}"}
 
     def _supervisor(self):
         return self.processes.supervisor if self.processes is not None else None
@@ -200,7 +212,8 @@ class Daemon:
             loaded = await asyncio.to_thread(load_config, self._loaded.path)
         except ConfigError as e:
             return self._reject_reload(str(e))
-        refused = listener_change_refused(self.listen, loaded.model.server)
+        refused = (listener_change_refused(self.listen, loaded.model.server)
+                   or shared_state_change_refused(self._loaded.model.state, loaded.model.state))
         if refused:
             return self._reject_reload(f"{self._loaded.path}: {refused}")
         old = self.runtime
@@ -272,6 +285,7 @@ class Daemon:
             await self.drift.stop()
         if self.selfheal is not None:
             await self.selfheal.stop()
+        await self.shared.stop()  # settles queued, the journal's last batch shipped, gone from the live list
         await self.tasks.close()
         await self.affinity.stop()
         await self.servers.stop()

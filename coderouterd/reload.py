@@ -39,6 +39,19 @@ def listener_change_refused(listen: tuple[str, int], new_server) -> str | None:
     return None
 
 
+# The shared-state connection is made once at start (its pool, LISTEN connection, heartbeats, allowances).
+_SHARED_KEYS = ("backend", "dsn", "dsn_env", "instance")
+
+
+def shared_state_change_refused(old_state, new_state) -> str | None:
+    """Why a reloaded [state] section cannot be applied: where state is shared is fixed for the process's life."""
+    changed = [k for k in _SHARED_KEYS if getattr(old_state, k) != getattr(new_state, k)]
+    if changed:
+        return (f"state.{', state.'.join(changed)} changed: restart needed (the shared state connection is made "
+                "at start); the running configuration is kept until then")
+    return None
+
+
 def _is_loopback(host: str) -> bool:
     from .config.schema import ServerConfig
 

@@ -29,6 +29,8 @@ class Telemetry:
         self.store = Store(state_dir / "state.db", bus=self.bus, flush_interval_s=st.flush_interval_s,
                            journal_retention_days=st.journal_retention_days) if self.enabled else MemoryStore()
         self.audit: AuditLog | None = None
+        # The local journal a shared backend ships from (None: no local journal to ship).
+        self.journal_path: Path | None = state_dir / "state.db" if self.enabled else None
         self._config = config
 
     def start(self) -> None:

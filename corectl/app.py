@@ -200,6 +200,9 @@ SinceOpt = Annotated[str | None, typer.Option("--since", metavar="T", help="From
 UntilOpt = Annotated[str | None, typer.Option("--until", metavar="T", help="Up to T (exclusive).")]
 ProviderFilter = Annotated[str | None, typer.Option("--provider", metavar="NAME", help="Only this provider.")]
 ProfileFilter = Annotated[str | None, typer.Option("--profile", metavar="NAME", help="Only this profile.")]
+InstanceOpt = Annotated[str | None, typer.Option("--instance", metavar="NAME",
+                                                 help="Only this instance's rows (the shared journal).")]
+LocalOpt = Annotated[bool, typer.Option("--local", help="This machine's journal, not the shared one.")]
 
 
 @app.command()
@@ -317,6 +320,8 @@ def journal_tail(
     lines: Annotated[int, typer.Option("-n", "--lines", min=1, help="How many of the last requests.")] = 20,
     provider: ProviderFilter = None,
     profile: ProfileFilter = None,
+    instance: InstanceOpt = None,
+    local: LocalOpt = False,
     state_dir: StateDirOpt = None,
     json_out: JsonOpt = False,
 ) -> None:
@@ -324,7 +329,7 @@ def journal_tail(
     from . import history
 
     socket, as_json = _opts(ctx, json_out)
-    _exit(history.journal_tail(state_dir, socket, lines, provider, profile, as_json))
+    _exit(history.journal_tail(state_dir, socket, lines, provider, profile, as_json, instance=instance, local=local))
 
 
 @journal_app.command("export")
@@ -337,6 +342,8 @@ def journal_export(
     profile: ProfileFilter = None,
     output: Annotated[str | None, typer.Option("-o", "--output", metavar="FILE",
                                                help="Write to FILE instead of stdout.")] = None,
+    instance: InstanceOpt = None,
+    local: LocalOpt = False,
     state_dir: StateDirOpt = None,
     json_out: JsonOpt = False,
 ) -> None:
@@ -344,7 +351,8 @@ def journal_export(
     from . import history
 
     socket, as_json = _opts(ctx, json_out)
-    _exit(history.journal_export(state_dir, socket, fmt, since, until, provider, profile, output, as_json))
+    _exit(history.journal_export(state_dir, socket, fmt, since, until, provider, profile, output, as_json,
+                                 instance=instance, local=local))
 
 
 @replay_app.command("compare")
@@ -362,6 +370,8 @@ def replay_compare(
                          "compares last week with this one; --provider/--profile narrow both.")] = False,
     profile: ProfileFilter = None,
     provider: ProviderFilter = None,
+    instance: InstanceOpt = None,
+    local: LocalOpt = False,
     state_dir: StateDirOpt = None,
     json_out: JsonOpt = False,
 ) -> None:
@@ -374,7 +384,8 @@ def replay_compare(
 
     socket, as_json = _opts(ctx, json_out)
     _exit(history.replay_compare(state_dir, socket, a, b, by=by, window=window, since=since, until=until,
-                                 profile=profile, provider=provider, as_json=as_json))
+                                 profile=profile, provider=provider, as_json=as_json, instance=instance,
+                                 local=local))
 
 
 @app.command()

@@ -24,22 +24,21 @@ def find_trace(socket: str | None, request_id: str, state_dir: str | None) -> tu
             return trace.model_dump(exclude_unset=True), "memory"
     except DaemonNotRunning as e:
         down = e
-    from coderouterd.state import journal_row
-
-    from .history import DB_FILE, resolve_state_dir
+    from .history import journal_for, resolve_state_dir
 
     sdir, how = resolve_state_dir(state_dir, socket)
+    journal = journal_for(sdir, socket)  # the shared journal when there is one: any instance's request
     try:
-        row = journal_row(sdir / DB_FILE, request_id)
+        row = journal.row(request_id)
     except sqlite3.Error as e:
-        raise CorectlError(f"cannot read the journal {sdir / DB_FILE}: {e}", code=1) from None
+        raise CorectlError(f"cannot read the journal {journal.where}: {e}", code=1) from None
     if row is not None:
         return trace_from_row(row), "journal"
     if down is not None:
-        raise CorectlError(f"request {request_id!r} is not in the journal at {sdir / DB_FILE} (from {how}), and "
+        raise CorectlError(f"request {request_id!r} is not in the journal at {journal.where} (from {how}), and "
                            f"{down}", code=3, payload=down.payload)
     raise CorectlError(f"request {request_id!r} is unknown: coderouterd no longer holds it in memory and the "
-                       f"journal at {sdir / DB_FILE} (from {how}) has no row for it", code=1,
+                       f"journal at {journal.where} (from {how}) has no row for it", code=1,
                        payload={"request_id": request_id})
 
 

@@ -77,17 +77,100 @@ def _state_dir_or_fail(explicit: str | None, socket: str | None) -> Path:
     return sdir
 
 
+# -- which journal ----------------------------------------------------------------------------------------------
+
+class Journal:
+    """Where the journal is read: this machine's SQLite, or, when the daemon's config says
+    `[state] backend = "postgres"`, the shared journal (every instance's rows; `--local` keeps to this machine's,
+    `--instance` to one instance's)."""
+
+    def __init__(self, sdir: Path, dsn: str | None = None, where: str | None = None,
+                 instance: str | None = None) -> None:
+        self.sdir = sdir
+        self.dsn = dsn
+        self.where = where or str(sdir / DB_FILE)
+        self.instance = instance
+
+    @property
+    def shared(self) -> bool:
+        return self.dsn is not None
+
+    def rows(self, **kw) -> list[dict]:
+        if self.dsn is None:
+            return _rows(self.sdir, **kw)
+        from coderouterd.state.shared import journal_read
+
+        try:
+            return journal_read.rows(self.dsn, instance=self.instance, **kw)
+        except Exception as e:  # psycopg.Error: the message names the host, never the password
+            raise CorectlError(f"cannot read the shared journal at {self.where}: {str(e).splitlines()[0]}",
+                               code=1) from None
+
+    def row(self, request_id: str) -> dict | None:
+        if self.dsn is None:
+            from coderouterd.state import journal_row
+
+            return journal_row(self.sdir / DB_FILE, request_id)
+        from coderouterd.state.shared import journal_read
+
+        try:
+            return journal_read.row(self.dsn, request_id)
+        except Exception as e:
+            raise CorectlError(f"cannot read the shared journal at {self.where}: {str(e).splitlines()[0]}",
+                               code=1) from None
+
+    def names(self) -> dict[str, set[str]]:
+        if self.dsn is None:
+            from coderouterd.state import journal_names
+
+            return journal_names(self.sdir / DB_FILE)
+        from coderouterd.state.shared import journal_read
+
+        return journal_read.names(self.dsn)
+
+
+def journal_for(sdir: Path, socket: str | None, *, local: bool = False, instance: str | None = None) -> Journal:
+    """The journal the daemon's config points at (see Journal)."""
+    if local:
+        if instance:
+            raise CorectlError("--instance reads the shared journal; it does not go with --local", code=2)
+        return Journal(sdir)
+    from coderouterd.config import ConfigError, load_config
+
+    from .target import config_for
+
+    try:
+        state = load_config(config_for(None, socket).value).model.state
+    except ConfigError:
+        state = None
+    if state is None or state.backend != "postgres":
+        if instance:
+            raise CorectlError("--instance needs the shared journal ([state] backend = \"postgres\")", code=2)
+        return Journal(sdir)
+    from coderouterd.config.envfile import load_env_file
+    from coderouterd.state.shared.backend import start_problem
+    from coderouterd.state.shared.dsn import DsnMissing, redact, resolve
+
+    load_env_file()  # dsn_env may name a variable kept in the daemon's env file
+    problem = start_problem(state)
+    if problem is not None:
+        raise CorectlError(f"the shared journal: {problem} (pass --local to read this machine's journal)", code=1)
+    try:
+        dsn = resolve(state)
+    except DsnMissing as e:
+        raise CorectlError(f"{e} (pass --local to read this machine's journal)", code=1) from None
+    return Journal(sdir, dsn, redact(dsn), instance)
+
+
 # -- names a filter may use ----------------------------------------------------------------------------------
 
-def known_names(sdir: Path, socket: str | None) -> dict[str, set[str]]:
+def known_names(sdir: Path, socket: str | None, journal: Journal | None = None) -> dict[str, set[str]]:
     """Provider and profile names a filter may use: the daemon's config (asked when it runs, else read from the
     file it last ran with) and every name the journal has rows for."""
-    from coderouterd.state import journal_names
-
     from .target import config_for, running_daemon
 
     try:
-        names = journal_names(sdir / DB_FILE)
+        names = (journal or Journal(sdir)).names()
     except Exception:  # an unreadable journal is reported by the query itself
         names = {"provider": set(), "profile": set()}
     status = running_daemon(socket)
@@ -120,10 +203,11 @@ def check_names(known: dict[str, set[str]], kind: str, *values: str | None) -> N
     raise CorectlError(message, code=1, payload={"unknown": unknown, f"valid_{kind}s": sorted(valid)})
 
 
-def _check_filters(sdir: Path, socket: str | None, provider: str | None, profile: str | None) -> None:
+def _check_filters(sdir: Path, socket: str | None, provider: str | None, profile: str | None,
+                   journal: Journal | None = None) -> None:
     if provider is None and profile is None:
         return
-    known = known_names(sdir, socket)
+    known = known_names(sdir, socket, journal)
     check_names(known, "provider", provider)
     check_names(known, "profile", profile)
 
@@ -227,25 +311,26 @@ def route_text(attempts: list[dict]) -> str:
 
 
 def journal_tail(state_dir: str | None, socket: str | None, n: int, provider: str | None, profile: str | None,
-                 as_json: bool) -> int:
+                 as_json: bool, *, instance: str | None = None, local: bool = False) -> int:
     def work() -> int:
         sdir = _state_dir_or_fail(state_dir, socket)
-        _check_filters(sdir, socket, provider, profile)
-        rows = _rows(sdir, provider=provider, profile=profile, limit=n)
+        journal = journal_for(sdir, socket, local=local, instance=instance)
+        _check_filters(sdir, socket, provider, profile, journal)
+        rows = journal.rows(provider=provider, profile=profile, limit=n)
         if as_json:
-            emit_json({"state_dir": str(sdir), "rows": rows})
+            emit_json({"state_dir": str(sdir), "journal": journal.where, "rows": rows})
             return 0
         if not rows:
-            sys.stderr.write(f"corectl: no requests in the journal at {sdir / DB_FILE}\n")
+            sys.stderr.write(f"corectl: no requests in the journal at {journal.where}\n")
             return 0
         out = _console()
-        out.print(journal_table(rows, out.width))
+        out.print(journal_table(rows, out.width, shared=journal.shared))
         return 0
 
     return run(as_json, work)
 
 
-def journal_table(rows: list[dict], width: int = 10_000, *, now: float | None = None):
+def journal_table(rows: list[dict], width: int = 10_000, *, now: float | None = None, shared: bool = False):
     from rich.text import Text
 
     from .render import fit_table, latency, money
@@ -255,16 +340,20 @@ def journal_table(rows: list[dict], width: int = 10_000, *, now: float | None = 
     columns = [("Time", {"no_wrap": True}, 0), ("Request", {"no_wrap": True}, 0), ("Profile", {"no_wrap": True}, 5),
                ("Provider", {"no_wrap": True}, 0), ("Status", right, 0), ("Latency", right, 4), ("TTFB", right, 2),
                ("Tokens in/out", right, 3), ("Cost", right, 1), ("Route", {}, 6)]
+    if shared:  # the shared journal: which instance served each row
+        columns.insert(1, ("Instance", {"no_wrap": True}, 0))  # which machine: kept whatever else goes
     cells = []
     for r in rows:
         status = r.get("status") or 0
-        cells.append([short_time(r["ts"], now), r.get("request_id") or "", r.get("profile") or "",
+        cells.append([short_time(r["ts"], now), *([r.get("instance") or ""] if shared else []),
+                      r.get("request_id") or "", r.get("profile") or "",
                       r.get("provider") or Text("-", style="red"),
                       Text(str(status), style="red" if status >= 400 else "green"),
                       _ms(r.get("latency_ms"), latency), _ms(r.get("ttfb_ms"), latency),
                       f"{r.get('input_tokens') or 0:,}/{r.get('output_tokens') or 0:,}", money(r.get("cost_usd")),
                       route_text(r.get("attempts") or []) + (" (stream)" if r.get("streaming") else "")])
-    return fit_table(width, columns, cells, title=f"Journal (last {len(rows)} requests)", title_justify="left",
+    title = f"Journal (last {len(rows)} requests{', all instances' if shared else ''})"
+    return fit_table(width, columns, cells, title=title, title_justify="left",
                      title_style="bold")
 
 
@@ -281,7 +370,8 @@ def _ms(value, fmt) -> str:
 
 
 def journal_export(state_dir: str | None, socket: str | None, fmt: str, since: str | None, until: str | None,
-                   provider: str | None, profile: str | None, output: str | None, as_json: bool) -> int:
+                   provider: str | None, profile: str | None, output: str | None, as_json: bool, *,
+                   instance: str | None = None, local: bool = False) -> int:
     def work() -> int:
         from coderouterd.state import export_rows
 
@@ -290,8 +380,9 @@ def journal_export(state_dir: str | None, socket: str | None, fmt: str, since: s
         since_ts = _parse_or_fail(since, "--since") if since else None
         until_ts = _parse_or_fail(until, "--until") if until else None
         sdir = _state_dir_or_fail(state_dir, socket)
-        _check_filters(sdir, socket, provider, profile)
-        rows = _rows(sdir, since=since_ts, until=until_ts, provider=provider, profile=profile)
+        journal = journal_for(sdir, socket, local=local, instance=instance)
+        _check_filters(sdir, socket, provider, profile, journal)
+        rows = journal.rows(since=since_ts, until=until_ts, provider=provider, profile=profile)
         text = export_rows(rows, fmt)
         if output is None or output == "-":
             sys.stdout.write(text)
@@ -328,11 +419,13 @@ LABELS = {
 }
 
 
-def compare_sides(state_dir: Path, a: str, b: str, *, by: str, window: bool, since: float | None,
+def compare_sides(state_dir: Path | Journal, a: str, b: str, *, by: str, window: bool, since: float | None,
                   until: float | None, profile: str | None, provider: str | None,
                   now: float | None = None) -> dict:
     """The compare() result for the two sides, plus what was selected (for --json and the title)."""
     from coderouterd.state import compare
+
+    journal = state_dir if isinstance(state_dir, Journal) else Journal(state_dir)
 
     if window:
         ranges = []
@@ -341,13 +434,13 @@ def compare_sides(state_dir: Path, a: str, b: str, *, by: str, window: bool, sin
                 ranges.append(parse_window(side, now))
             except ValueError as e:
                 raise CorectlError(str(e), code=2) from None
-        rows = [_rows(state_dir, since=s, until=u, provider=provider, profile=profile) for s, u in ranges]
+        rows = [journal.rows(since=s, until=u, provider=provider, profile=profile) for s, u in ranges]
         selection = {"mode": "window", "provider": provider, "profile": profile,
                      "windows": {a: _span(*ranges[0]), b: _span(*ranges[1])}}
     else:
         key = "provider" if by == "provider" else "profile"
         filters = {"profile": profile} if key == "provider" else {"provider": provider}
-        rows = [_rows(state_dir, since=since, until=until, **{key: side}, **filters) for side in (a, b)]
+        rows = [journal.rows(since=since, until=until, **{key: side}, **filters) for side in (a, b)]
         selection = {"mode": key, "since": _iso(since), "until": _iso(until), **filters}
     out = compare(rows[0], rows[1], label_a=a, label_b=b)
     out["selection"] = selection
@@ -415,7 +508,7 @@ def compare_table(result: dict):
 
 def replay_compare(state_dir: str | None, socket: str | None, a: str, b: str, *, by: str, window: bool,
                    since: str | None, until: str | None, profile: str | None, provider: str | None,
-                   as_json: bool) -> int:
+                   as_json: bool, instance: str | None = None, local: bool = False) -> int:
     def work() -> int:
         from rich.text import Text
 
@@ -427,7 +520,8 @@ def replay_compare(state_dir: str | None, socket: str | None, a: str, b: str, *,
         since_ts = _parse_or_fail(since, "--since") if since else None
         until_ts = _parse_or_fail(until, "--until") if until else None
         sdir = _state_dir_or_fail(state_dir, socket)
-        known = known_names(sdir, socket)
+        journal = journal_for(sdir, socket, local=local, instance=instance)
+        known = known_names(sdir, socket, journal)
         kind = by
         if kind == "auto":
             # What A and B name, when the names say it: profiles when both are profiles and not both providers.
@@ -437,7 +531,7 @@ def replay_compare(state_dir: str | None, socket: str | None, a: str, b: str, *,
             check_names(known, kind, a, b)
         check_names(known, "provider", provider)
         check_names(known, "profile", profile)
-        result = compare_sides(sdir, a, b, by=kind, window=window, since=since_ts, until=until_ts,
+        result = compare_sides(journal, a, b, by=kind, window=window, since=since_ts, until=until_ts,
                                profile=profile, provider=provider)
         if as_json:
             emit_json(result)

@@ -165,6 +165,9 @@ def status(data: dict, out: Console) -> None:
     memory = memory_line(data.get("memory"))
     if memory is not None:
         rows.append(("memory", memory))
+    shared = shared_line(data.get("shared"))
+    if shared is not None:
+        rows.append(("shared state", shared))
     out.print(_kv(rows))
     store = data.get("store") or {}
     if store and not store.get("healthy", True):
@@ -185,6 +188,40 @@ def status(data: dict, out: Console) -> None:
             if snap.get("fatal_reason"):
                 out.print(Text(f"{name}: {snap['fatal_reason']} (corectl restart {name} once it is fixed; "
                                f"log: {snap.get('log')})", style="red"))
+
+
+def shared_line(sh: dict | None) -> Text | None:
+    """[state] backend = "postgres": where (never with its password), up or not, the live instances with their
+    heartbeat age, and how far behind the journal shipping is."""
+    if not sh:
+        return None
+    text = Text(f"{sh.get('where', '')}  as {sh.get('instance')}  ")
+    if sh.get("up"):
+        text.append("up", style="green")
+    else:
+        since = sh.get("down_since")
+        text.append("DOWN" + (f" for {duration(time.time() - since)}" if since else ""), style="bold red")
+        text.append(" (budgets: local share, breakers: local)", style="yellow")
+        if sh.get("problem"):
+            text.append(f"\n{sh['problem']}", style="dim")
+    peers = sh.get("instances") or []
+    text.append(f"\n{len(peers)} live: ")
+    text.append(", ".join(f"{p['instance']}@{p.get('host', '?')} ({p.get('beat_age_s', 0):.1f}s)" for p in peers)
+                or "-")
+    j = sh.get("journal") or {}
+    if j:
+        text.append(f"\njournal shipped {j.get('shipped', 0)}, behind {j.get('behind', 0)}")
+        if j.get("last_ship"):
+            text.append(f", last {duration(max(time.time() - j['last_ship'], 0))} ago")
+        if j.get("problem"):
+            text.append(f" ({j['problem']})", style="yellow")
+    b = sh.get("budget") or {}
+    if b.get("settles_queued"):
+        text.append(f"\n{b['settles_queued']} settles waiting for the ledger", style="yellow")
+    br = sh.get("breakers") or {}
+    if br and not br.get("listening"):
+        text.append("\nbreakers: not listening (polling)", style="yellow")
+    return text
 
 
 def memory_line(m: dict | None) -> Text | None:

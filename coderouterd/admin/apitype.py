@@ -114,6 +114,8 @@ class Status(Answer):
     processes: dict[str, dict[str, Any]] = {}
     health: dict[str, Any] = {}
     budget: dict[str, Any] | None = None
+    # [state] backend = "postgres": where, up or not, the live instances, journal lag (None: this machine only)
+    shared: dict[str, Any] | None = None
 
 
 class ProfilesAnswer(Answer):

@@ -142,4 +142,10 @@ def status(daemon: Daemon) -> dict:
         "health": health(daemon),
         "budget": budget(daemon),
         "memory": daemon.memory.snapshot(),
+        "shared": shared(daemon),
     }
+
+
+def shared(daemon) -> dict | None:
+    """The shared state (several instances, README: Several machines): None with the local backend."""
+    return daemon.shared.status()

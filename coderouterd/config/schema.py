@@ -90,6 +90,36 @@ class StateConfig(_Strict):
     audit_max_mb: float = Field(10, gt=0, le=100_000)
     audit_keep: int = Field(3, ge=1, le=1000)
     flush_interval_s: float = seconds(1.0)
+    # Where budgets, breakers and the journal are shared (README: Several machines). "sqlite": this machine
+    # only, nothing leaves it. "postgres": several instances share one ledger, breakers and journal; the
+    # local SQLite store stays (the journal is written there first and shipped).
+    backend: Literal["sqlite", "postgres"] = "sqlite"
+    # postgresql://user:password@host/db. Prefer `dsn_env`, the name of an environment variable holding it,
+    # so the password is not in the file. Neither is ever logged or shown with its password.
+    dsn: str = Field("", repr=False)
+    dsn_env: str = ""
+    # This instance's name in the shared state (journal rows, reservations, heartbeats). Empty: a name made
+    # once from the host name and kept in the state directory, so it survives restarts.
+    instance: str = Field("", max_length=64)
+    # The most a shared-state call may add to a request; beyond it the request goes on with the local
+    # fallback (budgets: a conservative share of the remainder; breakers: local).
+    shared_timeout_ms: float = Field(50.0, ge=1, le=10_000)
+    # Reservations of an instance that stopped renewing them (kill -9) are reclaimed this long after.
+    lease_s: float = Field(30.0, ge=1, le=3600)
+    # Heartbeat and lease renewal; instances silent for 3 beats count as gone.
+    heartbeat_s: float = Field(2.0, ge=0.1, le=600)
+    # Shared breaker state is re-read this often even without notifications (a lost LISTEN connection).
+    poll_s: float = Field(2.0, ge=0.05, le=600)
+    # The local journal is shipped to the shared one in batches this often.
+    ship_interval_s: float = Field(1.0, ge=0.05, le=600)
+
+    @model_validator(mode="after")
+    def _shared_needs_dsn(self):
+        if self.backend == "postgres" and not (self.dsn or self.dsn_env):
+            raise ValueError('backend = "postgres" needs dsn or dsn_env')
+        if self.dsn and self.dsn_env:
+            raise ValueError("set dsn or dsn_env, not both")
+        return self
 
 
 class Capabilities(_Strict):

@@ -4,6 +4,7 @@ each paid attempt."""
 from __future__ import annotations
 
 import logging
+from inspect import isawaitable
 from typing import TYPE_CHECKING
 
 import orjson
@@ -48,7 +49,9 @@ class BudgetHooks:
     """Reserve a worst-case estimate before a paid call and settle with the real cost after, so concurrent
     requests cannot overshoot a cap together."""
 
-    def __init__(self, budget: Budget) -> None:
+    def __init__(self, budget) -> None:
+        """`budget`: guards.budget.Budget (this machine), or state.shared.budget.SharedBudget (a shared ledger,
+        whose reserve is awaited)."""
         self.budget = budget
 
     def allowed(self, provider: str) -> bool:
@@ -57,13 +60,15 @@ class BudgetHooks:
     def spent_cap(self, provider: str) -> str | None:
         return self.budget.spent_cap(provider)
 
-    def reserve(self, provider: Provider, req):
+    async def reserve(self, provider: Provider, req):
         cfg = provider.cfg
         if not cfg.paid:
             return None
         max_tokens = req.body.get("max_tokens") or req.body.get("max_completion_tokens") or 4096
         est = Budget.estimate(cfg, provider.estimate_tokens(len(req.raw)), int(max_tokens))
         res = self.budget.reserve(provider.name, est)
+        if isawaitable(res):
+            res = await res
         if res is None:
             final = self.budget.too_dear(provider.name, est)
             if final is not None:  # this request cannot fit before the reset, whatever else is in flight
@@ -71,10 +76,10 @@ class BudgetHooks:
             raise UpstreamError(BUDGET, message=f"monthly budget for {provider.name} would be exceeded")
         return res
 
-    def settle(self, reservation, provider: Provider, usage: dict | None) -> None:
+    def settle(self, reservation, provider: Provider, usage: dict | None) -> dict | None:
+        """None, or (shared ledger) the settle's record, which the request's journal row carries."""
         if reservation is None:
-            return
+            return None
         if usage is None:
-            self.budget.cancel(reservation)
-        else:
-            self.budget.settle(reservation, cost_usd(usage, provider.cfg.cost))
+            return self.budget.cancel(reservation)
+        return self.budget.settle(reservation, cost_usd(usage, provider.cfg.cost))

@@ -133,6 +133,22 @@ class Budget:
 
     # -- queries --------------------------------------------------------------------------------------------
 
+    def is_billable(self, provider: str) -> bool:
+        return self._billable.get(provider, False)
+
+    def cap(self, provider: str) -> float:
+        """The provider's own monthly cap in USD ("*": the global one); 0 = none."""
+        return self._global_cap if provider == GLOBAL else self._caps.get(provider, 0.0)
+
+    @property
+    def warn_ratio(self) -> float:
+        return self._warn_ratio
+
+    def period(self) -> tuple[str, float]:
+        """The current month ("YYYY-MM") and when it ends (epoch seconds)."""
+        self._roll()
+        return self._month, self._month_end
+
     def allowed(self, provider: str) -> bool:
         self._roll()
         if not self._billable.get(provider, False):

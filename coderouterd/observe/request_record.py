@@ -46,7 +46,7 @@ class RequestRecorder:
             overhead_ms=round(max(0.0, latency_s - ex.upstream_wait_s) * 1000, 3),
             session_key=_clip_opt(ex.req.session_key()),
             **_affinity_fields(ex.affinity),
-            tool_repair=ex.repair_applied,
+            tool_repair=ex.repair_applied, settles=ex.settles,
         ))
         if ex.tools_repaired and provider is not None:
             publish(ToolRepaired(request_id=ex.req.request_id, provider=provider,

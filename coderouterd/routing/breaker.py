@@ -66,6 +66,8 @@ class CircuitBreaker:
         # would have to disprove.
         self._hint_only = False
         self.open_reason = ""  # why it last opened (the planner tells a memory cooldown from a fault)
+        # Shared breakers: may this instance send the half-open trial? (one instance at a time holds it)
+        self.trial_gate: Callable[[str], bool] | None = None
 
     # -- state -------------------------------------------------------------------------------------------
 
@@ -121,6 +123,8 @@ class CircuitBreaker:
             return False
         if self._trial_in_flight:
             return False
+        if self.trial_gate is not None and not self.trial_gate(self.name):
+            return False  # another instance holds the half-open probe (shared breakers)
         self._trial_in_flight = True
         return True
 
@@ -310,6 +314,12 @@ class BreakerRegistry:
         self._clock: Clock = clock or SystemClock()
         self._on_transition = on_transition
         self._breakers: dict[str, CircuitBreaker] = {}
+        self._trial_gate: Callable[[str], bool] | None = None
+
+    def set_trial_gate(self, gate: Callable[[str], bool] | None) -> None:
+        self._trial_gate = gate
+        for breaker in self._breakers.values():
+            breaker.trial_gate = gate
 
     def get(self, name: str) -> CircuitBreaker:
         breaker = self._breakers.get(name)
@@ -322,6 +332,7 @@ class BreakerRegistry:
                 clock=self._clock,
                 on_transition=self._on_transition,
             )
+            breaker.trial_gate = self._trial_gate
             self._breakers[name] = breaker
         return breaker
 

@@ -82,6 +82,7 @@ class Exchange:
         self.skips: list[Skip] = []
         self.budget_final: dict[str, str] = {}  # provider -> why its budget refused this request until the reset
         self.notes: list[dict] = []  # what routing did to the request on the way (panic, images omitted)
+        self.settles: list[dict] = []  # shared-ledger settles, journaled with the request (see state/shared)
         self.committed = False
         self.panic = False
         self._panicked: list[Skip] = []  # the transient skips panic mode overrode
@@ -183,7 +184,7 @@ class Exchange:
         turn until one serves the request or a failure ends it. True when the client has been answered; False
         when every provider failed or was skipped (then `conclude` answers, with `errors` collected here)."""
         for i, name in enumerate(names):
-            slot = self.open_slot(name)
+            slot = await self.open_slot(name)
             if slot is None:
                 continue
             with self.holding(slot):
@@ -247,7 +248,7 @@ class Exchange:
 
     # -- one attempt ----------------------------------------------------------------------------------------
 
-    def open_slot(self, name: str) -> Slot | None:
+    async def open_slot(self, name: str) -> Slot | None:
         """Admit an attempt at `name` (breaker, then budget), or record why it is skipped and return None."""
         provider = self.runtime.providers[name]
         admission = self.router.admit(name, panic=self.panic)
@@ -257,15 +258,20 @@ class Exchange:
             return None
         slot = Slot(provider, admission, time.monotonic(), panic=self.panic)
         try:
-            slot.reservation = self.router.reserve(provider, self.req)
+            slot.reservation = await self.router.reserve(provider, self.req)
         except UpstreamError as e:
             if e.reason != BUDGET:
+                self.router.release(name, admission)
                 raise
             self.router.release(name, admission)  # a refused reservation is a budget gate, not a failure
             self.skips.append(Skip(name, "budget", e.message))
             if e.error_type == BUDGET_FINAL:
                 self.budget_final[name] = e.message
             return None
+        except BaseException:
+            # Cancelled (client gone) while a shared ledger answered: the trial slot is not ours to keep.
+            self.router.release(name, admission)
+            raise
         return slot
 
     def holding(self, slot: Slot) -> _Holding:
@@ -298,7 +304,9 @@ class Exchange:
             usage = slot.bill
             if usage is None and call is not None and (slot.ok or call.strategy.started_content):
                 usage = call.strategy.usage
-            self.router.settle(slot.reservation, slot.provider, usage)
+            settled = self.router.settle(slot.reservation, slot.provider, usage)
+            if settled is not None:
+                self.settles.append(settled)
             slot.reservation = None
 
     def new_call(self, slot: Slot, model: str) -> Call:

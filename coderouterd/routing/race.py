@@ -57,7 +57,7 @@ async def run_race(ex: Exchange, candidates: list[str], errors: list) -> list[st
         """Start the next admissible candidate, if any is left within the race's width."""
         nonlocal launched
         while pending and launched < width:
-            slot = ex.open_slot(pending.pop(0))
+            slot = await ex.open_slot(pending.pop(0))
             if slot is None:
                 continue
             launched += 1

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import replace
+from inspect import isawaitable
 from typing import TYPE_CHECKING
 
 from ..affinity.service import Affinity
@@ -197,17 +198,23 @@ class Router:
         if admission == TRIAL:
             self.state.breakers.get(provider).release()
 
-    def reserve(self, provider: Provider, req: ClientRequest):
-        """A budget reservation for a paid attempt (None when unpaid). Raises UpstreamError(BUDGET) if refused."""
-        return self._budget.reserve(provider, req) if self._budget is not None else None
+    async def reserve(self, provider: Provider, req: ClientRequest):
+        """A budget reservation for a paid attempt (None when unpaid). Raises UpstreamError(BUDGET) if refused.
+        Awaited: a shared ledger answers over the network; the local one answers without suspending."""
+        if self._budget is None:
+            return None
+        res = self._budget.reserve(provider, req)
+        return await res if isawaitable(res) else res
 
     def spent_cap(self, provider: str) -> str | None:
         """Why a budget-skipped provider cannot come back before its cap resets, or None (see Budget.spent_cap)."""
         return self._budget.spent_cap(provider) if self._budget is not None else None
 
-    def settle(self, reservation, provider: Provider, usage: dict | None) -> None:
+    def settle(self, reservation, provider: Provider, usage: dict | None) -> dict | None:
+        """Settle with the real cost; a shared ledger answers with the settle's record for the journal."""
         if self._budget is not None and reservation is not None:
-            self._budget.settle(reservation, provider, usage)
+            return self._budget.settle(reservation, provider, usage)
+        return None
 
     # -- outcomes -------------------------------------------------------------------------------------------
 

@@ -41,6 +41,7 @@ class RoutingState:
         self.clock = clock or SystemClock()
         self._on_breaker = on_breaker
         self._on_health = on_health
+        self._breaker_watchers: list[BreakerHook] = []
         self.breakers = BreakerRegistry(failures=config.breaker.failures, recovery_s=config.breaker.recovery_s,
                                         max_recovery_s=config.breaker.max_recovery_s,
                                         clock=self.clock, on_transition=self._breaker_moved)
@@ -64,8 +65,33 @@ class RoutingState:
         self._set_thresholds(config)
 
     def _breaker_moved(self, name: str, old: BreakerState, new: BreakerState, reason: str) -> None:
+        if self._on_breaker is None and not self._breaker_watchers:
+            return
+        snap = self.breakers.get(name).snapshot()
         if self._on_breaker is not None:
-            self._on_breaker(name, self.breakers.get(name).snapshot(), old, new, reason)
+            self._on_breaker(name, snap, old, new, reason)
+        for fn in list(self._breaker_watchers):
+            fn(name, snap, old, new, reason)
+
+    def watch_breakers(self, fn: BreakerHook) -> None:
+        """Call fn(provider, snapshot, old, new, reason) on every breaker move made here (shared breakers
+        publish them to the other instances)."""
+        self._breaker_watchers.append(fn)
+
+    def adopt_breaker(self, provider: str, snapshot: dict, reason: str) -> BreakerState:
+        """Take a breaker state another instance decided (shared breakers). Not a move made here: no hook runs,
+        so it is not sent back. Raises ValueError on a malformed snapshot."""
+        br = self.breakers.get(provider)
+        old = br.state
+        br.restore(snapshot)
+        new = br.state
+        if new is not old:
+            log.info("provider %s: breaker %s -> %s (%s)", provider, old, new, reason)
+        return new
+
+    def set_trial_gate(self, gate: Callable[[str], bool] | None) -> None:
+        """Who may send a half-open breaker's trial: with shared breakers, the instance holding the probe lease."""
+        self.breakers.set_trial_gate(gate)
 
     def _set_thresholds(self, config) -> None:
         t: dict[str, int] = {}

@@ -70,6 +70,8 @@ class RequestFinished(Event):
     cache_bust: str | None = None  # the segment named by the cache-bust detector
     # Tool-call repair was applied to the served answer (tools offered, provider's tool_repair on).
     tool_repair: bool = False
+    # Settles of shared-ledger reservations ({rid, period, budgets, actual}); empty with the local ledger.
+    settles: list[dict] = field(default_factory=list)
 
     @property
     def audited(self) -> bool:  # type: ignore[override]

@@ -69,6 +69,11 @@ JOURNAL_AFFINITY_DDL = (
     "ALTER TABLE journal ADD COLUMN cache_bust TEXT",
 )
 
+# Written locally but not read back by the journal's readers: the budget settles of a request on a shared ledger
+# (reservation id, period, budgets, real cost), which the journal shipper re-applies with the row, so the shared
+# ledger gets every settle the journal has even when the instance died before its own settle reached it.
+STORED_COLUMNS: tuple[str, ...] = (*JOURNAL_COLUMNS, "settles")
+JOURNAL_SETTLES_DDL = ("ALTER TABLE journal ADD COLUMN settles TEXT",)
 # A request's outcome as a filter: the same split as replay.is_error (an HTTP error, or a status-less failure).
 _ERROR_SQL = "(COALESCE(status, 0) >= 400 OR (COALESCE(status, 0) = 0 AND COALESCE(error_class, '') != ''))"
 OUTCOMES: dict[str, str] = {
@@ -78,7 +83,7 @@ OUTCOMES: dict[str, str] = {
 }
 
 INSERT_SQL = (
-    f"INSERT INTO journal ({', '.join(JOURNAL_COLUMNS)}) VALUES ({', '.join('?' for _ in JOURNAL_COLUMNS)})"
+    f"INSERT INTO journal ({', '.join(STORED_COLUMNS)}) VALUES ({', '.join('?' for _ in STORED_COLUMNS)})"
 )
 
 
@@ -110,6 +115,7 @@ def row_from_event(ev: RequestFinished) -> tuple:
         ev.slot,
         ev.predicted_tokens,
         ev.cache_bust,
+        orjson.dumps(ev.settles).decode() if ev.settles else None,
     )
 
 

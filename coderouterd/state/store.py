@@ -24,7 +24,13 @@ import orjson
 
 from coderouterd import private_fs
 from coderouterd.state.events import Event, PersistenceFault, RequestFinished
-from coderouterd.state.journal import INSERT_SQL, JOURNAL_AFFINITY_DDL, JOURNAL_DDL, row_from_event
+from coderouterd.state.journal import (
+    INSERT_SQL,
+    JOURNAL_AFFINITY_DDL,
+    JOURNAL_DDL,
+    JOURNAL_SETTLES_DDL,
+    row_from_event,
+)
 
 log = logging.getLogger(__name__)
 
@@ -38,6 +44,7 @@ MIGRATIONS: list[tuple[str, ...]] = [
     # The client's own conversation key (Codex's prompt_cache_key), to follow one session in the journal.
     ("ALTER TABLE journal ADD COLUMN session_key TEXT",),
     JOURNAL_AFFINITY_DDL,
+    JOURNAL_SETTLES_DDL,
 ]
 
 _UPSERT = (

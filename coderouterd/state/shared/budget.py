@@ -1,0 +1,486 @@
+"""The budget guard over the shared ledger: what the request path calls when budgets are shared.
+
+Reserve is one round trip (`ledger.reserve`), bounded by `[state] shared_timeout_ms`. Settle never makes a
+request wait: it goes on a queue drained in order by one task, retried until the database takes it (a settle
+is idempotent by reservation id, so a retry after a lost answer cannot charge twice). Its record also goes into
+the request's journal row, and the journal shipper applies it again with the row: a settle lost with a killed
+instance reaches the ledger when that instance's journal is shipped.
+
+When the ledger cannot answer in time (down, or slow for this request), a paid request is held against this
+instance's allowance: a reservation the instance took in the ledger in advance, of a tenth of what was left
+divided by the live instances, renewed with its heartbeat and re-taken when half spent or too large for what is
+left. Because the allowance is itself held in the ledger, what an instance spends blind can never be spent by a
+peer too: N instances cut off at once still cannot overshoot the cap. The allowance's draws are settled against
+it when the ledger answers again (`cr_settle_draw`); an allowance whose instance died is reclaimed like any
+lease. Before the first contact there is no allowance: paid providers with a cap are refused until the ledger
+has answered once. Uncapped budgets need no allowance (their rows are a report of who spent what).
+
+Every instance re-reads the ledger every `poll_s` (and after its own settles), which is what `allowed()` and the
+status answer from; the reservation itself is the only check that counts."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime
+from functools import partial
+
+from ...guards.budget import GLOBAL, Budget
+from ..events import BudgetBlocked, BudgetWarning, Event
+from . import ledger
+from .db import Database, Unavailable
+
+# The allowance: this fraction of what is left per live instance, held in advance for blind spending.
+ALLOWANCE_FRACTION = 10
+
+log = logging.getLogger("coderouterd.shared")
+
+
+def new_boot() -> str:
+    """This process's part of its reservation ids: ids never repeat across restarts, and the heartbeat renews
+    only this process's holds."""
+    return f"{int(time.time() * 1000):x}{os.getpid():x}"
+
+
+@dataclass(slots=True, eq=False)
+class SharedReservation:
+    provider: str
+    estimate_usd: float
+    billable: bool
+    rid: str = ""
+    period: str = ""
+    budgets: list[tuple[str, int]] = field(default_factory=list)
+    amount: int = 0
+    offline: bool = False  # not held in the ledger by its own row (the ledger did not answer in time)
+    parent: str = ""  # offline: the allowance it was drawn from ("" = an uncapped budget, nothing to draw from)
+    done: bool = False
+
+
+class SharedBudget:
+    def __init__(self, local: Budget, db: Database, *, instance: str, lease_s: float, tasks,
+                 live_instances: Callable[[], int], publish: Callable[[Event], None] | None = None,
+                 poll_s: float = 2.0, boot: str | None = None) -> None:
+        """`local`: the configuration side of the budget (caps, which providers bill, estimates, the month).
+        `live_instances`: how many instances heartbeat now (the offline share divides by it)."""
+        self.local = local
+        self.db = db
+        self.instance = instance
+        self.lease_s = lease_s
+        self._tasks = tasks
+        self._live = live_instances
+        self._publish_fn = publish
+        # Reservation ids must never repeat, across restarts too (a settle is idempotent by id).
+        self._ids = itertools.count()
+        self._boot = boot or new_boot()
+        self.rows: dict[str, ledger.Row] = {}
+        self.rows_period = ""
+        self.rows_at: float | None = None
+        self._settles: asyncio.Queue | None = None
+        self._notified: dict[str, set[str]] = {"warned": set(), "blocked": set()}
+        self._notified_period = ""
+        self.poll_s = poll_s
+        # provider -> this instance's allowance (a reservation held in advance), and the estimates drawn from it.
+        self.allowances: dict[str, SharedReservation] = {}
+        self._stopping = False
+        self._drawn: dict[str, int] = {}
+        self.offline_since: float | None = None
+        self.refused = 0
+        self.granted = 0
+        self.fallbacks = 0
+        db.on_change(self._db_changed)
+
+    # -- configuration --------------------------------------------------------------------------------------
+
+    def configure(self, providers, *, global_cap_usd: float, warn_ratio: float) -> None:
+        self.local.configure(providers, global_cap_usd=global_cap_usd, warn_ratio=warn_ratio)
+        if self._settles is not None:
+            self._tasks.spawn(self._push_caps(), name="shared-budget-caps")
+
+    def _caps(self) -> dict[str, int]:
+        caps = {GLOBAL: ledger.to_nano(self.local.cap(GLOBAL))}
+        for name in self._billable_names():
+            caps[name] = ledger.to_nano(self.local.cap(name))
+        return caps
+
+    def _billable_names(self) -> list[str]:
+        return [n for n in self.local.snapshot()["providers"] if self.local.is_billable(n)]
+
+    async def _push_caps(self) -> None:
+        period, _ = self.local.period()
+        caps = self._caps()
+        try:
+            await self.db.run(lambda c: ledger.set_caps(c, period=period, caps=caps))
+        except Unavailable:
+            pass  # reserve() creates missing rows with the cap it knows; the next reload or start retries
+
+    # -- lifecycle ------------------------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        self._settles = asyncio.Queue()
+        await self._push_caps()
+        await self.refresh()
+        self._tasks.spawn(self._drain_settles(), name="shared-budget-settle")
+        self._tasks.spawn(self._refresh_loop(), name="shared-budget-refresh")
+
+    async def drain(self, timeout_s: float) -> bool:
+        """Wait (at most `timeout_s`) until every queued settle reached the ledger: a clean stop leaves no
+        hold to be reclaimed. False if some are still queued."""
+        if self._settles is None:
+            return True
+        try:
+            await asyncio.wait_for(self._settles.join(), timeout_s)
+            return True
+        except TimeoutError:
+            return False
+
+    async def refresh(self) -> None:
+        """Read this period's ledger rows (status, `allowed`, the offline share, notices)."""
+        period, _ = self.local.period()
+        try:
+            rows = await self.db.run(lambda c: ledger.rows(c, period))
+        except Unavailable:
+            return
+        self.rows, self.rows_period, self.rows_at = rows, period, time.time()
+        self._check_notices()
+        await self._tend_allowances()
+
+    async def _refresh_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.poll_s)
+            await self.refresh()
+
+    # -- the request path -----------------------------------------------------------------------------------
+
+    def allowed(self, provider: str) -> bool:
+        if not self.local.is_billable(provider):
+            return True
+        keys = self._keys(provider)
+        if not any(cap > 0 for _, cap in keys):
+            return True
+        if self.offline_since is not None or self.rows_at is None or not self.db.up:
+            return self._left(provider) > 0
+        for budget, _cap in keys:
+            row = self.rows.get(budget)
+            if row is not None and row.spent + row.reserved >= row.cap > 0:
+                return False
+        return True
+
+    async def reserve(self, provider: str, estimate_usd: float):
+        """A SharedReservation, or None when a cap would be exceeded."""
+        if not self.local.is_billable(provider):
+            return self.local.reserve(provider, estimate_usd)
+        period, _ = self.local.period()
+        amount = ledger.to_nano(estimate_usd, up=True)
+        budgets = self._keys(provider)
+        res = SharedReservation(provider, estimate_usd, True, rid=f"{self.instance}:{self._boot}:{next(self._ids)}",
+                                period=period, budgets=budgets, amount=amount)
+        if self.offline_since is None:
+            try:
+                refused = await self.db.bounded(
+                    lambda c: ledger.reserve(c, rid=res.rid, instance=self.instance, period=period, budgets=budgets,
+                                             amount=amount, lease_s=self.lease_s),
+                    late=lambda refused: self._late(res, refused),
+                    # Without an allowance to draw on, the fallback could only refuse: wait for the ledger.
+                    wait_longer=lambda: self._left(provider) < amount)
+            except Unavailable:
+                self.fallbacks += 1
+            else:
+                if refused is not None:
+                    self.refused += 1
+                    self._refused(refused)
+                    return None
+                self.granted += 1
+                self._booked(budgets, reserved=amount)
+                return res
+        # A new id: should the ledger's late answer grant the first one, that one is given back by its own id.
+        return self._draw(replace(res, rid=f"{res.rid}d"))
+
+    async def release_allowances(self) -> None:
+        """A clean stop: the allowances go back now, not when their lease runs out (and no new one is taken)."""
+        self._stopping = True
+        for provider, a in list(self.allowances.items()):
+            self.allowances.pop(provider, None)
+            self._drawn.pop(provider, None)
+            self._queue_settle(a, 0)
+
+    def settle(self, res, actual_usd: float) -> dict | None:
+        """Queue the settle; returns its record, which the request's journal row keeps (the shipper applies it
+        again with the row: idempotent, and durable as the journal is)."""
+        if not isinstance(res, SharedReservation):
+            self.local.settle(res, actual_usd)
+            return None
+        if res.done:
+            return None
+        res.done = True
+        actual = ledger.to_nano(max(float(actual_usd or 0.0), 0.0))
+        # Our own move, on the cached rows at once: an allowance draw leaves the allowance's hold, a reservation
+        # its own; an uncapped offline request held nothing.
+        held = res.amount if (not res.offline or res.parent) else 0
+        self._booked(res.budgets, reserved=-held, spent=actual)
+        self._queue_settle(res, actual)
+        record = {"rid": res.rid, "period": res.period, "budgets": [list(b) for b in res.budgets], "actual": actual}
+        if res.parent:
+            record.update(parent=res.parent, est=res.amount)
+        return record
+
+    def cancel(self, res) -> dict | None:
+        if isinstance(res, SharedReservation):
+            return self.settle(res, 0.0)
+        self.local.cancel(res)
+        return None
+
+    def record(self, provider: str, actual_usd: float) -> None:
+        if not self.local.is_billable(provider):
+            self.local.record(provider, actual_usd)
+            return
+        period, _ = self.local.period()
+        res = SharedReservation(provider, 0.0, True, rid=f"{self.instance}:{self._boot}:{next(self._ids)}",
+                                period=period, budgets=self._keys(provider), offline=True)
+        self.settle(res, actual_usd)
+
+    # -- reads ----------------------------------------------------------------------------------------------
+
+    def spent_cap(self, provider: str) -> str | None:
+        if not self.local.is_billable(provider):
+            return None
+        _, end = self.local.period()
+        for budget, _cap in self._keys(provider):
+            row = self.rows.get(budget)
+            if row is not None and row.cap > 0 and row.spent >= row.cap:
+                name = "global" if budget == GLOBAL else repr(budget)
+                resets = datetime.fromtimestamp(end, UTC).strftime("%Y-%m-%d %H:%M UTC")
+                return (f"the {name} monthly budget (shared) is spent ({ledger.to_usd(row.spent):.2f} of "
+                        f"{ledger.to_usd(row.cap):.2f} USD); it resets {resets}")
+        return None
+
+    def too_dear(self, provider: str, estimate_usd: float) -> str | None:
+        """Budget.too_dear over the shared ledger's rows (settled spend only): a request that cannot fit what is
+        left of a shared cap before it resets, whatever else is in flight. None when it would fit."""
+        if not self.local.is_billable(provider):
+            return None
+        est = ledger.to_nano(estimate_usd, up=True)
+        _, end = self.local.period()
+        resets = datetime.fromtimestamp(end, UTC).strftime("%Y-%m-%d %H:%M UTC")
+        for budget, _cap in self._keys(provider):
+            row = self.rows.get(budget)
+            if row is None or row.cap <= 0 or row.spent + est <= row.cap:
+                continue
+            name = "global" if budget == GLOBAL else repr(budget)
+            spent, cap = ledger.to_usd(row.spent), ledger.to_usd(row.cap)
+            if row.spent >= row.cap:
+                return f"the {name} monthly budget (shared) is spent ({spent:.2f} of {cap:.2f} USD); it resets {resets}"
+            return (f"this request may cost up to {ledger.to_usd(est):.4f} USD, more than the "
+                    f"{max(cap - spent, 0.0):.4f} USD left of the {name} monthly budget (shared; {spent:.2f} of "
+                    f"{cap:.2f} USD spent; lower max_tokens or wait for the reset {resets})")
+        return None
+
+    def spent(self, provider: str | None = None) -> float:
+        row = self.rows.get(GLOBAL if provider is None else provider)
+        return ledger.to_usd(row.spent) if row is not None else 0.0
+
+    def snapshot(self) -> dict:
+        """The shape of Budget.snapshot, from the shared ledger, plus what this instance knows of it."""
+        snap = self.local.snapshot()
+        for name, entry in [("*", snap["global"]), *snap["providers"].items()]:
+            row = self.rows.get(GLOBAL if name == "*" else name)
+            if row is None or not (name == "*" or self.local.is_billable(name)):
+                continue
+            cap = ledger.to_usd(row.cap)
+            spent = ledger.to_usd(row.spent)
+            entry.update(spent=spent, cap=cap, reserved=ledger.to_usd(row.reserved),
+                         ratio=spent / cap if cap > 0 else None,
+                         blocked=row.cap > 0 and row.spent + row.reserved >= row.cap)
+        snap["shared"] = {
+            "ledger_read_at": self.rows_at,
+            "offline_since": self.offline_since,
+            "allowances_usd": {p: {"held": ledger.to_usd(a.amount), "drawn": ledger.to_usd(self._drawn.get(p, 0))}
+                               for p, a in self.allowances.items()},
+            "settles_queued": self._settles.qsize() if self._settles is not None else 0,
+            "granted": self.granted, "refused": self.refused, "fallbacks": self.fallbacks,
+        }
+        return snap
+
+    @staticmethod
+    def estimate(provider_cfg, input_tokens: int, max_tokens: int) -> float:
+        return Budget.estimate(provider_cfg, input_tokens, max_tokens)
+
+    # -- internals ------------------------------------------------------------------------------------------
+
+    def _keys(self, provider: str) -> list[tuple[str, int]]:
+        # Every billable request counts toward its provider's row and the global one, capped or not: the rows
+        # are also the shared report of who spent what.
+        return sorted([(provider, ledger.to_nano(self.local.cap(provider))),
+                       (GLOBAL, ledger.to_nano(self.local.cap(GLOBAL)))])
+
+    def _booked(self, budgets, *, reserved: int = 0, spent: int = 0) -> None:
+        # Our own moves, applied to the cached rows at once: `allowed()` need not wait for the next read.
+        for budget, cap in budgets:
+            row = self.rows.get(budget) or ledger.Row(budget, cap, 0, 0)
+            self.rows[budget] = ledger.Row(budget, row.cap, row.spent + spent, max(row.reserved + reserved, 0))
+
+    def _late(self, res: SharedReservation, refused: str | None) -> None:
+        # The ledger granted a reservation this request had stopped waiting for (it went on with the offline
+        # share): give the hold back now rather than when its lease runs out.
+        if refused is None:
+            self._queue_settle(res, 0)
+
+    def _left(self, provider: str) -> int:
+        a = self.allowances.get(provider)
+        if a is None or a.period != self.local.period()[0]:
+            return 0
+        return a.amount - self._drawn.get(provider, 0)
+
+    def _draw(self, res: SharedReservation):
+        """The ledger did not answer in time: hold the request against this instance's allowance."""
+        res.offline = True
+        if not any(cap > 0 for _, cap in res.budgets):
+            return res  # nothing capped: nothing to protect, the settle charges the cost when it can
+        if self._left(res.provider) < res.amount:
+            self.refused += 1
+            return None
+        self._drawn[res.provider] = self._drawn.get(res.provider, 0) + res.amount
+        res.parent = self.allowances[res.provider].rid
+        return res
+
+    def _allowance_target(self, provider: str) -> int:
+        live = max(int(self._live() or 1), 1)
+        target = None
+        for budget, cap in self._keys(provider):
+            if cap <= 0:
+                continue
+            row = self.rows.get(budget)
+            left = cap - (row.spent + row.reserved if row is not None else 0)
+            share = max(left, 0) // (live * ALLOWANCE_FRACTION)
+            target = share if target is None else min(target, share)
+        return target or 0
+
+    async def _tend_allowances(self) -> None:
+        """Keep an allowance per capped billable provider: re-taken when half drawn, too large for what is left
+        (a cap nearly spent must not sit in allowances), or of a past month."""
+        period, _ = self.local.period()
+        for provider in self._billable_names():
+            if self._stopping:
+                return
+            if not any(cap > 0 for _, cap in self._keys(provider)):
+                continue
+            target = self._allowance_target(provider)
+            current = self.allowances.get(provider)
+            if current is not None:
+                left = current.amount - self._drawn.get(provider, 0)
+                if current.period == period and left * 2 >= current.amount and current.amount <= 2 * target + 1:
+                    continue
+                # Give back what is left of it; draws not settled yet are charged against it or, once it is
+                # gone, without a hold (cr_settle_draw).
+                self.allowances.pop(provider, None)
+                self._drawn.pop(provider, None)
+                self._booked(current.budgets, reserved=-left)
+                self._queue_settle(current, 0)
+            if target <= 0:
+                continue
+            res = SharedReservation(provider, ledger.to_usd(target), True,
+                                    rid=f"{self.instance}:{self._boot}:a{next(self._ids)}", period=period,
+                                    budgets=self._keys(provider), amount=target)
+            try:
+                refused = await self.db.run(partial(self._reserve_row, res))
+            except Unavailable:
+                return
+            if refused is None and self._stopping:
+                self._queue_settle(res, 0)  # taken while the stop gave the others back: this one goes too
+            elif refused is None:
+                self.allowances[provider] = res
+                self._drawn[provider] = 0
+                self._booked(res.budgets, reserved=res.amount)
+
+    def _queue_settle(self, res: SharedReservation, actual: int) -> None:
+        if self._settles is not None:
+            self._settles.put_nowait((res, actual))
+
+    async def _drain_settles(self) -> None:
+        q = self._settles
+        delay = 0.05
+        while True:
+            res, actual = await q.get()
+            while True:
+                try:
+                    await self.db.run(partial(self._settle_one, res, actual))
+                    delay = 0.05
+                    break
+                except Unavailable:
+                    # Kept in order and retried: the money was spent, the ledger must hear of it.
+                    await asyncio.sleep(delay)
+                    delay = min(delay * 2, 2.0)
+            q.task_done()
+            if q.empty() and (self.rows_at is None or time.time() - self.rows_at > 0.5):
+                # Others' spend shows at the next read; a read after every settle would double the statements.
+                await self.refresh()
+
+    async def _reserve_row(self, res: SharedReservation, conn) -> str | None:
+        return await ledger.reserve(conn, rid=res.rid, instance=self.instance, period=res.period,
+                                    budgets=res.budgets, amount=res.amount, lease_s=self.lease_s)
+
+    async def _settle_one(self, res: SharedReservation, actual: int, conn) -> bool:
+        if res.parent:
+            return await ledger.settle_draw(conn, rid=res.rid, parent=res.parent, instance=self.instance,
+                                            period=res.period, budgets=res.budgets, est=res.amount, actual=actual)
+        return await ledger.settle(conn, rid=res.rid, instance=self.instance, period=res.period,
+                                   budgets=res.budgets, actual=actual)
+
+    def _db_changed(self, up: bool) -> None:
+        if not up:
+            self._go_offline()
+        elif self.offline_since is not None:
+            log.info("shared budget: ledger reachable again after %.1f s; offline spend is being charged",
+                     time.time() - self.offline_since)
+            self.offline_since = None
+            # The queued settles of offline reservations charge the ledger; holds still open keep their share
+            # accounting until they settle, so a new online reservation cannot double-count them.
+            self._tasks.spawn(self.refresh(), name="shared-budget-refresh")
+
+    def _go_offline(self) -> None:
+        if self.offline_since is not None:
+            return
+        self.offline_since = time.time()
+        log.warning("shared budget: ledger unreachable; paid requests are held against this instance's allowance "
+                    "(%s)", ", ".join(f"{p}: {ledger.to_usd(a.amount - self._drawn.get(p, 0)):.4f} USD left"
+                                      for p, a in self.allowances.items()) or "none: capped paid providers refused")
+
+    def _refused(self, budget: str) -> None:
+        row = self.rows.get(budget)
+        if row is not None and row.cap > 0 and row.spent >= row.cap:
+            self._notify("blocked", budget, row)
+
+    def _check_notices(self) -> None:
+        if self._notified_period != self.rows_period:
+            self._notified_period = self.rows_period
+            self._notified = {"warned": set(), "blocked": set()}
+        ratio = self.local.warn_ratio
+        for budget, row in self.rows.items():
+            if row.cap <= 0:
+                continue
+            if row.spent >= row.cap * ratio:
+                self._notify("warned", budget, row)
+            if row.spent >= row.cap:
+                self._notify("blocked", budget, row)
+
+    def _notify(self, what: str, budget: str, row: ledger.Row) -> None:
+        seen = self._notified[what]
+        if budget in seen:
+            return
+        seen.add(budget)
+        spent, cap = ledger.to_usd(row.spent), ledger.to_usd(row.cap)
+        if what == "blocked":
+            log.warning("budget: %s reached its shared monthly cap (%.4f of %.2f USD); skipping it", budget, spent,
+                        cap)
+            event: Event = BudgetBlocked(provider=budget, spent_usd=spent, cap_usd=cap)
+        else:
+            event = BudgetWarning(provider=budget, spent_usd=spent, cap_usd=cap, ratio=spent / cap)
+        if self._publish_fn is not None:
+            try:
+                self._publish_fn(event)
+            except Exception:
+                log.exception("budget: publishing %s failed", event.kind)
