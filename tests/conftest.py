@@ -1,0 +1,57 @@
+"""Suite-wide collection rules for parallel runs (pytest-xdist, `--dist loadgroup`; see docs/decisions.md).
+
+- Every module under tests/e2e, tests/integration and tests/real is one xdist group: its tests run on one
+  worker, in file order. Many of them share a module-scoped daemon or server (started once per worker that
+  runs a test of the module, so splitting a module would start it again), and a few rely on file order
+  (tests/real/test_real_llama.py kills its server in the last test). Unit tests are spread one by one.
+- The real-server modules are collected first: they are the longest units of work (a real model on two
+  cores), so they start at once and the shorter ones fill the other workers around them instead of leaving
+  one worker alone on a real module at the end.
+
+- The packages the suite starts as child processes (coderouterd, corectl, tests.fakes: a few hundred Python
+  processes per run) are compiled to bytecode once, before any test. With PYTHONDONTWRITEBYTECODE set (as in
+  many containers, and on the machine this suite is timed on) nothing else ever writes it, and every one of
+  those processes compiled ~150 modules from source again: about 0.2 s of CPU each.
+
+Without xdist (`-p no:xdist`, `-n 0`) the markers are inert and the order is the same minus the reordering
+of directories, which no test depends on.
+"""
+
+from __future__ import annotations
+
+import compileall
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# tests/clients/node_modules: the coding-agent CLIs, not Python.
+SKIP = re.compile(r"node_modules")
+# Directories whose modules are kept whole on one worker, in the order their work is handed out.
+GROUPED = ("tests/real/", "tests/e2e/", "tests/integration/")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if hasattr(config, "workerinput"):  # an xdist worker: the controller did it before starting the workers
+        return
+    for package in ("coderouterd", "corectl", "tests"):
+        # Up-to-date files are skipped (a stat each), so a run after the first costs a few milliseconds.
+        # compileall writes whatever sys.dont_write_bytecode says; this process's own imports stay as they were.
+        compileall.compile_dir(ROOT / package, quiet=1, rx=SKIP)
+
+
+def _rank(nodeid: str) -> int:
+    for i, prefix in enumerate(GROUPED):
+        if nodeid.startswith(prefix):
+            return i
+    return len(GROUPED)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    # A stable sort: file order within a module, and module order within a directory, are kept.
+    items.sort(key=lambda item: _rank(item.nodeid))
+    for item in items:
+        if _rank(item.nodeid) < len(GROUPED):
+            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::", 1)[0]))
