@@ -54,8 +54,9 @@ $(CLIENTS_STAMP): $(CLIENTS)/package.json $(CLIENTS)/package-lock.json
 real-llama: | $(BIN)/python
 	PIP=$(BIN)/pip bash scripts/real_llama.sh
 
+# In parallel (pytest-xdist, docs/decisions.md): TEST_WORKERS=0 runs in one process, in file order, as before.
 test: $(TEST_STAMP) $(CLIENTS_STAMP) real-llama
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest -n $(or $(TEST_WORKERS),3) --dist loadgroup --no-loadscope-reorder
 
 lint: $(TEST_STAMP)
 	$(BIN)/ruff check .

@@ -1,9 +1,10 @@
 """Suite-wide collection rules for parallel runs (pytest-xdist, `--dist loadgroup`; see docs/decisions.md).
 
-- Every module under tests/e2e, tests/integration and tests/real is one xdist group: its tests run on one
-  worker, in file order. Many of them share a module-scoped daemon or server (started once per worker that
-  runs a test of the module, so splitting a module would start it again), and a few rely on file order
-  (tests/real/test_real_llama.py kills its server in the last test). Unit tests are spread one by one.
+- A module whose tests share a module-scoped fixture (a daemon, a real llama-server, fakes) is one xdist
+  group: its tests run on one worker, in file order. Spread over workers, each worker would start the
+  daemon or server again, and tests/real/test_real_llama.py relies on file order (its last test kills the
+  server). Every other test is a unit of its own and goes to whichever worker is free: most e2e tests start
+  their own daemon and fakes and share nothing.
 - The real-server modules are collected first: they are the longest units of work (a real model on two
   cores), so they start at once and the shorter ones fill the other workers around them instead of leaving
   one worker alone on a real module at the end.
@@ -29,8 +30,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 # tests/clients/node_modules: the coding-agent CLIs, not Python.
 SKIP = re.compile(r"node_modules")
-# Directories whose modules are kept whole on one worker, in the order their work is handed out.
-GROUPED = ("tests/real/", "tests/e2e/", "tests/integration/")
+# The order work is handed out in: the longest first.
+FIRST = ("tests/real/", "tests/e2e/", "tests/integration/")
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -43,15 +44,22 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def _rank(nodeid: str) -> int:
-    for i, prefix in enumerate(GROUPED):
+    for i, prefix in enumerate(FIRST):
         if nodeid.startswith(prefix):
             return i
-    return len(GROUPED)
+    return len(FIRST)
+
+
+def _shares_a_module_fixture(item: pytest.Item) -> bool:
+    info = getattr(item, "_fixtureinfo", None)
+    if info is None:
+        return False
+    return any(defs[-1].scope == "module" for defs in info.name2fixturedefs.values() if defs)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     # A stable sort: file order within a module, and module order within a directory, are kept.
     items.sort(key=lambda item: _rank(item.nodeid))
     for item in items:
-        if _rank(item.nodeid) < len(GROUPED):
+        if _shares_a_module_fixture(item):
             item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::", 1)[0]))

@@ -41,7 +41,9 @@ class DaemonProcess:
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
-    def start(self, timeout: float = 15.0) -> DaemonProcess:
+    # Generous: ready is usually a second away, but with the suite's workers and a real model sharing two cores
+    # a start has taken over 15 s. Waiting longer costs nothing when it is quick.
+    def start(self, timeout: float = 60.0) -> DaemonProcess:
         self._log = open(self.log_path, "ab")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "coderouterd", "--config", str(self.config_path), "--port", str(self.port)],
