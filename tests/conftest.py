@@ -14,6 +14,11 @@
   many containers, and on the machine this suite is timed on) nothing else ever writes it, and every one of
   those processes compiled ~150 modules from source again: about 0.2 s of CPU each.
 
+- Test directories live under a short base, /tmp/crt-<uid>/<pid>, instead of /tmp/pytest-of-<user>/pytest-<n>:
+  xdist adds popen-gw<n>/ to every path, and a daemon's admin socket sits in its state directory, whose path
+  must fit a Unix socket's 103 bytes (and corectl's tables show the config path). A run's directory is
+  removed when it passed and kept when it failed, until a later run finds its process gone.
+
 Without xdist (`-p no:xdist`, `-n 0`) the markers are inert and the order is the same minus the reordering
 of directories, which no test depends on.
 """
@@ -21,7 +26,10 @@ of directories, which no test depends on.
 from __future__ import annotations
 
 import compileall
+import os
 import re
+import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -34,13 +42,52 @@ SKIP = re.compile(r"node_modules")
 FIRST = ("tests/real/", "tests/e2e/", "tests/integration/")
 
 
+def _short_basetemp() -> Path:
+    root = Path(tempfile.gettempdir()) / f"crt-{os.getuid()}"
+    root.mkdir(mode=0o700, exist_ok=True)
+    if root.is_symlink() or root.stat().st_uid != os.getuid():
+        raise pytest.UsageError(f"{root} is not a directory of this user's: remove it or pass --basetemp")
+    for old in root.iterdir():  # runs that are over: their process is gone
+        if old.name.isdigit() and not _alive(int(old.name)):
+            shutil.rmtree(old, ignore_errors=True)
+    return root / str(os.getpid())
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+@pytest.hookimpl(tryfirst=True)  # before the tmp_path plugin reads --basetemp
 def pytest_configure(config: pytest.Config) -> None:
     if hasattr(config, "workerinput"):  # an xdist worker: the controller did it before starting the workers
         return
+    if config.option.basetemp is None:
+        config.option.basetemp = str(_short_basetemp())
+        config.stash[_OURS] = Path(config.option.basetemp)
     for package in ("coderouterd", "corectl", "tests"):
         # Up-to-date files are skipped (a stat each), so a run after the first costs a few milliseconds.
         # compileall writes whatever sys.dont_write_bytecode says; this process's own imports stay as they were.
         compileall.compile_dir(ROOT / package, quiet=1, rx=SKIP)
+
+
+_OURS = pytest.StashKey[Path]()
+_PASSED = pytest.StashKey[bool]()
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    session.config.stash[_PASSED] = exitstatus == 0
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    ours = config.stash.get(_OURS, None)
+    if ours is not None and config.stash.get(_PASSED, False):
+        shutil.rmtree(ours, ignore_errors=True)
 
 
 def _rank(nodeid: str) -> int:
