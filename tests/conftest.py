@@ -19,6 +19,11 @@
   must fit a Unix socket's 103 bytes (and corectl's tables show the config path). A run's directory is
   removed when it passed and kept when it failed, until a later run finds its process gone.
 
+- Workers see the environment the run was started with. By the time xdist starts them, something in the
+  controller has set COLUMNS and LINES (80x24) at the C level, which os.environ there does not show but a
+  child process inherits; in a worker they are ordinary variables, copied into every corectl a test starts,
+  and corectl then renders piped tables 80 columns wide instead of 140 (tests/e2e/test_control_plane.py).
+
 Without xdist (`-p no:xdist`, `-n 0`) the markers are inert and the order is the same minus the reordering
 of directories, which no test depends on.
 """
@@ -65,7 +70,12 @@ def _alive(pid: int) -> bool:
 
 @pytest.hookimpl(tryfirst=True)  # before the tmp_path plugin reads --basetemp
 def pytest_configure(config: pytest.Config) -> None:
-    if hasattr(config, "workerinput"):  # an xdist worker: the controller did it before starting the workers
+    if hasattr(config, "workerinput"):  # an xdist worker: the controller did the rest before starting it
+        for k, v in config.workerinput.get("user_terminal_env", {}).items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
         return
     if config.option.basetemp is None:
         config.option.basetemp = str(_short_basetemp())
@@ -74,6 +84,15 @@ def pytest_configure(config: pytest.Config) -> None:
         # Up-to-date files are skipped (a stat each), so a run after the first costs a few milliseconds.
         # compileall writes whatever sys.dont_write_bytecode says; this process's own imports stay as they were.
         compileall.compile_dir(ROOT / package, quiet=1, rx=SKIP)
+
+
+# The variables the controller's C environment gains behind os.environ's back (see above).
+_TERMINAL_VARS = ("COLUMNS", "LINES")
+
+
+@pytest.hookimpl(optionalhook=True)  # an xdist hook: unknown when xdist is not installed
+def pytest_configure_node(node) -> None:  # in the controller, once per worker
+    node.workerinput["user_terminal_env"] = {k: os.environ.get(k) for k in _TERMINAL_VARS}
 
 
 _OURS = pytest.StashKey[Path]()
