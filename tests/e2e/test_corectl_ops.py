@@ -21,7 +21,8 @@ import orjson
 import pytest
 
 from tests.fakes.runner import FakeServer, free_port
-from tests.support.daemon import ROOT, DaemonProcess
+from tests.support.daemon import ROOT, DaemonProcess, admin_get
+from tests.support.wait import wait_for
 
 FAKE_BACKEND = str(ROOT / "tests" / "support" / "fake_backend.py")
 
@@ -42,16 +43,6 @@ def ok_json(*args: str, sock: str | None = None, state_dir: str | None = None) -
     r = corectl(*args, "--json", sock=sock, state_dir=state_dir)
     assert r.returncode == 0, r.stdout + r.stderr
     return orjson.loads(r.stdout)
-
-
-def wait_for(pred, timeout=15.0, step=0.1):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        v = pred()
-        if v:
-            return v
-        time.sleep(step)
-    return pred()
 
 
 def sock_of(d: DaemonProcess) -> str:
@@ -116,13 +107,13 @@ providers = ["ollama-qwen3", "backup"]
     d = DaemonProcess(cfg, tmp_path).start()
     sock = sock_of(d)
     try:
-        def ready() -> dict | None:
-            st = ok_json("status", sock=sock)
-            p = st["processes"].get("ollama-qwen3")
-            return st if p and p["state"] == "ready" else None
+        def ready() -> bool:
+            st = admin_get(sock)
+            return bool(st) and (st["processes"].get("ollama-qwen3") or {}).get("state") == "ready"
 
-        st = wait_for(ready)
-        assert st, "managed backend never became ready"
+        assert wait_for(ready, 15), "managed backend never became ready"
+        st = ok_json("status", sock=sock)
+        assert st["processes"]["ollama-qwen3"]["state"] == "ready"
         old_pid = st["processes"]["ollama-qwen3"]["pid"]
         assert st["processes"]["ollama-qwen3"]["providers"] == ["ollama-qwen3"]
         assert st["state_dir"] == str(d.state_dir) and st["store"]["healthy"] is True
@@ -216,16 +207,19 @@ providers = ["flaky", "backup"]
     d = DaemonProcess(cfg, tmp_path).start()
     sock = sock_of(d)
     try:
-        def fatal() -> dict | None:
-            snap = ok_json("status", sock=sock)["processes"]["flaky"]
-            return snap if snap["state"] == "fatal" else None
+        def fatal() -> bool:
+            st = admin_get(sock)
+            return bool(st) and st["processes"]["flaky"]["state"] == "fatal"
 
-        snap = wait_for(fatal, 20, 0.3)
-        assert snap, "the crash loop never went FATAL"
+        assert wait_for(fatal, 20), "the crash loop never went FATAL"
+        snap = ok_json("status", sock=sock)["processes"]["flaky"]
+        assert snap["state"] == "fatal"
         assert snap["last_exit_code"] == 3 and snap["pid"] is None
         assert "2 restarts within 30s" in snap["fatal_reason"]
         # The self-healer keeps probing with back-off; the next probe is visible.
-        probed = wait_for(lambda: ok_json("status", sock=sock)["processes"]["flaky"]["next_probe_at"], 10)
+        assert wait_for(lambda: (admin_get(sock) or {"processes": {"flaky": {}}})["processes"]["flaky"]
+                        .get("next_probe_at"), 10)
+        probed = ok_json("status", sock=sock)["processes"]["flaky"]["next_probe_at"]
         assert probed and probed > time.time() - 1
 
         human = corectl("status", sock=sock)
@@ -241,7 +235,8 @@ providers = ["flaky", "backup"]
         again = corectl("restart", "flaky", "--wait", "1", sock=sock)
         assert again.returncode == 1 and "not ready" in again.stderr
 
-        assert wait_for(fatal, 20, 0.3)  # the second loop ends FATAL too
+        assert wait_for(fatal, 20)  # the second loop ends FATAL too
+        assert ok_json("status", sock=sock)["processes"]["flaky"]["state"] == "fatal"
         flag.unlink()
         fixed = corectl("restart", "flaky", "--wait", "20", "--json", sock=sock)
         assert fixed.returncode == 0, fixed.stdout + fixed.stderr

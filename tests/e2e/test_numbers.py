@@ -17,8 +17,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from coderouterd.state.audit import read_audit
 from coderouterd.state.journal import journal_rows
 from coderouterd.state.store import Store
-from tests.e2e.test_supervision import backend_pids, managed_config, wait_for
+from tests.e2e.test_supervision import backend_pids, managed_config, managed_ollama, wait_for
 from tests.fakes.runner import FakeServer, free_port
+from tests.support.config import daemon_config
 from tests.support.daemon import DaemonProcess
 
 USER = [{"role": "user", "content": "hi"}]
@@ -188,7 +189,7 @@ def test_managed_provider_health_restarts_from_its_readiness_not_a_saved_unhealt
     port = free_port()
     with FakeServer("openai", name="backup") as backup:
         # An hour between probe rounds: only a probe at readiness can judge the backend before the next tick.
-        cfg = managed_config(port, backup.url).replace("probe_interval_s = 0.5", "probe_interval_s = 3600")
+        cfg = managed_config(port, backup.url, probe_interval_s=3600)
         d = DaemonProcess(cfg, tmp_path).start()
         try:
             assert wait_for(lambda: anthropic(d).headers.get("x-coderouter-provider") == "ollama-qwen3", 20)
@@ -218,25 +219,11 @@ def test_managed_provider_health_restarts_from_its_readiness_not_a_saved_unhealt
 
 
 def _consistency_config(port: int, flaky, backup, a, b) -> str:
-    managed = managed_config(port, backup.url).replace("ollama-qwen3", "local")
-    managed = managed[:managed.index("[profiles.default]")]
-    return managed.replace("probe_interval_s = 0.5", "probe_interval_s = 1") + f"""
-[providers.flaky]
-base_url = "{flaky.url}/v1"
-[providers.a]
-base_url = "{a.url}/v1"
-[providers.b]
-base_url = "{b.url}/v1"
-[profiles.default]
-providers = ["local", "backup"]
-[profiles.fo]
-providers = ["flaky", "backup"]
-health_action = "warn"
-[profiles.race]
-providers = ["a", "b"]
-mode = "race"
-race_width = 2
-"""
+    return daemon_config(
+        state={"flush_interval_s": 0.1}, health={"probe_interval_s": 1, "recovery_backoff_s": [0.3, 0.6]},
+        providers={"local": managed_ollama(port), "backup": backup.url, "flaky": flaky.url, "a": a.url, "b": b.url},
+        profiles={"default": ["local", "backup"], "fo": {"providers": ["flaky", "backup"], "health_action": "warn"},
+                  "race": {"providers": ["a", "b"], "mode": "race", "race_width": 2}})
 
 
 def test_metrics_journal_audit_and_client_agree_after_traffic_and_faults(tmp_path):

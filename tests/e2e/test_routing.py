@@ -8,6 +8,7 @@ import httpx
 import pytest
 
 from tests.fakes.runner import FakeServer
+from tests.support.config import daemon_config, upstream
 from tests.support.daemon import DaemonProcess
 from tests.support.sse import streamed_text
 
@@ -23,20 +24,8 @@ def post(d, profile, *, stream=False, body=None, timeout=20):
 
 def test_breaker_stops_calling_a_failing_provider(tmp_path):
     with FakeServer("openai", name="bad", behaviour="500") as bad, FakeServer("openai", name="good") as good:
-        cfg = f"""
-[server]
-port = {{PORT}}
-[breaker]
-failures = 3
-recovery_s = 1.5
-[providers.bad]
-base_url = "{bad.url}/v1"
-[providers.good]
-base_url = "{good.url}/v1"
-[profiles.default]
-providers = ["bad", "good"]
-health_action = "warn"
-"""
+        cfg = daemon_config(breaker={"failures": 3, "recovery_s": 1.5}, providers={"bad": bad.url, "good": good.url},
+                            profiles={"default": {"providers": ["bad", "good"], "health_action": "warn"}})
         d = DaemonProcess(cfg, tmp_path).start()
         try:
             for _ in range(10):
@@ -65,23 +54,10 @@ health_action = "warn"
 def test_slow_first_provider_is_demoted_without_traffic_to_peers(tmp_path):
     with FakeServer("openai", name="slow", behaviour="slow_first_byte;delay=0.25") as slow, \
             FakeServer("openai", name="fast") as fast:
-        cfg = f"""
-[server]
-port = {{PORT}}
-[adaptive]
-window_s = 30
-min_latency_samples = 3
-debounce_s = 0
-probe_interval_s = 0.3
-max_probes_per_minute = 120
-[providers.slow]
-base_url = "{slow.url}/v1"
-[providers.fast]
-base_url = "{fast.url}/v1"
-[profiles.default]
-providers = ["slow", "fast"]
-adaptive = true
-"""
+        cfg = daemon_config(adaptive={"window_s": 30, "min_latency_samples": 3, "debounce_s": 0,
+                                      "probe_interval_s": 0.3, "max_probes_per_minute": 120},
+                            providers={"slow": slow.url, "fast": fast.url},
+                            profiles={"default": {"providers": ["slow", "fast"], "adaptive": True}})
         d = DaemonProcess(cfg, tmp_path).start()
         try:
             served = []
@@ -100,28 +76,17 @@ adaptive = true
             d.stop()
 
 
-def _race_config(a, b, extra=""):
-    return f"""
-[server]
-port = {{PORT}}
-stream_hold_s = 0.2
-[providers.a]
-base_url = "{a.url}/v1"
-[providers.b]
-base_url = "{b.url}/v1"
-[profiles.default]
-providers = ["a", "b"]
-mode = "race"
-race_width = 2
-{extra}
-"""
+def _race_config(a, b, *, warm: bool = False, **default):
+    profiles = {"default": {"providers": ["a", "b"], "mode": "race", "race_width": 2, **default}}
+    if warm:
+        profiles["warm"] = ["b"]
+    return daemon_config(server={"stream_hold_s": 0.2}, providers={"a": a.url, "b": b.url}, profiles=profiles)
 
 
 @pytest.mark.parametrize("stream", [False, True])
 def test_race_returns_the_faster_and_closes_the_loser(tmp_path, stream):
     with FakeServer("openai", name="a", behaviour="slow_first_byte;delay=3") as a, FakeServer("openai", name="b") as b:
-        warm = '\n[profiles.warm]\nproviders = ["b"]\n'
-        d = DaemonProcess(_race_config(a, b, extra=warm), tmp_path).start()
+        d = DaemonProcess(_race_config(a, b, warm=True), tmp_path).start()
         try:
             # The race is timed on a warm daemon. A request that arrives while the routing stack is still being
             # imported (right after /healthz answers) spends that wait out of its stream hold (0.2 s here) and
@@ -162,7 +127,7 @@ def test_race_leader_dying_before_content_completes_from_the_other(tmp_path):
 
 def test_hedged_race_does_not_start_the_second_when_the_first_is_quick(tmp_path):
     with FakeServer("openai", name="a") as a, FakeServer("openai", name="b") as b:
-        d = DaemonProcess(_race_config(a, b, "race_delay_ms = 500"), tmp_path).start()
+        d = DaemonProcess(_race_config(a, b, race_delay_ms=500), tmp_path).start()
         try:
             for _ in range(3):
                 assert post(d, "default").headers["x-coderouter-provider"] == "a"
@@ -174,23 +139,10 @@ def test_hedged_race_does_not_start_the_second_when_the_first_is_quick(tmp_path)
 def test_capability_gates(tmp_path):
     with FakeServer("openai", name="notools") as nt, FakeServer("openai", name="small") as small, \
             FakeServer("openai", name="full") as full:
-        cfg = f"""
-[server]
-port = {{PORT}}
-[providers.notools]
-base_url = "{nt.url}/v1"
-capabilities = {{ tools = false }}
-[providers.small]
-base_url = "{small.url}/v1"
-context_window = 2000
-[providers.full]
-base_url = "{full.url}/v1"
-capabilities = {{ vision = true }}
-[profiles.default]
-providers = ["notools", "small", "full"]
-[profiles.novision]
-providers = ["notools"]
-"""
+        cfg = daemon_config(providers={"notools": upstream(nt.url, capabilities={"tools": False}),
+                                       "small": upstream(small.url, context_window=2000),
+                                       "full": upstream(full.url, capabilities={"vision": True})},
+                            profiles={"default": ["notools", "small", "full"], "novision": ["notools"]})
         d = DaemonProcess(cfg, tmp_path).start()
         try:
             tools = [{"name": "Bash", "input_schema": {"type": "object"}}]

@@ -17,8 +17,11 @@ import openai
 import orjson
 import pytest
 
+from coderouterd.state.journal import journal_rows
 from tests.fakes.runner import FakeServer
+from tests.support.config import daemon_config
 from tests.support.daemon import ROOT, DaemonProcess
+from tests.support.wait import wait_for
 
 USER = [{"role": "user", "content": "hi"}]
 PNG_B64 = ("iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8z8BQDwAEhQGAhKmMIQAAAABJRU5ErkJggg==")
@@ -140,9 +143,9 @@ def test_one_provider_after_five_500s_serves_the_next_request_at_once(env):
         rows = [row for row in orjson.loads(r.stdout)["rows"] if row["request_id"] == rid] if r.returncode == 0 else []
         return rows[0] if rows else None
 
-    deadline = time.monotonic() + 10
-    while (row := journal_row()) is None and time.monotonic() < deadline:
-        time.sleep(0.2)
+    # Until the writer has flushed it (read from here: a corectl per poll costs a process start), then corectl.
+    wait_for(lambda: any(r["request_id"] == rid for r in journal_rows(env["daemon"].state_dir / "state.db")))
+    row = journal_row()
     assert row is not None
     attempts = row["attempts"] if isinstance(row["attempts"], list) else orjson.loads(row["attempts"])
     assert attempts == [{"provider": "solo", "outcome": "ok", "reason": "ok", "status": 200,
@@ -305,19 +308,8 @@ def test_every_streamed_response_names_every_attempt_and_the_winner(env):
 
 def test_a_half_open_trial_the_client_abandons_does_not_wedge_the_breaker(tmp_path):
     with FakeServer("openai", name="t") as t:
-        cfg = f"""
-[server]
-port = {{PORT}}
-[breaker]
-failures = 1
-recovery_s = 0.5
-[providers.t]
-base_url = "{t.url}/v1"
-[profiles.default]
-providers = ["t"]
-health_action = "warn"
-panic = false
-"""
+        cfg = daemon_config(breaker={"failures": 1, "recovery_s": 0.5}, providers={"t": t.url},
+                            profiles={"default": {"providers": ["t"], "health_action": "warn", "panic": False}})
         d = DaemonProcess(cfg, tmp_path).start()
         try:
             c = anthropic.Anthropic(base_url=d.url, api_key="x", max_retries=0, timeout=20)
@@ -342,19 +334,8 @@ panic = false
 
 def test_a_backend_that_lists_models_but_cannot_generate_stays_out_until_it_generates(tmp_path):
     with FakeServer("openai", name="flaky", behaviour="500") as flaky, FakeServer("openai", name="good") as good:
-        cfg = f"""
-[server]
-port = {{PORT}}
-[health]
-probe_interval_s = 60
-recovery_backoff_s = [0.2, 0.3]
-[providers.flaky]
-base_url = "{flaky.url}/v1"
-[providers.good]
-base_url = "{good.url}/v1"
-[profiles.default]
-providers = ["flaky", "good"]
-"""
+        cfg = daemon_config(health={"probe_interval_s": 60, "recovery_backoff_s": [0.2, 0.3]},
+                            providers={"flaky": flaky.url, "good": good.url}, profiles={"default": ["flaky", "good"]})
         d = DaemonProcess(cfg, tmp_path).start()
         env = {"daemon": d}
         try:
@@ -362,7 +343,8 @@ providers = ["flaky", "good"]
             for _ in range(3):  # three failed generations: breaker open, UNHEALTHY, self-healing probes it
                 raw = c.messages.with_raw_response.create(model="m", max_tokens=10, messages=USER)
                 assert raw.headers["x-coderouter-provider"] == "good"
-            time.sleep(1.5)  # several recovery rounds: the model list answers every time, chat does not
+            # Several recovery rounds (0.2 s, then 0.3 s apart): the model list answers every time, chat does not.
+            wait_for(lambda: flaky.count("/v1/models") >= 2 and flaky.count("/v1/chat/completions") >= 5)
             s = status(env)["flaky"]
             assert s["breaker"]["state"] == "open" and s["health"] == "UNHEALTHY"
             assert flaky.count("/v1/models") >= 2 and flaky.count("/v1/chat/completions") >= 5

@@ -15,16 +15,23 @@ import pytest
 
 from coderouterd.state import read_audit
 from tests.fakes.runner import FakeServer
+from tests.support.config import daemon_config, upstream
 from tests.support.daemon import DaemonProcess
+from tests.support.wait import wait_for
 
 USER = [{"role": "user", "content": "hi"}]
 
 
 def kv(db, namespace):
+    """What the daemon has flushed; nothing before its first flush (the file is never created from here)."""
+    if not db.exists():
+        return {}
     con = sqlite3.connect(db)
     try:
         return {k: json.loads(v) for k, v in con.execute("SELECT key, value_json FROM kv WHERE namespace=?",
                                                           (namespace,))}
+    except sqlite3.OperationalError:  # no table yet
+        return {}
     finally:
         con.close()
 
@@ -90,7 +97,8 @@ def test_kill_9_under_load_keeps_budget_and_state(tmp_path):
         d2 = DaemonProcess(paid_config(f.url), tmp_path, port=d.port).start()
         try:
             httpx.post(d2.url + "/v1/messages", json={"model": "m", "max_tokens": 5, "messages": USER})
-            time.sleep(0.5)
+            # Until the next flush (every 0.2 s) has written the new total.
+            assert wait_for(lambda: kv(db, "budget")[f"{month}:paid"] == pytest.approx(spent + per_request))
             assert kv(db, "budget")[f"{month}:paid"] == pytest.approx(spent + per_request)
         finally:
             d2.stop()
@@ -98,25 +106,15 @@ def test_kill_9_under_load_keeps_budget_and_state(tmp_path):
 
 def test_breaker_state_survives_kill_9(tmp_path):
     with FakeServer("openai", name="bad", behaviour="500") as bad, FakeServer("openai", name="good") as good:
-        cfg = f"""
-[server]
-port = {{PORT}}
-[state]
-flush_interval_s = 0.1
-[breaker]
-recovery_s = 600
-[providers.bad]
-base_url = "{bad.url}/v1"
-[providers.good]
-base_url = "{good.url}/v1"
-[profiles.default]
-providers = ["bad", "good"]
-health_action = "warn"
-"""
+        cfg = daemon_config(state={"flush_interval_s": 0.1}, breaker={"recovery_s": 600},
+                            providers={"bad": bad.url, "good": good.url},
+                            profiles={"default": {"providers": ["bad", "good"], "health_action": "warn"}})
         d = DaemonProcess(cfg, tmp_path).start()
         for _ in range(3):
             httpx.post(d.url + "/v1/messages", json={"model": "m", "max_tokens": 5, "messages": USER})
-        time.sleep(0.5)
+        # The open breaker is on disk (flushed every 0.1 s) before the kill: what is asserted below is that the
+        # kill keeps it and the restarted daemon honours it.
+        assert wait_for(lambda: kv(d.state_dir / "state.db", "breakers").get("bad", {}).get("state") == "open")
         d.kill9()
         assert kv(d.state_dir / "state.db", "breakers")["bad"]["state"] == "open"
         d2 = DaemonProcess(cfg, tmp_path, port=d.port).start()
@@ -268,32 +266,23 @@ def test_tool_loop_inject_and_warn(guard_env, ingress):
 
 def test_race_mode_reserves_budget_too(tmp_path):
     with FakeServer("openai", name="a", behaviour="slow_first_byte;delay=0.3") as a, FakeServer("openai", name="b") as b:
-        cfg = f"""
-[server]
-port = {{PORT}}
-[state]
-flush_interval_s = 0.1
-[providers.a]
-base_url = "{a.url}/v1"
-paid = true
-cost = {{ input = 3.0, output = 15.0 }}
-monthly_budget_usd = 100
-[providers.b]
-base_url = "{b.url}/v1"
-paid = true
-cost = {{ input = 3.0, output = 15.0 }}
-monthly_budget_usd = 100
-[profiles.default]
-providers = ["a", "b"]
-mode = "race"
-"""
+        paid = {"paid": True, "cost": {"input": 3.0, "output": 15.0}, "monthly_budget_usd": 100}
+        cfg = daemon_config(state={"flush_interval_s": 0.1},
+                            providers={"a": upstream(a.url, **paid), "b": upstream(b.url, **paid)},
+                            profiles={"default": {"providers": ["a", "b"], "mode": "race"}})
         d = DaemonProcess(cfg, tmp_path).start()
         try:
             r = httpx.post(d.url + "/v1/messages", json={"model": "m", "max_tokens": 5, "messages": USER})
             assert r.status_code == 200 and r.headers["x-coderouter-provider"] == "b"
             u = r.json()["usage"]
-            time.sleep(0.5)
             month = time.strftime("%Y-%m", time.gmtime())
+            expected = (u["input_tokens"] * 3.0 + u["output_tokens"] * 15.0) / 1e6
+
+            def charged() -> bool:  # both charges settled and flushed (every 0.1 s)
+                got = kv(d.state_dir / "state.db", "budget")
+                return got.get(f"{month}:b") == pytest.approx(expected) and got.get(f"{month}:a", 0) > 0
+
+            wait_for(charged)
             spent = kv(d.state_dir / "state.db", "budget")
             # the winner is charged its real usage; the cancelled loser the prompt it had already been sent
             assert spent[f"{month}:b"] == pytest.approx((u["input_tokens"] * 3.0 + u["output_tokens"] * 15.0) / 1e6)

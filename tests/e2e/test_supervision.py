@@ -14,40 +14,26 @@ import psutil
 import pytest
 
 from tests.fakes.runner import FakeServer, free_port
+from tests.support.config import daemon_config, upstream
 from tests.support.daemon import ROOT, DaemonProcess
 
 USER = [{"role": "user", "content": "hi"}]
 
 
-def managed_config(port: int, fallback_url: str, extra: str = "") -> str:
+def managed_ollama(port: int) -> dict:
+    """A provider whose server (a standalone fake Ollama on `port`) the daemon starts and supervises."""
     cmd = [sys.executable, "-m", "tests.fakes", "--kind", "ollama", "--port", str(port), "--models", "qwen3"]
-    return f"""
-[server]
-port = {{PORT}}
-[state]
-flush_interval_s = 0.1
-[health]
-probe_interval_s = 0.5
-recovery_backoff_s = [0.3, 0.6]
-[providers.ollama-qwen3]
-kind = "openai"
-base_url = "http://127.0.0.1:{port}/v1"
-[providers.ollama-qwen3.process]
-command = {cmd!r}
-cwd = "{ROOT}"
-ready_url = "http://127.0.0.1:{port}/api/tags"
-stop_timeout_s = 2
-startsecs = 0.2
-max_restarts = 3
-restart_window_s = 60
-[providers.backup]
-base_url = "{fallback_url}/v1"
-[profiles.default]
-providers = ["ollama-qwen3", "backup"]
-[profiles.coding]
-providers = ["ollama-qwen3", "backup"]
-{extra}
-""".replace("'", '"')
+    process = {"command": cmd, "cwd": str(ROOT), "ready_url": f"http://127.0.0.1:{port}/api/tags",
+               "stop_timeout_s": 2, "startsecs": 0.2, "max_restarts": 3, "restart_window_s": 60}
+    return upstream(f"http://127.0.0.1:{port}", kind="openai", process=process)
+
+
+def managed_config(port: int, fallback_url: str, *, probe_interval_s: float = 0.5) -> str:
+    return daemon_config(
+        state={"flush_interval_s": 0.1},
+        health={"probe_interval_s": probe_interval_s, "recovery_backoff_s": [0.3, 0.6]},
+        providers={"ollama-qwen3": managed_ollama(port), "backup": fallback_url},
+        profiles={"default": ["ollama-qwen3", "backup"], "coding": ["ollama-qwen3", "backup"]})
 
 
 def backend_pids(port: int) -> list[int]:
@@ -155,21 +141,9 @@ def test_unmanaged_provider_restart_command_runs_when_unhealthy(tmp_path, backup
     marker = tmp_path / "restarted"
     with FakeServer("openai", name="flaky", behaviour="500") as flaky:
         cmd = [sys.executable, "-c", f"open({str(marker)!r}, 'w').write('x')"]
-        cfg = f"""
-[server]
-port = {{PORT}}
-[health]
-probe_interval_s = 60
-recovery_backoff_s = [0.2, 0.4]
-[providers.flaky]
-base_url = "{flaky.url}/v1"
-restart_command = {cmd!r}
-[providers.backup]
-base_url = "{backup.url}/v1"
-[profiles.default]
-providers = ["flaky", "backup"]
-health_threshold = 3
-""".replace("'", '"').replace('open("', "open('").replace('", "w")', "', 'w')").replace('.write("x")', ".write('x')")
+        cfg = daemon_config(health={"probe_interval_s": 60, "recovery_backoff_s": [0.2, 0.4]},
+                            providers={"flaky": upstream(flaky.url, restart_command=cmd), "backup": backup.url},
+                            profiles={"default": {"providers": ["flaky", "backup"], "health_threshold": 3}})
         d = DaemonProcess(cfg, tmp_path).start()
         try:
             for _ in range(3):
@@ -186,25 +160,11 @@ def lone_managed_config(port: int, start_delay: float) -> str:
     """One managed backend and nothing behind it: a request has nowhere else to go."""
     cmd = [sys.executable, "-m", "tests.fakes", "--kind", "openai", "--port", str(port), "--models", "qwen3",
            "--start-delay", str(start_delay)]
-    return f"""
-[server]
-port = {{PORT}}
-[health]
-recovery_backoff_s = [0.3, 0.6]
-[providers.local]
-kind = "openai"
-base_url = "http://127.0.0.1:{port}/v1"
-[providers.local.process]
-command = {cmd!r}
-cwd = "{ROOT}"
-ready_url = "http://127.0.0.1:{port}/health"
-stop_timeout_s = 2
-startsecs = 0.1
-start_timeout_s = 30
-[profiles.default]
-providers = ["local"]
-health_action = "warn"
-""".replace("'", '"')
+    process = {"command": cmd, "cwd": str(ROOT), "ready_url": f"http://127.0.0.1:{port}/health",
+               "stop_timeout_s": 2, "startsecs": 0.1, "start_timeout_s": 30}
+    return daemon_config(health={"recovery_backoff_s": [0.3, 0.6]},
+                         providers={"local": upstream(f"http://127.0.0.1:{port}", kind="openai", process=process)},
+                         profiles={"default": {"providers": ["local"], "health_action": "warn"}})
 
 
 def test_requests_wait_for_a_starting_or_restarting_backend_instead_of_failing(tmp_path):

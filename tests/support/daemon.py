@@ -41,7 +41,9 @@ class DaemonProcess:
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
-    def start(self, timeout: float = 15.0) -> DaemonProcess:
+    # Generous: ready is usually a second away, but with the suite's workers and a real model sharing two cores
+    # a start has taken over 15 s. Waiting longer costs nothing when it is quick.
+    def start(self, timeout: float = 60.0) -> DaemonProcess:
         self._log = open(self.log_path, "ab")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "coderouterd", "--config", str(self.config_path), "--port", str(self.port)],
@@ -87,3 +89,17 @@ class DaemonProcess:
         if self.proc is not None and self.proc.poll() is None:
             os.kill(self.proc.pid, signal.SIGKILL)
             self.proc.wait(5)
+
+
+def admin_get(sock: str | Path, path: str = "/v1/status", timeout: float = 10.0) -> dict | None:
+    """GET on a daemon's admin API over its Unix socket, from this process: the answer `corectl <command>
+    --json` prints for the read-only commands (`status` is GET /v1/status verbatim), or None while the socket
+    does not answer. For polling: a corectl process per poll costs ~0.7 s of CPU, and a test that asserts on
+    corectl's output still calls corectl once, when the poll says the moment has come."""
+    try:
+        with httpx.Client(transport=httpx.HTTPTransport(uds=str(sock)), base_url="http://coderouterd",
+                          timeout=timeout) as c:
+            r = c.get(path)
+    except httpx.HTTPError:
+        return None
+    return r.json() if r.status_code == 200 else None
