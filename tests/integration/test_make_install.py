@@ -12,6 +12,7 @@ test_fallback_installs_the_real_lock_from_pypi (network, opt-in).
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import sysconfig
@@ -58,8 +59,16 @@ exec "{real}" "$@"
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("wheel")
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
-                    "-w", str(out), str(ROOT)], check=True, capture_output=True)
+    # Built from a copy: setuptools writes build/ and *.egg-info into the tree it builds, which the rest of the
+    # suite is importing from (and another build of the same tree may be writing) at the same time.
+    src = tmp_path_factory.mktemp("src")
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy2(ROOT / name, src / name)
+    for package in ("coderouterd", "corectl"):
+        shutil.copytree(ROOT / package, src / package, ignore=shutil.ignore_patterns("__pycache__"))
+    r = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
+                        "-w", str(out), str(src)], capture_output=True, text=True)
+    assert r.returncode == 0, r.stdout + r.stderr
     return next(out.glob("coderouter-*.whl"))
 
 
