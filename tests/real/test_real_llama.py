@@ -99,7 +99,7 @@ class Env:
                     "CODEROUTER_STATE_DIR": str(self.d.state_dir), "XDG_CONFIG_HOME": str(self.d.tmp / "xdg")})
         return subprocess.run([sys.executable, "-m", "corectl", *args, "--config", str(self.d.config_path)]
                               if args[0] in ("doctor",) else [sys.executable, "-m", "corectl", *args],
-                              capture_output=True, text=True, timeout=120, env=env, cwd=ROOT)
+                              capture_output=True, text=True, timeout=300, env=env, cwd=ROOT)
 
 
 @pytest.fixture(scope="module")
