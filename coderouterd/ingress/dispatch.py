@@ -14,7 +14,7 @@ from ..ids import client_request_id, new_id
 from ..live_config import UnknownProfile
 from ..routing.request import ClientRequest
 from .auth import key_accepted, presented_key
-from .guard import ClientLeft, answer_internal_error, describe_exception
+from .guard import BodyTooLarge, ClientLeft, answer_internal_error, describe_exception, read_body
 from .protocol import DISCONNECT_HOOK
 from .responder import ClientGone, Responder
 from .responses import ResponsesResponder, admit_responses
@@ -29,10 +29,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("coderouterd.request")
 
 _TEXT = [(b"content-type", b"text/plain; charset=utf-8")]
-
-
-class BodyTooLarge(Exception):
-    pass
 
 
 def _caller_wire(path: str, scope) -> str:
@@ -51,23 +47,6 @@ _SENT = object()  # "an error answer was already sent" (a JSON body may itself b
 
 def _headers(scope) -> dict[str, str]:
     return {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
-
-
-async def _read_body(receive, limit: int) -> bytes:
-    chunks = []
-    size = 0
-    more = True
-    while more:
-        msg = await receive()
-        if msg["type"] == "http.disconnect":
-            raise ClientLeft
-        chunk = msg.get("body", b"")
-        size += len(chunk)
-        if size > limit:
-            raise BodyTooLarge
-        chunks.append(chunk)
-        more = msg.get("more_body", False)
-    return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
 
 def _client_left(ex: Exchange) -> None:
@@ -203,7 +182,7 @@ class ProxyApp:
                     pass
                 break
         try:
-            raw = await _read_body(receive, limit)
+            raw = await read_body(receive, limit)
         except BodyTooLarge:
             await r.error(413, f"request body exceeds the {runtime.config.server.max_body_mb:g} MB limit",
                           error_type="request_too_large")

@@ -19,6 +19,29 @@ class ClientLeft(Exception):
     """The client disconnected before its request was read: nothing to answer, nothing to log."""
 
 
+class BodyTooLarge(Exception):
+    pass
+
+
+async def read_body(receive, limit: int) -> bytes:
+    """The whole ASGI request body, or BodyTooLarge past `limit` bytes, or ClientLeft (the proxy and the
+    dashboard's login form both read with this)."""
+    chunks = []
+    size = 0
+    more = True
+    while more:
+        msg = await receive()
+        if msg["type"] == "http.disconnect":
+            raise ClientLeft
+        chunk = msg.get("body", b"")
+        size += len(chunk)
+        if size > limit:
+            raise BodyTooLarge
+        chunks.append(chunk)
+        more = msg.get("more_body", False)
+    return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+
 def describe_exception(e: BaseException) -> str:
     """`ValueError at translate/x.py:12 in f <- ingress/dispatch.py:40 in g ...` without the exception's message."""
     frames = traceback.extract_tb(e.__traceback__)[-_FRAMES:]

@@ -27,7 +27,7 @@ from urllib.parse import parse_qs, unquote
 import orjson
 
 from ..admin import history, views
-from ..ingress.guard import ClientLeft
+from ..ingress.guard import BodyTooLarge, read_body
 from ..ingress.protocol import DISCONNECT_HOOK
 from .guard import SECURITY_HEADERS, UiAuth, allowed_hosts, host_allowed, origin_allowed
 
@@ -152,7 +152,10 @@ class DashboardApp:
             raise Answer(405, f"method {method} not allowed on /ui/login")
         if not origin_allowed(headers, allowed):
             raise Answer(403, "the login form must be posted from this dashboard's own page")
-        body = await _read_small(receive, _MAX_LOGIN_BODY)
+        try:
+            body = await read_body(receive, _MAX_LOGIN_BODY)
+        except BodyTooLarge:
+            raise Answer(413, "the login form is larger than any key") from None
         key = (parse_qs(body.decode("latin-1")).get("key") or [""])[0]
         cookie = self.auth.login(key, keys)
         if cookie is None:
@@ -234,16 +237,3 @@ class DashboardApp:
                 hook(None)
 
 
-async def _read_small(receive, limit: int) -> bytes:
-    chunks, size, more = [], 0, True
-    while more:
-        msg = await receive()
-        if msg["type"] == "http.disconnect":
-            raise ClientLeft
-        chunk = msg.get("body", b"")
-        size += len(chunk)
-        if size > limit:
-            raise Answer(413, "the login form is larger than any key")
-        chunks.append(chunk)
-        more = msg.get("more_body", False)
-    return b"".join(chunks)

@@ -16,6 +16,7 @@ import pytest
 from tests.fakes.runner import FakeServer, free_port
 from tests.support.config import daemon_config, upstream
 from tests.support.daemon import ROOT, DaemonProcess
+from tests.support.wait import wait_for
 
 USER = [{"role": "user", "content": "hi"}]
 
@@ -45,14 +46,6 @@ def backend_pids(port: int) -> list[int]:
     return out
 
 
-def wait_for(pred, timeout=10.0, step=0.05):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        v = pred()
-        if v:
-            return v
-        time.sleep(step)
-    return pred()
 
 
 def ask(d, profile="default"):
