@@ -22,13 +22,20 @@ from ..translate.tool_repair_wire import (
     repair_anthropic_message,
     repair_openai_completion,
 )
-from ..translate.unsigned_thinking import may_carry_unsigned, without_unsigned_thinking
+from ..translate.unsigned_thinking import UpstreamSignatures, may_carry_unsigned, without_unsigned_thinking
 from .errors import BAD_RESPONSE, DISCONNECT, UpstreamError, stream_error_reason
 
 _PING = encode_event({"type": "ping"})
 _MESSAGE_STOP = encode_event({"type": "message_stop"})
 # Anthropic events the repair adapter rewrites; the rest keep their bytes.
 _REPAIR_SEES = frozenset({"content_block_start", "content_block_delta", "content_block_stop", "message_delta"})
+
+
+def _may_sign(name: str | None, data: str) -> bool:
+    """An event that may carry a thinking signature (a substring test; most deltas are text)."""
+    if name == "content_block_delta":
+        return '"signature_delta"' in data
+    return name == "content_block_start" and '"redacted_thinking"' in data
 
 
 def _stream_error(message, **kw) -> UpstreamError:
@@ -250,6 +257,11 @@ class AnthropicPassthrough(Strategy):
     _stop_reason_seen = False  # a message_delta came: the answer is complete but for its message_stop
     _opened = False  # the stream opened as the protocol says (message_start, or an error)
 
+    def __init__(self, *, signatures: UpstreamSignatures | None = None, **kw) -> None:
+        super().__init__(**kw)
+        # Which thinking blocks this upstream signed (recorded from its answers) and which another did.
+        self.signatures = signatures
+
     def _check_opening(self, events: list[tuple[str | None, str]]) -> None:
         """A Messages stream opens with message_start (pings aside) or reports an error; anything else is not a
         stream of this protocol. Checked until the first event that is not a ping."""
@@ -262,8 +274,11 @@ class AnthropicPassthrough(Strategy):
             return
 
     def request(self, raw: bytes, stream: bool) -> bytes:
-        # Reasoning a local provider gave earlier in the conversation carries no signature this upstream made.
-        fixed = without_unsigned_thinking(self.client_body) if may_carry_unsigned(raw) else None
+        # Reasoning a local provider (or another Anthropic upstream) gave earlier in the conversation carries no
+        # signature this upstream made.
+        sigs = self.signatures
+        walk = may_carry_unsigned(raw) or (sigs is not None and sigs.may_hold_foreign())
+        fixed = without_unsigned_thinking(self.client_body, sigs) if walk else None
         if fixed is None and self.client_body.get("model") == self.model:
             return raw
         body = fixed if fixed is not None else dict(self.client_body)
@@ -276,6 +291,9 @@ class AnthropicPassthrough(Strategy):
             raise _error_in_body(resp) or _not_an_answer("no message (type and content)", body)
         u = resp.get("usage")
         self.usage = u if isinstance(u, dict) else {}
+        if self.signatures is not None:
+            for block in resp["content"]:
+                self.signatures.record_block(block)
         if self.repair_tools or self.answer is not None:
             self._repair_anthropic_body(resp)
             if self._repaired_whole:
@@ -292,6 +310,8 @@ class AnthropicPassthrough(Strategy):
                 continue
             if name == "message_delta":
                 self._stop_reason_seen = True
+            elif self.signatures is not None and _may_sign(name, data):
+                self._record_signature(name, data)
             if self.answer is not None and name in _REPAIR_SEES:
                 observed = orjson.loads(data)
                 observe_anthropic(self.answer, observed)
@@ -332,6 +352,17 @@ class AnthropicPassthrough(Strategy):
                                     error_type=err.get("type"), after_content=self.started_content)
             out.append(b"event: " + (name or "").encode() + b"\ndata: " + data.encode() + b"\n\n")
         return b"".join(out)
+
+    def _record_signature(self, name: str | None, data: str) -> None:
+        obj = orjson.loads(data)
+        if not isinstance(obj, dict) or self.signatures is None:
+            return
+        if name == "content_block_delta":
+            delta = obj.get("delta")
+            if isinstance(delta, dict) and delta.get("type") == "signature_delta":
+                self.signatures.record(delta.get("signature"))
+        else:
+            self.signatures.record_block(obj.get("content_block"))
 
     def eof(self) -> bytes:
         if self._stop_reason_seen and self.started_content:

@@ -338,6 +338,8 @@ class Exchange:
         kw["observe"] = self.profile.drift_action != "off" and provider.cfg.is_local()
         if req.ingress == "anthropic" and cls.upstream_wire == "openai":
             kw["input_tokens"] = provider.estimate_tokens(len(raw))
+        elif req.ingress == "anthropic":
+            kw["signatures"] = self.router.thinking_signatures.for_upstream(provider.adapter.signer)
         call = self._call_factory(provider, cls(**kw), raw_body=raw, stream=req.stream, client_headers=req.headers)
         slot.call = call
         return call

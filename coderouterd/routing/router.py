@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 from ..affinity.service import Affinity
 from ..providers.errors import MEMORY_PRESSURE, UpstreamError
 from ..providers.server_info import ServerDirectory
+from ..translate.unsigned_thinking import SignatureBook
 from .adaptive import AdaptiveOrderer
 from .breaker import BreakerState
 from .planner import Plan, ProviderFacts, RequestFeatures, Skip, plan
@@ -45,6 +46,9 @@ class Router:
         self._orderers: dict[str, AdaptiveOrderer] = {}
         self.memory_cooldown_s = memory_cooldown_s
         self.order_adjusters = tuple(order_adjusters)
+        # Which Anthropic upstream signed each thinking block relayed, so none goes to another (process-wide:
+        # a conversation moves between providers and profiles).
+        self.thinking_signatures = SignatureBook()
 
     def reconfigure(self, config) -> None:
         self.state.reconfigure(config)

@@ -11,7 +11,13 @@ block"), so a fallback in the middle of a conversation would fail. Before the bo
 - with thinking on, the API wants that turn to open with a signed thinking block; when it no longer can, thinking
   is switched off for this request (and with it `clear_thinking` context edits, which require thinking on).
 
-Hot path: the body is only walked when its bytes carry our marker or an empty signature."""
+The same holds between Anthropic upstreams: a signature one of them made (the Anthropic API, a gateway, a
+third-party Anthropic-wire API) is refused by another. A SignatureBook remembers which upstream (by origin) signed
+each thinking block it relayed, and blocks another upstream signed are treated as unsigned when the request goes
+elsewhere. Signatures it never saw (made before a restart, or outside this daemon) go as they came.
+
+Hot path: the body is only walked when its bytes carry our marker or an empty signature, or when more than one
+upstream has signed blocks in this process."""
 
 from __future__ import annotations
 
@@ -24,23 +30,97 @@ _EMPTY_SIGNATURE = re.compile(rb'"signature"\s*:\s*""')
 _THINKING_FIRST = ("thinking", "redacted_thinking")
 
 
+# Signatures remembered (newest kept): one per thinking turn relayed; about 100 bytes each.
+SIGNATURES_KEPT = 65_536
+
+
+class SignatureBook:
+    """Which upstream (an origin such as https://api.anthropic.com) signed the thinking blocks this process
+    relayed. Bounded: the oldest are forgotten first, and a forgotten signature goes up as it came."""
+
+    def __init__(self, limit: int = SIGNATURES_KEPT) -> None:
+        self._limit = limit
+        self._by_signature: dict[int, str] = {}  # hash of the signature (or redacted data) -> signer
+        self._signers: set[str] = set()
+
+    def __len__(self) -> int:
+        return len(self._by_signature)
+
+    def record(self, signer: str, signature: object) -> None:
+        if not isinstance(signature, str) or not signature or signature == SYNTHETIC_SIGNATURE:
+            return
+        book = self._by_signature
+        key = hash(signature)
+        book.pop(key, None)
+        book[key] = signer
+        self._signers.add(signer)
+        if len(book) > self._limit:
+            del book[next(iter(book))]
+
+    def others_signed(self, signer: str) -> bool:
+        """Whether any upstream but `signer` has signed a block here (else no block can be foreign to it)."""
+        return len(self._signers) > 1 or (bool(self._signers) and signer not in self._signers)
+
+    def signed_elsewhere(self, signer: str, signature: object) -> bool:
+        owner = self._by_signature.get(hash(signature)) if isinstance(signature, str) else None
+        return owner is not None and owner != signer
+
+    def for_upstream(self, signer: str) -> UpstreamSignatures:
+        return UpstreamSignatures(self, signer)
+
+
+class UpstreamSignatures:
+    """The book as one upstream sees it: what it signs is recorded, what others signed is foreign to it."""
+
+    __slots__ = ("book", "signer")
+
+    def __init__(self, book: SignatureBook, signer: str) -> None:
+        self.book = book
+        self.signer = signer
+
+    def record(self, signature: object) -> None:
+        self.book.record(self.signer, signature)
+
+    def record_block(self, block: object) -> None:
+        if isinstance(block, dict):
+            kind = block.get("type")
+            if kind == "thinking":
+                self.record(block.get("signature"))
+            elif kind == "redacted_thinking":
+                self.record(block.get("data"))
+
+    def may_hold_foreign(self) -> bool:
+        return self.book.others_signed(self.signer)
+
+    def foreign(self, signature: object) -> bool:
+        return self.book.signed_elsewhere(self.signer, signature)
+
+
 def may_carry_unsigned(raw: bytes) -> bool:
     return _MARK in raw or _EMPTY_SIGNATURE.search(raw) is not None
 
 
-def _unsigned(block) -> bool:
-    if not isinstance(block, dict) or block.get("type") != "thinking":
+def _unsigned(block, upstream: UpstreamSignatures | None = None) -> bool:
+    if not isinstance(block, dict):
         return False
-    sig = block.get("signature")
-    return not isinstance(sig, str) or not sig or sig == SYNTHETIC_SIGNATURE
+    kind = block.get("type")
+    if kind == "thinking":
+        sig = block.get("signature")
+        if not isinstance(sig, str) or not sig or sig == SYNTHETIC_SIGNATURE:
+            return True
+        return upstream is not None and upstream.foreign(sig)
+    if kind == "redacted_thinking":  # encrypted by its upstream: another cannot read it, and it has no text
+        return upstream is not None and upstream.foreign(block.get("data"))
+    return False
 
 
 def _calls_tool(content: list) -> bool:
     return any(isinstance(b, dict) and b.get("type") == "tool_use" for b in content)
 
 
-def without_unsigned_thinking(body: dict) -> dict | None:
-    """A copy of the Messages `body` an Anthropic upstream accepts, or None when nothing needed to change."""
+def without_unsigned_thinking(body: dict, upstream: UpstreamSignatures | None = None) -> dict | None:
+    """A copy of the Messages `body` an Anthropic upstream accepts, or None when nothing needed to change.
+    `upstream`: the upstream it goes to, whose book says which blocks another upstream signed."""
     messages = body.get("messages")
     if not isinstance(messages, list):
         return None
@@ -50,14 +130,14 @@ def without_unsigned_thinking(body: dict) -> dict | None:
     changed = False
     for i, msg in enumerate(messages):
         content = msg.get("content") if isinstance(msg, dict) and msg.get("role") == "assistant" else None
-        if not isinstance(content, list) or not any(_unsigned(b) for b in content):
+        if not isinstance(content, list) or not any(_unsigned(b, upstream) for b in content):
             out.append(msg)
             continue
         changed = True
         in_progress = i == last and _calls_tool(content)
         kept = []
         for b in content:
-            if not _unsigned(b):
+            if not _unsigned(b, upstream):
                 kept.append(b)
             elif in_progress and isinstance(b.get("thinking"), str) and b["thinking"].strip():
                 kept.append({"type": "text", "text": b["thinking"]})

@@ -132,3 +132,63 @@ def test_a_tool_loop_begun_locally_finishes_on_anthropic(chain, thinking):
     sent_blocks = [b for m in last["messages"] if isinstance(m["content"], list) for b in m["content"]]
     assert turn3["content"][0] in sent_blocks
     assert not any(b.get("signature") == "coderouter-unsigned" for b in sent_blocks)
+
+
+CONFIG_TWO_CLOUDS = """
+[server]
+port = {PORT}
+
+[providers.first]
+kind = "anthropic"
+base_url = "@FIRST@/v1"
+model = "claude-sonnet-5"
+
+[providers.second]
+kind = "anthropic"
+base_url = "@SECOND@/v1"
+model = "claude-sonnet-5"
+
+[profiles.default]
+providers = ["first", "second"]
+health_action = "warn"
+"""
+
+
+def _sent_blocks(fake: FakeServer) -> list[dict]:
+    last = [r["json"] for r in fake.requests if r["path"] == "/v1/messages"][-1]
+    return [b for m in last["messages"] if isinstance(m["content"], list) for b in m["content"]]
+
+
+@pytest.mark.parametrize("thinking", THINKING)
+def test_a_conversation_moving_between_two_anthropic_upstreams_never_sends_one_the_others_signatures(
+        tmp_path, thinking):
+    """Each upstream signs with its own key (as a gateway and the Anthropic API do): a block one signed is refused
+    by the other, so it must not reach it. Turns alternate between them as the first fails and recovers."""
+    with FakeServer("anthropic", name="first") as first, FakeServer("anthropic", name="second") as second:
+        d = DaemonProcess(CONFIG_TWO_CLOUDS.replace("@FIRST@", first.url).replace("@SECOND@", second.url),
+                          tmp_path).start()
+        try:
+            first.set_behaviour("reasoning")
+            history = [{"role": "user", "content": "think about it"}]
+            turn1 = _message(_post(d, _claude_code_body(history, thinking)))
+            assert turn1["content"][0]["type"] == "thinking"
+            history += [turn1, {"role": "user", "content": "and then?"}]
+            body = _claude_code_body(history, thinking)
+            direct = httpx.post(second.url + "/v1/messages", json={**copy.deepcopy(body), "model": "claude-sonnet-5"})
+            assert direct.status_code == 400 and "Invalid `signature`" in direct.text  # what the fix prevents
+
+            first.set_behaviour("500")
+            second.set_behaviour("reasoning")
+            turn2 = _message(_post(d, body))  # served by the second: the first's block is not sent there
+            assert turn2["content"][0]["type"] == "thinking"
+            assert turn1["content"][0] not in _sent_blocks(second)
+
+            first.set_behaviour("ok")
+            first.reset()
+            history += [turn2, {"role": "user", "content": "and now?"}]
+            turn3 = _message(_post(d, _claude_code_body(history, thinking)))  # back on the first
+            assert turn3["content"][-1]["text"] == "Hello from first"
+            sent = _sent_blocks(first)
+            assert turn1["content"][0] in sent and turn2["content"][0] not in sent  # its own goes back verbatim
+        finally:
+            d.stop()

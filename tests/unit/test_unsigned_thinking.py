@@ -8,7 +8,11 @@ from hypothesis import strategies as st
 
 from coderouterd.providers.strategies import AnthropicPassthrough
 from coderouterd.translate.openai_to_anthropic import SYNTHETIC_SIGNATURE
-from coderouterd.translate.unsigned_thinking import may_carry_unsigned, without_unsigned_thinking
+from coderouterd.translate.unsigned_thinking import (
+    SignatureBook,
+    may_carry_unsigned,
+    without_unsigned_thinking,
+)
 
 LOCAL = {"type": "thinking", "thinking": "the local model thought", "signature": SYNTHETIC_SIGNATURE}
 SIGNED = {"type": "thinking", "thinking": "Claude thought", "signature": "RXJpYy1zaWduZWQ="}
@@ -81,3 +85,87 @@ def test_the_passthrough_strategy_sends_the_scrubbed_body_and_the_same_bytes_oth
     assert up["messages"][1]["content"][0] == {"type": "text", "text": "the local model thought"}
     clean = orjson.dumps(_body())
     assert AnthropicPassthrough(model="m", skip_prologue=False, client_body=_body()).request(clean, True) is clean
+
+
+# -- between Anthropic upstreams: a block one signed is foreign to another ---------------------------------------
+
+A, B = "https://api.anthropic.com", "https://gateway.example"
+BY_A = {"type": "thinking", "thinking": "A thought", "signature": "c2lnbmVkIGJ5IEE="}
+BY_B = {"type": "thinking", "thinking": "B thought", "signature": "c2lnbmVkIGJ5IEI="}
+REDACTED_B = {"type": "redacted_thinking", "data": "ZW5jcnlwdGVkIGJ5IEI="}
+
+
+def _book() -> SignatureBook:
+    book = SignatureBook()
+    book.for_upstream(A).record_block(BY_A)
+    up_b = book.for_upstream(B)
+    up_b.record_block(BY_B)
+    up_b.record_block(REDACTED_B)
+    return book
+
+
+def test_blocks_another_upstream_signed_do_not_go_to_this_one_and_its_own_and_unknown_ones_do():
+    book = _book()
+    unknown = {"type": "thinking", "thinking": "?", "signature": "bmV2ZXIgc2Vlbg=="}
+    body = _body({"role": "assistant", "content": [BY_B, REDACTED_B, {"type": "text", "text": "one"}]},
+                 {"role": "user", "content": "next"},
+                 {"role": "assistant", "content": [BY_A, unknown, {"type": "text", "text": "two"}]},
+                 {"role": "user", "content": "more"}, **CLAUDE_CODE)
+    to_a = without_unsigned_thinking(body, book.for_upstream(A))
+    assert to_a["messages"][1]["content"] == [{"type": "text", "text": "one"}]
+    assert to_a["messages"][3]["content"] == [BY_A, unknown, {"type": "text", "text": "two"}]
+    to_b = without_unsigned_thinking(body, book.for_upstream(B))
+    assert to_b["messages"][1]["content"] == body["messages"][1]["content"]
+    assert to_b["messages"][3]["content"] == [unknown, {"type": "text", "text": "two"}]
+    assert to_a["thinking"] == to_b["thinking"] == CLAUDE_CODE["thinking"]  # no tool turn in progress
+
+
+def test_a_tool_turn_another_upstream_thought_goes_as_text_and_thinking_off():
+    book = _book()
+    body = _body({"role": "assistant", "content": [BY_B, CALL]}, RESULT, **CLAUDE_CODE)
+    fixed = without_unsigned_thinking(body, book.for_upstream(A))
+    assert fixed["messages"][1]["content"] == [{"type": "text", "text": "B thought"}, CALL]
+    assert "thinking" not in fixed and "context_management" not in fixed
+
+
+def test_with_one_signer_nothing_is_foreign_and_the_book_is_bounded():
+    book = SignatureBook(limit=3)
+    up = book.for_upstream(A)
+    assert not up.may_hold_foreign() and not book.for_upstream(B).may_hold_foreign()
+    for i in range(10):
+        up.record(f"sig{i}")
+    up.record("")  # nothing to remember
+    up.record(SYNTHETIC_SIGNATURE)
+    assert len(book) == 3
+    assert book.for_upstream(B).may_hold_foreign() and not up.may_hold_foreign()
+    assert book.for_upstream(B).foreign("sig9") and not book.for_upstream(B).foreign("sig0")  # forgotten
+
+
+def test_the_passthrough_strategy_records_what_its_upstream_signs_streamed_and_whole():
+    book = SignatureBook()
+    streamed = AnthropicPassthrough(model="m", skip_prologue=False, client_body=_body(),
+                                    signatures=book.for_upstream(A))
+    events = [("message_start", orjson.dumps({"type": "message_start", "message": {"usage": {}}}).decode()),
+              ("content_block_start", orjson.dumps({"type": "content_block_start", "index": 0, "content_block":
+                                                    {"type": "thinking", "thinking": "", "signature": ""}}).decode()),
+              ("content_block_delta", orjson.dumps({"type": "content_block_delta", "index": 0, "delta":
+                                                    {"type": "thinking_delta", "thinking": "A thought"}}).decode()),
+              ("content_block_delta", orjson.dumps({"type": "content_block_delta", "index": 0, "delta":
+                                                    {"type": "signature_delta",
+                                                     "signature": BY_A["signature"]}}).decode()),
+              ("content_block_start", orjson.dumps({"type": "content_block_start", "index": 1,
+                                                    "content_block": {"type": "redacted_thinking",
+                                                                      "data": "cmVkYWN0ZWQgQQ=="}}).decode())]
+    streamed.events(events)
+    whole = AnthropicPassthrough(model="m", skip_prologue=False, client_body=_body(),
+                                 signatures=book.for_upstream(B))
+    whole.response(orjson.dumps({"type": "message", "content": [BY_B, {"type": "text", "text": "hi"}],
+                                 "usage": {}}))
+    assert book.for_upstream(B).foreign(BY_A["signature"]) and book.for_upstream(B).foreign("cmVkYWN0ZWQgQQ==")
+    assert book.for_upstream(A).foreign(BY_B["signature"]) and not book.for_upstream(A).foreign(BY_A["signature"])
+    # And what goes to B from a conversation A answered loses A's block.
+    body = _body({"role": "assistant", "content": [BY_A, {"type": "text", "text": "x"}]},
+                 {"role": "user", "content": "y"})
+    up = orjson.loads(AnthropicPassthrough(model="m", skip_prologue=False, client_body=body,
+                                           signatures=book.for_upstream(B)).request(orjson.dumps(body), True))
+    assert up["messages"][1]["content"] == [{"type": "text", "text": "x"}]

@@ -6,6 +6,7 @@ import os
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
+from urllib.parse import urlsplit
 
 import orjson
 
@@ -162,6 +163,12 @@ class UpstreamAdapter(ABC):
         """The prompt's exact token count from the backend, with its source label; None when it cannot say.
         Network errors propagate (the caller falls back to an estimate)."""
         return None
+
+    @property
+    def signer(self) -> str:
+        """Who signs this upstream's thinking blocks: its origin (providers at one origin share signatures)."""
+        parts = urlsplit(self.cfg.base_url)
+        return f"{parts.scheme}://{parts.netloc}".lower()
 
     def keeps_billing_header(self) -> bool:
         """Whether this upstream reads Claude Code's billing header (else prefix affinity canonicalises it)."""
