@@ -58,6 +58,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"coderouterd: configuration OK ({loaded.path})")
         for name, problem in no_key.items():
             print(f"coderouterd: provider {name}: {problem} (see {_env_hint()})", file=sys.stderr)
+        for note in loaded.model.unused_settings():
+            print(f"coderouterd: {note}", file=sys.stderr)
         return 0
     level = (args.log_level or server.log_level).upper()
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
@@ -65,8 +67,12 @@ def main(argv: list[str] | None = None) -> int:
     logging.getLogger("watchfiles").setLevel(logging.WARNING)
     for name, problem in no_key.items():
         logging.getLogger("coderouterd").warning("provider %s: %s (see %s)", name, problem, _env_hint())
+    for note in loaded.model.unused_settings():
+        logging.getLogger("coderouterd").warning("%s", note)
+    from .allocator import keep_large_buffers_off_heap
     from .serve import _install_uvloop, serve
 
+    keep_large_buffers_off_heap()  # a freed 16 MB answer goes back to the OS (allocator.py)
     _install_uvloop()
     try:
         return asyncio.run(serve(loaded))

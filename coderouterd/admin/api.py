@@ -39,7 +39,9 @@ def _profile_detail(daemon: Daemon, name: str) -> dict:
         "name": name,
         "active": name == daemon.active_profile,
         "default": name == runtime.config.server.default_profile,
-        "settings": prof.model_dump(),
+        # health_threshold is no longer used: the breaker's count is what takes a provider out, for every profile.
+        "settings": {**prof.model_dump(exclude={"health_threshold"}),
+                     "out_after_failures": runtime.config.breaker.failures},
         "effective_order": plan["candidates"],
         "skips": plan["skips"],
         "order_notes": plan["order"],

@@ -244,7 +244,9 @@ class ProfileConfig(_Strict):
     race_delay_ms: float = Field(0, ge=0, le=DAY_S * 1000)
     adaptive: bool = False
     health_action: Literal["warn", "demote", "exclude"] = "exclude"
-    health_threshold: int = Field(3, ge=1, le=1000)
+    # No longer used (kept so that configs naming it still load; `coderouterd --check` and the start-up log say so):
+    # `[breaker] failures` is the one count of failures that takes a provider out, for the breaker and health alike.
+    health_threshold: int | None = Field(None, ge=1, le=1000)
     # Serve the user first: when every provider is skipped only for transient reasons (breaker open, excluded as
     # unhealthy), try them anyway, best first, marked `panic`. false = answer 529/503 at once instead.
     panic: bool = True
@@ -408,6 +410,12 @@ class ConfigModel(_Strict):
         if problems:
             raise ValueError("\n".join(problems))
         return self
+
+    def unused_settings(self) -> list[str]:
+        """Settings that still load but no longer do anything, each with what replaced it."""
+        return [f"profiles.{name}.health_threshold is no longer used: [breaker] failures ({self.breaker.failures}) "
+                "is the one count of failures that takes a provider out, for its breaker and its health alike"
+                for name, prof in self.profiles.items() if prof.health_threshold is not None]
 
     def process_for(self, provider: str) -> tuple[str, ProcessConfig] | None:
         """The process that serves a provider, as (process id, spec); shared processes keep their own name."""

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 import aiohttp
 import orjson
 
+from ..allocator import released
 from ..protocol.sse import EventTooLarge, SSEParser
 from .errors import (
     BAD_RESPONSE,
@@ -161,6 +162,7 @@ class Call:
             raise
         except EventTooLarge as e:
             self.parser.discard()
+            released(self.parser.max_line)  # up to a line's or an event's bound was held: trim it away soon
             raise UpstreamError(TOO_LARGE, message=f"upstream sent {e}", after_content=st.started_content) from None
         except (ValueError, KeyError, TypeError, AttributeError) as e:
             raise UpstreamError(BAD_RESPONSE, message=f"unreadable upstream event: {e}",

@@ -6,6 +6,8 @@ Not configurable (SPEC names no such keys): the bounds sit far above any real an
 
 from __future__ import annotations
 
+from ..allocator import released
+
 KB = 1024
 MB = 1024 * KB
 
@@ -36,6 +38,7 @@ async def read_capped(resp, limit: int, what: str = "answer") -> bytes:
         resp.close()
         raise BodyTooLarge(limit, what)
     if declared is not None and "content-encoding" not in resp.headers:
+        released(declared)  # a big one is trimmed away once the request lets go of it (allocator.py)
         return await resp.read()  # exactly `declared` bytes, within the limit: the common case, in one read
     content = resp.content
     parts: list[bytes] = []
@@ -51,8 +54,10 @@ async def read_capped(resp, limit: int, what: str = "answer") -> bytes:
             # its UpstreamError) until the cyclic GC runs: without this, each refused answer held its 16 MB for a
             # while (the soak saw +65 MB of RSS per gzip bomb, 2 GB after 30).
             parts.clear()
+            released(size)
             raise BodyTooLarge(limit, what)
         parts.append(chunk)
+    released(size)
     return parts[0] if len(parts) == 1 else b"".join(parts)
 
 

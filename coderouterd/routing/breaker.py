@@ -316,6 +316,11 @@ class BreakerRegistry:
         self._breakers: dict[str, CircuitBreaker] = {}
         self._trial_gate: Callable[[str], bool] | None = None
 
+    @property
+    def failures(self) -> int:
+        """Consecutive failures that take a provider out ([breaker] failures)."""
+        return self._failures
+
     def set_trial_gate(self, gate: Callable[[str], bool] | None) -> None:
         self._trial_gate = gate
         for breaker in self._breakers.values():

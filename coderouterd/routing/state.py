@@ -61,8 +61,6 @@ class RoutingState:
         self._held: set[str] = set()
         self._auth: dict[str, dict] = {}
         self._health_watchers: list[Callable[[str, str, str], None]] = []
-        self._thresholds: dict[str, int] = {}
-        self._set_thresholds(config)
 
     def _breaker_moved(self, name: str, old: BreakerState, new: BreakerState, reason: str) -> None:
         if self._on_breaker is None and not self._breaker_watchers:
@@ -93,19 +91,11 @@ class RoutingState:
         """Who may send a half-open breaker's trial: with shared breakers, the instance holding the probe lease."""
         self.breakers.set_trial_gate(gate)
 
-    def _set_thresholds(self, config) -> None:
-        t: dict[str, int] = {}
-        for prof in config.profiles.values():
-            for p in prof.providers:
-                t[p] = min(t.get(p, prof.health_threshold), prof.health_threshold)
-        self._thresholds = t
-
     def reconfigure(self, config) -> None:
         self.breakers.configure(config.breaker.failures, config.breaker.recovery_s, config.breaker.max_recovery_s)
         new = AdaptiveSettings(**config.adaptive.model_dump())
         for k, v in vars(new).items():
             setattr(self.settings, k, v)
-        self._set_thresholds(config)
 
     def restore(self, breakers: Mapping, health: Mapping) -> list[str]:
         """Load what a previous process persisted. Returns the breaker names whose snapshot was rejected."""
@@ -142,7 +132,9 @@ class RoutingState:
         return self._passive.get(provider, 0)
 
     def threshold(self, provider: str) -> int:
-        return self._thresholds.get(provider, 3)
+        """Consecutive failures (of real requests, or of probes) that make a provider UNHEALTHY: the breaker's
+        own count, so health and the breaker agree on when a provider is out (one number, `[breaker] failures`)."""
+        return self.breakers.failures
 
     def auth_state(self, provider: str) -> dict | None:
         """The last credentials refusal (401/403) since the provider last served, or None."""

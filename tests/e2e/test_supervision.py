@@ -136,7 +136,7 @@ def test_unmanaged_provider_restart_command_runs_when_unhealthy(tmp_path, backup
         cmd = [sys.executable, "-c", f"open({str(marker)!r}, 'w').write('x')"]
         cfg = daemon_config(health={"probe_interval_s": 60, "recovery_backoff_s": [0.2, 0.4]},
                             providers={"flaky": upstream(flaky.url, restart_command=cmd), "backup": backup.url},
-                            profiles={"default": {"providers": ["flaky", "backup"], "health_threshold": 3}})
+                            profiles={"default": {"providers": ["flaky", "backup"]}})
         d = DaemonProcess(cfg, tmp_path).start()
         try:
             for _ in range(3):

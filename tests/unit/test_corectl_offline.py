@@ -294,7 +294,7 @@ def test_profile_detail_rendering():
     detail = {
         "name": "coding", "active": True, "default": False,
         "settings": {"mode": "race", "race_width": 2, "adaptive": False, "health_action": "demote",
-                     "health_threshold": 3, "tool_loop": {"action": "break", "threshold": 3, "window": 5}},
+                     "out_after_failures": 3, "tool_loop": {"action": "break", "threshold": 3, "window": 5}},
         "effective_order": ["b", "a"], "skips": [], "routes": ["*haiku*"],
         "providers": [{"name": "a", "kind": "openai", "base_url": "http://a/v1", "model": "m", "paid": False},
                       {"name": "b", "kind": "anthropic", "base_url": "https://b", "model": "", "paid": True}],

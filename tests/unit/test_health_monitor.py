@@ -18,7 +18,8 @@ base_url = "{url}/v1"
 model = "m"
 [profiles.default]
 providers = ["p"]
-health_threshold = {threshold}
+[breaker]
+failures = {threshold}
 """
 
 

@@ -27,7 +27,6 @@ base_url = "{url}/v1"
 model = "m"
 [profiles.default]
 providers = ["lms"]
-health_threshold = 3
 """, "test")
     providers = {n: Provider(n, c) for n, c in cfg.providers.items()}
     runtime = SimpleNamespace(providers=providers, config=cfg)

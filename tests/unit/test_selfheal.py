@@ -25,7 +25,6 @@ base_url = "{url}/v1"
 model = "m"
 [profiles.default]
 providers = ["p"]
-health_threshold = 3
 """
 
 
