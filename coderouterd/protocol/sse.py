@@ -56,6 +56,15 @@ class SSEParser:
         self.max_event = max_event
 
     def feed(self, chunk: bytes) -> list[tuple[str | None, str]]:
+        try:
+            return self._feed(chunk)
+        except EventTooLarge:
+            # The traceback keeps _feed's frame, whose locals name the buffer and the event's data: emptied in
+            # place, so whoever keeps the exception for a while does not keep megabytes with it.
+            self.discard()
+            raise
+
+    def _feed(self, chunk: bytes) -> list[tuple[str | None, str]]:
         out: list[tuple[str | None, str]] = []
         if not chunk:
             return out
@@ -122,9 +131,10 @@ class SSEParser:
         return out
 
     def discard(self) -> None:
-        """Drop what is buffered (after EventTooLarge: up to the limit of a line or an event, kept with the call)."""
-        self._buf = bytearray()
-        self._data = []
+        """Drop what is buffered (after EventTooLarge: up to the limit of a line or an event). Emptied in place:
+        other references to the buffer or the data list (a traceback's frame) see them empty too."""
+        self._buf.clear()
+        self._data.clear()
         self._size = 0
         self._scan = 0
 

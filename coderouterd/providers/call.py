@@ -161,12 +161,14 @@ class Call:
         except UpstreamError:
             raise
         except EventTooLarge as e:
-            self.parser.discard()
-            released(self.parser.max_line)  # up to a line's or an event's bound was held: trim it away soon
-            raise UpstreamError(TOO_LARGE, message=f"upstream sent {e}", after_content=st.started_content) from None
+            too_large = str(e)
         except (ValueError, KeyError, TypeError, AttributeError) as e:
             raise UpstreamError(BAD_RESPONSE, message=f"unreadable upstream event: {e}",
                                 after_content=st.started_content) from None
+        # Raised here, outside the handler: an error raised inside it would carry the parser's exception, and with
+        # it the frames that held up to a line's or an event's bound, for as long as the error is kept.
+        released(self.parser.max_line)  # up to that bound was held: trim it away soon
+        raise UpstreamError(TOO_LARGE, message=f"upstream sent {too_large}", after_content=st.started_content)
 
     async def drain(self) -> None:
         """After the stream's last event: read the (usually already buffered) end of the HTTP body so the

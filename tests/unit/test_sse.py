@@ -191,3 +191,34 @@ def test_events_under_the_bound_never_raise_however_many():
     for _ in range(1000):
         out += p.feed(raw)
     assert len(out) == 1000
+
+
+def _held_by(tb) -> int:
+    """Bytes of buffers and event data the frames of a traceback still name (what keeping the exception keeps)."""
+    held = 0
+    while tb is not None:
+        for name, v in tb.tb_frame.f_locals.items():
+            if name == "chunk":
+                continue  # the caller's own read: one chunk, not what accumulated
+            if isinstance(v, bytearray):
+                held += len(v)
+            elif isinstance(v, list) and v and isinstance(v[0], str):
+                held += sum(len(x) for x in v)
+        tb = tb.tb_next
+    return held
+
+
+@pytest.mark.parametrize("chunks", [
+    [b"data: " + b"x" * 300] * 20,  # one line that never ends, over many reads
+    [b"data: " + b"y" * 50 + b"\n"] * 40,  # data lines and no blank line: an event that never ends
+    [b"data: " + b"z" * 50 + b"\r\n"] * 40,  # the same with CRLF (the buffered path)
+])
+def test_a_refused_stream_leaves_nothing_accumulated_in_the_exception(chunks):
+    """Issue 23 soak: whoever keeps the error a while (a traceback outlives the request) must not keep up to a line's
+    or an event's bound with it: the soak's RSS grew by tens of MB a minute from such tracebacks."""
+    p = SSEParser(max_line=1000, max_event=1000)
+    with pytest.raises(EventTooLarge) as info:
+        for c in chunks:
+            p.feed(c)
+    assert _held_by(info.value.__traceback__) == 0
+    assert p.feed(b"data: ok\n\n") == [(None, "ok")]  # and the parser is usable (empty) again
