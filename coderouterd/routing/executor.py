@@ -421,6 +421,12 @@ class Exchange:
                        strategy=call.strategy, request_id=self.req.request_id)
 
     def failed(self, slot: Slot, e: UpstreamError) -> None:
+        # What a failure teaches is its label, status and message. The frames it was raised through name the
+        # attempt's bodies and buffers (up to 16 MB), and the error outlives the attempt (the request's errors, a
+        # race's tasks, an exception aiohttp raised while this one was handled): the soak kept megabytes per
+        # refused answer that way.
+        e.__traceback__ = None
+        e.__context__ = None
         slot.done = True
         self.router.report_failure(slot.name, e, time.monotonic() - slot.started, slot.admission)
         self._record(slot, Outcome.FAILED, e.label, e.status, e.message)

@@ -456,3 +456,26 @@ def test_a_request_too_dear_for_what_is_left_of_the_cap_is_final_too(tmp_path):
     assert (status, kind) == (402, "billing_error") and headers["x-should-retry"] == "false"
     assert "more than the 1e-05 USD left of the 'paid' monthly budget" in msg
     assert r.ups.sent == []
+
+
+def test_a_failed_attempt_keeps_its_message_not_the_frames_it_was_raised_through():
+    """Issue 23 soak: the frames of a refused answer's traceback named its body (up to 16 MB), and the error outlived
+    the request; RSS climbed by megabytes per refused answer until a later request replaced it."""
+    r = Routing(chain_config("a", "b"))
+
+    def raised_with_a_big_local() -> UpstreamError:
+        body = b"x" * 1_000_000  # noqa: F841 - what the frame would keep
+        try:
+            try:
+                raise ValueError("not JSON")
+            except ValueError:
+                raise UpstreamError("bad_response", message="upstream answered 200 with garbage") from None
+        except UpstreamError as e:
+            return e
+
+    err = raised_with_a_big_local()
+    assert err.__traceback__ is not None and err.__context__ is not None
+    r.ups.script("a", fail(err))
+    ex, _ = asyncio.run(r.serve())
+    assert ex.served_by == "b"
+    assert err.__traceback__ is None and err.__context__ is None
