@@ -32,7 +32,7 @@ from ..translate.images import omit_images
 from ..translate.tool_repair import repair_tools_for
 from . import replies
 from .planner import Skip
-from .records import Attempt, Outcome
+from .attempts import Attempt, Outcome
 from .request import ClientRequest
 from .sink import ClientGone, ClientSink, StreamOpening
 

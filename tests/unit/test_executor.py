@@ -9,7 +9,7 @@ import pytest
 
 from coderouterd.providers.errors import OVERFLOW, UNBUILDABLE, UpstreamError, http_error
 from coderouterd.routing.breaker import BreakerState
-from coderouterd.routing.records import Outcome
+from coderouterd.routing.attempts import Outcome
 from coderouterd.routing.sink import ClientGone
 from tests.support.routing import FakeSink, Routing, boom, chain_config, fail, hang, midstream, ok
 

@@ -8,7 +8,7 @@ from coderouterd.observe.request_record import RequestRecorder
 from coderouterd.providers.errors import http_error
 from coderouterd.routing.breaker import BreakerState
 from coderouterd.routing.planner import Skip
-from coderouterd.routing.records import Attempt
+from coderouterd.routing.attempts import Attempt
 from coderouterd.state import FallbackUsed, RequestFinished
 from tests.support.routing import Routing, chain_config, fail
 
