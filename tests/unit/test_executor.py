@@ -456,3 +456,51 @@ def test_a_request_too_dear_for_what_is_left_of_the_cap_is_final_too(tmp_path):
     assert (status, kind) == (402, "billing_error") and headers["x-should-retry"] == "false"
     assert "more than the 1e-05 USD left of the 'paid' monthly budget" in msg
     assert r.ups.sent == []
+
+
+# -- the first-byte wait, the one routine for fallback and race ---------------------------------------------------
+
+
+class _Reads:
+    """A streaming call that answers reads from a script (bytes, None for the end, TimeoutError) and marks
+    content at the byte string given."""
+
+    def __init__(self, *reads, content_at=None, deadline_s=30.0) -> None:
+        import time
+        from types import SimpleNamespace
+
+        self.reads = list(reads)
+        self.content_at = content_at
+        self.strategy = SimpleNamespace(started_content=False)
+        self.first_byte_deadline = time.monotonic() + deadline_s
+        self.opened = False
+
+    async def open(self) -> None:
+        self.opened = True
+
+    async def read(self, timeout):
+        data = self.reads.pop(0)
+        if isinstance(data, BaseException):
+            raise data
+        if data is not None and data == self.content_at:
+            self.strategy.started_content = True
+        return data
+
+
+def test_the_first_output_is_the_first_event_or_everything_until_content():
+    ex, _sink = Routing(chain_config("a")).exchange(STREAM)
+    call = _Reads(TimeoutError(), b"", b"ping", b"text", None)
+    assert run(ex.first_output(call)) == b"ping" and call.opened  # empty reads and read timeouts are waited past
+    call = _Reads(b"prologue", TimeoutError(), b"", b"text", b"more", content_at=b"text")
+    assert run(ex.first_output(call, until_content=True)) == b"prologuetext"  # a race wants useful output
+    assert run(ex.first_output(_Reads(None))) == b""  # the stream ended first
+    assert run(ex.first_output(_Reads(b"x", None), until_content=True)) == b"x"  # ended before any content
+
+
+def test_no_first_output_within_the_first_byte_timeout_is_a_failure_of_the_attempt():
+    ex, _sink = Routing(chain_config("a")).exchange(STREAM)
+    for until_content, what in ((False, "event"), (True, "content")):
+        with pytest.raises(UpstreamError) as e:
+            run(ex.first_output(_Reads(deadline_s=0), until_content=until_content))
+        assert e.value.reason == "first_byte_timeout"
+        assert e.value.message == f"no {what} within the first-byte timeout"

@@ -34,3 +34,79 @@ def test_skips_and_attempts_are_typed_until_the_journal_event():
     assert fallback.chain == finished.attempts
     assert ex.record.trace(0.01, cost_usd=0.0)["skips"] == [{"provider": "a", "outcome": "skipped", "reason": "breaker_open",
                                         "message": trace[0].message}]
+
+
+# -- the outcome: set only by end, and the first end stands unless a later one is meant to replace it ------------
+
+def _record():
+    from coderouterd.routing.record import RequestRecord
+
+    r = Routing(chain_config("a"))
+    ex, _sink = r.exchange()
+    assert isinstance(ex.record, RequestRecord)
+    return ex.record
+
+
+def test_an_ended_record_keeps_its_first_outcome_and_a_second_plain_end_is_a_bug():
+    import pytest
+
+    from coderouterd.routing.record import RecordEnded
+
+    rec = _record()
+    assert (rec.status, rec.error_class) == (0, None)
+    rec.end(502, "api_error")
+    with pytest.raises(RecordEnded):
+        rec.end(200, None)
+    assert (rec.status, rec.error_class) == (502, "api_error")
+    with pytest.raises(AttributeError):
+        rec.status = 200  # type: ignore[misc]  # only end() sets the outcome
+
+
+def test_a_client_that_leaves_after_its_whole_answer_was_served():
+    rec = _record()
+    rec.end(200, None)
+    rec.end(499, "client_disconnected")
+    assert (rec.status, rec.error_class) == (200, None)
+
+
+def test_a_client_that_leaves_before_its_answer_replaces_the_outcome():
+    rec = _record()
+    rec.end(200, "upstream_disconnect")  # a stream that failed after its 200
+    rec.end(499, "client_disconnected")
+    assert (rec.status, rec.error_class) == (499, "client_disconnected")
+    rec.end(rec.status or 499, "client_disconnected")  # the edge says it again: the same outcome
+    assert (rec.status, rec.error_class) == (499, "client_disconnected")
+
+
+def test_our_own_error_replaces_any_outcome():
+    rec = _record()
+    rec.end(200, None)
+    rec.end(500, "internal_error")
+    assert (rec.status, rec.error_class) == (500, "internal_error")
+
+
+# -- observers read the record, in any order ------------------------------------------------------------------------
+
+COSTED = {"a": "[providers.a.cost]\ninput = 3.0\noutput = 15.0\n"}
+
+
+def test_the_trace_and_the_journal_carry_the_same_cost_whatever_runs_first():
+    from coderouterd.observe.finish import RequestFinisher
+    from coderouterd.observe.request_record import request_cost
+    from coderouterd.observe.traces import RecentTraces
+
+    r = Routing(chain_config("a", provider_extra=COSTED))
+    ex, _sink = asyncio.run(r.serve())
+    rec = ex.record
+    cost = request_cost(rec)
+    assert cost > 0
+    before = rec.trace(0.01, cost_usd=cost)
+    seen: list = []
+    RequestRecorder(seen.append).record(rec, 0.01, cost)
+    assert rec.trace(0.01, cost_usd=cost) == before  # the journal's events leave the record as it was
+
+    seen.clear()
+    traces = RecentTraces()
+    RequestFinisher(RequestRecorder(seen.append), traces)(rec)
+    finished = next(e for e in seen if isinstance(e, RequestFinished))
+    assert finished.cost_usd == traces[rec.request_id]["cost_usd"] == cost
