@@ -289,9 +289,9 @@ class Exchange:
         ticket = self.record.affinity
         aff = self.router.affinity if ticket is not None else None
         if aff is not None:
-            call.placement = slot.placement = await aff.place(ticket, slot.provider)
-            if slot.placement is not None:
-                call.extra_fields = slot.placement.fields
+            call.placement = slot.placement = placement = await aff.place(ticket, slot.provider)
+            if placement is not None:
+                call.extra_fields = placement.fields
         if self._before_upstream is not None:
             self._before_upstream()
         if self.req.stream:

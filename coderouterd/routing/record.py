@@ -20,7 +20,10 @@ from .attempts import Attempt, Outcome
 from .planner import Skip
 
 if TYPE_CHECKING:
+    from ..affinity.service import Ticket
     from ..live_config import Runtime
+    from ..providers.strategies import Strategy
+    from ..translate.answer_stats import DriftSample
     from .planner import Plan
     from .request import ClientRequest
 
@@ -62,12 +65,12 @@ class RequestRecord:
         self.ttfb: float | None = None
         self.upstream_wait_s = 0.0
         self.race_outcome: str | None = None
-        self.affinity = None  # affinity.service.Ticket: session, lane, canonical prompt, what affinity did
+        self.affinity: Ticket | None = None  # session, lane, canonical prompt, what affinity did
         # Tool-call repair on the answer that was served: applied at all, calls repaired, their formats.
         self.repair_applied = False
         self.tools_repaired = 0
         self.repair_formats: list[str] = []
-        self.drift_sample = None  # health.drift.DriftSample of the served answer (local providers)
+        self.drift_sample: DriftSample | None = None  # of the served answer (local providers)
 
     # -- the outcome ----------------------------------------------------------------------------------------
 
@@ -111,7 +114,7 @@ class RequestRecord:
 
     # -- what routing did, as it happens (called by the Exchange) -------------------------------------------
 
-    def set_affinity(self, ticket) -> None:
+    def set_affinity(self, ticket: Ticket | None) -> None:
         self.affinity = ticket
 
     def planned(self, plan: Plan) -> None:
@@ -153,7 +156,7 @@ class RequestRecord:
     def set_ttfb(self, ttfb: float | None) -> None:
         self.ttfb = ttfb
 
-    def served(self, provider: str, strategy) -> None:
+    def served(self, provider: str, strategy: Strategy) -> None:
         """`provider` served the request (its translation strategy holds the usage and the repair done): a
         success, and the end of the request (200)."""
         self.served_by = provider
@@ -163,7 +166,7 @@ class RequestRecord:
         self.repair_formats = strategy.repair_formats
         self.end(200, None)
 
-    def sampled_drift(self, sample) -> None:
+    def sampled_drift(self, sample: DriftSample | None) -> None:
         self.drift_sample = sample
 
     def waited_upstream(self, seconds: float) -> None:
