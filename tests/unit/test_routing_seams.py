@@ -1,4 +1,5 @@
-"""The routing seams hold: routing never imports the HTTP edge, and nobody wires the router from outside."""
+"""The routing seams hold: routing never imports the HTTP edge, nobody wires the router from outside, and a
+request's routine (Exchange) and its record (RequestRecord) are written only by their own modules."""
 
 from __future__ import annotations
 
