@@ -39,6 +39,7 @@ if TYPE_CHECKING:
     from .health.monitor import HealthMonitor
     from .health.selfheal import SelfHealer
     from .routing.executor import Exchange
+    from .routing.record import RequestRecord
     from .state.shared.budget import SharedBudget
     from .supervise.from_config import Processes
 
@@ -313,9 +314,9 @@ class Daemon:
         """Guards that act before routing. True when a guard already answered the request."""
         return await apply_tool_loop(ex, self.telemetry.publish)
 
-    def finish(self, ex: Exchange) -> None:
-        """After every request (ingress calls it): see observe/finish.py."""
-        self._finisher(ex)
+    def finish(self, record: RequestRecord) -> None:
+        """After every request (ingress calls it with the request's record): see observe/finish.py."""
+        self._finisher(record)
 
 
 def _has_processes(cfg: ConfigModel) -> bool:

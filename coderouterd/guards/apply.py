@@ -38,8 +38,7 @@ async def apply_tool_loop(ex: Exchange, publish) -> bool:
         req.body = tool_loop.inject(req.ingress, req.body, finding)
         req.raw = orjson.dumps(req.body)
         return False
-    ex.status = 400
-    ex.error_class = "tool_loop"
+    ex.record.end(400, "tool_loop")
     await ex.sink.error(400, finding.message(), kind="invalid_request_error",
                         headers={"x-coderouter-profile": ex.profile_name}, extra={"detail": finding.detail()})
     return True

@@ -18,7 +18,7 @@ from .drift import DriftDetector, DriftSample, DriftSettings, model_key
 
 if TYPE_CHECKING:
     from ..config.schema import ConfigModel
-    from ..routing.executor import Exchange
+    from ..routing.record import RequestRecord
 
 log = logging.getLogger("coderouterd")
 
@@ -54,20 +54,20 @@ class DriftManager:
 
     # -- samples --------------------------------------------------------------------------------------------
 
-    def record(self, ex: Exchange) -> None:
-        """After a request (on the event loop; pure bookkeeping, no I/O)."""
-        action = ex.profile.drift_action
+    def record(self, record: RequestRecord) -> None:
+        """After a request, from its record (on the event loop; pure bookkeeping, no I/O)."""
+        action = record.profile.drift_action
         if action == "off":
             return
-        providers = ex.runtime.providers
-        model = ex.model_used or ""
-        for a in ex.attempts:
+        providers = record.runtime.providers
+        model = record.model_used or ""
+        for a in record.attempts:
             p = providers.get(a.provider)
             if a.outcome == "failed" and p is not None and p.cfg.is_local() and a.reason != "client_disconnected":
                 self._observe(a.provider, model, DriftSample(error=True), action)
-        sample = ex.drift_sample
-        if sample is not None and ex.served_by:
-            self._observe(ex.served_by, model, sample, action)
+        sample = record.drift_sample
+        if sample is not None and record.served_by:
+            self._observe(record.served_by, model, sample, action)
 
     def _observe(self, provider: str, model: str, sample: DriftSample, action: str) -> None:
         model = model_key(model)  # a client's name, bounded: it is kept, logged and journaled

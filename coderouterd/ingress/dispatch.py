@@ -12,6 +12,7 @@ import orjson
 
 from ..ids import client_request_id, new_id
 from ..live_config import UnknownProfile
+from ..routing.record import CLIENT_DISCONNECTED, INTERNAL_ERROR
 from ..routing.request import ClientRequest
 from .auth import key_accepted, presented_key
 from .guard import BodyTooLarge, ClientLeft, answer_internal_error, describe_exception, read_body
@@ -23,7 +24,7 @@ from .validate import depth_problem, validate_anthropic, validate_openai
 if TYPE_CHECKING:
     from ..daemon import Daemon
     from ..live_config import Runtime
-    from ..routing.executor import Exchange
+    from ..routing.record import RequestRecord
     from ..ui.app import DashboardApp
 
 log = logging.getLogger("coderouterd.request")
@@ -49,13 +50,11 @@ def _headers(scope) -> dict[str, str]:
     return {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
 
 
-def _client_left(ex: Exchange) -> None:
-    """The client went away before the response's closing bytes. One that already had the whole answer
-    (it closes right after [DONE]) was served: the request keeps its success and the usage it recorded."""
-    if ex.status == 200 and ex.error_class is None:
-        return
-    ex.status = ex.status or 499
-    ex.error_class = "client_disconnected"
+def _client_left(record: RequestRecord) -> None:
+    """The client went away before the response's closing bytes: the status being answered (499 when none) and
+    `client_disconnected`. One that already had the whole answer (it closes right after [DONE]) was served:
+    `end` keeps its success and the usage it recorded."""
+    record.end(record.status or 499, CLIENT_DISCONNECTED)
 
 
 class _TrackedSend:
@@ -262,8 +261,9 @@ class ProxyApp:
         after = daemon.after_response
         ex = Exchange(req, r, runtime=runtime, router=daemon.router, profile=profile,
                       before_upstream=after.while_waiting)
+        record = ex.record
         if await daemon.guard_request(ex):
-            after.defer(daemon.finish, ex)
+            after.defer(daemon.finish, record)
             return
         task = asyncio.current_task()
         # Our protocol (ingress/protocol.py) calls back when the client leaves, so a hung upstream is dropped
@@ -274,10 +274,10 @@ class ProxyApp:
         try:
             await ex.run()
         except ClientGone:
-            _client_left(ex)
+            _client_left(record)
         except asyncio.CancelledError:
             if not r.finished:
-                _client_left(ex)
+                _client_left(record)
                 # The client left: swallow the cancellation so the server finishes this cycle quietly.
                 if task is not None and task.cancelling():
                     task.uncancel()
@@ -285,20 +285,19 @@ class ProxyApp:
                 raise
         except Exception as e:  # a bug must cost one request, never the daemon
             log.error("request %s failed: %s", rid, describe_exception(e))
-            ex.status = 500
-            ex.error_class = "internal_error"
+            record.end(500, INTERNAL_ERROR)
             if not r.finished:
                 try:
                     await r.error(500, f"internal error in coderouterd: {type(e).__name__}", kind="api_error",
-                                  headers={"x-coderouter-profile": ex.profile_name,
-                                           "x-coderouter-attempts": ex.attempts_header()})
+                                  headers={"x-coderouter-profile": record.profile_name,
+                                           "x-coderouter-attempts": record.attempts_header()})
                 except ClientGone:
                     pass
         finally:
             if hook is not None:
                 hook(None)
-        after.defer(daemon.finish, ex)
-        if not r.headers_sent and ex.error_class == "client_disconnected":
+        after.defer(daemon.finish, record)
+        if not r.headers_sent and record.error_class == CLIENT_DISCONNECTED:
             raise ClientLeft  # nothing was answered because the client left: the edge guard stays quiet
 
     async def count_tokens(self, scope, receive, send) -> None:

@@ -1,5 +1,7 @@
-"""The per-request hook: after every request, its record (journal, metrics, stats), the drift detector's
-sample, the decision trace kept for `corectl explain`, and the one log line."""
+"""The per-request hook: after every request, from its record (routing/record.py): the journal's events
+(metrics, stats), the drift detector's sample, the decision trace kept for `corectl explain`, and the one log
+line. None of them writes to the record, so their order does not matter; the cost is computed once, here, and
+handed to the journal and the trace."""
 
 from __future__ import annotations
 
@@ -7,11 +9,11 @@ import logging
 import time
 from typing import TYPE_CHECKING
 
-from .request_record import RequestRecorder
+from .request_record import RequestRecorder, request_cost
 from .traces import RecentTraces
 
 if TYPE_CHECKING:
-    from ..routing.executor import Exchange
+    from ..routing.record import RequestRecord
 
 req_log = logging.getLogger("coderouterd.request")
 
@@ -22,16 +24,18 @@ class RequestFinisher:
         self.traces = traces
         self.drift = drift  # health.drift_actions.DriftManager, fed every finished request
 
-    def __call__(self, ex: Exchange) -> None:
-        latency = time.monotonic() - ex.req.started
-        self.recorder.record(ex, latency)
+    def __call__(self, record: RequestRecord) -> None:
+        req = record.req
+        latency = time.monotonic() - req.started
+        cost = request_cost(record)
+        self.recorder.record(record, latency, cost)
         if self.drift is not None:
-            self.drift.record(ex)
-        self.traces.add(ex.req.request_id, ex.trace(latency))
-        if ex.status >= 400 or len(ex.attempts) > 1 or ex.skips:
+            self.drift.record(record)
+        self.traces.add(req.request_id, record.trace(latency, cost_usd=cost))
+        if record.status >= 400 or len(record.attempts) > 1 or record.skips:
             # "provider=-" when nobody served it (not "None").
-            req_log.info("%s %s profile=%s provider=%s status=%s attempts=%s", ex.req.request_id, ex.req.ingress,
-                         ex.profile_name, ex.served_by or "-", ex.status, ex.attempts_header())
+            req_log.info("%s %s profile=%s provider=%s status=%s attempts=%s", req.request_id, req.ingress,
+                         record.profile_name, record.served_by or "-", record.status, record.attempts_header())
         elif req_log.isEnabledFor(logging.DEBUG):
-            req_log.debug("%s %s profile=%s provider=%s status=%s", ex.req.request_id, ex.req.ingress,
-                          ex.profile_name, ex.served_by, ex.status)
+            req_log.debug("%s %s profile=%s provider=%s status=%s", req.request_id, req.ingress,
+                          record.profile_name, record.served_by, record.status)

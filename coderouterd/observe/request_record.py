@@ -1,6 +1,7 @@
-"""A finished request as events: the journal's RequestFinished (with its cost), ToolRepaired, FallbackUsed,
-and the prompt-cache heuristic. Built on the event loop in O(attempts); every write happens in the bus's
-writer thread. The typed skips and attempts become JSON here, at the journal's edge."""
+"""A finished request's record (routing/record.py) as events: the journal's RequestFinished (with its cost),
+ToolRepaired, FallbackUsed, and the prompt-cache heuristic. Built on the event loop in O(attempts); every write
+happens in the bus's writer thread. The typed skips and attempts become JSON here, at the journal's edge. The
+record is only read: its cost is `request_cost(record)`, computed by the caller and handed in."""
 
 from __future__ import annotations
 
@@ -13,7 +14,19 @@ from ..state.events import ToolRepaired, moved_past
 from .cache_watch import CacheWatch
 
 if TYPE_CHECKING:
-    from ..routing.executor import Exchange
+    from ..routing.record import RequestRecord
+
+
+def request_cost(record: RequestRecord) -> float:
+    """What the answer cost in USD, priced with the provider's costs in the configuration it was served under
+    (0 when nobody served it or the provider is free)."""
+    provider = record.served_by
+    if provider is None:
+        return 0.0
+    cost = record.runtime.providers[provider].cfg.cost
+    if cost.input or cost.output or cost.cache_read or cost.cache_write:
+        return cost_usd(record.usage or {}, cost)
+    return 0.0
 
 
 class RequestRecorder:
@@ -21,41 +34,37 @@ class RequestRecorder:
         self._publish = publish
         self.cache = CacheWatch(publish)
 
-    def record(self, ex: Exchange, latency_s: float) -> None:
-        u = ex.usage or {}
-        provider = ex.served_by
-        cost = 0.0
-        if provider is not None:
-            cfg = ex.runtime.providers[provider].cfg
-            if cfg.cost.input or cfg.cost.output or cfg.cost.cache_read or cfg.cost.cache_write:
-                cost = cost_usd(u, cfg.cost)
-        ex.cost_usd = cost
-        fallback_count = len(moved_past(ex.attempts, provider is not None))
-        attempts = [_bounded(r.as_dict(message=False)) for r in ex.skips_and_attempts()]
+    def record(self, record: RequestRecord, latency_s: float, cost: float) -> None:
+        """The request's events; `cost` is `request_cost(record)`."""
+        u = record.usage or {}
+        req = record.req
+        provider = record.served_by
+        fallback_count = len(moved_past(record.attempts, provider is not None))
+        attempts = [_bounded(r.as_dict(message=False)) for r in record.skips_and_attempts()]
         publish = self._publish
         publish(RequestFinished(
-            request_id=ex.req.request_id, ingress=ex.req.ingress, profile=ex.profile_name, provider=provider,
-            attempts=attempts, model_requested=clip(ex.req.model), model_used=clip(ex.model_used or ""),
-            status=ex.status,
-            error_class=ex.error_class, latency_ms=round(latency_s * 1000, 3),
-            ttfb_ms=round(ex.ttfb * 1000, 3) if ex.ttfb is not None else None,
+            request_id=req.request_id, ingress=req.ingress, profile=record.profile_name, provider=provider,
+            attempts=attempts, model_requested=clip(req.model), model_used=clip(record.model_used or ""),
+            status=record.status,
+            error_class=record.error_class, latency_ms=round(latency_s * 1000, 3),
+            ttfb_ms=round(record.ttfb * 1000, 3) if record.ttfb is not None else None,
             input_tokens=u.get("input_tokens") or 0, output_tokens=u.get("output_tokens") or 0,
             cache_read_tokens=u.get("cache_read_input_tokens") or 0,
             cache_write_tokens=u.get("cache_creation_input_tokens") or 0,
-            cost_usd=cost, streaming=ex.req.stream, fallback_count=fallback_count, race_outcome=ex.race_outcome,
-            overhead_ms=round(max(0.0, latency_s - ex.upstream_wait_s) * 1000, 3),
-            session_key=_clip_opt(ex.req.session_key()),
-            **_affinity_fields(ex.affinity),
-            tool_repair=ex.repair_applied, settles=ex.settles,
+            cost_usd=cost, streaming=req.stream, fallback_count=fallback_count, race_outcome=record.race_outcome,
+            overhead_ms=round(max(0.0, latency_s - record.upstream_wait_s) * 1000, 3),
+            session_key=_clip_opt(req.session_key()),
+            **_affinity_fields(record.affinity),
+            tool_repair=record.repair_applied, settles=record.settles,
         ))
-        if ex.tools_repaired and provider is not None:
-            publish(ToolRepaired(request_id=ex.req.request_id, provider=provider,
-                                 model=ex.model_used or "", calls=ex.tools_repaired,
-                                 formats=sorted(set(ex.repair_formats)), streaming=ex.req.stream))
+        if record.tools_repaired and provider is not None:
+            publish(ToolRepaired(request_id=req.request_id, provider=provider,
+                                 model=record.model_used or "", calls=record.tools_repaired,
+                                 formats=sorted(set(record.repair_formats)), streaming=req.stream))
         if fallback_count:
-            publish(FallbackUsed(request_id=ex.req.request_id, profile=ex.profile_name, chain=attempts))
+            publish(FallbackUsed(request_id=req.request_id, profile=record.profile_name, chain=attempts))
         if provider is not None:
-            self.cache.observe(provider, ex.profile_name, u, ex.runtime.providers[provider].cfg.cost)
+            self.cache.observe(provider, record.profile_name, u, record.runtime.providers[provider].cfg.cost)
 
 
 def _affinity_fields(ticket) -> dict:

@@ -11,8 +11,11 @@ unhealthy), the request is tried on them anyway, best first, and each such attem
 panic threshold). A profile with `panic = false` gets the fast 529/503 instead.
 
 The client is reached only through a `ClientSink` (routing/sink.py); race mode (routing/race.py) uses the same
-public steps as fallback: `open_slot`, `new_call`, `holding`, `failed`, `lost`, `deliver_*`, `ends_request`,
-`send_failure`, and the one try-in-order routine, `try_in_order`.
+public steps as fallback: `open_slot`, `new_call`, `holding`, `first_output`, `failed`, `lost`, `deliver_*`,
+`ends_request`, `send_failure`, and the one try-in-order routine, `try_in_order`.
+
+The Exchange is the routine; what the request did is its `record` (routing/record.py), written through the
+record's methods and handed to the observers once the answer is out.
 """
 
 from __future__ import annotations
@@ -23,7 +26,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
-from ..ids import new_id
 from ..protocol.errors import error_kind
 from ..providers.call import Call
 from ..providers.errors import BUDGET, BUDGET_FINAL, IDLE_TIMEOUT, OVERFLOW, TOTAL_TIMEOUT, UpstreamError
@@ -31,8 +33,9 @@ from ..providers.provider import Provider
 from ..translate.images import omit_images
 from ..translate.tool_repair import repair_tools_for
 from . import replies
+from .attempts import Outcome
 from .planner import Skip
-from .records import Attempt, Outcome
+from .record import CLIENT_DISCONNECTED, RequestRecord
 from .request import ClientRequest
 from .sink import ClientGone, ClientSink, StreamOpening
 
@@ -62,7 +65,10 @@ class Slot:
 
 
 class Exchange:
-    """The life of one client request across its attempts. Collects the decision trace as it goes."""
+    """The life of one client request across its attempts: the routine. What it did goes into `self.record`."""
+
+    __slots__ = ("req", "_before_upstream", "_call_factory", "sink", "runtime", "router", "profile_name",
+                 "profile", "server", "record", "budget_final", "committed", "_panicked")
 
     def __init__(self, req: ClientRequest, sink: ClientSink, *, runtime: Runtime, router, profile: str,
                  call_factory=Call, before_upstream: Callable[[], None] | None = None) -> None:
@@ -76,90 +82,27 @@ class Exchange:
         self.runtime = runtime
         self.router = router
         self.profile_name = profile
-        self.profile = runtime.config.profiles[profile]
+        # The request's inputs (req, runtime, profile) are the record's too: it is what observers read.
+        self.record = record = RequestRecord(req, runtime, profile)
+        self.profile = record.profile
         self.server = runtime.config.server
-        self.attempts: list[Attempt] = []
-        self.skips: list[Skip] = []
         self.budget_final: dict[str, str] = {}  # provider -> why its budget refused this request until the reset
-        self.notes: list[dict] = []  # what routing did to the request on the way (panic, images omitted)
-        self.settles: list[dict] = []  # shared-ledger settles, journaled with the request (see state/shared)
         self.committed = False
-        self.panic = False
         self._panicked: list[Skip] = []  # the transient skips panic mode overrode
-        self.served_by: str | None = None
-        self.model_used: str | None = None
-        self.usage: dict = {}
-        self.status = 0
-        self.error_class: str | None = None
-        self.ttfb: float | None = None
-        self.message_id = new_id("msg")
-        self.plan = None
-        self.race_outcome: str | None = None
-        self.cost_usd = 0.0
-        self.upstream_wait_s = 0.0
-        self.affinity = None  # affinity.service.Ticket: session, lane, canonical prompt, what affinity did
-        # Tool-call repair on the answer that was served: applied at all, calls repaired, their formats.
-        self.repair_applied = False
-        self.tools_repaired = 0
-        self.repair_formats: list[str] = []
-        self.drift_sample = None  # health.drift.DriftSample of the served answer (local providers)
-
-    # -- bookkeeping ----------------------------------------------------------------------------------------
 
     def _record(self, slot: Slot, outcome: Outcome, reason: str, status: int | None = None,
                 message: str = "") -> None:
-        self.attempts.append(Attempt(slot.name, outcome, reason, status,
-                                     round((time.monotonic() - slot.started) * 1000, 2), message[:300], slot.panic))
-
-    def skips_and_attempts(self) -> list[Skip | Attempt]:
-        """The whole decision trace in order, typed: what was skipped (and why), then each attempt."""
-        return [*self.skips, *self.attempts]
-
-    def trace(self, latency_s: float) -> dict:
-        """The decision trace of this request, for `corectl explain` and GET /v1/requests/{id}."""
-        plan = self.plan
-        return {
-            "request_id": self.req.request_id, "ts": self.req.wall_started, "ingress": self.req.ingress,
-            "stream": self.req.stream, "model_requested": self.req.model, "model_used": self.model_used,
-            "profile": self.profile_name, "mode": self.profile.mode,
-            "candidates": list(self.profile.providers),
-            "effective_order": list(plan.candidates) if plan is not None else [],
-            "order_notes": (list(plan.order_notes) if plan is not None else []) + list(self.notes),
-            "skips": [s.as_dict() for s in self.skips], "attempts": [a.as_dict() for a in self.attempts],
-            "served_by": self.served_by, "panic": self.panic,
-            "status": self.status, "error_class": self.error_class, "race_outcome": self.race_outcome,
-            "latency_ms": round(latency_s * 1000, 3),
-            "ttfb_ms": round(self.ttfb * 1000, 3) if self.ttfb is not None else None,
-            "usage": dict(self.usage), "cost_usd": self.cost_usd,
-            "notes": list(getattr(self.req.native, "notes", ())),
-            "affinity": self.affinity.note() if self.affinity is not None else None,
-            "tool_repair": {"applied": self.repair_applied, "repaired": self.tools_repaired,
-                            "formats": list(self.repair_formats)},
-        }
-
-    def attempts_header(self, serving: str | None = None) -> str:
-        """`x-coderouter-attempts`. `serving` is the header part of the provider a stream is committed to,
-        which has not finished when the header goes out."""
-        parts = [f"{s.provider}:skipped:{s.reason}" for s in self.skips]
-        parts += [a.header_part() for a in self.attempts]
-        if serving:
-            parts.append(serving)
-        return ",".join(parts)
-
-    def route_headers(self, provider: str | None, serving: str | None = None) -> dict[str, str]:
-        h = {"x-coderouter-profile": self.profile_name, "x-coderouter-attempts": self.attempts_header(serving)}
-        if provider:
-            h["x-coderouter-provider"] = provider
-        return h
+        self.record.attempted(slot.name, outcome, reason, status, slot.started, message, slot.panic)
 
     # -- main loop ------------------------------------------------------------------------------------------
 
     async def run(self) -> None:
         aff = self.router.affinity
-        self.affinity = aff.ticket(self.req, prompt_cache_key=self.req.session_key()) if aff is not None else None
-        self.plan = plan = self.router.plan(self.profile_name, self.profile, self.runtime, self.req,
-                                            ticket=self.affinity)
-        self.skips = list(plan.skips)
+        record = self.record
+        ticket = aff.ticket(self.req, prompt_cache_key=self.req.session_key()) if aff is not None else None
+        record.set_affinity(ticket)
+        plan = self.router.plan(self.profile_name, self.profile, self.runtime, self.req, ticket=ticket)
+        record.planned(plan)
         errors: list[UpstreamError] = []
         names = list(plan.candidates)
         if self.profile.mode == "race" and len(names) > 1:
@@ -168,11 +111,11 @@ class Exchange:
             rest = await run_race(self, names, errors)
             if rest is None:
                 return
-            self.race_outcome = "no_winner_fallback" if rest else "no_winner"
+            record.race_unwon(more_to_try=bool(rest))
             names = rest
         if names and await self.try_in_order(names, errors):
             return
-        if not self.attempts and self._enter_panic():
+        if not record.attempts and self._enter_panic():
             if await self.try_in_order(self._panic_order(), errors):
                 return
         if await self._wait_for_restart(errors):
@@ -204,16 +147,11 @@ class Exchange:
     def _enter_panic(self) -> bool:
         if not self.profile.panic:
             return False
-        transient = [s for s in self.skips if s.transient]
+        transient = [s for s in self.record.skips if s.transient]
         if not transient:
             return False
-        self.panic = True
         self._panicked = transient
-        self.skips = [s for s in self.skips if not s.transient]
-        why = ", ".join(f"{s.provider} ({s.reason})" for s in transient)
-        self.notes.append({"provider": "*", "moved": "none", "panic": True,
-                           "why": f"panic: every provider was skipped for a transient reason ({why}); "
-                                  "tried anyway, best first"})
+        self.record.panicked(transient)
         return True
 
     def _panic_order(self) -> list[str]:
@@ -238,10 +176,7 @@ class Exchange:
             up = await state.wait_up(coming, deadline - now)
             if not up:
                 return False
-            self.skips = [s for s in self.skips if not (s.provider in up and s.reason == "not_ready")]
-            self.notes.append({"provider": up[0], "moved": "none", "waited_s": round(time.monotonic() - waited, 3),
-                               "why": f"waited for {', '.join(up)} to be ready (managed process starting); "
-                                      "nothing else could serve"})
+            self.record.waited_for(up, time.monotonic() - waited)
             if await self.try_in_order(up, errors):
                 return True
         return False
@@ -251,12 +186,13 @@ class Exchange:
     async def open_slot(self, name: str) -> Slot | None:
         """Admit an attempt at `name` (breaker, then budget), or record why it is skipped and return None."""
         provider = self.runtime.providers[name]
-        admission = self.router.admit(name, panic=self.panic)
+        panic = self.record.panic
+        admission = self.router.admit(name, panic=panic)
         if admission is None:
-            self.skips.append(Skip(name, "breaker_open", f"circuit breaker for {name} is open (a trial is in "
-                                                         "flight)"))
+            self.record.skipped(Skip(name, "breaker_open", f"circuit breaker for {name} is open (a trial is in "
+                                                           "flight)"))
             return None
-        slot = Slot(provider, admission, time.monotonic(), panic=self.panic)
+        slot = Slot(provider, admission, time.monotonic(), panic=panic)
         try:
             slot.reservation = await self.router.reserve(provider, self.req)
         except UpstreamError as e:
@@ -264,7 +200,7 @@ class Exchange:
                 self.router.release(name, admission)
                 raise
             self.router.release(name, admission)  # a refused reservation is a budget gate, not a failure
-            self.skips.append(Skip(name, "budget", e.message))
+            self.record.skipped(Skip(name, "budget", e.message))
             if e.error_type == BUDGET_FINAL:
                 self.budget_final[name] = e.message
             return None
@@ -290,12 +226,12 @@ class Exchange:
     def _close_slot(self, slot: Slot) -> None:
         call = slot.call
         if slot.placement is not None and call is not None:
-            self.router.affinity.finish(self.affinity, slot.placement, slot.provider, ok=slot.ok,
+            self.router.affinity.finish(self.record.affinity, slot.placement, slot.provider, ok=slot.ok,
                                         strategy=call.strategy, request_id=self.req.request_id)
             slot.placement = None
         if call is not None:
             call.close()
-            self.upstream_wait_s += call.wait_s
+            self.record.waited_upstream(call.wait_s)
             slot.call = None
         if not slot.done:  # e.g. a race participant dropped without a verdict
             slot.done = True
@@ -306,7 +242,7 @@ class Exchange:
                 usage = call.strategy.usage
             settled = self.router.settle(slot.reservation, slot.provider, usage)
             if settled is not None:
-                self.settles.append(settled)
+                self.record.settled(settled)
             slot.reservation = None
 
     def new_call(self, slot: Slot, model: str) -> Call:
@@ -315,8 +251,9 @@ class Exchange:
         req = self.req
         provider = slot.provider
         body, raw = req.body, req.raw
-        if self.affinity is not None:
-            body, raw = self.router.affinity.body_for(self.affinity, provider, req)
+        ticket = self.record.affinity
+        if ticket is not None:
+            body, raw = self.router.affinity.body_for(ticket, provider, req)
         if provider.cfg.capabilities.vision is False and req.has_images():
             body, omitted = omit_images(req.ingress, body, f"[image omitted: {provider.name} does not accept "
                                                            "images]")
@@ -324,9 +261,9 @@ class Exchange:
                 import orjson
 
                 raw = orjson.dumps(body)
-                self.notes.append({"provider": provider.name, "moved": "none", "images_omitted": omitted,
-                                   "why": f"{omitted} image(s) replaced by a text note: {provider.name} has "
-                                          "capabilities.vision = false"})
+                self.record.note({"provider": provider.name, "moved": "none", "images_omitted": omitted,
+                                  "why": f"{omitted} image(s) replaced by a text note: {provider.name} has "
+                                         "capabilities.vision = false"})
         cls = provider.adapter.strategy_for(req.ingress)
         kw = {"model": model, "skip_prologue": self.committed and self.sink.opens_stream_itself, "client_body": body}
         if req.native is not None:
@@ -347,37 +284,38 @@ class Exchange:
     async def serve(self, slot: Slot) -> None:
         """One whole attempt: resolve the model, open the call, deliver the answer. Raises UpstreamError."""
         model = await slot.provider.resolve_model(self.req.model)
-        self.model_used = model
+        self.record.chose_model(model)
         call = self.new_call(slot, model)
-        aff = self.router.affinity if self.affinity is not None else None
+        ticket = self.record.affinity
+        aff = self.router.affinity if ticket is not None else None
         if aff is not None:
-            call.placement = slot.placement = await aff.place(self.affinity, slot.provider)
-            if slot.placement is not None:
-                call.extra_fields = slot.placement.fields
+            call.placement = slot.placement = placement = await aff.place(ticket, slot.provider)
+            if placement is not None:
+                call.extra_fields = placement.fields
         if self._before_upstream is not None:
             self._before_upstream()
         if self.req.stream:
-            await self.deliver_stream(slot, await self._first_output(call))
+            await self.deliver_stream(slot, await self._first_output_or_commit(call))
         else:
             await call.open()
             await self.deliver_body(slot, await call.result())
 
     async def deliver_body(self, slot: Slot, body: bytes) -> None:
         """A whole non-streaming answer from the slot's provider: it won."""
-        self.ttfb = slot.call.ttfb
+        self.record.set_ttfb(slot.call.ttfb)
         self.succeeded(slot, learn=False)
         try:
-            await self.sink.finish(body, self.route_headers(slot.name))
+            await self.sink.finish(body, self.record.route_headers(slot.name))
         finally:
             self._learn_from(slot)  # after the answer is out: nothing in it depends on this
 
     async def deliver_stream(self, slot: Slot, first: bytes) -> None:
         """Stream the slot's provider to the client from its first output to its end. Raises UpstreamError."""
         call = slot.call
-        self.ttfb = call.ttfb
+        self.record.set_ttfb(call.ttfb)
         if not self.committed:
             self.committed = True
-            await self.sink.start_stream(self.route_headers(slot.name, serving=_serving(slot, "ok")))
+            await self.sink.start_stream(self.record.route_headers(slot.name, serving=_serving(slot, "ok")))
         await self.sink.event(first)
         await self._pump(call)
         # The upstream's whole answer, its usage included, is with the client now: the request succeeded. It is
@@ -390,15 +328,8 @@ class Exchange:
     def succeeded(self, slot: Slot, *, learn: bool = True) -> None:
         """The slot's provider served the request. `learn=False`: the caller calls `_learn_from` itself once
         the answer is out."""
-        call = slot.call
         slot.done = slot.ok = True
-        self.served_by = slot.name
-        self.usage = call.strategy.usage or {}
-        self.status = 200
-        st = call.strategy
-        self.repair_applied = st.repair_tools is not None
-        self.tools_repaired = st.repaired
-        self.repair_formats = st.repair_formats
+        self.record.served(slot.name, slot.call.strategy)
         self._record(slot, Outcome.OK, "ok", 200)
         if learn:
             self._learn_from(slot)
@@ -406,18 +337,21 @@ class Exchange:
     def _learn_from(self, slot: Slot) -> None:
         """What a success teaches: the breaker and adaptive stats, the token ratio, drift, affinity."""
         call = slot.call
+        record = self.record
         if getattr(call.strategy, "answer", None) is not None:
-            self.drift_sample = call.strategy.drift_sample(tools_offered=bool(self.req.body.get("tools")),
-                                                           prompt_key=_last_turn_key(self.req.body))
+            record.sampled_drift(call.strategy.drift_sample(tools_offered=bool(self.req.body.get("tools")),
+                                                            prompt_key=_last_turn_key(self.req.body)))
         latency = call.ttfb if call.ttfb is not None else time.monotonic() - slot.started
         self.router.report_success(slot.name, latency, slot.admission)
-        prompt_tokens = (self.usage.get("input_tokens") or 0) + (self.usage.get("cache_read_input_tokens") or 0)
+        usage = record.usage
+        prompt_tokens = (usage.get("input_tokens") or 0) + (usage.get("cache_read_input_tokens") or 0)
         if prompt_tokens:
             slot.provider.learn_ratio(call.request_chars, prompt_tokens)
-        if self.affinity is not None and slot.placement is None:
+        ticket = record.affinity
+        if ticket is not None and slot.placement is None:
             # A race winner: never slot-pinned, but what it cached still teaches the index.
             aff = self.router.affinity
-            aff.finish(self.affinity, aff.unplaced(self.affinity, slot.provider), slot.provider, ok=True,
+            aff.finish(ticket, aff.unplaced(ticket, slot.provider), slot.provider, ok=True,
                        strategy=call.strategy, request_id=self.req.request_id)
 
     def failed(self, slot: Slot, e: UpstreamError) -> None:
@@ -442,21 +376,33 @@ class Exchange:
 
     # -- streaming ------------------------------------------------------------------------------------------
 
-    async def _first_output(self, call: Call) -> bytes:
-        async def first() -> bytes:
-            await call.open()
-            while True:
-                remaining = call.first_byte_deadline - time.monotonic()
-                if remaining <= 0:
-                    raise UpstreamError("first_byte_timeout", message="no event within the first-byte timeout")
-                try:
-                    data = await call.read(remaining)
-                except TimeoutError:
-                    continue
-                if data is None or data:
-                    return data or b""
+    async def first_output(self, call: Call, *, until_content: bool = False) -> bytes:
+        """Open a streaming call and read its first output within the call's first-byte timeout: its first event
+        (b"" when the stream ends first), or with `until_content` (a race, where only useful output counts)
+        every event until the first content or tool call, joined. Raises UpstreamError (first_byte_timeout)."""
+        await call.open()
+        got: list[bytes] | None = [] if until_content else None
+        while got is None or not call.strategy.started_content:
+            remaining = call.first_byte_deadline - time.monotonic()
+            if remaining <= 0:
+                raise UpstreamError("first_byte_timeout", message=f"no {'content' if until_content else 'event'} "
+                                                                  "within the first-byte timeout")
+            try:
+                data = await call.read(remaining)
+            except TimeoutError:
+                continue
+            if data is None:
+                break
+            if got is not None:
+                got.append(data)
+            elif data:
+                return data
+        return b"".join(got) if got else b""
 
-        task = asyncio.ensure_future(first())
+    async def _first_output_or_commit(self, call: Call) -> bytes:
+        """The first output of a streaming call; meanwhile the stream commits when its hold is over, then the
+        client gets pings while the upstream is silent."""
+        task = asyncio.ensure_future(self.first_output(call))
         try:
             if not self.committed:
                 wait = self.hold_remaining()
@@ -486,9 +432,10 @@ class Exchange:
             for c in calls:
                 c.strategy.skip_prologue = True
         self.committed = True
-        opening = StreamOpening(self.req.model, self.message_id, int(len(self.req.raw) / 4))
-        serving = f"{provider_name}:panic:streaming" if self.panic else f"{provider_name}:streaming"
-        await self.sink.start_stream(self.route_headers(provider_name, serving=serving), opening)
+        record = self.record
+        opening = StreamOpening(self.req.model, record.message_id, int(len(self.req.raw) / 4))
+        serving = f"{provider_name}:panic:streaming" if record.panic else f"{provider_name}:streaming"
+        await self.sink.start_stream(record.route_headers(provider_name, serving=serving), opening)
 
     async def ping(self) -> None:
         await self.sink.ping()
@@ -540,13 +487,14 @@ class Exchange:
 
     async def conclude(self, errors: list[UpstreamError]) -> None:
         """Nobody served the request: one error naming each attempt and skip and its cause."""
-        args = {"ingress": self.req.ingress, "profile": self.profile_name, "summary": self._failure_summary()}
+        skips = self.record.skips
+        args = {"ingress": self.req.ingress, "profile": self.profile_name, "summary": self.record.failure_summary()}
         if errors:
             await self._reply(replies.all_failed(errors, **args))
         else:
-            spent = {s.provider: why for s in self.skips if s.reason == "budget"
+            spent = {s.provider: why for s in skips if s.reason == "budget"
                      and (why := self.budget_final.get(s.provider) or self.router.spent_cap(s.provider)) is not None}
-            await self._reply(replies.nothing_attempted(self.skips, spent=spent, **args))
+            await self._reply(replies.nothing_attempted(skips, spent=spent, **args))
 
     def _larger_window_ahead(self, e: UpstreamError, rest: list[str]) -> bool:
         needed = e.overflow[0] if e.overflow and e.overflow[0] else 0
@@ -559,12 +507,11 @@ class Exchange:
 
     async def _send_error(self, status: int, message: str, *, kind: str | None = None,
                           extra: dict | None = None, headers: dict | None = None, code: str | None = None) -> None:
-        self.status = status
-        self.error_class = kind or error_kind(status)
+        self.record.end(status, kind or error_kind(status))
         if self.committed:
             await self.sink.error(status, message, kind=kind or error_kind(status), code=code)
             return
-        h = self.route_headers(None)
+        h = self.record.route_headers(None)
         if headers:
             h.update(headers)
         await self.sink.error(status, message, kind=kind, headers=h, extra=extra, code=code)
@@ -573,18 +520,10 @@ class Exchange:
         await self._send_error(r.status, r.message, kind=r.kind, headers=r.headers, code=r.code)
 
     async def _fail_committed(self, e: UpstreamError) -> None:
-        self.status = 200
-        self.error_class = e.reason
+        self.record.end(200, e.reason)
         kind = e.error_type or ("overloaded_error" if e.status in replies.OVERLOAD_STATUSES else "api_error")
-        await self.sink.error(e.status or 502, f"upstream {self.attempts[-1].provider} failed mid-stream: "
+        await self.sink.error(e.status or 502, f"upstream {self.record.attempts[-1].provider} failed mid-stream: "
                                                f"{e.message}", kind=kind)
-
-    def _failure_summary(self) -> str:
-        parts = [f"{s.provider}: skipped ({s.reason}: {s.message})" for s in self.skips]
-        for a in self.attempts:
-            if a.outcome is not Outcome.OK:
-                parts.append(f"{a.provider}: {a.reason}" + (f" ({a.message})" if a.message else ""))
-        return "; ".join(parts)
 
 
 class _Holding:
@@ -605,8 +544,8 @@ class _Holding:
             if exc_type is not None:
                 if issubclass(exc_type, (asyncio.CancelledError, ClientGone)):
                     if not slot.ok:  # not a client leaving after its whole answer (see deliver_stream)
-                        ex._abandon(slot, Outcome.CANCELLED, "client_disconnected")
-                        ex.status = 499
+                        ex._abandon(slot, Outcome.CANCELLED, CLIENT_DISCONNECTED)
+                        ex.record.end(499, CLIENT_DISCONNECTED)
                 elif issubclass(exc_type, Exception):
                     ex._abandon(slot, Outcome.ERROR, "internal_error", exc_type.__name__)
         finally:

@@ -6,8 +6,9 @@ A participant that fails before the race is decided simply drops out; when all o
 raced are left to the executor's one try-in-order routine. With `race_delay_ms` (hedging) the second and later
 participants start only if nobody has produced useful output by then, which bounds the extra cost.
 
-Only the race itself lives here; every step of an attempt (admission, budget, breaker reports, the trace,
-delivering the winner) goes through the Exchange's public operations, the same ones fallback uses."""
+Only the race itself lives here; every step of an attempt (admission, budget, breaker reports, the first-byte
+wait, the record, delivering the winner) goes through the Exchange's public operations, the same ones fallback
+uses; what the race decided goes into the request's record through its methods."""
 
 from __future__ import annotations
 
@@ -25,22 +26,10 @@ if TYPE_CHECKING:
 
 async def _until_useful(ex: Exchange, call: Call) -> bytes:
     """Open the call and read until it produced content; returns everything produced so far."""
+    if ex.req.stream:
+        return await ex.first_output(call, until_content=True)
     await call.open()
-    if not ex.req.stream:
-        return await call.result()
-    out: list[bytes] = []
-    while not call.strategy.started_content:
-        remaining = call.first_byte_deadline - time.monotonic()
-        if remaining <= 0:
-            raise UpstreamError("first_byte_timeout", message="no content within the first-byte timeout")
-        try:
-            data = await call.read(remaining)
-        except TimeoutError:
-            continue
-        if data is None:
-            break
-        out.append(data)
-    return b"".join(out)
+    return await call.result()
 
 
 async def run_race(ex: Exchange, candidates: list[str], errors: list) -> list[str] | None:
@@ -68,7 +57,8 @@ async def run_race(ex: Exchange, candidates: list[str], errors: list) -> list[st
                     ex.failed(slot, e)
                 errors.append(e)
                 return
-            ex.model_used = ex.model_used or model
+            if not ex.record.model_used:
+                ex.record.chose_model(model)
             call = ex.new_call(slot, model)
             running[asyncio.ensure_future(_until_useful(ex, call))] = slot
             return
@@ -152,10 +142,7 @@ async def run_race(ex: Exchange, candidates: list[str], errors: list) -> list[st
         return pending
 
     task, slot = winner
-    won_after = time.monotonic() - race_started
-    lost = [a.provider for a in ex.attempts if a.outcome == "lost"]
-    ex.race_outcome = f"winner={slot.name} after {won_after * 1000:.1f}ms" + (
-        f"; losers={','.join(lost)}" if lost else "")
+    ex.record.race_won(slot.name, time.monotonic() - race_started)
     try:
         with ex.holding(slot):
             try:

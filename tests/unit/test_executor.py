@@ -8,8 +8,8 @@ import orjson
 import pytest
 
 from coderouterd.providers.errors import OVERFLOW, UNBUILDABLE, UpstreamError, http_error
+from coderouterd.routing.attempts import Outcome
 from coderouterd.routing.breaker import BreakerState
-from coderouterd.routing.records import Outcome
 from coderouterd.routing.sink import ClientGone
 from tests.support.routing import FakeSink, Routing, boom, chain_config, fail, hang, midstream, ok
 
@@ -40,9 +40,9 @@ def test_fallback_moves_past_a_failing_provider_and_says_so():
     r = Routing(chain_config("a", "b"))
     r.ups.script("a", fail(http_error(500, "boom")))
     ex, sink = run(r.serve())
-    assert sink.status == 200 and ex.served_by == "b"
+    assert sink.status == 200 and ex.record.served_by == "b"
     assert sink.headers()["x-coderouter-attempts"] == "a:http_500,b:ok"
-    assert [a.outcome for a in ex.attempts] == [Outcome.FAILED, Outcome.OK]
+    assert [a.outcome for a in ex.record.attempts] == [Outcome.FAILED, Outcome.OK]
     assert r.breaker("a").consecutive_failures == 1
     assert r.state.passive_failures("a") == 1
 
@@ -62,7 +62,7 @@ def test_streamed_attempts_header_names_the_winner():
     start = sink.log[0]
     assert start[0] == "start" and start[1]["x-coderouter-attempts"] == "a:http_503,b:ok"
     assert start[1]["x-coderouter-provider"] == "b"
-    assert sink.log[-1][0] == "finish" and ex.status == 200
+    assert sink.log[-1][0] == "finish" and ex.record.status == 200
 
 
 def test_request_caused_400_reaches_the_client_and_counts_for_nothing():
@@ -87,7 +87,7 @@ def test_context_overflows_are_400s_and_never_open_the_breaker():
         assert err[1] == 400 and err[2] == "prompt is too long: 5000 tokens > 4096 maximum"
     assert r.breaker("a").state is BreakerState.CLOSED
     ex, sink = run(r.serve())
-    assert sink.status == 200 and ex.attempts[-1].panic is False
+    assert sink.status == 200 and ex.record.attempts[-1].panic is False
 
 
 def test_an_overflow_without_numbers_is_told_as_unknown_not_estimated():
@@ -182,7 +182,7 @@ def test_every_exit_of_a_half_open_trial_releases_the_slot(case):
     else:
         assert br.state is BreakerState.HALF_OPEN
         assert isinstance(result, (asyncio.CancelledError, KeyError, ClientGone))
-        assert ex.attempts[-1].outcome in (Outcome.CANCELLED, Outcome.ERROR)
+        assert ex.record.attempts[-1].outcome in (Outcome.CANCELLED, Outcome.ERROR)
     assert br.allow()  # the next trial (or request) is admitted
     assert "a" in r.ups.closed  # the upstream connection was dropped either way
 
@@ -194,7 +194,7 @@ def test_midstream_failure_ends_with_an_error_event_and_releases_nothing_twice()
     ex, sink = run(r.serve(STREAM))
     kinds = [e[0] for e in sink.log]
     assert kinds == ["start", "event", "error"]
-    assert ex.status == 200 and ex.error_class == "upstream_disconnect"
+    assert ex.record.status == 200 and ex.record.error_class == "upstream_disconnect"
     assert r.ups.sent and all(n == "a" for n, _ in r.ups.sent)  # committed: never moved to b
 
 
@@ -208,7 +208,7 @@ def test_a_failure_after_content_the_client_never_saw_moves_to_the_next_provider
                                                                  after_content=True)))
     ex, sink = run(r.serve(STREAM))
     assert [n for n, _ in r.ups.sent] == ["a", "b"]
-    assert ex.status == 200 and ex.served_by == "b" and ex.error_class is None
+    assert ex.record.status == 200 and ex.record.served_by == "b" and ex.record.error_class is None
     assert [e[0] for e in sink.log][0] == "start" and "error" not in [e[0] for e in sink.log]
 
 
@@ -220,7 +220,7 @@ def test_a_failure_after_unseen_content_on_the_last_provider_is_an_http_error_no
                                                                  after_content=True)))
     ex, sink = run(r.serve(STREAM))
     assert not sink.headers_sent or sink.status >= 500
-    assert ex.status >= 500  # what the client got is what the journal says
+    assert ex.record.status >= 500  # what the client got is what the journal says
 
 
 # -- panic ------------------------------------------------------------------------------------------------------
@@ -232,8 +232,8 @@ def test_one_provider_with_an_open_breaker_is_still_served_in_panic():
     ex, sink = run(r.serve())
     assert sink.status == 200
     assert sink.headers()["x-coderouter-attempts"] == "a:panic:ok"
-    assert ex.panic and ex.attempts[0].panic and ex.trace(0.1)["panic"] is True
-    assert any(n.get("panic") for n in ex.trace(0.1)["order_notes"])
+    assert ex.record.panic and ex.record.attempts[0].panic and ex.record.trace(0.1, cost_usd=0.0)["panic"] is True
+    assert any(n.get("panic") for n in ex.record.trace(0.1, cost_usd=0.0)["order_notes"])
     assert r.breaker("a").state is BreakerState.CLOSED  # a real generation succeeded: proof enough
 
 
@@ -251,8 +251,8 @@ def test_panic_goes_best_first_and_a_panic_failure_does_not_touch_the_open_break
     open_breaker(r, "b")  # b reopens later than a
     r.ups.script("a", fail(http_error(500, "still down")))
     ex, sink = run(r.serve())
-    assert [a.provider for a in ex.attempts] == ["a", "b"] and all(a.panic for a in ex.attempts)
-    assert sink.status == 200 and ex.served_by == "b"
+    assert [a.provider for a in ex.record.attempts] == ["a", "b"] and all(a.panic for a in ex.record.attempts)
+    assert sink.status == 200 and ex.record.served_by == "b"
     assert r.breaker("a").state is BreakerState.OPEN and r.breaker("a").retry_in_s == pytest.approx(20)
 
 
@@ -284,7 +284,7 @@ def test_a_fatal_process_is_skipped_even_in_panic_and_the_client_is_told_how_to_
         open_breaker(r, "a")
     r.state.mark_down(["a"], state="fatal", process="llama")
     ex, sink = run(r.serve())
-    assert r.ups.sent == [] and not ex.attempts
+    assert r.ups.sent == [] and not ex.record.attempts
     status, msg, kind, headers = sink.last_error()[1:]
     assert status == 529 and kind == "overloaded_error"
     assert "a:skipped:not_ready" in headers["x-coderouter-attempts"]
@@ -301,9 +301,9 @@ def test_a_request_nothing_else_can_serve_waits_for_a_starting_process_then_is_s
         assert not task.done() and r.ups.sent == []  # waiting, not failing
         r.state.mark_up(["a"])  # READY
         ex, sink = await asyncio.wait_for(task, 5)
-        assert sink.status == 200 and ex.served_by == "a"
+        assert sink.status == 200 and ex.record.served_by == "a"
         assert "a:skipped:not_ready" not in sink.headers()["x-coderouter-attempts"]
-        assert any("waited for a" in n.get("why", "") for n in ex.notes)
+        assert any("waited for a" in n.get("why", "") for n in ex.record.notes)
     run(go())
 
 
@@ -328,7 +328,7 @@ def test_a_fallback_that_serves_is_not_held_back_by_a_starting_process():
         r = Routing(chain_config("a", "b"))
         r.state.mark_down(["a"], wait_s=30)
         ex, sink = await asyncio.wait_for(r.serve(), 2)
-        assert sink.status == 200 and ex.served_by == "b"
+        assert sink.status == 200 and ex.record.served_by == "b"
     run(go())
 
 
@@ -336,7 +336,7 @@ def test_unhealthy_excluded_provider_is_tried_in_panic():
     r = Routing(chain_config("a"))
     r.state.set_health("a", "UNHEALTHY", "test")
     ex, sink = run(r.serve())
-    assert sink.status == 200 and ex.attempts[0].panic
+    assert sink.status == 200 and ex.record.attempts[0].panic
 
 
 def test_a_half_open_trial_in_flight_does_not_make_others_route_nowhere():
@@ -344,7 +344,7 @@ def test_a_half_open_trial_in_flight_does_not_make_others_route_nowhere():
     half_open(r, "a")
     assert r.breaker("a").allow()  # someone else holds the trial
     ex, sink = run(r.serve())
-    assert sink.status == 200 and ex.attempts[0].panic
+    assert sink.status == 200 and ex.record.attempts[0].panic
     assert r.breaker("a").state is BreakerState.CLOSED  # a real generation served: that closes it
 
 
@@ -366,7 +366,7 @@ def test_images_to_a_provider_declared_without_vision_become_a_note():
     sent = r.ups.sent[0][1]
     assert b'"type":"image"' not in sent and b"iVBORw0KGgo" not in sent
     assert sent.count(b"[image omitted: a does not accept images]") == 2
-    assert any(n.get("images_omitted") == 2 for n in ex.trace(0.1)["order_notes"])
+    assert any(n.get("images_omitted") == 2 for n in ex.record.trace(0.1, cost_usd=0.0)["order_notes"])
 
 
 def test_openai_image_url_is_replaced_too_and_undeclared_vision_forwards():
@@ -388,15 +388,15 @@ def test_an_out_of_memory_cooldown_is_named_as_such_not_as_an_open_breaker():
     r = Routing(chain_config("a", "b"))
     r.ups.script("a", fail(UpstreamError(MEMORY_PRESSURE, status=500, message="cudaMalloc failed: out of memory")))
     ex, sink = run(r.serve())
-    assert ex.served_by == "b" and r.breaker("a").state is BreakerState.OPEN
+    assert ex.record.served_by == "b" and r.breaker("a").state is BreakerState.OPEN
     ex, sink = run(r.serve())
-    skip = next(s for s in ex.skips if s.provider == "a")
+    skip = next(s for s in ex.record.skips if s.provider == "a")
     assert skip.reason == "memory_cooldown" and "ran out of memory; cooling down for" in skip.message
     assert "a:skipped:memory_cooldown" in sink.headers()["x-coderouter-attempts"]
     r2 = Routing(chain_config("a", "b"))
     open_breaker(r2, "a")  # failures of another kind are still an open breaker
     ex, _sink = run(r2.serve())
-    assert next(s for s in ex.skips if s.provider == "a").reason == "breaker_open"
+    assert next(s for s in ex.record.skips if s.provider == "a").reason == "breaker_open"
 
 
 # -- a spent budget (issue 23 item 7) ----------------------------------------------------------------------------
@@ -477,5 +477,53 @@ def test_a_failed_attempt_keeps_its_message_not_the_frames_it_was_raised_through
     assert err.__traceback__ is not None and err.__context__ is not None
     r.ups.script("a", fail(err))
     ex, _ = asyncio.run(r.serve())
-    assert ex.served_by == "b"
+    assert ex.record.served_by == "b"
     assert err.__traceback__ is None and err.__context__ is None
+
+
+# -- the first-byte wait, the one routine for fallback and race ---------------------------------------------------
+
+
+class _Reads:
+    """A streaming call that answers reads from a script (bytes, None for the end, TimeoutError) and marks
+    content at the byte string given."""
+
+    def __init__(self, *reads, content_at=None, deadline_s=30.0) -> None:
+        import time
+        from types import SimpleNamespace
+
+        self.reads = list(reads)
+        self.content_at = content_at
+        self.strategy = SimpleNamespace(started_content=False)
+        self.first_byte_deadline = time.monotonic() + deadline_s
+        self.opened = False
+
+    async def open(self) -> None:
+        self.opened = True
+
+    async def read(self, timeout):
+        data = self.reads.pop(0)
+        if isinstance(data, BaseException):
+            raise data
+        if data is not None and data == self.content_at:
+            self.strategy.started_content = True
+        return data
+
+
+def test_the_first_output_is_the_first_event_or_everything_until_content():
+    ex, _sink = Routing(chain_config("a")).exchange(STREAM)
+    call = _Reads(TimeoutError(), b"", b"ping", b"text", None)
+    assert run(ex.first_output(call)) == b"ping" and call.opened  # empty reads and read timeouts are waited past
+    call = _Reads(b"prologue", TimeoutError(), b"", b"text", b"more", content_at=b"text")
+    assert run(ex.first_output(call, until_content=True)) == b"prologuetext"  # a race wants useful output
+    assert run(ex.first_output(_Reads(None))) == b""  # the stream ended first
+    assert run(ex.first_output(_Reads(b"x", None), until_content=True)) == b"x"  # ended before any content
+
+
+def test_no_first_output_within_the_first_byte_timeout_is_a_failure_of_the_attempt():
+    ex, _sink = Routing(chain_config("a")).exchange(STREAM)
+    for until_content, what in ((False, "event"), (True, "content")):
+        with pytest.raises(UpstreamError) as e:
+            run(ex.first_output(_Reads(deadline_s=0), until_content=until_content))
+        assert e.value.reason == "first_byte_timeout"
+        assert e.value.message == f"no {what} within the first-byte timeout"

@@ -7,8 +7,8 @@ import asyncio
 import pytest
 
 from coderouterd.providers.errors import BUDGET, OVERFLOW, UpstreamError, http_error
+from coderouterd.routing.attempts import Outcome
 from coderouterd.routing.breaker import BreakerState
-from coderouterd.routing.records import Outcome
 from tests.support.routing import Routing, boom, chain_config, fail, hang, slow
 
 RACE = 'mode = "race"\nrace_width = 2'
@@ -55,9 +55,9 @@ def test_the_first_useful_answer_wins_and_the_loser_is_dropped(body):
     r.ups.script("a", hang())
     r.ups.script("b", slow(0.01, b"event: x\ndata: {}\n\n") if body else slow(0.01))
     ex, sink = run(r.serve(body))
-    assert ex.served_by == "b" and sink.status == 200
-    assert {(a.provider, a.outcome) for a in ex.attempts} == {("a", Outcome.LOST), ("b", Outcome.OK)}
-    assert "a" in r.ups.closed and ex.race_outcome.startswith("winner=b")
+    assert ex.record.served_by == "b" and sink.status == 200
+    assert {(a.provider, a.outcome) for a in ex.record.attempts} == {("a", Outcome.LOST), ("b", Outcome.OK)}
+    assert "a" in r.ups.closed and ex.record.race_outcome.startswith("winner=b")
 
 
 def test_a_loser_holding_the_half_open_trial_gives_it_back():
@@ -75,7 +75,7 @@ def test_after_the_race_the_rest_goes_through_the_same_routine_budget_skip_inclu
     r.ups.script("a", fail(http_error(500, "x")))
     r.ups.script("b", fail(http_error(503, "y")))
     ex, sink = run(r.serve())
-    assert ex.served_by == "d" and ex.race_outcome == "no_winner_fallback"
+    assert ex.record.served_by == "d" and ex.record.race_outcome == "no_winner_fallback"
     parts = sink.headers()["x-coderouter-attempts"].split(",")
     # The two racers fail in whichever order their tasks finish; the rest follows in order.
     assert parts[0] == "c:skipped:budget" and set(parts[1:3]) == {"a:http_500", "b:http_503"}
@@ -93,7 +93,7 @@ def test_a_request_caused_error_after_the_race_reaches_the_client():
     ex, sink = run(r.serve())
     status, msg = sink.last_error()[1:3]
     assert status == 400 and "bad stop_sequences" in msg
-    tried = [a.provider for a in ex.attempts]
+    tried = [a.provider for a in ex.record.attempts]
     assert set(tried[:2]) == {"a", "b"} and tried[2:] == ["c"]  # the racers in either order; d was not asked
     assert r.breaker("c").consecutive_failures == 0
 
@@ -108,7 +108,7 @@ def test_the_context_overflow_rule_applies_after_the_race(d_window, served):
     r.ups.script("c", fail(UpstreamError(OVERFLOW, status=400, message="long", overflow=(5000, 4096))))
     ex, sink = run(r.serve())
     if served:
-        assert ex.served_by == "d"
+        assert ex.record.served_by == "d"
     else:
         assert sink.last_error()[1] == 400 and "prompt is too long: 5000 tokens > 4096" in sink.last_error()[2]
 
@@ -129,7 +129,7 @@ def test_a_race_ended_by_the_client_releases_every_trial():
 
     (result,) = run(go())
     assert isinstance(result, asyncio.CancelledError)
-    assert all(a.outcome is Outcome.CANCELLED for a in ex.attempts) and len(ex.attempts) == 2
+    assert all(a.outcome is Outcome.CANCELLED for a in ex.record.attempts) and len(ex.record.attempts) == 2
     assert r.breaker("a").allow() and r.breaker("b").allow()
     assert set(r.ups.closed) == {"a", "b"}
 
@@ -144,7 +144,7 @@ def test_our_own_exception_in_one_racer_drops_the_other_and_releases_both():
     with pytest.raises(RuntimeError):
         run(ex.run())
     assert r.breaker("a").allow() and r.breaker("b").allow()
-    assert {a.outcome for a in ex.attempts} == {Outcome.ERROR, Outcome.LOST}
+    assert {a.outcome for a in ex.record.attempts} == {Outcome.ERROR, Outcome.LOST}
 
 
 def test_panic_reaches_race_profiles_too():
@@ -154,7 +154,7 @@ def test_panic_reaches_race_profiles_too():
         for _ in range(br.failures):
             br.record_failure(reason="t")
     ex, sink = run(r.serve())
-    assert sink.status == 200 and ex.attempts[0].panic
+    assert sink.status == 200 and ex.record.attempts[0].panic
     assert sink.headers()["x-coderouter-attempts"] == "a:panic:ok"
 
 
@@ -165,4 +165,4 @@ def test_a_racer_that_overflows_drops_out_while_a_larger_window_is_still_racing(
     r.ups.script("a", fail(UpstreamError(OVERFLOW, status=400, message="long", overflow=(5000, 4096))))
     r.ups.script("b", slow(0.02))
     ex, sink = run(r.serve())
-    assert ex.served_by == "b" and sink.status == 200
+    assert ex.record.served_by == "b" and sink.status == 200

@@ -1,4 +1,5 @@
-"""Typed records of one request's routing: what each attempt did. (`Skip` lives with the planner that makes it.)
+"""What each attempt at a provider did, typed: `Attempt` and its `Outcome`. (`Skip` lives with the planner that
+makes it; both are kept, in order, by the request's record, routing/record.py.)
 
 They travel as they are through routing and telemetry; `as_dict` is for the JSON edges (journal, admin API)."""
 
