@@ -13,7 +13,6 @@ from .affinity.service import Affinity
 from .after_response import AfterResponse
 from .config import ConfigError, LoadedConfig, load_config, state_dir
 from .guards.apply import BudgetHooks, apply_tool_loop
-from .health.drift_actions import DriftManager
 from .health.memory import MemoryWatch
 from .live_config import Runtime, UnknownProfile, build_runtime, close_pools
 from .observe.finish import RequestFinisher
@@ -22,6 +21,7 @@ from .observe.request_record import RequestRecorder
 from .observe.traces import RecentTraces
 from .persisted import PersistedState
 from .providers.server_info import ServerDirectory
+from .quality.drift_actions import DriftManager
 from .reload import changed_sections, listener_change_refused, shared_state_change_refused, warn_reload_risks
 from .routing.router import Router
 from .routing.state import RoutingState

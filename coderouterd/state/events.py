@@ -150,7 +150,7 @@ class ToolRepaired(Event):
 
 @dataclass(slots=True)
 class DriftDetected(Event):
-    """A local provider's recent answers drifted from its own normal (see health/drift.py)."""
+    """A local provider's recent answers drifted from its own normal (see quality/drift.py)."""
 
     kind: ClassVar[str] = "drift_detected"
     audited: ClassVar[bool] = True
