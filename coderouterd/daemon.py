@@ -13,7 +13,7 @@ from .affinity.service import Affinity
 from .after_response import AfterResponse
 from .config import ConfigError, LoadedConfig, load_config, state_dir
 from .guards.apply import BudgetHooks, apply_tool_loop
-from .health.memory import MemoryWatch
+from .health.ram_watch import RamWatch
 from .live_config import Runtime, UnknownProfile, build_runtime, close_pools
 from .observe.finish import RequestFinisher
 from .observe.metrics_http import LazyMetrics
@@ -94,7 +94,7 @@ class Daemon:
         # The dashboard's live feed (ui/feed.py): fed by the bus's writer thread, idle while nobody watches.
         self.live = LiveFeed()
         self.drift: DriftManager | None = None
-        self.memory = MemoryWatch(low_mb=cfg.memory.low_available_mb, interval_s=cfg.memory.sample_interval_s,
+        self.ram_watch = RamWatch(low_mb=cfg.memory.low_available_mb, interval_s=cfg.memory.sample_interval_s,
                                   publish=t.publish)
         self.selfheal: SelfHealer | None = None
         self._background: asyncio.Task | None = None
@@ -155,7 +155,7 @@ class Daemon:
         if self.processes is not None:
             self.processes.start_background()
         self.health.start()
-        self.memory.start()
+        self.ram_watch.start()
         self.servers.start(self.runtime.providers.values())
         from .interpreter import settle
 
@@ -227,7 +227,7 @@ class Daemon:
             self.servers.start(self.runtime.providers.values())
         if self.drift is not None:
             self.drift.reconfigure(loaded.model)
-        self.memory.reconfigure(loaded.model)
+        self.ram_watch.reconfigure(loaded.model)
         if self.connection_limits is not None:
             self.connection_limits.update(loaded.model.server)
         if self.budget is not None:
@@ -281,7 +281,7 @@ class Daemon:
         if self._background is not None and not self._background.done():
             self._background.cancel()
             await asyncio.gather(self._background, return_exceptions=True)
-        await self.memory.stop()
+        await self.ram_watch.stop()
         if self.drift is not None:
             await self.drift.stop()
         if self.selfheal is not None:
@@ -301,8 +301,8 @@ class Daemon:
 
     def _memory_order(self, profile, candidates: list[str]) -> list[dict]:
         providers = self.runtime.providers
-        return self.memory.adjust_order(profile, candidates,
-                                        lambda name: name in providers and providers[name].cfg.is_local())
+        return self.ram_watch.adjust_order(profile, candidates,
+                                           lambda name: name in providers and providers[name].cfg.is_local())
 
     # -- request hooks --------------------------------------------------------------------------------------
 

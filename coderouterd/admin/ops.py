@@ -158,10 +158,10 @@ def ops_routes(daemon: Daemon) -> APIRouter:
     async def _refuse_if_too_large(p, name: str, model: str) -> None:
         listed = await list_models(p)
         size = next((m.get("size") for m in listed["models"] if m.get("id") == model), None)
-        why = await daemon.memory.check_fits(size if isinstance(size, int) else None)
+        why = await daemon.ram_watch.check_fits(size if isinstance(size, int) else None)
         if why:
             raise AdminError(409, f"{name}: not loading {model}: {why}", provider=name, model=model,
-                             model_bytes=size, available_bytes=daemon.memory.available)
+                             model_bytes=size, available_bytes=daemon.ram_watch.available)
 
     @r.post("/v1/models/load", response_model=apitype.ModelControlAnswer, **ANSWER)
     async def models_load(body: apitype.ModelControlRequest):

@@ -141,7 +141,7 @@ def status(daemon: Daemon) -> dict:
         "processes": processes(daemon),
         "health": health(daemon),
         "budget": budget(daemon),
-        "memory": daemon.memory.snapshot(),
+        "memory": daemon.ram_watch.snapshot(),
         "shared": shared(daemon),
     }
 
