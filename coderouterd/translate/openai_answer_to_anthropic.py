@@ -1,4 +1,5 @@
-"""OpenAI chat.completions responses and streams -> Anthropic Messages responses and events."""
+"""OpenAI chat.completions responses and streams -> Anthropic Messages responses and events (an Anthropic
+client in front of an OpenAI-speaking upstream; the request goes the other way in anthropic_request_to_openai.py)."""
 
 from __future__ import annotations
 
