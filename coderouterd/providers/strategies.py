@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import orjson
 
-from ..protocol.sse import DONE, encode_data, encode_event
 from ..translate.answer_observe import observe_anthropic, observe_openai
 from ..translate.answer_stats import AnswerStats
 from ..translate.anthropic_answer_to_openai import AnthropicStreamToOpenAI, anthropic_response_to_openai
@@ -24,6 +23,7 @@ from ..translate.tool_repair_wire import (
     repair_openai_completion,
 )
 from ..translate.unsigned_thinking import UpstreamSignatures, may_carry_unsigned, without_unsigned_thinking
+from ..wire.sse import DONE, encode_data, encode_event
 from .errors import BAD_RESPONSE, DISCONNECT, UpstreamError, stream_error_reason
 
 _PING = encode_event({"type": "ping"})

@@ -10,9 +10,9 @@ import secrets
 
 import orjson
 
-from coderouterd.protocol.anthropic import message_start
 from coderouterd.servers import overflow as context_overflow
 from coderouterd.translate.reasoning import ThinkTagSplitter, split_think_tags
+from coderouterd.wire.anthropic import message_start
 
 log = logging.getLogger(__name__)
 

@@ -5,9 +5,9 @@ import random
 import orjson
 import pytest
 
-from coderouterd.protocol.sse import DONE, SSEParser, encode_data, encode_event
 from coderouterd.translate.anthropic_answer_to_openai import AnthropicStreamToOpenAI
 from coderouterd.translate.openai_answer_to_anthropic import SYNTHETIC_SIGNATURE, OpenAIStreamToAnthropic
+from coderouterd.wire.sse import DONE, SSEParser, encode_data, encode_event
 
 # --- helpers ----------------------------------------------------------------------------------
 
