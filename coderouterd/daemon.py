@@ -14,7 +14,6 @@ from .after_response import AfterResponse
 from .config import ConfigError, LoadedConfig, load_config, state_dir
 from .guards.apply import BudgetHooks, apply_tool_loop
 from .health.ram_watch import RamWatch
-from .live_config import Runtime, UnknownProfile, build_runtime, close_pools
 from .observe.finish import RequestFinisher
 from .observe.metrics_http import LazyMetrics
 from .observe.request_record import RequestRecorder
@@ -25,6 +24,7 @@ from .quality.drift_actions import DriftManager
 from .reload import changed_sections, listener_change_refused, shared_state_change_refused, warn_reload_risks
 from .routing.router import Router
 from .routing.state import RoutingState
+from .runtime import Runtime, UnknownProfile, build_runtime, close_pools
 from .state import ConfigRejected, ConfigReloaded, DaemonLifecycle, ProfileSwitched
 from .state.repair_stats import RepairStats
 from .state.shared.backend import build as build_backend

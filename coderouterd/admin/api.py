@@ -15,15 +15,15 @@ from typing import TYPE_CHECKING
 from fastapi import APIRouter, FastAPI
 
 from ..config import ConfigError, load_config
-from ..live_config import UnknownProfile
 from ..reload import apply_reload
+from ..runtime import UnknownProfile
 from . import apitype, views
 from .errors import ANSWER, REFUSALS, AdminError, AdminRoute, JSONAnswer, install, runtime_of
 from .version import API_VERSION
 
 if TYPE_CHECKING:
     from ..daemon import Daemon
-    from ..live_config import Runtime
+    from ..runtime import Runtime
 
 __all__ = ["API_VERSION", "create_admin_app"]
 

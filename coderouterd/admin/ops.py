@@ -26,7 +26,7 @@ from .errors import ANSWER, REFUSALS, AdminError, AdminRoute, runtime_of
 
 if TYPE_CHECKING:
     from ..daemon import Daemon
-    from ..live_config import Runtime
+    from ..runtime import Runtime
 
 PROCESS_ACTIONS = ("start", "stop", "restart")
 DEFAULT_REQUESTS = 50

@@ -40,7 +40,7 @@ from .request import ClientRequest
 from .sink import ClientGone, ClientSink, StreamOpening
 
 if TYPE_CHECKING:
-    from ..live_config import Runtime
+    from ..runtime import Runtime
 
 
 @dataclass(slots=True, eq=False)

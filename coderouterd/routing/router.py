@@ -20,8 +20,8 @@ from .request import ClientRequest
 from .state import RoutingState
 
 if TYPE_CHECKING:
-    from ..live_config import Runtime
     from ..providers.provider import Provider
+    from ..runtime import Runtime
 
 # Router.admit's answers: how an attempt was let through, which decides what its end gives back.
 CLOSED, TRIAL, PANIC = "closed", "trial", "panic"

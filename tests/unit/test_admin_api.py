@@ -14,7 +14,7 @@ from fastapi.testclient import TestClient
 from coderouterd.admin import views
 from coderouterd.admin.api import create_admin_app
 from coderouterd.admin.version import API_VERSION, API_VERSION_HEADER
-from coderouterd.live_config import UnknownProfile
+from coderouterd.runtime import UnknownProfile
 
 
 class _Plan:
