@@ -18,13 +18,13 @@ from pathlib import Path
 import uvicorn
 
 from . import discovery
-from .admin.lock import LOCK_NAME, LockHeld, StateLock, ensure_private_dir
-from .admin.server import AdminServer, AdminSocketError, ManagedServer
+from .admin.server import AdminServer, AdminSocketError, ManagedServer, ensure_private_dir
 from .config import LoadedConfig, admin_socket_path, state_dir
 from .daemon import Daemon
 from .ingress.dispatch import ProxyApp
 from .ingress.protocol import Limits, make_protocol
 from .reload import ConfigWatcher, apply_reload
+from .state.dir_lock import LOCK_NAME, LockHeld, StateLock
 from .tasks import TaskSet
 
 log = logging.getLogger("coderouterd")

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 
 import uvicorn
 
-from .lock import ensure_private_dir
+from .. import private_fs
 
 if TYPE_CHECKING:
     from uvicorn._types import ASGI3Application as ASGIApp
@@ -29,6 +29,17 @@ log = logging.getLogger("coderouterd.admin")
 
 # sockaddr_un.sun_path is 108 bytes on Linux, 104 on macOS/BSD (both include the terminating NUL).
 MAX_SOCKET_PATH = 103
+
+
+def ensure_private_dir(path: Path, *, enforce: bool) -> None:
+    """Create `path` as 0700; refuse (UnsafePath) one not ours or writable by others. With `enforce`, also
+    tighten one we own that others can read: the admin socket's directory is what keeps other users out on
+    systems that ignore a socket file's own mode."""
+    st = private_fs.ensure_private_dir(path, tighten=enforce)
+    mode = stat.S_IMODE(st.st_mode)
+    if mode & 0o077 and not enforce:
+        log.warning("directory %s is readable by other users (mode %o); keep the admin socket in a "
+                    "private directory", path, mode)
 
 
 class AdminSocketError(Exception):
