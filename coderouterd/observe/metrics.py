@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
+from ..routing.state import DEGRADED, HEALTHY, UNHEALTHY
 from ..state.events import (
     BreakerTransition,
     GuardFired,
@@ -30,7 +31,7 @@ _REQUEST, _BREAKER, _HEALTH, _PROCESS, _GUARD = (RequestFinished.kind, BreakerTr
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 _OVERHEAD_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1)
 _BREAKER_VALUE = {"closed": 0, "half_open": 1, "open": 2}
-_HEALTH_VALUE = {"HEALTHY": 0, "DEGRADED": 1, "UNHEALTHY": 2}
+_HEALTH_VALUE = {HEALTHY: 0, DEGRADED: 1, UNHEALTHY: 2}
 
 
 class Metrics:
