@@ -54,10 +54,12 @@ class Daemon:
         self.version = __version__
         self.pid = os.getpid()
         self.started_at = time.time()
-        self.runtime: Runtime | None = None
         self._loaded = loaded
         cfg = loaded.model
-        # Built here, started in startup(): the constructors do no I/O.
+        # Built whole here, started in startup(): the constructors do no I/O. Only what is imported and built
+        # once the proxy listens (the health monitor and self-healer, _start_background) and what the config
+        # may not have (managed processes) is None, typed so.
+        self.runtime: Runtime = build_runtime(loaded)
         self.telemetry = t = Telemetry(state_dir(cfg), cfg, unusable=state_unusable)
         self.persisted = persisted = PersistedState(t.store, t.publish)
         self.routing = RoutingState(cfg, on_breaker=persisted.breaker_moved, on_health=persisted.health_moved)
@@ -74,35 +76,39 @@ class Daemon:
         # prefix affinity share it, so each server is asked once.
         self.servers = ServerDirectory(timeout_s=cfg.affinity.probe_timeout_s)
         self.affinity = Affinity(cfg, publish=t.publish, persist=persisted.affinity_changed, servers=self.servers)
-        self.router: Router | None = None  # needs the budget, which reads the store once it is open
+        # The shared ledger's with [state] backend = "postgres"; reads its month from the store on first use (once
+        # startup() has opened the store and configured it).
+        self.budget: Budget | SharedBudget = self.shared.budget(t.store, t.publish)
         self.active_profile = loaded.model.server.default_profile
         self.listen = (loaded.model.server.host, loaded.model.server.port)
         self.last_reload_error: str | None = None
         self.connection_limits = connection_limits
+        self.started = False  # startup() has run to its end: the store is open, a reload may apply
         self._shut_down = False
         self.recent = RecentTraces()  # request id -> decision trace, newest last, for `corectl explain`
         self._recorder = RequestRecorder(t.publish)
-        self._finisher: RequestFinisher | None = None  # once the drift manager exists (startup)
         # ingress -> model requests being served now (the proxy counts them in and out on the event loop)
         self.in_flight: dict[str, int] = {"anthropic": 0, "openai": 0, "responses": 0}
-        self.health: HealthMonitor | None = None
-        self.budget: Budget | SharedBudget | None = None  # the shared ledger's with [state] backend = "postgres"
+        self.health: HealthMonitor | None = None  # once the proxy listens (_start_background)
+        self.selfheal: SelfHealer | None = None  # likewise
         self.processes: Processes | None = None  # when any provider has a process block
         self.metrics = LazyMetrics(self)
         self.metrics_endpoint = self.metrics.endpoint  # GET /metrics (ingress dispatches it)
         self.repair_stats = RepairStats()
         # The dashboard's live feed (ui/feed.py): fed by the bus's writer thread, idle while nobody watches.
         self.live = LiveFeed()
-        self.drift: DriftManager | None = None
         self.ram_watch = RamWatch(low_mb=cfg.memory.low_available_mb, interval_s=cfg.memory.sample_interval_s,
                                   publish=t.publish)
-        self.selfheal: SelfHealer | None = None
+        self.drift = DriftManager(lambda: self.runtime, healer=lambda: self.selfheal, publish=t.publish)
+        self.router = Router(self.routing, budget=BudgetHooks(self.budget), affinity=self.affinity,
+                             servers=self.servers, memory_cooldown_s=cfg.memory.cooldown_s,
+                             order_adjusters=[self.drift.adjust_order, self._memory_order])
+        self._finisher = RequestFinisher(self._recorder, self.recent, drift=self.drift)
         self._background: asyncio.Task | None = None
 
     # -- lifecycle ------------------------------------------------------------------------------------------
 
     async def startup(self) -> None:
-        self.runtime = build_runtime(self._loaded)
         t = self.telemetry
         t.bus.subscribe(self.metrics.sink)
         t.bus.subscribe(self.repair_stats.sink)
@@ -116,15 +122,10 @@ class Daemon:
         warn_reload_risks(cfg)
         self.load_persisted_profile()
         t.publish(DaemonLifecycle(event="start", pid=self.pid, version=self.version))
-        self.budget = self.shared.budget(t.store, t.publish)
         self._configure_budget(cfg)
         await self.shared.start()
-        self.drift = DriftManager(lambda: self.runtime, healer=lambda: self.selfheal, publish=t.publish)
-        self.router = Router(self.routing, budget=BudgetHooks(self.budget), affinity=self.affinity, servers=self.servers,
-                             memory_cooldown_s=cfg.memory.cooldown_s,
-                             order_adjusters=[self.drift.adjust_order, self._memory_order])
-        self._finisher = RequestFinisher(self._recorder, self.recent, drift=self.drift)
         self._background = self.tasks.spawn(self._start_background(), name="start-background")
+        self.started = True
 
     async def _start_background(self) -> None:
         """What can wait until the proxy answers: the upstream HTTP stack and everything that probes or
@@ -135,10 +136,10 @@ class Daemon:
         from .health.selfheal import SelfHealer
 
         t = self.telemetry
-        self.health = HealthMonitor(self.routing, lambda: self.runtime, tasks=self.tasks)
-        self.selfheal = SelfHealer(self.routing, self.health, supervisor=self._supervisor,
-                                   runtime=lambda: self.runtime, publish=t.publish,
-                                   fresh_start=self.affinity.server_restarted, ready=self._server_ready)
+        self.health = health = HealthMonitor(self.routing, lambda: self.runtime, tasks=self.tasks)
+        self.selfheal = selfheal = SelfHealer(self.routing, health, supervisor=self._supervisor,
+                                              runtime=lambda: self.runtime, publish=t.publish,
+                                              fresh_start=self.affinity.server_restarted, ready=self._server_ready)
         cfg = self._loaded.model
         if _has_processes(cfg):
             from .affinity.slot_save import ensure_slot_dir
@@ -147,14 +148,15 @@ class Daemon:
             if cfg.affinity.enabled and cfg.affinity.manage_slot_save:
                 await asyncio.to_thread(ensure_slot_dir, state_dir(cfg))
 
-            self.processes = Processes(state_dir(cfg) / "logs", t.store, on_event=self.selfheal.on_process_event)
-            self.processes.apply(cfg)
+            processes = self.processes = Processes(state_dir(cfg) / "logs", t.store,
+                                                   on_event=selfheal.on_process_event)
+            processes.apply(cfg)
             # Until their process says ready (or is adopted), autostarted backends are not routed to.
-            for providers, wait_s in self.processes.autostarted(cfg):
+            for providers, wait_s in processes.autostarted(cfg):
                 self.routing.mark_down(providers, wait_s=wait_s)
         if self.processes is not None:
             self.processes.start_background()
-        self.health.start()
+        health.start()
         self.ram_watch.start()
         self.servers.start(self.runtime.providers.values())
         from .interpreter import settle
@@ -225,13 +227,11 @@ class Daemon:
         self.router.reconfigure(loaded.model)
         if self.health is not None:  # started: ask new or moved servers now (the upstream stack is loaded)
             self.servers.start(self.runtime.providers.values())
-        if self.drift is not None:
-            self.drift.reconfigure(loaded.model)
+        self.drift.reconfigure(loaded.model)
         self.ram_watch.reconfigure(loaded.model)
         if self.connection_limits is not None:
             self.connection_limits.update(loaded.model.server)
-        if self.budget is not None:
-            self._configure_budget(loaded.model)
+        self._configure_budget(loaded.model)
         self.last_reload_error = None
         self._reload_processes(loaded.model)
         self._publish(ConfigReloaded(path=loaded.path, changed=changed))
@@ -282,8 +282,7 @@ class Daemon:
             self._background.cancel()
             await asyncio.gather(self._background, return_exceptions=True)
         await self.ram_watch.stop()
-        if self.drift is not None:
-            await self.drift.stop()
+        await self.drift.stop()
         if self.selfheal is not None:
             await self.selfheal.stop()
         await self.shared.stop()  # settles queued, the journal's last batch shipped, gone from the live list
@@ -292,10 +291,9 @@ class Daemon:
         await self.servers.stop()
         if self.processes is not None:
             await self.processes.shutdown()
-        if self.runtime is not None:
-            await close_pools(self.runtime)
+        await close_pools(self.runtime)
         self.after_response.drain()  # requests the server finished while the parts above stopped
-        self.router.affinity.flush()
+        self.affinity.flush()
         self.telemetry.publish(DaemonLifecycle(event="stop", pid=self.pid, version=self.version))
         self.telemetry.stop()
 

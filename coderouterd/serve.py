@@ -83,7 +83,7 @@ class _Signals:
         self.admin.request_stop(force=force)
 
     def hangup(self) -> None:
-        if self.daemon.runtime is None:
+        if not self.daemon.started:
             log.warning("SIGHUP during startup ignored")
             return
         self.daemon.tasks.spawn(apply_reload(self.daemon, "SIGHUP"), name="reload:SIGHUP")

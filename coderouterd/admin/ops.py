@@ -22,7 +22,7 @@ from ..providers.models_control import (
 )
 from ..supervise import ExternalProcessError
 from . import apitype, history, views
-from .errors import ANSWER, REFUSALS, AdminError, AdminRoute, runtime_of
+from .errors import ANSWER, REFUSALS, AdminError, AdminRoute
 
 if TYPE_CHECKING:
     from ..daemon import Daemon
@@ -79,17 +79,15 @@ def ops_routes(daemon: Daemon) -> APIRouter:
 
     @r.get("/v1/providers", response_model=apitype.ProvidersAnswer, **ANSWER)
     async def providers():
-        runtime = runtime_of(daemon)
+        runtime = daemon.runtime
         return {"providers": views.provider_rows(daemon), "stats_window_s": runtime.config.adaptive.window_s}
 
     @r.get("/v1/processes", response_model=apitype.ProcessesAnswer, **ANSWER)
     async def processes():
-        runtime_of(daemon)
         return {"processes": views.processes(daemon), "names": _process_names(daemon)}
 
     @r.post("/v1/processes/{name}/{action}", response_model=apitype.ProcessActionAnswer, **ANSWER)
     async def process_action(name: str, action: str, body: apitype.ProcessActionRequest | None = None):
-        runtime_of(daemon)
         if action not in PROCESS_ACTIONS:
             raise AdminError(404, f"unknown process action {action!r}; expected one of {', '.join(PROCESS_ACTIONS)}")
         wait = body.wait_s if body is not None else 0.0
@@ -114,7 +112,7 @@ def ops_routes(daemon: Daemon) -> APIRouter:
 
     @r.get("/v1/models", response_model=apitype.ModelsAnswer, **ANSWER)
     async def models(provider: str | None = None):
-        runtime = runtime_of(daemon)
+        runtime = daemon.runtime
         if provider is not None:
             p = _provider(runtime, provider)
             try:
@@ -139,11 +137,11 @@ def ops_routes(daemon: Daemon) -> APIRouter:
 
     def _with_window(p, listed: dict) -> dict:
         """The context a request gets on this provider, next to its models (from config or its server)."""
-        window = daemon.router.context_window(p) if daemon.router is not None else p.cfg.context_window
+        window = daemon.router.context_window(p)
         return {**listed, "context_window": window or None}
 
     async def _control(body: apitype.ModelControlRequest, fn, *, check_memory: bool = False):
-        runtime = runtime_of(daemon)
+        runtime = daemon.runtime
         name, model = body.provider, body.model
         p = _provider(runtime, name)
         try:
@@ -184,12 +182,10 @@ def ops_routes(daemon: Daemon) -> APIRouter:
 
     @r.get("/v1/history/spend", response_model=apitype.SpendAnswer, **ANSWER)
     async def history_spend():
-        runtime_of(daemon)
         return await history.spend(daemon)
 
     @r.get("/v1/history/trends", response_model=apitype.TrendsAnswer, **ANSWER)
     async def history_trends(range: str = Query(history.DEFAULT_RANGE)):
-        runtime_of(daemon)
         if range not in history.RANGES:
             raise AdminError(400, f"unknown range {range!r}; expected one of {', '.join(history.RANGES)}",
                              valid=list(history.RANGES))
@@ -199,7 +195,6 @@ def ops_routes(daemon: Daemon) -> APIRouter:
     async def history_requests(profile: str | None = None, provider: str | None = None,
                                outcome: str | None = None,
                                limit: int = Query(DEFAULT_REQUESTS, ge=1, le=history.MAX_REQUESTS)):
-        runtime_of(daemon)
         try:
             return await history.requests(daemon, profile=profile, provider=provider, outcome=outcome, limit=limit)
         except ValueError as e:

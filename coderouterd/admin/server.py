@@ -149,9 +149,8 @@ class LazyAdminApp:
         self._building = asyncio.Lock()
 
     async def __call__(self, scope, receive, send) -> None:
-        after = getattr(self._daemon, "after_response", None)
-        if after is not None:
-            after.drain()  # what a request just answered left to record is recorded before anyone reads
+        # What a request just answered left to record is recorded before anyone reads.
+        self._daemon.after_response.drain()
         if self._app is None:
             async with self._building:
                 if self._app is None:

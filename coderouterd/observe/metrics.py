@@ -133,15 +133,13 @@ class _ScrapeTimeCollector:
     def collect(self):
         spend = GaugeMetricFamily("coderouter_budget_spend_usd", "Spend this calendar month", labels=["provider"])
         cap = GaugeMetricFamily("coderouter_budget_cap_usd", "Monthly cap (0 = none)", labels=["provider"])
-        budget = self.daemon.budget
-        if budget is not None:
-            snap = budget.snapshot()
-            for name, b in snap.get("providers", {}).items():
-                spend.add_metric([name], b.get("spent") or 0.0)
-                cap.add_metric([name], b.get("cap") or 0.0)
-            g = snap.get("global", {})
-            spend.add_metric(["*"], g.get("spent") or 0.0)
-            cap.add_metric(["*"], g.get("cap") or 0.0)
+        snap = self.daemon.budget.snapshot()
+        for name, b in snap.get("providers", {}).items():
+            spend.add_metric([name], b.get("spent") or 0.0)
+            cap.add_metric([name], b.get("cap") or 0.0)
+        g = snap.get("global", {})
+        spend.add_metric(["*"], g.get("spent") or 0.0)
+        cap.add_metric(["*"], g.get("cap") or 0.0)
         yield spend
         yield cap
         up = GaugeMetricFamily("coderouter_process_up", "Managed process ready (1) or not (0)", labels=["process"])
@@ -157,14 +155,12 @@ class _ScrapeTimeCollector:
                                      "prefix cache", labels=["provider"])
         ratio = GaugeMetricFamily("coderouter_prefix_cache_hit_ratio", "Cached / prompt tokens (token-weighted)",
                                   labels=["provider"])
-        router = getattr(self.daemon, "router", None)
-        if router is not None:
-            for name, p in router.affinity.index.providers.items():
-                if not p.prompt_tokens:
-                    continue
-                prompt.add_metric([name], p.prompt_tokens)
-                cached.add_metric([name], p.cached_tokens)
-                ratio.add_metric([name], p.cached_tokens / p.prompt_tokens)
+        for name, p in self.daemon.affinity.index.providers.items():
+            if not p.prompt_tokens:
+                continue
+            prompt.add_metric([name], p.prompt_tokens)
+            cached.add_metric([name], p.cached_tokens)
+            ratio.add_metric([name], p.cached_tokens / p.prompt_tokens)
         yield prompt
         yield cached
         yield ratio
