@@ -74,10 +74,10 @@ async def trends(daemon, range_name: str = DEFAULT_RANGE, now: float | None = No
     since = now - span
     db = journal_path(daemon)
 
-    def read() -> tuple[list, list]:
+    def read(db: Path) -> tuple[list, list]:
         return series_rows(db, since, now), cache_busts(db)
 
-    rows, busts = await asyncio.to_thread(read) if db is not None else ([], [])
+    rows, busts = await asyncio.to_thread(read, db) if db is not None else ([], [])
     return {**provider_series(rows, since, now, step), "range": range_name, "busts": busts,
             "journal": db is not None}
 

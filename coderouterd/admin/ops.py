@@ -93,7 +93,7 @@ def ops_routes(daemon: Daemon) -> APIRouter:
         wait = body.wait_s if body is not None else 0.0
         procs = daemon.processes
         mp = procs.resolve(name) if procs is not None else None
-        if mp is None:
+        if procs is None or mp is None:
             valid = _process_names(daemon)
             listed = ", ".join(valid) if valid else "none (no provider has a [process] block)"
             raise AdminError(404, f"no managed process {name!r}; valid names: {listed}", valid=valid)

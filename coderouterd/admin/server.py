@@ -21,7 +21,7 @@ import uvicorn
 from .. import private_fs
 
 if TYPE_CHECKING:
-    from uvicorn._types import ASGI3Application as ASGIApp
+    from fastapi import FastAPI
 
     from ..daemon import Daemon
 
@@ -145,19 +145,21 @@ class LazyAdminApp:
     def __init__(self, daemon: Daemon, path: Path) -> None:
         self._daemon = daemon
         self._path = path
-        self._app: ASGIApp | None = None
+        self._app: FastAPI | None = None
         self._building = asyncio.Lock()
 
     async def __call__(self, scope, receive, send) -> None:
         # What a request just answered left to record is recorded before anyone reads.
         self._daemon.after_response.drain()
-        if self._app is None:
+        app = self._app
+        if app is None:
             async with self._building:
-                if self._app is None:
-                    self._app = await asyncio.to_thread(self._build)
-        await self._app(scope, receive, send)
+                app = self._app
+                if app is None:
+                    app = self._app = await asyncio.to_thread(self._build)
+        await app(scope, receive, send)
 
-    def _build(self):
+    def _build(self) -> FastAPI:
         import gc
 
         from .api import create_admin_app
@@ -194,6 +196,7 @@ class AdminServer:
         config = uvicorn.Config(LazyAdminApp(self.daemon, self.path), loop="none", http="h11",
                                 lifespan="off", access_log=False, log_level="warning",
                                 timeout_graceful_shutdown=2, server_header=False, date_header=False)
+        assert self._sock is not None, "bind() comes first"
         self.server = ManagedServer(config, ready=self.ready)
         await self.server.serve(sockets=[self._sock])
 

@@ -101,8 +101,8 @@ def store(daemon: Daemon) -> dict:
                 f"audit log: {t.audit.problem}" if t.audit is not None and not t.audit.healthy else None]
     if not t.store.healthy and t.store.dropped_this_outage:
         problems.append(f"{t.store.dropped_this_outage} journal rows dropped so far (the oldest waiting)")
-    problems = [p for p in problems if p]
-    return {"enabled": t.enabled, "healthy": not problems, "problem": "; ".join(problems) or None}
+    found = [p for p in problems if p]
+    return {"enabled": t.enabled, "healthy": not found, "problem": "; ".join(found) or None}
 
 
 def processes(daemon: Daemon) -> dict[str, dict]:

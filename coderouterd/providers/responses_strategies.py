@@ -231,12 +231,14 @@ class ResponsesPassthrough(_ResponsesStrategy):
             if etype in ("response.created", "response.in_progress") and self.skip_prologue:
                 continue
             if etype == "error":
+                assert obj is not None  # parsed above: every error event is
                 err = obj.get("error") if isinstance(obj.get("error"), dict) else obj
                 raise UpstreamError(STREAM_ERROR, message=str(err.get("message", "upstream error")),
                                     after_content=self.delivered)
             if etype == "response.output_item.added":
                 self.started_content = True
             if etype in ("response.completed", "response.incomplete", "response.failed"):
+                assert obj is not None  # parsed above: every closing event is
                 self.usage = _usage_from_responses((obj.get("response") or {}).get("usage"))
                 self.done = True
             if obj is not None and '"encrypted_content"' in data:

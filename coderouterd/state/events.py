@@ -42,7 +42,7 @@ class RequestFinished(Event):
     request_id: str
     ingress: str
     profile: str
-    provider: str
+    provider: str | None  # None: no provider served it
     attempts: list[dict] = field(default_factory=list)
     model_requested: str = ""
     model_used: str = ""

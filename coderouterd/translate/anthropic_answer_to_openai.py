@@ -168,7 +168,9 @@ class AnthropicStreamToOpenAI:
                 self._started_content = True
                 self._emit(out, {"reasoning_content": delta["thinking"]})
             elif dtype == "input_json_delta" and delta.get("partial_json"):
-                tool_index = self._tool_index.get(event.get("index"), max(len(self._tool_index) - 1, 0))
+                index = event.get("index")
+                latest = max(len(self._tool_index) - 1, 0)
+                tool_index = self._tool_index.get(index, latest) if index is not None else latest
                 fragment = {"index": tool_index, "function": {"arguments": delta["partial_json"]}}
                 self._emit(out, {"tool_calls": [fragment]})
         elif etype == "message_delta":

@@ -484,6 +484,7 @@ class OpenAIStreamToAnthropic:
             call.fragments.append(args)
             self._chars += len(args)
             if call is self._open_call:
+                assert call.block_index is not None  # set as its block opened (_open_tool)
                 events.append(self._json_delta(call.block_index, args))
         if self._open != "tool" and call.name:
             self._close(events)
