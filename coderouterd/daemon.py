@@ -38,16 +38,19 @@ if TYPE_CHECKING:
     from .guards.budget import Budget
     from .health.monitor import HealthMonitor
     from .health.selfheal import SelfHealer
+    from .ingress.protocol import Limits
     from .routing.executor import Exchange
     from .routing.record import RequestRecord
     from .state.shared.budget import SharedBudget
     from .supervise.from_config import Processes
+    from .supervise.registry import Supervisor
 
 log = logging.getLogger("coderouterd")
 
 
 class Daemon:
-    def __init__(self, loaded: LoadedConfig, *, state_unusable: str | None = None, connection_limits=None) -> None:
+    def __init__(self, loaded: LoadedConfig, *, state_unusable: str | None = None,
+                 connection_limits: Limits | None = None) -> None:
         """`state_unusable`: why the state directory cannot be used (serve.py found it so), for memory-only
         state reported in status; None when it can. `connection_limits`: the proxy's ingress.protocol.Limits,
         which a reload updates (None when no proxy listens, as in tests)."""
@@ -167,7 +170,7 @@ class Daemon:
         """What this instance's heartbeat row says about it, beyond its name and pid."""
         return {"listen": f"{self.listen[0]}:{self.listen[1]}"}
 
-    def _supervisor(self):
+    def _supervisor(self) -> Supervisor | None:
         return self.processes.supervisor if self.processes is not None else None
 
     # -- control (called by the admin API) -------------------------------------------------------------------

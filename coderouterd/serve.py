@@ -174,7 +174,7 @@ async def serve(loaded: LoadedConfig) -> int:
     except OSError as e:  # corectl then needs --socket; the daemon itself serves on
         log.warning("cannot publish where this daemon is (%s): %s", discovery.discovery_dir(), e)
     try:
-        return await _run(daemon, loaded, admin)
+        return await _run(daemon, loaded, admin, limits)
     finally:
         await asyncio.to_thread(discovery.withdraw, daemon.pid)
         admin.remove_socket()
@@ -205,9 +205,8 @@ def _port_taken(host: str, port: int) -> bool:
     return False
 
 
-async def _run(daemon: Daemon, loaded: LoadedConfig, admin: AdminServer) -> int:
+async def _run(daemon: Daemon, loaded: LoadedConfig, admin: AdminServer, limits: Limits) -> int:
     s = loaded.model.server
-    limits = daemon.connection_limits
     config = uvicorn.Config(
         ProxyApp(daemon), host=s.host, port=s.port, loop="none", http=make_protocol(limits), lifespan="on",
         access_log=False, log_level="warning",
