@@ -27,6 +27,8 @@ FORBIDDEN = [
     # The config schema is below the providers it configures.
     ("coderouterd.config", "coderouterd.providers"),
     ("coderouterd.routing", "coderouterd.ingress"),
+    # wire/ (SSE, error kinds, shared Anthropic events) is below everything that speaks a wire.
+    *(("coderouterd.wire", f"coderouterd.{above}") for above in ("translate", "providers", "routing", "ingress")),
 ]
 
 
