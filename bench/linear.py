@@ -22,7 +22,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from coderouterd.providers.adapters.openai import prompt_text  # noqa: E402
-from coderouterd.translate.anthropic_to_openai import request_to_openai  # noqa: E402
+from coderouterd.translate.anthropic_request_to_openai import request_to_openai  # noqa: E402
 from coderouterd.translate.responses_request import translate_request  # noqa: E402
 
 IMAGE = {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "iVBORw0KGgo="}}

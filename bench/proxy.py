@@ -40,7 +40,7 @@ from bench.common import (  # noqa: E402
     wait_healthz,
     wait_port,
 )
-from coderouterd.translate.anthropic_to_openai import request_to_openai  # noqa: E402
+from coderouterd.translate.anthropic_request_to_openai import request_to_openai  # noqa: E402
 
 OPENAI_BODY = {"model": "bench-model", "messages": [{"role": "user", "content": "hello"}], "max_tokens": 16}
 

@@ -61,7 +61,7 @@ def order(sc: Scenario) -> list[tuple[Session, str]]:
 def openai_body(body: dict, *, stream: bool) -> dict:
     """The Anthropic body as coderouterd sends it to an OpenAI-wire server (billing header removed)."""
     from coderouterd.affinity.canonical import Canonicaliser
-    from coderouterd.translate.anthropic_to_openai import request_to_openai
+    from coderouterd.translate.anthropic_request_to_openai import request_to_openai
 
     oa, _ = request_to_openai(Canonicaliser().anthropic(body), MODEL, stream=stream)
     return oa

@@ -13,18 +13,18 @@ from .affinity.service import Affinity
 from .after_response import AfterResponse
 from .config import ConfigError, LoadedConfig, load_config, state_dir
 from .guards.apply import BudgetHooks, apply_tool_loop
-from .health.drift_actions import DriftManager
-from .health.memory import MemoryWatch
-from .live_config import Runtime, UnknownProfile, build_runtime, close_pools
+from .health.ram_watch import RamWatch
 from .observe.finish import RequestFinisher
 from .observe.metrics_http import LazyMetrics
 from .observe.request_record import RequestRecorder
 from .observe.traces import RecentTraces
 from .persisted import PersistedState
 from .providers.server_info import ServerDirectory
+from .quality.drift_actions import DriftManager
 from .reload import changed_sections, listener_change_refused, shared_state_change_refused, warn_reload_risks
 from .routing.router import Router
 from .routing.state import RoutingState
+from .runtime import Runtime, UnknownProfile, build_runtime, close_pools
 from .state import ConfigRejected, ConfigReloaded, DaemonLifecycle, ProfileSwitched
 from .state.repair_stats import RepairStats
 from .state.shared.backend import build as build_backend
@@ -38,26 +38,31 @@ if TYPE_CHECKING:
     from .guards.budget import Budget
     from .health.monitor import HealthMonitor
     from .health.selfheal import SelfHealer
+    from .ingress.protocol import Limits
     from .routing.executor import Exchange
     from .routing.record import RequestRecord
     from .state.shared.budget import SharedBudget
     from .supervise.from_config import Processes
+    from .supervise.registry import Supervisor
 
 log = logging.getLogger("coderouterd")
 
 
 class Daemon:
-    def __init__(self, loaded: LoadedConfig, *, state_unusable: str | None = None, connection_limits=None) -> None:
+    def __init__(self, loaded: LoadedConfig, *, state_unusable: str | None = None,
+                 connection_limits: Limits | None = None) -> None:
         """`state_unusable`: why the state directory cannot be used (serve.py found it so), for memory-only
         state reported in status; None when it can. `connection_limits`: the proxy's ingress.protocol.Limits,
         which a reload updates (None when no proxy listens, as in tests)."""
         self.version = __version__
         self.pid = os.getpid()
         self.started_at = time.time()
-        self.runtime: Runtime | None = None
         self._loaded = loaded
         cfg = loaded.model
-        # Built here, started in startup(): the constructors do no I/O.
+        # Built whole here, started in startup(): the constructors do no I/O. Only what is imported and built
+        # once the proxy listens (the health monitor and self-healer, _start_background) and what the config
+        # may not have (managed processes) is None, typed so.
+        self.runtime: Runtime = build_runtime(loaded)
         self.telemetry = t = Telemetry(state_dir(cfg), cfg, unusable=state_unusable)
         self.persisted = persisted = PersistedState(t.store, t.publish)
         self.routing = RoutingState(cfg, on_breaker=persisted.breaker_moved, on_health=persisted.health_moved)
@@ -74,35 +79,39 @@ class Daemon:
         # prefix affinity share it, so each server is asked once.
         self.servers = ServerDirectory(timeout_s=cfg.affinity.probe_timeout_s)
         self.affinity = Affinity(cfg, publish=t.publish, persist=persisted.affinity_changed, servers=self.servers)
-        self.router: Router | None = None  # needs the budget, which reads the store once it is open
+        # The shared ledger's with [state] backend = "postgres"; reads its month from the store on first use (once
+        # startup() has opened the store and configured it).
+        self.budget: Budget | SharedBudget = self.shared.budget(t.store, t.publish)
         self.active_profile = loaded.model.server.default_profile
         self.listen = (loaded.model.server.host, loaded.model.server.port)
         self.last_reload_error: str | None = None
         self.connection_limits = connection_limits
+        self.started = False  # startup() has run to its end: the store is open, a reload may apply
         self._shut_down = False
         self.recent = RecentTraces()  # request id -> decision trace, newest last, for `corectl explain`
         self._recorder = RequestRecorder(t.publish)
-        self._finisher: RequestFinisher | None = None  # once the drift manager exists (startup)
         # ingress -> model requests being served now (the proxy counts them in and out on the event loop)
         self.in_flight: dict[str, int] = {"anthropic": 0, "openai": 0, "responses": 0}
-        self.health: HealthMonitor | None = None
-        self.budget: Budget | SharedBudget | None = None  # the shared ledger's with [state] backend = "postgres"
+        self.health: HealthMonitor | None = None  # once the proxy listens (_start_background)
+        self.selfheal: SelfHealer | None = None  # likewise
         self.processes: Processes | None = None  # when any provider has a process block
         self.metrics = LazyMetrics(self)
         self.metrics_endpoint = self.metrics.endpoint  # GET /metrics (ingress dispatches it)
         self.repair_stats = RepairStats()
         # The dashboard's live feed (ui/feed.py): fed by the bus's writer thread, idle while nobody watches.
         self.live = LiveFeed()
-        self.drift: DriftManager | None = None
-        self.memory = MemoryWatch(low_mb=cfg.memory.low_available_mb, interval_s=cfg.memory.sample_interval_s,
+        self.ram_watch = RamWatch(low_mb=cfg.memory.low_available_mb, interval_s=cfg.memory.sample_interval_s,
                                   publish=t.publish)
-        self.selfheal: SelfHealer | None = None
+        self.drift = DriftManager(lambda: self.runtime, healer=lambda: self.selfheal, publish=t.publish)
+        self.router = Router(self.routing, budget=BudgetHooks(self.budget), affinity=self.affinity,
+                             servers=self.servers, memory_cooldown_s=cfg.memory.cooldown_s,
+                             order_adjusters=[self.drift.adjust_order, self._memory_order])
+        self._finisher = RequestFinisher(self._recorder, self.recent, drift=self.drift)
         self._background: asyncio.Task | None = None
 
     # -- lifecycle ------------------------------------------------------------------------------------------
 
     async def startup(self) -> None:
-        self.runtime = build_runtime(self._loaded)
         t = self.telemetry
         t.bus.subscribe(self.metrics.sink)
         t.bus.subscribe(self.repair_stats.sink)
@@ -116,15 +125,10 @@ class Daemon:
         warn_reload_risks(cfg)
         self.load_persisted_profile()
         t.publish(DaemonLifecycle(event="start", pid=self.pid, version=self.version))
-        self.budget = self.shared.budget(t.store, t.publish)
         self._configure_budget(cfg)
         await self.shared.start()
-        self.drift = DriftManager(lambda: self.runtime, healer=lambda: self.selfheal, publish=t.publish)
-        self.router = Router(self.routing, budget=BudgetHooks(self.budget), affinity=self.affinity, servers=self.servers,
-                             memory_cooldown_s=cfg.memory.cooldown_s,
-                             order_adjusters=[self.drift.adjust_order, self._memory_order])
-        self._finisher = RequestFinisher(self._recorder, self.recent, drift=self.drift)
         self._background = self.tasks.spawn(self._start_background(), name="start-background")
+        self.started = True
 
     async def _start_background(self) -> None:
         """What can wait until the proxy answers: the upstream HTTP stack and everything that probes or
@@ -135,10 +139,10 @@ class Daemon:
         from .health.selfheal import SelfHealer
 
         t = self.telemetry
-        self.health = HealthMonitor(self.routing, lambda: self.runtime, tasks=self.tasks)
-        self.selfheal = SelfHealer(self.routing, self.health, supervisor=self._supervisor,
-                                   runtime=lambda: self.runtime, publish=t.publish,
-                                   fresh_start=self.affinity.server_restarted, ready=self._server_ready)
+        self.health = health = HealthMonitor(self.routing, lambda: self.runtime, tasks=self.tasks)
+        self.selfheal = selfheal = SelfHealer(self.routing, health, supervisor=self._supervisor,
+                                              runtime=lambda: self.runtime, publish=t.publish,
+                                              fresh_start=self.affinity.server_restarted, ready=self._server_ready)
         cfg = self._loaded.model
         if _has_processes(cfg):
             from .affinity.slot_save import ensure_slot_dir
@@ -147,15 +151,16 @@ class Daemon:
             if cfg.affinity.enabled and cfg.affinity.manage_slot_save:
                 await asyncio.to_thread(ensure_slot_dir, state_dir(cfg))
 
-            self.processes = Processes(state_dir(cfg) / "logs", t.store, on_event=self.selfheal.on_process_event)
-            self.processes.apply(cfg)
+            processes = self.processes = Processes(state_dir(cfg) / "logs", t.store,
+                                                   on_event=selfheal.on_process_event)
+            processes.apply(cfg)
             # Until their process says ready (or is adopted), autostarted backends are not routed to.
-            for providers, wait_s in self.processes.autostarted(cfg):
+            for providers, wait_s in processes.autostarted(cfg):
                 self.routing.mark_down(providers, wait_s=wait_s)
         if self.processes is not None:
             self.processes.start_background()
-        self.health.start()
-        self.memory.start()
+        health.start()
+        self.ram_watch.start()
         self.servers.start(self.runtime.providers.values())
         from .interpreter import settle
 
@@ -165,7 +170,7 @@ class Daemon:
         """What this instance's heartbeat row says about it, beyond its name and pid."""
         return {"listen": f"{self.listen[0]}:{self.listen[1]}"}
 
-    def _supervisor(self):
+    def _supervisor(self) -> Supervisor | None:
         return self.processes.supervisor if self.processes is not None else None
 
     # -- control (called by the admin API) -------------------------------------------------------------------
@@ -225,13 +230,11 @@ class Daemon:
         self.router.reconfigure(loaded.model)
         if self.health is not None:  # started: ask new or moved servers now (the upstream stack is loaded)
             self.servers.start(self.runtime.providers.values())
-        if self.drift is not None:
-            self.drift.reconfigure(loaded.model)
-        self.memory.reconfigure(loaded.model)
+        self.drift.reconfigure(loaded.model)
+        self.ram_watch.reconfigure(loaded.model)
         if self.connection_limits is not None:
             self.connection_limits.update(loaded.model.server)
-        if self.budget is not None:
-            self._configure_budget(loaded.model)
+        self._configure_budget(loaded.model)
         self.last_reload_error = None
         self._reload_processes(loaded.model)
         self._publish(ConfigReloaded(path=loaded.path, changed=changed))
@@ -281,9 +284,8 @@ class Daemon:
         if self._background is not None and not self._background.done():
             self._background.cancel()
             await asyncio.gather(self._background, return_exceptions=True)
-        await self.memory.stop()
-        if self.drift is not None:
-            await self.drift.stop()
+        await self.ram_watch.stop()
+        await self.drift.stop()
         if self.selfheal is not None:
             await self.selfheal.stop()
         await self.shared.stop()  # settles queued, the journal's last batch shipped, gone from the live list
@@ -292,17 +294,16 @@ class Daemon:
         await self.servers.stop()
         if self.processes is not None:
             await self.processes.shutdown()
-        if self.runtime is not None:
-            await close_pools(self.runtime)
+        await close_pools(self.runtime)
         self.after_response.drain()  # requests the server finished while the parts above stopped
-        self.router.affinity.flush()
+        self.affinity.flush()
         self.telemetry.publish(DaemonLifecycle(event="stop", pid=self.pid, version=self.version))
         self.telemetry.stop()
 
     def _memory_order(self, profile, candidates: list[str]) -> list[dict]:
         providers = self.runtime.providers
-        return self.memory.adjust_order(profile, candidates,
-                                        lambda name: name in providers and providers[name].cfg.is_local())
+        return self.ram_watch.adjust_order(profile, candidates,
+                                           lambda name: name in providers and providers[name].cfg.is_local())
 
     # -- request hooks --------------------------------------------------------------------------------------
 

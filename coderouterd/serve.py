@@ -18,13 +18,13 @@ from pathlib import Path
 import uvicorn
 
 from . import discovery
-from .admin.lock import LOCK_NAME, LockHeld, StateLock, ensure_private_dir
-from .admin.server import AdminServer, AdminSocketError, ManagedServer
+from .admin.server import AdminServer, AdminSocketError, ManagedServer, ensure_private_dir
 from .config import LoadedConfig, admin_socket_path, state_dir
 from .daemon import Daemon
 from .ingress.dispatch import ProxyApp
 from .ingress.protocol import Limits, make_protocol
 from .reload import ConfigWatcher, apply_reload
+from .state.dir_lock import LOCK_NAME, LockHeld, StateLock
 from .tasks import TaskSet
 
 log = logging.getLogger("coderouterd")
@@ -83,7 +83,7 @@ class _Signals:
         self.admin.request_stop(force=force)
 
     def hangup(self) -> None:
-        if self.daemon.runtime is None:
+        if not self.daemon.started:
             log.warning("SIGHUP during startup ignored")
             return
         self.daemon.tasks.spawn(apply_reload(self.daemon, "SIGHUP"), name="reload:SIGHUP")
@@ -174,7 +174,7 @@ async def serve(loaded: LoadedConfig) -> int:
     except OSError as e:  # corectl then needs --socket; the daemon itself serves on
         log.warning("cannot publish where this daemon is (%s): %s", discovery.discovery_dir(), e)
     try:
-        return await _run(daemon, loaded, admin)
+        return await _run(daemon, loaded, admin, limits)
     finally:
         await asyncio.to_thread(discovery.withdraw, daemon.pid)
         admin.remove_socket()
@@ -205,9 +205,8 @@ def _port_taken(host: str, port: int) -> bool:
     return False
 
 
-async def _run(daemon: Daemon, loaded: LoadedConfig, admin: AdminServer) -> int:
+async def _run(daemon: Daemon, loaded: LoadedConfig, admin: AdminServer, limits: Limits) -> int:
     s = loaded.model.server
-    limits = daemon.connection_limits
     config = uvicorn.Config(
         ProxyApp(daemon), host=s.host, port=s.port, loop="none", http=make_protocol(limits), lifespan="on",
         access_log=False, log_level="warning",

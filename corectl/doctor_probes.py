@@ -202,8 +202,9 @@ class ProviderProbe:
                       choices[0].get("finish_reason"), calls)
 
     def parse_anthropic(self, data: dict) -> Answer:
-        finish = {"max_tokens": "length", "tool_use": "tool_calls", "end_turn": "stop"}.get(
-            data.get("stop_reason"), data.get("stop_reason"))
+        stop = data.get("stop_reason")
+        finish = {"max_tokens": "length", "tool_use": "tool_calls", "end_turn": "stop"}.get(stop, stop) \
+            if isinstance(stop, str) else stop
         a = Answer(finish=finish)
         for block in data.get("content") or []:
             kind = block.get("type")

@@ -279,7 +279,7 @@ class _Keys:
         return self
 
     def __exit__(self, *exc) -> None:
-        if self._saved is not None:
+        if self._saved is not None and self.fd is not None:  # saved only from a terminal's fd
             import termios
 
             termios.tcsetattr(self.fd, termios.TCSADRAIN, self._saved)

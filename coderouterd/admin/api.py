@@ -15,22 +15,22 @@ from typing import TYPE_CHECKING
 from fastapi import APIRouter, FastAPI
 
 from ..config import ConfigError, load_config
-from ..live_config import UnknownProfile
 from ..reload import apply_reload
+from ..runtime import UnknownProfile
 from . import apitype, views
-from .errors import ANSWER, REFUSALS, AdminError, AdminRoute, JSONAnswer, install, runtime_of
+from .errors import ANSWER, REFUSALS, AdminError, AdminRoute, JSONAnswer, install
 from .version import API_VERSION
 
 if TYPE_CHECKING:
     from ..daemon import Daemon
-    from ..live_config import Runtime
+    from ..runtime import Runtime
 
 __all__ = ["API_VERSION", "create_admin_app"]
 
 log = logging.getLogger("coderouterd.admin")
 
 def _profile_detail(daemon: Daemon, name: str) -> dict:
-    runtime = runtime_of(daemon)
+    runtime = daemon.runtime
     prof = runtime.config.profiles.get(name)
     if prof is None:
         raise AdminError(404, str(UnknownProfile(name, runtime.profile_names)), valid_profiles=runtime.profile_names)
@@ -61,12 +61,11 @@ def daemon_routes(daemon: Daemon, socket_path: Path) -> APIRouter:
 
     @r.get("/v1/status", response_model=apitype.Status, **ANSWER)
     async def status():
-        runtime_of(daemon)
         return {**views.status(daemon), "admin_socket": str(socket_path), "api_version": API_VERSION}
 
     @r.get("/v1/profiles", response_model=apitype.ProfilesAnswer, **ANSWER)
     async def profiles():
-        runtime = runtime_of(daemon)
+        runtime = daemon.runtime
         return {"active": daemon.active_profile, "default": runtime.config.server.default_profile,
                 "profiles": views.profiles(daemon)}
 
@@ -76,7 +75,6 @@ def daemon_routes(daemon: Daemon, socket_path: Path) -> APIRouter:
 
     @r.post("/v1/profile/use", response_model=apitype.UseProfileAnswer, **ANSWER)
     async def use_profile(body: apitype.UseProfileRequest):
-        runtime_of(daemon)
         try:
             old, new = daemon.use_profile(body.name, source="corectl")
         except UnknownProfile as e:
@@ -88,7 +86,6 @@ def daemon_routes(daemon: Daemon, socket_path: Path) -> APIRouter:
     @r.post("/v1/reload", response_model=apitype.ReloadAnswer, **ANSWER,
             responses={422: {"model": apitype.ReloadAnswer, "description": "refused; the running config stays"}})
     async def reload():
-        runtime_of(daemon)
         result = await apply_reload(daemon, "corectl")
         result.setdefault("path", daemon.config_path)
         if not result.get("ok"):
@@ -98,7 +95,7 @@ def daemon_routes(daemon: Daemon, socket_path: Path) -> APIRouter:
     @r.get("/v1/config/check", response_model=apitype.ConfigCheckAnswer, **ANSWER)
     async def config_check():
         path = daemon.config_path
-        if daemon.runtime is not None and daemon.runtime.loaded.is_embedded:
+        if daemon.runtime.loaded.is_embedded:
             return {"ok": True, "path": path, "message": "running on the embedded default"}
         try:
             loaded = await asyncio.to_thread(load_config, path)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import orjson
 from fastapi import FastAPI, Request
@@ -17,9 +17,6 @@ from starlette.responses import Response
 
 from . import apitype
 from .version import API_VERSION, API_VERSION_HEADER
-
-if TYPE_CHECKING:
-    from ..daemon import Daemon
 
 log = logging.getLogger("coderouterd.admin")
 
@@ -50,13 +47,6 @@ def error_answer(status: int, message: str, headers: Mapping[str, str] | None = 
 ANSWER: dict[str, Any] = {"response_model_exclude_unset": True}
 REFUSALS: dict[int | str, dict[str, Any]] = {
     code: {"model": apitype.ErrorAnswer} for code in (400, 404, 409, 422, 500, 502, 503)}
-
-
-def runtime_of(daemon: Daemon):
-    runtime = daemon.runtime
-    if runtime is None:
-        raise AdminError(503, "coderouterd is still starting")
-    return runtime
 
 
 class AdminRoute(APIRoute):

@@ -37,7 +37,7 @@ _BRIEF = ("ts", "request_id", "ingress", "profile", "provider", "model_requested
 
 def journal_path(daemon) -> Path | None:
     t = daemon.telemetry
-    if t is None or not t.enabled:
+    if not t.enabled:
         return None
     return t.store.path
 
@@ -51,7 +51,7 @@ async def spend(daemon, now: float | None = None) -> dict:
     per_day = await asyncio.to_thread(daily_cost, db, start, end) if db is not None else {}
     days = month_days(start, end)
     today = int((now - start) // 86_400)
-    ledger = views.budget(daemon) or {}
+    ledger = views.budget(daemon)
     booked = ledger.get("providers") or {}
     out = {}
     for name in sorted(set(per_day) | set(booked)):
@@ -74,10 +74,10 @@ async def trends(daemon, range_name: str = DEFAULT_RANGE, now: float | None = No
     since = now - span
     db = journal_path(daemon)
 
-    def read() -> tuple[list, list]:
+    def read(db: Path) -> tuple[list, list]:
         return series_rows(db, since, now), cache_busts(db)
 
-    rows, busts = await asyncio.to_thread(read) if db is not None else ([], [])
+    rows, busts = await asyncio.to_thread(read, db) if db is not None else ([], [])
     return {**provider_series(rows, since, now, step), "range": range_name, "busts": busts,
             "journal": db is not None}
 

@@ -22,11 +22,11 @@ from ..providers.models_control import (
 )
 from ..supervise import ExternalProcessError
 from . import apitype, history, views
-from .errors import ANSWER, REFUSALS, AdminError, AdminRoute, runtime_of
+from .errors import ANSWER, REFUSALS, AdminError, AdminRoute
 
 if TYPE_CHECKING:
     from ..daemon import Daemon
-    from ..live_config import Runtime
+    from ..runtime import Runtime
 
 PROCESS_ACTIONS = ("start", "stop", "restart")
 DEFAULT_REQUESTS = 50
@@ -79,23 +79,21 @@ def ops_routes(daemon: Daemon) -> APIRouter:
 
     @r.get("/v1/providers", response_model=apitype.ProvidersAnswer, **ANSWER)
     async def providers():
-        runtime = runtime_of(daemon)
+        runtime = daemon.runtime
         return {"providers": views.provider_rows(daemon), "stats_window_s": runtime.config.adaptive.window_s}
 
     @r.get("/v1/processes", response_model=apitype.ProcessesAnswer, **ANSWER)
     async def processes():
-        runtime_of(daemon)
         return {"processes": views.processes(daemon), "names": _process_names(daemon)}
 
     @r.post("/v1/processes/{name}/{action}", response_model=apitype.ProcessActionAnswer, **ANSWER)
     async def process_action(name: str, action: str, body: apitype.ProcessActionRequest | None = None):
-        runtime_of(daemon)
         if action not in PROCESS_ACTIONS:
             raise AdminError(404, f"unknown process action {action!r}; expected one of {', '.join(PROCESS_ACTIONS)}")
         wait = body.wait_s if body is not None else 0.0
         procs = daemon.processes
         mp = procs.resolve(name) if procs is not None else None
-        if mp is None:
+        if procs is None or mp is None:
             valid = _process_names(daemon)
             listed = ", ".join(valid) if valid else "none (no provider has a [process] block)"
             raise AdminError(404, f"no managed process {name!r}; valid names: {listed}", valid=valid)
@@ -114,7 +112,7 @@ def ops_routes(daemon: Daemon) -> APIRouter:
 
     @r.get("/v1/models", response_model=apitype.ModelsAnswer, **ANSWER)
     async def models(provider: str | None = None):
-        runtime = runtime_of(daemon)
+        runtime = daemon.runtime
         if provider is not None:
             p = _provider(runtime, provider)
             try:
@@ -139,11 +137,11 @@ def ops_routes(daemon: Daemon) -> APIRouter:
 
     def _with_window(p, listed: dict) -> dict:
         """The context a request gets on this provider, next to its models (from config or its server)."""
-        window = daemon.router.context_window(p) if daemon.router is not None else p.cfg.context_window
+        window = daemon.router.context_window(p)
         return {**listed, "context_window": window or None}
 
     async def _control(body: apitype.ModelControlRequest, fn, *, check_memory: bool = False):
-        runtime = runtime_of(daemon)
+        runtime = daemon.runtime
         name, model = body.provider, body.model
         p = _provider(runtime, name)
         try:
@@ -158,10 +156,10 @@ def ops_routes(daemon: Daemon) -> APIRouter:
     async def _refuse_if_too_large(p, name: str, model: str) -> None:
         listed = await list_models(p)
         size = next((m.get("size") for m in listed["models"] if m.get("id") == model), None)
-        why = await daemon.memory.check_fits(size if isinstance(size, int) else None)
+        why = await daemon.ram_watch.check_fits(size if isinstance(size, int) else None)
         if why:
             raise AdminError(409, f"{name}: not loading {model}: {why}", provider=name, model=model,
-                             model_bytes=size, available_bytes=daemon.memory.available)
+                             model_bytes=size, available_bytes=daemon.ram_watch.available)
 
     @r.post("/v1/models/load", response_model=apitype.ModelControlAnswer, **ANSWER)
     async def models_load(body: apitype.ModelControlRequest):
@@ -184,12 +182,10 @@ def ops_routes(daemon: Daemon) -> APIRouter:
 
     @r.get("/v1/history/spend", response_model=apitype.SpendAnswer, **ANSWER)
     async def history_spend():
-        runtime_of(daemon)
         return await history.spend(daemon)
 
     @r.get("/v1/history/trends", response_model=apitype.TrendsAnswer, **ANSWER)
     async def history_trends(range: str = Query(history.DEFAULT_RANGE)):
-        runtime_of(daemon)
         if range not in history.RANGES:
             raise AdminError(400, f"unknown range {range!r}; expected one of {', '.join(history.RANGES)}",
                              valid=list(history.RANGES))
@@ -199,7 +195,6 @@ def ops_routes(daemon: Daemon) -> APIRouter:
     async def history_requests(profile: str | None = None, provider: str | None = None,
                                outcome: str | None = None,
                                limit: int = Query(DEFAULT_REQUESTS, ge=1, le=history.MAX_REQUESTS)):
-        runtime_of(daemon)
         try:
             return await history.requests(daemon, profile=profile, provider=provider, outcome=outcome, limit=limit)
         except ValueError as e:

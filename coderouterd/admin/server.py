@@ -18,10 +18,10 @@ from typing import TYPE_CHECKING
 
 import uvicorn
 
-from .lock import ensure_private_dir
+from .. import private_fs
 
 if TYPE_CHECKING:
-    from uvicorn._types import ASGI3Application as ASGIApp
+    from fastapi import FastAPI
 
     from ..daemon import Daemon
 
@@ -29,6 +29,17 @@ log = logging.getLogger("coderouterd.admin")
 
 # sockaddr_un.sun_path is 108 bytes on Linux, 104 on macOS/BSD (both include the terminating NUL).
 MAX_SOCKET_PATH = 103
+
+
+def ensure_private_dir(path: Path, *, enforce: bool) -> None:
+    """Create `path` as 0700; refuse (UnsafePath) one not ours or writable by others. With `enforce`, also
+    tighten one we own that others can read: the admin socket's directory is what keeps other users out on
+    systems that ignore a socket file's own mode."""
+    st = private_fs.ensure_private_dir(path, tighten=enforce)
+    mode = stat.S_IMODE(st.st_mode)
+    if mode & 0o077 and not enforce:
+        log.warning("directory %s is readable by other users (mode %o); keep the admin socket in a "
+                    "private directory", path, mode)
 
 
 class AdminSocketError(Exception):
@@ -134,20 +145,21 @@ class LazyAdminApp:
     def __init__(self, daemon: Daemon, path: Path) -> None:
         self._daemon = daemon
         self._path = path
-        self._app: ASGIApp | None = None
+        self._app: FastAPI | None = None
         self._building = asyncio.Lock()
 
     async def __call__(self, scope, receive, send) -> None:
-        after = getattr(self._daemon, "after_response", None)
-        if after is not None:
-            after.drain()  # what a request just answered left to record is recorded before anyone reads
-        if self._app is None:
+        # What a request just answered left to record is recorded before anyone reads.
+        self._daemon.after_response.drain()
+        app = self._app
+        if app is None:
             async with self._building:
-                if self._app is None:
-                    self._app = await asyncio.to_thread(self._build)
-        await self._app(scope, receive, send)
+                app = self._app
+                if app is None:
+                    app = self._app = await asyncio.to_thread(self._build)
+        await app(scope, receive, send)
 
-    def _build(self):
+    def _build(self) -> FastAPI:
         import gc
 
         from .api import create_admin_app
@@ -184,6 +196,7 @@ class AdminServer:
         config = uvicorn.Config(LazyAdminApp(self.daemon, self.path), loop="none", http="h11",
                                 lifespan="off", access_log=False, log_level="warning",
                                 timeout_graceful_shutdown=2, server_header=False, date_header=False)
+        assert self._sock is not None, "bind() comes first"
         self.server = ManagedServer(config, ready=self.ready)
         await self.server.serve(sockets=[self._sock])
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING
 
-from ..config import state_dir
 from ..config.envfile import missing_keys
 
 if TYPE_CHECKING:
@@ -35,7 +34,7 @@ def daemon_info(daemon: Daemon) -> dict:
         "last_reload_error": daemon.last_reload_error,
         "stats_window_s": cfg.adaptive.window_s,
         "routes": [{"model": r.model, "profile": r.profile} for r in cfg.routes],
-        "state_dir": str(t.state_dir if t is not None else state_dir(cfg)),
+        "state_dir": str(t.state_dir),
     }
 
 
@@ -53,12 +52,12 @@ def providers(daemon: Daemon) -> list[dict]:
             "health": routing.health_of(name) or "unknown",
             "auth": routing.auth_state(name),
             "figures": router.stats.figures(name),
-            "cache": router.affinity.provider_status(name),
+            "cache": daemon.affinity.provider_status(name),
             "context_window": router.context_window(p) or None,
             "configured_context_window": c.context_window or None,
             "server": server.as_dict() if (server := daemon.servers.info(p)) is not None else None,
             "tool_repair": {"mode": c.tool_repair, "local": c.is_local(), **daemon.repair_stats.snapshot(name)},
-            "drift": daemon.drift.snapshot(name) if daemon.drift is not None and c.is_local() else None,
+            "drift": daemon.drift.snapshot(name) if c.is_local() else None,
         })
     return out
 
@@ -68,7 +67,7 @@ def provider_rows(daemon: Daemon) -> list[dict]:
     spend, and the managed process serving it."""
     procs = processes(daemon)
     by_provider = {p: name for name, snap in procs.items() for p in snap.get("providers", [])}
-    spend = (budget(daemon) or {}).get("providers", {})
+    spend = budget(daemon).get("providers", {})
     detail = health(daemon)
     out = []
     for p in providers(daemon):
@@ -97,15 +96,13 @@ def profiles(daemon: Daemon) -> list[dict]:
 def store(daemon: Daemon) -> dict:
     """Whether state is persisted, and what is wrong with the state directory if anything."""
     t = daemon.telemetry
-    if t is None:
-        return {"enabled": False, "healthy": True, "problem": None}
     problems = [t.unusable,
                 f"state database: {t.store.problem}" if not t.store.healthy else None,
                 f"audit log: {t.audit.problem}" if t.audit is not None and not t.audit.healthy else None]
     if not t.store.healthy and t.store.dropped_this_outage:
         problems.append(f"{t.store.dropped_this_outage} journal rows dropped so far (the oldest waiting)")
-    problems = [p for p in problems if p]
-    return {"enabled": t.enabled, "healthy": not problems, "problem": "; ".join(problems) or None}
+    found = [p for p in problems if p]
+    return {"enabled": t.enabled, "healthy": not found, "problem": "; ".join(found) or None}
 
 
 def processes(daemon: Daemon) -> dict[str, dict]:
@@ -127,8 +124,8 @@ def health(daemon: Daemon) -> dict:
     return daemon.health.snapshot() if daemon.health is not None else {}
 
 
-def budget(daemon: Daemon) -> dict | None:
-    return daemon.budget.snapshot() if daemon.budget is not None else None
+def budget(daemon: Daemon) -> dict:
+    return daemon.budget.snapshot()
 
 
 def status(daemon: Daemon) -> dict:
@@ -141,7 +138,7 @@ def status(daemon: Daemon) -> dict:
         "processes": processes(daemon),
         "health": health(daemon),
         "budget": budget(daemon),
-        "memory": daemon.memory.snapshot(),
+        "memory": daemon.ram_watch.snapshot(),
         "shared": shared(daemon),
     }
 

@@ -73,9 +73,10 @@ class Ticket:
         return self.lane_kind if self.lane_kind == sess.BACKGROUND else f"main:{sess.hash_key(self.lane)[:6]}"
 
     def note(self) -> dict:
-        out = {"session": self.session.hashed, "session_source": self.session.source, "lane": self.lane_label,
-               "slot": self.slot, "predicted_tokens": self.predicted_tokens, "cached_tokens": self.cached_tokens,
-               "placement": self.placement_why}
+        out: dict[str, object] = {
+            "session": self.session.hashed, "session_source": self.session.source, "lane": self.lane_label,
+            "slot": self.slot, "predicted_tokens": self.predicted_tokens, "cached_tokens": self.cached_tokens,
+            "placement": self.placement_why}
         if self.bust is not None:
             out["cache_bust"] = {"segment": self.bust.segment, "cause": self.bust.cause,
                                  "expected_tokens": self.bust.expected_tokens,

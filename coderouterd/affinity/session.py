@@ -100,4 +100,4 @@ BACKGROUND_SUFFIX = "|bg"
 
 
 def is_background(lane: str | None) -> bool:
-    return bool(lane) and lane.endswith(BACKGROUND_SUFFIX)
+    return lane is not None and lane.endswith(BACKGROUND_SUFFIX)

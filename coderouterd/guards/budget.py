@@ -85,7 +85,8 @@ class Budget:
         publish: Callable[[Event], None] | None = None,
         clock: Callable[[], float] = time.time,
     ):
-        """Construct after `store.open()`: the month's totals are read from the store here."""
+        """No I/O here: the month's totals are read from the store on first use (every query rolls the month
+        first), so the store must be open by then, not yet when this is built."""
         self._store = store
         self._publish_fn = publish
         self._clock = clock
@@ -102,7 +103,6 @@ class Budget:
         self._spent_global = 0.0
         self._warned: set[str] = set()
         self._blocked: set[str] = set()
-        self._roll()
 
     # -- configuration --------------------------------------------------------------------------------------
 

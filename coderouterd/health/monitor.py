@@ -21,8 +21,8 @@ from ..routing.state import DEGRADED, HEALTHY, UNHEALTHY, RoutingState, health_s
 from ..tasks import TaskSet
 
 if TYPE_CHECKING:
-    from ..live_config import Runtime
     from ..providers.provider import Provider
+    from ..runtime import Runtime
 
 log = logging.getLogger("coderouterd.health")
 

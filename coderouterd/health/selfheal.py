@@ -19,7 +19,7 @@ from ..state import ProcessEvent, RecoveryProbe
 from ..state.events import ProcessEventName
 
 if TYPE_CHECKING:
-    from ..live_config import Runtime
+    from ..runtime import Runtime
 
 log = logging.getLogger("coderouterd.selfheal")
 

@@ -11,9 +11,9 @@ from typing import TYPE_CHECKING
 import orjson
 
 from ..ids import client_request_id, new_id
-from ..live_config import UnknownProfile
 from ..routing.record import CLIENT_DISCONNECTED, INTERNAL_ERROR
 from ..routing.request import ClientRequest
+from ..runtime import UnknownProfile
 from .auth import key_accepted, presented_key
 from .guard import BodyTooLarge, ClientLeft, answer_internal_error, describe_exception, read_body
 from .protocol import DISCONNECT_HOOK
@@ -23,8 +23,8 @@ from .validate import depth_problem, validate_anthropic, validate_openai
 
 if TYPE_CHECKING:
     from ..daemon import Daemon
-    from ..live_config import Runtime
     from ..routing.record import RequestRecord
+    from ..runtime import Runtime
     from ..ui.app import DashboardApp
 
 log = logging.getLogger("coderouterd.request")

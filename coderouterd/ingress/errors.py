@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import orjson
 
-from ..protocol.errors import error_kind
+from ..wire.errors import error_kind
 
 OPENAI_TYPES = {
     400: "invalid_request_error",

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from ..protocol.anthropic import message_start
-from ..protocol.sse import DONE, encode_data, encode_event
 from ..routing.sink import ClientGone, StreamOpening
+from ..wire.anthropic import message_start
+from ..wire.sse import DONE, encode_data, encode_event
 from .errors import OPENAI_TYPES, anthropic_error_body, anthropic_error_event, openai_error_body
 
 _JSON = (b"content-type", b"application/json")

@@ -5,9 +5,9 @@ Everything protocol-specific is in translate/responses_*.py; this module only wi
 
 from __future__ import annotations
 
-from ..protocol.sse import encode_data
 from ..translate.responses_request import ResponsesRequest, ResponsesRequestError, translate_request
 from ..translate.responses_stream import encode, failed_event, prologue
+from ..wire.sse import encode_data
 from .responder import Responder
 from .validate_responses import validate_responses
 

@@ -12,10 +12,10 @@ from typing import TYPE_CHECKING
 import aiohttp
 import orjson
 
-from ..translate.anthropic_to_openai import request_to_openai
+from ..translate.anthropic_request_to_openai import request_to_openai
 
 if TYPE_CHECKING:
-    from ..live_config import Runtime
+    from ..runtime import Runtime
 
 _TIMEOUT_S = 10.0
 

@@ -12,6 +12,8 @@ unknown block types pass, as the upstream APIs keep growing."""
 
 from __future__ import annotations
 
+from typing import TypeGuard
+
 import orjson
 
 # Deeper than this and orjson (limit 254) could not serialise the request again after translation adds a
@@ -29,7 +31,7 @@ def _type_name(v) -> str:
 # -- checkers: (accepted types, or a predicate; what was expected) ----------------------------------------
 # Plain type tuples where they suffice: a `type(v) in types` test is the cheapest check Python has.
 
-def _is_str(v) -> bool:
+def _is_str(v: object) -> TypeGuard[str]:
     return type(v) is str
 
 

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
+from ..routing.state import DEGRADED, HEALTHY, UNHEALTHY
 from ..state.events import (
     BreakerTransition,
     GuardFired,
@@ -30,7 +31,7 @@ _REQUEST, _BREAKER, _HEALTH, _PROCESS, _GUARD = (RequestFinished.kind, BreakerTr
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 _OVERHEAD_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1)
 _BREAKER_VALUE = {"closed": 0, "half_open": 1, "open": 2}
-_HEALTH_VALUE = {"HEALTHY": 0, "DEGRADED": 1, "UNHEALTHY": 2}
+_HEALTH_VALUE = {HEALTHY: 0, DEGRADED: 1, UNHEALTHY: 2}
 
 
 class Metrics:
@@ -132,15 +133,13 @@ class _ScrapeTimeCollector:
     def collect(self):
         spend = GaugeMetricFamily("coderouter_budget_spend_usd", "Spend this calendar month", labels=["provider"])
         cap = GaugeMetricFamily("coderouter_budget_cap_usd", "Monthly cap (0 = none)", labels=["provider"])
-        budget = self.daemon.budget
-        if budget is not None:
-            snap = budget.snapshot()
-            for name, b in snap.get("providers", {}).items():
-                spend.add_metric([name], b.get("spent") or 0.0)
-                cap.add_metric([name], b.get("cap") or 0.0)
-            g = snap.get("global", {})
-            spend.add_metric(["*"], g.get("spent") or 0.0)
-            cap.add_metric(["*"], g.get("cap") or 0.0)
+        snap = self.daemon.budget.snapshot()
+        for name, b in snap.get("providers", {}).items():
+            spend.add_metric([name], b.get("spent") or 0.0)
+            cap.add_metric([name], b.get("cap") or 0.0)
+        g = snap.get("global", {})
+        spend.add_metric(["*"], g.get("spent") or 0.0)
+        cap.add_metric(["*"], g.get("cap") or 0.0)
         yield spend
         yield cap
         up = GaugeMetricFamily("coderouter_process_up", "Managed process ready (1) or not (0)", labels=["process"])
@@ -156,14 +155,12 @@ class _ScrapeTimeCollector:
                                      "prefix cache", labels=["provider"])
         ratio = GaugeMetricFamily("coderouter_prefix_cache_hit_ratio", "Cached / prompt tokens (token-weighted)",
                                   labels=["provider"])
-        router = getattr(self.daemon, "router", None)
-        if router is not None:
-            for name, p in router.affinity.index.providers.items():
-                if not p.prompt_tokens:
-                    continue
-                prompt.add_metric([name], p.prompt_tokens)
-                cached.add_metric([name], p.cached_tokens)
-                ratio.add_metric([name], p.cached_tokens / p.prompt_tokens)
+        for name, p in self.daemon.affinity.index.providers.items():
+            if not p.prompt_tokens:
+                continue
+            prompt.add_metric([name], p.prompt_tokens)
+            cached.add_metric([name], p.cached_tokens)
+            ratio.add_metric([name], p.cached_tokens / p.prompt_tokens)
         yield prompt
         yield cached
         yield ratio

@@ -10,7 +10,7 @@ import aiohttp
 import orjson
 
 from ..allocator import released
-from ..protocol.sse import EventTooLarge, SSEParser
+from ..wire.sse import EventTooLarge, SSEParser
 from .errors import (
     BAD_RESPONSE,
     CONNECT,

@@ -13,7 +13,7 @@ from __future__ import annotations
 import orjson
 
 from ..translate.answer_observe import observe_openai
-from ..translate.openai_to_anthropic import anthropic_usage
+from ..translate.openai_answer_to_anthropic import anthropic_usage
 from ..translate.responses_objects import chat_completion_to_response
 from ..translate.responses_request import ResponsesRequest
 from ..translate.responses_stream import ChatStreamToResponses, encode_all
@@ -63,7 +63,7 @@ class ResponsesToChat(_ResponsesStrategy):
         if stream:
             body["stream_options"] = {"include_usage": True}
         if not self.named_tool_choice:
-            from ..translate.anthropic_to_openai import force_named_tool_as_required
+            from ..translate.anthropic_request_to_openai import force_named_tool_as_required
 
             body = force_named_tool_as_required(body)
         return orjson.dumps(body)
@@ -231,12 +231,14 @@ class ResponsesPassthrough(_ResponsesStrategy):
             if etype in ("response.created", "response.in_progress") and self.skip_prologue:
                 continue
             if etype == "error":
+                assert obj is not None  # parsed above: every error event is
                 err = obj.get("error") if isinstance(obj.get("error"), dict) else obj
                 raise UpstreamError(STREAM_ERROR, message=str(err.get("message", "upstream error")),
                                     after_content=self.delivered)
             if etype == "response.output_item.added":
                 self.started_content = True
             if etype in ("response.completed", "response.incomplete", "response.failed"):
+                assert obj is not None  # parsed above: every closing event is
                 self.usage = _usage_from_responses((obj.get("response") or {}).get("usage"))
                 self.done = True
             if obj is not None and '"encrypted_content"' in data:

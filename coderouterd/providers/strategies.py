@@ -5,16 +5,16 @@ from __future__ import annotations
 
 import orjson
 
-from ..protocol.sse import DONE, encode_data, encode_event
 from ..translate.answer_observe import observe_anthropic, observe_openai
 from ..translate.answer_stats import AnswerStats
-from ..translate.anthropic_to_openai import force_named_tool_as_required, request_to_openai
-from ..translate.openai_ingress import (
-    AnthropicStreamToOpenAI,
-    anthropic_response_to_openai,
-    openai_request_to_anthropic,
+from ..translate.anthropic_answer_to_openai import AnthropicStreamToOpenAI, anthropic_response_to_openai
+from ..translate.anthropic_request_to_openai import force_named_tool_as_required, request_to_openai
+from ..translate.openai_answer_to_anthropic import (
+    OpenAIStreamToAnthropic,
+    anthropic_usage,
+    response_to_anthropic,
 )
-from ..translate.openai_to_anthropic import OpenAIStreamToAnthropic, anthropic_usage, response_to_anthropic
+from ..translate.openai_request_to_anthropic import openai_request_to_anthropic
 from ..translate.tool_repair import ToolSpec
 from ..translate.tool_repair_wire import (
     AnthropicStreamRepair,
@@ -23,6 +23,7 @@ from ..translate.tool_repair_wire import (
     repair_openai_completion,
 )
 from ..translate.unsigned_thinking import UpstreamSignatures, may_carry_unsigned, without_unsigned_thinking
+from ..wire.sse import DONE, encode_data, encode_event
 from .errors import BAD_RESPONSE, DISCONNECT, UpstreamError, stream_error_reason
 
 _PING = encode_event({"type": "ping"})

@@ -53,6 +53,7 @@ class _Request:
         return await self._resp.__aenter__()
 
     async def __aexit__(self, exc_type, exc, tb) -> None:
+        assert self._resp is not None  # __aenter__ set it
         await self._resp.__aexit__(exc_type, exc, tb)
 
 

@@ -26,12 +26,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
-from ..protocol.errors import error_kind
 from ..providers.call import Call
 from ..providers.errors import BUDGET, BUDGET_FINAL, IDLE_TIMEOUT, OVERFLOW, TOTAL_TIMEOUT, UpstreamError
 from ..providers.provider import Provider
 from ..translate.images import omit_images
 from ..translate.tool_repair import repair_tools_for
+from ..wire.errors import error_kind
 from . import replies
 from .attempts import Outcome
 from .planner import Skip
@@ -40,7 +40,7 @@ from .request import ClientRequest
 from .sink import ClientGone, ClientSink, StreamOpening
 
 if TYPE_CHECKING:
-    from ..live_config import Runtime
+    from ..runtime import Runtime
 
 
 @dataclass(slots=True, eq=False)

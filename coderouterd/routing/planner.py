@@ -13,6 +13,7 @@ from typing import Any
 from ..providers.errors import MEMORY_PRESSURE
 from .adaptive import AdaptiveOrderer
 from .breaker import BreakerRegistry, BreakerState
+from .state import DEGRADED, HEALTHY, UNHEALTHY
 
 HEALTH_ACTIONS = ("warn", "demote", "exclude")
 SKIP_REASONS = ("tools", "thinking", "context", "budget", "breaker_open", "memory_cooldown", "unhealthy", "not_ready")
@@ -98,7 +99,7 @@ class Plan:
 def _health_word(value: Any) -> str:
     # Health may arrive as a plain string or as an Enum from the health monitor.
     raw = getattr(value, "value", value)
-    return str(raw).upper() if raw is not None else "HEALTHY"
+    return str(raw).upper() if raw is not None else HEALTHY
 
 
 def plan(
@@ -126,7 +127,7 @@ def plan(
             open_breakers[p] = breaker.retry_in_s
             if MEMORY_PRESSURE in breaker.open_reason:
                 cooling.add(p)
-    unhealthy = {p for p in chain if _health_word(health.get(p)) == "UNHEALTHY"}
+    unhealthy = {p for p in chain if _health_word(health.get(p)) == UNHEALTHY}
     excluded = unhealthy if health_action == "exclude" else set()
     over_budget = {p for p in chain if budget_ok is not None and not budget_ok(p)}
 
@@ -140,12 +141,12 @@ def plan(
     demoted: list[str] = []
     for p in order:
         word = _health_word(health.get(p))
-        if word == "UNHEALTHY" and health_action == "demote":
+        if word == UNHEALTHY and health_action == "demote":
             demoted.append(p)
             notes.append({"provider": p, "moved": "back", "why": "health UNHEALTHY (health_action=demote)"})
-        elif word == "UNHEALTHY" and health_action == "warn":
+        elif word == UNHEALTHY and health_action == "warn":
             notes.append({"provider": p, "moved": "none", "why": "health UNHEALTHY (health_action=warn)"})
-        elif word == "DEGRADED":
+        elif word == DEGRADED:
             notes.append({"provider": p, "moved": "none", "why": "health DEGRADED"})
     if demoted:
         order = [p for p in order if p not in demoted] + demoted

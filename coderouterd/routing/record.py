@@ -21,8 +21,8 @@ from .planner import Skip
 
 if TYPE_CHECKING:
     from ..affinity.service import Ticket
-    from ..live_config import Runtime
     from ..providers.strategies import Strategy
+    from ..runtime import Runtime
     from ..translate.answer_stats import DriftSample
     from .planner import Plan
     from .request import ClientRequest

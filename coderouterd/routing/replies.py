@@ -23,7 +23,7 @@ _WAIT_SKIPS = frozenset({"breaker_open", "memory_cooldown", "unhealthy", "not_re
 class Reply:
     status: int
     message: str
-    kind: str | None  # an error kind (protocol/errors.py); None: the sink derives it from the status
+    kind: str | None  # an error kind (wire/errors.py); None: the sink derives it from the status
     headers: dict[str, str] | None = None
     code: str | None = None  # a machine code some wires carry (OpenAI's error.code)
 

@@ -20,8 +20,8 @@ from .request import ClientRequest
 from .state import RoutingState
 
 if TYPE_CHECKING:
-    from ..live_config import Runtime
     from ..providers.provider import Provider
+    from ..runtime import Runtime
 
 # Router.admit's answers: how an attempt was let through, which decides what its end gives back.
 CLOSED, TRIAL, PANIC = "closed", "trial", "panic"
@@ -139,7 +139,7 @@ class Router:
         if not p.candidates:
             self._try_reported_windows(p, facts, down)
         if ticket is not None and self.affinity is not None and (profile.mode == "race" or profile.adaptive):
-            self._prefer_cached(p, ticket, runtime)
+            self._prefer_cached(p, ticket, runtime, self.affinity)
         for adjust in self.order_adjusters:
             p.order_notes.extend(adjust(profile, p.candidates))
         return p
@@ -159,13 +159,13 @@ class Router:
                                   "why": f"{s.message}; tried anyway: no other provider, and the server's own "
                                          "answer says by how much"})
 
-    def _prefer_cached(self, p: Plan, ticket, runtime: Runtime) -> None:
+    def _prefer_cached(self, p: Plan, ticket, runtime: Runtime, affinity: Affinity) -> None:
         """Among providers the profile treats as equals (race, adaptive order), the one expected to answer
         first given what it has cached leads. Providers adaptive or health moved back stay behind."""
         moved_back = {n["provider"] for n in p.order_notes if n.get("moved") == "back"}
         equals = [c for c in p.candidates if c not in moved_back]
         rest = [c for c in p.candidates if c in moved_back]
-        order, notes = self.affinity.prefer(equals, ticket, lambda n: runtime.providers[n].cfg.affinity)
+        order, notes = affinity.prefer(equals, ticket, lambda n: runtime.providers[n].cfg.affinity)
         p.candidates = order + rest
         p.order_notes.extend(notes)
 
@@ -248,6 +248,7 @@ class Router:
             # A refused key is the provider's configuration, not its health: in its error figures and an
             # `auth` state, while the chain moves on.
             st.stats.record(provider, latency_s=elapsed_s, ok=False)
+            assert e.status is not None  # 401 or 403
             st.auth_refused(provider, e.status)
         if admission == TRIAL:
             if e.provider_answered:

@@ -14,7 +14,7 @@ The contract, in the order a request uses it:
 - `ping()` keeps an idle stream alive, in the wire's own way.
 - `error(status, message, kind=..., headers=..., extra=...)` ends the request with an error: before
   `start_stream` as an HTTP error in the caller's shape, after it as a well-formed in-band error and a clean end.
-  `kind` is an error kind from `protocol.errors` (None: derived from the status, in the wire's own vocabulary);
+  `kind` is an error kind from `wire.errors` (None: derived from the status, in the wire's own vocabulary);
   `code` a machine code for wires that carry one (OpenAI's `error.code`, e.g. `context_length_exceeded`).
 - `finish(body=None, headers=...)` ends the request successfully: with `body`, a whole non-streaming 200 answer;
   without, the end of the stream.

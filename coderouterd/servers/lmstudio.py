@@ -21,9 +21,9 @@ def window_from(v1, v0, model: str) -> Window:
     loads it on demand with a context no larger)."""
     for m in (v1 or {}).get("models") or [] if isinstance(v1, dict) else []:
         if isinstance(m, dict) and m.get("key") == model:
-            loaded = [positive_int((i.get("config") or {}).get("context_length"))
-                      for i in m.get("loaded_instances") or [] if isinstance(i, dict)]
-            loaded = [n for n in loaded if n]
+            contexts = [positive_int((i.get("config") or {}).get("context_length"))
+                        for i in m.get("loaded_instances") or [] if isinstance(i, dict)]
+            loaded = [n for n in contexts if n]
             most = positive_int(m.get("max_context_length"))
             if loaded:
                 return Window(min(loaded), "loaded instance", most)

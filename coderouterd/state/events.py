@@ -42,7 +42,7 @@ class RequestFinished(Event):
     request_id: str
     ingress: str
     profile: str
-    provider: str
+    provider: str | None  # None: no provider served it
     attempts: list[dict] = field(default_factory=list)
     model_requested: str = ""
     model_used: str = ""
@@ -150,7 +150,7 @@ class ToolRepaired(Event):
 
 @dataclass(slots=True)
 class DriftDetected(Event):
-    """A local provider's recent answers drifted from its own normal (see health/drift.py)."""
+    """A local provider's recent answers drifted from its own normal (see quality/drift.py)."""
 
     kind: ClassVar[str] = "drift_detected"
     audited: ClassVar[bool] = True

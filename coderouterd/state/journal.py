@@ -251,7 +251,7 @@ def export_rows(rows: list[dict[str, Any]], fmt: str = "jsonl") -> str:
             for col in JOURNAL_COLUMNS:
                 value = r.get(col)
                 if col == "ts":
-                    value = _iso(value)
+                    value = _iso(r["ts"])
                 elif col == "attempts":
                     value = orjson.dumps(value or []).decode()
                 elif value is None:

@@ -1,5 +1,5 @@
 """What an upstream's answer looked like, read off its own wire (OpenAI chunks or messages, Anthropic events
-or messages) into `health.drift.AnswerStats` for drift detection."""
+or messages) into `quality.drift.AnswerStats` for drift detection."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """What an answer looked like, measured while it streams (AnswerStats) and handed to drift detection as a
-DriftSample. Here, below providers/ and health/, because the strategies that read answers fill it and
-health/drift.py judges it: neither imports the other."""
+DriftSample. Here, below providers/ and quality/, because the strategies that read answers fill it and
+quality/drift.py judges it: neither imports the other."""
 
 from __future__ import annotations
 

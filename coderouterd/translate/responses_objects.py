@@ -80,7 +80,8 @@ def chat_completion_to_response(rq: ResponsesRequest, completion: dict, model: s
     """A whole chat completion as a Responses object: reasoning, then text, then function calls."""
     choice = (completion.get("choices") or [{}])[0]
     msg = choice.get("message") or {}
-    text = msg.get("content") if isinstance(msg.get("content"), str) else ""
+    content = msg.get("content")
+    text = content if isinstance(content, str) else ""
     tag_thinking = ""
     if "think>" in text:  # <think> or </think>: most answers have neither
         tag_thinking, text = split_think_tags(text)

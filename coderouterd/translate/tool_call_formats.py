@@ -42,14 +42,16 @@ def offered_tools(body: dict) -> dict[str, ToolSpec]:
     for tool in body.get("tools") or ():
         if not isinstance(tool, dict):
             continue
-        fn = tool.get("function") if isinstance(tool.get("function"), dict) else tool
+        function = tool.get("function")
+        fn = function if isinstance(function, dict) else tool
         name = fn.get("name")
         if not isinstance(name, str) or not name:
             continue
         schema = fn.get("input_schema") if "input_schema" in fn else fn.get("parameters")
         schema = schema if isinstance(schema, dict) else {}
         required = tuple(r for r in schema.get("required") or () if isinstance(r, str))
-        props = schema.get("properties") if isinstance(schema.get("properties"), dict) else {}
+        properties = schema.get("properties")
+        props = properties if isinstance(properties, dict) else {}
         types = {k: v["type"] for k, v in props.items() if isinstance(v, dict) and isinstance(v.get("type"), str)}
         tools[name] = ToolSpec(name, required, types)
     return tools
@@ -75,7 +77,8 @@ def repair_tools_for(provider_cfg, body: dict) -> Mapping[str, ToolSpec] | None:
 def _named(tool) -> bool:
     if not isinstance(tool, dict):
         return False
-    fn = tool.get("function") if isinstance(tool.get("function"), dict) else tool
+    function = tool.get("function")
+    fn = function if isinstance(function, dict) else tool
     return isinstance(fn.get("name"), str) and bool(fn.get("name"))
 
 
@@ -163,7 +166,8 @@ def _call_from_object(obj, fmt: str, tools: dict[str, ToolSpec], *, need_argumen
                       ) -> RepairedCall | None:
     if not isinstance(obj, dict):
         return None
-    fn = obj.get("function") if isinstance(obj.get("function"), dict) else obj
+    function = obj.get("function")
+    fn = function if isinstance(function, dict) else obj
     name = fn.get("name")
     if not isinstance(name, str):
         return None

@@ -318,6 +318,7 @@ class ToolCallRepairer:
             k = buf.find("[ARGS]", start)
             if k < 0:
                 m = _NAME.match(buf, start)
+                assert m is not None  # a pattern of `[...]*` matches (maybe empty) anywhere
                 tail = buf[m.end():]
                 waiting = len(buf) - start <= 128 and (not tail or "[ARGS]".startswith(tail))
                 return -1 if waiting else start

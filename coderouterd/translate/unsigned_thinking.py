@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import re
 
-from .openai_to_anthropic import SYNTHETIC_SIGNATURE
+from .openai_answer_to_anthropic import SYNTHETIC_SIGNATURE
 
 _MARK = SYNTHETIC_SIGNATURE.encode()
 _EMPTY_SIGNATURE = re.compile(rb'"signature"\s*:\s*""')

@@ -89,10 +89,7 @@ class DashboardApp:
                 await _send(send, a.status, (a.message + "\n").encode(), b"text/plain; charset=utf-8")
 
     async def _gate_and_route(self, scope, receive, send, path: str, api: bool) -> None:
-        runtime = self.daemon.runtime
-        if runtime is None:
-            raise Answer(503, "coderouterd is still starting")
-        server = runtime.config.server
+        server = self.daemon.runtime.config.server
         if not server.dashboard:
             raise Answer(404, "the dashboard is off ([server] dashboard = false)")
         headers = _headers(scope)

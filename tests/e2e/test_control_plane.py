@@ -438,7 +438,7 @@ def test_sigterm_drains_the_stream_then_removes_socket_and_lock(daemons, tmp_pat
 # -- building blocks, in process -----------------------------------------------------------------------------
 
 def test_state_lock_names_the_owner_and_frees_on_release(tmp_path):
-    from coderouterd.admin.lock import LockHeld, StateLock
+    from coderouterd.state.dir_lock import LockHeld, StateLock
 
     first = StateLock(tmp_path / "coderouterd.lock")
     first.acquire()

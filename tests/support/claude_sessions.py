@@ -168,7 +168,7 @@ def drive_straight(fake_url: str, sessions: int, turns: int, model: str = "local
     import httpx
 
     from coderouterd.affinity.canonical import Canonicaliser
-    from coderouterd.translate.anthropic_to_openai import request_to_openai
+    from coderouterd.translate.anthropic_request_to_openai import request_to_openai
 
     canon = Canonicaliser()
     with httpx.Client(base_url=fake_url, timeout=60) as http:

@@ -19,7 +19,6 @@ import time
 from dataclasses import dataclass, field
 
 from coderouterd.config.loader import LoadedConfig, parse_config_text
-from coderouterd.live_config import build_runtime
 from coderouterd.providers.errors import UpstreamError
 from coderouterd.routing.clock import ManualClock
 from coderouterd.routing.executor import Exchange
@@ -27,6 +26,7 @@ from coderouterd.routing.request import ClientRequest
 from coderouterd.routing.router import Router
 from coderouterd.routing.sink import ClientGone
 from coderouterd.routing.state import RoutingState
+from coderouterd.runtime import build_runtime
 
 
 @dataclass

@@ -11,7 +11,6 @@ import pytest
 from pydantic import ValidationError
 
 from coderouterd.config.schema import ProviderConfig
-from coderouterd.protocol.anthropic import message_start
 from coderouterd.providers.adapters import (
     ANTHROPIC_VERSION,
     AnthropicAdapter,
@@ -28,6 +27,7 @@ from coderouterd.providers.strategies import (
     OpenAIPassthrough,
     OpenAIToAnthropicUpstream,
 )
+from coderouterd.wire.anthropic import message_start
 from tests.fakes.runner import FakeServer
 
 

@@ -14,7 +14,7 @@ from fastapi.testclient import TestClient
 from coderouterd.admin import views
 from coderouterd.admin.api import create_admin_app
 from coderouterd.admin.version import API_VERSION, API_VERSION_HEADER
-from coderouterd.live_config import UnknownProfile
+from coderouterd.runtime import UnknownProfile
 
 
 class _Plan:
@@ -98,7 +98,7 @@ def test_providers_does_not_plan_any_profile(client, daemon, no_whole_status, mo
     monkeypatch.setattr(views, "providers", lambda _d: [{"name": "a", "kind": "openai", "base_url": "http://x",
                                                          "model": None, "paid": False, "health": "healthy"}])
     monkeypatch.setattr(views, "health", lambda _d: {"a": {"ok": True}})
-    monkeypatch.setattr(views, "budget", lambda _d: None)
+    monkeypatch.setattr(views, "budget", lambda _d: {})
     r = client.get("/v1/providers")
     assert r.status_code == 200, r.text
     row = r.json()["providers"][0]
@@ -221,10 +221,10 @@ def test_the_daemon_does_not_import_fastapi_before_the_proxy_listens():
 
 
 def test_history_without_a_journal_is_empty_and_requests_come_from_memory(client, daemon):
-    """[state] off (no telemetry): the trends say so instead of failing, and the last requests are the traces
+    """[state] off (no journal): the trends say so instead of failing, and the last requests are the traces
     the daemon keeps in memory, filtered as the journal's would be."""
-    daemon.telemetry = None
-    daemon.budget = None
+    daemon.telemetry = SimpleNamespace(enabled=False)
+    daemon.budget = SimpleNamespace(snapshot=dict)
     daemon.recent["r1"] = {"request_id": "r1", "ts": 1.0, "profile": "default", "served_by": "a", "status": 200}
     daemon.recent["r2"] = {"request_id": "r2", "ts": 2.0, "profile": "alt", "served_by": "b", "status": 502,
                            "error_class": "upstream_error"}

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from coderouterd.health.drift import AnswerStats, DriftDetector, DriftSample, DriftSettings, judge
-from coderouterd.health.drift_actions import DriftManager
+from coderouterd.quality.drift import AnswerStats, DriftDetector, DriftSample, DriftSettings, judge
+from coderouterd.quality.drift_actions import DriftManager
 
 CFG = DriftSettings(window=12, recent=4, min_fill=8)
 GOOD = DriftSample(length=900, digest=1, tools_offered=True, tool_called=True)
@@ -152,7 +152,7 @@ def test_memory_per_provider_is_bounded_whatever_model_names_clients_send():
     MAX_MODELS windows with bounded keys: a few hundred KB, not 300 MB."""
     import tracemalloc
 
-    from coderouterd.health.drift import MAX_MODEL_KEY, MAX_MODELS
+    from coderouterd.quality.drift import MAX_MODEL_KEY, MAX_MODELS
 
     d = DriftDetector(CFG)
     tracemalloc.start()
@@ -183,7 +183,7 @@ def test_long_names_that_differ_only_at_the_end_keep_separate_windows():
 
 
 def test_lru_keeps_a_busy_model_among_many_one_off_names():
-    from coderouterd.health.drift import MAX_MODELS
+    from coderouterd.quality.drift import MAX_MODELS
 
     d = DriftDetector(CFG)
     for i in range(MAX_MODELS * 5):

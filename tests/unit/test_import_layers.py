@@ -17,14 +17,18 @@ PACKAGES = ("coderouterd", "corectl", "bench")  # bench: cycles only (its script
 
 # (importer prefix, imported prefix): modules under the first must not import modules under the second.
 FORBIDDEN = [
-    # Providers and translation are below health/ and affinity/: they are handed what they need.
+    # Providers and translation are below health/, quality/ and affinity/: they are handed what they need.
     ("coderouterd.providers", "coderouterd.health"),
+    ("coderouterd.providers", "coderouterd.quality"),
     ("coderouterd.providers", "coderouterd.affinity"),
     ("coderouterd.translate", "coderouterd.health"),
+    ("coderouterd.translate", "coderouterd.quality"),
     ("coderouterd.translate", "coderouterd.affinity"),
     # The config schema is below the providers it configures.
     ("coderouterd.config", "coderouterd.providers"),
     ("coderouterd.routing", "coderouterd.ingress"),
+    # wire/ (SSE, error kinds, shared Anthropic events) is below everything that speaks a wire.
+    *(("coderouterd.wire", f"coderouterd.{above}") for above in ("translate", "providers", "routing", "ingress")),
 ]
 
 

@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from bench.linear import PATHS, growth
-from coderouterd.translate.anthropic_to_openai import _as_parts, _merge_runs, _parts_content
+from coderouterd.translate.anthropic_request_to_openai import _as_parts, _merge_runs, _parts_content
 from coderouterd.translate.responses_request import NS_SEP, translate_request
 
 STEP = 30  # the most one 10x step may cost, in multiples of the previous size's time

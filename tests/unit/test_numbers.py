@@ -14,8 +14,9 @@ from coderouterd.state.events import ProcessEvent, ProcessEventName, RequestFini
 
 
 def _metrics() -> Metrics:
-    return Metrics(SimpleNamespace(budget=None, processes=None, in_flight={"anthropic": 2, "openai": 0},
-                                   runtime=None))
+    return Metrics(SimpleNamespace(budget=SimpleNamespace(snapshot=dict), processes=None,
+                                   affinity=SimpleNamespace(index=SimpleNamespace(providers={})),
+                                   in_flight={"anthropic": 2, "openai": 0}, runtime=None))
 
 
 def _samples(m: Metrics) -> dict:

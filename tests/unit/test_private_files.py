@@ -8,9 +8,9 @@ import stat
 import pytest
 
 from coderouterd import discovery, private_fs
-from coderouterd.admin.lock import LOCK_NAME, StateLock, ensure_private_dir
-from coderouterd.admin.server import AdminSocketError, bind_admin_socket
+from coderouterd.admin.server import AdminSocketError, bind_admin_socket, ensure_private_dir
 from coderouterd.state.audit import AuditLog
+from coderouterd.state.dir_lock import LOCK_NAME, StateLock
 from coderouterd.state.events import ProfileSwitched
 from coderouterd.state.store import Store
 from coderouterd.supervise.logs import RotatingLog

@@ -199,7 +199,7 @@ _OUTPUT_ITEM = st.fixed_dictionaries({
 def test_any_tool_output_is_a_400_or_translates(item):
     """Whatever a tool output holds: refused naming a field under input[0], or translated to a chat body that
     serialises and an Anthropic body that serialises (never an exception, which would be a 500)."""
-    from coderouterd.translate.openai_ingress import openai_request_to_anthropic
+    from coderouterd.translate.openai_request_to_anthropic import openai_request_to_anthropic
 
     body = {"model": "m", "input": [{"type": "function_call", "call_id": "c", "name": "f", "arguments": "{}"},
                                     item]}
@@ -214,7 +214,7 @@ def test_any_tool_output_is_a_400_or_translates(item):
 
 def test_translation_survives_what_validation_would_refuse():
     """The translation is robust on its own (a caller that skips validation gets no exception)."""
-    from coderouterd.translate.openai_ingress import openai_request_to_anthropic
+    from coderouterd.translate.openai_request_to_anthropic import openai_request_to_anthropic
 
     rq = translate_request({"model": "m", "input": [
         {"type": "function_call", "call_id": "c", "name": "f", "arguments": "[" * 5000 + "]" * 5000},

@@ -3,7 +3,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from coderouterd.protocol.sse import DONE, EventTooLarge, SSEParser, encode_data, encode_event
+from coderouterd.wire.sse import DONE, EventTooLarge, SSEParser, encode_data, encode_event
 
 ENCODE_CASES = [
     (

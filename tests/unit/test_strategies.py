@@ -7,9 +7,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from coderouterd.protocol.sse import DONE
 from coderouterd.providers.errors import DISCONNECT, STREAM_ERROR, UpstreamError
 from coderouterd.providers.strategies import AnthropicPassthrough, OpenAIPassthrough
+from coderouterd.wire.sse import DONE
 
 
 def chunk(delta=None, finish=None, usage=None, choices=True) -> tuple[None, str]:

@@ -7,7 +7,6 @@ import orjson
 import pytest
 
 from coderouterd.config.schema import ProviderConfig
-from coderouterd.protocol.sse import SSEParser
 from coderouterd.providers.strategies import (
     AnthropicPassthrough,
     AnthropicToOpenAIUpstream,
@@ -15,6 +14,7 @@ from coderouterd.providers.strategies import (
     OpenAIToAnthropicUpstream,
 )
 from coderouterd.translate.tool_repair import repair_tools_for
+from coderouterd.wire.sse import SSEParser
 
 BASH = {"name": "Bash", "input_schema": {"type": "object", "required": ["command"],
                                          "properties": {"command": {"type": "string"}}}}

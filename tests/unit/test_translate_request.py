@@ -3,7 +3,7 @@ import copy
 import orjson
 import pytest
 
-from coderouterd.translate.anthropic_to_openai import request_to_openai
+from coderouterd.translate.anthropic_request_to_openai import request_to_openai
 
 CC = {"type": "ephemeral"}
 SCHEMA_URL = "https://json-schema.org/draft/2020-12/schema"
@@ -282,7 +282,10 @@ def test_each_warning_kind_reported_once():
 
 
 def test_a_named_tool_choice_becomes_required_with_that_tool_alone_for_servers_reading_only_strings():
-    from coderouterd.translate.anthropic_to_openai import force_named_tool_as_required, request_to_openai
+    from coderouterd.translate.anthropic_request_to_openai import (
+        force_named_tool_as_required,
+        request_to_openai,
+    )
 
     tools = [{"name": n, "description": n, "input_schema": {"type": "object", "properties": {}}} for n in "abc"]
     body = {"model": "m", "max_tokens": 5, "tools": tools, "tool_choice": {"type": "tool", "name": "b"},

@@ -2,16 +2,14 @@ import re
 
 import pytest
 
-from coderouterd.translate.openai_ingress import (
-    anthropic_response_to_openai,
-    openai_request_to_anthropic,
-)
-from coderouterd.translate.openai_to_anthropic import (
+from coderouterd.translate.anthropic_answer_to_openai import anthropic_response_to_openai
+from coderouterd.translate.openai_answer_to_anthropic import (
     SYNTHETIC_SIGNATURE,
     openai_stop_to_anthropic,
     parse_tool_arguments,
     response_to_anthropic,
 )
+from coderouterd.translate.openai_request_to_anthropic import openai_request_to_anthropic
 
 ZERO_USAGE = {"input_tokens": 0, "output_tokens": 0, "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0}
 
@@ -242,7 +240,7 @@ def test_anthropic_response_to_openai(name, resp, message, finish, usage):
 
 
 def test_round_trip_openai_request_through_anthropic_and_back():
-    from coderouterd.translate.anthropic_to_openai import request_to_openai
+    from coderouterd.translate.anthropic_request_to_openai import request_to_openai
 
     body = {
         "messages": [

@@ -5,9 +5,9 @@ import random
 import orjson
 import pytest
 
-from coderouterd.protocol.sse import DONE, SSEParser, encode_data, encode_event
-from coderouterd.translate.openai_ingress import AnthropicStreamToOpenAI
-from coderouterd.translate.openai_to_anthropic import SYNTHETIC_SIGNATURE, OpenAIStreamToAnthropic
+from coderouterd.translate.anthropic_answer_to_openai import AnthropicStreamToOpenAI
+from coderouterd.translate.openai_answer_to_anthropic import SYNTHETIC_SIGNATURE, OpenAIStreamToAnthropic
+from coderouterd.wire.sse import DONE, SSEParser, encode_data, encode_event
 
 # --- helpers ----------------------------------------------------------------------------------
 
@@ -568,7 +568,7 @@ def test_cached_tokens_reported_only_in_llama_cpp_timings_are_counted():
              "timings": {"cache_n": 850, "prompt_n": 50}}
     result = assemble(run([chunk({"content": "hi"}), chunk(finish="stop"), final])[1])
     assert result["usage"]["cache_read_input_tokens"] == 850 and result["usage"]["input_tokens"] == 50
-    from coderouterd.translate.openai_to_anthropic import anthropic_usage
+    from coderouterd.translate.openai_answer_to_anthropic import anthropic_usage
 
     both = {"prompt_tokens": 900, "completion_tokens": 5, "prompt_tokens_details": {"cached_tokens": 800}}
     assert anthropic_usage(both, timings={"cache_n": 850})["cache_read_input_tokens"] == 800  # usage wins

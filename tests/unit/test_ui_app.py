@@ -27,7 +27,7 @@ def _daemon(tmp_path, *, keys=(), journal_bytes: bytes | None = None, telemetry=
     return SimpleNamespace(
         runtime=SimpleNamespace(config=SimpleNamespace(server=server)), listen=("127.0.0.1", 8088),
         telemetry=telemetry or SimpleNamespace(enabled=True, store=SimpleNamespace(path=db)),
-        budget=None, recent=OrderedDict(), live=LiveFeed())
+        budget=SimpleNamespace(snapshot=dict), recent=OrderedDict(), live=LiveFeed())
 
 
 def _call(app, path: str, *, host: str = "127.0.0.1:8088", method: str = "GET", query: bytes = b"",

@@ -7,7 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from coderouterd.providers.strategies import AnthropicPassthrough
-from coderouterd.translate.openai_to_anthropic import SYNTHETIC_SIGNATURE
+from coderouterd.translate.openai_answer_to_anthropic import SYNTHETIC_SIGNATURE
 from coderouterd.translate.unsigned_thinking import (
     SignatureBook,
     may_carry_unsigned,

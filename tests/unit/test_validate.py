@@ -10,8 +10,8 @@ import pytest
 
 from bench.claude_body import claude_code_body
 from coderouterd.ingress.validate import MAX_DEPTH, validate_anthropic, validate_openai
-from coderouterd.translate.anthropic_to_openai import request_to_openai
-from coderouterd.translate.openai_ingress import openai_request_to_anthropic
+from coderouterd.translate.anthropic_request_to_openai import request_to_openai
+from coderouterd.translate.openai_request_to_anthropic import openai_request_to_anthropic
 
 A_OK = {"model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": "hi"}]}
 O_OK = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}

@@ -17,7 +17,7 @@ if TYPE_CHECKING:
 
 def prompt_text(body: dict) -> str:
     """The text a chat template would see, near enough for counting: system, messages, tool schemas."""
-    from ...translate.anthropic_to_openai import request_to_openai
+    from ...translate.anthropic_request_to_openai import request_to_openai
 
     oa, _ = request_to_openai(body, body.get("model") or "", stream=False)
     parts: list[str] = []

@@ -72,9 +72,10 @@ class SharedBreakers:
     # -- lifecycle ------------------------------------------------------------------------------------------
 
     async def start(self) -> None:
-        self._writes = asyncio.Queue()
+        writes: asyncio.Queue = asyncio.Queue()
+        self._writes = writes
         await self.poll_once()
-        self._tasks.spawn(self._write_loop(), name="shared-breaker-write")
+        self._tasks.spawn(self._write_loop(writes), name="shared-breaker-write")
         self._tasks.spawn(self._listen_loop(), name="shared-breaker-listen")
         self._tasks.spawn(self._poll_loop(), name="shared-breaker-poll")
 
@@ -99,8 +100,7 @@ class SharedBreakers:
         self._probe_until.pop(name, None)
         self._writes.put_nowait((name, snapshot, new))
 
-    async def _write_loop(self) -> None:
-        q = self._writes
+    async def _write_loop(self, q: asyncio.Queue) -> None:
         while True:
             name, snap, state = await q.get()
             try:

@@ -121,10 +121,11 @@ class SharedBudget:
     # -- lifecycle ------------------------------------------------------------------------------------------
 
     async def start(self) -> None:
-        self._settles = asyncio.Queue()
+        settles: asyncio.Queue = asyncio.Queue()
+        self._settles = settles
         await self._push_caps()
         await self.refresh()
-        self._tasks.spawn(self._drain_settles(), name="shared-budget-settle")
+        self._tasks.spawn(self._drain_settles(settles), name="shared-budget-settle")
         self._tasks.spawn(self._refresh_loop(), name="shared-budget-refresh")
 
     async def drain(self, timeout_s: float) -> bool:
@@ -400,8 +401,7 @@ class SharedBudget:
         if self._settles is not None:
             self._settles.put_nowait((res, actual))
 
-    async def _drain_settles(self) -> None:
-        q = self._settles
+    async def _drain_settles(self, q: asyncio.Queue) -> None:
         delay = 0.05
         while True:
             res, actual = await q.get()

@@ -1,4 +1,5 @@
-"""Anthropic Messages request -> OpenAI chat.completions request."""
+"""Anthropic Messages request -> OpenAI chat.completions request (an Anthropic client in front of an
+OpenAI-speaking upstream; the answer comes back through openai_answer_to_anthropic.py)."""
 
 from __future__ import annotations
 

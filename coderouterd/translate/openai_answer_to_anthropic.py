@@ -1,4 +1,5 @@
-"""OpenAI chat.completions responses and streams -> Anthropic Messages responses and events."""
+"""OpenAI chat.completions responses and streams -> Anthropic Messages responses and events (an Anthropic
+client in front of an OpenAI-speaking upstream; the request goes the other way in anthropic_request_to_openai.py)."""
 
 from __future__ import annotations
 
@@ -9,9 +10,9 @@ import secrets
 
 import orjson
 
-from coderouterd.protocol.anthropic import message_start
 from coderouterd.servers import overflow as context_overflow
 from coderouterd.translate.reasoning import ThinkTagSplitter, split_think_tags
+from coderouterd.wire.anthropic import message_start
 
 log = logging.getLogger(__name__)
 
@@ -483,6 +484,7 @@ class OpenAIStreamToAnthropic:
             call.fragments.append(args)
             self._chars += len(args)
             if call is self._open_call:
+                assert call.block_index is not None  # set as its block opened (_open_tool)
                 events.append(self._json_delta(call.block_index, args))
         if self._open != "tool" and call.name:
             self._close(events)

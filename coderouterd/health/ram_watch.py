@@ -1,4 +1,6 @@
-"""Memory pressure on this machine, where the local model servers run.
+"""The RAM watcher: memory pressure on this machine, where the local model servers run. Here beside the
+provider health monitor because it says whether the local providers can serve; unrelated to the in-memory
+store of state/memory.py.
 
 Reactive: an upstream error that says the backend ran out of memory is classified `memory_pressure`
 (`providers.errors.is_memory_error`); the router gives that provider a cooldown and the request fails over.
@@ -42,7 +44,7 @@ def gb(n: int | float) -> str:
     return f"{n / 1e9:.1f} GB"
 
 
-class MemoryWatch:
+class RamWatch:
     """Samples available memory every `interval_s` and keeps the last figure and whether it is low."""
 
     def __init__(self, *, low_mb: float, interval_s: float, publish: Callable | None = None,

@@ -7,7 +7,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from coderouterd.health.memory import MemoryWatch
+from coderouterd.health.ram_watch import RamWatch
 from coderouterd.providers.errors import MEMORY_PRESSURE, http_error, is_memory_error, stream_error_reason
 
 OOM_MESSAGES = [
@@ -40,7 +40,7 @@ def test_other_errors_are_not(message):
 
 def test_watch_edges_and_prefer_remote_order():
     events: list = []
-    w = MemoryWatch(low_mb=2000, interval_s=1, publish=events.append, probe=lambda: 0)
+    w = RamWatch(low_mb=2000, interval_s=1, publish=events.append, probe=lambda: 0)
     w.update(3_000_000_000)
     assert not w.low and events == []
     w.update(1_000_000_000)
@@ -59,7 +59,7 @@ def test_watch_edges_and_prefer_remote_order():
 
 
 def test_check_fits_says_how_much_is_missing():
-    w = MemoryWatch(low_mb=2000, interval_s=1, probe=lambda: 8_000_000_000)
+    w = RamWatch(low_mb=2000, interval_s=1, probe=lambda: 8_000_000_000)
     assert asyncio.run(w.check_fits(5_000_000_000)) is None
     why = asyncio.run(w.check_fits(20_000_000_000))
     assert "needs 20.0 GB but only 8.0 GB is available (12.0 GB missing)" in why and "--force" in why

@@ -1,4 +1,4 @@
-"""One daemon per state directory: an flock'd lock file holding the owner's PID, and private directories.
+"""The state-directory lock, one daemon per state directory: an flock'd lock file holding the owner's PID.
 
 flock is released by the kernel when the owner dies, so a crashed daemon never leaves a lock behind; the
 file itself stays (unlinking it would let two processes hold locks on two different inodes)."""
@@ -6,14 +6,10 @@ file itself stays (unlinking it would let two processes hold locks on two differ
 from __future__ import annotations
 
 import fcntl
-import logging
 import os
-import stat
 from pathlib import Path
 
 from .. import private_fs
-
-log = logging.getLogger("coderouterd.admin")
 
 LOCK_NAME = "coderouterd.lock"
 
@@ -25,17 +21,6 @@ class LockHeld(Exception):
                          f"(lock file {path})")
         self.path = path
         self.pid = pid
-
-
-def ensure_private_dir(path: Path, *, enforce: bool) -> None:
-    """Create `path` as 0700; refuse (UnsafePath) one not ours or writable by others. With `enforce`, also
-    tighten one we own that others can read: the admin socket's directory is what keeps other users out on
-    systems that ignore a socket file's own mode."""
-    st = private_fs.ensure_private_dir(path, tighten=enforce)
-    mode = stat.S_IMODE(st.st_mode)
-    if mode & 0o077 and not enforce:
-        log.warning("directory %s is readable by other users (mode %o); keep the admin socket in a "
-                    "private directory", path, mode)
 
 
 class StateLock:

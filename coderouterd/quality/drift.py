@@ -2,7 +2,7 @@
 collapse in length, loop, stop calling tools, hit the length limit, or fail), per provider and model.
 
 Pure: samples in, transitions out; the clock is the caller's. Acting on a transition (warn, demote, reload)
-is `health/drift_actions.py`'s job.
+is `quality/drift_actions.py`'s job.
 """
 
 from __future__ import annotations

@@ -1,0 +1,1 @@
+"""Answer quality: a local model whose answers drift from its own normal (detected, then acted on)."""
