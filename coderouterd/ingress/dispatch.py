@@ -269,7 +269,7 @@ class ProxyApp:
         # Our protocol (ingress/protocol.py) calls back when the client leaves, so a hung upstream is dropped
         # at once: no task per request to watch for it. Absent only when the app is driven without our server.
         hook = scope.get(DISCONNECT_HOOK)
-        if hook is not None:
+        if hook is not None and task is not None:
             hook(lambda: task.cancel() if not r.finished else None)
         try:
             await ex.run()

@@ -22,7 +22,7 @@ class RequestFinisher:
     def __init__(self, recorder: RequestRecorder, traces: RecentTraces, *, drift=None) -> None:
         self.recorder = recorder
         self.traces = traces
-        self.drift = drift  # health.drift_actions.DriftManager, fed every finished request
+        self.drift = drift  # quality.drift_actions.DriftManager, fed every finished request
 
     def __call__(self, record: RequestRecord) -> None:
         req = record.req

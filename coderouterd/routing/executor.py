@@ -63,6 +63,14 @@ class Slot:
     def __post_init__(self) -> None:
         self.name = self.provider.name
 
+    @property
+    def made(self) -> Call:
+        """The attempt's call, once `new_call` made it (delivering and learning happen only after that)."""
+        call = self.call
+        if call is None:
+            raise RuntimeError(f"attempt at {self.name} has no call yet")
+        return call
+
 
 class Exchange:
     """The life of one client request across its attempts: the routine. What it did goes into `self.record`."""
@@ -302,7 +310,7 @@ class Exchange:
 
     async def deliver_body(self, slot: Slot, body: bytes) -> None:
         """A whole non-streaming answer from the slot's provider: it won."""
-        self.record.set_ttfb(slot.call.ttfb)
+        self.record.set_ttfb(slot.made.ttfb)
         self.succeeded(slot, learn=False)
         try:
             await self.sink.finish(body, self.record.route_headers(slot.name))
@@ -311,7 +319,7 @@ class Exchange:
 
     async def deliver_stream(self, slot: Slot, first: bytes) -> None:
         """Stream the slot's provider to the client from its first output to its end. Raises UpstreamError."""
-        call = slot.call
+        call = slot.made
         self.record.set_ttfb(call.ttfb)
         if not self.committed:
             self.committed = True
@@ -329,14 +337,14 @@ class Exchange:
         """The slot's provider served the request. `learn=False`: the caller calls `_learn_from` itself once
         the answer is out."""
         slot.done = slot.ok = True
-        self.record.served(slot.name, slot.call.strategy)
+        self.record.served(slot.name, slot.made.strategy)
         self._record(slot, Outcome.OK, "ok", 200)
         if learn:
             self._learn_from(slot)
 
     def _learn_from(self, slot: Slot) -> None:
         """What a success teaches: the breaker and adaptive stats, the token ratio, drift, affinity."""
-        call = slot.call
+        call = slot.made
         record = self.record
         if getattr(call.strategy, "answer", None) is not None:
             record.sampled_drift(call.strategy.drift_sample(tools_offered=bool(self.req.body.get("tools")),
