@@ -1,10 +1,10 @@
 """Memory that a big transient buffer used goes back to the OS (glibc on Linux; elsewhere nothing to do).
 
 An answer may be read up to its bound (providers/limits.py: 16 MB), and a hostile upstream sends such answers on
-purpose. Python frees the buffer at once, but glibc keeps what it freed: after the first big buffer is freed its
-dynamic mmap threshold rises to that size, so the next ones come from the heap, and a heap page is returned only
-when nothing live sits above it. The soak saw RSS move between 80 and 120 MB with no leak behind it, which
-cannot be told from one. Two measures, both cheap and both on rare paths:
+purpose. Once Python frees the buffer (see Exchange.failed for what used to keep it), glibc still keeps what was
+freed: after the first big buffer is freed its dynamic mmap threshold rises to that size, so the next ones come
+from the heap, and a heap page goes back only when nothing live sits above it. RSS then wanders by tens of MB
+with no leak behind it, which a soak cannot tell from one. Two measures, both cheap and both on rare paths:
 
 - at start, a fixed mmap threshold (1 MB): a single buffer that large is mapped, and unmapped when freed;
 - after a read of at least TRIM_AFTER_BYTES, `malloc_trim(0)` shortly after and once more when the burst is over
@@ -15,12 +15,9 @@ cannot be told from one. Two measures, both cheap and both on rare paths:
 from __future__ import annotations
 
 import ctypes
-import logging
 import sys
 import threading
 import time
-
-log = logging.getLogger(__name__)
 
 M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter number
 MMAP_THRESHOLD_BYTES = 1 << 20
