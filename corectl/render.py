@@ -439,7 +439,7 @@ def profile_detail(data: dict, out: Console) -> None:
     rows: list[tuple[str, str | Text]] = [
         ("mode", mode),
         ("adaptive", "yes" if s["adaptive"] else "no"),
-        ("health", f"{s['health_action']} after {s.get('out_after_failures', s.get('health_threshold'))} failures"),
+        ("health", f"{s['health_action']} after {s['out_after_failures']} failures"),
         ("tool loop", f"{tl['action']} at {tl['threshold']} repeats in the last {tl['window']} calls"),
         ("effective", _order(data)),
     ]

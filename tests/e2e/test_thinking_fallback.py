@@ -75,6 +75,15 @@ def _message(resp: httpx.Response) -> dict:
     return {"role": "assistant", "content": [blocks[i] for i in sorted(blocks)]}
 
 
+def _last_sent(fake: FakeServer) -> dict:
+    return [r["json"] for r in fake.requests if r["path"] == "/v1/messages"][-1]
+
+
+def _sent_blocks(fake: FakeServer) -> list[dict]:
+    """The content blocks of the last Messages request the fake received."""
+    return [b for m in _last_sent(fake)["messages"] if isinstance(m["content"], list) for b in m["content"]]
+
+
 @pytest.fixture
 def chain(tmp_path):
     with FakeServer("openai", name="local", models=["qwen3-coder"]) as local, \
@@ -113,7 +122,7 @@ def test_a_tool_loop_begun_locally_finishes_on_anthropic(chain, thinking):
     cloud.reset()
     turn2 = _message(_post(d, body))
     assert turn2["content"][-1]["text"] == "Hello from cloud"
-    sent = [r["json"] for r in cloud.requests if r["path"] == "/v1/messages"][-1]
+    sent = _last_sent(cloud)
     assert "thinking" not in sent  # the loop's turn cannot open with a signed thinking block: off for it
     assert sent["messages"][1]["content"][0]["type"] == "text"  # the local reasoning, still seen by the model
 
@@ -127,9 +136,8 @@ def test_a_tool_loop_begun_locally_finishes_on_anthropic(chain, thinking):
     cloud.set_behaviour("ok")
     history += [turn3, {"role": "user", "content": "thanks"}]
     assert _message(_post(d, _claude_code_body(history, thinking)))["content"][-1]["text"] == "Hello from cloud"
-    last = [r["json"] for r in cloud.requests if r["path"] == "/v1/messages"][-1]
-    assert last["thinking"] == thinking
-    sent_blocks = [b for m in last["messages"] if isinstance(m["content"], list) for b in m["content"]]
+    assert _last_sent(cloud)["thinking"] == thinking
+    sent_blocks = _sent_blocks(cloud)
     assert turn3["content"][0] in sent_blocks
     assert not any(b.get("signature") == "coderouter-unsigned" for b in sent_blocks)
 
@@ -154,9 +162,6 @@ health_action = "warn"
 """
 
 
-def _sent_blocks(fake: FakeServer) -> list[dict]:
-    last = [r["json"] for r in fake.requests if r["path"] == "/v1/messages"][-1]
-    return [b for m in last["messages"] if isinstance(m["content"], list) for b in m["content"]]
 
 
 @pytest.mark.parametrize("thinking", THINKING)

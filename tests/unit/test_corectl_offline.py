@@ -197,7 +197,7 @@ def test_config_check_valid_file(capsys, tmp_path):
     assert main(["config", "check", str(cfg), "--json"]) == 0
     doc = orjson.loads(capsys.readouterr().out)
     assert doc == {"ok": True, "path": str(cfg.resolve()), "providers": ["local"], "profiles": ["default", "fast"],
-                   "default_profile": "default", "from": "--config", "no_key": {}}
+                   "default_profile": "default", "from": "--config", "no_key": {}, "unused": []}
 
 
 def test_config_check_invalid_file_names_the_key(capsys, tmp_path):
@@ -229,6 +229,13 @@ def test_config_check_missing_file_and_default(capsys, tmp_path):
     # No path and no config anywhere: the daemon would run on the embedded default, which is valid.
     assert main(["config", "check"]) == 0
     assert "<embedded default>: OK" in capsys.readouterr().out
+
+
+def test_config_check_names_settings_that_no_longer_do_anything(capsys, tmp_path):
+    cfg = tmp_path / "old.toml"
+    cfg.write_text(VALID + '\n[profiles.old]\nproviders = ["local"]\nhealth_threshold = 5\n')
+    assert commands.config_check(str(cfg), False) == 0
+    assert "profiles.old.health_threshold is no longer used: [breaker] failures (3)" in capsys.readouterr().out
 
 
 def test_config_check_does_not_need_typer_or_a_daemon(tmp_path):
