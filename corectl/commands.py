@@ -143,9 +143,10 @@ def config_check(path: str | None, as_json: bool, socket: str | None = None) -> 
         return 1
     m = loaded.model
     no_key = missing_keys(m.providers, _daemon_environment())
+    unused = m.unused_settings()
     data = {"ok": True, "path": loaded.path, "from": found.source, "providers": sorted(m.providers),
             "profiles": sorted(m.profiles), "default_profile": m.server.default_profile, "no_key": no_key,
-            "unused": m.unused_settings()}
+            "unused": unused}
     if as_json:
         emit_json(data)
     else:
@@ -154,7 +155,7 @@ def config_check(path: str | None, as_json: bool, socket: str | None = None) -> 
              + ("" if found.source == "--config" else f", the config of {found.source}"))
         for name, problem in no_key.items():
             echo(f"  {name}: {problem}")
-        for note in data["unused"]:
+        for note in unused:
             echo(f"  {note}")
     return 0
 
