@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
+from functools import cached_property
 from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
@@ -164,9 +165,10 @@ class UpstreamAdapter(ABC):
         Network errors propagate (the caller falls back to an estimate)."""
         return None
 
-    @property
+    @cached_property
     def signer(self) -> str:
-        """Who signs this upstream's thinking blocks: its origin (providers at one origin share signatures)."""
+        """Who signs this upstream's thinking blocks: its origin (providers at one origin share signatures).
+        An adapter lives as long as its provider's config, so this is worked out once."""
         parts = urlsplit(self.cfg.base_url)
         return f"{parts.scheme}://{parts.netloc}".lower()
 
