@@ -30,7 +30,7 @@ import orjson
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tests.support.claude_sessions import SMALL, Session, workload  # noqa: E402
+from tests.support.claude_sessions import SMALL, TINY, Session, Shape, workload  # noqa: E402
 from tests.support.daemon import DaemonProcess, free_port  # noqa: E402
 from tests.support.real_llama import LlamaServer, paths, server_argv  # noqa: E402
 
@@ -45,16 +45,27 @@ class Scenario:
     sessions: int
     turns: int
     background_sessions: int  # how many sessions make a background call each turn
+    shape: Shape = SMALL
+    # The least shared prefix worth a slot copy (default 2,048 tokens), scaled down with the shape.
+    clone_min_tokens: int = 128
 
 
 # 3 lanes on 3 slots: session 0's main and background lanes, session 1's main lane.
 WITHIN = Scenario("within", slots=3, ctx=2048, sessions=2, turns=4, background_sessions=1)
 # 4 lanes on 2 slots: two sessions, each with its background lane; slots are saved and restored.
 TWICE = Scenario("twice", slots=2, ctx=2048, sessions=2, turns=4, background_sessions=2)
+# The same two at about a third of the tokens the server must process, for the test suite (tests/real), where
+# the real model's CPU time is most of the suite's: the lanes, slots and restarts are the same.
+WITHIN_SUITE = Scenario("within-suite", slots=3, ctx=1024, sessions=2, turns=3, background_sessions=1,
+                        shape=TINY, clone_min_tokens=64)
+TWICE_SUITE = Scenario("twice-suite", slots=2, ctx=1024, sessions=2, turns=3, background_sessions=2,
+                       shape=TINY, clone_min_tokens=64)
+SCENARIOS = {"within": [WITHIN], "twice": [TWICE], "all": [WITHIN, TWICE],
+             "suite": [WITHIN_SUITE, TWICE_SUITE]}
 
 
 def order(sc: Scenario) -> list[tuple[Session, str]]:
-    return workload(sc.sessions, sc.turns, background_every=1, shape=SMALL,
+    return workload(sc.sessions, sc.turns, background_every=1, shape=sc.shape,
                     background_sessions=sc.background_sessions)
 
 
@@ -215,9 +226,9 @@ providers = ["llama"]
 health_action = "warn"
 
 [affinity]
-# The shared system prompt and tools here are ~240 tokens, scaled down ~60x from Claude Code's ~15k to fit this
-# small model; the least shared prefix worth a slot copy (default 2,048 tokens) scales down with them.
-clone_min_tokens = 128
+# The shared system prompt and tools here are ~100-240 tokens, scaled down 60-150x from Claude Code's ~15k to fit
+# this small model; the least shared prefix worth a slot copy (default 2,048 tokens) scales down with them.
+clone_min_tokens = @CLONE_MIN@
 """
 
 
@@ -225,7 +236,7 @@ def daemon_config(sc: Scenario, port: int, *, affinity: bool = True) -> str:
     p = paths()
     argv = server_argv(p["LLAMA_SERVER"], p["LLAMA_MODEL"], port, slots=sc.slots, ctx_per_slot=sc.ctx)
     return (CONFIG.replace("@LP@", str(port)).replace("@ARGV@", json.dumps(argv)).replace("@MODEL@", MODEL)
-            .replace("@AFFINITY@", "true" if affinity else "false"))
+            .replace("@AFFINITY@", "true" if affinity else "false").replace("@CLONE_MIN@", str(sc.clone_min_tokens)))
 
 
 def wait_model(url: str, timeout: float = 60) -> None:
@@ -335,11 +346,11 @@ def print_table(rows: list[dict]) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--scenario", choices=["within", "twice", "all"], default="all")
+    ap.add_argument("--scenario", choices=sorted(SCENARIOS), default="all",
+                    help="suite: both at the test suite's smaller scale")
     ap.add_argument("--restart", action="store_true")
     args = ap.parse_args()
-    scenarios = {"within": [WITHIN], "twice": [TWICE], "all": [WITHIN, TWICE]}[args.scenario]
-    print_table(run(scenarios, args.restart))
+    print_table(run(SCENARIOS[args.scenario], args.restart))
 
 
 if __name__ == "__main__":

@@ -1,13 +1,16 @@
 """Prefix routing on a real llama-server's slots, measured from what the server reports it reused
 (`timings.cache_n`) against the best any slot assignment could give, with the same workload sent straight at
 an identical server (its own slot choice and RAM prompt cache) as the baseline, in the same run.
-The workload and the measurement are bench/real_llama.py's; the figures it prints are in bench/README.md."""
+The workload and the measurement are bench/real_llama.py's, here at its smaller suite scale (the same lanes, slots
+and restarts, a third of the tokens); the full-scale figures it prints are in bench/README.md."""
 
 from __future__ import annotations
 
 import pytest
 
-from bench.real_llama import TWICE, WITHIN, after_restarts, baseline, print_table, restart_bound, routed
+from bench.real_llama import TWICE_SUITE as TWICE
+from bench.real_llama import WITHIN_SUITE as WITHIN
+from bench.real_llama import after_restarts, baseline, print_table, restart_bound, routed
 from tests.support.real_llama import paths
 
 # A real model on two CPU cores: each test here takes tens of seconds when the machine is idle, and several times

@@ -42,8 +42,9 @@ class Shape:
     (a few hundred tokens of shared prefix, on a CPU that processes about 120 prompt tokens a second)."""
 
     def __init__(self, tools: list[dict], instructions: str, agents: str, tool_result_lines: int,
-                 max_tokens: int, background_max_tokens: int) -> None:
+                 max_tokens: int, background_max_tokens: int, title_repeat: int = 20) -> None:
         self.tools = tools
+        self.title_repeat = title_repeat  # the background call's system prompt, in sentences
         self.instructions = instructions
         self.agents = agents
         self.tool_result_lines = tool_result_lines
@@ -54,6 +55,10 @@ class Shape:
 CLAUDE_CODE = Shape(TOOLS, INSTRUCTIONS, AGENTS, 70, 64000, 32000)
 SMALL = Shape([_small_tool(i) for i in range(3)], "Follow the instructions carefully and use the tools well. " * 14,
               "Available agent types and skills: general-purpose, explore, plan. " * 4, 9, 4, 4)
+# SMALL scaled down again, to about half its tokens, for the test suite: what the real server must process
+# (its CPU time) is mostly the cold prompts, and their size does not change what prefix routing is measured on.
+TINY = Shape([_small_tool(i) for i in range(2)], "Follow the instructions carefully and use the tools well. " * 6,
+             "Available agent types and skills: general-purpose, explore, plan. " * 2, 5, 2, 2, title_repeat=6)
 
 
 def billing_block() -> dict:
@@ -103,7 +108,7 @@ class Session:
         return {"model": "claude-haiku-4-5-20251001", "max_tokens": self.shape.background_max_tokens,
                 "thinking": {"type": "disabled"},
                 "system": [billing_block(), {"type": "text", "text": "Generate a concise title for this "
-                                                                      "conversation. " * 20}],
+                                                                      "conversation. " * self.shape.title_repeat}],
                 "messages": [{"role": "user", "content": f"{first} (turn {self.turn})"}]}
 
     def advance(self) -> None:

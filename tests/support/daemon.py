@@ -12,6 +12,8 @@ from pathlib import Path
 
 import httpx
 
+from tests.support.zygote import Child, zygote
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -23,8 +25,11 @@ def free_port() -> int:
 
 class DaemonProcess:
     def __init__(self, config_text: str, tmp: Path, *, env: dict[str, str] | None = None,
-                 port: int | None = None) -> None:
+                 port: int | None = None, fork: bool = True) -> None:
+        """fork: start it from this worker's zygote (tests/support/zygote.py), with its libraries already
+        imported; False for a test about how the daemon starts from nothing."""
         self.tmp = tmp
+        self.fork = fork
         tmp.mkdir(parents=True, exist_ok=True)
         self.port = port or free_port()
         self.state_dir = tmp / "state"
@@ -34,7 +39,7 @@ class DaemonProcess:
         self.env = {**os.environ, "CODEROUTER_STATE_DIR": str(self.state_dir),
                     "XDG_CONFIG_HOME": str(tmp / "xdg-config"), **(env or {})}
         self.env.pop("CODEROUTER_CONFIG", None)
-        self.proc: subprocess.Popen | None = None
+        self.proc: subprocess.Popen | Child | None = None
         self.log_path = tmp / "daemon.log"
 
     @property
@@ -45,10 +50,13 @@ class DaemonProcess:
     # a start has taken over 15 s. Waiting longer costs nothing when it is quick.
     def start(self, timeout: float = 60.0) -> DaemonProcess:
         self._log = open(self.log_path, "ab")
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "coderouterd", "--config", str(self.config_path), "--port", str(self.port)],
-            cwd=ROOT, env=self.env, stdout=self._log, stderr=subprocess.STDOUT,
-        )
+        args = ["--config", str(self.config_path), "--port", str(self.port)]
+        z = zygote(ROOT) if self.fork else None
+        if z is not None and z.suits(self.env):
+            self.proc = z.spawn("coderouterd", args, cwd=ROOT, env=self.env, log=self.log_path)
+        else:
+            self.proc = subprocess.Popen([sys.executable, "-m", "coderouterd", *args], cwd=ROOT, env=self.env,
+                                         stdout=self._log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:

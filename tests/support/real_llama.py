@@ -18,8 +18,11 @@ from tests.support.daemon import ROOT, free_port
 REAL = ROOT / "tests" / "real"
 PATHS = REAL / ".paths"
 UNAVAILABLE = REAL / ".unavailable"
-# Threads for prompt processing and generation: this machine (and CI's) has two cores.
-THREADS = str(min(2, os.cpu_count() or 1))
+# Threads for prompt processing and generation: one. This machine (and CI's) has two cores, shared with the rest
+# of the suite; llama.cpp's threads wait for each other at every step by spinning, so when one is descheduled the
+# other burns its core for nothing. Measured with the suite's load around it (bench/real_llama.py --scenario suite
+# --restart): two threads 600 s and 397 s of CPU, one thread 166 s and 84 s, the same tokens reused.
+THREADS = os.environ.get("CRT_LLAMA_THREADS", "1")
 
 
 def paths() -> dict[str, str]:
