@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import time
 
 import httpx
 import orjson
 
-from tests.support.daemon import ROOT
+from tests.support import cli
 
 from .conftest import REBOUND_HOST, save
 
@@ -95,8 +93,7 @@ def test_opening_a_request_shows_its_trace_as_corectl_explain_does(page, dash):
     kv = page.locator("#trace-kv").inner_text()
     env = {"CODEROUTER_SOCKET": dash.socket, "PATH": "/usr/bin:/bin", "COLUMNS": "200",
            "XDG_CONFIG_HOME": str(dash.daemon.tmp / "xdg-config")}
-    out = subprocess.run([sys.executable, "-m", "corectl", "explain", "ui-trace-1", "--json"], cwd=ROOT, env=env,
-                         capture_output=True, text=True, timeout=60)
+    out = cli.corectl(["explain", "ui-trace-1", "--json"], env=env)
     assert out.returncode == 0, out.stdout + out.stderr
     explained = orjson.loads(out.stdout)
     trace = explained["trace"]

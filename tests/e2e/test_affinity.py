@@ -80,14 +80,13 @@ def test_twice_as_many_sessions_as_slots_with_save_restore(start_daemon):
 
 def _corectl(d, *args: str):
     import os
-    import subprocess
-    import sys
+
+    from tests.support import cli
 
     env = {k: v for k, v in os.environ.items() if not k.startswith("CODEROUTER_")}
     env["COLUMNS"] = "220"
     env["CODEROUTER_SOCKET"] = str(d.state_dir / "coderouterd.sock")
-    return subprocess.run([sys.executable, "-m", "corectl", *args], capture_output=True, text=True, timeout=60,
-                          env=env)
+    return cli.corectl(list(args), env=env)
 
 
 def _mutate_system(s):

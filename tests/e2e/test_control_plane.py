@@ -21,6 +21,7 @@ import orjson
 import pytest
 
 from tests.fakes.runner import FakeServer
+from tests.support import cli
 from tests.support.daemon import ROOT, DaemonProcess, admin_get, free_port
 
 
@@ -58,10 +59,8 @@ def corectl(*args: str, socket: str | None = None, env_socket: str | None = None
     env = {k: v for k, v in os.environ.items() if not k.startswith("CODEROUTER_")}
     if env_socket:
         env["CODEROUTER_SOCKET"] = env_socket
-    argv = [sys.executable, "-m", "corectl"]
-    if socket:
-        argv += ["--socket", socket]
-    return subprocess.run(argv + list(args), cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+    argv = ["--socket", socket] if socket else []
+    return cli.corectl(argv + list(args), env=env, timeout=timeout)
 
 
 def status_json(sock: str) -> dict:

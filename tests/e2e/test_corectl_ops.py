@@ -21,6 +21,7 @@ import orjson
 import pytest
 
 from tests.fakes.runner import FakeServer, free_port
+from tests.support import cli
 from tests.support.daemon import ROOT, DaemonProcess, admin_get
 from tests.support.wait import wait_for
 
@@ -35,8 +36,7 @@ def corectl(*args: str, sock: str | None = None, state_dir: str | None = None, t
         env["CODEROUTER_SOCKET"] = sock
     if state_dir:
         env["CODEROUTER_STATE_DIR"] = state_dir
-    return subprocess.run([sys.executable, "-m", "corectl", *args], cwd=ROOT, env=env, capture_output=True,
-                          text=True, timeout=timeout)
+    return cli.corectl(list(args), env=env, timeout=timeout)
 
 
 def ok_json(*args: str, sock: str | None = None, state_dir: str | None = None) -> dict:

@@ -20,6 +20,7 @@ import pytest
 
 from coderouterd.state.journal import journal_rows
 from tests.fakes.runner import FakeServer
+from tests.support import cli
 from tests.support.daemon import ROOT, admin_get, free_port
 from tests.support.wait import wait_for
 
@@ -70,8 +71,7 @@ class User:
         env = dict(self.env)
         if columns:
             env["COLUMNS"] = str(columns)
-        return subprocess.run([sys.executable, "-m", "corectl", *args], cwd=ROOT, env=env, capture_output=True,
-                              text=True, timeout=timeout)
+        return cli.corectl(list(args), env=env, timeout=timeout)
 
     def json(self, *args: str) -> dict:
         r = self.corectl(*args, "--json")

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 import time
 
 import anthropic
@@ -19,8 +18,9 @@ import pytest
 
 from coderouterd.state.journal import journal_rows
 from tests.fakes.runner import FakeServer
+from tests.support import cli
 from tests.support.config import daemon_config
-from tests.support.daemon import ROOT, DaemonProcess
+from tests.support.daemon import DaemonProcess
 from tests.support.wait import wait_for
 
 USER = [{"role": "user", "content": "hi"}]
@@ -91,8 +91,7 @@ def corectl(env, *args: str) -> subprocess.CompletedProcess:
     e = {k: v for k, v in os.environ.items() if not k.startswith("CODEROUTER_")}
     e["CODEROUTER_SOCKET"] = str(env["daemon"].state_dir / "coderouterd.sock")
     e["COLUMNS"] = "200"
-    return subprocess.run([sys.executable, "-m", "corectl", *args], cwd=ROOT, env=e, capture_output=True,
-                          text=True, timeout=30)
+    return cli.corectl(list(args), env=e, timeout=30)
 
 
 def status(env) -> dict:

@@ -5,20 +5,18 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 
 import orjson
 
 from coderouterd.config import load_config
 from tests.fakes.runner import FakeServer, free_port
-from tests.support.daemon import ROOT
+from tests.support import cli
 
 
 def corectl(*args: str, home) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("CODEROUTER_", "XDG_"))}
     env["HOME"] = str(home)
-    return subprocess.run([sys.executable, "-m", "corectl", *args], cwd=ROOT, env=env, capture_output=True,
-                          text=True, timeout=60)
+    return cli.corectl(list(args), env=env)
 
 
 def test_init_finds_the_running_servers_and_writes_a_loadable_config(tmp_path):

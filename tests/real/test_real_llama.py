@@ -11,7 +11,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 
 import anthropic
@@ -22,7 +21,8 @@ import pytest
 
 from coderouterd.state.journal import journal_rows
 from tests.fakes.runner import FakeServer
-from tests.support.daemon import ROOT, DaemonProcess, free_port
+from tests.support import cli
+from tests.support.daemon import DaemonProcess, free_port
 from tests.support.real_llama import paths, server_argv
 
 # A real model on two CPU cores: each test here takes tens of seconds when the machine is idle, and several times
@@ -97,9 +97,8 @@ class Env:
         env = {k: v for k, v in os.environ.items() if not k.startswith("CODEROUTER_")}
         env.update({"COLUMNS": "200", "CODEROUTER_SOCKET": str(self.d.state_dir / "coderouterd.sock"),
                     "CODEROUTER_STATE_DIR": str(self.d.state_dir), "XDG_CONFIG_HOME": str(self.d.tmp / "xdg")})
-        return subprocess.run([sys.executable, "-m", "corectl", *args, "--config", str(self.d.config_path)]
-                              if args[0] in ("doctor",) else [sys.executable, "-m", "corectl", *args],
-                              capture_output=True, text=True, timeout=300, env=env, cwd=ROOT)
+        argv = [*args, "--config", str(self.d.config_path)] if args[0] in ("doctor",) else list(args)
+        return cli.corectl(argv, env=env, timeout=300)
 
 
 @pytest.fixture(scope="module")
@@ -314,8 +313,7 @@ def test_corectl_init_finds_the_real_server_and_its_config_serves(env, tmp_path)
              f"lmstudio={closed[0]}", "--backend-port", f"ollama={closed[1]}", "--backend-port", f"vllm={closed[2]}"]
     child = {k: v for k, v in os.environ.items() if not k.startswith(("CODEROUTER_", "XDG_"))}
     child["HOME"] = str(home)
-    r = subprocess.run([sys.executable, "-m", "corectl", "init", *ports], cwd=ROOT, env=child, capture_output=True,
-                       text=True, timeout=60)
+    r = cli.corectl(["init", *ports], env=child)
     assert r.returncode == 0, r.stderr
     assert "llama.cpp" in r.stdout and "found" in r.stdout, r.stdout
     written = (home / ".config" / "coderouter" / "config.toml").read_text()

@@ -7,8 +7,6 @@ from __future__ import annotations
 import concurrent.futures as cf
 import os
 import signal
-import subprocess
-import sys
 import time
 
 import httpx
@@ -16,7 +14,8 @@ import psycopg
 import pytest
 
 from tests.fakes.runner import FakeServer
-from tests.support.daemon import ROOT, DaemonProcess
+from tests.support import cli
+from tests.support.daemon import DaemonProcess
 
 # Every request costs exactly its estimate: no input price, max_tokens = 3 and the fake answers 3 tokens at
 # $100 per million output tokens, so $0.0003 each and exactly 10 fit under $0.003.
@@ -81,8 +80,7 @@ def _corectl(d: DaemonProcess, *args: str) -> dict:
     env = {**os.environ, "CODEROUTER_SOCKET": str(d.state_dir / "coderouterd.sock"),
            "CODEROUTER_STATE_DIR": str(d.state_dir), "XDG_CONFIG_HOME": str(d.tmp / "xdg-config")}
     env.update(d.env)
-    r = subprocess.run([sys.executable, "-m", "corectl", *args], cwd=ROOT, env=env, capture_output=True, text=True,
-                       timeout=60)
+    r = cli.corectl(list(args), env=env)
     assert r.returncode == 0, r.stderr + r.stdout
     return json.loads(r.stdout)
 
@@ -215,8 +213,7 @@ def test_corectl_status_lists_the_instances(tmp_path, pg_dsn, upstream):
     try:
         env = {**os.environ, "CODEROUTER_SOCKET": str(d.state_dir / "coderouterd.sock"),
                "CODEROUTER_STATE_DIR": str(d.state_dir)}
-        r = subprocess.run([sys.executable, "-m", "corectl", "status"], cwd=ROOT, env=env, capture_output=True,
-                           text=True, timeout=60)
+        r = cli.corectl(["status"], env=env)
         assert r.returncode == 0, r.stderr
         assert "shared state" in r.stdout and "north" in r.stdout
         assert "password" not in r.stdout

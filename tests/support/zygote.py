@@ -40,6 +40,8 @@ PRELOAD = (
     "watchfiles", "platformdirs", "dotenv", "httpx", "anyio", "asyncio", "sqlite3", "ssl", "concurrent.futures",
     "email.utils", "http.cookies", "zoneinfo", "uuid", "decimal", "statistics", "tomllib", "argparse", "logging",
     "logging.handlers", "tempfile", "shutil", "ctypes",
+    # corectl's (its fast path: Typer is imported only for the rest, in the child)
+    "rich.console", "rich.table", "rich.text", "rich.markup", "rich.panel",
 )
 # Interpreter settings read at start-up, before any code runs: a child asked for with different ones than the
 # zygote's is started the ordinary way.
@@ -66,10 +68,10 @@ def _become(req: dict) -> None:
     null = os.open(os.devnull, os.O_RDONLY)
     os.dup2(null, 0)
     os.close(null)
-    log = os.open(req["log"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-    os.dup2(log, 1)
-    os.dup2(log, 2)
-    os.close(log)
+    for fd, path in ((1, req["stdout"]), (2, req["stderr"])):
+        f = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        os.dup2(f, fd)
+        os.close(f)
     sys.path[0] = req["cwd"]  # as `python -m` run from that directory
     sys.argv = ["-m", *req["args"]]
     import runpy
@@ -209,8 +211,11 @@ class Zygote:
         """Whether a child with this environment starts as it would from `python` itself."""
         return all(env.get(k) == self.env.get(k) for k in INTERPRETER_VARS)
 
-    def spawn(self, module: str, args: list[str], *, cwd: Path, env: dict[str, str], log: Path) -> Child:
-        req = {"module": module, "args": args, "cwd": str(cwd), "env": env, "log": str(log)}
+    def spawn(self, module: str, args: list[str], *, cwd: Path, env: dict[str, str], log: Path,
+              stderr: Path | None = None) -> Child:
+        """`python -m module args` in cwd with env; stdout to log, stderr too unless given its own file."""
+        req = {"module": module, "args": args, "cwd": str(cwd), "env": env, "stdout": str(log),
+               "stderr": str(stderr or log)}
         with self._lock:  # one request at a time, so the pid that comes back is this one's
             with self._cond:
                 self._pids.clear()
