@@ -7,12 +7,15 @@ journal with known answers, and exit 3 whenever a command needs the daemon and i
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import io
 import os
+import queue
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -155,21 +158,28 @@ providers = ["ollama-qwen3", "backup"]
         assert sum("starting:" in line for line in full["lines"]) == 2  # the first start and the restart
         assert full["log"].endswith("ollama-qwen3.log")
 
-        # logs -f prints what is appended (the next restart's lines) and Ctrl-C ends it with status 0.
-        follow = subprocess.Popen([sys.executable, "-m", "corectl", "logs", "ollama-qwen3", "-n", "0", "-f"],
+        # logs -f prints what is appended (the next restart's lines) and Ctrl-C ends it with status 0. It is
+        # following once it has printed the last line (-n 1); the restart comes after that, not after a sleep.
+        follow = subprocess.Popen([sys.executable, "-m", "corectl", "logs", "ollama-qwen3", "-n", "1", "-f"],
                                   cwd=ROOT, env={**os.environ, "CODEROUTER_SOCKET": sock}, stdout=subprocess.PIPE,
                                   stderr=subprocess.PIPE, text=True)
+        lines: queue.Queue[str] = queue.Queue()
+        threading.Thread(target=lambda: [lines.put(line) for line in follow.stdout], daemon=True).start()
+        seen: list[str] = []
         try:
-            time.sleep(1.0)
+            seen.append(lines.get(timeout=30))
             assert corectl("restart", "ollama-qwen3", sock=sock).returncode == 0
-            time.sleep(0.8)
+            deadline = time.monotonic() + 30
+            while not any("starting:" in line for line in seen) and time.monotonic() < deadline:
+                with contextlib.suppress(queue.Empty):
+                    seen.append(lines.get(timeout=0.2))
             follow.send_signal(signal.SIGINT)
-            out, err = follow.communicate(timeout=5)
+            follow.wait(timeout=10)
         finally:
             if follow.poll() is None:
                 follow.kill()
-        assert follow.returncode == 0, err
-        assert "starting:" in out
+        assert follow.returncode == 0, follow.stderr.read()
+        assert any("starting:" in line for line in seen), seen
 
         explained = corectl("explain", rid, sock=sock)
         assert explained.returncode == 0, explained.stderr

@@ -12,6 +12,7 @@ import pytest
 
 from tests.fakes.runner import FakeServer
 from tests.support.daemon import DaemonProcess
+from tests.support.wait import wait_for
 
 CONFIG = """
 [server]
@@ -159,11 +160,15 @@ def test_keep_alive_is_honoured_and_requests_work(env):
 
 
 def test_connection_cap_answers_503_and_healthz_still_answers(env):
+    # The cap is held by 20 requests in flight to an upstream that never answers (not by half-sent ones, which
+    # the 0.6 s body timeout would end before a loaded machine got to the checks below).
+    env.upstream.set_behaviour("hang")
     held = [_connect(env) for _ in range(20)]
     try:
         for s in held:
-            s.sendall(b"POST /v1/messages HTTP/1.1\r\nhost: x\r\ncontent-length: 10\r\n\r\n")  # body never comes
-        time.sleep(0.1)
+            s.sendall(b"POST /v1/messages HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+                      b"content-length: %d\r\n\r\n%s" % (len(BODY), BODY))
+        assert wait_for(lambda: env.upstream.active >= 20, timeout=30), env.upstream.active
         r = httpx.post(env.url + "/v1/messages", content=BODY, timeout=5)
         assert r.status_code == 503 and r.json()["error"]["type"] == "overloaded_error"
         r = httpx.post(env.url + "/v1/chat/completions", content=b"{}", timeout=5)
@@ -172,8 +177,8 @@ def test_connection_cap_answers_503_and_healthz_still_answers(env):
     finally:
         for s in held:
             s.close()
-    time.sleep(0.2)
-    assert httpx.post(env.url + "/v1/messages", content=BODY, timeout=5).status_code == 200
+        env.upstream.set_behaviour("ok")
+    assert wait_for(lambda: httpx.post(env.url + "/v1/messages", content=BODY, timeout=5).status_code == 200)
     assert "connection limit reached" in env.log()
 
 
