@@ -127,10 +127,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     # A stable sort: file order within a module, and module order within a directory, are kept.
     items.sort(key=lambda item: _rank(item.nodeid))
     for item in items:
-        if item.nodeid.startswith("tests/real/"):
-            # One group for every real-server test: each module runs its own llama-server, and two of them
-            # decoding at once on two cores made each too slow for its own timeouts (`corectl doctor` took more
-            # than 120 s in two parallel runs). One after another they take ~160 s, beside the other workers.
-            item.add_marker(pytest.mark.xdist_group("tests/real"))
-        elif _shares_a_module_fixture(item):
+        # The real-server modules too: with one llama-server thread each (tests/support/real_llama.THREADS) two
+        # or three servers decode side by side at the speed the cores allow. With two threads each they spun
+        # against each other (`corectl doctor` took more than 120 s), and all of tests/real had to be one group,
+        # which was then the suite's critical path.
+        if _shares_a_module_fixture(item):
             item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::", 1)[0]))
