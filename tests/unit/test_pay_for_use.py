@@ -1,0 +1,96 @@
+"""The hot path pays only for what a request uses (issue 25, item 6): work that cannot change a decision or be
+compared later is not done. Each test counts the calls of the costly step, so it fails if the work comes back."""
+
+from __future__ import annotations
+
+import pytest
+
+from coderouterd.affinity import service as aff_service
+from coderouterd.affinity.service import Affinity, Placement
+from coderouterd.config.schema import ConfigModel
+from coderouterd.routing.request import ClientRequest
+
+
+class _Strategy:
+    upstream_wire = "openai"
+    raw_usage = None
+    timings = None
+
+    def __init__(self, usage: dict, raw_usage: dict | None = None) -> None:
+        self.usage = usage
+        self.raw_usage = raw_usage
+
+
+_NO_CACHE_FIGURE = {"input_tokens": 100, "output_tokens": 5}
+
+
+def _config(**profiles) -> ConfigModel:
+    return ConfigModel.model_validate({
+        "providers": {"a": {"base_url": "http://127.0.0.1:9/v1"}, "b": {"base_url": "http://127.0.0.1:8/v1"}},
+        "profiles": profiles or {"default": {"providers": ["a", "b"]}}})
+
+
+def _request() -> ClientRequest:
+    body = {"model": "m", "system": "be brief", "messages": [{"role": "user", "content": "hi " * 2000}],
+            "tools": [{"name": "t", "input_schema": {"type": "object"}}]}
+    return ClientRequest(ingress="anthropic", body=body, raw=b"{}", headers={}, stream=False, model="m",
+                         request_id="r")
+
+
+@pytest.fixture
+def digests(monkeypatch):
+    """How many times the whole prompt was digested."""
+    calls = []
+    real = aff_service.segments
+
+    def counting(*a, **kw):
+        calls.append(1)
+        return real(*a, **kw)
+
+    monkeypatch.setattr(aff_service, "segments", counting)
+    return calls
+
+
+def _answer(aff: Affinity, provider: str, strategy: _Strategy):
+    t = aff.ticket(_request())
+    assert t is not None
+    aff.finish(t, Placement(provider, None, None), None, ok=True, strategy=strategy)  # type: ignore[arg-type]
+    return t
+
+
+def test_no_digest_for_a_backend_without_slots_or_cache_figures_in_a_fallback_chain(digests):
+    aff = Affinity(_config())
+    t = _answer(aff, "a", _Strategy(_NO_CACHE_FIGURE))
+    assert digests == []
+    assert t.session is not None and t.lane  # the lane and session are still named (journal, explain)
+    assert t.predicted_tokens is None and aff.index.last_prompt(t.lane) is None
+
+
+def test_digests_when_the_backend_reports_cached_tokens(digests):
+    aff = Affinity(_config())
+    t = _answer(aff, "a", _Strategy(_NO_CACHE_FIGURE, {"prompt_tokens_details": {"cached_tokens": 40}}))
+    assert digests == [1]
+    assert t.predicted_tokens is not None and aff.index.last_prompt(t.lane) is not None
+
+
+@pytest.mark.parametrize("profile", [{"providers": ["a", "b"], "mode": "race"},
+                                     {"providers": ["a", "b"], "adaptive": True}])
+def test_digests_when_a_profile_orders_the_provider_by_what_it_cached(digests, profile):
+    aff = Affinity(_config(default={"providers": ["a"]}, equals=profile))
+    _answer(aff, "a", _Strategy(_NO_CACHE_FIGURE))
+    assert digests == [1]
+
+
+def test_a_reload_that_adds_a_race_profile_turns_digests_on(digests):
+    aff = Affinity(_config())
+    _answer(aff, "b", _Strategy(_NO_CACHE_FIGURE))
+    assert digests == []
+    aff.configure(_config(default={"providers": ["a", "b"], "mode": "race"}))
+    _answer(aff, "b", _Strategy(_NO_CACHE_FIGURE))
+    assert digests == [1]
+
+
+def test_a_single_provider_race_is_no_choice(digests):
+    aff = Affinity(_config(default={"providers": ["a"], "mode": "race"}))
+    _answer(aff, "a", _Strategy(_NO_CACHE_FIGURE))
+    assert digests == []
