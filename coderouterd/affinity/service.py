@@ -325,10 +325,14 @@ class Affinity:
         usage = strategy.usage or {}
         prompt_tokens, cached, processed, prefill_s = _reported_cache(
             usage, getattr(strategy, "raw_usage", None), getattr(strategy, "timings", None), strategy.upstream_wire)
-        if cached < 0 and p.slots is None and name not in self.compared:
-            # Nothing could use this prompt's digests: no slot to choose on this backend, no cached-token figure
-            # to check a prediction or name a cache bust against, no profile that orders it by what it cached.
-            # Digesting a 95 KB prompt costs 150-250 µs of CPU; the lane and session are still recorded.
+        if cached <= 0 and not p.cached_tokens and p.slots is None and name not in self.compared:
+            # Nothing could use this prompt's digests: no slot to choose on this backend, no profile that orders
+            # it by what it cached, and no cache to check a prediction or name a bust against (it reports no
+            # cached tokens, or has never reported one reused: a cache never seen hitting cannot be busted).
+            # Digesting a 95 KB prompt costs 150-250 µs of CPU. The lane and session are still recorded, and
+            # the hit ratio still counts this prompt; the first answer that reports a hit turns digests on.
+            if cached == 0 and prompt_tokens > 0:
+                p.prompt_tokens += prompt_tokens
             return
         if placement.predicted_bytes is None:
             placement.predicted_bytes = self.index.predict(name, ticket.lane, ticket.prompt)

@@ -21,7 +21,7 @@ class _Strategy:
         self.raw_usage = raw_usage
 
 
-_NO_CACHE_FIGURE = {"input_tokens": 100, "output_tokens": 5}
+_NO_CACHE_FIGURE = {"input_tokens": 5000, "output_tokens": 5}
 
 
 def _config(**profiles) -> ConfigModel:
@@ -58,19 +58,34 @@ def _answer(aff: Affinity, provider: str, strategy: _Strategy):
     return t
 
 
-def test_no_digest_for_a_backend_without_slots_or_cache_figures_in_a_fallback_chain(digests):
+def _cached(n: int) -> _Strategy:
+    return _Strategy(_NO_CACHE_FIGURE, {"prompt_tokens_details": {"cached_tokens": n}})
+
+
+@pytest.mark.parametrize("strategy", [_Strategy(_NO_CACHE_FIGURE), _cached(0)], ids=["no figure", "never a hit"])
+def test_no_digest_for_a_backend_without_slots_or_a_cache_seen_hitting_in_a_fallback_chain(digests, strategy):
     aff = Affinity(_config())
-    t = _answer(aff, "a", _Strategy(_NO_CACHE_FIGURE))
+    t = _answer(aff, "a", strategy)
+    t = _answer(aff, "a", strategy)
     assert digests == []
     assert t.session is not None and t.lane  # the lane and session are still named (journal, explain)
-    assert t.predicted_tokens is None and aff.index.last_prompt(t.lane) is None
+    assert t.predicted_tokens is None and aff.index.last_prompt(t.lane) is None and t.bust is None
 
 
-def test_digests_when_the_backend_reports_cached_tokens(digests):
+def test_the_hit_ratio_still_counts_a_prompt_that_was_not_digested(digests):
     aff = Affinity(_config())
-    t = _answer(aff, "a", _Strategy(_NO_CACHE_FIGURE, {"prompt_tokens_details": {"cached_tokens": 40}}))
-    assert digests == [1]
-    assert t.predicted_tokens is not None and aff.index.last_prompt(t.lane) is not None
+    _answer(aff, "a", _cached(0))
+    assert aff.provider_status("a")["hit_ratio"] == 0.0 and digests == []
+
+
+def test_digests_from_the_first_reported_hit_on_and_then_a_bust_is_named(digests):
+    aff = Affinity(_config())
+    _answer(aff, "a", _cached(0))
+    assert digests == []
+    t = _answer(aff, "a", _cached(4000))
+    assert digests == [1] and t.predicted_tokens is not None and aff.index.last_prompt(t.lane) is not None
+    t = _answer(aff, "a", _cached(0))  # the same prompt again, nothing reused: compared with the last one
+    assert digests == [1, 1] and t.bust is not None
 
 
 @pytest.mark.parametrize("profile", [{"providers": ["a", "b"], "mode": "race"},
