@@ -9,6 +9,7 @@ first message differs, so the main lane is also keyed by a fingerprint of the fi
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import re
 from dataclasses import dataclass
@@ -36,7 +37,9 @@ class SessionKey:
         return hash_key(self.key)
 
 
+@functools.lru_cache(maxsize=4096)
 def hash_key(key: str) -> str:
+    """Asked four times per request for the same session and lane (journal, trace, lane label): computed once."""
     return hashlib.blake2b(key.encode(), digest_size=6).hexdigest()
 
 
