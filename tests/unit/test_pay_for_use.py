@@ -109,3 +109,27 @@ def test_a_single_provider_race_is_no_choice(digests):
     aff = Affinity(_config(default={"providers": ["a"], "mode": "race"}))
     _answer(aff, "a", _Strategy(_NO_CACHE_FIGURE))
     assert digests == []
+
+
+def test_session_digests_are_remembered_within_bounds(monkeypatch):
+    from coderouterd.affinity import session as sess
+
+    monkeypatch.setattr(sess, "_HASHED", {})
+    monkeypatch.setattr(sess, "_HASHED_MAX", 3)
+    calls = []
+    real = sess.hashlib.blake2b
+
+    def counting(*a, **kw):
+        calls.append(1)
+        return real(*a, **kw)
+
+    monkeypatch.setattr(sess.hashlib, "blake2b", counting)
+    first = sess.hash_key("s:abc")
+    assert [sess.hash_key("s:abc") for _ in range(4)] == [first] * 4 and len(calls) == 1
+    long = "x" * (sess._HASHED_KEY_MAX + 1)
+    sess.hash_key(long)
+    sess.hash_key(long)
+    assert len(calls) == 3 and long not in sess._HASHED
+    for k in ("a", "b", "c", "d"):
+        sess.hash_key(k)
+    assert len(sess._HASHED) <= 3
