@@ -2,6 +2,10 @@
 
     .venv/bin/python bench/cpu_per_request.py [TREE] [N]
     .venv/bin/python bench/cpu_per_request.py TREE_A TREE_B [...] [-n N] [--rounds 3]
+    .venv/bin/python bench/cpu_per_request.py . .+noaffinity .+nodrift .+nostate --rounds 3
+
+A tree may carry configuration tweaks after a `+` (see TWEAKS): the same tree with a feature off, so the
+difference is that feature's CPU per request, measured without a profiler.
 
 TREE defaults to this checkout; give another (a `git worktree add --detach` of an older commit) to compare
 before/after. With several trees, each round runs every tree once, alternating the order, and the table shows
@@ -42,6 +46,23 @@ def cases() -> list[tuple[str, str, bytes, dict]]:
     ]
 
 
+TWEAKS = {
+    "noaffinity": ("", "[affinity]\nenabled = false\n"),
+    "nodrift": ('drift_action = "off"\n', ""),
+    "nostate": ("", "[state]\nenabled = false\n"),
+}
+
+
+def config_text(oa_url: str, an_url: str, tweaks: list[str]) -> str:
+    per_profile = "".join(TWEAKS[t][0] for t in tweaks)
+    sections = "".join(TWEAKS[t][1] for t in tweaks)
+    state = "" if "nostate" in tweaks else "[state]\nenabled = true\n"
+    return (f'[server]\nport = 0\n{state}{sections}'
+            f'[providers.f]\nkind = "openai"\nbase_url = "{oa_url}/v1"\nmodel = "bench-model"\n'
+            f'[providers.an]\nkind = "anthropic"\nbase_url = "{an_url}/v1"\n'
+            f'[profiles.default]\nproviders = ["f"]\n{per_profile}[profiles.pass]\nproviders = ["an"]\n{per_profile}')
+
+
 def cpu_seconds(pid: int) -> float:
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
@@ -49,6 +70,8 @@ def cpu_seconds(pid: int) -> float:
 
 async def one_tree(tree: Path, cfg: Path, tmp: Path, n: int) -> dict[str, float]:
     port = free_port()
+    if not cfg.exists():
+        raise RuntimeError(f"no config {cfg}")
     env = {k: v for k, v in os.environ.items() if not k.startswith("CODEROUTER_")}
     state = Path(tempfile.mkdtemp(prefix="state-", dir=tmp))
     env.update(CODEROUTER_STATE_DIR=str(state), CODEROUTER_ADMIN__SOCKET=str(state / "admin.sock"),
@@ -89,29 +112,33 @@ def main() -> int:
     n = args.n
     if trees and trees[-1].isdigit():  # the old form: cpu_per_request.py TREE N
         n = int(trees.pop())
-    paths = [Path(t).resolve() for t in trees] or [ROOT]
+    specs = trees or [str(ROOT)]
+    paths = [Path(t.split("+")[0]).resolve() for t in specs]
+    for t in specs:
+        for tweak in t.split("+")[1:]:
+            if tweak not in TWEAKS:
+                ap.error(f"unknown tweak {tweak!r} (known: {', '.join(TWEAKS)})")
     pin(os.getpid(), {1})
     tmp = Path(tempfile.mkdtemp(prefix="crcpu-"))
     oa, oa_url = start_fake("openai", "ok", {1})
     an, an_url = start_fake("anthropic", "ok", {1})
-    cfg = tmp / "c.toml"
-    cfg.write_text(f'[server]\nport = 0\n[state]\nenabled = true\n'
-                   f'[providers.f]\nkind = "openai"\nbase_url = "{oa_url}/v1"\nmodel = "bench-model"\n'
-                   f'[providers.an]\nkind = "anthropic"\nbase_url = "{an_url}/v1"\n'
-                   '[profiles.default]\nproviders = ["f"]\n[profiles.pass]\nproviders = ["an"]\n')
-    results: dict[Path, list[dict[str, float]]] = {p: [] for p in paths}
+    configs = {}
+    for i, t in enumerate(specs):
+        configs[t] = tmp / f"c{i}.toml"
+        configs[t].write_text(config_text(oa_url, an_url, t.split("+")[1:]))
+    results: dict[str, list[dict[str, float]]] = {t: [] for t in specs}
     try:
         for r in range(args.rounds):
-            for p in paths if r % 2 == 0 else list(reversed(paths)):
-                res = asyncio.run(one_tree(p, cfg, tmp, n))
-                results[p].append(res)
-                print(p, " ".join(f"{k}={v:.0f}us" for k, v in res.items()), flush=True)
+            for t, p in list(zip(specs, paths, strict=True))[::1 if r % 2 == 0 else -1]:
+                res = asyncio.run(one_tree(p, configs[t], tmp, n))
+                results[t].append(res)
+                print(t, " ".join(f"{k}={v:.0f}us" for k, v in res.items()), flush=True)
     finally:
         stop(oa)
         stop(an)
-    if args.rounds > 1 or len(paths) > 1:
+    if args.rounds > 1 or len(specs) > 1:
         names = [c[0] for c in cases()]
-        rows = [[str(p)] + [f"{statistics.median(x[k] for x in results[p]):.0f}" for k in names] for p in paths]
+        rows = [[t] + [f"{statistics.median(x[k] for x in results[t]):.0f}" for k in names] for t in specs]
         print(f"\nDaemon CPU per request (µs, user+sys, median of {args.rounds} round(s) x {n} sequential requests;"
               f" load average {os.getloadavg()[0]:.2f})")
         print(table(rows, ["tree", *names]))

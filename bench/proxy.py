@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/proxy.py [--quick] [--no-state] [--rounds 3] [-n 1700]
     .venv/bin/python bench/proxy.py --memory 100000
+    .venv/bin/python bench/proxy.py --stages [--base OTHER_CHECKOUT] [-n 1500] [--rounds 1]   (bench/stages.py)
 
 Loopback only, bounded in time (about four minutes; --quick: half a minute). The daemon and the floors
 (bench/floor.py) are pinned to core 0; the fake upstreams and the load generator (this process; wrk for
@@ -167,7 +168,16 @@ def main() -> int:
                     help="only the memory run: N requests at c=32 (issue 16: 100000), RSS along the way")
     ap.add_argument("--state-compare", action="store_true",
                     help="only compare journal+audit+store enabled vs disabled (issue: +0.1 ms p50, -5%% req/s)")
+    ap.add_argument("--stages", action="store_true",
+                    help="only CPU per request by stage (bench/stages.py), for this tree and --base if given")
+    ap.add_argument("--base", help="with --stages: another checkout, measured the same way (column A)")
     args = ap.parse_args()
+    if args.stages:
+        from bench.stages import main as stages_main
+
+        return stages_main([*(["--base", args.base] if args.base else []), "-n", str(200 if args.quick else
+                                                                                   min(args.n, 1500)),
+                            "--rounds", str(1 if args.quick else args.rounds)])
     if args.state_compare:
         return state_compare(300 if args.quick else 2000, 1.0 if args.quick else args.seconds)
     from bench.codex_body import as_chat, codex_body

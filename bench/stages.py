@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import pstats
 import signal
@@ -122,15 +123,30 @@ def run_daemon(tree: str, out_dir: str, argv: list[str]) -> int:
     """The daemon of `tree`, with cProfile toggled on the loop thread by SIGUSR1 (each stop writes the next
     prof-K.out in out_dir and touches K.done)."""
     import cProfile
+    import gc
+    import json
 
     sys.path.insert(0, tree)
-    state = {"prof": None, "k": 0}
+    state: dict = {"prof": None, "k": 0}
+    gc_time = [0.0, 0, 0.0]  # seconds in collections, collections, start of the current one
+
+    def on_gc(phase: str, _info: dict) -> None:
+        if state["prof"] is None:
+            return
+        if phase == "start":
+            gc_time[2] = time.perf_counter()
+        else:
+            gc_time[0] += time.perf_counter() - gc_time[2]
+            gc_time[1] += 1
+
+    gc.callbacks.append(on_gc)
 
     def toggle(_sig, _frame) -> None:
         prof = state["prof"]
         if prof is None:
+            gc_time[0], gc_time[1] = 0.0, 0
             state["prof"] = cProfile.Profile()
-            state["prof"].enable()  # type: ignore[attr-defined]
+            state["prof"].enable()
             Path(out_dir, "on").touch()
         else:
             prof.disable()
@@ -138,6 +154,7 @@ def run_daemon(tree: str, out_dir: str, argv: list[str]) -> int:
             k = state["k"]
             state["k"] = k + 1
             prof.dump_stats(str(Path(out_dir, f"prof-{k}.out")))
+            Path(out_dir, f"gc-{k}.json").write_text(json.dumps({"seconds": gc_time[0], "collections": gc_time[1]}))
             Path(out_dir, "on").unlink(missing_ok=True)
             Path(out_dir, f"{k}.done").touch()
 
@@ -208,7 +225,8 @@ def measure_tree(tree: Path, cfg: Path, scenarios: dict, n: int, tmp: Path, labe
             _wait_file(prof_dir / f"{k}.done")
             st = pstats.Stats(str(prof_dir / f"prof-{k}.out"))
             by_stage = attribute(st)
-            out[scen] = {"cpu": cpu, "loop": loop, "profiled": sum(by_stage.values()) / n * 1e6,
+            gcs = json.loads((prof_dir / f"gc-{k}.json").read_text())
+            out[scen] = {"gc": gcs["seconds"] / n * 1e6, "gc_n": gcs["collections"], "cpu": cpu, "loop": loop, "profiled": sum(by_stage.values()) / n * 1e6,
                          "stages": {s: v / n * 1e6 for s, v in by_stage.items()}, "top": top_functions(st)}
     finally:
         stop(d)
@@ -268,7 +286,8 @@ def main(argv: list[str] | None = None) -> int:
             for stage in STAGES:
                 vals = [med(label, scen, "stages", stage) for label, _ in trees]
                 rows.append([stage, *(f"{v:.0f}" for v in vals)] + ([f"{vals[1] - vals[0]:+.0f}"] if args.base else []))
-            for key, name in (("profiled", "sum of the stages (under cProfile)"),
+            for key, name in (("gc", "  garbage collector (inside the stages above)"),
+                              ("profiled", "sum of the stages (under cProfile)"),
                               ("loop", "loop thread, no profiler"), ("cpu", "whole process, no profiler")):
                 vals = [med(label, scen, key) for label, _ in trees]
                 rows.append([name, *(f"{v:.0f}" for v in vals)] + ([f"{vals[1] - vals[0]:+.0f}"] if args.base else []))
