@@ -29,6 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.claude_body import claude_code_body  # noqa: E402
 from bench.common import (  # noqa: E402
+    OPENAI_BODY,
     PY,
     ROOT,
     free_port,
@@ -40,10 +41,9 @@ from bench.common import (  # noqa: E402
     table,
     wait_healthz,
     wait_port,
+    write_config,
 )
 from coderouterd.translate.anthropic_request_to_openai import request_to_openai  # noqa: E402
-
-OPENAI_BODY = {"model": "bench-model", "messages": [{"role": "user", "content": "hello"}], "max_tokens": 16}
 
 
 async def one(session: aiohttp.ClientSession, url: str, body: bytes, headers: dict, stream: bool):
@@ -96,35 +96,6 @@ async def throughput(url, body, headers, concurrency, seconds):
 
 def ms(x: float) -> str:
     return f"{x * 1000:.3f}"
-
-
-def write_config(tmp: Path, oa_url: str, an_url: str, oa_stream_url: str, state: bool) -> Path:
-    cfg = f"""
-[server]
-port = 0
-[state]
-enabled = {"true" if state else "false"}
-[providers.oa]
-kind = "openai"
-base_url = "{oa_url}/v1"
-model = "bench-model"
-[providers.oastream]
-kind = "openai"
-base_url = "{oa_stream_url}/v1"
-model = "bench-model"
-[providers.an]
-kind = "anthropic"
-base_url = "{an_url}/v1"
-[profiles.default]
-providers = ["oa"]
-[profiles.stream]
-providers = ["oastream"]
-[profiles.pass]
-providers = ["an"]
-"""
-    p = tmp / "bench.toml"
-    p.write_text(cfg)
-    return p
 
 
 def wrk_rps(url: str, body: bytes, headers: dict, concurrency: int, seconds: float, tmp: Path) -> float | None:

@@ -245,8 +245,7 @@ def main(argv: list[str] | None = None) -> int:
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     from bench.claude_body import claude_code_body
-    from bench.common import ROOT, pin, start_fake, stop, table
-    from bench.proxy import OPENAI_BODY, write_config
+    from bench.common import OPENAI_BODY, ROOT, pin, start_fake, stop, table, write_config
 
     pin(os.getpid(), {1})
     tmp = Path(tempfile.mkdtemp(prefix="crstages-"))
