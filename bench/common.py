@@ -12,6 +12,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 PY = sys.executable
+OPENAI_BODY = {"model": "bench-model", "messages": [{"role": "user", "content": "hello"}], "max_tokens": 16}
 
 
 def free_port() -> int:
@@ -106,3 +107,32 @@ def wait_port(port: int, timeout: float = 10.0) -> None:
                 return
         time.sleep(0.02)
     raise RuntimeError(f"nothing listens on port {port}")
+
+
+def write_config(tmp: Path, oa_url: str, an_url: str, oa_stream_url: str, state: bool) -> Path:
+    cfg = f"""
+[server]
+port = 0
+[state]
+enabled = {"true" if state else "false"}
+[providers.oa]
+kind = "openai"
+base_url = "{oa_url}/v1"
+model = "bench-model"
+[providers.oastream]
+kind = "openai"
+base_url = "{oa_stream_url}/v1"
+model = "bench-model"
+[providers.an]
+kind = "anthropic"
+base_url = "{an_url}/v1"
+[profiles.default]
+providers = ["oa"]
+[profiles.stream]
+providers = ["oastream"]
+[profiles.pass]
+providers = ["an"]
+"""
+    p = tmp / "bench.toml"
+    p.write_text(cfg)
+    return p

@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/proxy.py [--quick] [--no-state] [--rounds 3] [-n 1700]
     .venv/bin/python bench/proxy.py --memory 100000
+    .venv/bin/python bench/proxy.py --stages [--base OTHER_CHECKOUT] [-n 1500] [--rounds 1]   (bench/stages.py)
 
 Loopback only, bounded in time (about four minutes; --quick: half a minute). The daemon and the floors
 (bench/floor.py) are pinned to core 0; the fake upstreams and the load generator (this process; wrk for
@@ -28,6 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.claude_body import claude_code_body  # noqa: E402
 from bench.common import (  # noqa: E402
+    OPENAI_BODY,
     PY,
     ROOT,
     free_port,
@@ -39,10 +41,9 @@ from bench.common import (  # noqa: E402
     table,
     wait_healthz,
     wait_port,
+    write_config,
 )
 from coderouterd.translate.anthropic_request_to_openai import request_to_openai  # noqa: E402
-
-OPENAI_BODY = {"model": "bench-model", "messages": [{"role": "user", "content": "hello"}], "max_tokens": 16}
 
 
 async def one(session: aiohttp.ClientSession, url: str, body: bytes, headers: dict, stream: bool):
@@ -97,35 +98,6 @@ def ms(x: float) -> str:
     return f"{x * 1000:.3f}"
 
 
-def write_config(tmp: Path, oa_url: str, an_url: str, oa_stream_url: str, state: bool) -> Path:
-    cfg = f"""
-[server]
-port = 0
-[state]
-enabled = {"true" if state else "false"}
-[providers.oa]
-kind = "openai"
-base_url = "{oa_url}/v1"
-model = "bench-model"
-[providers.oastream]
-kind = "openai"
-base_url = "{oa_stream_url}/v1"
-model = "bench-model"
-[providers.an]
-kind = "anthropic"
-base_url = "{an_url}/v1"
-[profiles.default]
-providers = ["oa"]
-[profiles.stream]
-providers = ["oastream"]
-[profiles.pass]
-providers = ["an"]
-"""
-    p = tmp / "bench.toml"
-    p.write_text(cfg)
-    return p
-
-
 def wrk_rps(url: str, body: bytes, headers: dict, concurrency: int, seconds: float, tmp: Path) -> float | None:
     """req/s from wrk (C, one thread on the load-generator core), or None when wrk is not installed."""
     if shutil.which("wrk") is None:
@@ -167,7 +139,16 @@ def main() -> int:
                     help="only the memory run: N requests at c=32 (issue 16: 100000), RSS along the way")
     ap.add_argument("--state-compare", action="store_true",
                     help="only compare journal+audit+store enabled vs disabled (issue: +0.1 ms p50, -5%% req/s)")
+    ap.add_argument("--stages", action="store_true",
+                    help="only CPU per request by stage (bench/stages.py), for this tree and --base if given")
+    ap.add_argument("--base", help="with --stages: another checkout, measured the same way (column A)")
     args = ap.parse_args()
+    if args.stages:
+        from bench.stages import main as stages_main
+
+        return stages_main([*(["--base", args.base] if args.base else []), "-n", str(200 if args.quick else
+                                                                                   min(args.n, 1500)),
+                            "--rounds", str(1 if args.quick else args.rounds)])
     if args.state_compare:
         return state_compare(300 if args.quick else 2000, 1.0 if args.quick else args.seconds)
     from bench.codex_body import as_chat, codex_body

@@ -6,7 +6,14 @@ freed: after the first big buffer is freed its dynamic mmap threshold rises to t
 from the heap, and a heap page goes back only when nothing live sits above it. RSS then wanders by tens of MB
 with no leak behind it, which a soak cannot tell from one. Two measures, both cheap and both on rare paths:
 
-- at start, a fixed mmap threshold (1 MB): a single buffer that large is mapped, and unmapped when freed;
+- at start, a fixed mmap threshold (4 MB, TRIM_AFTER_BYTES): a single buffer that large is mapped, and unmapped
+  when freed; one below it that the trimmer is not asked about stays on the heap, reused by later requests.
+  With it a fixed trim threshold (8 MB, glibc's own pairing of twice the mmap threshold): fixing either turns
+  off glibc's adjustment of both, and its 128 KB trim default would hand the heap's top back after every big
+  request for the next to fault in again. The threshold was 1 MB until issue 25 (item 6): orjson's parser
+  takes a scratch buffer of about 12x the document (1.18 MB for the 95 KB Claude Code body), so every such
+  request mapped and unmapped one and faulted 33 pages in: ~150-250 µs of CPU per request on the benchmark VM
+  (bench/README.md, "CPU per request by stage"). Request bodies up to ~330 KB now parse on the heap;
 - after a read of at least TRIM_AFTER_BYTES, `malloc_trim(0)` shortly after and once more when the burst is over
   (on a thread of its own, debounced: a burst of big answers costs two trims), which hands back free heap pages
   wherever they are. A trim of a 100 MB heap takes about 10 ms of that thread.
@@ -19,9 +26,11 @@ import sys
 import threading
 import time
 
-M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter number
-MMAP_THRESHOLD_BYTES = 1 << 20
+M_TRIM_THRESHOLD = -1  # glibc's mallopt parameter numbers
+M_MMAP_THRESHOLD = -3
 TRIM_AFTER_BYTES = 4 << 20  # a read this big (kept or refused) asks for a trim
+MMAP_THRESHOLD_BYTES = TRIM_AFTER_BYTES  # below: on the heap, reused; at or above: mapped, and a read asks a trim
+TRIM_THRESHOLD_BYTES = 2 * MMAP_THRESHOLD_BYTES
 TRIM_DELAY_S = 0.5  # waits for the request that read it to let go of it, and gathers a burst into one trim
 SETTLE_TRIM_S = 5.0  # and once more this long after the last ask
 
@@ -43,9 +52,11 @@ def _glibc():
 
 
 def keep_large_buffers_off_heap() -> bool:
-    """Fix glibc's mmap threshold at MMAP_THRESHOLD_BYTES. True when it was set."""
+    """Fix glibc's mmap threshold at MMAP_THRESHOLD_BYTES and its trim threshold at TRIM_THRESHOLD_BYTES. True
+    when both were set."""
     libc = _glibc()
-    return libc is not None and libc.mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES) == 1
+    return libc is not None and libc.mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES) == 1 and \
+        libc.mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD_BYTES) == 1
 
 
 class _Trimmer:

@@ -123,8 +123,9 @@ def _dump(part: object) -> bytes:
     return raw
 
 
-def segments(body: dict, ingress: str) -> Prompt:
-    """Chained segment digests of a canonical body (Anthropic Messages or OpenAI Chat Completions)."""
+def segments(body: dict, ingress: str, head: str | None = None) -> Prompt:
+    """Chained segment digests of a canonical body (Anthropic Messages or OpenAI Chat Completions). `head`:
+    `first_message_head(body, ingress)` when the caller has it already."""
     labels: list[str] = []
     parts: list[bytes] = []
     tools = body.get("tools")
@@ -173,7 +174,8 @@ def segments(body: dict, ingress: str) -> Prompt:
         digests.append(h.copy().digest()[:16])
         total += len(p)
         ends.append(total)
-    return Prompt(tuple(labels), tuple(digests), tuple(ends), first_message_head(body, ingress))
+    return Prompt(tuple(labels), tuple(digests), tuple(ends),
+                  head if head is not None else first_message_head(body, ingress))
 
 
 def first_message_head(body: dict, ingress: str) -> str:

@@ -45,11 +45,12 @@ class Ticket:
     slots that is after the answer went out (in `finish`), not before."""
 
     __slots__ = ("_prompt", "session", "lane", "lane_kind", "canonical", "ingress", "canonical_raw", "slot",
-                 "predicted_tokens", "cached_tokens", "bust", "placement_why")
+                 "predicted_tokens", "cached_tokens", "bust", "placement_why", "head")
 
     def __init__(self, prompt: Prompt | None, session: sess.SessionKey, lane: str, lane_kind: str, canonical: dict,
-                 ingress: str) -> None:
+                 ingress: str, head: str | None = None) -> None:
         self._prompt = prompt
+        self.head = head  # first_message_head of the canonical body, when it was computed (it names the lane)
         self.session = session
         self.lane = lane
         self.lane_kind = lane_kind
@@ -65,7 +66,7 @@ class Ticket:
     @property
     def prompt(self) -> Prompt:
         if self._prompt is None:
-            self._prompt = segments(self.canonical, self.ingress)
+            self._prompt = segments(self.canonical, self.ingress, self.head)
         return self._prompt
 
     @property
@@ -139,6 +140,11 @@ class Affinity:
     def configure(self, config) -> None:
         self.cfg = config.affinity
         self.canonicaliser = Canonicaliser(self.cfg.strip_patterns)
+        # Providers some profile treats as equals (race, adaptive order): `prefer` orders them by what the index
+        # predicts they cached, so what they answered is worth remembering even when they report nothing.
+        self.compared = frozenset(name for prof in (getattr(config, "profiles", None) or {}).values()
+                                  if (prof.mode == "race" or prof.adaptive) and len(prof.providers) > 1
+                                  for name in prof.providers)
 
     def restore(self, snapshots: dict[str, dict]) -> None:
         for provider, snap in snapshots.items():
@@ -175,7 +181,7 @@ class Affinity:
             # A body shape nobody anticipated costs this request its affinity, never the request itself.
             log.debug("no prefix affinity for this request: %s", e)
             return None
-        return Ticket(None, key, sess.lane_id(key, kind, head), kind, canonical, req.ingress)
+        return Ticket(None, key, sess.lane_id(key, kind, head), kind, canonical, req.ingress, head)
 
     def body_for(self, ticket: Ticket | None, provider: Provider, req) -> tuple[dict, bytes]:
         """The client body as this provider should get it: canonical, except for the real Anthropic API."""
@@ -319,6 +325,15 @@ class Affinity:
         usage = strategy.usage or {}
         prompt_tokens, cached, processed, prefill_s = _reported_cache(
             usage, getattr(strategy, "raw_usage", None), getattr(strategy, "timings", None), strategy.upstream_wire)
+        if cached <= 0 and not p.cached_tokens and p.slots is None and name not in self.compared:
+            # Nothing could use this prompt's digests: no slot to choose on this backend, no profile that orders
+            # it by what it cached, and no cache to check a prediction or name a bust against (it reports no
+            # cached tokens, or has never reported one reused: a cache never seen hitting cannot be busted).
+            # Digesting a 95 KB prompt costs 150-250 µs of CPU. The lane and session are still recorded, and
+            # the hit ratio still counts this prompt; the first answer that reports a hit turns digests on.
+            if cached == 0 and prompt_tokens > 0:
+                p.prompt_tokens += prompt_tokens
+            return
         if placement.predicted_bytes is None:
             placement.predicted_bytes = self.index.predict(name, ticket.lane, ticket.prompt)
         ticket.predicted_tokens = int(placement.predicted_bytes / p.bytes_per_token)

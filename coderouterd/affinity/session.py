@@ -36,8 +36,22 @@ class SessionKey:
         return hash_key(self.key)
 
 
+_HASHED: dict[str, str] = {}
+_HASHED_MAX = 4096
+_HASHED_KEY_MAX = 512  # a client's session id can be long: such keys are hashed every time, never kept
+
+
 def hash_key(key: str) -> str:
-    return hashlib.blake2b(key.encode(), digest_size=6).hexdigest()
+    """Asked four times per request for the same session and lane (journal, trace, lane label): remembered, for
+    at most _HASHED_MAX keys of at most _HASHED_KEY_MAX characters (forgotten all at once when full)."""
+    h = _HASHED.get(key)
+    if h is None:
+        h = hashlib.blake2b(key.encode(), digest_size=6).hexdigest()
+        if len(key) <= _HASHED_KEY_MAX:
+            if len(_HASHED) >= _HASHED_MAX:
+                _HASHED.clear()
+            _HASHED[key] = h
+    return h
 
 
 def from_prompt_cache_key(key: str) -> SessionKey | None:

@@ -26,7 +26,9 @@ import re
 from .openai_answer_to_anthropic import SYNTHETIC_SIGNATURE
 
 _MARK = SYNTHETIC_SIGNATURE.encode()
-_EMPTY_SIGNATURE = re.compile(rb'"signature"\s*:\s*""')
+_SIGNATURE_KEY = b'"signature"'
+# After the key: an empty signature, ours (the marker), or null.
+_UNSIGNED_VALUE = re.compile(rb'\s*:\s*(?:""|"' + re.escape(_MARK) + rb'"|null)')
 _THINKING_FIRST = ("thinking", "redacted_thinking")
 
 
@@ -97,7 +99,17 @@ class UpstreamSignatures:
 
 
 def may_carry_unsigned(raw: bytes) -> bool:
-    return _MARK in raw or _EMPTY_SIGNATURE.search(raw) is not None
+    """Whether a `"signature"` key in the body's bytes holds an empty string, our marker or null. One substring
+    scan of the body, the value matched only where the key is (our marker and an empty signature were two
+    scans, one of them a regex search: ~100 µs on the 95 KB Claude Code body on the benchmark VM)."""
+    key = _SIGNATURE_KEY
+    i = raw.find(key)
+    while i >= 0:
+        i += len(key)
+        if _UNSIGNED_VALUE.match(raw, i):
+            return True
+        i = raw.find(key, i)
+    return False
 
 
 def _unsigned(block, upstream: UpstreamSignatures | None = None) -> bool:

@@ -60,3 +60,30 @@ def test_small_reads_ask_for_nothing(monkeypatch):
     assert asked == []
     allocator.released(allocator.TRIM_AFTER_BYTES)
     assert asked == [1]
+
+
+# A request body of ~95 KB parsed again and again, as the proxy does (issue 25, item 6): orjson's parser takes a
+# scratch buffer of about 12x the document, which a 1 MB mmap threshold mapped and unmapped on every parse.
+PARSE = textwrap.dedent("""
+    import resource, sys, orjson
+    from coderouterd import allocator
+    if sys.argv[1] == "on":
+        assert allocator.keep_large_buffers_off_heap()
+    blocks = [{"type": "text", "text": "t" * 40, "n": i} for i in range(1400)]
+    raw = orjson.dumps({"model": "m", "messages": [{"role": "user", "content": blocks}]})
+    keep = []
+    for _ in range(20):
+        orjson.loads(raw); keep.append(bytearray(3000))
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    for _ in range(100):
+        orjson.loads(raw); keep.append(bytearray(3000))
+    print(len(raw), (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before) / 100)
+""")
+
+
+def test_a_request_sized_parse_does_not_map_its_scratch_buffer_every_time():
+    out = subprocess.run([sys.executable, "-c", PARSE, "on"], capture_output=True, text=True, timeout=60,
+                         check=True).stdout.split()
+    size, faults = int(out[0]), float(out[1])
+    assert 80_000 < size < 120_000
+    assert faults < 8  # at a 1 MB mmap threshold: ~30 page faults per parse
