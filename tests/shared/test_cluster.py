@@ -16,6 +16,7 @@ import pytest
 from tests.fakes.runner import FakeServer
 from tests.support import cli
 from tests.support.daemon import DaemonProcess
+from tests.support.wait import wait_for
 
 # Every request costs exactly its estimate: no input price, max_tokens = 3 and the fake answers 3 tokens at
 # $100 per million output tokens, so $0.0003 each and exactly 10 fit under $0.003.
@@ -123,7 +124,10 @@ def test_two_instances_share_one_cap_and_one_journal(tmp_path, pg_dsn, upstream)
         st = _admin(ds[0], "/v1/status")
         assert {i["instance"] for i in st["shared"]["instances"]} == {"east", "west"}
         assert st["shared"]["up"] is True and "password" not in str(st["shared"])
-        assert st["budget"]["global"]["spent"] == pytest.approx(spent / 1e9)
+        # East re-reads the ledger after its own settles and every poll_s (2 s): west's last settles reach its
+        # status by the next poll at the latest.
+        assert wait_for(lambda: _admin(ds[0], "/v1/status")["budget"]["global"]["spent"]
+                        == pytest.approx(spent / 1e9), timeout=10), _admin(ds[0], "/v1/status")["budget"]
         # corectl, pointed at east, reads the shared journal: both instances' rows, or one instance's.
         every = _corectl(ds[0], "journal", "tail", "-n", "100", "--json")
         assert len(every["rows"]) == 48 and {r["instance"] for r in every["rows"]} == {"east", "west"}

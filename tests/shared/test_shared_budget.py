@@ -120,3 +120,45 @@ def test_instances_cut_off_together_cannot_overshoot(pg_dsn):
     spent, reserved, cap = _ledger(pg_dsn)["*"]
     assert served > 0 and spent == served * ledger.to_nano(0.01)
     assert spent <= cap and reserved == 0
+
+
+def test_a_stop_waits_for_an_allowance_being_taken_and_gives_it_back(pg_dsn):
+    """A refresh re-taking the allowance is waiting on the ledger when the daemon stops: the stop (give the
+    allowances back, then drain the settles) waits for it, so what it took is given back too, not left held
+    until its lease runs out."""
+    async def go():
+        sb, tasks, db = await _budget(pg_dsn, cap=10.0)
+        entered, gate = asyncio.Event(), asyncio.Event()
+        run = db.run
+
+        async def held_reserve(fn):
+            if getattr(fn, "func", None) == sb._reserve_row:
+                entered.set()
+                await gate.wait()
+            return await run(fn)
+
+        try:
+            sb._drawn["paid"] = sb.allowances["paid"].amount  # all drawn: the next refresh re-takes it
+            db.run = held_reserve
+            refresh = asyncio.create_task(sb.refresh())
+            await asyncio.wait_for(entered.wait(), 10)
+
+            async def stop():
+                await sb.release_allowances()
+                return await sb.drain(5)
+
+            stopping = asyncio.create_task(stop())
+            await asyncio.sleep(0.3)
+            waited = not stopping.done()
+            gate.set()
+            drained = await stopping
+            await refresh
+            return waited, drained
+        finally:
+            gate.set()
+            await tasks.close()
+            await db.close()
+
+    waited, drained = asyncio.run(go())
+    assert waited and drained
+    assert _ledger(pg_dsn)["*"][1] == 0  # nothing held after a clean stop

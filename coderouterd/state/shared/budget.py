@@ -35,6 +35,8 @@ from ..events import BudgetBlocked, BudgetWarning, Event
 from . import ledger
 from .db import Database, Unavailable
 
+# How long a stop waits for allowances being tended (release_allowances).
+TEND_WAIT_ON_STOP_S = 2.0
 # The allowance: this fraction of what is left per live instance, held in advance for blind spending.
 ALLOWANCE_FRACTION = 10
 
@@ -87,6 +89,9 @@ class SharedBudget:
         # provider -> this instance's allowance (a reservation held in advance), and the estimates drawn from it.
         self.allowances: dict[str, SharedReservation] = {}
         self._stopping = False
+        # Held while allowances are being tended (a reservation may be on its way to the ledger): a stop waits
+        # for it, so what that tend takes is given back before the stop's drain, not after it.
+        self._tending = asyncio.Lock()
         self._drawn: dict[str, int] = {}
         self.offline_since: float | None = None
         self.refused = 0
@@ -204,6 +209,15 @@ class SharedBudget:
     async def release_allowances(self) -> None:
         """A clean stop: the allowances go back now, not when their lease runs out (and no new one is taken)."""
         self._stopping = True
+        # A tend in flight may be taking an allowance: it gives it back once it sees the stop, and that settle
+        # must be queued before the caller drains (else it is lost and the hold waits for its lease). Bounded: a
+        # ledger that does not answer fails the tend within the shared timeout.
+        try:
+            await asyncio.wait_for(self._tending.acquire(), TEND_WAIT_ON_STOP_S)
+        except TimeoutError:
+            log.warning("shared budget: an allowance being taken did not finish before the stop")
+        else:
+            self._tending.release()
         for provider, a in list(self.allowances.items()):
             self.allowances.pop(provider, None)
             self._drawn.pop(provider, None)
@@ -363,6 +377,10 @@ class SharedBudget:
     async def _tend_allowances(self) -> None:
         """Keep an allowance per capped billable provider: re-taken when half drawn, too large for what is left
         (a cap nearly spent must not sit in allowances), or of a past month."""
+        async with self._tending:
+            await self._tend_allowances_now()
+
+    async def _tend_allowances_now(self) -> None:
         period, _ = self.local.period()
         for provider in self._billable_names():
             if self._stopping:
