@@ -136,3 +136,27 @@ providers = ["an"]
     p = tmp / "bench.toml"
     p.write_text(cfg)
     return p
+
+
+def start_edge_fakes(tmp: Path) -> tuple[list[subprocess.Popen], Path]:
+    """The fakes behind the edge scenarios (OpenAI, OpenAI streamed in 20 chunks, Anthropic), pinned to core 1,
+    and a config naming them with state enabled: the setup edge_ab.py and stages.py share."""
+    oa, oa_url = start_fake("openai", "ok", {1})
+    oas, oas_url = start_fake("openai", "chunks;n=20", {1})
+    an, an_url = start_fake("anthropic", "ok", {1})
+    return [oa, oas, an], write_config(tmp, oa_url, an_url, oas_url, state=True)
+
+
+def edge_scenarios(claude: bytes) -> dict[str, tuple[str, bytes, dict[str, str]]]:
+    """name -> (path, body, headers): a small OpenAI request, and Claude Code's body translated to OpenAI and
+    passed through to Anthropic (profile "pass" of write_config)."""
+    import orjson
+
+    jh = {"content-type": "application/json"}
+    ah = {**jh, "anthropic-version": "2023-06-01"}
+    kb = len(claude) // 1024
+    return {
+        "a) OpenAI→OpenAI": ("/v1/chat/completions", orjson.dumps(OPENAI_BODY), jh),
+        f"b) Anthropic→OpenAI {kb} KB": ("/v1/messages", claude, ah),
+        f"c) Anthropic passthrough {kb} KB": ("/v1/messages", claude, {**ah, "x-coderouter-profile": "pass"}),
+    }

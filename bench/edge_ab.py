@@ -23,8 +23,19 @@ import orjson
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.claude_body import claude_code_body  # noqa: E402
-from bench.common import PY, ROOT, free_port, pct, pin, start_fake, stop, table, wait_healthz  # noqa: E402
-from bench.proxy import OPENAI_BODY, latency, throughput, write_config  # noqa: E402
+from bench.common import (  # noqa: E402
+    PY,
+    ROOT,
+    edge_scenarios,
+    free_port,
+    pct,
+    pin,
+    start_edge_fakes,
+    stop,
+    table,
+    wait_healthz,
+)
+from bench.proxy import latency, throughput  # noqa: E402
 
 
 def start_daemon(tree: Path, cfg: Path, port: int, tmp: Path) -> subprocess.Popen:
@@ -49,27 +60,15 @@ def main() -> int:
     tmp = Path(tempfile.mkdtemp(prefix="crab-"))
     procs: list[subprocess.Popen] = []
     try:
-        oa, oa_url = start_fake("openai", "ok", {1})
-        oas, oas_url = start_fake("openai", "chunks;n=20", {1})
-        an, an_url = start_fake("anthropic", "ok", {1})
-        procs += [oa, oas, an]
-        cfg = write_config(tmp, oa_url, an_url, oas_url, state=True)
+        started, cfg = start_edge_fakes(tmp)
+        procs += started
         sides = {}
         for name, tree in (("A (base)", Path(args.base).resolve()), ("B (this tree)", ROOT)):
             port = free_port()
             (tmp / name[0]).mkdir()
             procs.append(start_daemon(tree, cfg, port, tmp / name[0]))
             sides[name] = f"http://127.0.0.1:{port}"
-        claude = orjson.dumps(claude_code_body())
-        oa_body = orjson.dumps(OPENAI_BODY)
-        scenarios = {
-            "a) OpenAI→OpenAI": ("/v1/chat/completions", oa_body, {"content-type": "application/json"}),
-            "b) Anthropic→OpenAI 95 KB": ("/v1/messages", claude, {"content-type": "application/json",
-                                                                  "anthropic-version": "2023-06-01"}),
-            "c) Anthropic passthrough 95 KB": ("/v1/messages", claude, {
-                "content-type": "application/json", "anthropic-version": "2023-06-01",
-                "x-coderouter-profile": "pass"}),
-        }
+        scenarios = edge_scenarios(orjson.dumps(claude_code_body()))
         p50: dict = {}
         p99: dict = {}
         rps: dict = {}

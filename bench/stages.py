@@ -245,26 +245,15 @@ def main(argv: list[str] | None = None) -> int:
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     from bench.claude_body import claude_code_body
-    from bench.common import OPENAI_BODY, ROOT, pin, start_fake, stop, table, write_config
+    from bench.common import ROOT, edge_scenarios, pin, start_edge_fakes, stop, table
 
     pin(os.getpid(), {1})
     tmp = Path(tempfile.mkdtemp(prefix="crstages-"))
     procs = []
     try:
-        oa, oa_url = start_fake("openai", "ok", {1})
-        oas, oas_url = start_fake("openai", "chunks;n=20", {1})
-        an, an_url = start_fake("anthropic", "ok", {1})
-        procs += [oa, oas, an]
-        cfg = write_config(tmp, oa_url, an_url, oas_url, state=True)
-        claude = orjson.dumps(claude_code_body())
-        jh = {"content-type": "application/json"}
-        ah = {**jh, "anthropic-version": "2023-06-01", "x-api-key": "bench"}
-        scenarios = {
-            "a) OpenAI→OpenAI": ("/v1/chat/completions", orjson.dumps(OPENAI_BODY), jh),
-            f"b) Anthropic→OpenAI {len(claude) // 1024} KB": ("/v1/messages", claude, ah),
-            f"c) Anthropic passthrough {len(claude) // 1024} KB": ("/v1/messages", claude,
-                                                                   {**ah, "x-coderouter-profile": "pass"}),
-        }
+        started, cfg = start_edge_fakes(tmp)
+        procs += started
+        scenarios = edge_scenarios(orjson.dumps(claude_code_body()))
         trees = ([("A", Path(args.base).resolve())] if args.base else []) + [("B", ROOT)]
         runs: dict[str, list[dict]] = {label: [] for label, _ in trees}
         for r in range(args.rounds):
