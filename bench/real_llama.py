@@ -3,7 +3,7 @@ sessions (shared system prompt and tools, growing tool results, background calls
 which manages the server, and the same workload sent straight at an identical server that picks its slots
 itself (with its RAM prompt cache). Same run, same machine.
 
-    .venv/bin/python bench/real_llama.py [--scenario within|twice|all] [--restart]
+    .venv/bin/python bench/real_llama.py [--scenario within|twice|all|suite] [--restart]
 
 Reuse is what the server reports it took from cache (`timings.cache_n`, relayed as cached tokens) against
 the best any slot assignment could give: for each request, the longest token prefix it shares with any

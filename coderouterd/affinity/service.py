@@ -142,7 +142,7 @@ class Affinity:
         self.canonicaliser = Canonicaliser(self.cfg.strip_patterns)
         # Providers some profile treats as equals (race, adaptive order): `prefer` orders them by what the index
         # predicts they cached, so what they answered is worth remembering even when they report nothing.
-        self.compared = frozenset(name for prof in (getattr(config, "profiles", None) or {}).values()
+        self.compared = frozenset(name for prof in config.profiles.values()
                                   if (prof.mode == "race" or prof.adaptive) and len(prof.providers) > 1
                                   for name in prof.providers)
 

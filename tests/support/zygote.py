@@ -47,7 +47,8 @@ PRELOAD = (
 # zygote's is started the ordinary way.
 INTERPRETER_VARS = ("PYTHONPATH", "PYTHONHOME", "PYTHONHASHSEED", "PYTHONOPTIMIZE", "PYTHONDONTWRITEBYTECODE",
                     "PYTHONSAFEPATH", "PYTHONWARNINGS", "PYTHONDEVMODE", "PYTHONMALLOC", "PYTHONUTF8",
-                    "PYTHONNOUSERSITE", "PYTHONIOENCODING")
+                    "PYTHONNOUSERSITE", "PYTHONIOENCODING", "PYTHONUNBUFFERED", "PYTHONFAULTHANDLER",
+                    "PYTHONTRACEMALLOC", "PYTHONPYCACHEPREFIX", "PYTHONNODEBUGRANGES")
 
 
 # -- the zygote process ------------------------------------------------------------------------------------------

@@ -462,7 +462,7 @@ def test_the_head_is_the_first_message_after_the_leading_system_ones(ingress, bo
 
 
 def test_the_prompt_chain_is_only_computed_when_asked():
-    aff = Affinity(SimpleNamespace(affinity=AffinityConfig()))
+    aff = Affinity(SimpleNamespace(affinity=AffinityConfig(), profiles={}))
     req = ClientRequest(ingress="anthropic", body={"messages": [{"role": "user", "content": "hi"}], "tools": []},
                         raw=b"{}", headers={}, stream=False, model="m", request_id="r")
     t = aff.ticket(req)
