@@ -127,9 +127,13 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     # A stable sort: file order within a module, and module order within a directory, are kept.
     items.sort(key=lambda item: _rank(item.nodeid))
     for item in items:
-        # The real-server modules too: with one llama-server thread each (tests/support/real_llama.THREADS) two
-        # or three servers decode side by side at the speed the cores allow. With two threads each they spun
-        # against each other (`corectl doctor` took more than 120 s), and all of tests/real had to be one group,
-        # which was then the suite's critical path.
-        if _shares_a_module_fixture(item):
+        if item.nodeid.startswith("tests/real/"):
+            # Two groups of real-server tests, so at most two llama-servers decode at once, one thread each
+            # (tests/support/real_llama.THREADS): prefix routing on one worker, the contract and the managed
+            # server on another. All of tests/real in one group was the suite's critical path; a group per
+            # module put three servers on two cores and the rest of the suite's timing tests missed their
+            # windows (a fake's 0.3 s of loading, the dashboard's "live within a second").
+            real = "tests/real/test_real_affinity.py" if "test_real_affinity" in item.nodeid else "tests/real"
+            item.add_marker(pytest.mark.xdist_group(real))
+        elif _shares_a_module_fixture(item):
             item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::", 1)[0]))

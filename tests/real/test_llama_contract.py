@@ -177,7 +177,8 @@ def test_health_while_the_model_loads_is_a_503_unavailable_error(tmp_path):
     """Both: a server polled from its first instant answers /health with 503 `unavailable_error` "Loading
     model" (or not at all) until the model is loaded, then 200."""
     seen: list[tuple[int, dict]] = []
-    fake = FakeServer("llamacpp", name="loading", loading_s=0.3).start()
+    # Long enough to be caught loading by the first poll on a loaded machine (0.3 s was not, once).
+    fake = FakeServer("llamacpp", name="loading", loading_s=2.0).start()
     try:
         _poll_until_ready(fake.url, seen, 10)
     finally:
