@@ -24,6 +24,9 @@
   child process inherits; in a worker they are ordinary variables, copied into every corectl a test starts,
   and corectl then renders piped tables 80 columns wide instead of 140 (tests/e2e/test_control_plane.py).
 
+- Every HTTP client a test makes shares one TLS context (tests/support/tls.py): building one per client, as
+  httpx does, was 31% of the test processes' CPU, for TLS the suite never speaks.
+
 Without xdist (`-p no:xdist`, `-n 0`) the markers are inert and the order is the same minus the reordering
 of directories, which no test depends on.
 """
@@ -39,7 +42,11 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.tls import share_default_contexts
+
 ROOT = Path(__file__).resolve().parents[1]
+
+share_default_contexts()  # in the controller and every worker; see tests/support/tls.py
 
 # tests/clients/node_modules: the coding-agent CLIs, not Python.
 SKIP = re.compile(r"node_modules")

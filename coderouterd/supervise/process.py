@@ -23,7 +23,7 @@ import os
 import shlex
 import time
 from collections import deque
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -455,39 +455,59 @@ class ManagedProcess:
     # ---- failures and stopping ---------------------------------------------------------------
 
     async def _on_exit(self, code: int | None) -> None:
-        pid = self.pid
+        pid, ctime = self.pid, self._ctime
         self.last_exit_code = code
         if self._served_long_enough():
             self._restart_times.clear()
         self._invalidate()
-        # Whatever the server left running in its group must not keep holding the port.
-        if pid is not None:
-            await tree.kill_tree(pid, ctime=self._ctime, timeout=self.spec.stop_timeout_s)
         self._clear_instance()
         desc = describe_exit(code)
+        # No instance runs from here on, and the state says so before the first await: the admin API (and
+        # whoever waits there for the restart) must never read "ready" with no process behind it.
+        announce = self._fail(f"pid {pid} {desc}")
+        if pid is not None:  # whatever the server left running in its group must not keep holding the port
+            await tree.kill_tree(pid, ctime=ctime, timeout=self.spec.stop_timeout_s)
         await asyncio.to_thread(self.log.append, f"pid {pid} {desc}")
         self._emit(ProcessEventName.EXITED, pid, desc)
         await self._persist(None)
-        await self._after_failure(f"pid {pid} {desc}")
+        await announce()
 
     async def _after_failure(self, reason: str) -> None:
+        await self._fail(reason)()
+
+    def _fail(self, reason: str) -> Callable[[], Awaitable[None]]:
+        """Move to BACKOFF, or to FATAL past the restart limit, at once; returns what then says so and (in
+        BACKOFF) starts the timer for the next start."""
         now = self._clock()
         recent = self._recent_restarts(now)
         if recent >= self.spec.max_restarts:
-            await self._go_fatal(f"{reason}; {recent} restarts within {self.spec.restart_window_s:g}s")
-            return
+            fatal = f"{reason}; {recent} restarts within {self.spec.restart_window_s:g}s"
+            self._enter_fatal(fatal)
+            return lambda: self._announce_fatal(fatal)
         delay = self._backoff[min(recent, len(self._backoff) - 1)]
         self._restart_times.append(now)
         self.restarts_total += 1
         self._set_state(ProcessState.BACKOFF)
-        self._emit(ProcessEventName.RESTARTING, None, f"{reason}; restart {recent + 1}/{self.spec.max_restarts} in {delay:g}s")
-        self._helper(self._backoff_timer(self._gen, delay))
+        gen = self._gen
+
+        async def announce() -> None:
+            self._emit(ProcessEventName.RESTARTING, None,
+                       f"{reason}; restart {recent + 1}/{self.spec.max_restarts} in {delay:g}s")
+            self._helper(self._backoff_timer(gen, delay))
+
+        return announce
 
     async def _go_fatal(self, reason: str) -> None:
+        self._enter_fatal(reason)
+        await self._announce_fatal(reason)
+
+    def _enter_fatal(self, reason: str) -> None:
         self._invalidate()
         self._clear_instance()
         self.fatal_reason = reason
         self._set_state(ProcessState.FATAL)
+
+    async def _announce_fatal(self, reason: str) -> None:
         log.error("%s: fatal: %s", self.name, reason)
         await asyncio.to_thread(self.log.append, f"fatal: {reason}")
         self._emit(ProcessEventName.FATAL, None, reason)

@@ -166,6 +166,9 @@ class DashboardApp:
         query = {k: v[-1] for k, v in parse_qs(scope.get("query_string", b"").decode("latin-1")).items()}
         if name == "events":
             return await self._events(scope, send)
+        # As on the admin socket (admin/server.py): what a request just answered left to record is recorded
+        # before the page reads it, so a request is never missing from the list it was just answered for.
+        d.after_response.drain()
         try:
             data = await self._data(d, name, query)
         except sqlite3.Error as e:

@@ -296,6 +296,47 @@ def test_crash_is_noticed_at_once_and_restarted(h: Harness) -> None:
         "started", "ready", "exited", "restarting", "started", "ready", "stopped"]
 
 
+def test_between_a_crash_and_its_restart_nobody_reads_ready_without_a_process(h: Harness) -> None:
+    """What the admin API shows while the supervisor handles an exit (killing what the server left, writing
+    its log, saving the record) says the process is gone: never "ready" with no pid, which a client waiting
+    for the restart would take for the new instance."""
+    port = free_port()
+
+    async def scenario() -> None:
+        sup = h.supervisor(backoff=(0.3,))
+        mp = sup.add(h.spec("b1", port))
+        await mp.start()
+        assert await mp.wait_ready(5)
+        seen: list[tuple[str, int | None]] = []
+        watching = True
+
+        async def watch() -> None:
+            while watching:
+                snap = mp.snapshot()
+                seen.append((snap["state"], snap["pid"]))
+                await asyncio.sleep(0)
+
+        persist = mp._persist
+
+        async def slow_persist(info):  # the record's write is a thread hop in the daemon: let the watcher look
+            await asyncio.sleep(0.05)
+            await persist(info)
+
+        mp._persist = slow_persist
+        watcher = asyncio.create_task(watch())
+        old = mp.pid
+        os.kill(old, signal.SIGKILL)
+        await h.wait_event("restarting", timeout=3)
+        watching = False
+        await watcher
+        assert ("backoff", None) in seen, seen[-5:]
+        assert [s for s in seen if s[0] in ("ready", "starting") and s[1] is None] == []
+        assert await mp.wait_ready(5) and mp.pid != old
+        await sup.shutdown()
+
+    asyncio.run(scenario())
+
+
 def test_concurrent_restarts_make_exactly_one_new_process(h: Harness) -> None:
     port = free_port()
 

@@ -10,6 +10,7 @@ from types import SimpleNamespace
 import orjson
 import pytest
 
+from coderouterd.after_response import AfterResponse
 from coderouterd.ui.app import DashboardApp
 from coderouterd.ui.feed import LiveFeed
 
@@ -27,7 +28,8 @@ def _daemon(tmp_path, *, keys=(), journal_bytes: bytes | None = None, telemetry=
     return SimpleNamespace(
         runtime=SimpleNamespace(config=SimpleNamespace(server=server)), listen=("127.0.0.1", 8088),
         telemetry=telemetry or SimpleNamespace(enabled=True, store=SimpleNamespace(path=db)),
-        budget=SimpleNamespace(snapshot=dict), recent=OrderedDict(), live=LiveFeed())
+        budget=SimpleNamespace(snapshot=dict), recent=OrderedDict(), live=LiveFeed(),
+        after_response=AfterResponse(delay_s=60))
 
 
 def _call(app, path: str, *, host: str = "127.0.0.1:8088", method: str = "GET", query: bytes = b"",
@@ -88,3 +90,22 @@ def test_read_only(tmp_path):
     app = DashboardApp(_daemon(tmp_path))
     for method in ("POST", "PUT", "DELETE", "PATCH"):
         assert _call(app, "/ui/api/now", method=method)[0] == 405
+
+
+def test_a_request_just_answered_is_in_the_list_even_before_its_record_was_written(tmp_path):
+    """The record of a request is written after its answer (coderouterd/after_response.py); a page asking
+    right after must not miss it: the dashboard's data endpoints write what is pending first, as the admin
+    socket does."""
+    d = _daemon(tmp_path, telemetry=SimpleNamespace(enabled=False))
+    app = DashboardApp(d)
+
+    class AnsweredJustNow:  # on the daemon's loop: the answer is out, its record waits for the loop to be idle
+        async def __call__(self, scope, receive, send):
+            d.after_response.defer(d.recent.__setitem__, "req-just-now", {"request_id": "req-just-now"})
+            assert d.after_response.pending == 1
+            await app(scope, receive, send)
+
+    status, _, body = _call(AnsweredJustNow(), "/ui/api/requests")
+    assert status == 200, body
+    answer = orjson.loads(body)
+    assert answer["source"] == "memory" and [r["request_id"] for r in answer["requests"]] == ["req-just-now"]
