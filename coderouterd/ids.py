@@ -12,6 +12,17 @@ _PREFIX = os.urandom(6).hex()
 _COUNTER = itertools.count(1)
 
 
+def _own_prefix() -> None:
+    global _PREFIX, _COUNTER
+    _PREFIX = os.urandom(6).hex()
+    _COUNTER = itertools.count(1)
+
+
+# A process forked from one that had imported this module (the test suite's pre-loaded parent of its daemons,
+# any pre-forking launcher) would otherwise hand out its parent's ids, and its siblings the same ones.
+os.register_at_fork(after_in_child=_own_prefix)
+
+
 def new_id(kind: str) -> str:
     return f"{kind}_{_PREFIX}{next(_COUNTER):012x}"
 

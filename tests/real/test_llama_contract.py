@@ -48,6 +48,8 @@ def llama(request, tmp_path_factory):
 
 
 def _text(seed: str, words: int) -> str:
+    # About three tokens a word. The real model processes ~100 prompt tokens a second on one core, so every
+    # prompt here is as short as what it shows allows.
     return " ".join(f"{seed}{i % 97}" for i in range(words))
 
 
@@ -74,7 +76,7 @@ def test_slots_report_their_context_and_what_they_processed(llama):
         before = http.get("/slots").json()
         assert [s["id"] for s in before] == list(range(SLOTS))
         assert all(s["n_ctx"] == CTX and s["is_processing"] is False for s in before)
-        body = _ok(_chat(http, [{"role": "user", "content": _text("slots", 40)}], id_slot=1))
+        body = _ok(_chat(http, [{"role": "user", "content": _text("slots", 20)}], id_slot=1))
         slots = {s["id"]: s for s in http.get("/slots").json()}
         used = slots[1]
         # The slot holds the prompt and what was generated after it (all but the last token); its per-task
@@ -92,7 +94,7 @@ def test_health_is_ok_when_ready(llama):
 
 
 def test_timings_count_the_prompt_as_cached_plus_processed(llama):
-    system = {"role": "system", "content": _text("sys", 120)}
+    system = {"role": "system", "content": _text("sys", 40)}
     with httpx.Client(base_url=llama.url) as http:
         first = _ok(_chat(http, [system, {"role": "user", "content": "first question"}], id_slot=0))
         t = first["timings"]
@@ -117,19 +119,19 @@ def test_timings_count_the_prompt_as_cached_plus_processed(llama):
 
 
 def test_the_server_picks_the_slot_sharing_the_longest_prefix_else_the_least_recently_used(llama):
-    a = [{"role": "system", "content": _text("alpha", 150)}]
+    a = [{"role": "system", "content": _text("alpha", 50)}]
     with httpx.Client(base_url=llama.url) as http:
         # Every prompt starts with its own system message: a chat template's default system prompt would
         # otherwise be a shared prefix of every request.
         for sid in range(SLOTS):  # every slot holds something unrelated, slot 2 last
-            _ok(_chat(http, [{"role": "system", "content": _text(f"filler{sid}x", 60)}], id_slot=sid))
+            _ok(_chat(http, [{"role": "system", "content": _text(f"filler{sid}x", 20)}], id_slot=sid))
         _ok(_chat(http, [*a, {"role": "user", "content": "one"}], id_slot=1))
         again = _ok(_chat(http, [*a, {"role": "user", "content": "two"}]))  # no id_slot: the server chooses
         assert again["timings"]["cache_n"] >= 0.8 * again["usage"]["prompt_tokens"]
         tasks = {s["id"]: s["id_task"] for s in http.get("/slots").json()}
         assert tasks[1] == max(tasks.values())  # it went to slot 1
         # Nothing shared: the least recently used slot (0) takes it.
-        omega = _ok(_chat(http, [{"role": "system", "content": _text("omega", 60)}]))
+        omega = _ok(_chat(http, [{"role": "system", "content": _text("omega", 25)}]))
         tasks = {s["id"]: s["id_task"] for s in http.get("/slots").json()}
         assert tasks[0] == max(tasks.values())
         assert omega["timings"]["cache_n"] < 10 and omega["timings"]["prompt_n"] > 50
@@ -138,10 +140,10 @@ def test_the_server_picks_the_slot_sharing_the_longest_prefix_else_the_least_rec
 def test_a_pinned_slot_gets_its_old_prompt_back_from_the_ram_prompt_cache(llama):
     # llama-server keeps the prompts it evicts from a slot in RAM (--cache-ram, on by default) and loads the best
     # match back into the slot a new task lands on: pinning another prompt to a slot does not lose the first.
-    a = [{"role": "system", "content": _text("keepme", 150)}]
+    a = [{"role": "system", "content": _text("keepme", 50)}]
     with httpx.Client(base_url=llama.url) as http:
         first = _ok(_chat(http, [*a, {"role": "user", "content": "turn one"}], id_slot=2))
-        _ok(_chat(http, [{"role": "system", "content": _text("intruder", 150)}], id_slot=2))
+        _ok(_chat(http, [{"role": "system", "content": _text("intruder", 50)}], id_slot=2))
         back = _ok(_chat(http, [*a, {"role": "user", "content": "turn two"}], id_slot=2))
         assert back["timings"]["cache_n"] >= 0.8 * first["usage"]["prompt_tokens"]
 
@@ -166,7 +168,7 @@ def test_bad_slot_actions_are_400s_in_the_error_shape(llama):
         assert r.status_code == 400 and r.json()["error"]["message"] == "Invalid filename"
         r = http.post("/slots/0?action=restore", json={"filename": "never-saved.bin"})
         assert r.status_code >= 400 and r.json()["error"]["type"]
-        _ok(_chat(http, [{"role": "system", "content": _text("saveme", 60)}], id_slot=0))
+        _ok(_chat(http, [{"role": "system", "content": _text("saveme", 20)}], id_slot=0))
         saved = http.post("/slots/0?action=save", json={"filename": "contract.bin"})
         assert saved.status_code == 200 and saved.json()["id_slot"] == 0 and saved.json()["n_saved"] > 0
         restored = http.post("/slots/0?action=restore", json={"filename": "contract.bin"})

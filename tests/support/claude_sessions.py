@@ -57,8 +57,8 @@ SMALL = Shape([_small_tool(i) for i in range(3)], "Follow the instructions caref
               "Available agent types and skills: general-purpose, explore, plan. " * 4, 9, 4, 4)
 # SMALL scaled down again, to about half its tokens, for the test suite: what the real server must process
 # (its CPU time) is mostly the cold prompts, and their size does not change what prefix routing is measured on.
-TINY = Shape([_small_tool(i) for i in range(2)], "Follow the instructions carefully and use the tools well. " * 6,
-             "Available agent types and skills: general-purpose, explore, plan. " * 2, 5, 2, 2, title_repeat=6)
+TINY = Shape([_small_tool(i) for i in range(2)], "Follow the instructions carefully and use the tools well. " * 3,
+             "Available agent types and skills: general-purpose, explore, plan. ", 3, 2, 2, title_repeat=3)
 
 
 def billing_block() -> dict:
