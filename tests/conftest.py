@@ -24,6 +24,9 @@
   child process inherits; in a worker they are ordinary variables, copied into every corectl a test starts,
   and corectl then renders piped tables 80 columns wide instead of 140 (tests/e2e/test_control_plane.py).
 
+- Rewritten test modules are kept as bytecode (sys.dont_write_bytecode is cleared in the test processes, not
+  in the processes they start): a run after the first reads them instead of rewriting them in every worker.
+
 - Every HTTP client a test makes shares one TLS context (tests/support/tls.py): building one per client, as
   httpx does, was 31% of the test processes' CPU, for TLS the suite never speaks.
 
@@ -37,6 +40,7 @@ import compileall
 import os
 import re
 import shutil
+import sys
 import tempfile
 from pathlib import Path
 
@@ -47,6 +51,9 @@ from tests.support.tls import share_default_contexts
 ROOT = Path(__file__).resolve().parents[1]
 
 share_default_contexts()  # in the controller and every worker; see tests/support/tls.py
+# pytest keeps the test modules it rewrote (their asserts) as bytecode only when this process may write it: with
+# PYTHONDONTWRITEBYTECODE set, every worker rewrote every test module on every run (~4 s of CPU each).
+sys.dont_write_bytecode = False
 
 # tests/clients/node_modules: the coding-agent CLIs, not Python.
 SKIP = re.compile(r"node_modules")

@@ -363,7 +363,8 @@ def test_zz_kill_9_mid_stream_is_a_well_formed_error_then_the_restarted_server_s
     # of failing, and affinity predicts nothing of the cache that died with the process.
     client = env.anthropic()
     session = {"x-claude-code-session-id": "0b5e55ed-0000-4000-8000-000000000001"}
-    history = [{"role": "user", "content": "Remember the number 42. " * 40}]
+    # ~110 tokens of prefix: enough to tell warm from cold (a cold turn caches none), at ~100 tokens a second.
+    history = [{"role": "user", "content": "Remember the number 42. " * 16}]
 
     def turn() -> str:
         raw = client.messages.with_raw_response.create(model="claude-sonnet-5", max_tokens=4, messages=history,
@@ -378,14 +379,14 @@ def test_zz_kill_9_mid_stream_is_a_well_formed_error_then_the_restarted_server_s
 
     turn()
     warm = affinity_of(turn())
-    assert warm["predicted_tokens"] > 200 and warm["cached_tokens"] > 200, warm
+    assert warm["predicted_tokens"] > 80 and warm["cached_tokens"] > 80, warm
     pid = env.process()["pid"]
     os.kill(pid, signal.SIGKILL)
     time.sleep(0.3)
     after = affinity_of(turn())
     assert env.process()["pid"] != pid
     assert after["predicted_tokens"] == 0 and after["cached_tokens"] < 20, after
-    assert affinity_of(turn())["cached_tokens"] > 200  # and it is warm again on the next turn
+    assert affinity_of(turn())["cached_tokens"] > 80  # and it is warm again on the next turn
 
 
 def _wait_ready(env: Env, old_pid: int, timeout: float = 60) -> None:
