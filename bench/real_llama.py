@@ -54,7 +54,7 @@ class Scenario:
 WITHIN = Scenario("within", slots=3, ctx=2048, sessions=2, turns=4, background_sessions=1)
 # 4 lanes on 2 slots: two sessions, each with its background lane; slots are saved and restored.
 TWICE = Scenario("twice", slots=2, ctx=2048, sessions=2, turns=4, background_sessions=2)
-# The same two at about a third of the tokens the server must process, for the test suite (tests/real), where
+# The same two at a fraction of the tokens the server must process, for the test suite (tests/real), where
 # the real model's CPU time is most of the suite's: the lanes, slots and restarts are the same.
 WITHIN_SUITE = Scenario("within-suite", slots=3, ctx=1024, sessions=2, turns=3, background_sessions=1,
                         shape=TINY, clone_min_tokens=64)

@@ -2,7 +2,7 @@
 (`timings.cache_n`) against the best any slot assignment could give, with the same workload sent straight at
 an identical server (its own slot choice and RAM prompt cache) as the baseline, in the same run.
 The workload and the measurement are bench/real_llama.py's, here at its smaller suite scale (the same lanes, slots
-and restarts, a third of the tokens); the full-scale figures it prints are in bench/README.md."""
+and restarts, a fraction of the tokens); the full-scale figures it prints are in bench/README.md."""
 
 from __future__ import annotations
 

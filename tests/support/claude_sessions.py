@@ -55,7 +55,7 @@ class Shape:
 CLAUDE_CODE = Shape(TOOLS, INSTRUCTIONS, AGENTS, 70, 64000, 32000)
 SMALL = Shape([_small_tool(i) for i in range(3)], "Follow the instructions carefully and use the tools well. " * 14,
               "Available agent types and skills: general-purpose, explore, plan. " * 4, 9, 4, 4)
-# SMALL scaled down again, to about half its tokens, for the test suite: what the real server must process
+# SMALL scaled down again, to about a third of its tokens, for the test suite: what the real server must process
 # (its CPU time) is mostly the cold prompts, and their size does not change what prefix routing is measured on.
 TINY = Shape([_small_tool(i) for i in range(2)], "Follow the instructions carefully and use the tools well. " * 3,
              "Available agent types and skills: general-purpose, explore, plan. ", 3, 2, 2, title_repeat=3)
