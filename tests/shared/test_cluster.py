@@ -187,10 +187,11 @@ def test_requests_are_served_while_postgres_is_down(tmp_path):
         with FakeServer("openai", name="paid", models=["m"]) as up:
             d = _daemon(tmp_path, "solo", up.url, dsn, cap="1").start()
             try:
+                codes: list[int] = []
+
                 def send() -> None:
                     codes.append(httpx.post(d.url + "/v1/chat/completions", json=BODY, timeout=30).status_code)
 
-                codes: list[int] = []
                 for _ in range(5):
                     send()
                 pg.stop()
