@@ -158,6 +158,15 @@ class ProcessConfig(_Strict):
     # Ready this long without a crash and the restart back-off starts over (supervisord's model). 0: the
     # longest back-off step.
     healthy_after_s: float = seconds(0.0, zero_ok=True)
+    # On demand (README: Several local models): "always" runs it with the daemon; "on_demand" starts it when
+    # the first request needs it. idle_stop_s > 0 stops it after that long without a request (it is started
+    # again by the next one). memory_mb is what it holds once loaded (0 = estimated from its -m/--model file
+    # and the KV cache of its context), counted against [models] memory_budget_mb. pinned: never stopped to
+    # make room for another (a stop by hand still stops it).
+    start: Literal["always", "on_demand"] = "always"
+    idle_stop_s: float = seconds(0.0, zero_ok=True)
+    memory_mb: float = Field(0.0, ge=0, le=100_000_000)
+    pinned: bool = False
 
 
 class ProviderConfig(_Strict):
@@ -256,6 +265,10 @@ class ProfileConfig(_Strict):
     drift_action: Literal["off", "warn", "demote", "reload"] = "warn"
     # Under memory pressure on this machine (see [memory]): warn only, or try remote providers before local ones.
     memory_action: Literal["warn", "prefer_remote"] = "warn"
+    # A local provider whose process is stopped (on demand, or stopped when idle) is started by the request.
+    # "failover": while it starts, the request goes to the next provider of the chain at once, and waits for
+    # the start only when nothing after it can serve. "wait": the request waits for the local model.
+    on_demand_start: Literal["failover", "wait"] = "failover"
 
 
 class RouteConfig(_Strict):
@@ -308,6 +321,14 @@ class MemoryConfig(_Strict):
     sample_interval_s: float = Field(5.0, gt=0)
     # A provider whose backend said it ran out of memory is not tried for this long.
     cooldown_s: float = Field(60.0, gt=0)
+
+
+class ModelsConfig(_Strict):
+    """Local models as a set (README: Several local models)."""
+
+    # What the managed processes may hold together, in MB (0 = no limit). Starting one that would exceed it
+    # first stops the least recently used unpinned ones.
+    memory_budget_mb: float = Field(0.0, ge=0, le=100_000_000)
 
 
 class HealthConfig(_Strict):
@@ -369,6 +390,7 @@ class ConfigModel(_Strict):
     health: HealthConfig = HealthConfig()
     drift: DriftConfig = DriftConfig()
     memory: MemoryConfig = MemoryConfig()
+    models: ModelsConfig = ModelsConfig()
     budget: BudgetConfig = BudgetConfig()
     metrics: MetricsConfig = MetricsConfig()
     affinity: AffinityConfig = AffinityConfig()

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from . import tree
+from . import memory, tree
 from .logs import DEFAULT_KEEP, DEFAULT_MAX_BYTES, RotatingLog
 from .spec import (
     DEFAULT_BACKOFF,
@@ -102,6 +102,7 @@ class ManagedProcess:
         self.last_exit_code: int | None = None
         self.started_at: float | None = None  # wall clock, for people
         self.fatal_reason: str | None = None
+        self.last_stop_reason: str | None = None  # manual, idle, room for X, reload, crash...
 
         self._ctime: float | None = None
         self._proc: asyncio.subprocess.Process | None = None
@@ -127,8 +128,10 @@ class ManagedProcess:
         """Adopt a running backend or spawn one; returns once it is STARTING (or READY if adopted)."""
         await self._call("start")
 
-    async def stop(self) -> None:
-        await self._call("stop")
+    async def stop(self, reason: str = "manual") -> None:
+        """Stop it (its whole tree). `reason` is what status shows as the last stop's: manual, idle, room for X,
+        shutdown, reload."""
+        await self._call("stop", reason)
 
     async def restart(self, reason: str = "") -> bool:
         """False (and a `restart_skipped` event) when a start or restart is already under way."""
@@ -179,6 +182,7 @@ class ManagedProcess:
             "started_at": self.started_at,
             "log": str(self.log.path),
             "fatal_reason": self.fatal_reason,
+            "last_stop_reason": self.last_stop_reason,
             "ready_url": self.spec.ready_url,
         }
 
@@ -246,7 +250,7 @@ class ManagedProcess:
         if msg.kind == "start":
             return await self._cmd_start()
         if msg.kind == "stop":
-            return await self._cmd_stop()
+            return await self._cmd_stop(msg.value or "manual")
         if msg.kind == "restart":
             return await self._cmd_restart(msg.value or "")
         if msg.kind == "close":
@@ -276,10 +280,11 @@ class ManagedProcess:
         self._reset_failures()
         await self._bring_up()
 
-    async def _cmd_stop(self) -> None:
+    async def _cmd_stop(self, reason: str = "manual") -> None:
         self._refuse_if_external("stop")
         if self.state is ProcessState.STOPPED:
             return
+        self.last_stop_reason = reason
         pid = self.pid
         if self.state in (ProcessState.FATAL, ProcessState.BACKOFF):
             self._invalidate()
@@ -287,7 +292,8 @@ class ManagedProcess:
             await self._terminate()
         self._reset_failures()
         self._set_state(ProcessState.STOPPED)
-        self._emit(ProcessEventName.STOPPED, pid, describe_exit(self.last_exit_code) if pid else "")
+        exit_desc = describe_exit(self.last_exit_code) if pid else ""
+        self._emit(ProcessEventName.STOPPED, pid, f"{exit_desc}; reason: {reason}" if exit_desc else f"reason: {reason}")
 
     async def _cmd_restart(self, reason: str) -> bool:
         self._refuse_if_external("restart")
@@ -306,7 +312,7 @@ class ManagedProcess:
     async def _cmd_close(self) -> None:
         self._closed = True
         if not self.external and self.state is not ProcessState.STOPPED:
-            await self._cmd_stop()
+            await self._cmd_stop("shutdown")
         self._invalidate()
         if self._rotation is not None:
             await asyncio.gather(self._rotation, return_exceptions=True)
@@ -376,6 +382,11 @@ class ManagedProcess:
         self._invalidate()
         gen = self._gen
         argv = self.spec.command
+        model = memory.model_path(argv, self.spec.cwd)
+        if model is not None and not await asyncio.to_thread(model.is_file):
+            # The server would start, fail to load and crash-loop for a minute: say so at once instead.
+            await self._go_fatal(f"model file {str(model)!r} not found")
+            return
         await asyncio.to_thread(self.log.append, f"starting: {shlex.join(argv)}")
         fd = await asyncio.to_thread(self.log.open_for_child)
         try:
@@ -457,6 +468,7 @@ class ManagedProcess:
     async def _on_exit(self, code: int | None) -> None:
         pid, ctime = self.pid, self._ctime
         self.last_exit_code = code
+        self.last_stop_reason = "crash"
         if self._served_long_enough():
             self._restart_times.clear()
         self._invalidate()

@@ -1,0 +1,163 @@
+"""What a managed model server holds once loaded, estimated from its command line: the model file named by
+-m/--model plus the KV cache for its context (from the GGUF header: layers, KV heads, head size). Also what
+`--check` needs to say a command cannot start: a missing binary or model file.
+
+Blocking (stat, a read of the file's header): callers run it in a thread.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import struct
+from pathlib import Path
+from typing import BinaryIO
+
+_MODEL_FLAGS = ("-m", "--model")
+_CTX_FLAGS = ("-c", "--ctx-size")
+_KV_BYTES = 2  # f16 K and V, llama-server's default cache type
+_MB = 1024 * 1024
+
+
+def _flag_value(command: list[str], flags: tuple[str, ...]) -> str | None:
+    for i, arg in enumerate(command):
+        if arg in flags and i + 1 < len(command):
+            return command[i + 1]
+        for f in flags:
+            if f.startswith("--") and arg.startswith(f + "="):
+                return arg[len(f) + 1:]
+    return None
+
+
+def model_path(command: list[str], cwd: str | None = None) -> Path | None:
+    """The model file a llama.cpp-style command loads (-m/--model), resolved against its working directory."""
+    value = _flag_value(command, _MODEL_FLAGS)
+    if not value:
+        return None
+    p = Path(os.path.expanduser(value))
+    return p if p.is_absolute() or not cwd else Path(cwd) / p
+
+
+def context_size(command: list[str]) -> int:
+    """-c/--ctx-size, or 0 (the model's own trained context, as llama-server takes it)."""
+    value = _flag_value(command, _CTX_FLAGS)
+    try:
+        return max(0, int(value)) if value else 0
+    except ValueError:
+        return 0
+
+
+def missing(command: list[str], cwd: str | None = None, env: dict[str, str] | None = None) -> list[str]:
+    """Why this command cannot start, before trying: its binary not found or not executable, its model file
+    absent. Empty: nothing known to be wrong."""
+    problems = []
+    binary = command[0]
+    path = (env or {}).get("PATH") or os.environ.get("PATH")
+    if os.sep in binary:
+        target = Path(binary) if os.path.isabs(binary) or not cwd else Path(cwd) / binary
+        if not target.is_file():
+            problems.append(f"binary {binary!r} not found" if not target.exists()
+                            else f"binary {binary!r} is not a file")
+        elif not os.access(target, os.X_OK):
+            problems.append(f"binary {binary!r} is not executable")
+    elif shutil.which(binary, path=path) is None:
+        problems.append(f"binary {binary!r} not found on PATH")
+    model = model_path(command, cwd)
+    if model is not None and not model.is_file():
+        problems.append(f"model file {str(model)!r} not found")
+    return problems
+
+
+def estimate_mb(command: list[str], cwd: str | None = None) -> float:
+    """Model file + KV cache, in MB; 0 when the command names no readable model file."""
+    model = model_path(command, cwd)
+    if model is None:
+        return 0.0
+    try:
+        size = model.stat().st_size
+    except OSError:
+        return 0.0
+    kv = 0
+    try:
+        with open(model, "rb") as f:
+            meta = read_gguf_metadata(f)
+    except (OSError, ValueError, struct.error):
+        meta = {}
+    if meta:
+        kv = kv_cache_bytes(meta, context_size(command))
+    return round((size + kv) / _MB, 1)
+
+
+def kv_cache_bytes(meta: dict[str, object], ctx: int) -> int:
+    arch = meta.get("general.architecture")
+    if not isinstance(arch, str):
+        return 0
+
+    def num(key: str) -> int:
+        v = meta.get(f"{arch}.{key}")
+        return int(v) if isinstance(v, int | float) and not isinstance(v, bool) else 0
+
+    layers, embd, heads = num("block_count"), num("embedding_length"), num("attention.head_count")
+    kv_heads = num("attention.head_count_kv") or heads
+    ctx = ctx or num("context_length")
+    if not (layers and embd and heads and ctx):
+        return 0
+    head_dim = num("attention.key_length") or embd // heads
+    return 2 * layers * ctx * kv_heads * head_dim * _KV_BYTES
+
+
+# GGUF value types: https://github.com/ggml-org/ggml/blob/master/docs/gguf.md (facts of the format)
+_SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
+_STRING, _ARRAY = 8, 9
+_MAX_KEYS = 100_000
+
+
+def read_gguf_metadata(f: BinaryIO) -> dict[str, object]:
+    """The scalar and string key/values of a GGUF file's header (arrays are skipped). ValueError if not GGUF."""
+    if f.read(4) != b"GGUF":
+        raise ValueError("not a GGUF file")
+    (version,) = struct.unpack("<I", f.read(4))
+    if version < 2:
+        raise ValueError(f"GGUF version {version} is not read")
+    _tensors, count = struct.unpack("<QQ", f.read(16))
+    if count > _MAX_KEYS:
+        raise ValueError("implausible GGUF key count")
+    out: dict[str, object] = {}
+    for _ in range(count):
+        key = _read_string(f)
+        (vtype,) = struct.unpack("<I", f.read(4))
+        if vtype == _ARRAY:
+            (etype,) = struct.unpack("<I", f.read(4))
+            (n,) = struct.unpack("<Q", f.read(8))
+            _skip_array(f, etype, n)
+        else:
+            out[key] = _read_value(f, vtype)
+    return out
+
+
+def _read_string(f: BinaryIO) -> str:
+    (n,) = struct.unpack("<Q", f.read(8))
+    if n > 1 << 24:
+        raise ValueError("implausible GGUF string length")
+    return f.read(n).decode("utf-8", "replace")
+
+
+def _read_value(f: BinaryIO, vtype: int) -> object:
+    if vtype == _STRING:
+        return _read_string(f)
+    fmt = _SCALARS.get(vtype)
+    if fmt is None:
+        raise ValueError(f"unknown GGUF value type {vtype}")
+    return struct.unpack(fmt, f.read(struct.calcsize(fmt)))[0]
+
+
+def _skip_array(f: BinaryIO, etype: int, n: int) -> None:
+    if etype == _STRING:
+        for _ in range(n):
+            (length,) = struct.unpack("<Q", f.read(8))
+            f.seek(length, os.SEEK_CUR)
+        return
+    fmt = _SCALARS.get(etype)
+    if fmt is None:
+        raise ValueError(f"GGUF array of type {etype} is not read")
+    f.seek(struct.calcsize(fmt) * n, os.SEEK_CUR)

@@ -1,0 +1,398 @@
+"""Local models on demand: the pure residency policy (budget, LRU, idle deadlines) and the scheduler over a fake
+effects interface. No processes, no sleeping: the clock is a number the test moves."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import struct
+
+import pytest
+
+from coderouterd.supervise.memory import (
+    context_size,
+    estimate_mb,
+    kv_cache_bytes,
+    missing,
+    model_path,
+    read_gguf_metadata,
+)
+from coderouterd.supervise.ondemand import IDLE, OnDemand, Settings, room_for
+from coderouterd.supervise.residency import NoRoom, ResidencyPolicy, Resident
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 1000.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def run(coro):
+    return asyncio.run(coro)
+
+
+def policy(budget: float, *residents: Resident) -> tuple[ResidencyPolicy, Clock]:
+    clock = Clock()
+    p = ResidencyPolicy(budget, clock=clock)
+    p.configure(residents, budget)
+    return p, clock
+
+
+# -- the budget -------------------------------------------------------------------------------------------------
+
+
+def test_no_budget_never_stops_anything():
+    p, _ = policy(0, Resident("a", 5000), Resident("b", 5000))
+    assert p.victims("b", {"a"}) == []
+
+
+def test_fits_without_stopping():
+    p, _ = policy(10_000, Resident("a", 4000), Resident("b", 5000))
+    assert p.victims("b", {"a"}) == []
+
+
+def test_least_recently_used_is_stopped_first():
+    p, clock = policy(10_000, Resident("a", 4000), Resident("b", 4000), Resident("c", 4000))
+    p.begin("b"), p.end("b")
+    clock.t += 1
+    p.begin("a"), p.end("a")  # a is the most recent: b goes
+    assert p.victims("c", {"a", "b"}) == ["b"]
+
+
+def test_stops_as_many_as_needed_and_no_more():
+    p, clock = policy(10_000, Resident("a", 3000), Resident("b", 3000), Resident("c", 3000), Resident("big", 7000))
+    for n in ("a", "b", "c"):
+        clock.t += 1
+        p.touch(n)
+    assert p.victims("big", {"a", "b", "c"}) == ["a", "b"]
+
+
+def test_a_stopping_process_still_counts():
+    # "holding" includes a process still stopping: the caller passes it, and it is not offered as a victim twice.
+    p, _ = policy(8000, Resident("a", 5000), Resident("b", 5000))
+    p.drain(["a"])
+    assert p.held_mb({"a"}) == 5000
+    assert p.victims("b", {"a"}) == ["a"]
+
+
+def test_pinned_is_never_a_victim():
+    p, clock = policy(10_000, Resident("a", 6000, pinned=True), Resident("b", 3000), Resident("c", 3000))
+    p.touch("b")
+    clock.t += 1
+    p.touch("a")
+    assert p.victims("c", {"a", "b"}) == ["b"]
+    with pytest.raises(NoRoom, match="pinned a"):
+        policy(8000, Resident("a", 6000, pinned=True), Resident("c", 3000))[0].victims("c", {"a"})
+
+
+def test_external_processes_are_treated_like_pinned():
+    p, _ = policy(8000, Resident("a", 6000), Resident("c", 3000))
+    with pytest.raises(NoRoom, match=r"a \(6,000 MB\)"):
+        p.victims("c", {"a"}, fixed={"a"})
+
+
+def test_too_big_alone():
+    p, _ = policy(4000, Resident("a", 5000))
+    with pytest.raises(NoRoom, match="more than"):
+        p.victims("a", set())
+
+
+def test_a_draining_process_takes_no_request():
+    p, _ = policy(0, Resident("a", 1))
+    p.drain(["a"])
+    assert p.begin("a") is False
+    p.drained("a")
+    assert p.begin("a") is True and p.in_flight("a") == 1
+
+
+# -- idleness ---------------------------------------------------------------------------------------------------
+
+
+def test_idle_deadline_counts_from_the_last_request_end():
+    p, clock = policy(0, Resident("a", 1, idle_stop_s=60), Resident("b", 1))
+    p.begin("a")
+    clock.t += 100
+    assert p.idle_due({"a", "b"}) == []  # busy: never idle
+    p.end("a")
+    assert p.idle_left("a") == 60
+    clock.t += 59
+    assert p.idle_due({"a"}) == []
+    assert p.next_deadline({"a", "b"}) == clock.t + 1
+    clock.t += 1
+    assert p.idle_due({"a", "b"}) == ["a"]  # b has no idle stop
+    assert p.idle_due(set()) == []  # not ready: nothing to stop
+
+
+# -- the scheduler over fake effects ----------------------------------------------------------------------------
+
+
+class FakeEffects:
+    """Processes as a dict of states; starts and stops complete when the test lets them."""
+
+    def __init__(self, names):
+        self.state = dict.fromkeys(names, "stopped")
+        self.log: list[tuple] = []
+        self.gates: dict[str, asyncio.Event] = {}
+        self.fail: dict[str, str] = {}
+        self.max_held_together = 0
+        self.ext: set[str] = set()
+
+    def holding(self):
+        return {n for n, s in self.state.items() if s not in ("stopped", "fatal")}
+
+    def ready(self):
+        return {n for n, s in self.state.items() if s == "ready"}
+
+    def external(self):
+        return self.ext
+
+    def stopped(self, name):
+        return self.state[name] == "stopped"
+
+    async def start(self, name):
+        self.log.append(("start", name))
+        self.state[name] = "starting"
+        self.max_held_together = max(self.max_held_together, len(self.holding()))
+        gate = self.gates.get(name)
+        if gate is not None:
+            await gate.wait()
+        if name in self.fail:
+            self.state[name] = "fatal"
+            return self.fail[name]
+        self.state[name] = "ready"
+        return None
+
+    async def stop(self, name, reason):
+        self.log.append(("stop", name, reason))
+        self.state[name] = "stopping"
+        await asyncio.sleep(0)
+        self.state[name] = "stopped"
+
+    def coming(self, name):
+        self.log.append(("coming", name))
+
+    def leaving(self, name, reason):
+        self.log.append(("leaving", name, reason))
+
+    def cannot_start(self, name, reason):
+        self.log.append(("cannot_start", name, reason))
+
+
+def scheduler(budget, residents, on_demand=("a", "b", "c"), stop_timeout_s=10.0):
+    fx = FakeEffects([r.name for r in residents])
+    clock = Clock()
+    sch = OnDemand(fx, clock=clock, process_of=lambda p: p.removeprefix("prov-"), budget_mb=budget)
+    sch.configure(budget, {r.name: (r, Settings(on_demand=r.name in on_demand, stop_timeout_s=stop_timeout_s))
+                           for r in residents})
+    return sch, fx, clock
+
+
+def test_demand_starts_once_for_every_request_that_asks():
+    run(_test_demand_starts_once_for_every_request_that_asks())
+
+
+async def _test_demand_starts_once_for_every_request_that_asks():
+    sch, fx, _ = scheduler(0, [Resident("a", 1)])
+    t1, t2 = sch.demand("prov-a"), sch.demand("prov-a")
+    assert t1 is t2 and await t1 is True
+    assert fx.log == [("coming", "a"), ("start", "a")]
+    assert sch.demand("prov-a") is None  # ready now: nothing to start
+    assert sch.demand("prov-unknown") is None
+
+
+def test_swap_stops_the_other_before_starting_never_both():
+    run(_test_swap_stops_the_other_before_starting_never_both())
+
+
+async def _test_swap_stops_the_other_before_starting_never_both():
+    sch, fx, clock = scheduler(6000, [Resident("a", 4000), Resident("b", 4000)])
+    assert await sch.demand("prov-a")
+    clock.t += 1
+    assert await sch.demand("prov-b")
+    assert fx.log[-3:] == [("leaving", "a", room_for("b")), ("stop", "a", room_for("b")), ("start", "b")]
+    assert fx.max_held_together == 1
+    clock.t += 1
+    assert await sch.demand("prov-a")  # stopped for room: started again by the next request, b making room
+    assert fx.max_held_together == 1 and fx.state == {"a": "ready", "b": "stopped"}
+
+
+def test_requests_in_flight_finish_before_the_stop():
+    run(_test_requests_in_flight_finish_before_the_stop())
+
+
+async def _test_requests_in_flight_finish_before_the_stop():
+    sch, fx, clock = scheduler(6000, [Resident("a", 4000), Resident("b", 4000)])
+    assert await sch.demand("prov-a")
+    assert sch.begin("prov-a")
+    swap = sch.demand("prov-b")
+    for _ in range(5):
+        await asyncio.sleep(0)
+    assert ("stop", "a", room_for("b")) not in fx.log and fx.state["a"] == "ready"
+    assert sch.begin("prov-a") is False  # draining: no new request goes there
+    sch.end("prov-a")
+    assert await swap
+    assert fx.state == {"a": "stopped", "b": "ready"}
+
+
+def test_a_request_stuck_in_flight_is_bounded_by_the_stop_timeout():
+    run(_test_a_request_stuck_in_flight_is_bounded_by_the_stop_timeout())
+
+
+async def _test_a_request_stuck_in_flight_is_bounded_by_the_stop_timeout():
+    sch, fx, _ = scheduler(6000, [Resident("a", 4000), Resident("b", 4000)], stop_timeout_s=0.05)
+    assert await sch.demand("prov-a")
+    assert sch.begin("prov-a")
+    assert await asyncio.wait_for(sch.demand("prov-b"), 30)
+    assert fx.state == {"a": "stopped", "b": "ready"}
+
+
+def test_ready_processes_are_served_while_a_swap_waits():
+    run(_test_ready_processes_are_served_while_a_swap_waits())
+
+
+async def _test_ready_processes_are_served_while_a_swap_waits():
+    sch, fx, _ = scheduler(9000, [Resident("a", 4000), Resident("b", 4000), Resident("c", 4000)])
+    assert await sch.demand("prov-a") and await sch.demand("prov-b")
+    fx.gates["c"] = asyncio.Event()
+    swap = sch.demand("prov-c")
+    for _ in range(5):
+        await asyncio.sleep(0)
+    assert fx.state["c"] == "starting" and sch._swap.locked()
+    assert sch.begin("prov-b")  # b kept (a was older): served at once, no lock involved
+    sch.end("prov-b")
+    fx.gates["c"].set()
+    assert await swap
+
+
+def test_no_room_is_said_to_routing_and_fails_the_start():
+    run(_test_no_room_is_said_to_routing_and_fails_the_start())
+
+
+async def _test_no_room_is_said_to_routing_and_fails_the_start():
+    sch, fx, _ = scheduler(5000, [Resident("a", 4000, pinned=True), Resident("b", 4000)], on_demand=("b",))
+    await sch.ensure("a")
+    assert await sch.demand("prov-b") is False
+    assert fx.log[-1][0:2] == ("cannot_start", "b") and "pinned a" in fx.log[-1][2]
+    assert fx.state["a"] == "ready"
+
+
+def test_a_fatal_start_is_said_and_not_restarted_by_requests():
+    run(_test_a_fatal_start_is_said_and_not_restarted_by_requests())
+
+
+async def _test_a_fatal_start_is_said_and_not_restarted_by_requests():
+    sch, fx, _ = scheduler(0, [Resident("a", 1)])
+    fx.fail["a"] = "model file 'x.gguf' not found"
+    assert await sch.demand("prov-a") is False
+    assert fx.log[-1] == ("cannot_start", "a", "model file 'x.gguf' not found")
+    assert sch.demand("prov-a") is None  # fatal: only `corectl start` brings it back
+
+
+def test_an_always_process_stopped_by_hand_stays_stopped_one_stopped_for_idleness_does_not():
+    run(_test_an_always_process_stopped_by_hand_stays_stopped_one_stopped_for_idleness_does_not())
+
+
+async def _test_an_always_process_stopped_by_hand_stays_stopped_one_stopped_for_idleness_does_not():
+    sch, fx, _ = scheduler(0, [Resident("a", 1)], on_demand=())
+    await sch.ensure("a")
+    await sch.stop("a", "manual")
+    assert sch.demand("prov-a") is None
+    await sch.ensure("a")
+    await sch.stop("a", IDLE)
+    assert await sch.demand("prov-a") is True
+
+
+def test_idle_stop_then_on_demand_start():
+    run(_test_idle_stop_then_on_demand_start())
+
+
+async def _test_idle_stop_then_on_demand_start():
+    sch, fx, clock = scheduler(0, [Resident("a", 1, idle_stop_s=30)])
+    assert await sch.demand("prov-a")
+    sch.start_idle_watch()
+    try:
+        clock.t += 31
+        sch._wake.set()  # the loop re-reads the clock: no sleeping for the deadline
+        for _ in range(50):
+            if fx.state["a"] == "stopped":
+                break
+            await asyncio.sleep(0)
+        assert ("stop", "a", IDLE) in fx.log and fx.state["a"] == "stopped"
+        assert await sch.demand("prov-a") is True and fx.state["a"] == "ready"
+    finally:
+        await sch.close()
+
+
+def test_a_request_for_a_process_being_stopped_waits_for_the_stop_then_starts_it():
+    run(_test_a_request_for_a_process_being_stopped_waits_for_the_stop_then_starts_it())
+
+
+async def _test_a_request_for_a_process_being_stopped_waits_for_the_stop_then_starts_it():
+    sch, fx, clock = scheduler(6000, [Resident("a", 4000), Resident("b", 4000)])
+    assert await sch.demand("prov-a")
+    assert sch.begin("prov-a")
+    swap = sch.demand("prov-b")
+    for _ in range(20):
+        if "a" in sch._stopping:
+            break
+        await asyncio.sleep(0)
+    back = sch.demand("prov-a")  # a is draining for b: the request may start it again after
+    assert back is not None
+    sch.end("prov-a")
+    assert await swap and await back
+    assert fx.state == {"a": "ready", "b": "stopped"} and fx.max_held_together == 1
+
+
+def test_snapshot_shows_budget_held_and_idle_time():
+    sch, fx, clock = scheduler(6000, [Resident("a", 4000, idle_stop_s=60)])
+    fx.state["a"] = "ready"
+    sch.policy.touch("a")
+    clock.t += 10
+    snap = sch.snapshot()
+    assert snap["memory_budget_mb"] == 6000 and snap["memory_held_mb"] == 4000
+    assert snap["processes"]["a"]["idle_stop_in_s"] == 50 and snap["processes"]["a"]["resident"]
+
+
+# -- memory estimate and pre-flight -----------------------------------------------------------------------------
+
+
+def _gguf(kv: dict) -> bytes:
+    out = io.BytesIO()
+    out.write(b"GGUF" + struct.pack("<I", 3) + struct.pack("<QQ", 0, len(kv) + 1))
+
+    def s(x: str) -> bytes:
+        b = x.encode()
+        return struct.pack("<Q", len(b)) + b
+
+    out.write(s("tokenizer.ggml.tokens") + struct.pack("<I", 9) + struct.pack("<IQ", 8, 2) + s("a") + s("bc"))
+    for k, v in kv.items():
+        if isinstance(v, str):
+            out.write(s(k) + struct.pack("<I", 8) + s(v))
+        else:
+            out.write(s(k) + struct.pack("<I", 4) + struct.pack("<I", v))
+    return out.getvalue()
+
+
+def test_gguf_header_gives_the_kv_cache_size(tmp_path):
+    meta = {"general.architecture": "llama", "llama.block_count": 30, "llama.embedding_length": 576,
+            "llama.attention.head_count": 9, "llama.attention.head_count_kv": 3, "llama.context_length": 8192}
+    read = read_gguf_metadata(io.BytesIO(_gguf(meta)))
+    assert read["llama.block_count"] == 30 and "tokenizer.ggml.tokens" not in read
+    # 2 (K, V) x 30 layers x ctx x 3 KV heads x 64 per head x 2 bytes
+    assert kv_cache_bytes(read, 4096) == 2 * 30 * 4096 * 3 * 64 * 2
+    assert kv_cache_bytes(read, 0) == 2 * 30 * 8192 * 3 * 64 * 2  # no -c: the model's trained context
+    model = tmp_path / "m.gguf"
+    model.write_bytes(_gguf(meta) + b"\0" * (3 * 1024 * 1024))
+    cmd = ["llama-server", "--model", str(model), "-c", "4096"]
+    assert model_path(cmd) == model and context_size(cmd) == 4096
+    assert estimate_mb(cmd) == pytest.approx((model.stat().st_size + 2 * 30 * 4096 * 3 * 64 * 2) / 2**20, abs=0.1)
+    assert estimate_mb(["ollama", "serve"]) == 0.0
+
+
+def test_missing_binary_and_model_are_named(tmp_path):
+    assert missing([str(tmp_path / "nope"), "-m", str(tmp_path / "m.gguf")]) == [
+        f"binary {str(tmp_path / 'nope')!r} not found", f"model file {str(tmp_path / 'm.gguf')!r} not found"]
+    assert missing(["no-such-binary-anywhere-xyz"]) == ["binary 'no-such-binary-anywhere-xyz' not found on PATH"]
+    assert missing(["sh", "-c", "true"]) == []
