@@ -124,6 +124,16 @@ class Daemon:
         self.persisted.restore_affinity(self.affinity)
         warn_reload_risks(cfg)
         self.load_persisted_profile()
+        if _has_processes(cfg):
+            from .supervise.from_config import Processes
+
+            # Until their process says ready (or is adopted), autostarted backends are not routed to: a request
+            # that arrives before the process is even spawned waits like any request during a start, instead of
+            # being tried at once and counted as a failure.
+            for providers, wait_s in Processes.autostarted(cfg):
+                self.routing.mark_down(providers, wait_s=wait_s)
+            for providers in Processes.started_on_demand(cfg):
+                self.routing.mark_down(providers, state="stopped until a request needs it")
         t.publish(DaemonLifecycle(event="start", pid=self.pid, version=self.version))
         self._configure_budget(cfg)
         await self.shared.start()
@@ -152,11 +162,10 @@ class Daemon:
                 await asyncio.to_thread(ensure_slot_dir, state_dir(cfg))
 
             processes = self.processes = Processes(state_dir(cfg) / "logs", t.store,
-                                                   on_event=selfheal.on_process_event)
+                                                   on_event=selfheal.on_process_event, routing=self.routing)
             processes.apply(cfg)
-            # Until their process says ready (or is adopted), autostarted backends are not routed to.
-            for providers, wait_s in processes.autostarted(cfg):
-                self.routing.mark_down(providers, wait_s=wait_s)
+            await processes.configure(cfg)
+            self.router.demand = processes.scheduler
         if self.processes is not None:
             self.processes.start_background()
         health.start()
@@ -272,7 +281,9 @@ class Daemon:
             from .supervise.from_config import Processes
 
             on_event = self.selfheal.on_process_event if self.selfheal is not None else None
-            self.processes = Processes(state_dir(cfg) / "logs", self.telemetry.store, on_event=on_event)
+            self.processes = Processes(state_dir(cfg) / "logs", self.telemetry.store, on_event=on_event,
+                                       routing=self.routing)
+            self.router.demand = self.processes.scheduler
         if self.processes is not None:
             self.tasks.spawn(self.processes.reload(cfg), name="processes-reload")
 

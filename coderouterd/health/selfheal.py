@@ -92,6 +92,10 @@ class SelfHealer:
             # for it (routing/executor.py). Stopped or fatal: it is not coming back by itself.
             self.state.mark_down(providers, wait_s=self._start_timeout(name) if event in _COMING else 0.0,
                                  state=_STATE_WORD.get(event, str(event)), process=name)
+            if event is E.FATAL:
+                # It will not come back by itself: every client is told why at once, not "overloaded".
+                self.state.cannot_start(providers, f"managed process {name} cannot start: {detail}; fix it, then "
+                                                   f"`corectl start {name}`")
         if event in _ENDED:
             for p in providers:
                 self.trigger(p, f"process {name} {event}: {detail}", restart=False)

@@ -59,6 +59,7 @@ class Slot:
     panic: bool = False  # tried in panic mode (whatever its breaker said)
     name: str = ""
     placement: object | None = None  # affinity's slot placement for this attempt, finished with it
+    begun: bool = False  # counted in flight on its managed process (on demand: a stop waits for it)
 
     def __post_init__(self) -> None:
         self.name = self.provider.name
@@ -76,7 +77,7 @@ class Exchange:
     """The life of one client request across its attempts: the routine. What it did goes into `self.record`."""
 
     __slots__ = ("req", "_before_upstream", "_call_factory", "sink", "runtime", "router", "profile_name",
-                 "profile", "server", "record", "budget_final", "committed", "_panicked")
+                 "profile", "server", "record", "budget_final", "committed", "_panicked", "_starts")
 
     def __init__(self, req: ClientRequest, sink: ClientSink, *, runtime: Runtime, router, profile: str,
                  call_factory=Call, before_upstream: Callable[[], None] | None = None) -> None:
@@ -97,6 +98,7 @@ class Exchange:
         self.budget_final: dict[str, str] = {}  # provider -> why its budget refused this request until the reset
         self.committed = False
         self._panicked: list[Skip] = []  # the transient skips panic mode overrode
+        self._starts: dict[str, asyncio.Future[bool]] = {}  # provider -> its process started on demand for us
 
     def _record(self, slot: Slot, outcome: Outcome, reason: str, status: int | None = None,
                 message: str = "") -> None:
@@ -113,6 +115,11 @@ class Exchange:
         record.planned(plan)
         errors: list[UpstreamError] = []
         names = list(plan.candidates)
+        self._demand_starts(plan.skips)
+        if self._starts and self.profile.on_demand_start == "wait":
+            ahead = self._starts_ahead(names)
+            if ahead and await self._wait_started(ahead, errors):
+                return
         if self.profile.mode == "race" and len(names) > 1:
             from .race import run_race  # local import: race mode is the exception, not the hot path
 
@@ -126,6 +133,10 @@ class Exchange:
         if not record.attempts and self._enter_panic():
             if await self.try_in_order(self._panic_order(), errors):
                 return
+        # Failover first, then the local model started for this request: it is waited for only when nothing
+        # else served (on_demand_start = "failover", the default).
+        if self._starts and await self._wait_started(list(self._starts), errors):
+            return
         if await self._wait_for_restart(errors):
             return
         await self.conclude(errors)
@@ -167,6 +178,73 @@ class Exchange:
 
     # -- a managed backend that is (re)starting --------------------------------------------------------------
 
+    def _demand_starts(self, skips: list[Skip]) -> None:
+        """Processes of this chain that are stopped and may be started by a request (on demand, or stopped when
+        idle or for room) are started now, in the background: whether this request waits for them is decided
+        later (on_demand_start)."""
+        demand = self.router.demand
+        if demand is None:
+            return
+        for s in skips:
+            if s.reason in ("not_ready", "cannot_start") and s.provider not in self._starts:
+                start = demand.demand(s.provider)
+                if start is not None:
+                    self._starts[s.provider] = start
+
+    def _starts_ahead(self, names: list[str]) -> list[str]:
+        """Providers being started for us that come before the first candidate in the chain's order."""
+        chain = list(self.profile.providers)
+        first = chain.index(names[0]) if names and names[0] in chain else len(chain)
+        return [p for p in self._starts if p in chain and chain.index(p) < first]
+
+    async def _wait_started(self, providers: list[str], errors: list[UpstreamError]) -> bool:
+        """Wait for the processes started for this request (a streaming client gets its 200 and pings
+        meanwhile), then try each that came up. True when the client has been answered."""
+        for _ in range(3):  # a process taken away again (swapped out) before we reached it is started again
+            waiting = {p: self._starts.pop(p) for p in providers if p in self._starts}
+            if not waiting:
+                return False
+            started = time.monotonic()
+            # Shielded: this request giving up (client gone) must not cancel a start others may wait for.
+            await self._waiting(asyncio.gather(*(asyncio.shield(f) for f in waiting.values()),
+                                               return_exceptions=True), next(iter(waiting)))
+            up = [p for p, f in waiting.items() if f.done() and not f.cancelled() and f.result() is True]
+            if not up:
+                return False
+            self.record.waited_for(up, time.monotonic() - started)
+            if await self.try_in_order(up, errors):
+                return True
+            providers = up  # those refused as stopping again (open_slot demanded them anew) get another round
+        return False
+
+    async def _waiting(self, aw, provider: str, timeout: float | None = None) -> None:
+        """Wait for `aw` (up to `timeout`); a streaming client meanwhile gets its 200 once the hold is over, then
+        pings, as while waiting for an upstream's first byte. Raises TimeoutError past `timeout`."""
+        task = asyncio.ensure_future(aw)
+        loop = asyncio.get_running_loop()
+        deadline = None if timeout is None else loop.time() + timeout
+        try:
+            while not task.done():
+                step = self.server.ping_interval_s
+                if self.req.stream and not self.committed:
+                    hold = self.hold_remaining()
+                    if hold <= 0:
+                        await self.commit_early(provider, ())
+                        continue
+                    step = min(step, hold)
+                if deadline is not None:
+                    left = deadline - loop.time()
+                    if left <= 0:
+                        raise TimeoutError
+                    step = min(step, left)
+                done, _ = await asyncio.wait((task,), timeout=step)
+                if not done and self.req.stream and self.committed:
+                    await self.sink.ping()
+        finally:
+            if not task.done():
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
+
     async def _wait_for_restart(self, errors: list[UpstreamError]) -> bool:
         """Nothing else could serve, and a managed process of this profile is starting or restarting (its model
         loading, or the supervisor bringing it back after a crash): wait for it, within its start timeout,
@@ -181,13 +259,25 @@ class Exchange:
             if deadline is None:
                 deadline = now + max(state.coming_within(n) for n in coming)
             waited = time.monotonic()
-            up = await state.wait_up(coming, deadline - now)
+            up = await self._wait_up(coming, deadline - now)
             if not up:
                 return False
             self.record.waited_for(up, time.monotonic() - waited)
             if await self.try_in_order(up, errors):
                 return True
         return False
+
+    async def _wait_up(self, coming: list[str], timeout: float) -> list[str]:
+        box: list[list[str]] = []
+
+        async def wait() -> None:
+            box.append(await self.router.state.wait_up(coming, timeout))
+
+        try:
+            await self._waiting(wait(), coming[0], timeout + 1.0)
+        except TimeoutError:
+            return []
+        return box[0] if box else []
 
     # -- one attempt ----------------------------------------------------------------------------------------
 
@@ -216,6 +306,19 @@ class Exchange:
             # Cancelled (client gone) while a shared ledger answered: the trial slot is not ours to keep.
             self.router.release(name, admission)
             raise
+        demand = self.router.demand
+        if demand is not None:
+            if not demand.begin(name):
+                # Its process is being stopped (idle, or to make room): not its failure; started again for us.
+                self.router.release(name, admission)
+                self.router.settle(slot.reservation, provider, None)
+                self.record.skipped(Skip(name, "not_ready", f"{name}'s managed process is stopping",
+                                         overridable=False))
+                start = demand.demand(name)
+                if start is not None:
+                    self._starts[name] = start
+                return None
+            slot.begun = True
         return slot
 
     def holding(self, slot: Slot) -> _Holding:
@@ -232,6 +335,11 @@ class Exchange:
         self._record(slot, outcome, reason, message=message)
 
     def _close_slot(self, slot: Slot) -> None:
+        if slot.begun:
+            slot.begun = False
+            demand = self.router.demand
+            if demand is not None:
+                demand.end(slot.name)
         call = slot.call
         if slot.placement is not None and call is not None:
             self.router.affinity.finish(self.record.affinity, slot.placement, slot.provider, ok=slot.ok,
@@ -495,6 +603,12 @@ class Exchange:
 
     async def conclude(self, errors: list[UpstreamError]) -> None:
         """Nobody served the request: one error naming each attempt and skip and its cause."""
+        state = self.router.state
+        for s in self.record.skips:
+            # A start this request waited for ended unable to start (fatal, no room): the client is told why.
+            why = state.cannot_start_reason(s.provider) if s.reason == "not_ready" else None
+            if why is not None:
+                s.reason, s.message = "cannot_start", why
         skips = self.record.skips
         args = {"ingress": self.req.ingress, "profile": self.profile_name, "summary": self.record.failure_summary()}
         if errors:

@@ -16,7 +16,8 @@ from .breaker import BreakerRegistry, BreakerState
 from .state import DEGRADED, HEALTHY, UNHEALTHY
 
 HEALTH_ACTIONS = ("warn", "demote", "exclude")
-SKIP_REASONS = ("tools", "thinking", "context", "budget", "breaker_open", "memory_cooldown", "unhealthy", "not_ready")
+SKIP_REASONS = ("tools", "thinking", "context", "budget", "breaker_open", "memory_cooldown", "unhealthy", "not_ready",
+                "cannot_start")
 
 
 @dataclass

@@ -80,10 +80,28 @@ def budget_spent(spent: list[str], *, ingress: str, profile: str) -> Reply:
                  _SPENT_KIND[status], dict(NO_RETRY), code="budget_exceeded")
 
 
+# A managed process that cannot start (binary or model file missing, a crash loop ended FATAL, no room in the
+# memory budget) will not fix itself between retries: Claude Code retried a 529/503 11 times over 172 s, then
+# called it "usually temporary". Any status with `x-should-retry: false` is one attempt for Claude Code and the
+# Anthropic and OpenAI SDKs, and a 500 `api_error` says the fault is the server's; Codex retries any non-2xx
+# but a 400, which it prints and stops at (protocols.md), so the Responses wire gets a 400.
+_CANNOT_START_STATUS = {"anthropic": 500, "openai": 500, "responses": 400}
+_CANNOT_START_KIND = {500: "api_error", 400: "invalid_request_error"}
+
+
+def cannot_start(reasons: list[str], *, ingress: str, profile: str) -> Reply:
+    status = _CANNOT_START_STATUS.get(ingress, 500)
+    return Reply(status, f"profile {profile!r} has no provider that can start: " + "; ".join(reasons),
+                 _CANNOT_START_KIND[status], dict(NO_RETRY), code="backend_cannot_start")
+
+
 def nothing_attempted(skips: list[Skip], *, ingress: str, profile: str, summary: str,
                       spent: dict[str, str] | None = None) -> Reply:
     """`spent`: provider → why its budget skip lasts until the cap resets (the others clear by themselves)."""
     spent = spent or {}
+    unable = [s.message for s in skips if s.reason == "cannot_start"]
+    if unable and not any(s.reason in _WAIT_SKIPS for s in skips):
+        return cannot_start(list(dict.fromkeys(unable)), ingress=ingress, profile=profile)
     if spent and not any(s.reason in _WAIT_SKIPS and s.provider not in spent for s in skips):
         return budget_spent(list(dict.fromkeys(spent.values())), ingress=ingress, profile=profile)
     if any(s.reason in _WAIT_SKIPS for s in skips):

@@ -22,6 +22,7 @@ from .state import RoutingState
 if TYPE_CHECKING:
     from ..providers.provider import Provider
     from ..runtime import Runtime
+    from ..supervise.ondemand import OnDemand
 
 # Router.admit's answers: how an attempt was let through, which decides what its end gives back.
 CLOSED, TRIAL, PANIC = "closed", "trial", "panic"
@@ -49,6 +50,9 @@ class Router:
         # Which Anthropic upstream signed each thinking block relayed, so none goes to another (process-wide:
         # a conversation moves between providers and profiles).
         self.thinking_signatures = SignatureBook()
+        # Local models on demand (supervise/ondemand.py), set once managed processes exist: starts a stopped
+        # process for the request that needs it and counts requests in flight per process.
+        self.demand: OnDemand | None = None
 
     def reconfigure(self, config) -> None:
         self.state.reconfigure(config)
@@ -135,7 +139,11 @@ class Router:
             for name in dict.fromkeys([c for c in p.candidates if c in down] + [s.provider for s in held]):
                 if name in p.candidates:
                     p.candidates.remove(name)
-                p.skips.append(Skip(name, "not_ready", st.down_reason(name), overridable=False))
+                why = st.cannot_start_reason(name)
+                if why is not None:
+                    p.skips.append(Skip(name, "cannot_start", why, overridable=False))
+                else:
+                    p.skips.append(Skip(name, "not_ready", st.down_reason(name), overridable=False))
         if not p.candidates:
             self._try_reported_windows(p, facts, down)
         if ticket is not None and self.affinity is not None and (profile.mode == "race" or profile.adaptive):

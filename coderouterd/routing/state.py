@@ -56,6 +56,9 @@ class RoutingState:
         self._coming: dict[str, float] = {}
         # provider -> why it is down, for the client ("process llama is fatal: `corectl restart llama`...")
         self._down_why: dict[str, str] = {}
+        # provider -> why its managed process cannot start (fatal, a missing file, no room in the memory budget):
+        # clients are told so at once, in a status they do not retry.
+        self._cannot_start: dict[str, str] = {}
         self._up: asyncio.Event | None = None  # set (and replaced) whenever a provider comes up
         self._passive: dict[str, int] = {}
         self._held: set[str] = set()
@@ -125,6 +128,10 @@ class RoutingState:
         """Why a down provider is not routed to, for the client: its process, its state, what brings it back."""
         return f"{provider}'s {self._down_why.get(provider) or _down_why('', '', coming=True)}"
 
+    def cannot_start_reason(self, provider: str) -> str | None:
+        """Why this down provider's process cannot start (None: it is not known to be unable to)."""
+        return self._cannot_start.get(provider) if provider in self._down else None
+
     def is_held(self, provider: str) -> bool:
         return provider in self._held
 
@@ -175,6 +182,7 @@ class RoutingState:
             self._down_why[p] = why
             if wait_s > 0:
                 self._coming[p] = wait_s
+                self._cannot_start.pop(p, None)  # being started again: it may well come up this time
             else:
                 self._coming.pop(p, None)
         self._notify()  # a waiter for a process that just became fatal stops waiting
@@ -185,7 +193,17 @@ class RoutingState:
         for p in providers:
             self._coming.pop(p, None)
             self._down_why.pop(p, None)
+            self._cannot_start.pop(p, None)
         self._notify()
+
+    def cannot_start(self, providers: Iterable[str], reason: str) -> None:
+        """The providers' managed process cannot start (fatal, a file missing, no room): down, not coming, and
+        `reason` is what every client is told until it is started again."""
+        providers = list(providers)
+        self.mark_down(providers, state="unable to start", process="")
+        for p in providers:
+            self._cannot_start[p] = reason
+            self._down_why[p] = reason
 
     def _notify(self) -> None:
         if self._up is not None:

@@ -5,13 +5,18 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import TYPE_CHECKING
+import time
+from collections.abc import Collection
+from typing import TYPE_CHECKING, Any
 
 from ..affinity.slot_save import slot_dir, with_slot_save_path
 from ..config import state_dir
 from ..tasks import TaskSet
+from . import memory
+from .ondemand import OnDemand, Settings, StartFailed
 from .registry import Supervisor
-from .spec import ProcessSpec
+from .residency import Resident
+from .spec import ExternalProcessError, ProcessSpec, ProcessState
 
 if TYPE_CHECKING:
     from ..config.schema import ConfigModel
@@ -35,7 +40,8 @@ def specs_from_config(cfg: ConfigModel) -> dict[str, tuple[ProcessSpec, list[str
                 command = with_slot_save_path(command, slot_dir(state_dir(cfg)))
             spec = ProcessSpec(name=name, command=command, env=dict(p.env), cwd=p.cwd or None,
                                ready_url=p.ready_url,
-                               autostart=p.autostart, stop_timeout_s=p.stop_timeout_s,
+                               # An on-demand process waits for the request that needs it.
+                               autostart=p.autostart and p.start == "always", stop_timeout_s=p.stop_timeout_s,
                                start_timeout_s=p.start_timeout_s, startsecs=p.startsecs,
                                max_restarts=p.max_restarts, restart_window_s=p.restart_window_s,
                                healthy_after_s=p.healthy_after_s or None)
@@ -44,19 +50,116 @@ def specs_from_config(cfg: ConfigModel) -> dict[str, tuple[ProcessSpec, list[str
     return out
 
 
+def residents_from_config(cfg: ConfigModel, estimates: dict[str, float]) -> dict[str, tuple[Resident, Settings]]:
+    """What the on-demand scheduler knows of each process: memory (configured, else estimated), pinned, idle."""
+    out: dict[str, tuple[Resident, Settings]] = {}
+    for provider in cfg.providers:
+        found = cfg.process_for(provider)
+        if found is None or found[0] in out:
+            continue
+        name, p = found
+        out[name] = (Resident(name, memory_mb=p.memory_mb or estimates.get(name, 0.0), pinned=p.pinned,
+                              idle_stop_s=p.idle_stop_s),
+                     Settings(on_demand=p.start == "on_demand", stop_timeout_s=p.stop_timeout_s))
+    return out
+
+
+def estimate_memory(cfg: ConfigModel) -> dict[str, float]:
+    """process -> estimated MB for those without memory_mb. Blocking (stat, GGUF header): run in a thread."""
+    out = {}
+    for name, (spec, providers) in specs_from_config(cfg).items():
+        found = cfg.process_for(providers[0])
+        if found is not None and not found[1].memory_mb:
+            out[name] = memory.estimate_mb(spec.command, spec.cwd)
+    return out
+
+
+class SupervisorEffects:
+    """The on-demand scheduler's effects (ondemand.Effects) on the real supervisor and routing state."""
+
+    def __init__(self, supervisor: Supervisor, routing) -> None:
+        self.sup = supervisor
+        self.routing = routing
+
+    def _procs(self):
+        return [self.sup.get(n) for n in self.sup.names()]
+
+    def holding(self) -> Collection[str]:
+        return {mp.name for mp in self._procs() if mp.state not in (ProcessState.STOPPED, ProcessState.FATAL)}
+
+    def ready(self) -> Collection[str]:
+        return {mp.name for mp in self._procs() if mp.state is ProcessState.READY}
+
+    def external(self) -> Collection[str]:
+        return {mp.name for mp in self._procs() if mp.external}
+
+    def stopped(self, name: str) -> bool:
+        return name in self.sup.names() and self.sup.get(name).state is ProcessState.STOPPED
+
+    async def start(self, name: str, wait: bool = True) -> str | None:
+        mp = self.sup.get(name)
+        await mp.start()
+        if not wait and mp.state is not ProcessState.FATAL:
+            return None
+        if await mp.wait_ready(mp.spec.start_timeout_s):
+            return None
+        if mp.state is ProcessState.FATAL:
+            return mp.fatal_reason or "fatal"
+        return f"not ready within start_timeout_s = {mp.spec.start_timeout_s:g} ({mp.state.value})"
+
+    async def stop(self, name: str, reason: str) -> None:
+        try:
+            await self.sup.get(name).stop(reason=reason)
+        except ExternalProcessError as e:
+            log.warning("%s", e)
+
+    def coming(self, name: str) -> None:
+        if self.routing is not None:
+            self.routing.mark_down(self.sup.providers_of(name), wait_s=self.sup.get(name).spec.start_timeout_s,
+                                   state="starting on demand", process=name)
+
+    def leaving(self, name: str, reason: str) -> None:
+        if self.routing is not None:
+            self.routing.mark_down(self.sup.providers_of(name), state=f"stopping: {reason}", process=name)
+
+    def cannot_start(self, name: str, reason: str) -> None:
+        if self.routing is not None:
+            self.routing.cannot_start(self.sup.providers_of(name),
+                                      f"managed process {name} cannot start: {reason}")
+
+
 class Processes:
-    def __init__(self, log_dir, store, on_event) -> None:
+    def __init__(self, log_dir, store, on_event, routing=None) -> None:
         self.store = store
         self.supervisor = Supervisor(log_dir=log_dir, on_event=on_event, record=self._record, lookup=self._lookup)
+        # Local models on demand, within [models] memory_budget_mb: every start and stop that is not the
+        # supervisor's own restart goes through it.
+        self.scheduler = OnDemand(SupervisorEffects(self.supervisor, routing), clock=time.monotonic,
+                                  process_of=self._process_of)
         # Starts that run on their own (the first start of every autostarted process, those a reload adds):
         # shutdown cancels them before it stops the processes.
         self._starts = TaskSet()
+
+    def _process_of(self, provider: str) -> str | None:
+        mp = self.supervisor.for_provider(provider)
+        return mp.name if mp is not None else None
+
+    async def configure(self, cfg: ConfigModel) -> None:
+        """The scheduler's view of the configured processes; memory estimates are read off the loop."""
+        estimates = await asyncio.to_thread(estimate_memory, cfg)
+        self.scheduler.configure(cfg.models.memory_budget_mb, residents_from_config(cfg, estimates))
 
     @staticmethod
     def autostarted(cfg: ConfigModel) -> list[tuple[list[str], float]]:
         """(providers, start timeout) of each process started with the daemon: requests may wait for it."""
         return [(providers, spec.start_timeout_s) for spec, providers in specs_from_config(cfg).values()
                 if spec.autostart]
+
+    @staticmethod
+    def started_on_demand(cfg: ConfigModel) -> list[list[str]]:
+        """Providers of each on-demand process: not routed to until a request has started it."""
+        return [providers for name, (_, providers) in specs_from_config(cfg).items()
+                if (found := cfg.process_for(providers[0])) is not None and found[1].start == "on_demand"]
 
     async def _record(self, name: str, info: dict | None) -> None:
         if info is None:
@@ -88,20 +191,43 @@ class Processes:
         for name in list(self.supervisor.names()):
             if name not in wanted:
                 await self.supervisor.remove(name)
+        await self.configure(cfg)
+        self.scheduler.start_idle_watch()
         for name in self.apply(cfg):
             spec, providers = wanted[name]
             await self.supervisor.remove(name)
             mp = self.supervisor.add(spec, providers=providers)
+            mp.last_stop_reason = "reload"
             if spec.autostart:
-                await mp.start()
+                await self._ensure(name)
         for name, (spec, _) in wanted.items():
             mp = self.supervisor.get(name)
             if spec.autostart and mp.state == "stopped" and mp.pid is None:
-                self._starts.spawn(mp.start(), name=f"start:{name}")
+                self._starts.spawn(self._ensure(name), name=f"start:{name}")
+
+    async def _ensure(self, name: str) -> None:
+        try:
+            await self.scheduler.ensure(name)
+        except StartFailed as e:
+            log.error("%s: not started: %s", name, e)
+
+    async def _start_all(self) -> None:
+        if self.scheduler.budget_mb <= 0:
+            await self.supervisor.start_all()  # nothing to count: all at once, each adopting what already runs
+        else:
+            # Within a budget, one at a time: each start sees what the ones before it hold.
+            for name in self.supervisor.names():
+                if self.supervisor.get(name).spec.autostart:
+                    await self._ensure(name)
 
     def start_background(self) -> None:
         # Big models load slowly: the proxy serves (and fails over) while managed backends come up.
-        self._starts.spawn(self.supervisor.start_all(), name="start-all")
+        self._starts.spawn(self._start_all(), name="start-all")
+        self.scheduler.start_idle_watch()
+
+    def snapshot(self) -> dict[str, Any]:
+        """The resident models against the budget (admin API, /metrics, corectl status and models)."""
+        return self.scheduler.snapshot()
 
     def resolve(self, name: str):
         """A managed process by its own name or by the name of a provider it serves."""
@@ -114,9 +240,17 @@ class Processes:
         if mp is None:
             raise KeyError(name)
         if action == "start":
-            await mp.start()
+            if mp.state is ProcessState.FATAL or mp.external:
+                await mp.start()  # a fatal one is started again by hand (its failures forgotten)
+            else:
+                try:
+                    await self.scheduler.ensure(mp.spec.name, wait=False)  # within the budget: makes room first
+                except StartFailed as e:
+                    return {"ok": False, "message": f"{mp.spec.name} not started: {e}", "process": mp.snapshot()}
         elif action == "stop":
-            await mp.stop()
+            if mp.external:
+                await mp.stop()  # raises ExternalProcessError, which says where to stop it
+            await self.scheduler.stop(mp.spec.name, "manual")  # pinned too: by hand is by hand
         elif action == "restart":
             ok = await mp.restart("corectl restart")
             if not ok:
@@ -128,4 +262,5 @@ class Processes:
 
     async def shutdown(self) -> None:
         await self._starts.close()
+        await self.scheduler.close()
         await self.supervisor.shutdown()

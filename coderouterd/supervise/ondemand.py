@@ -48,8 +48,9 @@ class Effects(Protocol):
     def stopped(self, name: str) -> bool:
         """Stopped (not fatal, not starting): a request may start it."""
 
-    async def start(self, name: str) -> str | None:
-        """Start it and wait for readiness (its start timeout). None when ready, else why it did not come up."""
+    async def start(self, name: str, wait: bool = True) -> str | None:
+        """Start it and (`wait`) wait for readiness (its start timeout). None when ready (or, not waiting,
+        starting), else why it did not come up."""
 
     async def stop(self, name: str, reason: str) -> None:
         """Stop it (its tree; the slots are saved first by the supervisor's before-stop hook)."""
@@ -153,8 +154,13 @@ class OnDemand:
             self.effects.coming(name)
             task = asyncio.get_running_loop().create_task(self._start_logged(name), name=f"on-demand:{name}")
             self._starts[name] = task
-            task.add_done_callback(lambda _t, n=name: self._starts.pop(n, None))
+            task.add_done_callback(self._start_done)
         return task
+
+    def _start_done(self, task: asyncio.Task[bool]) -> None:
+        for name, t in list(self._starts.items()):
+            if t is task:
+                del self._starts[name]
 
     async def _start_logged(self, name: str) -> bool:
         try:
@@ -166,8 +172,9 @@ class OnDemand:
 
     # -- starting and stopping ------------------------------------------------------------------------------
 
-    async def ensure(self, name: str) -> None:
-        """Start `name` (making room first) and wait until it is ready. Raises StartFailed."""
+    async def ensure(self, name: str, *, wait: bool = True) -> None:
+        """Start `name` (making room first) and (`wait`) wait until it is ready. Raises StartFailed. Not waiting
+        (a start by hand) frees the next swap sooner; the starting process still counts against the budget."""
         await self._stopped(name)
         if name in self.effects.ready():
             return
@@ -186,7 +193,7 @@ class OnDemand:
                 await asyncio.gather(*(self._stop(v, room_for(name)) for v in victims))
             self._ours.discard(name)
             self.policy.touch(name)
-            why = await self.effects.start(name)
+            why = await self.effects.start(name, wait)
             self.policy.touch(name)  # idle time counts from readiness, not from the start's decision
             self._wake.set()
             if why is not None:

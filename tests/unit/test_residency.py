@@ -151,7 +151,7 @@ class FakeEffects:
     def stopped(self, name):
         return self.state[name] == "stopped"
 
-    async def start(self, name):
+    async def start(self, name, wait=True):
         self.log.append(("start", name))
         self.state[name] = "starting"
         self.max_held_together = max(self.max_held_together, len(self.holding()))
