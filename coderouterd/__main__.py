@@ -60,7 +60,12 @@ def main(argv: list[str] | None = None) -> int:
             print(f"coderouterd: provider {name}: {problem} (see {_env_hint()})", file=sys.stderr)
         for note in loaded.model.unused_settings():
             print(f"coderouterd: {note}", file=sys.stderr)
-        return 0
+        unstartable = loaded.model.unstartable_processes()
+        for name, problems in unstartable.items():
+            print(f"coderouterd: process {name} cannot start: {'; '.join(problems)}", file=sys.stderr)
+        # A process that cannot start is an error of the configuration (the daemon would answer every request
+        # for it with that error), not a note.
+        return 1 if unstartable else 0
     level = (args.log_level or server.log_level).upper()
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
     # watchfiles reports every change it sees at INFO; the reload that follows is the line worth reading.

@@ -144,9 +144,10 @@ def config_check(path: str | None, as_json: bool, socket: str | None = None) -> 
     m = loaded.model
     no_key = missing_keys(m.providers, _daemon_environment())
     unused = m.unused_settings()
-    data = {"ok": True, "path": loaded.path, "from": found.source, "providers": sorted(m.providers),
+    unstartable = m.unstartable_processes()
+    data = {"ok": not unstartable, "path": loaded.path, "from": found.source, "providers": sorted(m.providers),
             "profiles": sorted(m.profiles), "default_profile": m.server.default_profile, "no_key": no_key,
-            "unused": unused}
+            "unused": unused, "unstartable": unstartable}
     if as_json:
         emit_json(data)
     else:
@@ -157,7 +158,9 @@ def config_check(path: str | None, as_json: bool, socket: str | None = None) -> 
             echo(f"  {name}: {problem}")
         for note in unused:
             echo(f"  {note}")
-    return 0
+        for name, problems in unstartable.items():
+            echo(f"  process {name} cannot start: {'; '.join(problems)}")
+    return 1 if unstartable else 0
 
 
 def _daemon_environment() -> dict:

@@ -239,6 +239,9 @@ def models_list(socket: str | None, provider: str | None, as_json: bool) -> int:
             data = api.models(provider)
         out = _console()
         out.print(models_table([e.model_dump(exclude_unset=True) for e in data.providers], out.width))
+        if data.resident and data.resident.get("processes"):
+            out.print()
+            out.print(resident_table(data.resident, out.width))
 
     return with_api(socket, as_json, work, timeout=60.0)
 
@@ -268,6 +271,22 @@ def models_table(entries: list[dict], width: int = 10_000):
                 extra = f"ctx {e['context_window']:,}"  # the server's one model: the window it serves
             rows.append([e["provider"], e.get("backend", "?"), m.get("id") or "?", mark, extra])
     return fit_table(width, columns, rows, title="Models", title_justify="left", title_style="bold")
+
+
+def resident_table(resident: dict, width: int = 10_000):
+    """Managed local models: resident or not against the memory budget, idle time to the stop, last stop."""
+    from .render import budget_line, fit_table, idle_cell, memory_cell
+
+    procs = resident.get("processes") or {}
+    columns = [("Process", {"no_wrap": True, "style": "bold"}, 0), ("Serves", {}, 3), ("State", {"no_wrap": True}, 0),
+               ("Start", {"no_wrap": True}, 4), ("Memory", {"justify": "right", "no_wrap": True}, 0),
+               ("Idle stop", {"justify": "right", "no_wrap": True}, 2), ("Last stop", {"no_wrap": True}, 1)]
+    rows = [[name, ", ".join(p.get("providers") or []), ("resident " if p.get("resident") else "") +
+             (p.get("state") or "?"), p.get("start") or "always", memory_cell(p), idle_cell(p),
+             p.get("last_stop_reason") or "-"] for name, p in procs.items()]
+    held = {"memory_held_mb": resident.get("memory_held_mb"), "memory_budget_mb": resident.get("memory_budget_mb"),
+            "resident": [n for n, p in procs.items() if p.get("resident")]}
+    return fit_table(width, columns, rows, title=budget_line(held), title_justify="left", title_style="bold")
 
 
 def model_control(socket: str | None, action: str, model: str, provider: str, as_json: bool,

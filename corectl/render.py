@@ -184,6 +184,9 @@ def status(data: dict, out: Console) -> None:
     if procs:
         out.print()
         out.print(processes_table(procs, width=out.width))
+        budget = budget_line(data.get("models"))
+        if budget:
+            out.print(budget)
         for name, snap in procs.items():
             if snap.get("fatal_reason"):
                 out.print(Text(f"{name}: {snap['fatal_reason']} (corectl restart {name} once it is fixed; "
@@ -316,7 +319,8 @@ def processes_table(procs: dict[str, dict], *, now: float | None = None, width: 
     columns = [("Process", {"no_wrap": True, "style": "bold"}, 0), ("Serves", {}, 4), ("State", {"no_wrap": True}, 0),
                ("PID", right, 5), ("Up", right, 3), ("Restarts recent/all", right, 6), ("RSS", right, 2),
                ("CPU", right, 1),
-               ("Exit", right, 7), ("Next probe", {"no_wrap": True}, 8)]
+               ("Exit", right, 7), ("Next probe", {"no_wrap": True}, 8), ("Memory", right, 5),
+               ("Idle stop", right, 6), ("Last stop", {"no_wrap": True}, 7)]
     rows = []
     for name, p in procs.items():
         up = p.get("uptime_s")
@@ -327,8 +331,32 @@ def processes_table(procs: dict[str, dict], *, now: float | None = None, width: 
                      f"{p.get('restarts_recent', 0)}/{p.get('restarts_total', 0)}", size(p.get("rss_bytes")),
                      f"{cpu:.0f}%" if cpu is not None else "-",
                      Text(str(code), style="red" if code else "") if code is not None else "-",
-                     _next_step(name, p, now)])
+                     _next_step(name, p, now), memory_cell(p), idle_cell(p), p.get("last_stop_reason") or "-"])
     return fit_table(width, columns, rows, title="Managed processes", title_justify="left", title_style="bold")
+
+
+def memory_cell(p: dict) -> str:
+    """What a managed process holds (configured or estimated), "pinned" when never stopped to make room."""
+    mb = p.get("memory_mb")
+    text = f"{mb:,.0f} MB" if mb else "-"
+    return f"{text} pinned" if p.get("pinned") else text
+
+
+def idle_cell(p: dict) -> str:
+    left = p.get("idle_stop_in_s")
+    if left is None:
+        return "-" if not p.get("idle_stop_s") else "busy" if p.get("in_flight") else "-"
+    return f"in {duration(left)}"
+
+
+def budget_line(models: dict | None) -> str | None:
+    """Local models against [models] memory_budget_mb, one line."""
+    if not models:
+        return None
+    held, budget = models.get("memory_held_mb") or 0.0, models.get("memory_budget_mb") or 0.0
+    resident = ", ".join(models.get("resident") or []) or "none"
+    of = f" of {budget:,.0f} MB budget" if budget else " (no budget)"
+    return f"Local models: {held:,.0f} MB held{of}; resident: {resident}"
 
 
 def providers_table(providers: list[dict], window_s: float | None, *, base_url: bool = True,

@@ -112,6 +112,8 @@ class Status(Answer):
     state_dir: str | None = None
     store: dict[str, Any] = {}
     processes: dict[str, dict[str, Any]] = {}
+    # Local models against [models] memory_budget_mb: budget, held, resident names (None: no managed process)
+    models: dict[str, Any] | None = None
     health: dict[str, Any] = {}
     budget: dict[str, Any] | None = None
     # [state] backend = "postgres": where, up or not, the live instances, journal lag (None: this machine only)
@@ -206,6 +208,8 @@ class ProviderModels(Answer):
 
 class ModelsAnswer(Answer):
     providers: list[ProviderModels]
+    # Managed local models: each process's residency, memory and idle time, against the budget
+    resident: dict[str, Any] | None = None
 
 
 class ModelControlAnswer(Answer):

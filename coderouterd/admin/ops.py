@@ -123,7 +123,7 @@ def ops_routes(daemon: Daemon) -> APIRouter:
                 raise AdminError(502, f"{provider}: {e} ({p.cfg.base_url})", provider=provider) from None
         names = list(runtime.providers)
         results = await asyncio.gather(*(list_models(runtime.providers[n]) for n in names), return_exceptions=True)
-        out = []
+        out: list[dict] = []
         for name, res in zip(names, results, strict=True):
             if isinstance(res, BaseException):
                 if not isinstance(res, Exception):
@@ -133,7 +133,18 @@ def ops_routes(daemon: Daemon) -> APIRouter:
                 out.append({"provider": name, "error": problem, "models": []})
             else:
                 out.append(_with_window(runtime.providers[name], res))
-        return {"providers": out}
+        return {"providers": out, "resident": _resident()}
+
+    def _resident() -> dict | None:
+        procs = daemon.processes
+        if procs is None:
+            return None
+        snap = procs.snapshot()
+        sup = procs.supervisor.snapshot()
+        for name, p in snap["processes"].items():
+            s = sup.get(name) or {}
+            p.update(state=s.get("state"), providers=s.get("providers"), last_stop_reason=s.get("last_stop_reason"))
+        return snap
 
     def _with_window(p, listed: dict) -> dict:
         """The context a request gets on this provider, next to its models (from config or its server)."""

@@ -111,13 +111,25 @@ def processes(daemon: Daemon) -> dict[str, dict]:
         return {}
     procs = daemon.processes.supervisor.snapshot()
     recovering = daemon.selfheal.snapshot() if daemon.selfheal is not None else {}
-    for snap in procs.values():
+    resident = daemon.processes.snapshot()["processes"]
+    for name, snap in procs.items():
+        # On demand and the memory budget: resident or not, what it holds, when it stops if left idle.
+        snap.update(resident.get(name) or {})
         # A process serving several providers is probed for each; the soonest probe is the one to show.
         times = [recovering[p]["next_probe_at"] for p in snap["providers"]
                  if p in recovering and recovering[p]["next_probe_at"] is not None]
         snap["recovering"] = any(p in recovering for p in snap["providers"])
         snap["next_probe_at"] = min(times) if times else None
     return procs
+
+
+def models_memory(daemon: Daemon) -> dict | None:
+    """The memory budget of local models: what is held against it (None: no managed process)."""
+    if daemon.processes is None:
+        return None
+    snap = daemon.processes.snapshot()
+    return {"memory_budget_mb": snap["memory_budget_mb"], "memory_held_mb": snap["memory_held_mb"],
+            "resident": sorted(n for n, p in snap["processes"].items() if p["resident"])}
 
 
 def health(daemon: Daemon) -> dict:
@@ -136,6 +148,7 @@ def status(daemon: Daemon) -> dict:
         "profiles": profiles(daemon),
         "store": store(daemon),
         "processes": processes(daemon),
+        "models": models_memory(daemon),
         "health": health(daemon),
         "budget": budget(daemon),
         "memory": daemon.ram_watch.snapshot(),

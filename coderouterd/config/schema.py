@@ -439,6 +439,22 @@ class ConfigModel(_Strict):
                 "is the one count of failures that takes a provider out, for its breaker and its health alike"
                 for name, prof in self.profiles.items() if prof.health_threshold is not None]
 
+    def unstartable_processes(self) -> dict[str, list[str]]:
+        """process -> why it cannot start (binary or -m/--model file missing), for --check and `config check`.
+        Reads the filesystem: not for the event loop."""
+        from ..supervise.memory import missing
+
+        out: dict[str, list[str]] = {}
+        for provider in self.providers:
+            found = self.process_for(provider)
+            if found is None or found[0] in out:
+                continue
+            name, p = found
+            problems = missing(list(p.command), p.cwd or None, p.env)
+            if problems:
+                out[name] = problems
+        return out
+
     def process_for(self, provider: str) -> tuple[str, ProcessConfig] | None:
         """The process that serves a provider, as (process id, spec); shared processes keep their own name."""
         p = self.providers[provider].process

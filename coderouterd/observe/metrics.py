@@ -148,6 +148,7 @@ class _ScrapeTimeCollector:
             for name, snap in procs.supervisor.snapshot().items():
                 up.add_metric([name], 1.0 if snap.get("state") == "ready" else 0.0)
         yield up
+        yield from self._models()
         # Prefix affinity: token-weighted prompt cache hit ratio, from what each backend reported it reused.
         prompt = CounterMetricFamily("coderouter_prefix_prompt_tokens", "Prompt tokens on backends that report "
                                      "their prompt cache", labels=["provider"])
@@ -169,3 +170,33 @@ class _ScrapeTimeCollector:
         for ingress, n in sorted(self.daemon.in_flight.items()):
             in_flight.add_metric([ingress], n)
         yield in_flight
+
+    def _models(self):
+        """Local models on demand: what is resident, the memory held against the budget, idle time to each
+        stop, and why each last stopped (idle, room for X, reload, crash, manual)."""
+        procs = self.daemon.processes
+        if procs is None:
+            return
+        snap = procs.snapshot()
+        budget = GaugeMetricFamily("coderouter_models_memory_budget_mb", "[models] memory_budget_mb (0 = no limit)")
+        budget.add_metric([], snap["memory_budget_mb"])
+        held = GaugeMetricFamily("coderouter_models_memory_held_mb", "Memory held by resident managed processes")
+        held.add_metric([], snap["memory_held_mb"])
+        resident = GaugeMetricFamily("coderouter_process_resident", "Managed process holds its memory (1) or not",
+                                     labels=["process"])
+        mem = GaugeMetricFamily("coderouter_process_memory_mb", "Memory a managed process holds once loaded "
+                                "(configured or estimated)", labels=["process"])
+        idle = GaugeMetricFamily("coderouter_process_idle_stop_in_seconds", "Seconds until the idle stop, if "
+                                 "nothing uses it", labels=["process"])
+        last = GaugeMetricFamily("coderouter_process_last_stop", "The reason of the last stop (value 1)",
+                                 labels=["process", "reason"])
+        sup = procs.supervisor.snapshot()
+        for name, p in snap["processes"].items():
+            resident.add_metric([name], 1.0 if p["resident"] else 0.0)
+            mem.add_metric([name], p["memory_mb"])
+            if p["idle_stop_in_s"] is not None:
+                idle.add_metric([name], p["idle_stop_in_s"])
+            reason = (sup.get(name) or {}).get("last_stop_reason")
+            if reason:
+                last.add_metric([name, reason], 1.0)
+        yield from (budget, held, resident, mem, idle, last)

@@ -29,10 +29,20 @@ def _flag_value(command: list[str], flags: tuple[str, ...]) -> str | None:
     return None
 
 
+def _last_value(command: list[str], flags: tuple[str, ...]) -> str | None:
+    found = None
+    for i in range(len(command)):
+        v = _flag_value(command[i:i + 2], flags)
+        if v is not None:
+            found = v
+    return found
+
+
 def model_path(command: list[str], cwd: str | None = None) -> Path | None:
-    """The model file a llama.cpp-style command loads (-m/--model), resolved against its working directory."""
-    value = _flag_value(command, _MODEL_FLAGS)
-    if not value:
+    """The GGUF file a llama.cpp-style command loads (-m/--model), resolved against its working directory. Only
+    a value ending in .gguf counts: `python -m module` or vLLM's `--model org/name` name no file."""
+    value = _last_value(command, _MODEL_FLAGS)
+    if not value or not value.lower().endswith(".gguf"):
         return None
     p = Path(os.path.expanduser(value))
     return p if p.is_absolute() or not cwd else Path(cwd) / p

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import io
 import struct
+from pathlib import Path
 
 import pytest
 
@@ -389,6 +390,9 @@ def test_gguf_header_gives_the_kv_cache_size(tmp_path):
     assert model_path(cmd) == model and context_size(cmd) == 4096
     assert estimate_mb(cmd) == pytest.approx((model.stat().st_size + 2 * 30 * 4096 * 3 * 64 * 2) / 2**20, abs=0.1)
     assert estimate_mb(["ollama", "serve"]) == 0.0
+    assert model_path(["python3", "-m", "server"]) is None  # python's -m names a module
+    assert model_path(["python3", "-m", "server", "-m", "x.gguf"], "/w") == Path("/w/x.gguf")
+    assert model_path(["vllm", "serve", "--model", "Qwen/Qwen3-8B"]) is None  # a hub name, not a file
 
 
 def test_missing_binary_and_model_are_named(tmp_path):
