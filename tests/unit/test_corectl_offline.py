@@ -197,7 +197,7 @@ def test_config_check_valid_file(capsys, tmp_path):
     assert main(["config", "check", str(cfg), "--json"]) == 0
     doc = orjson.loads(capsys.readouterr().out)
     assert doc == {"ok": True, "path": str(cfg.resolve()), "providers": ["local"], "profiles": ["default", "fast"],
-                   "default_profile": "default", "from": "--config", "no_key": {}, "unused": []}
+                   "default_profile": "default", "from": "--config", "no_key": {}, "unused": [], "unstartable": {}}
 
 
 def test_config_check_invalid_file_names_the_key(capsys, tmp_path):
@@ -236,6 +236,17 @@ def test_config_check_names_settings_that_no_longer_do_anything(capsys, tmp_path
     cfg.write_text(VALID + '\n[profiles.old]\nproviders = ["local"]\nhealth_threshold = 5\n')
     assert commands.config_check(str(cfg), False) == 0
     assert "profiles.old.health_threshold is no longer used: [breaker] failures (3)" in capsys.readouterr().out
+
+
+def test_config_check_reports_a_process_that_cannot_start(capsys, tmp_path):
+    cfg = tmp_path / "proc.toml"
+    model = tmp_path / "models" / "coder.gguf"
+    cfg.write_text(VALID.replace('model = "m"\n', f'model = "m"\nprocess = {{ command = ["{tmp_path}/bin/llama-server", '
+                                                  f'"-m", "{model}"] }}\n', 1))
+    assert commands.config_check(str(cfg), False) == 1
+    out = capsys.readouterr().out
+    assert f"process local cannot start: binary '{tmp_path}/bin/llama-server' not found; model file '{model}' " \
+           "not found" in out, out
 
 
 def test_config_check_does_not_need_typer_or_a_daemon(tmp_path):
