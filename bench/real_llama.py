@@ -60,8 +60,12 @@ WITHIN_SUITE = Scenario("within-suite", slots=3, ctx=1024, sessions=2, turns=3, 
                         shape=TINY, clone_min_tokens=64)
 TWICE_SUITE = Scenario("twice-suite", slots=2, ctx=1024, sessions=2, turns=3, background_sessions=2,
                        shape=TINY, clone_min_tokens=64)
+# Two managed servers (a "coder" and a "small" model: here the same small model on two ports) and a memory budget
+# that holds one: two conversations, one on each, alternate, so every turn after the first two swaps.
+SWAP = Scenario("swap", slots=1, ctx=2048, sessions=2, turns=4, background_sessions=0)
+SWAP_SUITE = Scenario("swap-suite", slots=1, ctx=1024, sessions=2, turns=3, background_sessions=0, shape=TINY)
 SCENARIOS = {"within": [WITHIN], "twice": [TWICE], "all": [WITHIN, TWICE],
-             "suite": [WITHIN_SUITE, TWICE_SUITE]}
+             "suite": [WITHIN_SUITE, TWICE_SUITE], "swap": [SWAP], "swap-suite": [SWAP_SUITE]}
 
 
 def order(sc: Scenario) -> list[tuple[Session, str]]:
@@ -298,6 +302,114 @@ def after_restarts(sc: Scenario, tmp: Path, prompts: list[list[int]]) -> dict:
     return summary(got, best_reuse(prompts))
 
 
+SWAP_CONFIG = """
+[server]
+port = {PORT}
+
+[models]
+memory_budget_mb = @BUDGET@
+
+[providers.coder]
+kind = "openai"
+base_url = "http://127.0.0.1:@PA@/v1"
+model = "@MODEL@"
+timeouts = { connect = 5, first_byte = 300, idle = 120, total = 600 }
+process = { command = @ARGV_A@, ready_url = "http://127.0.0.1:@PA@/health", start = "on_demand", start_timeout_s = 60, startsecs = 0.2, idle_stop_s = @IDLE@ }
+
+[providers.small]
+kind = "openai"
+base_url = "http://127.0.0.1:@PB@/v1"
+model = "@MODEL@"
+timeouts = { connect = 5, first_byte = 300, idle = 120, total = 600 }
+process = { command = @ARGV_B@, ready_url = "http://127.0.0.1:@PB@/health", start = "on_demand", start_timeout_s = 60, startsecs = 0.2, idle_stop_s = @IDLE@ }
+
+[profiles.default]
+providers = ["coder"]
+health_action = "warn"
+
+[profiles.fast]
+providers = ["small"]
+health_action = "warn"
+"""
+
+
+def swap_config(sc: Scenario, ports: tuple[int, int], starts_log: Path, *, idle_stop_s: float = 0) -> str:
+    """Both servers on demand, each started through tests/support/exclusive.py, which notes which of the two is
+    alive at the moment each one starts; the budget is 1.5x one server's estimate (model file + KV cache)."""
+    from coderouterd.supervise.memory import estimate_mb
+
+    p = paths()
+    argvs = [server_argv(p["LLAMA_SERVER"], p["LLAMA_MODEL"], port, slots=sc.slots, ctx_per_slot=sc.ctx)
+             for port in ports]
+    budget = round(estimate_mb(argvs[0]) * 1.5, 1)
+    wrap = [sys.executable, "-m", "tests.support.exclusive", str(starts_log), ",".join(map(str, ports)), "--"]
+    return (SWAP_CONFIG.replace("@PA@", str(ports[0])).replace("@PB@", str(ports[1]))
+            .replace("@ARGV_A@", json.dumps(wrap + argvs[0])).replace("@ARGV_B@", json.dumps(wrap + argvs[1]))
+            .replace("@MODEL@", MODEL).replace("@BUDGET@", str(budget)).replace("@IDLE@", str(idle_stop_s)))
+
+
+def swap(sc: Scenario, tmp: Path) -> dict:
+    """Alternating conversations on two models with a budget for one. Each turn after the first two swaps: the
+    other server is stopped (its slots saved first, where slot saving before a stop is on) and this one started.
+    Reports what each returning turn processed against its new tokens, the starts that found the other server
+    alive (must be none), and errors (must be none)."""
+    ports = (free_port(), free_port())
+    log = tmp / "starts.log"
+    d = DaemonProcess(swap_config(sc, ports, log), tmp)  # its cwd is the repository: the wrapper imports from it
+    turns: list[Turn] = []
+    errors: list[str] = []
+    returning: list[tuple[int, int]] = []  # (processed, new tokens) of each turn after a swap away and back
+    last_prompt: dict[int, int] = {}
+    ready_ttft: list[float] = []
+    d.start()
+    try:
+        with httpx.Client(base_url=d.url, timeout=300, headers={"anthropic-version": "2023-06-01"}) as http:
+            for s, _kind in order(sc):
+                profile = "default" if s.n % 2 == 0 else "fast"
+                body = {**s.main_body(), "stream": True}
+                t0 = time.perf_counter()
+                ttft = None
+                usage: dict = {}
+                with http.stream("POST", "/v1/messages", json=body,
+                                 headers={**s.headers, "x-coderouter-profile": profile}) as r:
+                    if r.status_code != 200:
+                        errors.append(f"{r.status_code} {r.read()[:200]!r}")
+                        s.advance()
+                        continue
+                    for ev in _sse(r):
+                        t = ev.get("type")
+                        if ttft is None and t == "content_block_start":
+                            ttft = time.perf_counter() - t0
+                        if t == "message_start":
+                            usage.update(ev["message"].get("usage") or {})
+                        elif t == "message_delta":
+                            usage.update({k: v for k, v in (ev.get("usage") or {}).items() if v is not None})
+                        elif t == "error":
+                            errors.append(str(ev))
+                cached = usage.get("cache_read_input_tokens") or 0
+                prompt = (usage.get("input_tokens") or 0) + cached
+                turn = Turn(s.n, "main", s.n not in last_prompt, prompt, cached, ttft or 0.0)
+                turns.append(turn)
+                if s.n in last_prompt:
+                    returning.append((prompt - cached, prompt - last_prompt[s.n]))
+                    ready_ttft.append(turn.ttft_s)
+                last_prompt[s.n] = prompt
+                s.advance()
+    finally:
+        d.stop()
+    starts = log.read_text().splitlines() if log.exists() else []
+    processed = sum(p for p, _ in returning)
+    new = sum(n for _, n in returning)
+    return {"requests": len(turns) + len(errors), "errors": errors, "starts": len(starts),
+            "starts_with_other_alive": [ln for ln in starts if not ln.endswith("others_alive=[]")],
+            "prompt_tokens": sum(t.prompt_tokens for t in turns),
+            "processed_tokens": sum(t.prompt_tokens - t.cached_tokens for t in turns),
+            "returning_processed": processed, "returning_new": new,
+            "returning_ratio": round(processed / new, 3) if new else None,
+            "returning_turns": returning,
+            "warm_ttft_p50_s": round(statistics.median(ready_ttft), 3) if ready_ttft else None}
+
+
 def restart_bound(prompts: list[list[int]]) -> list[int]:
     """The best any assignment could give when the server's cache is emptied twice (at each third)."""
     third = len(prompts) // 3
@@ -314,6 +426,11 @@ def run(scenarios: list[Scenario], restart: bool) -> list[dict]:
         with tempfile.TemporaryDirectory(prefix=f"crreal-{sc.name}-") as t:
             tmp = Path(t)
             t0 = time.monotonic()
+            if sc.name.startswith("swap"):
+                r = swap(sc, tmp / "swap")
+                rows.append({"scenario": sc.name, "run": "coderouterd, two models, budget for one", **r})
+                print(f"# {sc.name}: {time.monotonic() - t0:.0f} s", file=sys.stderr)
+                continue
             base, prompts = baseline(sc, tmp / "base")
             rows.append({"scenario": sc.name, "run": "straight (server's choice)", **base})
             rows.append({"scenario": sc.name, "run": "coderouterd, affinity", **routed(sc, tmp / "aff", prompts)})
@@ -350,7 +467,17 @@ def main() -> None:
                     help="suite: both at the test suite's smaller scale")
     ap.add_argument("--restart", action="store_true")
     args = ap.parse_args()
-    print_table(run(SCENARIOS[args.scenario], args.restart))
+    rows = run(SCENARIOS[args.scenario], args.restart)
+    if args.scenario.startswith("swap"):
+        cols = ["scenario", "requests", "errors", "starts", "starts_with_other_alive", "prompt_tokens",
+                "processed_tokens", "returning_processed", "returning_new", "returning_ratio", "warm_ttft_p50_s"]
+        print("| " + " | ".join(cols) + " |")
+        print("|" + "---|" * len(cols))
+        for r in rows:
+            print("| " + " | ".join(str(len(r[c]) if isinstance(r.get(c), list) else r.get(c, "")) for c in cols)
+                  + " |")
+        return
+    print_table(rows)
 
 
 if __name__ == "__main__":

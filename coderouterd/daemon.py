@@ -95,6 +95,7 @@ class Daemon:
         self.health: HealthMonitor | None = None  # once the proxy listens (_start_background)
         self.selfheal: SelfHealer | None = None  # likewise
         self.processes: Processes | None = None  # when any provider has a process block
+        self._early_events: list[tuple] = []  # process events before self-healing exists (see _process_event)
         self.metrics = LazyMetrics(self)
         self.metrics_endpoint = self.metrics.endpoint  # GET /metrics (ingress dispatches it)
         self.repair_stats = RepairStats()
@@ -125,20 +126,38 @@ class Daemon:
         warn_reload_risks(cfg)
         self.load_persisted_profile()
         if _has_processes(cfg):
-            from .supervise.from_config import Processes
-
-            # Until their process says ready (or is adopted), autostarted backends are not routed to: a request
-            # that arrives before the process is even spawned waits like any request during a start, instead of
-            # being tried at once and counted as a failure.
-            for providers, wait_s in Processes.autostarted(cfg):
-                self.routing.mark_down(providers, wait_s=wait_s)
-            for providers in Processes.started_on_demand(cfg):
-                self.routing.mark_down(providers, state="stopped until a request needs it")
+            await self._start_processes(cfg)
         t.publish(DaemonLifecycle(event="start", pid=self.pid, version=self.version))
         self._configure_budget(cfg)
         await self.shared.start()
         self._background = self.tasks.spawn(self._start_background(), name="start-background")
         self.started = True
+
+    async def _start_processes(self, cfg: ConfigModel) -> None:
+        """The managed processes and their on-demand scheduler exist before the proxy answers: a request that
+        arrives first can start an on-demand model, and waits for an autostarted one instead of being tried at
+        once and counted as a failure. Nothing is spawned here (start_background does, once self-healing, which
+        receives the supervisor's events, exists; events before that are kept for it)."""
+        from .affinity.slot_save import ensure_slot_dir
+        from .supervise.from_config import Processes
+
+        if cfg.affinity.enabled and cfg.affinity.manage_slot_save:
+            await asyncio.to_thread(ensure_slot_dir, state_dir(cfg))
+        processes = self.processes = Processes(state_dir(cfg) / "logs", self.telemetry.store,
+                                               on_event=self._process_event, routing=self.routing)
+        processes.apply(cfg)
+        await processes.configure(cfg)
+        self.router.demand = processes.scheduler
+        for providers, wait_s in Processes.autostarted(cfg):
+            self.routing.mark_down(providers, wait_s=wait_s)
+        for providers in Processes.started_on_demand(cfg):
+            self.routing.mark_down(providers, state="stopped until a request needs it")
+
+    def _process_event(self, name, event, pid, detail) -> None:
+        if self.selfheal is not None:
+            self.selfheal.on_process_event(name, event, pid, detail)
+        else:  # an on-demand start in the first moments: self-healing takes it in order when it exists
+            self._early_events.append((name, event, pid, detail))
 
     async def _start_background(self) -> None:
         """What can wait until the proxy answers: the upstream HTTP stack and everything that probes or
@@ -153,19 +172,9 @@ class Daemon:
         self.selfheal = selfheal = SelfHealer(self.routing, health, supervisor=self._supervisor,
                                               runtime=lambda: self.runtime, publish=t.publish,
                                               fresh_start=self.affinity.server_restarted, ready=self._server_ready)
-        cfg = self._loaded.model
-        if _has_processes(cfg):
-            from .affinity.slot_save import ensure_slot_dir
-            from .supervise.from_config import Processes
-
-            if cfg.affinity.enabled and cfg.affinity.manage_slot_save:
-                await asyncio.to_thread(ensure_slot_dir, state_dir(cfg))
-
-            processes = self.processes = Processes(state_dir(cfg) / "logs", t.store,
-                                                   on_event=selfheal.on_process_event, routing=self.routing)
-            processes.apply(cfg)
-            await processes.configure(cfg)
-            self.router.demand = processes.scheduler
+        for ev in self._early_events:
+            selfheal.on_process_event(*ev)
+        self._early_events.clear()
         if self.processes is not None:
             self.processes.start_background()
         health.start()
@@ -280,8 +289,7 @@ class Daemon:
         if self.processes is None and _has_processes(cfg):
             from .supervise.from_config import Processes
 
-            on_event = self.selfheal.on_process_event if self.selfheal is not None else None
-            self.processes = Processes(state_dir(cfg) / "logs", self.telemetry.store, on_event=on_event,
+            self.processes = Processes(state_dir(cfg) / "logs", self.telemetry.store, on_event=self._process_event,
                                        routing=self.routing)
             self.router.demand = self.processes.scheduler
         if self.processes is not None:

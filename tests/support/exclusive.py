@@ -1,6 +1,6 @@
-"""`python -m tests.support.exclusive LOG PORTS -- ARGV...`: note in LOG which of the fake servers on PORTS
-(comma-separated) are alive in the process table at this moment, then become ARGV (exec: same pid, so the
-supervisor watches the real server). A budget that holds one model at a time is checked this way without a
+"""`python -m tests.support.exclusive LOG PORTS -- ARGV...`: note in LOG which of the servers on PORTS
+(comma-separated; any command line with `--port P`: a fake or a real llama-server) are alive in the process table
+at this moment, then become ARGV (exec: same pid, so the supervisor watches the real server). A budget that holds one model at a time is checked this way without a
 timing window: each start reads the process table at the very moment it happens."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ def alive(ports: set[str]) -> list[int]:
         cmd = p.info["cmdline"] or []
         if p.info["pid"] == os.getpid() or p.info["status"] == psutil.STATUS_ZOMBIE:
             continue
-        if "tests.fakes" in cmd and "--port" in cmd and cmd[cmd.index("--port") + 1] in ports:
+        if "--port" in cmd[:-1] and cmd[cmd.index("--port") + 1] in ports:
             out.append(p.info["pid"])
     return out
 

@@ -1,0 +1,77 @@
+"""Local models on demand with real llama-servers: two managed servers and a memory budget that holds one
+(bench/real_llama.py's swap scenario at the suite's small scale), and an idle stop followed by an on-demand start.
+Small in tokens: the point is the processes, not the model."""
+
+from __future__ import annotations
+
+import inspect
+import json
+
+import httpx
+import pytest
+
+from bench.real_llama import SWAP_SUITE, swap
+from coderouterd.supervise import ManagedProcess, Supervisor
+from tests.support.daemon import DaemonProcess, admin_get, free_port
+from tests.support.real_llama import paths, server_argv
+from tests.support.wait import wait_for
+
+pytestmark = pytest.mark.timeout(900)
+
+
+def _slots_saved_before_a_stop() -> bool:
+    """The warm branch's hook that saves slots before a planned stop (idle, swap): without it a swapped-out
+    conversation comes back to an empty cache."""
+    return any("before_stop" in inspect.signature(cls.__init__).parameters or hasattr(cls, "before_stop")
+               for cls in (ManagedProcess, Supervisor))
+
+
+def test_two_models_with_a_budget_for_one_never_run_together_and_no_client_sees_an_error(tmp_path):
+    paths()
+    got = swap(SWAP_SUITE, tmp_path)
+    print(json.dumps({k: v for k, v in got.items() if k != "returning_turns"}))
+    assert got["errors"] == [], got["errors"]
+    # Every start read the process table at its own moment: the other server was never alive then.
+    assert got["starts"] == got["requests"] and got["starts_with_other_alive"] == [], got
+    # After a swap away and back, the next turn processes at most its new tokens plus 10%: that needs the slots
+    # saved before the swap's stop and restored after the start (the warm branch).
+    if not _slots_saved_before_a_stop():
+        pytest.xfail(f"no slot saving before a planned stop on this branch: returning turns processed "
+                     f"{got['returning_processed']} tokens for {got['returning_new']} new")
+    assert got["returning_processed"] <= 1.10 * got["returning_new"], got
+
+
+def test_idle_stop_then_an_on_demand_start_that_is_served(tmp_path):
+    p = paths()
+    port = free_port()
+    argv = server_argv(p["LLAMA_SERVER"], p["LLAMA_MODEL"], port, slots=1, ctx_per_slot=512)
+    cfg = f"""
+[server]
+port = {{PORT}}
+
+[providers.llama]
+kind = "openai"
+base_url = "http://127.0.0.1:{port}/v1"
+model = "smollm2"
+process = {{ command = {json.dumps(argv)}, ready_url = "http://127.0.0.1:{port}/health", start_timeout_s = 60, idle_stop_s = 2 }}
+
+[profiles.default]
+providers = ["llama"]
+"""
+    d = DaemonProcess(cfg, tmp_path).start()
+    sock = d.state_dir / "coderouterd.sock"
+    body = {"model": "m", "max_tokens": 4, "messages": [{"role": "user", "content": "Say hi."}]}
+
+    def llama() -> dict:
+        return ((admin_get(sock) or {}).get("processes") or {}).get("llama") or {}
+
+    try:
+        assert wait_for(lambda: llama().get("state") == "ready", 120)
+        assert httpx.post(d.url + "/v1/messages", json=body, timeout=120).status_code == 200
+        assert wait_for(lambda: llama().get("state") == "stopped", 60)
+        assert llama()["last_stop_reason"] == "idle"
+        r = httpx.post(d.url + "/v1/messages", json={**body, "stream": True}, timeout=180)
+        assert r.status_code == 200 and "message_stop" in r.text, r.text[:500]
+        assert llama().get("state") == "ready"
+    finally:
+        d.stop()
