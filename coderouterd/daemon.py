@@ -106,7 +106,8 @@ class Daemon:
         self.drift = DriftManager(lambda: self.runtime, healer=lambda: self.selfheal, publish=t.publish)
         self.router = Router(self.routing, budget=BudgetHooks(self.budget), affinity=self.affinity,
                              servers=self.servers, memory_cooldown_s=cfg.memory.cooldown_s,
-                             order_adjusters=[self.drift.adjust_order, self._memory_order])
+                             order_adjusters=[self.drift.adjust_order, self._memory_order],
+                             demand=lambda: self.processes.scheduler if self.processes is not None else None)
         self._finisher = RequestFinisher(self._recorder, self.recent, drift=self.drift)
         self._background: asyncio.Task | None = None
 
@@ -147,7 +148,6 @@ class Daemon:
                                                on_event=self._process_event, routing=self.routing)
         processes.apply(cfg)
         await processes.configure(cfg)
-        self.router.demand = processes.scheduler
         for providers, wait_s in Processes.autostarted(cfg):
             self.routing.mark_down(providers, wait_s=wait_s)
         for providers in Processes.started_on_demand(cfg):
@@ -291,7 +291,6 @@ class Daemon:
 
             self.processes = Processes(state_dir(cfg) / "logs", self.telemetry.store, on_event=self._process_event,
                                        routing=self.routing)
-            self.router.demand = self.processes.scheduler
         if self.processes is not None:
             self.tasks.spawn(self.processes.reload(cfg), name="processes-reload")
 

@@ -31,12 +31,14 @@ CLOSED, TRIAL, PANIC = "closed", "trial", "panic"
 class Router:
     def __init__(self, state: RoutingState, *, budget=None, affinity: Affinity | None = None,
                  servers: ServerDirectory | None = None, memory_cooldown_s: float = 60.0,
-                 order_adjusters: Sequence[Callable[[object, list[str]], list[dict]]] = ()) -> None:
+                 order_adjusters: Sequence[Callable[[object, list[str]], list[dict]]] = (),
+                 demand: Callable[[], OnDemand | None] = lambda: None) -> None:
         """`budget`: guards.apply.BudgetHooks (allowed / reserve / settle), or None when nothing is paid for.
         `affinity`: prefix affinity (session lanes, slots, prefix index), or None.
         `servers`: what each provider's server reports about itself; its context window gates requests
         for providers whose config leaves context_window unset. None: configured windows only.
         `memory_cooldown_s`: how long a provider that ran out of memory is not tried.
+        `demand`: the on-demand scheduler of managed processes, when there are any (a getter: they come later).
         `order_adjusters`: consulted after planning, in order: (profile config, candidates) -> order notes;
         each may reorder the candidates in place. Guards that move providers (drift demotion, memory
         pressure) plug in here."""
@@ -50,9 +52,13 @@ class Router:
         # Which Anthropic upstream signed each thinking block relayed, so none goes to another (process-wide:
         # a conversation moves between providers and profiles).
         self.thinking_signatures = SignatureBook()
-        # Local models on demand (supervise/ondemand.py), set once managed processes exist: starts a stopped
-        # process for the request that needs it and counts requests in flight per process.
-        self.demand: OnDemand | None = None
+        self._demand = demand
+
+    @property
+    def demand(self) -> OnDemand | None:
+        """Local models on demand (supervise/ondemand.py), once managed processes exist: starts a stopped process
+        for the request that needs it and counts requests in flight per process. None: no managed process."""
+        return self._demand()
 
     def reconfigure(self, config) -> None:
         self.state.reconfigure(config)
