@@ -107,6 +107,10 @@ class SupervisorEffects:
             return mp.fatal_reason or "fatal"
         return f"not ready within start_timeout_s = {mp.spec.start_timeout_s:g} ({mp.state.value})"
 
+    async def wait_ready(self, name: str) -> None:
+        mp = self.sup.get(name)
+        await mp.wait_ready(mp.spec.start_timeout_s)
+
     async def stop(self, name: str, reason: str) -> None:
         try:
             await self.sup.get(name).stop(reason=reason)
@@ -206,8 +210,9 @@ class Processes:
                 self._starts.spawn(self._ensure(name), name=f"start:{name}")
 
     async def _ensure(self, name: str) -> None:
+        """Start within the budget; not waiting for readiness (a starting process counts against it already)."""
         try:
-            await self.scheduler.ensure(name)
+            await self.scheduler.ensure(name, wait=False)
         except StartFailed as e:
             log.error("%s: not started: %s", name, e)
 
@@ -240,9 +245,9 @@ class Processes:
         if mp is None:
             raise KeyError(name)
         if action == "start":
-            if mp.state is ProcessState.FATAL or mp.external:
-                await mp.start()  # a fatal one is started again by hand (its failures forgotten)
-            else:
+            if mp.external:
+                await mp.start()
+            else:  # a fatal one too: started again by hand (its failures forgotten), within the budget
                 try:
                     await self.scheduler.ensure(mp.spec.name, wait=False)  # within the budget: makes room first
                 except StartFailed as e:

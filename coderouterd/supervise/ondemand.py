@@ -52,6 +52,9 @@ class Effects(Protocol):
         """Start it and (`wait`) wait for readiness (its start timeout). None when ready (or, not waiting,
         starting), else why it did not come up."""
 
+    async def wait_ready(self, name: str) -> None:
+        """Until it is ready or has settled otherwise (stopped, fatal, its start timeout)."""
+
     async def stop(self, name: str, reason: str) -> None:
         """Stop it (its tree; the slots are saved first by the supervisor's before-stop hook)."""
 
@@ -194,11 +197,19 @@ class OnDemand:
             self._ours.discard(name)
             self.policy.touch(name)
             why = await self.effects.start(name, wait)
-            self.policy.touch(name)  # idle time counts from readiness, not from the start's decision
-            self._wake.set()
+            if wait:
+                self.policy.touch(name)  # idle time counts from readiness, not from the start's decision
+                self._wake.set()
+            elif why is None:
+                self._tasks.spawn(self._touch_when_ready(name), name=f"ready:{name}")
             if why is not None:
                 self.effects.cannot_start(name, why)
                 raise StartFailed(why)
+
+    async def _touch_when_ready(self, name: str) -> None:
+        await self.effects.wait_ready(name)
+        self.policy.touch(name)
+        self._wake.set()
 
     async def _stopped(self, name: str) -> None:
         """A stop of this process under way (idle, room, by hand) ends before it is started again."""

@@ -165,6 +165,10 @@ class FakeEffects:
         self.state[name] = "ready"
         return None
 
+    async def wait_ready(self, name):
+        while self.state[name] == "starting":
+            await asyncio.sleep(0)
+
     async def stop(self, name, reason):
         self.log.append(("stop", name, reason))
         self.state[name] = "stopping"
@@ -400,3 +404,67 @@ def test_missing_binary_and_model_are_named(tmp_path):
         f"binary {str(tmp_path / 'nope')!r} not found", f"model file {str(tmp_path / 'm.gguf')!r} not found"]
     assert missing(["no-such-binary-anywhere-xyz"]) == ["binary 'no-such-binary-anywhere-xyz' not found on PATH"]
     assert missing(["sh", "-c", "true"]) == []
+
+
+# -- what routing and the client are told ------------------------------------------------------------------------
+
+
+def test_a_process_that_cannot_start_is_down_not_coming_until_started_again():
+    from coderouterd.config.schema import ConfigModel
+    from coderouterd.routing.state import RoutingState
+
+    cfg = ConfigModel.model_validate({"providers": {"p": {"base_url": "http://127.0.0.1:1/v1"}},
+                                      "profiles": {"default": {"providers": ["p"]}}})
+    st = RoutingState(cfg)
+    st.cannot_start(["p"], "managed process x cannot start: model file 'm.gguf' not found")
+    assert st.is_down("p") and st.coming_within("p") == 0
+    assert st.cannot_start_reason("p") == "managed process x cannot start: model file 'm.gguf' not found"
+    st.mark_down(["p"], wait_s=30, state="starting on demand")  # started again: it may come up this time
+    assert st.cannot_start_reason("p") is None
+    st.cannot_start(["p"], "again")
+    st.mark_up(["p"])
+    assert st.cannot_start_reason("p") is None and not st.is_down("p")
+
+
+@pytest.mark.parametrize(("ingress", "status", "kind"), [("anthropic", 500, "api_error"), ("openai", 500, "api_error"),
+                                                         ("responses", 400, "invalid_request_error")])
+def test_cannot_start_is_one_attempt_for_every_client(ingress, status, kind):
+    from coderouterd.routing.planner import Skip
+    from coderouterd.routing.replies import nothing_attempted
+
+    why = "managed process x cannot start: binary 'llama-server' not found on PATH"
+    r = nothing_attempted([Skip("p", "cannot_start", why, overridable=False)], ingress=ingress, profile="default",
+                          summary="")
+    assert (r.status, r.kind, r.headers, r.code) == (status, kind, {"x-should-retry": "false"},
+                                                     "backend_cannot_start")
+    assert why in r.message
+    # Something else only waits (a breaker, a start under way): still "overloaded", worth a retry.
+    r = nothing_attempted([Skip("p", "cannot_start", why), Skip("q", "not_ready", "starting")], ingress=ingress,
+                          profile="default", summary="")
+    assert r.status in (503, 529)
+
+
+def test_a_start_by_hand_does_not_wait_but_idle_time_still_counts_from_readiness():
+    run(_start_by_hand())
+
+
+async def _start_by_hand():
+    sch, fx, clock = scheduler(0, [Resident("a", 1, idle_stop_s=30)])
+    fx.gates["a"] = asyncio.Event()
+
+    async def slow_start(name, wait=True):  # the process takes its time: no readiness before the gate opens
+        fx.state[name] = "starting"
+        if wait:
+            await fx.gates[name].wait()
+            fx.state[name] = "ready"
+        return None
+
+    fx.start = slow_start
+    await sch.ensure("a", wait=False)
+    assert fx.state["a"] == "starting"
+    clock.t += 100  # a long load
+    fx.state["a"] = "ready"
+    for _ in range(10):
+        await asyncio.sleep(0)
+    assert sch.policy.idle_left("a") == 30  # counted from readiness, not from the start's decision
+    await sch.close()
