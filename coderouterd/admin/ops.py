@@ -121,9 +121,11 @@ def ops_routes(daemon: Daemon) -> APIRouter:
                 raise _unreachable(p, e) from None
             except ModelControlError as e:
                 raise AdminError(502, f"{provider}: {e} ({p.cfg.base_url})", provider=provider) from None
-        names = list(runtime.providers)
+        stopped = _stopped_processes()
+        names = [n for n in runtime.providers if n not in stopped]
         results = await asyncio.gather(*(list_models(runtime.providers[n]) for n in names), return_exceptions=True)
-        out: list[dict] = []
+        # A stopped managed process is not asked (it would only refuse the connection): what it is, is said.
+        out: list[dict] = [{"provider": n, "error": why, "models": []} for n, why in stopped.items()]
         for name, res in zip(names, results, strict=True):
             if isinstance(res, BaseException):
                 if not isinstance(res, Exception):
@@ -134,6 +136,21 @@ def ops_routes(daemon: Daemon) -> APIRouter:
             else:
                 out.append(_with_window(runtime.providers[name], res))
         return {"providers": out, "resident": _resident()}
+
+    def _stopped_processes() -> dict[str, str]:
+        procs = daemon.processes
+        if procs is None:
+            return {}
+        out = {}
+        for name, snap in procs.supervisor.snapshot().items():
+            if snap["state"] not in ("stopped", "fatal"):
+                continue
+            for provider in snap["providers"]:
+                why = snap.get("fatal_reason") or ("the next request that needs it starts it"
+                                                   if procs.scheduler.can_start(provider)
+                                                   else f"`corectl start {name}` starts it")
+                out[provider] = f"managed process {name} is {snap['state']}: {why}"
+        return out
 
     def _resident() -> dict | None:
         procs = daemon.processes

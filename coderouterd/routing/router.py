@@ -146,8 +146,12 @@ class Router:
                 if name in p.candidates:
                     p.candidates.remove(name)
                 why = st.cannot_start_reason(name)
+                demand = self.demand
                 if why is not None:
                     p.skips.append(Skip(name, "cannot_start", why, overridable=False))
+                elif demand is not None and demand.can_start(name):
+                    p.skips.append(Skip(name, "not_ready", f"{name}'s managed process is stopped; a request starts "
+                                                           "it (on demand)", overridable=False))
                 else:
                     p.skips.append(Skip(name, "not_ready", st.down_reason(name), overridable=False))
         if not p.candidates:
