@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from . import tree
+from . import adopt, tree
 from .logs import DEFAULT_KEEP, DEFAULT_MAX_BYTES, RotatingLog
 from .spec import (
     DEFAULT_BACKOFF,
@@ -325,13 +325,18 @@ class ManagedProcess:
             return
         url = self.spec.ready_url
         if url and await http_ready(url):
-            # Someone else serves this backend; a second copy would only fight it for the port.
+            # Someone else serves this backend; a second copy would only fight it for the port. It is served as
+            # this process only when verified: anyone can bind the port first.
+            verdict = await asyncio.to_thread(adopt.judge, url, self.spec.command, self.spec.cwd, self.spec.adopt)
+            if not verdict.ok:
+                await self._go_fatal(verdict.reason)
+                return
             self._invalidate()
             self.external = True
             self._started_mono = self._clock()
             self.started_at = time.time()
             self._set_state(ProcessState.READY)
-            self._emit(ProcessEventName.ADOPTED, None, f"{url} already answers; not started by coderouterd")
+            self._emit(ProcessEventName.ADOPTED, None, f"{url} already answers; not started by coderouterd; {verdict.reason}")
             return
         await self._spawn()
 

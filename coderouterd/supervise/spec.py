@@ -49,6 +49,9 @@ class ProcessSpec:
     # Ready for this long, a process has proved itself: its next crash starts the back-off from the first
     # step again instead of counting every crash in the window. None: the longest back-off step.
     healthy_after_s: float | None = None
+    # A server already answering ready_url at start: "verify" adopts it only when it runs this command as this
+    # user (supervise/adopt.py), "never" refuses it.
+    adopt: str = "verify"
 
     def __post_init__(self) -> None:
         # The name becomes a log file name and a store key.
