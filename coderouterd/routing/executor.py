@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Literal
 from ..providers.call import Call
 from ..providers.errors import BUDGET, BUDGET_FINAL, IDLE_TIMEOUT, OVERFLOW, TOTAL_TIMEOUT, UpstreamError
 from ..providers.provider import Provider
+from ..translate.answer_stats import client_limit, without_client_cut
 from ..translate.images import omit_images
 from ..translate.tool_repair import repair_tools_for
 from ..wire.errors import error_kind
@@ -347,8 +348,12 @@ class Exchange:
         call = slot.made
         record = self.record
         if getattr(call.strategy, "answer", None) is not None:
-            record.sampled_drift(call.strategy.drift_sample(tools_offered=bool(self.req.body.get("tools")),
-                                                            prompt_key=_last_turn_key(self.req.body)))
+            sample = call.strategy.drift_sample(tools_offered=bool(self.req.body.get("tools")),
+                                                prompt_key=_last_turn_key(self.req.body))
+            if sample is not None:
+                sample = without_client_cut(sample, client_limit(self.req.body),
+                                            record.usage.get("output_tokens") or 0)
+            record.sampled_drift(sample)
         latency = call.ttfb if call.ttfb is not None else time.monotonic() - slot.started
         self.router.report_success(slot.name, latency, slot.admission)
         usage = record.usage
