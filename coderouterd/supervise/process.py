@@ -44,6 +44,7 @@ from .spec import (
     RecordCallback,
     SupervisorError,
     describe_exit,
+    describe_spawn_error,
     http_ready,
 )
 
@@ -395,7 +396,7 @@ class ManagedProcess:
             )
         except OSError as exc:
             # A missing binary or a bad cwd will not fix itself; retrying only hides the message.
-            await self._go_fatal(f"cannot execute {argv[0]!r}: {exc.strerror or exc}")
+            await self._go_fatal(describe_spawn_error(argv[0], exc, self.spec.cwd))
             return
         finally:
             os.close(fd)
