@@ -491,6 +491,7 @@ class Exchange:
 
     async def send_failure(self, e: UpstreamError) -> None:
         """Answer the client with the failure that ended the request."""
+        self.record.ended_by_last_attempt()
         if e.after_content and self.committed:
             await self._fail_committed(e)
         elif e.reason == OVERFLOW:
