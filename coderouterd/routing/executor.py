@@ -274,7 +274,9 @@ class Exchange:
                                   "why": f"{omitted} image(s) replaced by a text note: {provider.name} has "
                                          "capabilities.vision = false"})
         cls = provider.adapter.strategy_for(req.ingress)
-        kw = {"model": model, "skip_prologue": self.committed and self.sink.opens_stream_itself, "client_body": body}
+        kw = {"model": model, "skip_prologue": self.committed and self.sink.opens_stream_itself, "client_body": body,
+              # Answers name the model as the client asked for it (or as configured), whatever the server says.
+              "answer_model": req.model or provider.cfg.model or model}
         if req.native is not None:
             kw["native"] = req.native
             kw["provider_name"] = provider.name
