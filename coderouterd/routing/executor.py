@@ -110,7 +110,9 @@ class Exchange:
         record = self.record
         ticket = aff.ticket(self.req, prompt_cache_key=self.req.session_key()) if aff is not None else None
         record.set_affinity(ticket)
-        plan = self.router.plan(self.profile_name, self.profile, self.runtime, self.req, ticket=ticket)
+        counts = await self.router.server_counts(self.profile, self.runtime, self.req)
+        plan = self.router.plan(self.profile_name, self.profile, self.runtime, self.req, ticket=ticket,
+                                counts=counts)
         record.planned(plan)
         errors: list[UpstreamError] = []
         names = list(plan.candidates)
