@@ -187,6 +187,9 @@ class ProcessConfig(_Strict):
     # Ready this long without a crash and the restart back-off starts over (supervisord's model). 0: the
     # longest back-off step.
     healthy_after_s: float = seconds(0.0, zero_ok=True)
+    # Something already answering ready_url at start: "verify" adopts it only if it runs this command as the
+    # daemon's user; "never" refuses it. A refused listener marks the provider down, naming the port's owner.
+    adopt: Literal["verify", "never"] = "verify"
 
 
 class ProviderConfig(_Strict):
