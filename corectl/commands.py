@@ -142,7 +142,15 @@ def config_check(path: str | None, as_json: bool, socket: str | None = None) -> 
         report_error(str(e), as_json, {"path": found.value, "from": found.source})
         return 1
     m = loaded.model
-    no_key = missing_keys(m.providers, _daemon_environment())
+    environ = _daemon_environment()
+    from coderouterd.state.shared.backend import start_problem
+
+    # What the daemon refuses to start with (a malformed DSN, the driver missing) fails the check too.
+    shared = start_problem(m.state, environ)
+    if shared is not None:
+        report_error(f"{loaded.path}: {shared}", as_json, {"path": loaded.path, "from": found.source})
+        return 1
+    no_key = missing_keys(m.providers, environ)
     unused = m.unused_settings()
     unstartable = m.unstartable_processes()
     data = {"ok": not unstartable, "path": loaded.path, "from": found.source, "providers": sorted(m.providers),

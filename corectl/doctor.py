@@ -35,7 +35,26 @@ async def run_doctor(config: Any, providers: list[str] | None = None, *,
     limits = limits or Limits()
     # trust_env=False: like the daemon, ignore HTTP(S)_PROXY so loopback backends are reached directly.
     async with httpx.AsyncClient(trust_env=False, follow_redirects=True) as client:
-        return list(await asyncio.gather(*(ProviderProbe(n, known[n], client, limits).run() for n in names)))
+        results = list(await asyncio.gather(*(ProviderProbe(n, known[n], client, limits).run() for n in names)))
+    await _adoption_checks(model, results)
+    return results
+
+
+async def _adoption_checks(model: Any, results: list[dict]) -> None:
+    """A managed provider whose ready_url answers: is that listener the configured process (what the daemon
+    would adopt), or an impostor it refuses (supervise/adopt.py)?"""
+    from coderouterd.supervise import adopt, http_ready
+    from coderouterd.supervise.from_config import specs_from_config
+
+    by_provider = {p: spec for spec, providers in specs_from_config(model).values() for p in providers}
+    for r in results:
+        spec = by_provider.get(r["provider"])
+        if spec is None or not spec.ready_url or not await http_ready(spec.ready_url):
+            continue
+        v = await asyncio.to_thread(adopt.judge, spec.ready_url, spec.command, spec.cwd, spec.adopt)
+        r["checks"].append({"name": "process", "status": OK if v.ok else FAIL, "message": v.reason,
+                            "suggestion": "" if v.ok else "stop whatever holds the port; the daemon will not "
+                                                          "serve it as this provider"})
 
 
 def exit_code(results: list[dict]) -> int:

@@ -52,6 +52,35 @@ class ServerConfig(_Strict):
     max_connections: int = Field(512, ge=1, le=100_000)
     # The read-only web dashboard at /ui on this port (README: "The dashboard"); false answers /ui with 404.
     dashboard: bool = True
+    # Browsers are not callers (ingress/browsers.py): extra Host names this daemon answers to (its own loopback
+    # names and listen address always; "name" matches any port, "name:port" that port only; "*" turns the Host
+    # check off), and the web origins allowed to call the API with CORS (none by default).
+    allowed_hosts: list[str] = []
+    cors_origins: list[str] = []
+
+    @field_validator("allowed_hosts")
+    @classmethod
+    def _hosts(cls, hosts: list[str]) -> list[str]:
+        for i, h in enumerate(hosts):
+            if h == "*":
+                continue
+            if not h or h != h.strip() or "/" in h or "@" in h or not (h.isascii() and h.isprintable()):
+                raise ValueError(f"[{i}] {h!r} is not a host name: give a bare name or name:port, like "
+                                 "'coderouter.lan' or 'coderouter.lan:8088' (no scheme, no path)")
+        return [h.lower() for h in hosts]
+
+    @field_validator("cors_origins")
+    @classmethod
+    def _origins(cls, origins: list[str]) -> list[str]:
+        for i, o in enumerate(origins):
+            if o.strip() in ("*", "null"):
+                raise ValueError(f"[{i}] {o!r} would let any web page spend this daemon's budget; name each "
+                                 "origin, like 'http://localhost:5173'")
+            scheme, sep, rest = o.strip().partition("://")
+            if not sep or scheme.lower() not in ("http", "https") or not rest or "/" in rest.rstrip("/"):
+                raise ValueError(f"[{i}] {o!r} is not a web origin: give scheme://host[:port], like "
+                                 "'http://localhost:5173'")
+        return origins
 
     @field_validator("api_keys")
     @classmethod
@@ -167,6 +196,9 @@ class ProcessConfig(_Strict):
     idle_stop_s: float = seconds(0.0, zero_ok=True)
     memory_mb: float = Field(0.0, ge=0, le=100_000_000)
     pinned: bool = False
+    # Something already answering ready_url at start: "verify" adopts it only if it runs this command as the
+    # daemon's user; "never" refuses it. A refused listener marks the provider down, naming the port's owner.
+    adopt: Literal["verify", "never"] = "verify"
 
 
 class ProviderConfig(_Strict):

@@ -15,6 +15,7 @@ from ..routing.record import CLIENT_DISCONNECTED, INTERNAL_ERROR
 from ..routing.request import ClientRequest
 from ..runtime import UnknownProfile
 from .auth import key_accepted, presented_key
+from .browsers import BrowserGuard, with_cors
 from .guard import BodyTooLarge, ClientLeft, answer_internal_error, describe_exception, read_body
 from .protocol import DISCONNECT_HOOK
 from .responder import ClientGone, Responder
@@ -76,6 +77,21 @@ class ProxyApp:
     def __init__(self, daemon: Daemon) -> None:
         self.daemon = daemon
         self._dashboard: DashboardApp | None = None  # made on the first /ui request
+        self._guard: tuple[object, int, BrowserGuard] | None = None  # (runtime, port, guard) last built
+
+    def browser_guard(self, scope) -> BrowserGuard:
+        """The Host/Origin/content-type checks for this config generation and the port the request came in on
+        (built once per reload)."""
+        runtime = self.daemon.runtime
+        server = scope.get("server")
+        port = server[1] if server else self.daemon.listen[1]
+        cached = self._guard
+        if cached is not None and cached[0] is runtime and cached[1] == port:
+            return cached[2]
+        s = runtime.config.server
+        guard = BrowserGuard(self.daemon.listen[0], port, s.allowed_hosts, s.cors_origins)
+        self._guard = (runtime, port, guard)
+        return guard
 
     async def __call__(self, scope, receive, send) -> None:
         kind = scope["type"]
@@ -123,6 +139,20 @@ class ProxyApp:
     async def http(self, scope, receive, send) -> None:
         path = scope["path"]
         method = scope["method"]
+        if path != "/healthz" and not path.startswith("/ui"):
+            # /healthz stays open to any prober (it reads nothing and spends nothing); /ui checks Host itself and
+            # may be opened from a link on another site (a navigation, which reads nothing it was not shown).
+            guard = self.browser_guard(scope)
+            refused, cors_origin = guard.refusal(path, method, scope["headers"])
+            if refused is not None:
+                refusals = self.daemon.browser_refused
+                refusals[refused.reason] = refusals.get(refused.reason, 0) + 1
+                r = Responder(send, _caller_wire(path, scope), new_id("req"))
+                return await r.error(refused.status, refused.message, error_type=refused.error_type)
+            if cors_origin is not None:
+                if method == "OPTIONS":
+                    return await _preflight(send, cors_origin, scope)
+                send = with_cors(send, cors_origin)
         if method == "POST":
             if path == "/v1/messages":
                 return await self.proxy(scope, receive, send, "anthropic")
@@ -334,6 +364,13 @@ class ProxyApp:
             body = {"object": "list", "data": [{"id": i, "object": "model", "created": now, "owned_by": src}
                                                 for i, src in ids]}
         await r.json(200, orjson.dumps(body))
+
+
+async def _preflight(send, origin: bytes, scope) -> None:
+    requested = next((v for k, v in scope["headers"] if k == b"access-control-request-headers"), None)
+    await send({"type": "http.response.start", "status": 204,
+                "headers": BrowserGuard.preflight_headers(origin, requested)})
+    await send({"type": "http.response.body", "body": b""})
 
 
 async def _plain(send, status: int, body: bytes, *, json: bool = False, head: bool = False) -> None:

@@ -35,7 +35,8 @@ class RequestFinisher:
         if record.status >= 400 or len(record.attempts) > 1 or record.skips:
             # "provider=-" when nobody served it (not "None").
             req_log.info("%s %s profile=%s provider=%s status=%s attempts=%s", req.request_id, req.ingress,
-                         record.profile_name, record.served_by or "-", record.status, record.attempts_header())
+                         record.profile_name, record.served_by or record.answered_by or "-", record.status,
+                         record.attempts_header())
         elif req_log.isEnabledFor(logging.DEBUG):
             req_log.debug("%s %s profile=%s provider=%s status=%s", req.request_id, req.ingress,
                           record.profile_name, record.served_by, record.status)

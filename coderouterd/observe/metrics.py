@@ -170,6 +170,11 @@ class _ScrapeTimeCollector:
         for ingress, n in sorted(self.daemon.in_flight.items()):
             in_flight.add_metric([ingress], n)
         yield in_flight
+        refused = CounterMetricFamily("coderouter_browser_refused", "Requests refused as a web page's: a foreign "
+                                      "Host, a cross-site Origin, or a body not declared as JSON", labels=["reason"])
+        for reason, n in sorted(self.daemon.browser_refused.items()):
+            refused.add_metric([reason], n)
+        yield refused
 
     def _models(self):
         """Local models on demand: what is resident, the memory held against the budget, idle time to each

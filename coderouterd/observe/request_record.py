@@ -43,7 +43,8 @@ class RequestRecorder:
         attempts = [_bounded(r.as_dict(message=False)) for r in record.skips_and_attempts()]
         publish = self._publish
         publish(RequestFinished(
-            request_id=req.request_id, ingress=req.ingress, profile=record.profile_name, provider=provider,
+            request_id=req.request_id, ingress=req.ingress, profile=record.profile_name,
+            provider=provider or record.answered_by,
             attempts=attempts, model_requested=clip(req.model), model_used=clip(record.model_used or ""),
             status=record.status,
             error_class=record.error_class, latency_ms=round(latency_s * 1000, 3),

@@ -36,7 +36,9 @@ def trace_from_row(row: dict) -> dict:
         "skips": [{"provider": s["provider"], "reason": s.get("reason"), "message": ""}
                   for s in steps if s.get("outcome") == "skipped"],
         "attempts": [a for a in steps if a.get("outcome") != "skipped"],
-        "served_by": row.get("provider"), "status": row.get("status"), "error_class": row.get("error_class"),
+        # The journal's provider also names one whose own error ended the request: it served only with an ok.
+        "served_by": row.get("provider") if any(a.get("outcome") == "ok" for a in steps) else None,
+        "status": row.get("status"), "error_class": row.get("error_class"),
         "race_outcome": row.get("race_outcome"), "latency_ms": row.get("latency_ms"), "ttfb_ms": row.get("ttfb_ms"),
         "usage": {"input_tokens": row.get("input_tokens"), "output_tokens": row.get("output_tokens"),
                   "cache_read_input_tokens": row.get("cache_read_tokens"),

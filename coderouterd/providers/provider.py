@@ -32,12 +32,16 @@ class Provider:
         self._models_lock: asyncio.Lock | None = None
         # Characters per token observed on this backend (prompt size vs reported prompt tokens), for estimates.
         self.chars_per_token = 3.6
+        self.ratio_learned = False  # chars_per_token has been taught by this backend's reports
         self.tokenize_supported: bool | None = None
+        self.template_count_supported: bool | None = None  # llama.cpp's /apply-template + /tokenize
         if previous is not None and previous.pool_key() == self.pool_key():
             pool = previous.pool
             self._models, self._models_at = previous._models, previous._models_at
             self.chars_per_token = previous.chars_per_token
+            self.ratio_learned = previous.ratio_learned
             self.tokenize_supported = previous.tokenize_supported
+            self.template_count_supported = previous.template_count_supported
         self.pool: Pool = pool if pool is not None else Pool(cfg.timeouts.connect)
 
     def pool_key(self) -> tuple:
@@ -110,7 +114,10 @@ class Provider:
     def learn_ratio(self, chars: int, prompt_tokens: int) -> None:
         if chars > 200 and prompt_tokens > 20:
             observed = chars / prompt_tokens
-            self.chars_per_token = 0.8 * self.chars_per_token + 0.2 * observed
+            # The first report replaces the default outright: a chat template that renders no tool schemas makes
+            # the real ratio several times the usual one, and a slow start would gate a fitting prompt meanwhile.
+            self.chars_per_token = 0.8 * self.chars_per_token + 0.2 * observed if self.ratio_learned else observed
+            self.ratio_learned = True
 
     def estimate_tokens(self, chars: int) -> int:
         return int(chars / self.chars_per_token) + 1

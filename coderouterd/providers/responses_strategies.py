@@ -34,7 +34,7 @@ class _ResponsesStrategy(Strategy):
         # the request free to fail over: the client has seen nothing of that batch.
         self.delivered = False
         self.provider_name = provider_name
-        self.tr = ChatStreamToResponses(native, self.rq.body.get("model") or self.model,
+        self.tr = ChatStreamToResponses(native, self.rq.body.get("model") or self.answer_model,
                                         skip_prologue=self.skip_prologue)
 
     def _sync(self) -> None:

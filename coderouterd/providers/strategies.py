@@ -24,6 +24,7 @@ from ..translate.tool_repair_wire import (
 )
 from ..translate.unsigned_thinking import UpstreamSignatures, may_carry_unsigned, without_unsigned_thinking
 from ..wire.sse import DONE, encode_data, encode_event
+from .answer_model import renamed, renamed_text
 from .errors import BAD_RESPONSE, DISCONNECT, UpstreamError, stream_error_reason
 
 _PING = encode_event({"type": "ping"})
@@ -96,8 +97,9 @@ class Strategy:
 
     def __init__(self, *, model: str, skip_prologue: bool, client_body: dict,
                  repair_tools: dict[str, ToolSpec] | None = None, observe: bool = False,
-                 named_tool_choice: bool = True) -> None:
-        self.model = model
+                 named_tool_choice: bool = True, answer_model: str = "") -> None:
+        self.model = model  # what the upstream is asked for
+        self.answer_model = answer_model or model  # what the client's answer names (providers/answer_model.py)
         # False: the upstream reads tool_choice only as a string (servers/llamacpp.py); see request bodies.
         self.named_tool_choice = named_tool_choice
         # Figures about the answer for drift detection (local providers only: a hosted API does not drift).
@@ -180,8 +182,9 @@ class OpenAIPassthrough(Strategy):
         if self.repair_tools or self.answer is not None:
             self._repair_openai_body(resp)
             if self._repaired_whole:
+                resp["model"] = self.answer_model
                 return orjson.dumps(resp)
-        return body
+        return renamed(body, resp.get("model"), self.answer_model)
 
     def events(self, events: list[tuple[str | None, str]]) -> bytes:
         out: list[bytes] = []
@@ -203,10 +206,12 @@ class OpenAIPassthrough(Strategy):
             if chunks is not None and (len(chunks) != 1 or chunks[0] is not obj):
                 for c in chunks:  # rewritten by the repair: re-encoded
                     if self._note_chunk(c):
+                        if "model" in c:
+                            c["model"] = self.answer_model
                         out.append(encode_data(c))
                 continue
             if self._note_chunk(obj):
-                out.append(b"data: " + data.encode() + b"\n\n")
+                out.append(b"data: " + renamed_text(data, obj.get("model"), self.answer_model).encode() + b"\n\n")
         return b"".join(out)
 
     def _opening(self, data: str) -> dict:
@@ -298,8 +303,9 @@ class AnthropicPassthrough(Strategy):
         if self.repair_tools or self.answer is not None:
             self._repair_anthropic_body(resp)
             if self._repaired_whole:
+                resp["model"] = self.answer_model
                 return orjson.dumps(resp)
-        return body
+        return renamed(body, resp.get("model"), self.answer_model)
 
     def events(self, events: list[tuple[str | None, str]]) -> bytes:
         if not self._opened and events:
@@ -324,11 +330,16 @@ class AnthropicPassthrough(Strategy):
                 if len(evs) == 1 and evs[0] is obj:
                     if name == "content_block_start":
                         self.started_content = True
+                    elif name == "message_start":
+                        data = renamed_text(data, (obj.get("message") or {}).get("model"), self.answer_model,
+                                            inside="message")
                     out.append(b"event: " + name.encode() + b"\ndata: " + data.encode() + b"\n\n")
                     continue
                 for ev in evs:
                     if ev.get("type") == "content_block_start":
                         self.started_content = True
+                    elif isinstance(ev.get("message"), dict) and "model" in ev["message"]:
+                        ev["message"]["model"] = self.answer_model
                     out.append(encode_event(ev))
                 continue
             if name == "message_start":
@@ -339,6 +350,7 @@ class AnthropicPassthrough(Strategy):
                 self.usage.update(msg.get("usage") or {})
                 if self.skip_prologue:
                     continue
+                data = renamed_text(data, msg.get("model"), self.answer_model, inside="message")
             elif name == "content_block_start":
                 self.started_content = True
             elif name == "message_delta":
@@ -382,7 +394,7 @@ class AnthropicToOpenAIUpstream(Strategy):
     def __init__(self, *, input_tokens: int = 0, **kw) -> None:
         super().__init__(**kw)
         self.warnings: list[str] = []
-        self.translator = OpenAIStreamToAnthropic(self.model, input_tokens=input_tokens)
+        self.translator = OpenAIStreamToAnthropic(self.answer_model, input_tokens=input_tokens)
         self._started = False
 
     def request(self, raw: bytes, stream: bool) -> bytes:
@@ -395,7 +407,7 @@ class AnthropicToOpenAIUpstream(Strategy):
         resp = orjson.loads(body)
         self.raw_usage, self.timings = resp.get("usage"), resp.get("timings")
         self._repair_openai_body(resp)
-        msg = response_to_anthropic(resp, self.model, stop_sequences=self.client_body.get("stop_sequences"))
+        msg = response_to_anthropic(resp, self.answer_model, stop_sequences=self.client_body.get("stop_sequences"))
         self.usage = msg.get("usage") or {}
         return orjson.dumps(msg)
 
@@ -463,7 +475,7 @@ class AnthropicUpstreamAsChat(Strategy):
 
     def __init__(self, *, include_usage: bool, **kw) -> None:
         super().__init__(**kw)
-        self.a2o = AnthropicStreamToOpenAI(self.model, include_usage=include_usage)
+        self.a2o = AnthropicStreamToOpenAI(self.answer_model, include_usage=include_usage)
 
     def request(self, raw: bytes, stream: bool) -> bytes:
         body = openai_request_to_anthropic(self.client_body, self.model)
@@ -475,7 +487,7 @@ class AnthropicUpstreamAsChat(Strategy):
         resp = orjson.loads(body)
         self.usage = resp.get("usage") or {}
         self._repair_anthropic_body(resp)
-        return anthropic_response_to_openai(resp, self.model)
+        return anthropic_response_to_openai(resp, self.answer_model)
 
     def _after_content(self) -> bool:
         """Whether the client has seen content: an error after that cannot fail over."""

@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from ..providers.errors import BUDGET, OVERFLOW, UNBUILDABLE
 from ..state.events import DriftAction, DriftDetected, DriftRecovered
 from .drift import DriftDetector, DriftSample, DriftSettings, model_key
 
@@ -21,6 +22,16 @@ if TYPE_CHECKING:
     from ..routing.record import RequestRecord
 
 log = logging.getLogger("coderouterd")
+
+
+# Failures that say nothing about the model: the client left, or the request itself was wrong (a prompt over
+# the context window, a request we could not build, a 400/413/422 the request caused).
+_NOT_THE_MODEL = frozenset({"client_disconnected", OVERFLOW, UNBUILDABLE, BUDGET})
+_REQUEST_STATUSES = frozenset({400, 413, 422})
+
+
+def _models_failure(a) -> bool:
+    return a.reason not in _NOT_THE_MODEL and a.status not in _REQUEST_STATUSES
 
 
 def settings_from(cfg: ConfigModel) -> DriftSettings:
@@ -63,7 +74,7 @@ class DriftManager:
         model = record.model_used or ""
         for a in record.attempts:
             p = providers.get(a.provider)
-            if a.outcome == "failed" and p is not None and p.cfg.is_local() and a.reason != "client_disconnected":
+            if a.outcome == "failed" and p is not None and p.cfg.is_local() and _models_failure(a):
                 self._observe(a.provider, model, DriftSample(error=True), action)
         sample = record.drift_sample
         if sample is not None and record.served_by:

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Literal
 from ..providers.call import Call
 from ..providers.errors import BUDGET, BUDGET_FINAL, IDLE_TIMEOUT, OVERFLOW, TOTAL_TIMEOUT, UpstreamError
 from ..providers.provider import Provider
+from ..translate.answer_stats import client_limit, without_client_cut
 from ..translate.images import omit_images
 from ..translate.tool_repair import repair_tools_for
 from ..wire.errors import error_kind
@@ -111,7 +112,9 @@ class Exchange:
         record = self.record
         ticket = aff.ticket(self.req, prompt_cache_key=self.req.session_key()) if aff is not None else None
         record.set_affinity(ticket)
-        plan = self.router.plan(self.profile_name, self.profile, self.runtime, self.req, ticket=ticket)
+        counts = await self.router.server_counts(self.profile, self.runtime, self.req)
+        plan = self.router.plan(self.profile_name, self.profile, self.runtime, self.req, ticket=ticket,
+                                counts=counts)
         record.planned(plan)
         errors: list[UpstreamError] = []
         names = list(plan.candidates)
@@ -381,7 +384,9 @@ class Exchange:
                                   "why": f"{omitted} image(s) replaced by a text note: {provider.name} has "
                                          "capabilities.vision = false"})
         cls = provider.adapter.strategy_for(req.ingress)
-        kw = {"model": model, "skip_prologue": self.committed and self.sink.opens_stream_itself, "client_body": body}
+        kw = {"model": model, "skip_prologue": self.committed and self.sink.opens_stream_itself, "client_body": body,
+              # Answers name the model as the client asked for it (or as configured), whatever the server says.
+              "answer_model": req.model or provider.cfg.model or model}
         if req.native is not None:
             kw["native"] = req.native
             kw["provider_name"] = provider.name
@@ -455,8 +460,12 @@ class Exchange:
         call = slot.made
         record = self.record
         if getattr(call.strategy, "answer", None) is not None:
-            record.sampled_drift(call.strategy.drift_sample(tools_offered=bool(self.req.body.get("tools")),
-                                                            prompt_key=_last_turn_key(self.req.body)))
+            sample = call.strategy.drift_sample(tools_offered=bool(self.req.body.get("tools")),
+                                                prompt_key=_last_turn_key(self.req.body))
+            if sample is not None:
+                sample = without_client_cut(sample, client_limit(self.req.body),
+                                            record.usage.get("output_tokens") or 0)
+            record.sampled_drift(sample)
         latency = call.ttfb if call.ttfb is not None else time.monotonic() - slot.started
         self.router.report_success(slot.name, latency, slot.admission)
         usage = record.usage
@@ -594,6 +603,7 @@ class Exchange:
 
     async def send_failure(self, e: UpstreamError) -> None:
         """Answer the client with the failure that ended the request."""
+        self.record.ended_by_last_attempt()
         if e.after_content and self.committed:
             await self._fail_committed(e)
         elif e.reason == OVERFLOW:

@@ -42,6 +42,10 @@ class RequestFeatures:
     # caller that cannot accept an answer without reasoning sets this.
     thinking_required: bool = False
     estimated_tokens: int = 0
+    # Per provider, where better known than the one estimate above: from the chars-per-token ratio its server's
+    # reported prompt_tokens taught, or its server's own count of this very prompt (those named in `counted`).
+    tokens_for: Mapping[str, int] = field(default_factory=dict)
+    counted: frozenset[str] = frozenset()
 
 
 # Skips that say "not now" rather than "not this request": when every provider of a chain is skipped only for
@@ -178,11 +182,14 @@ def _gate(
         return Skip(p, "tools", f"request uses tools but {p} has capabilities.tools = false")
     if req.thinking_required and not f.thinking:
         return Skip(p, "thinking", f"request requires thinking but {p} has capabilities.thinking = false")
-    if f.context_window > 0 and req.estimated_tokens > f.context_window:
+    need = req.tokens_for.get(p, req.estimated_tokens)
+    if f.context_window > 0 and need > f.context_window:
+        counted = p in req.counted
         return Skip(
             p,
             "context",
-            f"request needs ~{req.estimated_tokens:,} tokens, over {p}'s context window of {f.context_window:,}"
+            f"request needs {'' if counted else '~'}{need:,} tokens{' by its server’s count' if counted else ''}, "
+            f"over {p}'s context window of {f.context_window:,}"
             + (" (as its server reports it)" if f.window_reported else ""),
         )
     if p in over_budget:

@@ -43,7 +43,7 @@ class RequestRecord:
     __slots__ = ("req", "runtime", "profile_name", "profile", "message_id", "plan", "skips", "attempts", "notes",
                  "settles", "panic", "served_by", "model_used", "usage", "_status", "_error_class", "ttfb",
                  "upstream_wait_s", "race_outcome", "affinity", "repair_applied", "tools_repaired",
-                 "repair_formats", "drift_sample")
+                 "repair_formats", "drift_sample", "answered_by")
 
     def __init__(self, req: ClientRequest, runtime: Runtime, profile_name: str) -> None:
         self.req = req  # the request as routing saw it: its id, wire, model asked for, stream, start times
@@ -58,6 +58,9 @@ class RequestRecord:
         self.settles: list[dict] = []  # shared-ledger settles, journaled with the request (see state/shared)
         self.panic = False
         self.served_by: str | None = None
+        # The provider whose own error answer ended the request (a context overflow, a 4xx passed on, a stream
+        # that broke): it did reach a server, and the journal names it.
+        self.answered_by: str | None = None
         self.model_used: str | None = None
         self.usage: dict = {}
         self._status = 0  # 0 until `end`
@@ -165,6 +168,11 @@ class RequestRecord:
         self.tools_repaired = strategy.repaired
         self.repair_formats = strategy.repair_formats
         self.end(200, None)
+
+    def ended_by_last_attempt(self) -> None:
+        """The last attempt's own error answer ends the request: its provider answered, and is named for it."""
+        if self.attempts:
+            self.answered_by = self.attempts[-1].provider
 
     def sampled_drift(self, sample: DriftSample | None) -> None:
         self.drift_sample = sample

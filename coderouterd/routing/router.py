@@ -15,6 +15,7 @@ from ..providers.server_info import ServerDirectory
 from ..translate.unsigned_thinking import SignatureBook
 from .adaptive import AdaptiveOrderer
 from .breaker import BreakerState
+from .context_count import count_over_window, learned_estimates
 from .planner import Plan, ProviderFacts, RequestFeatures, Skip, plan
 from .request import ClientRequest
 from .state import RoutingState
@@ -120,11 +121,19 @@ class Router:
                 out[name] = replace(f, context_window=window, window_reported=True)
         return out if out is not None else facts
 
-    def plan(self, profile_name: str, profile, runtime: Runtime, req: ClientRequest, ticket=None) -> Plan:
+    def plan(self, profile_name: str, profile, runtime: Runtime, req: ClientRequest, ticket=None,
+             counts: dict[str, int] | None = None) -> Plan:
+        """`counts`: prompt tokens by a provider's own server (`server_counts`), which the gate trusts over any
+        estimate."""
+        tokens_for = learned_estimates(runtime, profile.providers, req)
+        if counts:
+            tokens_for = {**tokens_for, **counts}
         features = RequestFeatures(
             has_tools=req.has_tools(),
             thinking_required=req.thinking_required,
             estimated_tokens=req.estimated_tokens(),
+            tokens_for=tokens_for,
+            counted=frozenset(counts or ()),
         )
         st = self.state
         facts = self._facts(runtime, profile.providers)
@@ -161,6 +170,11 @@ class Router:
         for adjust in self.order_adjusters:
             p.order_notes.extend(adjust(profile, p.candidates))
         return p
+
+    async def server_counts(self, profile, runtime: Runtime, req: ClientRequest) -> dict[str, int]:
+        """The prompt counted by the servers of the chain that the estimate would skip and that can count
+        (llama-server): only a prompt that cannot fit by the server's own count is sent elsewhere."""
+        return await count_over_window(self, runtime, profile.providers, req)
 
     @staticmethod
     def _try_reported_windows(p: Plan, facts: dict[str, ProviderFacts], down) -> None:

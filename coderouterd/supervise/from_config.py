@@ -44,7 +44,7 @@ def specs_from_config(cfg: ConfigModel) -> dict[str, tuple[ProcessSpec, list[str
                                autostart=p.autostart and p.start == "always", stop_timeout_s=p.stop_timeout_s,
                                start_timeout_s=p.start_timeout_s, startsecs=p.startsecs,
                                max_restarts=p.max_restarts, restart_window_s=p.restart_window_s,
-                               healthy_after_s=p.healthy_after_s or None)
+                               healthy_after_s=p.healthy_after_s or None, adopt=p.adopt)
             out[name] = (spec, [])
         out[name][1].append(provider)
     return out

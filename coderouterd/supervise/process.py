@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from . import memory, tree
+from . import adopt, memory, tree
 from .logs import DEFAULT_KEEP, DEFAULT_MAX_BYTES, RotatingLog
 from .spec import (
     DEFAULT_BACKOFF,
@@ -44,6 +44,7 @@ from .spec import (
     RecordCallback,
     SupervisorError,
     describe_exit,
+    describe_spawn_error,
     http_ready,
 )
 
@@ -331,13 +332,18 @@ class ManagedProcess:
             return
         url = self.spec.ready_url
         if url and await http_ready(url):
-            # Someone else serves this backend; a second copy would only fight it for the port.
+            # Someone else serves this backend; a second copy would only fight it for the port. It is served as
+            # this process only when verified: anyone can bind the port first.
+            verdict = await asyncio.to_thread(adopt.judge, url, self.spec.command, self.spec.cwd, self.spec.adopt)
+            if not verdict.ok:
+                await self._go_fatal(verdict.reason)
+                return
             self._invalidate()
             self.external = True
             self._started_mono = self._clock()
             self.started_at = time.time()
             self._set_state(ProcessState.READY)
-            self._emit(ProcessEventName.ADOPTED, None, f"{url} already answers; not started by coderouterd")
+            self._emit(ProcessEventName.ADOPTED, None, f"{url} already answers; not started by coderouterd; {verdict.reason}")
             return
         await self._spawn()
 
@@ -401,7 +407,7 @@ class ManagedProcess:
             )
         except OSError as exc:
             # A missing binary or a bad cwd will not fix itself; retrying only hides the message.
-            await self._go_fatal(f"cannot execute {argv[0]!r}: {exc.strerror or exc}")
+            await self._go_fatal(describe_spawn_error(argv[0], exc, self.spec.cwd))
             return
         finally:
             os.close(fd)

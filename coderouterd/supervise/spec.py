@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import enum
+import os
 import signal
 import ssl
 from collections.abc import Callable
@@ -49,6 +50,9 @@ class ProcessSpec:
     # Ready for this long, a process has proved itself: its next crash starts the back-off from the first
     # step again instead of counting every crash in the window. None: the longest back-off step.
     healthy_after_s: float | None = None
+    # A server already answering ready_url at start: "verify" adopts it only when it runs this command as this
+    # user (supervise/adopt.py), "never" refuses it.
+    adopt: str = "verify"
 
     def __post_init__(self) -> None:
         # The name becomes a log file name and a store key.
@@ -127,6 +131,15 @@ async def http_ready(url: str, timeout: float = PROBE_TIMEOUT_S) -> bool:
         return False
     fields = status.split(None, 2)
     return len(fields) >= 2 and fields[0].startswith(b"HTTP/") and fields[1][:1] == b"2"
+
+
+def describe_spawn_error(program: str, exc: OSError, cwd: str | None) -> str:
+    """Why a command could not be started, in the words that point at the fix: exec() of a directory fails with
+    EACCES, whose "Permission denied" would send the user to chmod instead."""
+    path = program if os.path.isabs(program) or os.sep not in program else os.path.join(cwd or os.getcwd(), program)
+    if os.sep in program and os.path.isdir(path):
+        return f"cannot execute {program!r}: it is a directory, not a program"
+    return f"cannot execute {program!r}: {exc.strerror or exc}"
 
 
 def describe_exit(code: int | None) -> str:

@@ -4,7 +4,7 @@ quality/drift.py judges it: neither imports the other."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 
 @dataclass(frozen=True, slots=True)
@@ -23,6 +23,25 @@ class DriftSample:
 
 
 _KEEP_CHARS = 8192
+_LIMIT_KEYS = ("max_tokens", "max_completion_tokens", "max_output_tokens")
+
+
+def client_limit(body: dict) -> int | None:
+    """The output limit the client asked for, if any (each wire names it its own way)."""
+    for key in _LIMIT_KEYS:
+        v = body.get(key)
+        if isinstance(v, int) and not isinstance(v, bool) and v > 0:
+            return v
+    return None
+
+
+def without_client_cut(sample: DriftSample, limit: int | None, output_tokens: int) -> DriftSample:
+    """An answer cut by the client's own max_tokens is what the client asked for, not a model drifting: its length
+    stop counts only when the answer ended short of that limit (or no limit was asked). Without a reported output
+    count the cut is taken as the client's: drift acts on a server (demote, reload), so doubt spares it."""
+    if sample.length_stop and limit is not None and (not output_tokens or output_tokens >= limit):
+        return replace(sample, length_stop=False)
+    return sample
 
 
 class AnswerStats:

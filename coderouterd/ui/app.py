@@ -27,6 +27,7 @@ from urllib.parse import parse_qs, unquote
 import orjson
 
 from ..admin import history, views
+from ..ingress.browsers import BrowserGuard
 from ..ingress.guard import BodyTooLarge, read_body
 from ..ingress.protocol import DISCONNECT_HOOK
 from .guard import SECURITY_HEADERS, UiAuth, allowed_hosts, host_allowed, origin_allowed
@@ -95,7 +96,9 @@ class DashboardApp:
         headers = _headers(scope)
         port = (scope.get("server") or (None, self.daemon.listen[1]))[1]
         allowed = allowed_hosts(self.daemon.listen[0], port)
-        if not host_allowed(headers.get("host"), allowed):
+        if not host_allowed(headers.get("host"), allowed,
+                            BrowserGuard(self.daemon.listen[0], port, server.allowed_hosts)
+                            if server.allowed_hosts else None):
             # DNS rebinding: another site's page reaching us through the user's browser under its own name.
             raise Answer(403, "this Host is not served: open the dashboard as http://127.0.0.1:PORT/ui or "
                               "http://localhost:PORT/ui")

@@ -20,6 +20,7 @@ import hmac
 import os
 
 from ..ingress.auth import key_accepted, presented_key
+from ..ingress.browsers import BrowserGuard, host_names
 
 COOKIE = "coderouter_ui"
 
@@ -40,24 +41,18 @@ SECURITY_HEADERS: list[tuple[bytes, bytes]] = [
     (b"cross-origin-resource-policy", b"same-origin"),
 ]
 
-_LOOPBACK_NAMES = ("localhost", "127.0.0.1", "[::1]")
-
-
 def allowed_hosts(listen_host: str, port: int) -> frozenset[str]:
-    """The Host values a browser on this machine sends for this daemon (lower case, with the port; without it
-    too on port 80, where browsers leave it out)."""
-    configured = f"[{listen_host}]" if ":" in listen_host else listen_host
-    names = {*_LOOPBACK_NAMES, configured.lower()}
-    out = {f"{n}:{port}" for n in names}
-    if port == 80:
-        out |= names
-    return frozenset(out)
+    """The Host values a browser on this machine sends for this daemon (one definition with the API's check)."""
+    return host_names(listen_host, port)
 
 
-def host_allowed(host: str | None, allowed: frozenset[str]) -> bool:
+def host_allowed(host: str | None, allowed: frozenset[str], extra: BrowserGuard | None = None) -> bool:
+    """`extra`: the API's guard, which also knows `[server] allowed_hosts`."""
     if not host:
         return False  # HTTP/1.0 without Host: nothing to check it against, so no
-    return host.strip().lower() in allowed
+    if host.strip().lower() in allowed:
+        return True
+    return extra is not None and extra.host_ok(host.encode("latin-1"))
 
 
 def cookie_value(headers: dict[str, str], name: str = COOKIE) -> str | None:

@@ -69,3 +69,50 @@ providers = ["small"]
             assert re.fullmatch(r"prompt is too long: \d+ tokens > 1000 maximum", err["message"]), err
         finally:
             d.stop()
+
+
+# Forty tool schemas of ~1 KB each: ~10,000 tokens by the estimate, none of them by a template that never renders
+# tool schemas (SmolLM2's does not; the fake server is told to do the same).
+TOOLS = [{"name": f"tool_{i}", "description": "does one thing " * 60,
+          "input_schema": {"type": "object", "properties": {"arg": {"type": "string", "description": "x" * 100}}}}
+         for i in range(40)]
+
+
+def test_the_servers_own_count_decides_not_the_estimate(tmp_path):
+    """A prompt the estimate puts over the small server's window but its chat template renders small is served
+    there (the server counted it: /apply-template + /tokenize); one over by the server's count still is not."""
+    with FakeServer("llamacpp", name="small", n_ctx=4000, n_slots=1, apply_template=True,
+                    tools_rendered=False) as small, \
+            FakeServer("llamacpp", name="big", n_ctx=100_000, n_slots=1) as big:
+        cfg = f"""
+[server]
+port = {{PORT}}
+[providers.small]
+base_url = "{small.url}/v1"
+[providers.big]
+base_url = "{big.url}/v1"
+[profiles.default]
+providers = ["small", "big"]
+"""
+        d = DaemonProcess(cfg, tmp_path).start()
+        try:
+            deadline = time.monotonic() + 10
+            while providers_status(d)["small"].get("context_window") is None:
+                assert time.monotonic() < deadline
+                time.sleep(0.1)
+            with_tools = {"model": "m", "max_tokens": 5, "tools": TOOLS,
+                          "messages": [{"role": "user", "content": "list the files"}]}
+            assert len(orjson.dumps(with_tools)) / 4 > 4000  # over the window by the estimate
+            r = httpx.post(d.url + "/v1/messages", json=with_tools, timeout=20)
+            assert r.status_code == 200, r.text
+            assert r.headers["x-coderouter-provider"] == "small", r.headers["x-coderouter-attempts"]
+            assert small.count("/apply-template") == 1 and small.count("/tokenize") == 1
+
+            too_long = {**with_tools, "messages": [{"role": "user", "content": "y" * 20_000}]}
+            before = small.count("/v1/chat/completions")
+            r = httpx.post(d.url + "/v1/messages", json=too_long, timeout=20)
+            assert r.status_code == 200 and r.headers["x-coderouter-provider"] == "big"
+            assert "small:skipped:context" in r.headers["x-coderouter-attempts"]
+            assert small.count("/v1/chat/completions") == before  # by its own count, never tried
+        finally:
+            d.stop()

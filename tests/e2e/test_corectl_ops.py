@@ -93,15 +93,19 @@ def chat(d: DaemonProcess) -> httpx.Response:
 def test_status_providers_restart_logs_and_explain(tmp_path, backup):
     port = free_port()
     cmd = [sys.executable, "-m", "tests.fakes", "--kind", "ollama", "--port", str(port), "--models", "qwen3"]
-    # A second managed backend the user already runs: adopted by its URL, never started or restarted by us.
-    users = FakeServer("ollama", name="users").start()
+    # A second managed backend the user already runs, with its configured command: adopted by its URL (verified:
+    # same command, same user), never started or restarted by us.
+    uport = free_port()
+    ucmd = [sys.executable, "-m", "tests.fakes", "--kind", "ollama", "--port", str(uport)]
+    users = subprocess.Popen(ucmd, cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    assert users.stdout is not None and users.stdout.readline().startswith("READY")
     cfg = BASE + f"""
 [providers.ollama-qwen3]
 base_url = "http://127.0.0.1:{port}/v1"
 {process_block("ollama-qwen3", cmd, port)}
 [providers.theirs]
-base_url = "{users.url}/v1"
-{process_block("theirs", [sys.executable, "-c", "raise SystemExit(9)"], users.port)}
+base_url = "http://127.0.0.1:{uport}/v1"
+{process_block("theirs", ucmd, uport)}
 [providers.backup]
 base_url = "{backup.url}/v1"
 [profiles.default]
@@ -191,7 +195,8 @@ providers = ["ollama-qwen3", "backup"]
         assert corectl("explain", "req_unknown", sock=sock).returncode == 1
     finally:
         d.stop()
-        users.stop()
+        users.kill()
+        users.wait()
     # Once the daemon is gone, the journal still explains the request.
     ex = ok_json("explain", rid, "--state-dir", str(d.state_dir), sock=sock)
     assert ex["source"] == "journal" and ex["trace"]["served_by"] == "ollama-qwen3"

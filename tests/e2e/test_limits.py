@@ -32,6 +32,7 @@ base_url = "@LOCAL@/v1"
 providers = ["local"]
 """
 BODY = b'{"model":"m","max_tokens":5,"messages":[{"role":"user","content":"hi"}]}'
+JSON = {"content-type": "application/json"}
 
 
 @pytest.fixture(scope="module")
@@ -77,14 +78,14 @@ def _healthy(d) -> bool:
 
 def test_oversized_header_line_and_total_get_431(env):
     s = _connect(env)
-    s.sendall(b"POST /v1/messages HTTP/1.1\r\nhost: x\r\nx-big: " + b"a" * 9000 + b"\r\n\r\n")
+    s.sendall(b"POST /v1/messages HTTP/1.1\r\nhost: localhost\r\nx-big: " + b"a" * 9000 + b"\r\n\r\n")
     resp = _read_all(s)
     assert resp.startswith(b"HTTP/1.1 431"), resp[:200]
     assert b'"type":"error"' in resp and b"header line exceeds 8 KB" in resp
     s.close()
     s = _connect(env)
     many = b"".join(b"x-h%d: %s\r\n" % (i, b"b" * 1000) for i in range(20))
-    s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\n" + many + b"\r\n")
+    s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nhost: localhost\r\n" + many + b"\r\n")
     resp = _read_all(s)
     assert resp.startswith(b"HTTP/1.1 431") and b"headers exceed 16 KB" in resp, resp[:200]
     assert b'"error":{' in resp  # OpenAI shape for an OpenAI path
@@ -119,7 +120,7 @@ def test_unterminated_headers_keep_memory_flat(env):
 def test_slowloris_head_is_closed_within_the_header_timeout(env):
     s = _connect(env)
     t0 = time.monotonic()
-    s.sendall(b"POST /v1/messages HTTP/1.1\r\nhost: x\r\n")
+    s.sendall(b"POST /v1/messages HTTP/1.1\r\nhost: localhost\r\n")
     resp = _read_all(s, timeout=5)
     elapsed = time.monotonic() - t0
     assert resp.startswith(b"HTTP/1.1 408") and b"timeout_error" in resp, resp[:200]
@@ -137,7 +138,7 @@ def test_idle_connection_is_closed(env):
 
 def test_body_shorter_than_content_length_gets_408(env):
     s = _connect(env)
-    s.sendall(b"POST /v1/messages HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+    s.sendall(b"POST /v1/messages HTTP/1.1\r\nhost: localhost\r\ncontent-type: application/json\r\n"
               b"content-length: 500\r\n\r\n" + BODY)
     t0 = time.monotonic()
     resp = _read_all(s, timeout=5)
@@ -149,10 +150,10 @@ def test_body_shorter_than_content_length_gets_408(env):
 
 def test_keep_alive_is_honoured_and_requests_work(env):
     with httpx.Client(base_url=env.url) as c:
-        assert c.post("/v1/messages", content=BODY).status_code == 200
-        assert c.post("/v1/messages", content=BODY).status_code == 200  # same connection
+        assert c.post("/v1/messages", content=BODY, headers=JSON).status_code == 200
+        assert c.post("/v1/messages", content=BODY, headers=JSON).status_code == 200  # same connection
     s = _connect(env)
-    s.sendall(b"GET /healthz HTTP/1.1\r\nhost: x\r\n\r\n")
+    s.sendall(b"GET /healthz HTTP/1.1\r\nhost: localhost\r\n\r\n")
     t0 = time.monotonic()
     resp = _read_all(s, timeout=5)  # answered, then closed once idle for keep_alive_s
     assert resp.startswith(b"HTTP/1.1 200") and time.monotonic() - t0 < 3.0
@@ -166,19 +167,19 @@ def test_connection_cap_answers_503_and_healthz_still_answers(env):
     held = [_connect(env) for _ in range(20)]
     try:
         for s in held:
-            s.sendall(b"POST /v1/messages HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+            s.sendall(b"POST /v1/messages HTTP/1.1\r\nhost: localhost\r\ncontent-type: application/json\r\n"
                       b"content-length: %d\r\n\r\n%s" % (len(BODY), BODY))
         assert wait_for(lambda: env.upstream.active >= 20, timeout=30), env.upstream.active
-        r = httpx.post(env.url + "/v1/messages", content=BODY, timeout=5)
+        r = httpx.post(env.url + "/v1/messages", content=BODY, headers=JSON, timeout=5)
         assert r.status_code == 503 and r.json()["error"]["type"] == "overloaded_error"
-        r = httpx.post(env.url + "/v1/chat/completions", content=b"{}", timeout=5)
+        r = httpx.post(env.url + "/v1/chat/completions", content=b"{}", headers=JSON, timeout=5)
         assert r.status_code == 503 and "connection limit" in r.json()["error"]["message"]
         assert _healthy(env)
     finally:
         for s in held:
             s.close()
         env.upstream.set_behaviour("ok")
-    assert wait_for(lambda: httpx.post(env.url + "/v1/messages", content=BODY, timeout=5).status_code == 200)
+    assert wait_for(lambda: httpx.post(env.url + "/v1/messages", content=BODY, headers=JSON, timeout=5).status_code == 200)
     assert "connection limit reached" in env.log()
 
 
@@ -203,7 +204,7 @@ def test_chunked_trailers_count_against_the_header_limit(env):
     """Trailers come after the body, where httptools joins their pieces by concatenation: beyond the header
     limit (16 KB here) in total, 431 at once, whatever the pieces; and the daemon stays responsive."""
     s = _connect(env)
-    s.sendall(b"POST /v1/messages HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+    s.sendall(b"POST /v1/messages HTTP/1.1\r\nhost: localhost\r\ncontent-type: application/json\r\n"
               b"transfer-encoding: chunked\r\n\r\n%x\r\n%s\r\n0\r\nx-trailer: " % (len(BODY), BODY))
     t0 = time.monotonic()
     try:
@@ -218,7 +219,7 @@ def test_chunked_trailers_count_against_the_header_limit(env):
     s.close()
     # small trailers are fine, and never become request headers
     s = _connect(env)
-    s.sendall(b"POST /v1/messages HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+    s.sendall(b"POST /v1/messages HTTP/1.1\r\nhost: localhost\r\ncontent-type: application/json\r\n"
               b"transfer-encoding: chunked\r\n\r\n%x\r\n%s\r\n0\r\nx-coderouter-profile: nope\r\n\r\n"
               % (len(BODY), BODY))
     assert _read_all(s, timeout=5).startswith(b"HTTP/1.1 200")
@@ -257,7 +258,7 @@ def test_the_body_timeout_holds_after_an_early_401(guarded):
     """Without a key the answer is 401 before the body is read; a client that keeps sending its (huge) body
     afterwards is closed by the body timeout, not kept for as long as it trickles."""
     s = _connect(guarded)
-    s.sendall(b"POST /v1/messages HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+    s.sendall(b"POST /v1/messages HTTP/1.1\r\nhost: localhost\r\ncontent-type: application/json\r\n"
               b"content-length: 100000000\r\n\r\n{")
     t0 = time.monotonic()
     got = b""
@@ -296,7 +297,7 @@ def test_healthz_answers_when_idle_sockets_fill_the_cap_and_its_reserve(guarded)
         t0 = time.monotonic()
         r = httpx.get(guarded.url + "/healthz", timeout=5)
         assert r.status_code == 200 and time.monotonic() - t0 < 1.0
-        r = httpx.post(guarded.url + "/v1/messages", content=BODY, headers={"x-api-key": "sekrit"}, timeout=5)
+        r = httpx.post(guarded.url + "/v1/messages", content=BODY, headers={**JSON, "x-api-key": "sekrit"}, timeout=5)
         assert r.status_code == 503 and r.json()["error"]["type"] == "overloaded_error"
         for _ in range(3):  # renewably: each probe is answered and closed, the lane is free again
             assert httpx.get(guarded.url + "/healthz", timeout=5).status_code == 200
@@ -304,7 +305,7 @@ def test_healthz_answers_when_idle_sockets_fill_the_cap_and_its_reserve(guarded)
         for s in held:
             s.close()
     time.sleep(0.3)
-    r = httpx.post(guarded.url + "/v1/messages", content=BODY, headers={"x-api-key": "sekrit"}, timeout=5)
+    r = httpx.post(guarded.url + "/v1/messages", content=BODY, headers={**JSON, "x-api-key": "sekrit"}, timeout=5)
     assert r.status_code == 200
 
 
@@ -313,7 +314,7 @@ def test_a_key_with_trailing_whitespace_is_accepted_by_either_header(guarded, he
     """Issue 23 item 15: the same key with trailing whitespace was accepted as a Bearer token and refused as
     x-api-key; both headers are now treated alike."""
     s = _connect(guarded)
-    s.sendall(b"POST /v1/messages HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n%s\r\n"
+    s.sendall(b"POST /v1/messages HTTP/1.1\r\nhost: localhost\r\ncontent-type: application/json\r\n%s\r\n"
               b"content-length: %d\r\nconnection: close\r\n\r\n%s" % (header, len(BODY), BODY))
     answer = _read_all(s, timeout=5)
     s.close()
@@ -321,9 +322,9 @@ def test_a_key_with_trailing_whitespace_is_accepted_by_either_header(guarded, he
 
 
 @pytest.mark.parametrize("raw,shape", [
-    (b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ntransfer-encoding: chunked\r\n\r\nzz\r\nnot hex\r\n",
+    (b"POST /v1/chat/completions HTTP/1.1\r\nhost: localhost\r\ntransfer-encoding: chunked\r\n\r\nzz\r\nnot hex\r\n",
      b'"error":{'),  # a chunk size that is not hex, on an OpenAI path: OpenAI's shape
-    (b"POST /v1/messages HTTP/1.1\r\nhost: x\r\ncontent-length: 5\r\ncontent-length: 9\r\n\r\nhello",
+    (b"POST /v1/messages HTTP/1.1\r\nhost: localhost\r\ncontent-length: 5\r\ncontent-length: 9\r\n\r\nhello",
      b'"type":"error"'),  # two lengths: Anthropic's shape on its path
     (b"GARBAGE\x00\x01 / HTTP/1.1\r\n\r\n", b'"type":"error"'),  # not even a request line
 ])
@@ -354,7 +355,7 @@ def test_a_client_that_half_closes_is_gone_and_its_upstream_call_is_cancelled_at
     env.upstream.set_behaviour("slow_first_byte;delay=3")
     try:
         s = _connect(env)
-        s.sendall(b"POST /v1/messages HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+        s.sendall(b"POST /v1/messages HTTP/1.1\r\nhost: localhost\r\ncontent-type: application/json\r\n"
                   b"content-length: %d\r\n\r\n" % len(body) + body)
         time.sleep(0.3)  # the upstream call is under way
         assert _in_flight(env) == 1
@@ -378,7 +379,7 @@ def _half_close_and_expect_cancel(env, s) -> None:
 
 def test_eof_inside_a_request_body_closes_without_an_answer(env):
     s = _connect(env)
-    s.sendall(b"POST /v1/messages HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+    s.sendall(b"POST /v1/messages HTTP/1.1\r\nhost: localhost\r\ncontent-type: application/json\r\n"
               b"content-length: %d\r\n\r\n" % (len(BODY) + 50) + BODY)
     s.shutdown(socket.SHUT_WR)  # the rest of the body can never come
     t0 = time.monotonic()

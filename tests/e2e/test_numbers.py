@@ -151,7 +151,7 @@ def test_a_client_that_leaves_frees_its_request_at_once(tmp_path, http_version):
             body = b'{"model":"m","messages":[{"role":"user","content":"hi"}]}'
             host, port = d.url.split("//")[1].split(":")
             s = socket.create_connection((host, int(port)))
-            s.sendall(b"POST /v1/chat/completions HTTP/%s\r\nhost: x\r\ncontent-type: application/json\r\n"
+            s.sendall(b"POST /v1/chat/completions HTTP/%s\r\nhost: localhost\r\ncontent-type: application/json\r\n"
                       b"content-length: %d\r\n\r\n%s" % (http_version.encode(), len(body), body))
             assert wait_for(lambda: a.active >= 1, 5, 0.01)
             assert total(scrape(d), "coderouter_requests_in_flight") == 1

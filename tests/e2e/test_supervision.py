@@ -90,8 +90,8 @@ def test_crash_is_failed_over_restarted_once_and_rejoins(tmp_path, backup):
 
 def test_external_backend_is_adopted_not_duplicated(tmp_path, backup):
     port = free_port()
-    ext = subprocess.Popen([sys.executable, "-m", "tests.fakes", "--kind", "ollama", "--port", str(port)],
-                           cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    # The user runs the very command the process is configured with: verified, so adopted.
+    ext = subprocess.Popen(managed_ollama(port)["process"]["command"], cwd=ROOT, stdout=subprocess.PIPE, text=True)
     try:
         assert ext.stdout.readline().startswith("READY")
         d = DaemonProcess(managed_config(port, backup.url), tmp_path).start()

@@ -166,7 +166,8 @@ class AnthropicFake(FakeBase):
         if refusal is not None:
             return json_response({"type": "error", "error": {"type": "invalid_request_error", "message": refusal},
                                   "request_id": f"req_fake{next_id():012d}"}, 400)
-        model = call.model(self.models[0])
+        # served_model: the server names the model its own way (llama-server: the .gguf path)
+        model = str(self.options.get("served_model") or call.model(self.models[0]))
         plan = make_plan(call.behaviour, self.name, anthropic_tool_names(body), split_default=3,
                          tool_result=last_tool_result(body),
                          id_prefix="toolu_fake")

@@ -21,7 +21,8 @@ start.
 
 Options: ``n_slots`` (default 4), ``n_ctx`` (131072, the OpenAI fake's), ``slot_prompt_similarity`` (0.1), ``slot_save`` (False:
 save/restore answer 501 as a server started without ``--slot-save-path``), ``cache_ram`` (True),
-``ms_per_token`` (reported prefill speed), ``loading_s`` (0). ``log`` records every generation: slot,
+``ms_per_token`` (reported prefill speed), ``loading_s`` (0), ``apply_template`` (False: no ``/apply-template`` and
+``/tokenize``), ``tools_rendered`` (True: the template shows the tool schemas). ``log`` records every generation: slot,
 id_slot asked, prompt tokens, cached tokens and the prompt bytes.
 """
 
@@ -40,11 +41,12 @@ LLAMA = web.RequestKey("fake_llama_generation", dict)
 _tick = itertools.count(1)
 
 
-def render(body: dict) -> bytes:
-    """A stand-in for a chat template: deterministic text in which the conversation's prefix is a prefix."""
+def render(body: dict, *, tools_rendered: bool = True) -> bytes:
+    """A stand-in for a chat template: deterministic text in which the conversation's prefix is a prefix.
+    `tools_rendered=False`: a template that never shows the model the tool schemas (SmolLM2's)."""
     out = []
     tools = body.get("tools")
-    if tools:
+    if tools and tools_rendered:
         out.append(b"<tools>" + orjson.dumps(tools) + b"</tools>\n")
     for m in body.get("messages") or ():
         if not isinstance(m, dict):
@@ -102,6 +104,7 @@ class LlamaServerFake(OpenAIFake):
         self.cache_ram = bool(self.options.get("cache_ram", True))
         self.loading_until = time.monotonic() + float(self.options.get("loading_s", 0.0))
         self.slots = [FakeSlot(i) for i in range(self.n_slots)]
+        self.tools_rendered = bool(self.options.get("tools_rendered", True))
         self.prompt_cache: list[bytes] = []  # the RAM prompt cache, oldest first
         self._task_ids = itertools.count()
         self.files: dict[str, bytes] = {}
@@ -113,6 +116,15 @@ class LlamaServerFake(OpenAIFake):
         super().setup_routes()
         self.route("GET", "/slots", self.list_slots)
         self.route("POST", "/slots/{id}", self.slot_action)
+        if self.options.get("apply_template"):
+            # The real server's counting pair: the chat template applied (as for a generation), then tokenized.
+            self.route("POST", "/apply-template", self.apply_template)
+            if not self.options.get("tokenize"):
+                self.route("POST", "/tokenize", self.tokenize)
+
+    async def apply_template(self, call: Call) -> web.StreamResponse:
+        body = call.body if isinstance(call.body, dict) else {}
+        return json_response({"prompt": render(body, tools_rendered=self.tools_rendered).decode()})
 
     # -- slot API ---------------------------------------------------------------------------------------
 
@@ -229,7 +241,7 @@ class LlamaServerFake(OpenAIFake):
             return await super().chat_completions(call)
         if self._freed is None:
             self._freed = asyncio.Condition()
-        prompt = render(body)
+        prompt = render(body, tools_rendered=self.tools_rendered)
         n_prompt = -(-len(prompt) // BYTES_PER_TOKEN)
         if n_prompt > self.n_ctx:
             return json_response({"error": {

@@ -151,7 +151,8 @@ class OpenAIFake(FakeBase):
             return json_response({"error": {"message": "request body is not a JSON object",
                                             "type": "invalid_request_error", "param": None, "code": None}},
                                  400)
-        model = call.model(self.models[0])
+        # served_model: the server names the model its own way (llama-server: the .gguf path)
+        model = str(self.options.get("served_model") or call.model(self.models[0]))
         await self.before_generation(model)
         plan = make_plan(call.behaviour, self.name, tool_names(body), split_default=self.tool_split,
                          id_prefix="call_", tool_result=last_tool_result(body))

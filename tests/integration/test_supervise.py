@@ -268,6 +268,24 @@ def test_unexecutable_command_is_fatal_with_reason(h: Harness, caplog) -> None:
     assert fatal and all("pid=None" not in m for m in fatal), fatal  # no process, so no pid is named
 
 
+def test_a_command_that_is_a_directory_says_so(h: Harness) -> None:
+    """exec() of a directory fails with EACCES: "Permission denied" would send the user to chmod (issue 34)."""
+    (h.tmp / "llama.cpp").mkdir()
+
+    async def scenario() -> list[str]:
+        sup = h.supervisor()
+        absolute = sup.add(ProcessSpec(name="abs", command=[str(h.tmp / "llama.cpp"), "--port", "1"]))
+        relative = sup.add(ProcessSpec(name="rel", command=["./llama.cpp"], cwd=str(h.tmp)))
+        await absolute.start()
+        await relative.start()
+        reasons = [absolute.fatal_reason or "", relative.fatal_reason or ""]
+        await sup.shutdown()
+        return reasons
+
+    for reason in asyncio.run(scenario()):
+        assert "is a directory" in reason and "Permission denied" not in reason, reason
+
+
 # ---- crashes, restarts, FATAL --------------------------------------------------------------------
 
 

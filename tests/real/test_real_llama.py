@@ -227,6 +227,20 @@ def test_the_window_read_from_the_server_sends_an_oversize_prompt_past_it_untrie
     assert after == before  # the small server never saw it
 
 
+def test_tool_schemas_the_template_never_renders_do_not_send_a_fitting_prompt_elsewhere(env):
+    """SmolLM2's chat template renders no tool schemas: ~40 KB of them put the estimate far over the 4,096-token
+    slot, but the server’s own count (/apply-template + /tokenize) is a few dozen tokens, so it serves."""
+    tools = [{"name": f"tool_{i}", "description": "Does one careful thing. " * 40,
+              "input_schema": {"type": "object", "properties": {"arg": {"type": "string"}}}} for i in range(40)]
+    body = {"model": "claude-sonnet-5", "max_tokens": 8, "tools": tools,
+            "messages": [{"role": "user", "content": "Say hi."}]}
+    assert len(json.dumps(body)) / 4 > CTX
+    r = httpx.post(env.d.url + "/v1/messages", json=body, headers={"x-coderouter-profile": "chain"}, timeout=120)
+    assert r.status_code == 200, r.text
+    assert r.headers["x-coderouter-provider"] == "llama", r.headers["x-coderouter-attempts"]
+    assert r.json()["usage"]["input_tokens"] < CTX  # what the server counted, as it reported it
+
+
 TOOL = {"name": "get_weather", "description": "Get the current weather in a city.",
         "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}
 

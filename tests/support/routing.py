@@ -68,6 +68,7 @@ class Upstreams:
     scripts: dict[str, list[Script]] = field(default_factory=dict)
     sent: list[tuple[str, bytes]] = field(default_factory=list)
     closed: list[str] = field(default_factory=list)
+    call_class: type | None = None  # a FakeCall subclass, for a test that needs more of the real strategy
 
     def script(self, provider: str, *steps: Script) -> None:
         self.scripts.setdefault(provider, []).extend(steps)
@@ -75,7 +76,7 @@ class Upstreams:
     def __call__(self, provider, strategy, *, raw_body: bytes, stream: bool, client_headers: dict):
         queue = self.scripts.get(provider.name) or []
         step = queue.pop(0) if queue else ok()
-        return FakeCall(self, provider, strategy, step, raw_body, stream)
+        return (self.call_class or FakeCall)(self, provider, strategy, step, raw_body, stream)
 
 
 class FakeCall:

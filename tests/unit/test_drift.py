@@ -217,3 +217,69 @@ def test_the_same_short_answer_to_different_questions_is_no_loop_to_the_same_que
     assert "repetition" not in judge([good(i) for i in range(8)] + different, CFG).signals
     same = [answer("Done.", asked=42) for _ in range(4)]  # the same request answered the same, again and again
     assert "repetition" in judge([good(i) for i in range(8)] + same, CFG).signals
+
+
+# -- what is not drift (issue 34, item 6) ------------------------------------------------------------------
+
+
+def test_a_length_stop_at_the_clients_own_max_tokens_is_not_drift():
+    from coderouterd.translate.answer_stats import client_limit, without_client_cut
+
+    cut = DriftSample(length=50, length_stop=True)
+    assert client_limit({"max_tokens": 64}) == 64 and client_limit({"max_output_tokens": 9}) == 9
+    assert client_limit({"max_tokens": True}) is None and client_limit({}) is None
+    assert not without_client_cut(cut, 64, 64).length_stop  # the client's limit reached: asked for
+    assert not without_client_cut(cut, 64, 0).length_stop  # no count reported: doubt spares the server
+    assert without_client_cut(cut, 64, 20).length_stop  # cut short of the client's limit: the server's doing
+    assert without_client_cut(cut, None, 20).length_stop  # no limit asked: the server's doing
+
+
+def _served_length(completion_tokens: int, max_tokens: int) -> DriftSample:
+    """A whole OpenAI answer cut at `length` with this many completion tokens, through the real executor and the
+    real translation strategy (which reads the answer's finish and usage)."""
+    import asyncio
+
+    import orjson
+
+    from tests.support.routing import FakeCall, Routing, chain_config, ok
+
+    class ReadingCall(FakeCall):
+        async def result(self) -> bytes:
+            return self.strategy.response(b"".join(self._chunks))
+
+    r = Routing(chain_config("local", extra_profile='drift_action = "warn"'))
+    answer = {"id": "x", "object": "chat.completion", "model": "m",
+              "choices": [{"index": 0, "message": {"role": "assistant", "content": "part of an answer"},
+                           "finish_reason": "length"}],
+              "usage": {"prompt_tokens": 10, "completion_tokens": completion_tokens}}
+    r.ups.script("local", ok(orjson.dumps(answer)))
+    r.ups.call_class = ReadingCall
+    body = {"model": "m", "max_tokens": max_tokens, "messages": [{"role": "user", "content": "hi"}]}
+    ex, _ = asyncio.run(r.serve(body, ingress="openai"))
+    assert ex.record.drift_sample is not None
+    return ex.record.drift_sample
+
+
+def test_the_executor_spares_a_cut_the_client_asked_for():
+    assert not _served_length(64, 64).length_stop
+    assert _served_length(12, 64).length_stop
+
+
+def test_a_context_overflow_or_a_bad_request_is_no_drift_error():
+    from coderouterd.routing.attempts import Attempt, Outcome
+
+    def record(reason: str, status: int) -> SimpleNamespace:
+        local = SimpleNamespace(cfg=SimpleNamespace(is_local=lambda: True))
+        return SimpleNamespace(profile=SimpleNamespace(drift_action="warn"), model_used="m", drift_sample=None,
+                               served_by=None, runtime=SimpleNamespace(providers={"local": local}),
+                               attempts=[Attempt("local", Outcome.FAILED, reason, status, 1.0)])
+
+    m = DriftManager(lambda: None)
+    m.detector.settings = CFG
+    for _ in range(10):
+        m.record(record("context_overflow", 400))
+        m.record(record("http_400", 400))
+    assert m.detector.models("local") == []  # nothing observed at all
+    for _ in range(10):
+        m.record(record("http_500", 500))
+    assert "errors" in m.detector.verdict("local", "m").signals  # a server failing still is

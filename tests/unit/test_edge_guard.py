@@ -32,13 +32,15 @@ class _BrokenRuntime:
 
 
 class _Daemon:
+    listen = ("127.0.0.1", 8088)
     runtime = _BrokenRuntime()
     active_profile = "default"
 
 
 def _call(path: str, body: bytes) -> list[dict]:
     sent: list[dict] = []
-    scope = {"type": "http", "method": "POST", "path": path, "headers": [(b"content-type", b"application/json")]}
+    scope = {"type": "http", "method": "POST", "path": path, "server": ("127.0.0.1", 8088),
+             "headers": [(b"host", b"127.0.0.1:8088"), (b"content-type", b"application/json")]}
 
     async def receive():
         return {"type": "http.request", "body": body, "more_body": False}

@@ -16,7 +16,8 @@ from coderouterd.state.events import ProcessEvent, ProcessEventName, RequestFini
 def _metrics() -> Metrics:
     return Metrics(SimpleNamespace(budget=SimpleNamespace(snapshot=dict), processes=None,
                                    affinity=SimpleNamespace(index=SimpleNamespace(providers={})),
-                                   in_flight={"anthropic": 2, "openai": 0}, runtime=None))
+                                   in_flight={"anthropic": 2, "openai": 0}, runtime=None,
+                                   browser_refused={"host": 1}))
 
 
 def _samples(m: Metrics) -> dict:

@@ -110,3 +110,19 @@ def test_the_trace_and_the_journal_carry_the_same_cost_whatever_runs_first():
     RequestFinisher(RequestRecorder(seen.append), traces)(rec)
     finished = next(e for e in seen if isinstance(e, RequestFinished))
     assert finished.cost_usd == traces[rec.request_id]["cost_usd"] == cost
+
+
+def test_a_context_overflow_that_reached_the_server_names_its_provider_in_the_journal():
+    """The server answered (its own 400, passed on to the client): the journal and the log name it, not "-"."""
+    from coderouterd.providers.errors import OVERFLOW, UpstreamError
+
+    r = Routing(chain_config("local"))
+    r.ups.script("local", fail(UpstreamError(OVERFLOW, status=400, message="prompt too long",
+                                             overflow=(9000, 4096))))
+    ex, sink = asyncio.run(r.serve())
+    assert sink.status == 400 and ex.record.served_by is None
+    seen = []
+    RequestRecorder(seen.append).record(ex.record, 0.01, 0.0)
+    finished = next(e for e in seen if isinstance(e, RequestFinished))
+    assert finished.provider == "local" and finished.status == 400
+    assert finished.cost_usd == 0.0

@@ -24,7 +24,7 @@ def _daemon(tmp_path, *, keys=(), journal_bytes: bytes | None = None, telemetry=
     db = tmp_path / "state.db"
     if journal_bytes is not None:
         db.write_bytes(journal_bytes)
-    server = SimpleNamespace(dashboard=True, api_keys=list(keys))
+    server = SimpleNamespace(dashboard=True, api_keys=list(keys), allowed_hosts=[])
     return SimpleNamespace(
         runtime=SimpleNamespace(config=SimpleNamespace(server=server)), listen=("127.0.0.1", 8088),
         telemetry=telemetry or SimpleNamespace(enabled=True, store=SimpleNamespace(path=db)),

@@ -21,6 +21,10 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("coderouterd.shared")
 
+# Start-up waits for the shared state's first connect-and-migrate this long at most (a database that does not
+# answer at all, rather than refusing the connection, would otherwise hold it for the driver's connect timeout).
+START_WAIT_S = 1.0
+
 
 class StateBackend(Protocol):
     kind: str
@@ -106,6 +110,8 @@ class PostgresBackend:
         self.shipper: Shipper | None = None
         self.schema: tuple[int, int] | None = None
         self.ready = asyncio.Event()
+        self._first_try = asyncio.Event()  # the first connect-and-migrate has succeeded or failed
+        self.conflict: str | None = None  # the database refuses our schema: a person must fix it
 
     def budget(self, store, publish):
         from ...guards.budget import Budget
@@ -127,20 +133,23 @@ class PostgresBackend:
                                        lease_s=self.cfg.lease_s, tasks=self._tasks)
 
     async def start(self) -> None:
-        """Connect and migrate, waiting a few seconds at most: a database that is not there yet must not keep
-        the proxy from serving (it carries on with the local fallbacks and joins when the database answers)."""
+        """Connect and migrate, waiting for the first attempt only (and START_WAIT_S at most): a database that
+        answers joins before the first request, one that is down or refuses must not keep the proxy (and
+        /healthz) from serving. It carries on with the local fallbacks and joins when the database answers."""
         await self.db.open()
         log.info("shared state: %s as instance %s", self.db.where, self.instance)
         self._tasks.spawn(self._join(), name="shared-join")
         try:
-            await asyncio.wait_for(self.ready.wait(), 5.0)
+            await asyncio.wait_for(self._first_try.wait(), START_WAIT_S)
         except TimeoutError:
+            pass
+        if not self.ready.is_set() and self.conflict is None:
             log.warning("shared state: %s not reachable yet (%s); serving with the local fallbacks",
-                        self.db.where, self.db.problem)
+                        self.db.where, self.db.problem or "no answer yet")
 
     async def _join(self) -> None:
         from .db import Unavailable
-        from .schema import SchemaTooNew, migrate
+        from .schema import SchemaConflict, SchemaTooNew, migrate
 
         delay = 0.5
         while True:
@@ -148,12 +157,15 @@ class PostgresBackend:
                 async with await self.db.connect() as conn:
                     self.schema = await migrate(conn)
                 break
-            except SchemaTooNew as e:
-                log.error("shared state: %s; staying local", e)
-                self.db.problem = str(e)
+            except (SchemaTooNew, SchemaConflict) as e:
+                # The database answered and what it holds is wrong for us: say so, and do not retry forever.
+                log.error("shared state: %s: %s; staying local", self.db.where, e)
+                self.conflict = self.db.problem = str(e)
+                self._first_try.set()
                 return
             except Exception as e:
                 self.db.problem = f"{type(e).__name__}: {(str(e).splitlines() or [''])[0]}"[:300]
+                self._first_try.set()
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 5.0)
         try:
@@ -172,6 +184,7 @@ class PostgresBackend:
             self._tasks.spawn(shipper.run(), name="shared-journal-ship")
         self._tasks.spawn(self.instances.run(), name="shared-heartbeat")
         self.ready.set()
+        self._first_try.set()
 
     async def stop(self) -> None:
         if self.shared_budget is not None:
@@ -209,7 +222,7 @@ class PostgresBackend:
         return out
 
 
-def start_problem(state_cfg) -> str | None:
+def start_problem(state_cfg, environ=None) -> str | None:
     """Why this [state] cannot start (the driver is not installed, the DSN variable is unset), or None. Checked
     before the daemon starts, and by --check: a shared backend that cannot even be tried is a config error."""
     if state_cfg.backend != "postgres":
@@ -222,7 +235,7 @@ def start_problem(state_cfg) -> str | None:
     from .dsn import DsnMissing, resolve
 
     try:
-        resolve(state_cfg)
+        resolve(state_cfg, environ)
     except DsnMissing as e:
         return str(e)
     return None

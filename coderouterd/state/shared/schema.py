@@ -195,26 +195,55 @@ class SchemaTooNew(RuntimeError):
     pass
 
 
+class SchemaConflict(RuntimeError):
+    """The database answers, but what is there under our names is not ours (another application's tables, a
+    cr_schema of another shape) or may not be created: no retry fixes that, a person must."""
+
+
+# SQLSTATE classes that mean "the database answered and refused": 42 (syntax error or access rule violation:
+# duplicate table/function, undefined column, insufficient privilege, wrong object type) and 22 (data exception).
+_REFUSALS = ("42", "22")
+
+
+def _conflict(e: BaseException) -> SchemaConflict | None:
+    state = getattr(e, "sqlstate", None)
+    if not isinstance(state, str) or not state.startswith(_REFUSALS):
+        return None
+    first = (str(e).splitlines() or [""])[0]
+    return SchemaConflict(f"the database refuses coderouterd's schema ({first} [SQLSTATE {state}]): it holds "
+                          "objects under coderouterd's names (cr_*) that coderouterd did not make, or the user "
+                          "may not create them; give coderouterd a database (or user) of its own")
+
+
 async def migrate(conn) -> tuple[int, int]:
     """Bring the schema to LATEST on an autocommit connection. Returns (version found, version now). Concurrent
     callers queue on the advisory lock, so each migration runs exactly once."""
     await conn.execute("SELECT pg_advisory_lock(%s)", (MIGRATION_LOCK,))
     try:
-        await conn.execute("CREATE TABLE IF NOT EXISTS cr_schema (version integer PRIMARY KEY,"
-                           " applied_at timestamptz NOT NULL DEFAULT now())")
-        cur = await conn.execute("SELECT coalesce(max(version), 0) FROM cr_schema")
-        found = (await cur.fetchone())[0]
-        if found > LATEST:
-            # A newer coderouterd migrated it: its tables may mean things this one would misread.
-            raise SchemaTooNew(f"shared state schema is v{found}; this coderouterd knows up to v{LATEST}")
-        for version, statements in MIGRATIONS:
-            if version <= found:
-                continue
-            async with conn.transaction():
-                for sql in statements:
-                    await conn.execute(sql)
-                await conn.execute("INSERT INTO cr_schema (version) VALUES (%s)", (version,))
-            log.info("shared state: schema migrated to v%d", version)
-        return found, LATEST
+        return await _migrate_locked(conn)
+    except Exception as e:
+        conflict = _conflict(e)
+        if conflict is not None:
+            raise conflict from e
+        raise
     finally:
         await conn.execute("SELECT pg_advisory_unlock(%s)", (MIGRATION_LOCK,))
+
+
+async def _migrate_locked(conn) -> tuple[int, int]:
+    await conn.execute("CREATE TABLE IF NOT EXISTS cr_schema (version integer PRIMARY KEY,"
+                       " applied_at timestamptz NOT NULL DEFAULT now())")
+    cur = await conn.execute("SELECT coalesce(max(version), 0) FROM cr_schema")
+    found = (await cur.fetchone())[0]
+    if found > LATEST:
+        # A newer coderouterd migrated it: its tables may mean things this one would misread.
+        raise SchemaTooNew(f"shared state schema is v{found}; this coderouterd knows up to v{LATEST}")
+    for version, statements in MIGRATIONS:
+        if version <= found:
+            continue
+        async with conn.transaction():
+            for sql in statements:
+                await conn.execute(sql)
+            await conn.execute("INSERT INTO cr_schema (version) VALUES (%s)", (version,))
+        log.info("shared state: schema migrated to v%d", version)
+    return found, LATEST
