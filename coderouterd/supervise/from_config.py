@@ -256,6 +256,12 @@ class Processes:
             if mp.external:
                 await mp.stop()  # raises ExternalProcessError, which says where to stop it
             await self.scheduler.stop(mp.spec.name, "manual")  # pinned too: by hand is by hand
+        elif action == "restart" and mp.state in (ProcessState.STOPPED, ProcessState.FATAL) and not mp.external:
+            # Nothing runs: a restart is a start, and a start counts against the budget (making room first).
+            try:
+                await self.scheduler.ensure(mp.spec.name, wait=False)
+            except StartFailed as e:
+                return {"ok": False, "message": f"{mp.spec.name} not started: {e}", "process": mp.snapshot()}
         elif action == "restart":
             ok = await mp.restart("corectl restart")
             if not ok:

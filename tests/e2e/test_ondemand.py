@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
@@ -212,3 +213,35 @@ def test_failover_first_while_the_local_model_starts_or_wait_when_the_profile_sa
             assert r.status_code == 200 and r.headers["x-coderouter-provider"] == "local", r.text
         finally:
             d.stop()
+
+
+def test_a_model_that_is_up_is_served_while_another_is_swapped_in(tmp_path):
+    a, b, c = free_port(), free_port(), free_port()
+    gate = tmp_path / "let-c-start"
+    gated_c = [sys.executable, "-m", "tests.support.gated", str(gate), "--", *fake_cmd(c)]
+    providers = {"a": managed(a, fake_cmd(a), start="on_demand", memory_mb=1000),
+                 "b": managed(b, fake_cmd(b), start="on_demand", memory_mb=1000),
+                 "c": managed(c, gated_c, start="on_demand", memory_mb=1000, start_timeout_s=120)}
+    cfg = config(providers, {"default": ["a"], "pb": ["b"], "pc": ["c"]}, models={"memory_budget_mb": 2500})
+    d = DaemonProcess(cfg, tmp_path).start()
+
+    def state(name: str) -> str | None:
+        return (status(d).get("processes") or {}).get(name, {}).get("state")
+
+    try:
+        assert wait_for(lambda: status(d).get("models") is not None, 20)
+        assert ask(d).status_code == 200 and ask(d, "pb").status_code == 200
+        with ThreadPoolExecutor(1) as pool:
+            swap = pool.submit(ask, d, "pc", stream=True, timeout=120)
+            # c is being swapped in (a, the least recently used, stopped for it) and its start is held open...
+            assert wait_for(lambda: state("c") == "starting" and state("a") == "stopped", 30)
+            # ...while b, which is up, serves at once: no request for it waits behind the swap.
+            r = ask(d, "pb")
+            assert r.status_code == 200 and r.headers["x-coderouter-provider"] == "b"
+            assert state("c") == "starting"  # the swap was still under way when b answered
+            gate.touch()
+            done = swap.result()
+        assert done.status_code == 200 and "message_stop" in done.text, done.text
+        assert status(d)["processes"]["a"]["last_stop_reason"] == "room for c"
+    finally:
+        d.stop()
