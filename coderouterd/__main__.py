@@ -60,6 +60,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"coderouterd: provider {name}: {problem} (see {_env_hint()})", file=sys.stderr)
         for note in loaded.model.unused_settings():
             print(f"coderouterd: {note}", file=sys.stderr)
+        for note in loaded.model.uncounted_processes():
+            print(f"coderouterd: {note}", file=sys.stderr)
         unstartable = loaded.model.unstartable_processes()
         for name, problems in unstartable.items():
             print(f"coderouterd: process {name} cannot start: {'; '.join(problems)}", file=sys.stderr)

@@ -151,7 +151,7 @@ def config_check(path: str | None, as_json: bool, socket: str | None = None) -> 
         report_error(f"{loaded.path}: {shared}", as_json, {"path": loaded.path, "from": found.source})
         return 1
     no_key = missing_keys(m.providers, environ)
-    unused = m.unused_settings()
+    unused = m.unused_settings() + m.uncounted_processes()
     unstartable = m.unstartable_processes()
     data = {"ok": not unstartable, "path": loaded.path, "from": found.source, "providers": sorted(m.providers),
             "profiles": sorted(m.profiles), "default_profile": m.server.default_profile, "no_key": no_key,

@@ -383,3 +383,11 @@ def test_a_daemon_of_another_api_version_is_refused_not_misread(capsys, tmp_path
     assert main(["--socket", str(path), "status"]) == 1
     err = capsys.readouterr().err
     assert "speaks admin API version 99" in err and "restart coderouterd" in err
+
+
+def test_config_check_says_when_a_process_counts_as_nothing_against_the_budget(capsys, tmp_path):
+    cfg = tmp_path / "budget.toml"
+    cfg.write_text("[models]\nmemory_budget_mb = 8000\n" + VALID.replace(
+        'model = "m"\n', 'model = "m"\nprocess = { command = ["sh", "-c", "exec sleep 1000"] }\n', 1))
+    assert commands.config_check(str(cfg), False) == 0
+    assert "process local: memory_mb is 0 and its command names no .gguf" in capsys.readouterr().out
