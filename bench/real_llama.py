@@ -348,14 +348,31 @@ def swap_config(sc: Scenario, ports: tuple[int, int], starts_log: Path, *, idle_
             .replace("@MODEL@", MODEL).replace("@BUDGET@", str(budget)).replace("@IDLE@", str(idle_stop_s)))
 
 
-def swap(sc: Scenario, tmp: Path) -> dict:
+def _ready_times(audit: Path) -> dict[str, list[float]]:
+    """process -> wall-clock times it became ready, from the audit log's process events."""
+    from datetime import datetime
+
+    out: dict[str, list[float]] = {}
+    for line in audit.read_text().splitlines() if audit.exists() else []:
+        ev = orjson.loads(line)
+        if ev.get("kind") == "process" and ev.get("event") == "ready" and ev.get("primary", True):
+            ts = datetime.fromisoformat(ev["ts"].replace("Z", "+00:00")).timestamp()
+            out.setdefault(ev["process"], []).append(ts)
+    return out
+
+
+def swap(sc: Scenario, tmp: Path, *, budget: bool = True) -> dict:
     """Alternating conversations on two models with a budget for one. Each turn after the first two swaps: the
     other server is stopped (its slots saved first, where slot saving before a stop is on) and this one started.
     Reports what each returning turn processed against its new tokens, the starts that found the other server
     alive (must be none), and errors (must be none)."""
     ports = (free_port(), free_port())
     log = tmp / "starts.log"
-    d = DaemonProcess(swap_config(sc, ports, log), tmp)  # its cwd is the repository: the wrapper imports from it
+    cfg = swap_config(sc, ports, log)
+    if not budget:  # the baseline: both servers stay up, no turn ever swaps
+        cfg = cfg.replace("[models]\nmemory_budget_mb = ", "[models]\nmemory_budget_mb = 0 # ")
+    d = DaemonProcess(cfg, tmp)  # its cwd is the repository: the wrapper imports from it
+    first_token_at: list[tuple[str, float, float]] = []  # (process, wall time of the first token, request start)
     turns: list[Turn] = []
     errors: list[str] = []
     returning: list[tuple[int, int]] = []  # (processed, new tokens) of each turn after a swap away and back
@@ -368,6 +385,7 @@ def swap(sc: Scenario, tmp: Path) -> dict:
                 profile = "default" if s.n % 2 == 0 else "fast"
                 body = {**s.main_body(), "stream": True}
                 t0 = time.perf_counter()
+                w0 = time.time()
                 ttft = None
                 usage: dict = {}
                 with http.stream("POST", "/v1/messages", json=body,
@@ -393,11 +411,20 @@ def swap(sc: Scenario, tmp: Path) -> dict:
                 if s.n in last_prompt:
                     returning.append((prompt - cached, prompt - last_prompt[s.n]))
                     ready_ttft.append(turn.ttft_s)
+                    first_token_at.append(("coder" if profile == "default" else "small", w0 + turn.ttft_s, w0))
                 last_prompt[s.n] = prompt
                 s.advance()
     finally:
         d.stop()
     starts = log.read_text().splitlines() if log.exists() else []
+    # Time to first token counted from the moment the returning turn's server was ready (its start is not the
+    # turn's cost): the last ready of that process after the request was sent; none (it never swapped): from
+    # the request.
+    readies = _ready_times(d.state_dir / "audit.jsonl")
+    from_ready = []
+    for proc, first, sent in first_token_at:
+        ready = [t for t in readies.get(proc, []) if sent <= t <= first]
+        from_ready.append(first - (ready[-1] if ready else sent))
     processed = sum(p for p, _ in returning)
     new = sum(n for _, n in returning)
     return {"requests": len(turns) + len(errors), "errors": errors, "starts": len(starts),
@@ -407,7 +434,8 @@ def swap(sc: Scenario, tmp: Path) -> dict:
             "returning_processed": processed, "returning_new": new,
             "returning_ratio": round(processed / new, 3) if new else None,
             "returning_turns": returning,
-            "warm_ttft_p50_s": round(statistics.median(ready_ttft), 3) if ready_ttft else None}
+            "warm_ttft_p50_s": round(statistics.median(ready_ttft), 3) if ready_ttft else None,
+            "ttft_from_ready_p50_s": round(statistics.median(from_ready), 3) if from_ready else None}
 
 
 def restart_bound(prompts: list[list[int]]) -> list[int]:
@@ -427,8 +455,10 @@ def run(scenarios: list[Scenario], restart: bool) -> list[dict]:
             tmp = Path(t)
             t0 = time.monotonic()
             if sc.name.startswith("swap"):
+                base = swap(sc, tmp / "both", budget=False)
+                rows.append({"scenario": sc.name, "run": "both resident (no budget): never swaps", **base})
                 r = swap(sc, tmp / "swap")
-                rows.append({"scenario": sc.name, "run": "coderouterd, two models, budget for one", **r})
+                rows.append({"scenario": sc.name, "run": "budget for one: every turn swaps", **r})
                 print(f"# {sc.name}: {time.monotonic() - t0:.0f} s", file=sys.stderr)
                 continue
             base, prompts = baseline(sc, tmp / "base")
@@ -469,8 +499,9 @@ def main() -> None:
     args = ap.parse_args()
     rows = run(SCENARIOS[args.scenario], args.restart)
     if args.scenario.startswith("swap"):
-        cols = ["scenario", "requests", "errors", "starts", "starts_with_other_alive", "prompt_tokens",
-                "processed_tokens", "returning_processed", "returning_new", "returning_ratio", "warm_ttft_p50_s"]
+        cols = ["scenario", "run", "requests", "errors", "starts", "starts_with_other_alive", "prompt_tokens",
+                "processed_tokens", "returning_processed", "returning_new", "returning_ratio", "warm_ttft_p50_s",
+                "ttft_from_ready_p50_s"]
         print("| " + " | ".join(cols) + " |")
         print("|" + "---|" * len(cols))
         for r in rows:
