@@ -39,6 +39,7 @@ from .planner import Skip
 from .record import CLIENT_DISCONNECTED, RequestRecord
 from .request import ClientRequest
 from .sink import ClientGone, ClientSink, StreamOpening
+from .waiting import pinging, wait_for_restart
 
 if TYPE_CHECKING:
     from ..runtime import Runtime
@@ -140,7 +141,7 @@ class Exchange:
         # else served (on_demand_start = "failover", the default).
         if self._starts and await self._wait_started(list(self._starts), errors):
             return
-        if await self._wait_for_restart(errors):
+        if await wait_for_restart(self, errors):
             return
         await self.conclude(errors)
 
@@ -209,7 +210,7 @@ class Exchange:
                 return False
             started = time.monotonic()
             # Shielded: this request giving up (client gone) must not cancel a start others may wait for.
-            await self._waiting(asyncio.gather(*(asyncio.shield(f) for f in waiting.values()),
+            await pinging(self, asyncio.gather(*(asyncio.shield(f) for f in waiting.values()),
                                                return_exceptions=True), next(iter(waiting)))
             up = [p for p, f in waiting.items() if f.done() and not f.cancelled() and f.result() is True]
             if not up:
@@ -219,68 +220,6 @@ class Exchange:
                 return True
             providers = up  # those refused as stopping again (open_slot demanded them anew) get another round
         return False
-
-    async def _waiting(self, aw, provider: str, timeout: float | None = None) -> None:
-        """Wait for `aw` (up to `timeout`); a streaming client meanwhile gets its 200 once the hold is over, then
-        pings, as while waiting for an upstream's first byte. Raises TimeoutError past `timeout`."""
-        task = asyncio.ensure_future(aw)
-        loop = asyncio.get_running_loop()
-        deadline = None if timeout is None else loop.time() + timeout
-        try:
-            while not task.done():
-                step = self.server.ping_interval_s
-                if self.req.stream and not self.committed:
-                    hold = self.hold_remaining()
-                    if hold <= 0:
-                        await self.commit_early(provider, ())
-                        continue
-                    step = min(step, hold)
-                if deadline is not None:
-                    left = deadline - loop.time()
-                    if left <= 0:
-                        raise TimeoutError
-                    step = min(step, left)
-                done, _ = await asyncio.wait((task,), timeout=step)
-                if not done and self.req.stream and self.committed:
-                    await self.sink.ping()
-        finally:
-            if not task.done():
-                task.cancel()
-                await asyncio.gather(task, return_exceptions=True)
-
-    async def _wait_for_restart(self, errors: list[UpstreamError]) -> bool:
-        """Nothing else could serve, and a managed process of this profile is starting or restarting (its model
-        loading, or the supervisor bringing it back after a crash): wait for it, within its start timeout,
-        then try it. True when the client has been answered."""
-        state = self.router.state
-        deadline = None
-        for _ in range(3):  # a process that dies again as soon as it is ready is not waited for forever
-            coming = [n for n in self.profile.providers if state.coming_within(n) > 0 and n in self.runtime.providers]
-            if not coming:
-                return False
-            now = time.monotonic()
-            if deadline is None:
-                deadline = now + max(state.coming_within(n) for n in coming)
-            waited = time.monotonic()
-            up = await self._wait_up(coming, deadline - now)
-            if not up:
-                return False
-            self.record.waited_for(up, time.monotonic() - waited)
-            if await self.try_in_order(up, errors):
-                return True
-        return False
-
-    async def _wait_up(self, coming: list[str], timeout: float) -> list[str]:
-        box: list[list[str]] = []
-
-        async def wait() -> None:
-            box.append(await self.router.state.wait_up(coming, timeout))
-
-        try:
-            await self._waiting(wait(), coming[0], timeout + 1.0)
-        except TimeoutError:
-            return []
-        return box[0] if box else []
 
     # -- one attempt ----------------------------------------------------------------------------------------
 
@@ -614,11 +553,11 @@ class Exchange:
     async def conclude(self, errors: list[UpstreamError]) -> None:
         """Nobody served the request: one error naming each attempt and skip and its cause."""
         state = self.router.state
-        for s in self.record.skips:
+        for s in list(self.record.skips):
             # A start this request waited for ended unable to start (fatal, no room): the client is told why.
             why = state.cannot_start_reason(s.provider) if s.reason == "not_ready" else None
             if why is not None:
-                s.reason, s.message = "cannot_start", why
+                self.record.cannot_start(s.provider, why)
         skips = self.record.skips
         args = {"ingress": self.req.ingress, "profile": self.profile_name, "summary": self.record.failure_summary()}
         if errors:

@@ -149,6 +149,11 @@ class RequestRecord:
                            "why": f"waited for {', '.join(up)} to be ready (managed process starting); "
                                   "nothing else could serve"})
 
+    def cannot_start(self, provider: str, why: str) -> None:
+        """A provider skipped as not ready turned out unable to start (fatal, no room): its skip says so."""
+        self.skips = [Skip(s.provider, "cannot_start", why, overridable=False)
+                      if s.provider == provider and s.reason == "not_ready" else s for s in self.skips]
+
     def note(self, note: dict) -> None:
         """Something routing did to the request on the way (e.g. images omitted for a provider)."""
         self.notes.append(note)
