@@ -182,7 +182,8 @@ class DashboardApp:
     async def _data(self, d, name: str, query: dict[str, str]):
         if name == "now":
             data = {"daemon": views.daemon_info(d), "providers": views.provider_rows(d),
-                    "processes": views.processes(d), "store": views.store(d), "in_flight": dict(d.in_flight),
+                    "processes": views.processes(d), "models": views.models_memory(d), "store": views.store(d),
+                    "in_flight": dict(d.in_flight),
                     "viewers": d.live.viewers}
         elif name == "spend":
             data = await history.spend(d)

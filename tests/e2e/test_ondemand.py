@@ -125,6 +125,8 @@ def test_a_budget_for_one_swaps_models_and_never_runs_both(tmp_path):
         metrics = httpx.get(d.url + "/metrics", timeout=10).text
         assert "coderouter_models_memory_held_mb 1000.0" in metrics
         assert 'coderouter_process_last_stop{process="small",reason="room for coder"} 1.0' in metrics
+        now = httpx.get(d.url + "/ui/api/now", timeout=10).json()  # the dashboard's data
+        assert now["models"]["resident"] == ["coder"] and now["processes"]["small"]["memory_mb"] == 1000
     finally:
         d.stop()
 

@@ -169,7 +169,18 @@
     fill($("#processes-table tbody"), procs.map(([name, p]) => row([
       el("strong", name), badge(p.state, p.state === "ready" ? "ok" : p.state === "fatal" ? "bad" : "warn"),
       [fmt.dur(p.uptime_s), "num"], [String(p.restarts_total ?? 0), "num"],
+      [p.memory_mb ? `${Math.round(p.memory_mb).toLocaleString()} MB${p.pinned ? " pinned" : ""}` : "–", "num"],
+      p.last_stop_reason || "–",
     ])));
+    // Resident local models against [models] memory_budget_mb (README: Several local models).
+    const m = now.models;
+    const budget = $("#models-budget");
+    budget.hidden = !m;
+    if (m) {
+      const held = `${Math.round(m.memory_held_mb).toLocaleString()} MB held`;
+      const of = m.memory_budget_mb ? ` of ${Math.round(m.memory_budget_mb).toLocaleString()} MB budget` : " (no budget)";
+      budget.textContent = `Local models: ${held}${of}; resident: ${(m.resident || []).join(", ") || "none"}`;
+    }
   }
 
   async function refreshNow() {
