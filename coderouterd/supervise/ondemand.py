@@ -172,6 +172,9 @@ class OnDemand:
         except StartFailed as e:
             log.warning("%s: not started on demand: %s", name, e)
             return False
+        except Exception:  # the requests waiting on it get "not started", never our exception
+            log.exception("%s: on-demand start failed", name)
+            return False
 
     # -- starting and stopping ------------------------------------------------------------------------------
 
@@ -268,12 +271,16 @@ class OnDemand:
         clock = self.policy.clock
         while True:
             self._wake.clear()
-            ready = self._idle_ready()
-            for name in self.policy.idle_due(ready):
-                # Not under the swap lock: a stop of an idle process frees memory, it never needs room. Drained
-                # at once (inside _stop, before its first await): it takes no new request from here on.
-                self._tasks.spawn(self._idle_stop(name), name=f"idle-stop:{name}")
-            deadline = self.policy.next_deadline(self._idle_ready())
+            try:
+                ready = self._idle_ready()
+                for name in self.policy.idle_due(ready):
+                    # Not under the swap lock: a stop of an idle process frees memory, it never needs room.
+                    # Drained at once (inside _stop, before its first await): it takes no new request from here on.
+                    self._tasks.spawn(self._idle_stop(name), name=f"idle-stop:{name}")
+                deadline = self.policy.next_deadline(self._idle_ready())
+            except Exception:  # a bug here must not end idle stops for the daemon's life
+                log.exception("idle-stop check failed")
+                deadline = clock() + 5.0
             timeout = None if deadline is None else max(0.05, deadline - clock())
             # asyncio.timeout, not wait_for: on 3.11 wait_for loses a cancel that lands as the event is set.
             with contextlib.suppress(TimeoutError):

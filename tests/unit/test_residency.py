@@ -468,3 +468,17 @@ async def _start_by_hand():
         await asyncio.sleep(0)
     assert sch.policy.idle_left("a") == 30  # counted from readiness, not from the start's decision
     await sch.close()
+
+
+def test_an_error_of_ours_during_a_start_is_a_failed_start_for_the_waiting_requests():
+    run(_error_during_start())
+
+
+async def _error_during_start():
+    sch, fx, _ = scheduler(0, [Resident("a", 1)])
+
+    async def broken(name, wait=True):
+        raise RuntimeError("supervisor is shut down")
+
+    fx.start = broken
+    assert await sch.demand("prov-a") is False
