@@ -152,8 +152,10 @@ class Daemon:
                 await asyncio.to_thread(ensure_slot_dir, state_dir(cfg))
 
             processes = self.processes = Processes(state_dir(cfg) / "logs", t.store,
-                                                   on_event=selfheal.on_process_event)
+                                                   on_event=selfheal.on_process_event,
+                                                   before_stop=self.affinity.warm.before_stop)
             processes.apply(cfg)
+            self._wire_warm(cfg)
             # Until their process says ready (or is adopted), autostarted backends are not routed to.
             for providers, wait_s in processes.autostarted(cfg):
                 self.routing.mark_down(providers, wait_s=wait_s)
@@ -272,9 +274,26 @@ class Daemon:
             from .supervise.from_config import Processes
 
             on_event = self.selfheal.on_process_event if self.selfheal is not None else None
-            self.processes = Processes(state_dir(cfg) / "logs", self.telemetry.store, on_event=on_event)
+            self.processes = Processes(state_dir(cfg) / "logs", self.telemetry.store, on_event=on_event,
+                                       before_stop=self.affinity.warm.before_stop)
         if self.processes is not None:
+            self._wire_warm(cfg)
             self.tasks.spawn(self.processes.reload(cfg), name="processes-reload")
+
+    def _wire_warm(self, cfg: ConfigModel) -> None:
+        """Which providers' slot files live in coderouterd's slot directory (their server was given it), so
+        affinity/warm.py saves their slots before stops and when idle, and restores them after."""
+        from .affinity.slot_save import saves_to, slot_dir
+        from .supervise.from_config import specs_from_config
+
+        directory = slot_dir(state_dir(cfg))
+        managed = {p for spec, providers in specs_from_config(cfg).values() if saves_to(spec.command, directory)
+                   for p in providers}
+        processes = self.processes
+        self.affinity.warm.wire(
+            directory=directory if managed else None, provider=lambda name: self.runtime.providers.get(name),
+            served_by=lambda process: processes.supervisor.providers_of(process) if processes is not None else [],
+            managed=managed.__contains__)
 
     async def shutdown(self) -> None:
         if self._shut_down:
