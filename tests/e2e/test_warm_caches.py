@@ -15,8 +15,8 @@ from pathlib import Path
 import httpx
 import orjson
 
-from tests.support.claude_sessions import Session
 from tests.support import cli
+from tests.support.claude_sessions import Session
 from tests.support.daemon import ROOT, DaemonProcess, admin_get, free_port
 
 CONFIG = """

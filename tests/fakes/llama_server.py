@@ -44,7 +44,7 @@ from .openai_server import DONE, SSE_HEADERS, OpenAIFake
 
 BYTES_PER_TOKEN = 4
 SLOT_MAGIC = b"FAKESLOT1\n"
-RESTORE_FAILED = "Unable to restore slot, no available space in KV cache or invalid slot save file"
+RESTORE_FAILED = "Unable to restore slot: No available space in KV cache or invalid slot save file"
 LLAMA = web.RequestKey("fake_llama_generation", dict)
 _tick = itertools.count(1)
 
