@@ -356,7 +356,11 @@ class Warm:
             return None
         st = self.stats.get(name) or WarmStats()
         key = self._keys.get(name)
-        return {**st.as_dict(), "disk_bytes": self.disk_bytes,
+        p = self.affinity.index.providers.get(name)
+        table = p.slots if p is not None else None
+        # Lanes whose slot holds more than their file: what a crash now would lose.
+        unsaved = len(to_save(table, now=self.clock())) if table is not None and table.can_save else None
+        return {**st.as_dict(), "disk_bytes": self.disk_bytes, "unsaved_lanes": unsaved,
                 "key": key.digest() if key is not None and key is not _UNKNOWN else None}
 
 
