@@ -2,7 +2,9 @@
 (SmolLM2-135M): three interleaved Claude-Code-shaped conversations with two title calls on three slots,
 interrupted half-way. What the server processed, over the whole run, against the best any cache could do
 (each prompt less its longest prefix shared with any earlier prompt, in the server's tokens): a restart may
-not forgive anything. bench/real_llama.py --warm runs the same at full scale, with the saves on and off; its
+not forgive anything. Issue 33 asks for 1.25x (restart) and 1.5x (kill) at full scale; at this scale the shared
+system prompt is most of each prompt and other slots give it back, so losing every lane's cache costs only
+1.23x (measured with the saves off, both ways): the suite holds 1.10x, which only the saves reach (1.04x). bench/real_llama.py --warm runs the same at full scale, with the saves on and off; its
 figures are in bench/README.md."""
 
 from __future__ import annotations
@@ -22,17 +24,17 @@ def _show(row: dict) -> None:
     print_warm_table([row])
 
 
-def test_coderouterd_restarted_half_way_stays_within_a_quarter_of_the_best(tmp_path):
+def test_coderouterd_restarted_half_way_stays_near_the_best(tmp_path):
     paths()
     r = interrupted(THREE_SUITE, tmp_path, "restart")
     _show({"run": "restart", **r})
     assert r["restores"] >= 1, r  # the lanes came back from the slots saved at shutdown
-    assert r["processed_tokens"] <= 1.25 * r["ideal_processed"], r
+    assert r["processed_tokens"] <= 1.10 * r["ideal_processed"], r
 
 
-def test_the_server_killed_half_way_stays_within_half_again_the_best(tmp_path):
+def test_the_server_killed_half_way_stays_near_the_best(tmp_path):
     paths()
     r = interrupted(THREE_SUITE, tmp_path, "kill")
     _show({"run": "kill -9", **r})
     assert r["restores"] >= 1, r  # the lanes came back from their background saves
-    assert r["processed_tokens"] <= 1.5 * r["ideal_processed"], r
+    assert r["processed_tokens"] <= 1.10 * r["ideal_processed"], r
