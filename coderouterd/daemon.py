@@ -95,6 +95,7 @@ class Daemon:
         self.health: HealthMonitor | None = None  # once the proxy listens (_start_background)
         self.selfheal: SelfHealer | None = None  # likewise
         self.processes: Processes | None = None  # when any provider has a process block
+        self._served: dict[str, list[str]] = {}  # process -> the providers it serves (affinity/warm.py's saves)
         self.metrics = LazyMetrics(self)
         self.metrics_endpoint = self.metrics.endpoint  # GET /metrics (ingress dispatches it)
         self.repair_stats = RepairStats()
@@ -287,13 +288,17 @@ class Daemon:
         from .supervise.from_config import specs_from_config
 
         directory = slot_dir(state_dir(cfg))
-        managed = {p for spec, providers in specs_from_config(cfg).values() if saves_to(spec.command, directory)
-                   for p in providers}
-        processes = self.processes
-        self.affinity.warm.wire(
-            directory=directory if managed else None, provider=lambda name: self.runtime.providers.get(name),
-            served_by=lambda process: processes.supervisor.providers_of(process) if processes is not None else [],
-            managed=managed.__contains__)
+        specs = specs_from_config(cfg)
+        managed = {p for spec, providers in specs.values() if saves_to(spec.command, directory) for p in providers}
+        # Which providers a process serves, kept from the previous config too: a reload stops a process it dropped
+        # or changed (saving its slots first) after the supervisor has forgotten what it served.
+        self._served.update({name: list(providers) for name, (_, providers) in specs.items()})
+        served = self._served
+        warm = self.affinity.warm
+        warm.wire(directory=directory if managed else None, provider=lambda name: self.runtime.providers.get(name),
+                  served_by=lambda process: served.get(process, []), managed=managed.__contains__)
+        if managed:
+            warm.start()  # the background saves, and the disk budget over what a previous run left
 
     async def shutdown(self) -> None:
         if self._shut_down:

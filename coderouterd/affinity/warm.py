@@ -137,6 +137,15 @@ class Warm:
         await asyncio.shield(task)
 
     async def _learn(self, provider: Provider, table: SlotTable) -> None:
+        try:
+            await self._learn_key(provider, table)
+        except Exception:
+            # Awaited by a request's placement: whatever went wrong costs the saved states, never the request.
+            log.exception("%s: could not check its saved slot states; none restored", provider.name)
+            table.keep_saved(lambda f: False)
+            self._keys[provider.name] = _UNKNOWN
+
+    async def _learn_key(self, provider: Provider, table: SlotTable) -> None:
         props = await self._props(provider)
         key = None
         if props is not None:

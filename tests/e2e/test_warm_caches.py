@@ -144,3 +144,26 @@ def test_after_kill_9_of_the_server_the_lane_resumes_from_its_background_save(tm
         assert 'coderouter_slot_saves_total{provider="llama"}' in metrics
     finally:
         d.stop()
+
+
+def test_a_config_change_that_restarts_the_server_saves_its_slots_first(tmp_path):
+    port = free_port()
+    config = _config(tmp_path, port, idle=0)
+    a = Session(63)
+    d = DaemonProcess(config, tmp_path).start()
+    try:
+        first = _ready(d)
+        _turn(d, a)
+        _turn(d, a)
+        # Another command line for the same server (a flag the fake ignores): the reload restarts it.
+        d.config_path.write_text(d.config_path.read_text().replace('"-np"', '"--threads-http", "2", "-np"'))
+        with httpx.Client(transport=httpx.HTTPTransport(uds=str(d.state_dir / "coderouterd.sock")),
+                          base_url="http://coderouterd", timeout=30) as admin:
+            assert admin.post("/v1/reload").json()["ok"]
+        _wait(lambda: (p := _ready(d)) and p["pid"] != first["pid"], "the reload's restart")
+        assert len(_bins(d)) == 1  # saved before the old server stopped
+        usage = _turn(d, a)
+        total = usage["input_tokens"] + usage["cache_read_input_tokens"]
+        assert usage["cache_read_input_tokens"] > 0.5 * total, usage
+    finally:
+        d.stop()
