@@ -185,9 +185,11 @@ def test_an_idle_lane_is_saved_in_the_background_and_a_crash_loses_only_later_tu
         assert w.files() == []
         w.aff.finish(tb, pb, w.provider, ok=True, strategy=_Done())
         b.advance()
+        assert w.aff.warm.status("p")["unsaved_lanes"] == 2
         await w.aff.warm.idle_pass()  # one slot a pass: a's (idle 20 s; b's was just used)
         assert len([n for n in w.files() if n.endswith(".bin")]) == 1
         assert w.aff.warm.status("p")["idle_saves"] == 1
+        assert w.aff.warm.status("p")["unsaved_lanes"] == 1  # b's: what a crash now would lose
         await w.aff.warm.idle_pass()
         assert len([n for n in w.files() if n.endswith(".bin")]) == 1  # a: saved as it is; b: not idle yet
         # kill -9 of the server: nothing saved at that moment; the restarted one gets a's saved prefix back.
