@@ -319,6 +319,10 @@ class Warm:
                 continue
             provider, table = found
             todo = to_save(table, now=self.clock())
+            if todo and await self._props(provider) is None:
+                # A server restarted for not answering (self-healing) would spend the whole budget on timeouts.
+                log.info("%s: not answering; its slots are not saved before it stops (%s)", name, reason)
+                continue
             done = 0
             for sid in todo:
                 left = deadline - self.clock()

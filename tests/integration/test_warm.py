@@ -320,3 +320,17 @@ def test_a_daemon_started_on_a_directory_full_of_stale_files_stays_correct(tmp_p
         assert not [x for x in w.fake.fake.slot_actions if x[0] == "restore"]
 
     _run(w, scenario)
+
+
+def test_a_server_that_does_not_answer_is_not_waited_for_before_its_stop(tmp_path):
+    w = World(tmp_path, extra="save_before_stop_s = 600\n")
+    a = Session(30)
+
+    async def scenario():
+        w.daemon()
+        await w.turn(a)
+        w.fake.fake.state.hung = True  # answers nothing from now on (what self-healing restarts it for)
+        await asyncio.wait_for(w.aff.warm.before_stop("llama", "restart"), 30)  # not the 600 s allowed
+        assert w.files() == [] and w.aff.warm.status("p")["saves"] == 0
+
+    _run(w, scenario)
