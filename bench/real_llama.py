@@ -335,39 +335,48 @@ def wait_saved(d: DaemonProcess, timeout: float = 120) -> None:
     raise RuntimeError("lanes not saved in the background in time")
 
 
-def interrupted(sc: Scenario, tmp: Path, how: str, *, saves: bool = True) -> dict:
-    """The workload in two halves with a restart of coderouterd (`how` = "restart") or kill -9 of its server
-    ("kill") between them; processed tokens against the best any cache could do over the whole run."""
+def interrupted(sc: Scenario, tmp: Path, how: str | tuple[str, ...], *, saves: bool = True) -> dict:
+    """The workload cut in equal parts by a restart of coderouterd ("restart") or kill -9 of its server
+    ("kill"), in the order given; processed tokens against the best any cache could do over the whole run, and
+    per part after each interruption (`after_restart`, `after_kill`: processed / ideal of that part's requests)."""
+    hows = (how,) if isinstance(how, str) else how
     port = free_port()
     d = DaemonProcess(daemon_config(sc, port, extra=f"save_idle_after_s = {IDLE_SAVE_S}\n" if saves else NO_SAVES),
                       tmp)
     turns_order = order(sc)
-    half = len(turns_order) // 2
+    cut = [len(turns_order) * k // (len(hows) + 1) for k in range(len(hows) + 2)]
     got: list[Turn] = []
     d.start()
     try:
         wait_model(f"http://127.0.0.1:{port}")
-        got += drive_router(d.url, sc, turns_order[:half])
-        if how == "restart":
-            d.stop()
-            d.start()
-        else:
-            if saves:
-                wait_saved(d)
+        got += drive_router(d.url, sc, turns_order[:cut[1]])
+        for k, what in enumerate(hows, start=1):
+            if what == "restart":
+                d.stop()
+                d.start()
             else:
-                time.sleep(IDLE_SAVE_S * 2)  # the same pause
-            procs = _admin(d, "/v1/processes")["processes"]
-            proc = procs[0] if isinstance(procs, list) else next(iter(procs.values()))
-            os.kill(proc["pid"], signal.SIGKILL)
-            time.sleep(0.3)
-        wait_model(f"http://127.0.0.1:{port}")
-        got += drive_router(d.url, sc, turns_order[half:])  # the first of these may wait for the restart
+                if saves:
+                    wait_saved(d)
+                else:
+                    time.sleep(IDLE_SAVE_S * 2)  # the same pause
+                procs = _admin(d, "/v1/processes")["processes"]
+                proc = procs[0] if isinstance(procs, list) else next(iter(procs.values()))
+                os.kill(proc["pid"], signal.SIGKILL)
+                time.sleep(0.3)
+            wait_model(f"http://127.0.0.1:{port}")
+            got += drive_router(d.url, sc, turns_order[cut[k]:cut[k + 1]])  # the first may wait for the restart
         warm = _warm_status(d)
         prompts = token_prompts(f"http://127.0.0.1:{port}", sc)
     finally:
         d.stop()
-    out = summary(got, best_reuse(prompts))
+    bound = best_reuse(prompts)
+    out = summary(got, bound)
     out["of_ideal"] = round(out["processed_tokens"] / out["ideal_processed"], 3) if out["ideal_processed"] else None
+    for k, what in enumerate(hows, start=1):
+        part = range(cut[k], cut[k + 1])
+        processed = sum(got[i].prompt_tokens - got[i].cached_tokens for i in part)
+        ideal = sum(got[i].prompt_tokens - bound[i] for i in part)
+        out[f"after_{what}"] = round(processed / ideal, 3) if ideal else None
     out["saves"], out["save_mb"], out["save_s"] = warm.get("saves"), round((warm.get("save_bytes") or 0) / 2**20, 1), \
         warm.get("save_s")
     out["restores"], out["restore_s"] = warm.get("restores"), warm.get("restore_s")
@@ -398,7 +407,7 @@ def token_prompts_of(sc: Scenario, tmp: Path) -> list[list[int]]:
 
 def print_warm_table(rows: list[dict]) -> None:
     cols = ["scenario", "run", "requests", "prompt_tokens", "processed_tokens", "ideal_processed", "of_ideal",
-            "warm_ttft_p50_s", "warm_ttft_p95_s", "saves", "save_mb", "save_s", "restores", "restore_s"]
+            "after_restart", "after_kill", "warm_ttft_p50_s", "warm_ttft_p95_s", "saves", "save_mb", "save_s", "restores", "restore_s"]
     print("| " + " | ".join(cols) + " |")
     print("|" + "---|" * len(cols))
     for r in rows:

@@ -1,11 +1,13 @@
 """KV caches that survive a restart of coderouterd and a kill -9 of its llama-server, on the real server
-(SmolLM2-135M): three interleaved Claude-Code-shaped conversations with two title calls on three slots,
-interrupted half-way. What the server processed, over the whole run, against the best any cache could do
-(each prompt less its longest prefix shared with any earlier prompt, in the server's tokens): a restart may
-not forgive anything. Issue 33 asks for 1.25x (restart) and 1.5x (kill) at full scale; at this scale the shared
-system prompt is most of each prompt and other slots give it back, so losing every lane's cache costs only
-1.23x (measured with the saves off, both ways): the suite holds 1.10x, which only the saves reach (1.04x). bench/real_llama.py --warm runs the same at full scale, with the saves on and off; its
-figures are in bench/README.md."""
+(SmolLM2-135M): three interleaved Claude-Code-shaped conversations with two title calls on three slots, cut in
+three parts: coderouterd restarted after the first, the server killed -9 after the second (after a pause longer
+than save_idle_after_s). What the server processed against the best any cache could do (each prompt less its
+longest prefix shared with any earlier prompt, in the server's tokens), over the whole run and over each part
+after an interruption: a restart may not forgive anything.
+
+Issue 33's bounds: 1.25x after the restart, 1.5x after the kill. Measured here: 1.15x and 0.99x (1.045x over the
+whole run, held at 1.10x); with the saves off 2.06x, 2.4x and 1.87x. bench/real_llama.py --warm runs the full
+scale, saves on and off, one interruption per run; its figures are in bench/README.md."""
 
 from __future__ import annotations
 
@@ -19,22 +21,12 @@ from tests.support.real_llama import paths
 pytestmark = pytest.mark.timeout(900)
 
 
-def _show(row: dict) -> None:
+def test_lanes_resume_from_saved_slots_after_a_daemon_restart_and_a_server_kill(tmp_path):
+    paths()
+    r = interrupted(THREE_SUITE, tmp_path, ("restart", "kill"))
     print()
-    print_warm_table([row])
-
-
-def test_coderouterd_restarted_half_way_stays_near_the_best(tmp_path):
-    paths()
-    r = interrupted(THREE_SUITE, tmp_path, "restart")
-    _show({"run": "restart", **r})
-    assert r["restores"] >= 1, r  # the lanes came back from the slots saved at shutdown
-    assert r["processed_tokens"] <= 1.10 * r["ideal_processed"], r
-
-
-def test_the_server_killed_half_way_stays_near_the_best(tmp_path):
-    paths()
-    r = interrupted(THREE_SUITE, tmp_path, "kill")
-    _show({"run": "kill -9", **r})
-    assert r["restores"] >= 1, r  # the lanes came back from their background saves
-    assert r["processed_tokens"] <= 1.10 * r["ideal_processed"], r
+    print_warm_table([{"run": "restart, then kill -9", **r}])
+    assert r["restores"] >= 1, r  # the killed server's lanes came back from their background saves
+    assert r["after_restart"] <= 1.25, r
+    assert r["after_kill"] <= 1.5, r
+    assert r["of_ideal"] <= 1.10, r
