@@ -221,7 +221,7 @@ class Warm:
                 pass
         meta = self._count(provider, table, action, filename, status, body, self.clock() - t0)
         if meta is not None:
-            if inline:
+            if inline or self._stopped:  # after stop() (shutdown) nothing is left to run it later
                 await self._after_save(filename, meta)
             else:
                 self._tasks.spawn(self._after_save(filename, meta), name="slot-after-save")
