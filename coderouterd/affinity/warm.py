@@ -37,6 +37,7 @@ from .warm_files import (
     SIDECAR,
     CacheKey,
     SlotFile,
+    is_ours,
     key_from_props,
     sidecar_matches,
     to_prune,
@@ -417,7 +418,7 @@ def _prune_dir(directory: Path, referenced: set[str], budget: int) -> tuple[set[
         return set(), 0
     by_name = {e.name: e for e in entries}
     for e in entries:
-        if not e.name.startswith(PREFIX) or e.name.endswith(SIDECAR) or e.name.endswith(".tmp"):
+        if not is_ours(e.name) or e.name.endswith(SIDECAR) or e.name.endswith(".tmp"):
             continue
         try:
             st = e.stat()

@@ -18,6 +18,11 @@ import orjson
 from .slots import SlotTable
 
 PREFIX = "cr-"  # every file coderouterd names starts with this: the only ones it may delete
+LEGACY = ("coderouter-lane-", "coderouter-copy-")  # names before the key was in them: never restored, pruned
+
+
+def is_ours(name: str) -> bool:
+    return name.startswith(PREFIX) or name.startswith(LEGACY)
 SIDECAR = ".json"
 
 

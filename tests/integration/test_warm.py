@@ -298,6 +298,7 @@ def test_a_daemon_started_on_a_directory_full_of_stale_files_stays_correct(tmp_p
         (w.dir / f"cr-0123456789ab-lane-{i}.bin.json").write_bytes(b'{"key": {"model": "/old.gguf"}, "tokens": 9}')
     (w.dir / "cr-0123456789ab-orphan.bin.json").write_bytes(b"{}")  # a sidecar without its file
     (w.dir / "mine.bin").write_bytes(b"y" * 100_000)
+    (w.dir / "coderouter-lane-0.bin").write_bytes(b"z" * 100_000)  # named by an older coderouterd
     a = Session(20)
     # The persisted map says some lane's prefix is in one of those files.
     snap = {"slots": {"slots": [{"lane": None}, {"lane": None}],
@@ -314,6 +315,7 @@ def test_a_daemon_started_on_a_directory_full_of_stale_files_stays_correct(tmp_p
         assert sum(os.stat(w.dir / n).st_size for n in ours) <= 0.15 * 1024 * 1024
         assert "cr-0123456789ab-orphan.bin.json" not in ours
         assert "mine.bin" in w.files()  # never touched: not coderouterd's
+        assert "coderouter-lane-0.bin" not in w.files()  # ours, from before keys: pruned like any stale file
         key = aff.warm.status("p")["key"]
         assert any(n.startswith(f"cr-{key}-") for n in ours)
         # Nothing stale was ever asked of the server.
