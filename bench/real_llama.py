@@ -4,12 +4,18 @@ which manages the server, and the same workload sent straight at an identical se
 itself (with its RAM prompt cache). Same run, same machine.
 
     .venv/bin/python bench/real_llama.py [--scenario within|twice|all|suite] [--restart]
+    .venv/bin/python bench/real_llama.py --warm [--scenario three|three-suite]
 
 Reuse is what the server reports it took from cache (`timings.cache_n`, relayed as cached tokens) against
 the best any slot assignment could give: for each request, the longest token prefix it shares with any
 earlier prompt (tokenised by the server itself with /apply-template and /tokenize). `--restart` also
 measures after the managed server was killed and restarted by the supervisor, and after coderouterd itself
 restarted on its persisted state: the first turn after a restart is cold for everyone, the rest must be warm.
+
+`--warm`: caches that survive (affinity/warm.py). Three interleaved conversations with two title calls on three
+slots, interrupted half-way by a restart of coderouterd or by kill -9 of its server (after a pause longer than
+`save_idle_after_s`, as a person reading the answer makes), with the slot saves on and off; processed tokens
+against the best any cache could do over the whole run (no restart forgives anything).
 """
 
 from __future__ import annotations
@@ -48,6 +54,7 @@ class Scenario:
     shape: Shape = SMALL
     # The least shared prefix worth a slot copy (default 2,048 tokens), scaled down with the shape.
     clone_min_tokens: int = 128
+    background_every: int = 1  # a background call every this many turns (100: only at the second turn)
 
 
 # 3 lanes on 3 slots: session 0's main and background lanes, session 1's main lane.
@@ -60,12 +67,17 @@ WITHIN_SUITE = Scenario("within-suite", slots=3, ctx=1024, sessions=2, turns=3, 
                         shape=TINY, clone_min_tokens=64)
 TWICE_SUITE = Scenario("twice-suite", slots=2, ctx=1024, sessions=2, turns=3, background_sessions=2,
                        shape=TINY, clone_min_tokens=64)
+# Issue 33's workload: three conversations, interleaved, two title calls (sessions 0 and 1, at their second turn),
+# three slots. The suite's version has the smaller shape and fewer turns.
+THREE = Scenario("three", slots=3, ctx=4096, sessions=3, turns=6, background_sessions=2, background_every=100)
+THREE_SUITE = Scenario("three-suite", slots=3, ctx=1024, sessions=3, turns=4, background_sessions=2,
+                       background_every=100, shape=TINY, clone_min_tokens=64)
 SCENARIOS = {"within": [WITHIN], "twice": [TWICE], "all": [WITHIN, TWICE],
-             "suite": [WITHIN_SUITE, TWICE_SUITE]}
+             "suite": [WITHIN_SUITE, TWICE_SUITE], "three": [THREE], "three-suite": [THREE_SUITE]}
 
 
 def order(sc: Scenario) -> list[tuple[Session, str]]:
-    return workload(sc.sessions, sc.turns, background_every=1, shape=sc.shape,
+    return workload(sc.sessions, sc.turns, background_every=sc.background_every, shape=sc.shape,
                     background_sessions=sc.background_sessions)
 
 
@@ -230,13 +242,17 @@ health_action = "warn"
 # this small model; the least shared prefix worth a slot copy (default 2,048 tokens) scales down with them.
 clone_min_tokens = @CLONE_MIN@
 """
+# Saves off: neither before a stop nor when a lane is idle (what coderouterd did before affinity/warm.py).
+NO_SAVES = "save_idle_after_s = 0\nsave_before_stop_s = 0\n"
+IDLE_SAVE_S = 1.0  # the bench's pause between rounds is longer than this; the default is 10 s
 
 
-def daemon_config(sc: Scenario, port: int, *, affinity: bool = True) -> str:
+def daemon_config(sc: Scenario, port: int, *, affinity: bool = True, extra: str = "") -> str:
     p = paths()
     argv = server_argv(p["LLAMA_SERVER"], p["LLAMA_MODEL"], port, slots=sc.slots, ctx_per_slot=sc.ctx)
     return (CONFIG.replace("@LP@", str(port)).replace("@ARGV@", json.dumps(argv)).replace("@MODEL@", MODEL)
-            .replace("@AFFINITY@", "true" if affinity else "false").replace("@CLONE_MIN@", str(sc.clone_min_tokens)))
+            .replace("@AFFINITY@", "true" if affinity else "false").replace("@CLONE_MIN@", str(sc.clone_min_tokens))
+            + extra)
 
 
 def wait_model(url: str, timeout: float = 60) -> None:
@@ -298,6 +314,106 @@ def after_restarts(sc: Scenario, tmp: Path, prompts: list[list[int]]) -> dict:
     return summary(got, best_reuse(prompts))
 
 
+def _admin(d: DaemonProcess, path: str) -> dict:
+    with httpx.Client(transport=httpx.HTTPTransport(uds=str(d.state_dir / "coderouterd.sock")),
+                      base_url="http://coderouterd", timeout=10) as a:
+        return a.get(path).json()
+
+
+def _warm_status(d: DaemonProcess) -> dict:
+    p = next(p for p in _admin(d, "/v1/status")["providers"] if p["name"] == "llama")
+    return ((p.get("cache") or {}).get("slots") or {}).get("warm") or {}
+
+
+def wait_saved(d: DaemonProcess, timeout: float = 120) -> None:
+    """The pause a person takes to read an answer: every lane idle past save_idle_after_s is on disk."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if _warm_status(d).get("unsaved_lanes") == 0:
+            return
+        time.sleep(0.1)
+    raise RuntimeError("lanes not saved in the background in time")
+
+
+def interrupted(sc: Scenario, tmp: Path, how: str | tuple[str, ...], *, saves: bool = True) -> dict:
+    """The workload cut in equal parts by a restart of coderouterd ("restart") or kill -9 of its server
+    ("kill"), in the order given; processed tokens against the best any cache could do over the whole run, and
+    per part after each interruption (`after_restart`, `after_kill`: processed / ideal of that part's requests)."""
+    hows = (how,) if isinstance(how, str) else how
+    port = free_port()
+    d = DaemonProcess(daemon_config(sc, port, extra=f"save_idle_after_s = {IDLE_SAVE_S}\n" if saves else NO_SAVES),
+                      tmp)
+    turns_order = order(sc)
+    cut = [len(turns_order) * k // (len(hows) + 1) for k in range(len(hows) + 2)]
+    got: list[Turn] = []
+    d.start()
+    try:
+        wait_model(f"http://127.0.0.1:{port}")
+        got += drive_router(d.url, sc, turns_order[:cut[1]])
+        for k, what in enumerate(hows, start=1):
+            if what == "restart":
+                d.stop()
+                d.start()
+            else:
+                if saves:
+                    wait_saved(d)
+                else:
+                    time.sleep(IDLE_SAVE_S * 2)  # the same pause
+                procs = _admin(d, "/v1/processes")["processes"]
+                proc = procs[0] if isinstance(procs, list) else next(iter(procs.values()))
+                os.kill(proc["pid"], signal.SIGKILL)
+                time.sleep(0.3)
+            wait_model(f"http://127.0.0.1:{port}")
+            got += drive_router(d.url, sc, turns_order[cut[k]:cut[k + 1]])  # the first may wait for the restart
+        warm = _warm_status(d)
+        prompts = token_prompts(f"http://127.0.0.1:{port}", sc)
+    finally:
+        d.stop()
+    bound = best_reuse(prompts)
+    out = summary(got, bound)
+    out["of_ideal"] = round(out["processed_tokens"] / out["ideal_processed"], 3) if out["ideal_processed"] else None
+    for k, what in enumerate(hows, start=1):
+        part = range(cut[k], cut[k + 1])
+        processed = sum(got[i].prompt_tokens - got[i].cached_tokens for i in part)
+        ideal = sum(got[i].prompt_tokens - bound[i] for i in part)
+        out[f"after_{what}"] = round(processed / ideal, 3) if ideal else None
+    out["saves"], out["save_mb"], out["save_s"] = warm.get("saves"), round((warm.get("save_bytes") or 0) / 2**20, 1), \
+        warm.get("save_s")
+    out["restores"], out["restore_s"] = warm.get("restores"), warm.get("restore_s")
+    return out
+
+
+def run_warm(scenarios: list[Scenario]) -> list[dict]:
+    rows = []
+    for sc in scenarios:
+        with tempfile.TemporaryDirectory(prefix=f"crwarm-{sc.name}-") as t:
+            tmp = Path(t)
+            t0 = time.monotonic()
+            fresh = routed(sc, tmp / "fresh", token_prompts_of(sc, tmp / "tok"))
+            fresh["of_ideal"] = round(fresh["processed_tokens"] / fresh["ideal_processed"], 3)
+            rows.append({"scenario": sc.name, "run": "fresh", **fresh})
+            for how in ("restart", "kill"):
+                for saves in (True, False):
+                    r = interrupted(sc, tmp / f"{how}-{saves}", how, saves=saves)
+                    rows.append({"scenario": sc.name, "run": f"{how}, saves {'on' if saves else 'off'}", **r})
+            print(f"# {sc.name}: {time.monotonic() - t0:.0f} s", file=sys.stderr)
+    return rows
+
+
+def token_prompts_of(sc: Scenario, tmp: Path) -> list[list[int]]:
+    with LlamaServer(tmp, slots=1, ctx_per_slot=sc.ctx, save=False) as server:
+        return token_prompts(server.url, sc)
+
+
+def print_warm_table(rows: list[dict]) -> None:
+    cols = ["scenario", "run", "requests", "prompt_tokens", "processed_tokens", "ideal_processed", "of_ideal",
+            "after_restart", "after_kill", "warm_ttft_p50_s", "warm_ttft_p95_s", "saves", "save_mb", "save_s", "restores", "restore_s"]
+    print("| " + " | ".join(cols) + " |")
+    print("|" + "---|" * len(cols))
+    for r in rows:
+        print("| " + " | ".join(str(r.get(c, "")) for c in cols) + " |")
+
+
 def restart_bound(prompts: list[list[int]]) -> list[int]:
     """The best any assignment could give when the server's cache is emptied twice (at each third)."""
     third = len(prompts) // 3
@@ -349,7 +465,11 @@ def main() -> None:
     ap.add_argument("--scenario", choices=sorted(SCENARIOS), default="all",
                     help="suite: both at the test suite's smaller scale")
     ap.add_argument("--restart", action="store_true")
+    ap.add_argument("--warm", action="store_true", help="restart and kill -9 half-way, slot saves on and off")
     args = ap.parse_args()
+    if args.warm:
+        print_warm_table(run_warm(SCENARIOS[args.scenario if args.scenario.startswith("three") else "three"]))
+        return
     print_table(run(SCENARIOS[args.scenario], args.restart))
 
 

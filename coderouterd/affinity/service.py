@@ -20,13 +20,13 @@ from typing import TYPE_CHECKING
 import orjson
 
 from ..providers.adapters import adapter_for
-from ..providers.limits import MAX_IGNORED_BYTES, read_at_most
 from ..providers.server_info import ServerDirectory
 from . import session as sess
 from .bust import Bust, detect
 from .canonical import Canonicaliser, Prompt, first_message_head, segments
 from .index import PrefixIndex
 from .slots import SlotTable
+from .warm import Warm
 
 if TYPE_CHECKING:
     from ..config.schema import ProviderConfig
@@ -135,6 +135,8 @@ class Affinity:
             timeout_s=config.affinity.probe_timeout_s, clock=clock)
         self._released: dict[tuple[str, int], asyncio.Event] = {}
         self._dirty: set[str] = set()  # providers whose index changed since their last snapshot
+        # Slot caches that outlive the server (saved before stops and when idle, restored, kept on a budget).
+        self.warm = Warm(self, clock=clock)
         self.configure(config)
 
     def configure(self, config) -> None:
@@ -161,6 +163,7 @@ class Affinity:
                 p.slots.forget_contents()
             self.index.forget_provider(name)
             self.servers.forget(name)
+            self.warm.forget((name,))
             self._persist_soon(name)
 
     # -- per request ----------------------------------------------------------------------------------------
@@ -202,6 +205,8 @@ class Affinity:
         name = provider.name
         p = self.index.provider(name)
         table = await self._slots(provider)
+        if table is not None:
+            await self.warm.prepare(provider, table)  # once per server instance: which saved states are valid
         now = self.clock()
         if table is None:
             # No slot to choose: the prediction (for the record) is made in `finish`, after the answer went out.
@@ -262,19 +267,11 @@ class Affinity:
             choice.predicted = 0
 
     async def _slot_action(self, provider: Provider, slot: int, action: str, filename: str) -> int:
-        """The HTTP status of POST /slots/{id}?action=…, 0 when the server could not be reached in time. Saving
-        a long prompt's KV cache writes gigabytes: it gets the provider's first-byte timeout, like a request."""
-        import aiohttp
-
-        url = f"{provider.root_url}/slots/{slot}?action={action}"
-        try:
-            async with asyncio.timeout(provider.cfg.timeouts.first_byte):
-                async with provider.session().post(url, json={"filename": filename},
-                                                   headers=provider.adapter.headers()) as r:
-                    await read_at_most(r, MAX_IGNORED_BYTES)
-                    return r.status
-        except (aiohttp.ClientError, OSError, TimeoutError):
-            return 0
+        """The HTTP status of POST /slots/{id}?action=…, 0 when the server could not be reached in time
+        (measured: warm.py)."""
+        table = self.index.provider(provider.name).slots
+        assert table is not None
+        return await self.warm.action(provider, table, slot, action, filename)
 
     async def _slots(self, provider: Provider) -> SlotTable | None:
         """The backend's slot table, from what its server said (providers/server_info.py: asked once per
@@ -377,6 +374,7 @@ class Affinity:
     async def stop(self) -> None:
         """Shutdown: server discoveries still under way are cancelled and awaited before the pools they use
         close."""
+        await self.warm.stop()
         if self._own_servers:
             await self.servers.stop()
 
@@ -410,7 +408,7 @@ class Affinity:
         if p.slots is not None:
             slots = {"total": len(p.slots.slots), "busy": sum(1 for s in p.slots.slots if s.busy),
                      "lanes": sum(1 for s in p.slots.slots if s.lane), "saved": len(p.slots.saved),
-                     "save_restore": p.slots.can_save}
+                     "save_restore": p.slots.can_save, "warm": self.warm.status(name)}
         return {"prompt_tokens": p.prompt_tokens, "cached_tokens": p.cached_tokens,
                 "hit_ratio": round(p.hit_ratio, 4) if p.hit_ratio is not None else None, "slots": slots,
                 "prompt_s_per_token": round(p.s_per_token, 6) if p.measured else None}

@@ -45,9 +45,12 @@ def specs_from_config(cfg: ConfigModel) -> dict[str, tuple[ProcessSpec, list[str
 
 
 class Processes:
-    def __init__(self, log_dir, store, on_event) -> None:
+    def __init__(self, log_dir, store, on_event, before_stop=None) -> None:
+        """`before_stop(process, reason)`: awaited before each planned stop (prefix affinity saves the server's
+        slots there: affinity/warm.py)."""
         self.store = store
-        self.supervisor = Supervisor(log_dir=log_dir, on_event=on_event, record=self._record, lookup=self._lookup)
+        self.supervisor = Supervisor(log_dir=log_dir, on_event=on_event, record=self._record, lookup=self._lookup,
+                                     before_stop=before_stop)
         # Starts that run on their own (the first start of every autostarted process, those a reload adds):
         # shutdown cancels them before it stops the processes.
         self._starts = TaskSet()
@@ -116,7 +119,7 @@ class Processes:
         if action == "start":
             await mp.start()
         elif action == "stop":
-            await mp.stop()
+            await mp.stop("manual")
         elif action == "restart":
             ok = await mp.restart("corectl restart")
             if not ok:
