@@ -11,10 +11,10 @@ slot first when the server can (`--slot-save-path`), and restoring a returning l
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from .canonical import Prompt, common_prefix
-from .session import is_background
 
 # Saved slot states per server. Each file holds a slot's whole KV cache (gigabytes for a large model and a
 # long prompt), so the names come from a fixed pool: the oldest saved lane's file is overwritten.
@@ -63,6 +63,7 @@ class SlotTable:
         self.max_saved = max_saved
         self.saved: OrderedDict[str, Saved] = OrderedDict()
         self.configured = False  # the affinity settings applied once the server's slot count is known
+        self._spare: Callable[[str | None], bool] | None = None  # for the current `choose`
 
     def resize(self, n: int) -> None:
         if n == len(self.slots):
@@ -77,9 +78,12 @@ class SlotTable:
 
     # -- choosing -------------------------------------------------------------------------------------------
 
-    def choose(self, lane: str, prompt: Prompt, *, wait_s: float = 0.0, s_per_byte: float = 0.0) -> Choice:
+    def choose(self, lane: str, prompt: Prompt, *, wait_s: float = 0.0, s_per_byte: float = 0.0,
+               spare: Callable[[str | None], bool] | None = None) -> Choice:
         """`wait_s`: expected time until the lane's own slot is free if busy; `s_per_byte`: prefill cost, so
-        a busy slot is waited for only when waiting costs less than re-processing what moving would lose."""
+        a busy slot is waited for only when waiting costs less than re-processing what moving would lose.
+        `spare(lane)`: a lane to evict before the others (lanes.LaneIndex.spare: a session's one-off call)."""
+        self._spare = spare
         own = self.owned(lane)
         if own is not None:
             kept = own.reuse(prompt)
@@ -110,8 +114,10 @@ class SlotTable:
         if free:
             # Longest prefix first, then least recently used.
             return max(free, key=lambda s: (s.reuse(prompt), -s.last_used))
-        # Evict a background lane first (a short prompt, cheap to lose), then the least recently used.
-        return min(pool, key=lambda s: (not is_background(s.lane), s.last_used))
+        # Evict a spare lane first (a session's title or summary call: a one-off, its prompt never extended),
+        # then the least recently used.
+        spare = self._spare
+        return min(pool, key=lambda s: (spare is None or not spare(s.lane), s.last_used))
 
     def _take(self, slot: Slot, lane: str, prompt: Prompt, *, why: str) -> Choice:
         choice = Choice(slot.id, slot.reuse(prompt), why=why)

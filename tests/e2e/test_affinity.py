@@ -37,6 +37,20 @@ def _through_router(start_daemon, n_slots: int, slot_save: bool, sessions: int, 
     return reuse_report(fake.fake.log), fake, d
 
 
+def _assert_conversations_keep_their_slots(log: list[dict], first: bytes) -> None:
+    """Each conversation's turns on one slot of its own; background calls (title generation: each a lane of its
+    own) on other slots than the conversations'."""
+    main: dict[int, set[int]] = {0: set(), 1: set()}
+    background: set[int] = set()
+    for e in log:
+        if b"Generate a concise title" in e["prompt"]:
+            background.add(e["slot"])
+        else:
+            main[0 if first in e["prompt"] else 1].add(e["slot"])
+    assert len(main[0]) == len(main[1]) == 1 and main[0] != main[1], (main, background)
+    assert background and not background & (main[0] | main[1]), (main, background)
+
+
 def test_lanes_within_slots_reuse_nearly_all_that_any_assignment_could(start_daemon):
     # 2 sessions x (main + background) = 4 lanes on 4 slots; no save path on the server.
     base = _baseline(4, False, 2, 16)
@@ -46,16 +60,10 @@ def test_lanes_within_slots_reuse_nearly_all_that_any_assignment_could(start_dae
         print("\nbaseline", base, "\nrouted  ", got)
         assert got["of_best"] >= 0.95, (got, base)
         assert got["reused_tokens"] > base["reused_tokens"]
-        # Every generation was pinned, and each lane kept one slot of its own for the whole run: no background
-        # call ever landed on a main conversation's slot.
+        # Every generation was pinned, and each conversation kept one slot of its own for the whole run: no
+        # background call ever landed on a conversation's slot.
         assert all(isinstance(e["id_slot"], int) for e in fake.fake.log)
-        lanes: dict[tuple[int, str], set[int]] = {}
-        for e in fake.fake.log:
-            session = 0 if b"Session 0:" in e["prompt"] or b"session 0." in e["prompt"] else 1
-            kind = "main" if e["prompt"].startswith(b"<tools>") else "background"
-            lanes.setdefault((session, kind), set()).add(e["slot"])
-        assert len(lanes) == 4 and all(len(v) == 1 for v in lanes.values())
-        assert len(set().union(*lanes.values())) == 4
+        _assert_conversations_keep_their_slots(fake.fake.log, b"Session 0:")
     finally:
         if fake is not None:
             fake.stop()
@@ -173,7 +181,9 @@ def test_hit_ratio_in_status_metrics_and_journal(start_daemon):
 
         d.stop()
         rows = journal_rows(d.state_dir / "state.db")
-        assert [r["lane"].split(":")[0] for r in rows] == ["main"] * 4 + ["background"]
+        # The four turns in one lane, the title call in another.
+        assert len({r["lane"] for r in rows[:4]}) == 1 and rows[4]["lane"] != rows[0]["lane"]
+        assert all(r["lane"].startswith("lane:") for r in rows)
         assert len({r["session"] for r in rows}) == 1 and s.id not in rows[0]["session"]
         assert [r["slot"] for r in rows] == [e["slot"] for e in log]
         assert [r["cache_read_tokens"] for r in rows] == [e["cache_n"] for e in log]
@@ -303,12 +313,7 @@ def test_concurrent_sessions_and_background_calls_keep_their_slots(start_daemon)
             list(pool.map(run, range(2)))
         report = reuse_report(fake.fake.log)
         assert report["requests"] == 24 and report["of_best"] >= 0.9, report
-        lanes: dict[tuple[int, str], set[int]] = {}
-        for e in fake.fake.log:
-            session = 0 if b"Session 70:" in e["prompt"] else 1
-            kind = "main" if e["prompt"].startswith(b"<tools>") else "background"
-            lanes.setdefault((session, kind), set()).add(e["slot"])
-        assert all(len(v) == 1 for v in lanes.values()) and len(set().union(*lanes.values())) == 4
+        _assert_conversations_keep_their_slots(fake.fake.log, b"Session 70:")
 
 
 def test_codex_responses_sessions_get_lanes_from_prompt_cache_key(start_daemon):
