@@ -341,3 +341,43 @@ def test_codex_responses_sessions_get_lanes_from_prompt_cache_key(start_daemon):
         rows = journal_rows(d.state_dir / "state.db")
         assert len({r["session"] for r in rows}) == 2
         assert [r["cache_read_tokens"] for r in rows] == [e["cache_n"] for e in log]
+
+
+@pytest.mark.parametrize("tools", [True, False], ids=["tools", "no tools"])
+def test_three_sessions_with_title_calls_and_a_compaction_on_three_slots(start_daemon, tools):
+    """Issue 33: lanes by prefix. Three interleaved conversations sharing a system prompt, title calls, 3 slots
+    with save/restore: the same reuse whether the turns carry tools or not, no cache bust named for a title
+    call, and the compaction call goes to the slot holding its conversation's history."""
+    from coderouterd.state.journal import journal_rows
+    from tests.support.claude_sessions import workload
+
+    with FakeServer("llamacpp", name="three", n_slots=3, slot_save=True, n_ctx=BIG_CTX) as fake:
+        # Without tools the prefix every session shares is the system prompt alone (~3k tokens): below the default
+        # least prefix worth a slot copy (2,048 tokens of our estimate, ~7 KB), so new sessions would start cold.
+        d = start_daemon(CONFIG % fake.url + "[affinity]\nclone_min_tokens = 256\n")
+        client = anthropic.Anthropic(base_url=d.url, api_key="x", max_retries=0)
+        order = workload(3, 5, background_every=2, tools=tools)
+        for s, kind in order:
+            body = s.main_body() if kind == "main" else s.background_body()
+            client.messages.create(**body, extra_headers=s.headers, timeout=60)
+            if kind == "main":
+                s.advance()
+        report = reuse_report(fake.fake.log)
+        processed, ideal = report["prompt_tokens"] - report["reused_tokens"], \
+            report["prompt_tokens"] - report["best_tokens"]
+        print(f"\n{'tools' if tools else 'no tools'}: processed {processed}, ideal {ideal}", report)
+        assert processed <= 1.10 * ideal, report
+        s0 = order[0][0]
+        home = next(e["slot"] for e in reversed(fake.fake.log) if b"Session 0:" in e["prompt"]
+                    and b"Generate a concise title" not in e["prompt"])
+        client.messages.create(**s0.compaction_body(), extra_headers=s0.headers, timeout=60)
+        compaction = fake.fake.log[-1]
+        assert compaction["slot"] == home
+        if not tools:  # the fake renders tools after the system prompt: without them the history is shared
+            assert compaction["cache_n"] >= 0.9 * fake.fake.log[-2]["n_prompt"] or compaction["cache_n"] > 1000
+        d.stop()
+        rows = journal_rows(d.state_dir / "state.db")
+        assert [r["cache_bust"] for r in rows[:-1]] == [None] * (len(rows) - 1)
+        titles = [r["lane"] for r, (_s, kind) in zip(rows, order, strict=False) if kind == "background"]
+        mains = {r["lane"] for r, (_s, kind) in zip(rows, order, strict=False) if kind == "main"}
+        assert len(mains) == 3 and not set(titles) & mains
