@@ -8,10 +8,18 @@ from __future__ import annotations
 
 import pytest
 
-from bench.real_llama import THREE_NO_TOOLS_SUITE, THREE_SUITE
+from bench.real_llama import (
+    THREE_NO_TOOLS_SUITE,
+    THREE_SUITE,
+    after_restarts,
+    baseline,
+    fresh,
+    print_table,
+    restart_bound,
+    routed,
+)
 from bench.real_llama import TWICE_SUITE as TWICE
 from bench.real_llama import WITHIN_SUITE as WITHIN
-from bench.real_llama import after_restarts, baseline, fresh, print_table, restart_bound, routed
 from tests.support.real_llama import paths
 
 # A real model on two CPU cores: each test here takes tens of seconds when the machine is idle, and several times

@@ -168,6 +168,15 @@ def test_the_lookup_does_not_walk_every_lane():
     assert len(calls) <= 8
 
 
+def test_a_title_call_during_the_first_turn_is_spare_a_new_sessions_first_turn_is_not():
+    idx = LaneIndex()
+    s, other = Session(75), Session(76)
+    main = _lane(idx, s, s.main_body())
+    title = _lane(idx, s, s.background_body())  # sent while the first turn runs: the conversation has one turn
+    first = _lane(idx, other, other.main_body())
+    assert idx.spare(title) and not idx.spare(main) and not idx.spare(first)
+
+
 # -- the slot table: spare lanes go first --------------------------------------------------------------------
 
 def test_a_title_call_lane_is_evicted_before_any_conversation():
