@@ -123,9 +123,7 @@ class SlotTable:
         choice = Choice(slot.id, slot.reuse(prompt), why=why)
         if slot.lane is not None and slot.lane != lane:
             choice.evicted = slot.lane
-            # A spare lane is a one-off: its state would never be restored, only push a conversation's out of
-            # the bounded pool of saved files.
-            if self.can_save and slot.digests and self.max_saved > 0 and not (self._spare and self._spare(slot.lane)):
+            if self.can_save and slot.digests and self.max_saved > 0:
                 fname = self._remember(slot.lane, slot.digests, slot.ends)
                 choice.saves.append((slot.id, fname))
         saved = self.saved.get(lane) if self.can_save else None

@@ -245,23 +245,3 @@ def test_no_bust_for_title_calls_between_main_turns_but_a_real_regression_is_nam
     # The conversation's next turn reuses nothing of its previous one: that is a bust.
     t = _send(aff, s, s.main_body(), cached=0, tokens=tokens)
     assert t.bust is not None and t.bust.cause == "backend"
-
-
-def test_an_evicted_spare_lane_is_not_saved_a_conversation_is():
-    idx = LaneIndex()
-    t = SlotTable(1, can_save=True, clone_min_bytes=10**9)
-    s, other = Session(77), Session(78)
-
-    def choose(sess: Session, body: dict):
-        p = _prompt(body)
-        lane = _lane(idx, sess, body)
-        c = t.choose(lane, p, spare=idx.spare)
-        t.finish(c.slot, lane, p, float(len(idx.lanes)))
-        return c
-
-    choose(s, s.main_body())
-    s.advance()
-    choose(s, s.main_body())
-    title = choose(s, s.background_body())
-    assert title.evicted is not None and title.saves  # the conversation is saved before the title call
-    assert choose(other, other.main_body()).saves == []  # the title call's lane is not
