@@ -11,6 +11,9 @@ call. So the prompt decides:
   own session, tools, model, the most recent (tie-breaks only);
 - a request that only partly shares another named session's lane forks a lane of its own (two conversations
   that began alike), so does one that shares only the system prompt and tools (a new session, a title call);
+- a request that shares a prefix no conversation holds (a title call's own system prompt) with a side lane of
+  its session (one never continued) is that side lane's next call: its state is saved and restored like a
+  conversation's, but it is evicted first (`spare`);
 - a request that shares no more than that but carries the same first message and at least the history of one
   of its session's lanes is that lane's next turn with a changed system prompt or tools: it stays in the lane,
   so the change is named as a cache bust rather than hidden as a new lane. Claude Code's compaction call (the
@@ -46,7 +49,7 @@ class Lane:
     messages: int = -1  # message segments of its last prompt (-1: unknown)
     message_bytes: int = -1
     size: int = 0  # bytes of its last prompt
-    turns: int = 0
+    continued: int = 0  # requests that continued its history (0: a side lane, one-off calls only)
     seq: int = 0
 
 
@@ -67,15 +70,18 @@ class LaneIndex:
     def resolve(self, prompt: Prompt, *, session: str, named: bool, tools: bool, model: str | None) -> \
             tuple[str, str]:
         """(lane, why) for this request, and the lane now ends with `prompt`."""
-        lane, why = self._match(prompt, session, named, tools, model)
+        lane, why, continues = self._match(prompt, session, named, tools, model)
         if lane is None:
             lane = self._new_name(session, prompt)
             self.lanes[lane] = Lane(lane, session, named)
-        self._update(self.lanes[lane], prompt, session=session, named=named, tools=tools, model=model)
+        ln = self.lanes[lane]
+        ln.continued += continues
+        self._update(ln, prompt, session=session, named=named, tools=tools, model=model)
         return lane, why
 
     def _match(self, p: Prompt, session: str, named: bool, tools: bool, model: str | None) -> \
-            tuple[str | None, str]:
+            tuple[str | None, str, bool]:
+        """(lane or None for a new one, why, whether the request continues that lane's history)."""
         k = self._longest(p.digests)
         if k > p.lead:
             held = self._by_digest[p.digests[k - 1]]
@@ -84,21 +90,30 @@ class LaneIndex:
                 len(ln.digests) == k, ln.session == session, ln.tools == tools, ln.model == model, ln.seq))
             extends = len(best.digests) == k
             if extends or best.session == session or not (named and best.named):
-                return best.name, "extends its last prompt" if extends else "shares its history"
+                return best.name, "extends its last prompt" if extends else "shares its history", True
             # Another named session's lane, shared only in part: two conversations that began alike. The
             # request's own lane (a shorter match) if it has one, else a lane of its own.
             name = self._by_head.get((session, p.head))
             own = self.lanes.get(name) if name is not None else None
             if own is not None and common_prefix(own.digests, p.digests) > p.lead:
-                return own.name, "shares its history"
-            return None, "new: forks another session's history"
+                return own.name, "shares its history", True
+            return None, "new: forks another session's history", False
         name = self._by_head.get((session, p.head))
         ln = self.lanes.get(name) if name is not None else None
         if ln is not None and ln.messages >= 0 and len(p.digests) - p.lead >= ln.messages \
                 and p.size - p.upto(p.lead) >= ln.message_bytes:
-            return ln.name, "its next turn, system prompt or tools changed"
-        return None, "new: shares no history with any lane" if k == 0 else \
-            "new: shares only the system prompt and tools"
+            return ln.name, "its next turn, system prompt or tools changed", True
+        if k == 0:
+            return None, "new: shares no history with any lane", False
+        held = self._by_digest[p.digests[k - 1]]
+        holders = [self.lanes[n] for n in ((held,) if isinstance(held, str) else held)]
+        if all(o.continued == 0 for o in holders):
+            # Only a spare lane: a conversation's first turn (the longest lane of its session) is never taken
+            # by its subagent's first turn, which shares its system prompt and tools.
+            side = [o for o in holders if o.session == session and self.spare(o.name)]
+            if side:
+                return max(side, key=lambda o: o.seq).name, "its session's side lane", False
+        return None, "new: shares only the system prompt and tools", False
 
     def _longest(self, digests: tuple[bytes, ...]) -> int:
         """The longest prefix of `digests` some lane holds: every lane indexes a prefix of its digests, so
@@ -134,7 +149,6 @@ class LaneIndex:
         if ln.session is None:
             ln.session, ln.named = session, named
         self._sessions.setdefault(ln.session, {})[ln.name] = None
-        ln.turns += 1
         self._seq += 1
         ln.seq = self._seq
         self.lanes.move_to_end(ln.name)
@@ -148,7 +162,7 @@ class LaneIndex:
         """A lane known from a restored slot table (the daemon restarted): its turns find it again by prefix."""
         if lane in self.lanes or not digests:
             return
-        ln = self.lanes[lane] = Lane(lane, None, False, turns=2)  # not known as a one-off: not spare
+        ln = self.lanes[lane] = Lane(lane, None, False, continued=1)  # not known as a side lane: not spare
         self.lanes.move_to_end(lane, last=False)  # below anything seen since the start
         self._reindex(ln, digests)
         self._bound(keep=None)
@@ -215,13 +229,13 @@ class LaneIndex:
     # -- for the slot table ---------------------------------------------------------------------------------
 
     def spare(self, lane: str | None) -> bool:
-        """A lane to evict before any other: a one-off (a single turn so far) of a session that also has a
-        lane it has continued or with a longer prompt (a title or summary call next to its conversation, sent
-        while the conversation's first turn runs). A new session's first turn is not one: nothing says it will
-        not continue. Asked only when a slot must be taken from a lane."""
+        """A lane to evict before any other: a side lane (never continued: title or summary calls) of a session
+        that also has a lane it has continued or with a longer prompt (its conversation, even while that
+        conversation's first turn runs). A new session's first turn is not one: nothing says it will not
+        continue. Asked only when a slot must be taken from a lane."""
         ln = self.lanes.get(lane) if lane is not None else None
-        if ln is None or ln.turns != 1 or ln.session is None:
+        if ln is None or ln.continued or ln.session is None:
             return False
         lanes = self.lanes
-        return any((o := lanes.get(n)) is not None and o is not ln and (o.turns > 1 or o.size > ln.size)
+        return any((o := lanes.get(n)) is not None and o is not ln and (o.continued > 0 or o.size > ln.size)
                    for n in self._sessions.get(ln.session, ()))

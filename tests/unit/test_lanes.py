@@ -39,8 +39,13 @@ def test_title_calls_never_join_the_conversation_and_its_turns_stay_together(too
         lanes.add(title)
         assert _lane(idx, s, s.main_body()) == main
         s.advance()
-    # Each title call is a one-off (its message differs every time) that shares only its system prompt.
-    assert len(lanes) == 4 and all(idx.spare(t) for t in lanes) and not idx.spare(main)
+    # The title calls (their message differs every time) share their own system prompt, which no conversation
+    # holds: one side lane of the session, evicted before its conversation.
+    assert len(lanes) == 1 and idx.spare(title) and not idx.spare(main)
+    # Another session's title call shares that system prompt too, but not the session: a lane of its own.
+    o = Session(2, tools=tools)
+    _lane(idx, o, o.main_body())
+    assert _lane(idx, o, o.background_body()) not in lanes | {main}
 
 
 def test_a_session_without_tools_gets_the_same_lanes_as_one_with_tools():
