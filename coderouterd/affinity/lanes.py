@@ -68,8 +68,9 @@ class LaneIndex:
     # -- choosing -------------------------------------------------------------------------------------------
 
     def resolve(self, prompt: Prompt, *, session: str, named: bool, tools: bool, model: str | None) -> \
-            tuple[str, str]:
-        """(lane, why) for this request, and the lane now ends with `prompt`."""
+            tuple[str, str, bool]:
+        """(lane, why, whether the request continues the lane's history) for this request; the lane now ends
+        with `prompt`. Only a continuation can be a cache bust: a side lane's next call is not one."""
         lane, why, continues = self._match(prompt, session, named, tools, model)
         if lane is None:
             lane = self._new_name(session, prompt)
@@ -77,7 +78,7 @@ class LaneIndex:
         ln = self.lanes[lane]
         ln.continued += continues
         self._update(ln, prompt, session=session, named=named, tools=tools, model=model)
-        return lane, why
+        return lane, why, continues
 
     def _match(self, p: Prompt, session: str, named: bool, tools: bool, model: str | None) -> \
             tuple[str | None, str, bool]:

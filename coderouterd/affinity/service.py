@@ -47,7 +47,8 @@ class Ticket:
     (affinity/lanes.py); where no digest is needed, no lane is named either."""
 
     __slots__ = ("_prompt", "_lane", "_lanes", "session", "tools", "model", "canonical", "ingress", "canonical_raw",
-                 "slot", "predicted_tokens", "cached_tokens", "bust", "placement_why", "lane_why", "head")
+                 "slot", "predicted_tokens", "cached_tokens", "bust", "placement_why", "lane_why", "continues",
+                 "head")
 
     def __init__(self, prompt: Prompt | None, session: sess.SessionKey, lanes: LaneIndex, canonical: dict,
                  ingress: str, head: str | None = None, *, tools: bool = False, model: str | None = None) -> None:
@@ -67,6 +68,7 @@ class Ticket:
         self.bust: Bust | None = None
         self.placement_why = ""
         self.lane_why = ""
+        self.continues = False  # the request continues its lane's history (else no cache bust can be named)
 
     @property
     def prompt(self) -> Prompt:
@@ -77,7 +79,7 @@ class Ticket:
     @property
     def lane(self) -> str:
         if self._lane is None:
-            self._lane, self.lane_why = self._lanes.resolve(
+            self._lane, self.lane_why, self.continues = self._lanes.resolve(
                 self.prompt, session=self.session.key, named=self.session.source != "fingerprint",
                 tools=self.tools, model=self.model)
         return self._lane
@@ -364,7 +366,7 @@ class Affinity:
             p.learn(prompt_bytes=ticket.prompt.size, prompt_tokens=prompt_tokens, cached_tokens=cached,
                     processed_tokens=processed or 0, prefill_s=prefill_s, duration_s=now - placement.started)
             p.correct(ticket.predicted_tokens, cached)
-            if previous is not None and previous[0] == name:
+            if previous is not None and previous[0] == name and ticket.continues:
                 ticket.bust = detect(previous[1], ticket.prompt, cached_tokens=cached, previous_tokens=previous[2],
                                      min_tokens=self.cfg.bust_min_tokens)
             if ticket.bust is not None and self.publish is not None:

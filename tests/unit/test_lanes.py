@@ -98,8 +98,8 @@ def test_a_new_session_gets_its_own_lane_even_when_it_began_like_another():
     # Same system prompt and tools: a new lane, not a's.
     b = Session(21)
     p = _prompt(b.main_body())
-    lane_b, why = idx.resolve(p, session="s:" + b.id, named=True, tools=True, model="m")
-    assert lane_b != lane_a and "system prompt and tools" in why
+    lane_b, why, continues = idx.resolve(p, session="s:" + b.id, named=True, tools=True, model="m")
+    assert lane_b != lane_a and "system prompt and tools" in why and not continues
     # Another session whose first turn is word for word a's first turn: it shares a's history only in part (a
     # went on), so it forks; then each keeps its own lane.
     c = Session(20)
@@ -242,8 +242,9 @@ def test_no_bust_for_title_calls_between_main_turns_but_a_real_regression_is_nam
     for turn in range(4):
         t = _send(aff, s, s.main_body(), cached=tokens - 600 if turn else 0, tokens=tokens)
         busts.append(t.bust)
-        # The title call reuses nothing of the main turn: not a bust, it is not the conversation's turn.
-        busts.append(_send(aff, s, s.background_body(), cached=0, tokens=300).bust)
+        # The title call reuses nothing of the main turn, nor of the previous title call in its side lane (a
+        # long one here): neither is a bust, it continues no history.
+        busts.append(_send(aff, s, s.background_body(), cached=0, tokens=3000).bust)
         s.advance()
         tokens += 600
     assert busts == [None] * 8
