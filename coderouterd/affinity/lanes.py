@@ -10,15 +10,17 @@ call. So the prompt decides:
 - among lanes sharing that prefix, one whose last prompt the request extends whole wins, then the request's
   own session, tools, model, the most recent (tie-breaks only);
 - a request that only partly shares another named session's lane forks a lane of its own (two conversations
-  that began alike), so does one that shares only the system prompt and tools (a new session, a title call);
-- a request that shares a prefix no conversation holds (a title call's own system prompt) with a side lane of
-  its session (one never continued) is that side lane's next call: its state is saved and restored like a
-  conversation's, but it is evicted first (`spare`);
-- a request that shares no more than that but carries the same first message and at least the history of one
-  of its session's lanes is that lane's next turn with a changed system prompt or tools: it stays in the lane,
-  so the change is named as a cache bust rather than hidden as a new lane. Claude Code's compaction call (the
-  whole history, no tools) is one: whether the server can reuse that history depends on where its chat
-  template renders tools (docs/decisions.md, "Lanes by prefix"), and the lane's history is dead after it.
+  that began alike);
+- a request that shares no more than the system prompt and tools but carries the same first message and at
+  least the history of one of its session's lanes is that lane's next turn with a changed system prompt or
+  tools: it stays in the lane, so the change is named as a cache bust rather than hidden as a new lane. Claude
+  Code's compaction call (the whole history, no tools) is one: whether the server can reuse that history
+  depends on where its chat template renders tools (docs/decisions.md, "Lanes by prefix"), and the lane's
+  history is dead after it;
+- a request whose longest shared prefix no continued lane holds (a title call's own system prompt), held by a
+  spare lane of its session, is that side lane's next call: saved and restored like a conversation, evicted
+  first (`spare`);
+- anything else starts a lane: a new session, a subagent, a session's first title call.
 
 The lookup costs a binary search over the request's prefix digests (chained: prefix k is shared exactly when
 the k-th digests are equal) in a map from prefix digest to the lanes holding it, bounded in lanes and entries.

@@ -4,7 +4,7 @@ The server's own choice (the idle slot with the longest common prefix above `--s
 the least recently used) goes wrong for agents: every Claude Code session shares a long system prompt and
 tool list, so a new session matches a slot that holds another session's history and overwrites it. Here a
 lane keeps the slot it has; a lane without one takes a free slot (the one holding its longest prefix, else
-the least recently used), and only when none is free evicts the least recently used lane — saving that
+the least recently used), and only when none is free evicts a side lane, else the least recently used — saving that
 slot first when the server can (`--slot-save-path`), and restoring a returning lane's saved state.
 """
 
@@ -82,7 +82,7 @@ class SlotTable:
                spare: Callable[[str | None], bool] | None = None) -> Choice:
         """`wait_s`: expected time until the lane's own slot is free if busy; `s_per_byte`: prefill cost, so
         a busy slot is waited for only when waiting costs less than re-processing what moving would lose.
-        `spare(lane)`: a lane to evict before the others (lanes.LaneIndex.spare: a session's one-off call)."""
+        `spare(lane)`: a lane to evict before the others (lanes.LaneIndex.spare: a session's side lane)."""
         self._spare = spare
         own = self.owned(lane)
         if own is not None:
@@ -114,8 +114,8 @@ class SlotTable:
         if free:
             # Longest prefix first, then least recently used.
             return max(free, key=lambda s: (s.reuse(prompt), -s.last_used))
-        # Evict a spare lane first (a session's title or summary call: a one-off, its prompt never extended),
-        # then the least recently used.
+        # Evict a spare lane first (a session's side lane: title calls, a short prompt never continued), then
+        # the least recently used.
         spare = self._spare
         return min(pool, key=lambda s: (spare is None or not spare(s.lane), s.last_used))
 
