@@ -3,8 +3,8 @@ sessions (shared system prompt and tools, growing tool results, background calls
 which manages the server, and the same workload sent straight at an identical server that picks its slots
 itself (with its RAM prompt cache). Same run, same machine.
 
-    .venv/bin/python bench/real_llama.py [--scenario within|twice|all|suite] [--restart]
-    .venv/bin/python bench/real_llama.py --warm [--scenario three|three-suite]
+    .venv/bin/python bench/real_llama.py [--scenario within|twice|three|all|suite] [--restart]
+    .venv/bin/python bench/real_llama.py --warm [--scenario three|three-suite|warm-suite]
 
 Reuse is what the server reports it took from cache (`timings.cache_n`, relayed as cached tokens) against
 the best any slot assignment could give: for each request, the longest token prefix it shares with any
@@ -55,6 +55,8 @@ class Scenario:
     # The least shared prefix worth a slot copy (default 2,048 tokens), scaled down with the shape.
     clone_min_tokens: int = 128
     background_every: int = 1  # a background call every this many turns (100: only at the second turn)
+    tools: bool = True  # False: the sessions' turns carry no tools (Claude Code run with --tools "")
+    background_turns: int | None = None  # background calls only in the first turns (None: every turn)
 
 
 # 3 lanes on 3 slots: session 0's main and background lanes, session 1's main lane.
@@ -67,18 +69,29 @@ WITHIN_SUITE = Scenario("within-suite", slots=3, ctx=1024, sessions=2, turns=3, 
                         shape=TINY, clone_min_tokens=64)
 TWICE_SUITE = Scenario("twice-suite", slots=2, ctx=1024, sessions=2, turns=3, background_sessions=2,
                        shape=TINY, clone_min_tokens=64)
-# Issue 33's workload: three conversations, interleaved, two title calls (sessions 0 and 1, at their second turn),
-# three slots. The suite's version has the smaller shape and fewer turns.
-THREE = Scenario("three", slots=3, ctx=4096, sessions=3, turns=6, background_sessions=2, background_every=100)
-THREE_SUITE = Scenario("three-suite", slots=3, ctx=1024, sessions=3, turns=4, background_sessions=2,
-                       background_every=100, shape=TINY, clone_min_tokens=64)
-SCENARIOS = {"within": [WITHIN], "twice": [TWICE], "all": [WITHIN, TWICE],
-             "suite": [WITHIN_SUITE, TWICE_SUITE], "three": [THREE], "three-suite": [THREE_SUITE]}
+# Issue 33: three interleaved conversations on 3 slots, two title calls (sessions 0 and 1, after their first turn),
+# and the same with turns that carry no tools: lanes are chosen by prefix, so both must come as close to the best.
+THREE = Scenario("three", slots=3, ctx=4096, sessions=3, turns=6, background_sessions=2, background_turns=2)
+THREE_NO_TOOLS = Scenario("three-no-tools", slots=3, ctx=4096, sessions=3, turns=6, background_sessions=2,
+                          background_turns=2, tools=False)
+THREE_SUITE = Scenario("three-suite", slots=3, ctx=1024, sessions=3, turns=3, background_sessions=2,
+                       background_turns=2, shape=TINY, clone_min_tokens=64)
+THREE_NO_TOOLS_SUITE = Scenario("three-no-tools-suite", slots=3, ctx=1024, sessions=3, turns=3,
+                                background_sessions=2, background_turns=2, shape=TINY, clone_min_tokens=64,
+                                tools=False)
+# The restart/kill test's run (tests/real/test_real_warm.py): four turns, so each third of the run has turns to
+# lose, with one title call per session at its second turn.
+WARM_SUITE = Scenario("warm-suite", slots=3, ctx=1024, sessions=3, turns=4, background_sessions=2,
+                      background_every=100, shape=TINY, clone_min_tokens=64)
+SCENARIOS = {"within": [WITHIN], "twice": [TWICE], "three": [THREE, THREE_NO_TOOLS],
+             "all": [WITHIN, TWICE, THREE, THREE_NO_TOOLS],
+             "suite": [WITHIN_SUITE, TWICE_SUITE, THREE_SUITE, THREE_NO_TOOLS_SUITE],
+             "three-suite": [THREE_SUITE, THREE_NO_TOOLS_SUITE], "warm-suite": [WARM_SUITE]}
 
 
 def order(sc: Scenario) -> list[tuple[Session, str]]:
     return workload(sc.sessions, sc.turns, background_every=sc.background_every, shape=sc.shape,
-                    background_sessions=sc.background_sessions)
+                    background_sessions=sc.background_sessions, tools=sc.tools, background_turns=sc.background_turns)
 
 
 def openai_body(body: dict, *, stream: bool) -> dict:
@@ -209,6 +222,7 @@ def summary(turns: list[Turn], bound: list[int]) -> dict:
     warm = [t.ttft_s for t in turns if t.kind == "main" and not t.first]
     return {"requests": len(turns), "prompt_tokens": prompt, "reused_tokens": reused, "best_tokens": best,
             "processed_tokens": prompt - reused, "ideal_processed": prompt - best,
+            "of_ideal": round((prompt - reused) / (prompt - best), 3) if prompt > best else None,
             "of_best": round(reused / best, 4) if best else 1.0,
             "warm_ttft_p50_s": round(statistics.median(warm), 3) if warm else None,
             "warm_ttft_p95_s": round(sorted(warm)[max(0, int(len(warm) * 0.95) - 1)], 3) if warm else None}
@@ -280,6 +294,20 @@ def routed(sc: Scenario, tmp: Path, prompts: list[list[int]], *, affinity: bool 
     d.start()
     try:
         wait_model(f"http://127.0.0.1:{port}")
+        return summary(drive_router(d.url, sc), best_reuse(prompts))
+    finally:
+        d.stop()
+
+
+def fresh(sc: Scenario, tmp: Path) -> dict:
+    """Through coderouterd on a fresh server, against the best any cache could do, tokenised by that same server
+    (/apply-template and /tokenize use no slot) before the workload runs: no straight baseline to pay for."""
+    port = free_port()
+    d = DaemonProcess(daemon_config(sc, port), tmp)
+    d.start()
+    try:
+        wait_model(f"http://127.0.0.1:{port}")
+        prompts = token_prompts(f"http://127.0.0.1:{port}", sc)
         return summary(drive_router(d.url, sc), best_reuse(prompts))
     finally:
         d.stop()
@@ -452,7 +480,8 @@ def run(scenarios: list[Scenario], restart: bool) -> list[dict]:
 
 
 def print_table(rows: list[dict]) -> None:
-    cols = ["scenario", "run", "requests", "prompt_tokens", "processed_tokens", "ideal_processed", "reused_tokens",
+    cols = ["scenario", "run", "requests", "prompt_tokens", "processed_tokens", "ideal_processed", "of_ideal",
+            "reused_tokens",
             "best_tokens", "of_best", "of_best_without_restarts", "warm_ttft_p50_s", "warm_ttft_p95_s"]
     print("| " + " | ".join(cols) + " |")
     print("|" + "---|" * len(cols))
@@ -468,7 +497,7 @@ def main() -> None:
     ap.add_argument("--warm", action="store_true", help="restart and kill -9 half-way, slot saves on and off")
     args = ap.parse_args()
     if args.warm:
-        print_warm_table(run_warm(SCENARIOS[args.scenario if args.scenario.startswith("three") else "three"]))
+        print_warm_table(run_warm(SCENARIOS[args.scenario if args.scenario.startswith(("three", "warm")) else "three"]))
         return
     print_table(run(SCENARIOS[args.scenario], args.restart))
 

@@ -71,6 +71,8 @@ def affinity_rows(aff: dict | None) -> list:
     where = f"lane {aff.get('lane')}, session {aff.get('session')}" + (f", slot {slot}" if slot is not None else "")
     if aff.get("placement"):
         where += f" ({aff['placement']})"
+    if aff.get("lane_choice"):
+        where += f"; lane: {aff['lane_choice']}"
     pred, got = aff.get("predicted_tokens"), aff.get("cached_tokens")
     rows: list[tuple[str, str | Text]] = [("affinity", where),
             ("prefix", f"predicted {pred:,} cached tokens, backend reported " +

@@ -4,17 +4,17 @@ The server's own choice (the idle slot with the longest common prefix above `--s
 the least recently used) goes wrong for agents: every Claude Code session shares a long system prompt and
 tool list, so a new session matches a slot that holds another session's history and overwrites it. Here a
 lane keeps the slot it has; a lane without one takes a free slot (the one holding its longest prefix, else
-the least recently used), and only when none is free evicts the least recently used lane — saving that
+the least recently used), and only when none is free evicts a side lane, else the least recently used — saving that
 slot first when the server can (`--slot-save-path`), and restoring a returning lane's saved state.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from .canonical import Prompt, common_prefix
-from .session import is_background
 
 # Saved slot states per server. Each file holds a slot's whole KV cache (gigabytes for a large model and a
 # long prompt), so the names come from a fixed pool: the oldest saved lane's file is overwritten.
@@ -66,6 +66,7 @@ class SlotTable:
         # in it (model file, context, version), so no server ever restores a file saved for another.
         self.file_prefix = "coderouter-"
         self.configured = False  # the affinity settings applied once the server's slot count is known
+        self._spare: Callable[[str | None], bool] | None = None  # for the current `choose`
 
     def resize(self, n: int) -> None:
         if n == len(self.slots):
@@ -80,9 +81,12 @@ class SlotTable:
 
     # -- choosing -------------------------------------------------------------------------------------------
 
-    def choose(self, lane: str, prompt: Prompt, *, wait_s: float = 0.0, s_per_byte: float = 0.0) -> Choice:
+    def choose(self, lane: str, prompt: Prompt, *, wait_s: float = 0.0, s_per_byte: float = 0.0,
+               spare: Callable[[str | None], bool] | None = None) -> Choice:
         """`wait_s`: expected time until the lane's own slot is free if busy; `s_per_byte`: prefill cost, so
-        a busy slot is waited for only when waiting costs less than re-processing what moving would lose."""
+        a busy slot is waited for only when waiting costs less than re-processing what moving would lose.
+        `spare(lane)`: a lane to evict before the others (lanes.LaneIndex.spare: a session's side lane)."""
+        self._spare = spare
         own = self.owned(lane)
         if own is not None:
             kept = own.reuse(prompt)
@@ -115,8 +119,10 @@ class SlotTable:
         if free:
             # Longest prefix first, then least recently used.
             return max(free, key=lambda s: (s.reuse(prompt), -s.last_used))
-        # Evict a background lane first (a short prompt, cheap to lose), then the least recently used.
-        return min(pool, key=lambda s: (not is_background(s.lane), s.last_used))
+        # Evict a spare lane first (a session's side lane: title calls, a short prompt never continued), then
+        # the least recently used.
+        spare = self._spare
+        return min(pool, key=lambda s: (spare is None or not spare(s.lane), s.last_used))
 
     def _take(self, slot: Slot, lane: str, prompt: Prompt, *, why: str) -> Choice:
         choice = Choice(slot.id, slot.reuse(prompt), why=why)

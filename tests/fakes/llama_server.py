@@ -2,7 +2,8 @@
 ``/props`` (``total_slots``, per-slot ``n_ctx``), ``/slots``, slot save/restore and the RAM prompt cache.
 Held to the real llama-server by tests/real/test_llama_contract.py.
 
-The prompt is the chat rendered to text (tools, then each message); a token is four bytes of it. Each slot
+The prompt is the chat rendered to text (the leading system messages, then the tools, then each other message,
+as tool-capable chat templates render them); a token is four bytes of it. Each slot
 keeps the bytes of the last prompt it processed. Without ``id_slot`` the server picks as llama-server does:
 among idle slots holding something, the one sharing the longest common prefix with the prompt if that covers
 more than ``slot_prompt_similarity`` of it (default 0.1), else the least recently used (among never-used
@@ -55,11 +56,14 @@ def render(body: dict, *, tools_rendered: bool = True) -> bytes:
     `tools_rendered=False`: a template that never shows the model the tool schemas (SmolLM2's)."""
     out = []
     tools = body.get("tools")
-    if tools and tools_rendered:
-        out.append(b"<tools>" + orjson.dumps(tools) + b"</tools>\n")
+    leading = True
     for m in body.get("messages") or ():
         if not isinstance(m, dict):
             continue
+        if leading and m.get("role") not in ("system", "developer"):
+            leading = False
+            if tools and tools_rendered:
+                out.append(b"<tools>" + orjson.dumps(tools) + b"</tools>\n")
         content = m.get("content")
         if isinstance(content, list):
             text = "".join(p.get("text", "") if isinstance(p, dict) else str(p) for p in content)
@@ -69,6 +73,8 @@ def render(body: dict, *, tools_rendered: bool = True) -> bytes:
         if m.get("tool_calls"):
             part += orjson.dumps(m["tool_calls"]).decode()
         out.append(part.encode() + b"<|end|>\n")
+    if leading and tools and tools_rendered:
+        out.append(b"<tools>" + orjson.dumps(tools) + b"</tools>\n")
     out.append(b"<|assistant|>")
     return b"".join(out)
 
