@@ -243,6 +243,8 @@ class Trace(Answer):
     ttfb_ms: float | None = None
     usage: dict[str, Any] | None = None
     cost_usd: float | None = None
+    guards: list[dict[str, Any]] = []  # guards that fired: guard, action (warn | inject | break), detail
+    dashboard_url: str | None = None  # this trace on the dashboard (/ui#/requests/ID); None when it is off
 
 
 class RequestsAnswer(Answer):
@@ -332,6 +334,8 @@ class DashboardNow(Answer):
     in_flight: dict[str, int] = {}
     viewers: int = 0
     events: list[FeedEvent] = []  # the newest notable events (no finished requests), oldest first
+    budget_warn_ratio: float = 0.8  # [budget] warn_ratio: a provider this near its cap needs attention
+    budget_global: dict[str, Any] | None = None  # the cap over every paid provider: spent, cap, ratio, blocked
 
 
 class DashboardTrace(Answer):

@@ -44,7 +44,7 @@ class RequestRecorder:
         publish = self._publish
         publish(RequestFinished(
             request_id=req.request_id, ingress=req.ingress, profile=record.profile_name, provider=provider,
-            attempts=attempts, model_requested=clip(req.model), model_used=clip(record.model_used or ""),
+            attempts=attempts, model_requested=clip(req.model), model_used=clip(record.model_used or "") if provider else "",
             status=record.status,
             error_class=record.error_class, latency_ms=round(latency_s * 1000, 3),
             ttfb_ms=round(record.ttfb * 1000, 3) if record.ttfb is not None else None,

@@ -41,7 +41,11 @@ log = logging.getLogger("coderouterd.ui")
 STATIC = Path(__file__).parent / "static"
 # Every file the page may load, by URL name: nothing else under static/ (or elsewhere) is ever served.
 _ASSETS = {
-    "app.js": ("app.js", b"text/javascript; charset=utf-8"),
+    "app.js": ("app.js", b"text/javascript; charset=utf-8"),  # ES modules: app.js imports one per view
+    "core.js": ("core.js", b"text/javascript; charset=utf-8"),
+    "now.js": ("now.js", b"text/javascript; charset=utf-8"),
+    "trends.js": ("trends.js", b"text/javascript; charset=utf-8"),
+    "requests.js": ("requests.js", b"text/javascript; charset=utf-8"),
     "ui.css": ("ui.css", b"text/css; charset=utf-8"),
     "uPlot.iife.min.js": ("vendor/uPlot.iife.min.js", b"text/javascript; charset=utf-8"),
     "uPlot.min.css": ("vendor/uPlot.min.css", b"text/css; charset=utf-8"),

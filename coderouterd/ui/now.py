@@ -46,4 +46,5 @@ async def now(d) -> dict:
         p["last_log_line"] = lines.get(name)
     return {"daemon": views.daemon_info(d), "providers": views.provider_rows(d), "processes": procs,
             "store": views.store(d), "shared": views.shared(d), "in_flight": dict(d.in_flight),
-            "viewers": d.live.viewers, "events": d.live.recent()}
+            "viewers": d.live.viewers, "events": d.live.recent(),
+            "budget_warn_ratio": d.runtime.config.budget.warn_ratio, "budget_global": views.budget(d).get("global")}
