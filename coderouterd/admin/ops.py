@@ -207,7 +207,8 @@ def ops_routes(daemon: Daemon) -> APIRouter:
         if trace is None:
             raise AdminError(404, f"request {request_id!r} is not among the {len(daemon.recent)} recent requests "
                                   "coderouterd keeps in memory", request_id=request_id)
-        return {**trace, "dashboard_url": dashboard_url(daemon, request_id)}
+        link = dashboard_url(daemon, request_id)
+        return {**trace, "dashboard_url": link} if link else trace
 
     return r
 
@@ -217,4 +218,6 @@ def dashboard_url(daemon, request_id: str) -> str | None:
     dashboard is off."""
     if not daemon.runtime.config.server.dashboard:
         return None
-    return f"{views.daemon_info(daemon)['listen']['url']}/ui#/requests/{quote(request_id, safe='')}"
+    host, port = daemon.listen
+    host = f"[{host}]" if ":" in host else host
+    return f"http://{host}:{port}/ui#/requests/{quote(request_id, safe='')}"

@@ -152,6 +152,10 @@ class RequestRecord:
         """Something routing did to the request on the way (e.g. images omitted for a provider)."""
         self.notes.append(note)
 
+    def guard_fired(self, entry: dict) -> None:
+        """A guard acted on this request (guards/apply.py): guard, action, message and its detail."""
+        self.guards.append(entry)
+
     def chose_model(self, model: str) -> None:
         self.model_used = model
 

@@ -139,7 +139,8 @@ export function renderAttention() {
   if (now) {
     for (const p of now.providers) {
       const st = providerState(p, now);
-      if (st.problem === "down") add("down", `${p.name} is ${st.text.replace("down: ", "down (")}${st.text.startsWith("down: ") ? ")" : ""}`, "#provider-" + p.name);
+      // A FATAL process has its own entry below: its provider is not listed twice.
+      if (st.problem === "down" && p.process_state !== "fatal") add("down", `${p.name} is ${st.text.replace("down: ", "down (")}${st.text.startsWith("down: ") ? ")" : ""}`, "#provider-" + p.name);
       else if (st.problem === "budget") {
         add("budget", `${p.name}: ${st.text === "near its cap" ? "near" : "blocked by"} its monthly cap (` +
           `${fmt.usd(p.budget.spent)} of ${fmt.usd(p.budget.cap)})`, "#provider-" + p.name);
