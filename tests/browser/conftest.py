@@ -364,6 +364,7 @@ def axe_violations(page) -> list[dict]:
         pytest.skip("axe-core is not installed: `make test` installs it with npm ci in tests/clients")
     # Evaluated through the DevTools protocol, not as an inline <script>: the page's CSP (rightly) forbids those.
     page.evaluate(AXE.read_text() + "\n;undefined")
+    assert page.evaluate("() => typeof axe.run") == "function"
     found = page.evaluate("async () => (await axe.run(document, {resultTypes: ['violations']})).violations")
     return [{"id": v["id"], "impact": v["impact"], "help": v["help"],
              "nodes": [n["target"] for n in v["nodes"]][:5]}

@@ -174,9 +174,6 @@ def test_screenshots_wide_and_narrow(browser, dash):
             assert overflow <= 0, f"{width}px: the page is {overflow}px wider than the viewport"
             path = save(f"dashboard-{width}x{height}.png", page.screenshot())
             save(f"dashboard-{width}x{height}-full.png", page.screenshot(full_page=True))
-            if width == 1280:  # README's picture (docs/dashboard.png): Now, Spend, Latency and Cache at once
-                save("dashboard-overview.png", page.screenshot(full_page=True,
-                                                               clip={"x": 0, "y": 0, "width": 1280, "height": 1640}))
             assert path.stat().st_size > 10_000
         finally:
             ctx.close()

@@ -294,6 +294,9 @@ def test_screenshots_and_no_serious_accessibility_violations(browser, night, siz
             name = f"scene-{view}-{width}x{height}-{scheme}"
             save(name + ".png", page.screenshot())
             save(name + "-full.png", page.screenshot(full_page=True))
+            if view == "page" and width == 1440 and scheme == "light":  # README's picture (docs/dashboard.png)
+                save("dashboard-overview.png", page.screenshot(full_page=True,
+                                                               clip={"x": 0, "y": 0, "width": 1440, "height": 1500}))
             bad = axe_violations(page)
             assert bad == [], f"{name}: {bad}"
     finally:
