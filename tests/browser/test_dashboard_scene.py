@@ -248,6 +248,9 @@ def test_the_strip_says_when_the_daemon_is_unreachable_drift_and_the_shared_data
         local = next(p for p in data["providers"] if p["name"] == "local")
         local["drift"] = {"score": 1.4, "signals": {"tool_silence": 1.0}, "model": "qwen3-coder", "samples": 40}
         data["shared"] = {"backend": "postgres", "up": False, "problem": "connection refused"}
+        cloud = next(p for p in data["providers"] if p["name"] == "cloud")
+        cloud["budget"] = {**cloud["budget"], "spent": 22.5, "ratio": 0.9}  # past warn_ratio (0.8), not blocked
+        data["budget_global"] = {"spent": 50.0, "cap": 50.0, "ratio": 1.0, "reserved": 0.0, "blocked": True}
         route.fulfill(json=data)
 
     page.route("**/ui/api/now", doctored)
@@ -255,6 +258,10 @@ def test_the_strip_says_when_the_daemon_is_unreachable_drift_and_the_shared_data
     page.wait_for_selector("#attention-list li[data-kind=drift]", timeout=LONG)
     page.wait_for_selector("#attention-list li[data-kind=shared]", timeout=LONG)
     assert "connection refused" in page.locator("#attention-list li[data-kind=shared]").inner_text()
+    budget = page.locator("#attention-list li[data-kind=budget]").all_inner_texts()
+    assert "cloud: near its monthly cap ($22.50 of $25.00)" in budget
+    assert any("global cap ($50.00)" in t for t in budget)
+    assert page.locator(ROW.format("cloud")).get_attribute("data-state") == "near its cap"
     page.unroute("**/ui/api/now")
     # The daemon stops answering: the page says so at the top and greys out what it shows, no longer green.
     page.route("**/ui/api/**", lambda route: route.abort("connectionrefused"))

@@ -127,12 +127,10 @@ def test_an_open_live_feed_does_not_hold_up_the_stop(start_daemon, cloud):
         lines = feed.iter_lines()
         assert next(lines).startswith("retry:")
         _chat(d, "dash-live-1")
-        sent = time.monotonic()
-        for line in lines:
+        for line in lines:  # the stream's own read timeout (20 s) is the ceiling; no time is asserted
             if line.startswith("data:"):
                 assert "dash-live-1" in line and '"messages"' not in line
                 break
-        assert time.monotonic() - sent < 1.0
         started = time.monotonic()
         assert d.stop() == 0
         # The drain timeout is 10 s: the feed ended at once instead of making the stop wait for it.

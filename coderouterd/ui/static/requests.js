@@ -6,7 +6,6 @@ const LIVE_MAX = 60;
 const PAGE = 50;
 export const FEED_KINDS = ["request_finished", "breaker_transition", "health_transition", "cache_bust", "process",
   "guard_fired", "drift_detected", "drift_action", "drift_recovered", "budget_warning", "budget_blocked"];
-const seen = new Set();  // feed items already shown (the backfill and the live stream can overlap)
 
 // -- the live feed ---------------------------------------------------------------------------------------------
 
@@ -36,9 +35,10 @@ function describe(e) {
 
 export function addLive(item, atEnd) {
   const key = item.kind === "request_finished" ? "r:" + item.request_id : `${item.kind}:${item.ts}:${item.provider || item.process || item.request_id || ""}`;
-  if (seen.has(key)) return;
-  seen.add(key);
   const ol = $("#live-feed");
+  // The backfill and the live stream can overlap: an item already shown is not shown twice. The list holds at
+  // most LIVE_MAX items, so this looks at no more than that, and nothing grows while the page stays open.
+  for (const li of ol.children) if (li.dataset.key === key) return;
   let li;
   if (item.kind === "request_finished") {
     li = el("li");
@@ -55,6 +55,7 @@ export function addLive(item, atEnd) {
     if (item.request_id) opensTrace(li, item.request_id);
   }
   li.dataset.ts = String(item.ts);
+  li.dataset.key = key;
   if (atEnd) ol.append(li); else ol.prepend(li);
   while (ol.children.length > LIVE_MAX) ol.lastElementChild.remove();
   $("#live-empty").hidden = true;
