@@ -209,7 +209,8 @@ class RequestRecord:
             "model_used": self.model_used if self.served_by is not None else None,
             "profile": self.profile_name, "mode": self.profile.mode,
             "candidates": list(self.profile.providers),
-            "effective_order": list(plan.candidates) if plan is not None else [],
+            # None: never planned (a guard answered first), which is not "no provider was available".
+            "effective_order": list(plan.candidates) if plan is not None else None,
             "order_notes": (list(plan.order_notes) if plan is not None else []) + list(self.notes),
             "skips": [s.as_dict() for s in self.skips], "attempts": [a.as_dict() for a in self.attempts],
             "served_by": self.served_by, "panic": self.panic,

@@ -92,7 +92,9 @@ def test_the_attention_strip_names_each_problem_and_links_to_it(page, night):
     page.locator("#attention-list li[data-kind=loop] a").click()
     page.wait_for_selector("#trace[open]", timeout=LONG)
     assert page.locator("#trace-id").inner_text() == "night-loop-1"
-    assert "tool loop stopped the request" in page.locator("#trace-kv").inner_text()
+    kv = page.locator("#trace-kv").inner_text()
+    assert "tool loop stopped the request" in kv
+    assert "none available" not in kv  # it was never planned: no claim that no provider was available
     assert page.errors == []
 
 
@@ -152,6 +154,12 @@ def test_events_are_in_the_feed_and_corectl_explain_shows_the_tool_loop(page, ni
     page.goto(link)
     page.wait_for_selector("#trace[open]", timeout=LONG)
     assert page.locator("#trace-id").inner_text() == "night-loop-1"
+    # The request whose failure opened the dead provider's breaker says so in its trace.
+    page.locator("#trace-close").click()
+    page.goto(f"{night.url}#/requests/night-fallback-1")
+    page.wait_for_function("() => document.querySelector('#trace-id').textContent === 'night-fallback-1'",
+                           timeout=LONG)
+    page.locator("#trace-kv tr", has_text="breaker dead").filter(has_text="open").wait_for(timeout=LONG)
 
 
 def test_a_failed_request_names_no_model_it_did_not_use_and_is_no_provider(page, night):

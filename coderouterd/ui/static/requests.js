@@ -179,9 +179,13 @@ export async function openTrace(id) {
     add("affinity", `lane ${aff.lane}, session ${aff.session}` + (aff.slot !== null && aff.slot !== undefined ? `, slot ${aff.slot}` : ""));
     if (aff.cache_bust) add("cache bust", aff.cache_bust.segment, "bad");
   }
-  // What else happened to it: the daemon's recent events that name this request.
+  // What else happened to it: the daemon's recent events that name this request, and a breaker its failure
+  // opened (a provider it tried, opened while it ran).
+  const tried = new Set((t.attempts || []).filter((a) => a.outcome !== "ok").map((a) => a.provider));
+  const end = (t.ts || 0) + (t.latency_ms || 0) / 1000 + 1;
   for (const e of (state.now && state.now.events) || []) {
-    if (e.request_id === t.request_id && e.kind !== "guard_fired") add("event", describe(e)[0], "warn");
+    const opened = e.kind === "breaker_transition" && e.new === "open" && tried.has(e.provider) && e.ts >= t.ts && e.ts <= end;
+    if ((e.request_id === t.request_id && e.kind !== "guard_fired") || opened) add("event", describe(e)[0], "warn");
   }
   fill($("#trace-kv tbody"), kv);
   const skips = t.skips || [];
