@@ -12,13 +12,15 @@ from __future__ import annotations
 
 import orjson
 
+from ..allocator import released
 from ..translate.answer_observe import observe_openai
 from ..translate.openai_answer_to_anthropic import anthropic_usage
 from ..translate.responses_objects import chat_completion_to_response
 from ..translate.responses_request import ResponsesRequest
 from ..translate.responses_stream import ChatStreamToResponses, encode_all
 from ..translate.tool_repair_wire import OpenAIStreamRepair
-from .errors import DISCONNECT, STREAM_ERROR, UpstreamError, stream_error_reason
+from .errors import DISCONNECT, STREAM_ERROR, TOO_LARGE, UpstreamError, stream_error_reason
+from .limits import MAX_ANSWER_BYTES, size_text
 from .strategies import AnthropicUpstreamAsChat, Strategy
 
 # Prefix of an encrypted reasoning blob as this daemon hands it to the client: which provider issued it, so it
@@ -36,9 +38,23 @@ class _ResponsesStrategy(Strategy):
         self.provider_name = provider_name
         self.tr = ChatStreamToResponses(native, self.rq.body.get("model") or self.model,
                                         skip_prologue=self.skip_prologue)
+        # What the closing events may repeat: the bound of a whole answer that is not streamed (limits.py).
+        self.max_kept = MAX_ANSWER_BYTES
 
     def _sync(self) -> None:
-        self.started_content = self.tr.started_content
+        """After each batch: what the client has seen, and the bound on what the closing events will repeat.
+
+        The closing events (each item's .done, response.completed) carry the whole answer, so the translator
+        keeps its text: within the bound of a whole answer that is not streamed, or the stream ends here with
+        response.failed saying why (the batch's events are dropped: the client's numbering stays whole)."""
+        tr = self.tr
+        tr.compact()
+        if tr.kept > self.max_kept and not self.done:  # a batch that also ended it: already built, send it
+            released(tr.kept)
+            raise UpstreamError(TOO_LARGE, message=f"answer longer than {size_text(self.max_kept)}, the most "
+                                f"kept for one answer (its closing events repeat it whole); the stream ends here",
+                                after_content=self.delivered)
+        self.started_content = tr.started_content
         self.delivered = self.started_content
 
     def _batch(self) -> list[dict]:
@@ -51,6 +67,7 @@ class _ResponsesStrategy(Strategy):
     def _finish(self, out: list[dict]) -> None:
         self.tr.finish(out)
         self.done = True
+        released(self.tr.kept * 4)  # the closing events repeat the text four times: a big answer asks a trim
 
 
 class ResponsesToChat(_ResponsesStrategy):
