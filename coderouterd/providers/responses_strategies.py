@@ -19,9 +19,10 @@ from ..translate.responses_objects import chat_completion_to_response
 from ..translate.responses_request import ResponsesRequest
 from ..translate.responses_stream import ChatStreamToResponses, encode_all
 from ..translate.tool_repair_wire import OpenAIStreamRepair
+from ..wire.answer_shapes import check_response, check_responses_event
 from .errors import DISCONNECT, STREAM_ERROR, TOO_LARGE, UpstreamError, stream_error_reason
 from .limits import MAX_ANSWER_BYTES, size_text
-from .strategies import AnthropicUpstreamAsChat, Strategy
+from .strategies import AnthropicUpstreamAsChat, Strategy, _loads_object, _wrong_shape
 
 # Prefix of an encrypted reasoning blob as this daemon hands it to the client: which provider issued it, so it
 # goes back only there (another upstream cannot decrypt it and would reject the whole request).
@@ -227,7 +228,10 @@ class ResponsesPassthrough(_ResponsesStrategy):
         return orjson.dumps(body)
 
     def response(self, body: bytes) -> bytes:
-        resp = orjson.loads(body)
+        resp = _loads_object(body, "response")
+        problem = check_response(resp)
+        if problem:
+            raise _wrong_shape(problem)
         self.usage = _usage_from_responses(resp.get("usage"))
         if b'"encrypted_content"' in body:
             _retag(resp, self.provider_name)
@@ -239,26 +243,24 @@ class ResponsesPassthrough(_ResponsesStrategy):
         for name, data in events:
             if not data or data == "[DONE]":
                 continue
-            etype = name
-            obj = None
-            if etype is None or etype in ("response.completed", "response.incomplete", "response.failed",
-                                          "error") or '"encrypted_content"' in data:
-                obj = orjson.loads(data)
-                etype = etype or obj.get("type")
+            # Every event is parsed for its shape (one parse, reused below): relayed bytes are the client's answer.
+            obj = orjson.loads(data)
+            problem = check_responses_event(name, obj)
+            if problem:
+                raise _wrong_shape(problem, after_content=self.delivered)
+            etype = name or obj.get("type")
             if etype in ("response.created", "response.in_progress") and self.skip_prologue:
                 continue
             if etype == "error":
-                assert obj is not None  # parsed above: every error event is
                 err = obj.get("error") if isinstance(obj.get("error"), dict) else obj
                 raise UpstreamError(STREAM_ERROR, message=str(err.get("message", "upstream error")),
                                     after_content=self.delivered)
             if etype == "response.output_item.added":
                 self.started_content = True
             if etype in ("response.completed", "response.incomplete", "response.failed"):
-                assert obj is not None  # parsed above: every closing event is
                 self.usage = _usage_from_responses((obj.get("response") or {}).get("usage"))
                 self.done = True
-            if obj is not None and '"encrypted_content"' in data:
+            if '"encrypted_content"' in data:
                 _retag(obj, self.provider_name)
                 data = orjson.dumps(obj).decode()
             out.append(b"event: " + (etype or "").encode() + b"\ndata: " + data.encode() + b"\n\n")
