@@ -19,10 +19,10 @@ from ..translate.responses_objects import chat_completion_to_response
 from ..translate.responses_request import ResponsesRequest
 from ..translate.responses_stream import ChatStreamToResponses, encode_all
 from ..translate.tool_repair_wire import OpenAIStreamRepair
-from ..wire.answer_shapes import check_response, check_responses_event
+from ..wire.answer_shapes import check_chat_chunk, check_response, check_responses_event
 from .errors import DISCONNECT, STREAM_ERROR, TOO_LARGE, UpstreamError, stream_error_reason
 from .limits import MAX_ANSWER_BYTES, size_text
-from .strategies import AnthropicUpstreamAsChat, Strategy, _loads_object, _wrong_shape
+from .strategies import AnthropicUpstreamAsChat, Strategy, _loads_object, _wrong_shape, openai_completion
 
 # Prefix of an encrypted reasoning blob as this daemon hands it to the client: which provider issued it, so it
 # goes back only there (another upstream cannot decrypt it and would reject the whole request).
@@ -87,7 +87,7 @@ class ResponsesToChat(_ResponsesStrategy):
         return orjson.dumps(body)
 
     def response(self, body: bytes) -> bytes:
-        completion = orjson.loads(body)
+        completion = openai_completion(body)
         self.raw_usage, self.timings = completion.get("usage"), completion.get("timings")
         self.usage = anthropic_usage(completion.get("usage"), timings=completion.get("timings")) \
             if completion.get("usage") else {}
@@ -105,6 +105,9 @@ class ResponsesToChat(_ResponsesStrategy):
             if not data:
                 continue
             obj = orjson.loads(data)
+            problem = check_chat_chunk(obj)
+            if problem:
+                raise _wrong_shape(problem, after_content=self.delivered)
             if "error" in obj and not obj.get("choices"):
                 err = obj["error"] if isinstance(obj["error"], dict) else {"message": str(obj["error"])}
                 message = str(err.get("message", "upstream error"))

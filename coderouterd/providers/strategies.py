@@ -83,6 +83,28 @@ def _error_in_body(resp: dict) -> UpstreamError | None:
     return _stream_error(message, error_type=err.get("type") if isinstance(err, dict) else None)
 
 
+def openai_completion(body: bytes) -> dict:
+    """A whole chat completion, parsed, of the shape its clients read; else the upstream's failure."""
+    resp = _loads_object(body, "chat completion")
+    if not isinstance(resp.get("choices"), list):
+        raise _error_in_body(resp) or _not_an_answer("no chat completion (no choices)", body)
+    problem = check_chat_completion(resp)
+    if problem:
+        raise _wrong_shape(problem)
+    return resp
+
+
+def anthropic_message(body: bytes) -> dict:
+    """A whole Messages answer, parsed, of the shape its clients read; else the upstream's failure."""
+    resp = _loads_object(body, "message")
+    if resp.get("type") != "message" or not isinstance(resp.get("content"), list):
+        raise _error_in_body(resp) or _not_an_answer("no message (type and content)", body)
+    problem = check_message(resp)
+    if problem:
+        raise _wrong_shape(problem)
+    return resp
+
+
 class Strategy:
     """Stream state for one attempt. events() returns the bytes to send to the client for a batch of parsed
     SSE events; `done` is set when the upstream finished cleanly.
@@ -177,12 +199,7 @@ class OpenAIPassthrough(Strategy):
         return orjson.dumps(body)
 
     def response(self, body: bytes) -> bytes:
-        resp = _loads_object(body, "chat completion")
-        if not isinstance(resp.get("choices"), list):
-            raise _error_in_body(resp) or _not_an_answer("no chat completion (no choices)", body)
-        problem = check_chat_completion(resp)
-        if problem:
-            raise _wrong_shape(problem)
+        resp = openai_completion(body)
         u = resp.get("usage")
         self.timings = resp.get("timings")
         self.raw_usage = u if isinstance(u, dict) else None
@@ -300,12 +317,7 @@ class AnthropicPassthrough(Strategy):
         return orjson.dumps(body)
 
     def response(self, body: bytes) -> bytes:
-        resp = _loads_object(body, "message")
-        if resp.get("type") != "message" or not isinstance(resp.get("content"), list):
-            raise _error_in_body(resp) or _not_an_answer("no message (type and content)", body)
-        problem = check_message(resp)
-        if problem:
-            raise _wrong_shape(problem)
+        resp = anthropic_message(body)
         u = resp.get("usage")
         self.usage = u if isinstance(u, dict) else {}
         if self.signatures is not None:
@@ -407,7 +419,7 @@ class AnthropicToOpenAIUpstream(Strategy):
         return orjson.dumps(body)
 
     def response(self, body: bytes) -> bytes:
-        resp = orjson.loads(body)
+        resp = openai_completion(body)
         self.raw_usage, self.timings = resp.get("usage"), resp.get("timings")
         self._repair_openai_body(resp)
         msg = response_to_anthropic(resp, self.model, stop_sequences=self.client_body.get("stop_sequences"))
@@ -432,6 +444,9 @@ class AnthropicToOpenAIUpstream(Strategy):
                 self.done = True
                 continue
             obj = orjson.loads(data)
+            problem = check_chat_chunk(obj)
+            if problem:
+                raise _wrong_shape(problem, after_content=tr.started_content)
             if "error" in obj and not obj.get("choices"):
                 err = obj["error"] if isinstance(obj["error"], dict) else {"message": str(obj["error"])}
                 raise _stream_error(err.get("message", "upstream error"),
@@ -487,7 +502,7 @@ class AnthropicUpstreamAsChat(Strategy):
 
     def _completion(self, body: bytes) -> dict:
         """A whole Messages answer (tool calls written as text repaired) as a chat completion."""
-        resp = orjson.loads(body)
+        resp = anthropic_message(body)
         self.usage = resp.get("usage") or {}
         self._repair_anthropic_body(resp)
         return anthropic_response_to_openai(resp, self.model)
@@ -505,6 +520,9 @@ class AnthropicUpstreamAsChat(Strategy):
             if name == "ping" or not data:
                 continue
             obj = orjson.loads(data)
+            problem = check_messages_event(name, obj)
+            if problem:
+                raise _wrong_shape(problem, after_content=self._after_content())
             etype = name or obj.get("type")
             if etype == "error":
                 err = obj.get("error") or {}

@@ -47,6 +47,10 @@ _JSON_NAMES = {str: "a string", int: "an integer", float: "a number", bool: "a b
                list: "an array"}
 
 
+# The Python types a JSON value of each described type may have (a float field takes an integer too).
+_TYPES = {str: (str,), int: (int,), float: (float, int), bool: (bool,), dict: (dict,), list: (list,)}
+
+
 def type_name(v: Any) -> str:
     if v is None:
         return "null"
@@ -109,18 +113,26 @@ def compile_shape(spec: Any) -> Check:
             return None if case is None else case(v)
         return tagged
     if isinstance(spec, dict):
-        parts = [(name, required, compile_shape(s)) for name, required, s in fields(spec)]
+        # Fields of a plain type are tested inline (`type(x) in types`): no call per field on the hot path.
+        parts = [(name, required, _TYPES.get(s) if isinstance(s, type) else None, compile_shape(s))
+                 for name, required, s in fields(spec)]
 
         def obj(v: Any) -> str | None:
             if type(v) is not dict:
                 return f": expected an object, got {type_name(v)}"
-            for name, required, check in parts:
-                x = v.get(name)
+            get = v.get
+            for name, required, types, check in parts:
+                x = get(name)
                 if x is None:
                     if required:
                         return f".{name}: required, got {'null' if name in v else 'nothing'}"
                     continue
-                p = check(x)
+                if types is not None:
+                    if type(x) in types:
+                        continue
+                    p = check(x)
+                else:
+                    p = check(x)
                 if p is not None:
                     return f".{name}{p}"
             return None
