@@ -2,7 +2,9 @@
 chat chunks as fast as the daemon reads them for N seconds, and the client reads the daemon's stream through
 each ingress. What the daemon keeps per delta shows as RSS growth over the stream.
 
-    .venv/bin/python bench/stream_rss.py [--seconds 30] [--ingress responses,chat,messages]
+    .venv/bin/python bench/stream_rss.py [--seconds 30] [--ingress responses,chat,messages] [--tree OTHER]
+
+`--tree` runs another checkout's daemon (e.g. one from before a change) against the same upstream and client.
 
 Loopback only, one stream at a time, bounded by --seconds per ingress. The daemon is pinned to core 0, the
 upstream and the reading client (one asyncio process, this one) to core 1. RSS is sampled every 0.25 s.
@@ -146,6 +148,7 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--seconds", type=float, default=30.0)
     ap.add_argument("--ingress", default="responses,chat")
+    ap.add_argument("--tree", type=Path, default=ROOT, help="the checkout whose daemon runs")
     args = ap.parse_args()
     ingresses = [i for i in args.ingress.split(",") if i]
     pin(os.getpid(), {1})
@@ -163,9 +166,10 @@ model = "bench-model"
 providers = ["fast"]
 """)
     port = free_port()
-    env = {**os.environ, "CODEROUTER_STATE_DIR": str(tmp / "state")}
+    tree = args.tree.resolve()
+    env = {**os.environ, "CODEROUTER_STATE_DIR": str(tmp / "state"), "PYTHONPATH": str(tree)}
     d = subprocess.Popen([PY, "-m", "coderouterd", "--config", str(cfg), "--port", str(port),
-                          "--log-level", "warning"], cwd=ROOT, env=env)
+                          "--log-level", "warning"], cwd=tree, env=env)
     try:
         pin(d.pid, {0})
         wait_healthz(f"http://127.0.0.1:{port}", d)
