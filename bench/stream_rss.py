@@ -31,6 +31,8 @@ from bench.common import PY, ROOT, free_port, pin, rss_mb, stop, table, wait_hea
 _CHUNK = b'data: {"id":"c","object":"chat.completion.chunk","model":"m","choices":[{"index":0,"delta":' \
          b'{"content":"tok1234 "},"finish_reason":null}]}\n\n'
 _BATCH = _CHUNK * 64
+# The first bytes of each ingress's closing events (a Responses stream repeats its whole text in them).
+_CLOSING = (b"response.output_text.done", b"response.failed", b"[DONE]", b'"finish_reason":"stop"', b"message_delta")
 _END = (b'data: {"id":"c","object":"chat.completion.chunk","model":"m","choices":[{"index":0,"delta":{},'
         b'"finish_reason":"stop"}]}\n\n'
         b'data: {"id":"c","object":"chat.completion.chunk","model":"m","choices":[],'
@@ -91,6 +93,7 @@ async def one_stream(daemon_port: int, pid: int, ingress: str, up: Upstream) -> 
                  % (path.encode(), len(raw), raw))
     await writer.drain()
     samples: list[float] = []
+    closing_at: int | None = None  # the sample index when the stream's closing events began to arrive
     first_bytes = b""
     start = rss_mb(pid)
     received = 0
@@ -108,6 +111,8 @@ async def one_stream(daemon_port: int, pid: int, ingress: str, up: Upstream) -> 
         for mark in (b"response.completed", b"response.failed", b"[DONE]", b"message_stop"):
             if mark in seen:
                 ending = mark.decode()
+        if closing_at is None and any(m in seen for m in _CLOSING):
+            closing_at = len(samples)
         tail = data[-200:]
         now = time.monotonic()
         if now >= next_sample:
@@ -121,10 +126,12 @@ async def one_stream(daemon_port: int, pid: int, ingress: str, up: Upstream) -> 
         print(f"{ingress}: the stream did not end as expected; it began {first_bytes!r}", file=sys.stderr)
     if os.environ.get("BENCH_TRACE"):
         print(ingress, " ".join(f"{x:.0f}" for x in samples), file=sys.stderr)
-    # Growth is measured from the first sample taken once the stream flows (start-up allocations aside).
+    # Growth is measured from the first sample taken once the stream flows (start-up allocations aside), up to
+    # 1 s before the closing events arrived (they are built, all at once, before the client sees them).
     first = samples[min(4, len(samples) - 1)] if samples else start
-    return {"start": start, "first": first, "peak": max(samples or [start]), "end": end, "received": received,
-            "ending": ending, "took": took}
+    streaming = samples[:max(5, (closing_at if closing_at is not None else len(samples)) - 4)]
+    return {"start": start, "first": first, "streaming": max(streaming or [start]), "peak": max(samples or [start]),
+            "end": end, "received": received, "ending": ending, "took": took}
 
 
 async def run(port: int, pid: int, ingresses: list[str], seconds: float, up_port: int) -> list[list[str]]:
@@ -139,7 +146,8 @@ async def run(port: int, pid: int, ingresses: list[str], seconds: float, up_port
             await server.wait_closed()
         rows.append([BODIES[ingress][0], f"{seconds:g}", f"{r['took']:.1f}", f"{up.deltas:,}",
                      f"{up.deltas * 8 / 1e6:.1f}", f"{r['received'] / 1e6:.0f}", f"{r['start']:.0f}",
-                     f"{r['peak']:.0f}", f"{r['peak'] - r['first']:+.1f}", f"{r['end'] - r['start']:+.1f}",
+                     f"{r['streaming'] - r['first']:+.1f}", f"{r['peak'] - r['first']:+.1f}",
+                     f"{r['end'] - r['start']:+.1f}",
                      r["ending"]])
     return rows
 
@@ -174,10 +182,12 @@ providers = ["fast"]
         pin(d.pid, {0})
         wait_healthz(f"http://127.0.0.1:{port}", d)
         rows = asyncio.run(run(port, d.pid, ingresses, args.seconds, up_port))
-        print(table(rows, ["ingress", "upstream sends for s", "stream lasted s", "deltas", "text MB", "MB to client", "RSS start MB",
-                           "RSS peak MB", "growth while streaming MB", "after the stream MB", "last event"]))
+        print(table(rows, ["ingress", "upstream sends for s", "stream lasted s", "deltas", "text MB",
+                           "MB to client", "RSS start MB", "growth streaming MB", "growth to the peak MB",
+                           "after the stream MB", "last event"]))
         print("\none stream at a time; 8-character deltas, 64 per upstream write, as fast as the daemon reads; "
-              "growth: from the RSS 1 s into the stream to the peak; after: 0.5 s after the stream, from its start. "
+              "growth: from the RSS 1 s into the stream, to its highest until 1 s before the closing events arrived, "
+              "and to the peak with them; after: 0.5 s after the stream, from its start. "
               "A /v1/responses stream keeps its text for the closing events, up to 16 MB (providers/limits.py): "
               "past it the stream ends with response.failed")
     finally:
