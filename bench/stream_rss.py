@@ -3,6 +3,7 @@ chat chunks as fast as the daemon reads them for N seconds, and the client reads
 each ingress. What the daemon keeps per delta shows as RSS growth over the stream.
 
     .venv/bin/python bench/stream_rss.py [--seconds 30] [--ingress responses,chat,messages] [--tree OTHER]
+                                         [--text-mb 12]
 
 `--tree` runs another checkout's daemon (e.g. one from before a change) against the same upstream and client.
 
@@ -50,8 +51,9 @@ BODIES = {
 class Upstream:
     """Answers every POST with a chunked event stream of text deltas for `seconds`, then ends it cleanly."""
 
-    def __init__(self, seconds: float) -> None:
+    def __init__(self, seconds: float, max_deltas: int = 0) -> None:
         self.seconds = seconds
+        self.max_deltas = max_deltas  # 0: no limit but the time
         self.deltas = 0
 
     async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -72,7 +74,7 @@ class Upstream:
             writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n")
             frame = b"%x\r\n%s\r\n" % (len(_BATCH), _BATCH)
             end = time.monotonic() + self.seconds
-            while time.monotonic() < end:
+            while time.monotonic() < end and not (self.max_deltas and self.deltas >= self.max_deltas):
                 writer.write(frame)
                 self.deltas += 64
                 await writer.drain()  # as fast as the daemon reads, no faster
@@ -134,10 +136,11 @@ async def one_stream(daemon_port: int, pid: int, ingress: str, up: Upstream) -> 
             "end": end, "received": received, "ending": ending, "took": took}
 
 
-async def run(port: int, pid: int, ingresses: list[str], seconds: float, up_port: int) -> list[list[str]]:
+async def run(port: int, pid: int, ingresses: list[str], seconds: float, up_port: int,
+              text_mb: float) -> list[list[str]]:
     rows: list[list[str]] = []
     for ingress in ingresses:
-        up = Upstream(seconds)
+        up = Upstream(seconds, int(text_mb * 1e6 / 8))
         server = await asyncio.start_server(up.handle, "127.0.0.1", up_port)
         try:
             r = await one_stream(port, pid, ingress, up)
@@ -157,6 +160,7 @@ def main() -> int:
     ap.add_argument("--seconds", type=float, default=30.0)
     ap.add_argument("--ingress", default="responses,chat")
     ap.add_argument("--tree", type=Path, default=ROOT, help="the checkout whose daemon runs")
+    ap.add_argument("--text-mb", type=float, default=0.0, help="stop the upstream after this much text (0: time only)")
     args = ap.parse_args()
     ingresses = [i for i in args.ingress.split(",") if i]
     pin(os.getpid(), {1})
@@ -181,7 +185,7 @@ providers = ["fast"]
     try:
         pin(d.pid, {0})
         wait_healthz(f"http://127.0.0.1:{port}", d)
-        rows = asyncio.run(run(port, d.pid, ingresses, args.seconds, up_port))
+        rows = asyncio.run(run(port, d.pid, ingresses, args.seconds, up_port, args.text_mb))
         print(table(rows, ["ingress", "upstream sends for s", "stream lasted s", "deltas", "text MB",
                            "MB to client", "RSS start MB", "growth streaming MB", "growth to the peak MB",
                            "after the stream MB", "last event"]))

@@ -17,12 +17,16 @@ from ..translate.answer_observe import observe_openai
 from ..translate.openai_answer_to_anthropic import anthropic_usage
 from ..translate.responses_objects import chat_completion_to_response
 from ..translate.responses_request import ResponsesRequest
-from ..translate.responses_stream import ChatStreamToResponses, encode_all
+from ..translate.responses_stream import ChatStreamToResponses, encode, encode_all
 from ..translate.tool_repair_wire import OpenAIStreamRepair
 from ..wire.answer_shapes import check_chat_chunk, check_response, check_responses_event
 from .errors import DISCONNECT, STREAM_ERROR, TOO_LARGE, UpstreamError, stream_error_reason
 from .limits import MAX_ANSWER_BYTES, size_text
 from .strategies import AnthropicUpstreamAsChat, Strategy, _loads_object, _wrong_shape, openai_completion
+
+# The closing events of an answer with this much text leave one write each, encoded only when the one before is
+# out: they repeat the text four times, and encoded and written together they took ~9x the text at once.
+_CLOSE_ONE_BY_ONE = 1 << 20
 
 # Prefix of an encrypted reasoning blob as this daemon hands it to the client: which provider issued it, so it
 # goes back only there (another upstream cannot decrypt it and would reject the whole request).
@@ -41,6 +45,7 @@ class _ResponsesStrategy(Strategy):
                                         skip_prologue=self.skip_prologue)
         # What the closing events may repeat: the bound of a whole answer that is not streamed (limits.py).
         self.max_kept = MAX_ANSWER_BYTES
+        self.finished = False  # the closing events are built (sent, or held for next_held)
 
     def _sync(self) -> None:
         """After each batch: what the client has seen, and the bound on what the closing events will repeat.
@@ -50,7 +55,7 @@ class _ResponsesStrategy(Strategy):
         response.failed saying why (the batch's events are dropped: the client's numbering stays whole)."""
         tr = self.tr
         tr.compact()
-        if tr.kept > self.max_kept and not self.done:  # a batch that also ended it: already built, send it
+        if tr.kept > self.max_kept and not self.finished:  # a batch that also ended it: already built, send it
             released(tr.kept)
             raise UpstreamError(TOO_LARGE, message=f"answer longer than {size_text(self.max_kept)}, the most "
                                 f"kept for one answer (its closing events repeat it whole); the stream ends here",
@@ -66,9 +71,24 @@ class _ResponsesStrategy(Strategy):
         return []
 
     def _finish(self, out: list[dict]) -> None:
+        mark = len(out)
         self.tr.finish(out)
-        self.done = True
+        self.finished = True
+        if self.tr.kept >= _CLOSE_ONE_BY_ONE:
+            self.held = out[mark:]  # Call.read hands them out one at a time; done after the last
+            del out[mark:]
+        else:
+            self.done = True
         released(self.tr.kept * 4)  # the closing events repeat the text four times: a big answer asks a trim
+
+    def next_held(self) -> bytes:
+        held = self.held
+        assert held
+        data = encode(held.pop(0))
+        if not held:
+            self.held = None
+            self.done = True
+        return data
 
 
 class ResponsesToChat(_ResponsesStrategy):

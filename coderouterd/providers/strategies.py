@@ -122,6 +122,8 @@ class Strategy:
     # llama.cpp's `timings` (cache_n, prompt_n, prompt_ms). Read by prefix affinity after the answer.
     raw_usage: dict | None = None
     timings: dict | None = None
+    # Output already built that leaves one write at a time (next_held), before any more is read upstream.
+    held: list | None = None
 
     def __init__(self, *, model: str, skip_prologue: bool, client_body: dict,
                  repair_tools: dict[str, ToolSpec] | None = None, observe: bool = False,
@@ -171,6 +173,9 @@ class Strategy:
 
     def path(self) -> str:
         return "/chat/completions" if self.upstream_wire == "openai" else "/messages"
+
+    def next_held(self) -> bytes:
+        raise NotImplementedError  # only strategies that hold output (responses_strategies.py) are asked
 
 
 class OpenAIPassthrough(Strategy):

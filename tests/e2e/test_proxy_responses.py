@@ -286,6 +286,22 @@ def test_a_stream_past_the_answer_bound_ends_with_response_failed_saying_why(env
     assert 8 * 2**20 < delivered <= 16 * 2**20
 
 
+def test_a_big_answer_below_the_bound_completes_with_its_closing_events_one_by_one(env):
+    _behave(env, "chunks;n=40;size=65536")  # 2.6 MB: its closing events leave one write each
+    try:
+        with httpx.stream("POST", env["daemon"].url + "/v1/responses",
+                          json={"model": "m", "input": "x", "stream": True}, timeout=60) as r:
+            body = r.read().decode()
+    finally:
+        _behave(env, "ok")
+    events = [orjson.loads(line[6:]) for line in body.splitlines() if line.startswith("data: ")]
+    assert [e["sequence_number"] for e in events] == list(range(len(events)))
+    assert events[-1]["type"] == "response.completed"
+    text = "".join(e["delta"] for e in events if e["type"] == "response.output_text.delta")
+    assert len(text) == 40 * 65536
+    assert events[-1]["response"]["output"][0]["content"][0]["text"] == text
+
+
 def test_models_list_is_openai_shaped(env):
     m = _client(env).models.list()
     ids = [x.id for x in m.data]

@@ -86,3 +86,23 @@ def test_a_batch_that_ends_the_answer_is_sent_even_past_the_bound():
     st.events(_batch(100))
     raw = st.events(_batch(100) + END)  # the closing events are already built: sending them costs nothing more
     assert st.done and _completed(raw)["response"]["status"] == "completed"
+
+
+def test_the_closing_events_of_a_big_answer_leave_one_at_a_time():
+    """They repeat the text four times: built as one write they took ~9x the text at once."""
+    st = _strategy()
+    big = "x" * 65536
+    first = st.events(_batch(20, big))  # 1.25 MB of text
+    rest = st.events(END)
+    assert b"response.output_text.done" not in rest and not st.done  # held, not yet written
+    pieces = []
+    while st.held:
+        pieces.append(st.next_held())
+    assert st.done and len(pieces) == 4
+    types = [p.split(b"\n", 1)[0] for p in pieces]
+    assert types == [b"event: response.output_text.done", b"event: response.content_part.done",
+                     b"event: response.output_item.done", b"event: response.completed"]
+    seqs = [orjson.loads(block.split(b"data: ", 1)[1])["sequence_number"]
+            for block in (first + rest + b"".join(pieces)).split(b"\n\n") if block]
+    assert seqs == list(range(len(seqs)))
+    assert _completed(pieces[-1])["response"]["output"][0]["content"][0]["text"] == big * 20
