@@ -55,8 +55,8 @@ def cost(n: int) -> list[list[str]]:
     for target in (200_000, 100_000):
         body, headers = body_of_size(target)
         raw = orjson.dumps(body)
-        for kind in ("openai", "anthropic"):
-            _P.cfg = cfg.providers["p"].model_copy(update={"kind": kind})
+        for kind in ("openai", "anthropic", "slots"):
+            _P.cfg = cfg.providers["p"].model_copy(update={"kind": "openai" if kind == "slots" else kind})
             wall, cpu = [], []
             gc.collect()
             for _ in range(n):
@@ -65,9 +65,12 @@ def cost(n: int) -> list[list[str]]:
                 c0, t0 = time.thread_time(), time.perf_counter()
                 t = aff.ticket(req)
                 aff.body_for(t, _P, req)
+                if kind == "slots":
+                    t.lane  # noqa: B018 (a backend with slots: the prompt's digests and its lane, by prefix)
                 wall.append((time.perf_counter() - t0) * 1000)
                 cpu.append((time.thread_time() - c0) * 1000)
-            rows.append([f"{len(raw) / 1000:.0f} KB, {len(t.prompt.digests)} segments", f"{kind} upstream",
+            rows.append([f"{len(raw) / 1000:.0f} KB, {len(t.prompt.digests)} segments",
+                         "openai upstream with slots: + digests and lane" if kind == "slots" else f"{kind} upstream",
                          f"{pct(wall, 50):.3f}", f"{pct(wall, 99):.3f}", f"{pct(cpu, 50):.3f}", f"{pct(cpu, 99):.3f}"])
     return rows
 

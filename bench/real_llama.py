@@ -3,13 +3,19 @@ sessions (shared system prompt and tools, growing tool results, background calls
 which manages the server, and the same workload sent straight at an identical server that picks its slots
 itself (with its RAM prompt cache). Same run, same machine.
 
-    .venv/bin/python bench/real_llama.py [--scenario within|twice|all|suite] [--restart]
+    .venv/bin/python bench/real_llama.py [--scenario within|twice|three|all|suite] [--restart]
+    .venv/bin/python bench/real_llama.py --warm [--scenario three|three-suite|warm-suite]
 
 Reuse is what the server reports it took from cache (`timings.cache_n`, relayed as cached tokens) against
 the best any slot assignment could give: for each request, the longest token prefix it shares with any
 earlier prompt (tokenised by the server itself with /apply-template and /tokenize). `--restart` also
 measures after the managed server was killed and restarted by the supervisor, and after coderouterd itself
 restarted on its persisted state: the first turn after a restart is cold for everyone, the rest must be warm.
+
+`--warm`: caches that survive (affinity/warm.py). Three interleaved conversations with two title calls on three
+slots, interrupted half-way by a restart of coderouterd or by kill -9 of its server (after a pause longer than
+`save_idle_after_s`, as a person reading the answer makes), with the slot saves on and off; processed tokens
+against the best any cache could do over the whole run (no restart forgives anything).
 """
 
 from __future__ import annotations
@@ -48,6 +54,9 @@ class Scenario:
     shape: Shape = SMALL
     # The least shared prefix worth a slot copy (default 2,048 tokens), scaled down with the shape.
     clone_min_tokens: int = 128
+    background_every: int = 1  # a background call every this many turns (100: only at the second turn)
+    tools: bool = True  # False: the sessions' turns carry no tools (Claude Code run with --tools "")
+    background_turns: int | None = None  # background calls only in the first turns (None: every turn)
 
 
 # 3 lanes on 3 slots: session 0's main and background lanes, session 1's main lane.
@@ -60,17 +69,34 @@ WITHIN_SUITE = Scenario("within-suite", slots=3, ctx=1024, sessions=2, turns=3, 
                         shape=TINY, clone_min_tokens=64)
 TWICE_SUITE = Scenario("twice-suite", slots=2, ctx=1024, sessions=2, turns=3, background_sessions=2,
                        shape=TINY, clone_min_tokens=64)
+# Issue 33: three interleaved conversations on 3 slots, two title calls (sessions 0 and 1, after their first turn),
+# and the same with turns that carry no tools: lanes are chosen by prefix, so both must come as close to the best.
+THREE = Scenario("three", slots=3, ctx=4096, sessions=3, turns=6, background_sessions=2, background_turns=2)
+THREE_NO_TOOLS = Scenario("three-no-tools", slots=3, ctx=4096, sessions=3, turns=6, background_sessions=2,
+                          background_turns=2, tools=False)
+THREE_SUITE = Scenario("three-suite", slots=3, ctx=1024, sessions=3, turns=3, background_sessions=2,
+                       background_turns=2, shape=TINY, clone_min_tokens=64)
+THREE_NO_TOOLS_SUITE = Scenario("three-no-tools-suite", slots=3, ctx=1024, sessions=3, turns=3,
+                                background_sessions=2, background_turns=2, shape=TINY, clone_min_tokens=64,
+                                tools=False)
+# The restart/kill test's run (tests/real/test_real_warm.py): four turns, so each third of the run has turns to
+# lose, with one title call per session at its second turn.
+WARM_SUITE = Scenario("warm-suite", slots=3, ctx=1024, sessions=3, turns=4, background_sessions=2,
+                      background_every=100, shape=TINY, clone_min_tokens=64)
+SCENARIOS = {"within": [WITHIN], "twice": [TWICE], "three": [THREE, THREE_NO_TOOLS],
+             "all": [WITHIN, TWICE, THREE, THREE_NO_TOOLS],
+             "suite": [WITHIN_SUITE, TWICE_SUITE, THREE_SUITE, THREE_NO_TOOLS_SUITE],
+             "three-suite": [THREE_SUITE, THREE_NO_TOOLS_SUITE], "warm-suite": [WARM_SUITE]}
 # Two managed servers (a "coder" and a "small" model: here the same small model on two ports) and a memory budget
 # that holds one: two conversations, one on each, alternate, so every turn after the first two swaps.
 SWAP = Scenario("swap", slots=1, ctx=2048, sessions=2, turns=4, background_sessions=0)
 SWAP_SUITE = Scenario("swap-suite", slots=1, ctx=1024, sessions=2, turns=3, background_sessions=0, shape=TINY)
-SCENARIOS = {"within": [WITHIN], "twice": [TWICE], "all": [WITHIN, TWICE],
-             "suite": [WITHIN_SUITE, TWICE_SUITE], "swap": [SWAP], "swap-suite": [SWAP_SUITE]}
+SCENARIOS.update({"swap": [SWAP], "swap-suite": [SWAP_SUITE]})
 
 
 def order(sc: Scenario) -> list[tuple[Session, str]]:
-    return workload(sc.sessions, sc.turns, background_every=1, shape=sc.shape,
-                    background_sessions=sc.background_sessions)
+    return workload(sc.sessions, sc.turns, background_every=sc.background_every, shape=sc.shape,
+                    background_sessions=sc.background_sessions, tools=sc.tools, background_turns=sc.background_turns)
 
 
 def openai_body(body: dict, *, stream: bool) -> dict:
@@ -201,6 +227,7 @@ def summary(turns: list[Turn], bound: list[int]) -> dict:
     warm = [t.ttft_s for t in turns if t.kind == "main" and not t.first]
     return {"requests": len(turns), "prompt_tokens": prompt, "reused_tokens": reused, "best_tokens": best,
             "processed_tokens": prompt - reused, "ideal_processed": prompt - best,
+            "of_ideal": round((prompt - reused) / (prompt - best), 3) if prompt > best else None,
             "of_best": round(reused / best, 4) if best else 1.0,
             "warm_ttft_p50_s": round(statistics.median(warm), 3) if warm else None,
             "warm_ttft_p95_s": round(sorted(warm)[max(0, int(len(warm) * 0.95) - 1)], 3) if warm else None}
@@ -234,13 +261,17 @@ health_action = "warn"
 # this small model; the least shared prefix worth a slot copy (default 2,048 tokens) scales down with them.
 clone_min_tokens = @CLONE_MIN@
 """
+# Saves off: neither before a stop nor when a lane is idle (what coderouterd did before affinity/warm.py).
+NO_SAVES = "save_idle_after_s = 0\nsave_before_stop_s = 0\n"
+IDLE_SAVE_S = 1.0  # the bench's pause between rounds is longer than this; the default is 10 s
 
 
-def daemon_config(sc: Scenario, port: int, *, affinity: bool = True) -> str:
+def daemon_config(sc: Scenario, port: int, *, affinity: bool = True, extra: str = "") -> str:
     p = paths()
     argv = server_argv(p["LLAMA_SERVER"], p["LLAMA_MODEL"], port, slots=sc.slots, ctx_per_slot=sc.ctx)
     return (CONFIG.replace("@LP@", str(port)).replace("@ARGV@", json.dumps(argv)).replace("@MODEL@", MODEL)
-            .replace("@AFFINITY@", "true" if affinity else "false").replace("@CLONE_MIN@", str(sc.clone_min_tokens)))
+            .replace("@AFFINITY@", "true" if affinity else "false").replace("@CLONE_MIN@", str(sc.clone_min_tokens))
+            + extra)
 
 
 def wait_model(url: str, timeout: float = 60) -> None:
@@ -268,6 +299,20 @@ def routed(sc: Scenario, tmp: Path, prompts: list[list[int]], *, affinity: bool 
     d.start()
     try:
         wait_model(f"http://127.0.0.1:{port}")
+        return summary(drive_router(d.url, sc), best_reuse(prompts))
+    finally:
+        d.stop()
+
+
+def fresh(sc: Scenario, tmp: Path) -> dict:
+    """Through coderouterd on a fresh server, against the best any cache could do, tokenised by that same server
+    (/apply-template and /tokenize use no slot) before the workload runs: no straight baseline to pay for."""
+    port = free_port()
+    d = DaemonProcess(daemon_config(sc, port), tmp)
+    d.start()
+    try:
+        wait_model(f"http://127.0.0.1:{port}")
+        prompts = token_prompts(f"http://127.0.0.1:{port}", sc)
         return summary(drive_router(d.url, sc), best_reuse(prompts))
     finally:
         d.stop()
@@ -438,6 +483,106 @@ def swap(sc: Scenario, tmp: Path, *, budget: bool = True) -> dict:
             "ttft_from_ready_p50_s": round(statistics.median(from_ready), 3) if from_ready else None}
 
 
+def _admin(d: DaemonProcess, path: str) -> dict:
+    with httpx.Client(transport=httpx.HTTPTransport(uds=str(d.state_dir / "coderouterd.sock")),
+                      base_url="http://coderouterd", timeout=10) as a:
+        return a.get(path).json()
+
+
+def _warm_status(d: DaemonProcess) -> dict:
+    p = next(p for p in _admin(d, "/v1/status")["providers"] if p["name"] == "llama")
+    return ((p.get("cache") or {}).get("slots") or {}).get("warm") or {}
+
+
+def wait_saved(d: DaemonProcess, timeout: float = 120) -> None:
+    """The pause a person takes to read an answer: every lane idle past save_idle_after_s is on disk."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if _warm_status(d).get("unsaved_lanes") == 0:
+            return
+        time.sleep(0.1)
+    raise RuntimeError("lanes not saved in the background in time")
+
+
+def interrupted(sc: Scenario, tmp: Path, how: str | tuple[str, ...], *, saves: bool = True) -> dict:
+    """The workload cut in equal parts by a restart of coderouterd ("restart") or kill -9 of its server
+    ("kill"), in the order given; processed tokens against the best any cache could do over the whole run, and
+    per part after each interruption (`after_restart`, `after_kill`: processed / ideal of that part's requests)."""
+    hows = (how,) if isinstance(how, str) else how
+    port = free_port()
+    d = DaemonProcess(daemon_config(sc, port, extra=f"save_idle_after_s = {IDLE_SAVE_S}\n" if saves else NO_SAVES),
+                      tmp)
+    turns_order = order(sc)
+    cut = [len(turns_order) * k // (len(hows) + 1) for k in range(len(hows) + 2)]
+    got: list[Turn] = []
+    d.start()
+    try:
+        wait_model(f"http://127.0.0.1:{port}")
+        got += drive_router(d.url, sc, turns_order[:cut[1]])
+        for k, what in enumerate(hows, start=1):
+            if what == "restart":
+                d.stop()
+                d.start()
+            else:
+                if saves:
+                    wait_saved(d)
+                else:
+                    time.sleep(IDLE_SAVE_S * 2)  # the same pause
+                procs = _admin(d, "/v1/processes")["processes"]
+                proc = procs[0] if isinstance(procs, list) else next(iter(procs.values()))
+                os.kill(proc["pid"], signal.SIGKILL)
+                time.sleep(0.3)
+            wait_model(f"http://127.0.0.1:{port}")
+            got += drive_router(d.url, sc, turns_order[cut[k]:cut[k + 1]])  # the first may wait for the restart
+        warm = _warm_status(d)
+        prompts = token_prompts(f"http://127.0.0.1:{port}", sc)
+    finally:
+        d.stop()
+    bound = best_reuse(prompts)
+    out = summary(got, bound)
+    out["of_ideal"] = round(out["processed_tokens"] / out["ideal_processed"], 3) if out["ideal_processed"] else None
+    for k, what in enumerate(hows, start=1):
+        part = range(cut[k], cut[k + 1])
+        processed = sum(got[i].prompt_tokens - got[i].cached_tokens for i in part)
+        ideal = sum(got[i].prompt_tokens - bound[i] for i in part)
+        out[f"after_{what}"] = round(processed / ideal, 3) if ideal else None
+    out["saves"], out["save_mb"], out["save_s"] = warm.get("saves"), round((warm.get("save_bytes") or 0) / 2**20, 1), \
+        warm.get("save_s")
+    out["restores"], out["restore_s"] = warm.get("restores"), warm.get("restore_s")
+    return out
+
+
+def run_warm(scenarios: list[Scenario]) -> list[dict]:
+    rows = []
+    for sc in scenarios:
+        with tempfile.TemporaryDirectory(prefix=f"crwarm-{sc.name}-") as t:
+            tmp = Path(t)
+            t0 = time.monotonic()
+            fresh = routed(sc, tmp / "fresh", token_prompts_of(sc, tmp / "tok"))
+            fresh["of_ideal"] = round(fresh["processed_tokens"] / fresh["ideal_processed"], 3)
+            rows.append({"scenario": sc.name, "run": "fresh", **fresh})
+            for how in ("restart", "kill"):
+                for saves in (True, False):
+                    r = interrupted(sc, tmp / f"{how}-{saves}", how, saves=saves)
+                    rows.append({"scenario": sc.name, "run": f"{how}, saves {'on' if saves else 'off'}", **r})
+            print(f"# {sc.name}: {time.monotonic() - t0:.0f} s", file=sys.stderr)
+    return rows
+
+
+def token_prompts_of(sc: Scenario, tmp: Path) -> list[list[int]]:
+    with LlamaServer(tmp, slots=1, ctx_per_slot=sc.ctx, save=False) as server:
+        return token_prompts(server.url, sc)
+
+
+def print_warm_table(rows: list[dict]) -> None:
+    cols = ["scenario", "run", "requests", "prompt_tokens", "processed_tokens", "ideal_processed", "of_ideal",
+            "after_restart", "after_kill", "warm_ttft_p50_s", "warm_ttft_p95_s", "saves", "save_mb", "save_s", "restores", "restore_s"]
+    print("| " + " | ".join(cols) + " |")
+    print("|" + "---|" * len(cols))
+    for r in rows:
+        print("| " + " | ".join(str(r.get(c, "")) for c in cols) + " |")
+
+
 def restart_bound(prompts: list[list[int]]) -> list[int]:
     """The best any assignment could give when the server's cache is emptied twice (at each third)."""
     third = len(prompts) // 3
@@ -483,7 +628,8 @@ def run(scenarios: list[Scenario], restart: bool) -> list[dict]:
 
 
 def print_table(rows: list[dict]) -> None:
-    cols = ["scenario", "run", "requests", "prompt_tokens", "processed_tokens", "ideal_processed", "reused_tokens",
+    cols = ["scenario", "run", "requests", "prompt_tokens", "processed_tokens", "ideal_processed", "of_ideal",
+            "reused_tokens",
             "best_tokens", "of_best", "of_best_without_restarts", "warm_ttft_p50_s", "warm_ttft_p95_s"]
     print("| " + " | ".join(cols) + " |")
     print("|" + "---|" * len(cols))
@@ -496,7 +642,11 @@ def main() -> None:
     ap.add_argument("--scenario", choices=sorted(SCENARIOS), default="all",
                     help="suite: both at the test suite's smaller scale")
     ap.add_argument("--restart", action="store_true")
+    ap.add_argument("--warm", action="store_true", help="restart and kill -9 half-way, slot saves on and off")
     args = ap.parse_args()
+    if args.warm:
+        print_warm_table(run_warm(SCENARIOS[args.scenario if args.scenario.startswith(("three", "warm")) else "three"]))
+        return
     rows = run(SCENARIOS[args.scenario], args.restart)
     if args.scenario.startswith("swap"):
         cols = ["scenario", "run", "requests", "errors", "starts", "starts_with_other_alive", "prompt_tokens",

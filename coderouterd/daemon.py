@@ -98,6 +98,7 @@ class Daemon:
         self.selfheal: SelfHealer | None = None  # likewise
         self.processes: Processes | None = None  # when any provider has a process block
         self._early_events: list[tuple] = []  # process events before self-healing exists (see _process_event)
+        self._served: dict[str, list[str]] = {}  # process -> the providers it serves (affinity/warm.py's saves)
         self.metrics = LazyMetrics(self)
         self.metrics_endpoint = self.metrics.endpoint  # GET /metrics (ingress dispatches it)
         self.repair_stats = RepairStats()
@@ -147,8 +148,10 @@ class Daemon:
         if cfg.affinity.enabled and cfg.affinity.manage_slot_save:
             await asyncio.to_thread(ensure_slot_dir, state_dir(cfg))
         processes = self.processes = Processes(state_dir(cfg) / "logs", self.telemetry.store,
-                                               on_event=self._process_event, routing=self.routing)
+                                               on_event=self._process_event,
+                                               before_stop=self.affinity.warm.before_stop, routing=self.routing)
         processes.apply(cfg)
+        self._wire_warm(cfg)
         await processes.configure(cfg)
         for providers, wait_s in Processes.autostarted(cfg):
             self.routing.mark_down(providers, wait_s=wait_s)
@@ -292,9 +295,29 @@ class Daemon:
             from .supervise.from_config import Processes
 
             self.processes = Processes(state_dir(cfg) / "logs", self.telemetry.store, on_event=self._process_event,
-                                       routing=self.routing)
+                                       before_stop=self.affinity.warm.before_stop, routing=self.routing)
         if self.processes is not None:
+            self._wire_warm(cfg)
             self.tasks.spawn(self.processes.reload(cfg), name="processes-reload")
+
+    def _wire_warm(self, cfg: ConfigModel) -> None:
+        """Which providers' slot files live in coderouterd's slot directory (their server was given it), so
+        affinity/warm.py saves their slots before stops and when idle, and restores them after."""
+        from .affinity.slot_save import saves_to, slot_dir
+        from .supervise.from_config import specs_from_config
+
+        directory = slot_dir(state_dir(cfg))
+        specs = specs_from_config(cfg)
+        managed = {p for spec, providers in specs.values() if saves_to(spec.command, directory) for p in providers}
+        # Which providers a process serves, kept from the previous config too: a reload stops a process it dropped
+        # or changed (saving its slots first) after the supervisor has forgotten what it served.
+        self._served.update({name: list(providers) for name, (_, providers) in specs.items()})
+        served = self._served
+        warm = self.affinity.warm
+        warm.wire(directory=directory if managed else None, provider=lambda name: self.runtime.providers.get(name),
+                  served_by=lambda process: served.get(process, []), managed=managed.__contains__)
+        if managed:
+            warm.start()  # the background saves, and the disk budget over what a previous run left
 
     async def shutdown(self) -> None:
         if self._shut_down:

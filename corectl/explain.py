@@ -71,6 +71,8 @@ def affinity_rows(aff: dict | None) -> list:
     where = f"lane {aff.get('lane')}, session {aff.get('session')}" + (f", slot {slot}" if slot is not None else "")
     if aff.get("placement"):
         where += f" ({aff['placement']})"
+    if aff.get("lane_choice"):
+        where += f"; lane: {aff['lane_choice']}"
     pred, got = aff.get("predicted_tokens"), aff.get("cached_tokens")
     rows: list[tuple[str, str | Text]] = [("affinity", where),
             ("prefix", f"predicted {pred:,} cached tokens, backend reported " +
@@ -83,6 +85,14 @@ def affinity_rows(aff: dict | None) -> list:
                        f"previous turn left cached")
         rows.append(("cache bust", Text(detail, style="bold red")))
     return rows
+
+
+def guard_line(g: dict) -> str:
+    """A guard that fired on the request, as one line: a tool loop stopped (break), warned or injected."""
+    what = {"break": "stopped the request", "warn": "warned", "inject": "told the model"}.get(g.get("action") or "",
+                                                                                             g.get("action") or "?")
+    line = f"{g.get('guard', '?').replace('_', ' ')} {what}"
+    return line + (f": {g['message']}" if g.get("message") else "")
 
 
 def render(trace: dict, source: str, out) -> None:
@@ -127,6 +137,8 @@ def render(trace: dict, source: str, out) -> None:
         moved = f" (moved {note['moved']})" if note.get("moved") not in (None, "none") else ""
         rows.append(("note", f"{note.get('provider', '?')}: {note.get('why', '')}{moved}"))
     rows.append(("result", result))
+    for g in trace.get("guards") or []:
+        rows.append(("guard", Text(guard_line(g), style="bold red" if g.get("action") == "break" else "yellow")))
     if trace.get("race_outcome"):
         rows.append(("race", trace["race_outcome"]))
     repair = trace.get("tool_repair") or {}
@@ -135,6 +147,8 @@ def render(trace: dict, source: str, out) -> None:
                                     f"({', '.join(sorted(set(repair.get('formats') or [])))}) turned into real calls"))
     rows.append(("tokens", tokens))
     rows.extend(affinity_rows(trace.get("affinity")))
+    if trace.get("dashboard_url"):
+        rows.append(("dashboard", trace["dashboard_url"]))
     out.print(_kv(rows))
     skips = trace.get("skips") or []
     if skips:

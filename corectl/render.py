@@ -187,6 +187,8 @@ def status(data: dict, out: Console) -> None:
         budget = budget_line(data.get("models"))
         if budget:
             out.print(budget)
+        for line in slot_cache_lines(data["providers"]):
+            out.print(line)
         for name, snap in procs.items():
             if snap.get("fatal_reason"):
                 out.print(Text(f"{name}: {snap['fatal_reason']} (corectl restart {name} once it is fixed; "
@@ -416,6 +418,23 @@ def drift_cell(d: dict | None) -> Text:
     if d.get("demoted_for_s"):
         text.append(f" (demoted {d['demoted_for_s']:.0f}s)", style="yellow")
     return text
+
+
+def slot_cache_lines(providers: list[dict]) -> list[Text]:
+    """What keeping managed llama-servers' KV caches across stops costs: saves and restores, time and bytes."""
+    out = []
+    for p in providers:
+        w = ((p.get("cache") or {}).get("slots") or {}).get("warm")
+        if not w or not (w.get("saves") or w.get("restores") or w.get("save_failures") or w.get("restore_failures")):
+            continue
+        text = Text(f"{p['name']} slot caches: {w['saves']} saved ({size(w['save_bytes'])}, {w['save_s']:.2f} s), "
+                    f"{w['restores']} restored ({size(w['restore_bytes'])}, {w['restore_s']:.2f} s), "
+                    f"{size(w.get('disk_bytes'))} on disk", style="dim")
+        failed = (w.get("save_failures") or 0) + (w.get("restore_failures") or 0)
+        if failed:
+            text.append(f"; {failed} refused or unanswered", style="yellow")
+        out.append(text)
+    return out
 
 
 def key_problems(providers: list[dict]) -> list[Text]:

@@ -247,6 +247,8 @@ class Trace(Answer):
     ttfb_ms: float | None = None
     usage: dict[str, Any] | None = None
     cost_usd: float | None = None
+    guards: list[dict[str, Any]] = []  # guards that fired: guard, action (warn | inject | break), detail
+    dashboard_url: str | None = None  # this trace on the dashboard (/ui#/requests/ID); None when it is off
 
 
 class RequestsAnswer(Answer):
@@ -270,8 +272,10 @@ class TrendsAnswer(Answer):
     range: str
     t: list[float]  # bucket starts, epoch seconds
     step_s: float
-    # provider -> ttft_p50, ttft_p95, total_p50, total_p95 (ms), cache_hit_ratio (0..1), requests: one per bucket
+    # provider -> ttft_p50, ttft_p95, total_p50, total_p95 (ms), cache_hit_ratio (0..1), requests, input_tokens,
+    # output_tokens, cached_tokens (cache reads), tokens_per_s (output over generation time): one per bucket
     providers: dict[str, dict[str, list[float | None]]]
+    unserved: list[int] = []  # requests no provider served, per bucket (never drawn as a provider)
     busts: list[dict[str, Any]] = []  # newest first: ts, request_id, provider, profile, segment, cached_tokens
     journal: bool
 
@@ -297,3 +301,56 @@ class ErrorAnswer(Answer):
     """Every refusal: a one-line reason, and fields that help the caller (valid names, the process, ...)."""
 
     error: str
+
+
+# -- the dashboard (/ui/api/*: the answers above, and these) ----------------------------------------------------
+
+class ProcessNow(Answer):
+    """A managed process as the dashboard shows it: the supervisor's snapshot, why it last stopped, its log's
+    last line."""
+
+    state: str
+    pid: int | None = None
+    uptime_s: float | None = None
+    restarts_total: int = 0
+    last_exit_code: int | None = None
+    last_exit: str | None = None  # "exited with code 1", "killed by SIGKILL"
+    last_log_line: str | None = None
+    fatal_reason: str | None = None
+    providers: list[str] = []
+    recovering: bool = False
+    next_probe_at: float | None = None
+    # Local models on demand (README: Several local models)
+    resident: bool = False  # holds its memory (running, starting or still stopping)
+    memory_mb: float = 0.0  # configured or estimated; counted against [models] memory_budget_mb
+    pinned: bool = False
+    start: str = "always"  # always | on_demand
+    idle_stop_in_s: float | None = None  # until its idle stop, if nothing uses it
+    last_stop_reason: str | None = None  # idle, room for X, manual, reload, crash, shutdown
+
+
+class FeedEvent(Answer):
+    """One item of the live feed (ui/feed.py): its kind, when, and that kind's metadata fields."""
+
+    kind: str
+    ts: float
+
+
+class DashboardNow(Answer):
+    daemon: dict[str, Any]
+    providers: list[ProviderRow]
+    processes: dict[str, ProcessNow]
+    store: dict[str, Any]
+    shared: dict[str, Any] | None = None  # [state] backend = "postgres": up, problem, down_since (None: local)
+    in_flight: dict[str, int] = {}
+    viewers: int = 0
+    events: list[FeedEvent] = []  # the newest notable events (no finished requests), oldest first
+    budget_warn_ratio: float = 0.8  # [budget] warn_ratio: a provider this near its cap needs attention
+    budget_global: dict[str, Any] | None = None  # the cap over every paid provider: spent, cap, ratio, blocked
+    # Resident local models against [models] memory_budget_mb: budget, held, resident (None: no managed process)
+    models: dict[str, Any] | None = None
+
+
+class DashboardTrace(Answer):
+    trace: Trace
+    source: str  # "memory" (the full trace) or "journal"

@@ -112,21 +112,24 @@ def _matches(b: dict, profile: str | None, provider: str | None, outcome: str | 
 
 
 async def requests(daemon, *, profile: str | None = None, provider: str | None = None,
-                   outcome: str | None = None, limit: int = 50) -> dict:
-    """The last requests, newest first, filtered by profile, provider and outcome (ok | error | fallback)."""
+                   outcome: str | None = None, limit: int = 50, before: float | None = None) -> dict:
+    """The last requests, newest first, filtered by profile, provider and outcome (ok | error | fallback);
+    with `before` (epoch seconds), the ones older than it: the next page of a list whose oldest is `before`."""
     if outcome is not None and outcome not in OUTCOMES:
         raise ValueError(f"unknown outcome {outcome!r}; expected one of {', '.join(OUTCOMES)}")
     limit = max(1, min(int(limit), MAX_REQUESTS))
     db = journal_path(daemon)
     if db is not None:
         rows = await asyncio.to_thread(journal_rows, db, provider=provider, profile=profile, outcome=outcome,
-                                       limit=limit)
+                                       limit=limit, until=before)
         rows.reverse()
         return {"source": "journal", "requests": [_brief(r) for r in rows]}
     out = []
     if outcome != "fallback":  # memory traces do not count fallbacks the journal's way; say nothing rather than guess
         for rid in reversed(daemon.recent):
             b = _brief_from_trace(daemon.recent[rid])
+            if before is not None and (b["ts"] or 0) >= before:
+                continue
             if _matches(b, profile, provider, outcome):
                 out.append(b)
                 if len(out) >= limit:

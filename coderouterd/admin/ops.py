@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 from typing import TYPE_CHECKING
+from urllib.parse import quote
 
 import aiohttp
 import orjson
@@ -234,6 +235,17 @@ def ops_routes(daemon: Daemon) -> APIRouter:
         if trace is None:
             raise AdminError(404, f"request {request_id!r} is not among the {len(daemon.recent)} recent requests "
                                   "coderouterd keeps in memory", request_id=request_id)
-        return trace
+        link = dashboard_url(daemon, request_id)
+        return {**trace, "dashboard_url": link} if link else trace
 
     return r
+
+
+def dashboard_url(daemon, request_id: str) -> str | None:
+    """The request's trace on the dashboard (`/ui#/requests/ID`), which `corectl explain` prints; None when the
+    dashboard is off."""
+    if not daemon.runtime.config.server.dashboard:
+        return None
+    host, port = daemon.listen
+    host = f"[{host}]" if ":" in host else host
+    return f"http://{host}:{port}/ui#/requests/{quote(request_id, safe='')}"

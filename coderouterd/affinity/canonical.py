@@ -5,7 +5,8 @@ Some clients put a value that changes on every request at the very start of the 
 from the first token. Those lines are removed for every upstream except the real Anthropic API, which
 reads them. The patterns are configurable.
 
-Segments follow the order a prompt is cached in (tools, each system block, each message). Each segment's
+Segments follow the order a local server's chat template renders a prompt in: the system prompt, then the
+tools, then each message (docs/decisions.md, "Lanes by prefix"). Each segment's
 digest chains the previous one, so two prompts share their first k segments exactly when their k-th
 digests are equal; no tokenizer is needed. `cache_control` markers are dropped before hashing: Claude Code
 moves them every turn and no backend caches on them.
@@ -37,6 +38,9 @@ class Prompt:
     # Digest of the first message alone (not chained): names the conversation even when the system prompt
     # or tools in front of it change, so such a change is seen as a cache bust rather than a new conversation.
     head: str = "empty"
+    # Leading segments that are system prompt or tools: what every conversation of one client shares, so a
+    # prefix no longer than this names no conversation (affinity/lanes.py).
+    lead: int = 0
 
     @property
     def size(self) -> int:
@@ -129,9 +133,7 @@ def segments(body: dict, ingress: str, head: str | None = None) -> Prompt:
     labels: list[str] = []
     parts: list[bytes] = []
     tools = body.get("tools")
-    if tools:
-        labels.append("tools")
-        parts.append(_dump(tools))
+    lead = 0  # where the tools go: after the leading system segments, as templates render them
     if ingress == "anthropic":
         system = body.get("system")
         if isinstance(system, str) and system:
@@ -141,6 +143,7 @@ def segments(body: dict, ingress: str, head: str | None = None) -> Prompt:
             for i, block in enumerate(system):
                 labels.append(f"system[{i}]")
                 parts.append(_dump(block))
+        lead = len(parts)
         for i, m in enumerate(body.get("messages") or ()):
             labels.append(f"message {i}")
             parts.append(_dump(m))
@@ -150,6 +153,7 @@ def segments(body: dict, ingress: str, head: str | None = None) -> Prompt:
         if isinstance(instructions, str) and instructions:
             labels.append("system[0]")
             parts.append(instructions.encode())
+        lead = len(parts)
         items = body.get("input")
         for i, item in enumerate(items if isinstance(items, list) else [items]):
             labels.append(f"message {i}")
@@ -163,6 +167,11 @@ def segments(body: dict, ingress: str, head: str | None = None) -> Prompt:
             else:
                 labels.append(f"message {i}")
             parts.append(_dump(m))
+        lead = n_sys
+    if tools:
+        labels.insert(lead, "tools")
+        parts.insert(lead, _dump(tools))
+        lead += 1
     digests: list[bytes] = []
     ends: list[int] = []
     total = 0
@@ -175,7 +184,7 @@ def segments(body: dict, ingress: str, head: str | None = None) -> Prompt:
         total += len(p)
         ends.append(total)
     return Prompt(tuple(labels), tuple(digests), tuple(ends),
-                  head if head is not None else first_message_head(body, ingress))
+                  head if head is not None else first_message_head(body, ingress), lead)
 
 
 def first_message_head(body: dict, ingress: str) -> str:

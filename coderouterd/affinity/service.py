@@ -20,13 +20,14 @@ from typing import TYPE_CHECKING
 import orjson
 
 from ..providers.adapters import adapter_for
-from ..providers.limits import MAX_IGNORED_BYTES, read_at_most
 from ..providers.server_info import ServerDirectory
 from . import session as sess
 from .bust import Bust, detect
 from .canonical import Canonicaliser, Prompt, first_message_head, segments
 from .index import PrefixIndex
+from .lanes import LaneIndex
 from .slots import SlotTable
+from .warm import Warm
 
 if TYPE_CHECKING:
     from ..config.schema import ProviderConfig
@@ -42,18 +43,22 @@ class Ticket:
     """What affinity knows about one request, and (for the journal and `corectl explain`) what it did.
 
     `prompt` (the chained digests of the whole canonical body) is computed on first use: on a backend without
-    slots that is after the answer went out (in `finish`), not before."""
+    slots that is after the answer went out (in `finish`), not before. So is `lane`, which the prompt names
+    (affinity/lanes.py); where no digest is needed, no lane is named either."""
 
-    __slots__ = ("_prompt", "session", "lane", "lane_kind", "canonical", "ingress", "canonical_raw", "slot",
-                 "predicted_tokens", "cached_tokens", "bust", "placement_why", "head")
+    __slots__ = ("_prompt", "_lane", "_lanes", "session", "tools", "model", "canonical", "ingress", "canonical_raw",
+                 "slot", "predicted_tokens", "cached_tokens", "bust", "placement_why", "lane_why", "continues",
+                 "head")
 
-    def __init__(self, prompt: Prompt | None, session: sess.SessionKey, lane: str, lane_kind: str, canonical: dict,
-                 ingress: str, head: str | None = None) -> None:
+    def __init__(self, prompt: Prompt | None, session: sess.SessionKey, lanes: LaneIndex, canonical: dict,
+                 ingress: str, head: str | None = None, *, tools: bool = False, model: str | None = None) -> None:
         self._prompt = prompt
-        self.head = head  # first_message_head of the canonical body, when it was computed (it names the lane)
+        self._lane: str | None = None
+        self._lanes = lanes
+        self.head = head  # first_message_head of the canonical body, when it was computed
         self.session = session
-        self.lane = lane
-        self.lane_kind = lane_kind
+        self.tools = tools  # tie-breaks only: never what decides a lane
+        self.model = model
         self.canonical = canonical  # the body with per-request noise removed (same object when nothing was)
         self.ingress = ingress
         self.canonical_raw: bytes | None = None
@@ -62,6 +67,8 @@ class Ticket:
         self.cached_tokens: int | None = None
         self.bust: Bust | None = None
         self.placement_why = ""
+        self.lane_why = ""
+        self.continues = False  # the request continues its lane's history (else no cache bust can be named)
 
     @property
     def prompt(self) -> Prompt:
@@ -70,14 +77,22 @@ class Ticket:
         return self._prompt
 
     @property
-    def lane_label(self) -> str:
-        return self.lane_kind if self.lane_kind == sess.BACKGROUND else f"main:{sess.hash_key(self.lane)[:6]}"
+    def lane(self) -> str:
+        if self._lane is None:
+            self._lane, self.lane_why, self.continues = self._lanes.resolve(
+                self.prompt, session=self.session.key, named=self.session.source != "fingerprint",
+                tools=self.tools, model=self.model)
+        return self._lane
+
+    @property
+    def lane_label(self) -> str | None:
+        return f"lane:{sess.hash_key(self._lane)[:6]}" if self._lane is not None else None
 
     def note(self) -> dict:
         out: dict[str, object] = {
             "session": self.session.hashed, "session_source": self.session.source, "lane": self.lane_label,
             "slot": self.slot, "predicted_tokens": self.predicted_tokens, "cached_tokens": self.cached_tokens,
-            "placement": self.placement_why}
+            "placement": self.placement_why, "lane_choice": self.lane_why}
         if self.bust is not None:
             out["cache_bust"] = {"segment": self.bust.segment, "cause": self.bust.cause,
                                  "expected_tokens": self.bust.expected_tokens,
@@ -126,6 +141,7 @@ class Affinity:
     def __init__(self, config, *, publish: Callable | None = None, persist: Callable | None = None,
                  clock: Callable[[], float] = time.monotonic, servers: ServerDirectory | None = None) -> None:
         self.index = PrefixIndex()
+        self.lanes = LaneIndex()  # which lane each request extends (global: a lane's turns may change backend)
         self.publish = publish
         self.persist = persist  # (provider, snapshot) -> None: store.set, written by the store's thread
         self.clock = clock
@@ -135,6 +151,8 @@ class Affinity:
             timeout_s=config.affinity.probe_timeout_s, clock=clock)
         self._released: dict[tuple[str, int], asyncio.Event] = {}
         self._dirty: set[str] = set()  # providers whose index changed since their last snapshot
+        # Slot caches that outlive the server (saved before stops and when idle, restored, kept on a budget).
+        self.warm = Warm(self, clock=clock)
         self.configure(config)
 
     def configure(self, config) -> None:
@@ -150,6 +168,12 @@ class Affinity:
         for provider, snap in snapshots.items():
             if isinstance(snap, dict):
                 self.index.restore(provider, snap)
+                table = self.index.provider(provider).slots
+                for slot in table.slots if table is not None else ():
+                    if slot.lane is not None:
+                        self.lanes.adopt(slot.lane, slot.digests)
+                for lane, saved in table.saved.items() if table is not None else ():
+                    self.lanes.adopt(lane, saved.digests)
 
     def server_restarted(self, providers) -> None:
         """The process behind these providers started afresh: its KV cache died with its predecessor. Never
@@ -161,6 +185,7 @@ class Affinity:
                 p.slots.forget_contents()
             self.index.forget_provider(name)
             self.servers.forget(name)
+            self.warm.forget((name,))
             self._persist_soon(name)
 
     # -- per request ----------------------------------------------------------------------------------------
@@ -176,12 +201,13 @@ class Affinity:
             key = sess.session_key(req.headers, req.body, head)
             if key.source == "fingerprint" and prompt_cache_key:
                 key = sess.from_prompt_cache_key(prompt_cache_key) or key
-            kind = sess.lane_kind(req.body, key)
+            model = req.body.get("model")
         except (TypeError, ValueError, AttributeError) as e:
             # A body shape nobody anticipated costs this request its affinity, never the request itself.
             log.debug("no prefix affinity for this request: %s", e)
             return None
-        return Ticket(None, key, sess.lane_id(key, kind, head), kind, canonical, req.ingress, head)
+        return Ticket(None, key, self.lanes, canonical, req.ingress, head, tools=bool(req.body.get("tools")),
+                      model=model if isinstance(model, str) else None)
 
     def body_for(self, ticket: Ticket | None, provider: Provider, req) -> tuple[dict, bytes]:
         """The client body as this provider should get it: canonical, except for the real Anthropic API."""
@@ -202,6 +228,8 @@ class Affinity:
         name = provider.name
         p = self.index.provider(name)
         table = await self._slots(provider)
+        if table is not None:
+            await self.warm.prepare(provider, table)  # once per server instance: which saved states are valid
         now = self.clock()
         if table is None:
             # No slot to choose: the prediction (for the record) is made in `finish`, after the answer went out.
@@ -213,7 +241,7 @@ class Affinity:
             wait_s = max(0.0, p.mean_duration_s - (now - own.busy_since)) if own is not None and own.busy \
                 and p.mean_duration_s else MAX_SLOT_WAIT_S
             choice = table.choose(ticket.lane, ticket.prompt, wait_s=wait_s,
-                                  s_per_byte=p.s_per_token / p.bytes_per_token)
+                                  s_per_byte=p.s_per_token / p.bytes_per_token, spare=self.lanes.spare)
             if not choice.wait:
                 break
             ev = self._released.setdefault((name, choice.slot), asyncio.Event())
@@ -262,19 +290,11 @@ class Affinity:
             choice.predicted = 0
 
     async def _slot_action(self, provider: Provider, slot: int, action: str, filename: str) -> int:
-        """The HTTP status of POST /slots/{id}?action=…, 0 when the server could not be reached in time. Saving
-        a long prompt's KV cache writes gigabytes: it gets the provider's first-byte timeout, like a request."""
-        import aiohttp
-
-        url = f"{provider.root_url}/slots/{slot}?action={action}"
-        try:
-            async with asyncio.timeout(provider.cfg.timeouts.first_byte):
-                async with provider.session().post(url, json={"filename": filename},
-                                                   headers=provider.adapter.headers()) as r:
-                    await read_at_most(r, MAX_IGNORED_BYTES)
-                    return r.status
-        except (aiohttp.ClientError, OSError, TimeoutError):
-            return 0
+        """The HTTP status of POST /slots/{id}?action=…, 0 when the server could not be reached in time
+        (measured: warm.py)."""
+        table = self.index.provider(provider.name).slots
+        assert table is not None
+        return await self.warm.action(provider, table, slot, action, filename)
 
     async def _slots(self, provider: Provider) -> SlotTable | None:
         """The backend's slot table, from what its server said (providers/server_info.py: asked once per
@@ -343,14 +363,14 @@ class Affinity:
             p.learn(prompt_bytes=ticket.prompt.size, prompt_tokens=prompt_tokens, cached_tokens=cached,
                     processed_tokens=processed or 0, prefill_s=prefill_s, duration_s=now - placement.started)
             p.correct(ticket.predicted_tokens, cached)
-            if previous is not None and previous[0] == name:
+            if previous is not None and previous[0] == name and ticket.continues:
                 ticket.bust = detect(previous[1], ticket.prompt, cached_tokens=cached, previous_tokens=previous[2],
                                      min_tokens=self.cfg.bust_min_tokens)
             if ticket.bust is not None and self.publish is not None:
                 from ..state.events import CacheBust
 
                 b = ticket.bust
-                self.publish(CacheBust(request_id=request_id, provider=name, lane=ticket.lane_label,
+                self.publish(CacheBust(request_id=request_id, provider=name, lane=ticket.lane_label or "",
                                        session=ticket.session.hashed, segment=b.segment, cause=b.cause,
                                        expected_tokens=b.expected_tokens, cached_tokens=b.cached_tokens))
         self.index.remember(ticket.lane, name, ticket.prompt, prompt_tokens if cached >= 0 else 0)
@@ -377,6 +397,7 @@ class Affinity:
     async def stop(self) -> None:
         """Shutdown: server discoveries still under way are cancelled and awaited before the pools they use
         close."""
+        await self.warm.stop()
         if self._own_servers:
             await self.servers.stop()
 
@@ -410,7 +431,7 @@ class Affinity:
         if p.slots is not None:
             slots = {"total": len(p.slots.slots), "busy": sum(1 for s in p.slots.slots if s.busy),
                      "lanes": sum(1 for s in p.slots.slots if s.lane), "saved": len(p.slots.saved),
-                     "save_restore": p.slots.can_save}
+                     "save_restore": p.slots.can_save, "warm": self.warm.status(name)}
         return {"prompt_tokens": p.prompt_tokens, "cached_tokens": p.cached_tokens,
                 "hit_ratio": round(p.hit_ratio, 4) if p.hit_ratio is not None else None, "slots": slots,
                 "prompt_s_per_token": round(p.s_per_token, 6) if p.measured else None}

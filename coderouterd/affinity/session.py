@@ -1,10 +1,8 @@
-"""Which conversation a request belongs to, and which lane of it.
+"""Which session a request belongs to: the client's name for it, when it gives one.
 
-A session key groups the turns of one conversation so they can be sent to the same backend slot. A lane
-splits a session further: Claude Code's background calls (title and summary generation: a small model and
-no tools) carry the same session id as the main conversation but a different prompt, so they get a lane of
-their own and never evict the main conversation's cached prefix. Subagents share the session id too; their
-first message differs, so the main lane is also keyed by a fingerprint of the first message.
+A session groups a client's requests: a conversation's turns, its subagents' and its side calls (titles,
+summaries, compaction). Which of them a request continues is decided by its prompt (affinity/lanes.py); the
+session only breaks ties and tells two conversations that began alike apart.
 """
 
 from __future__ import annotations
@@ -20,10 +18,6 @@ PRIMARY_HEADER = "x-claude-code-session-id"
 GENERIC_HEADERS = ("session-id", "session_id")
 # Legacy Claude Code metadata.user_id: user_<hex>_account_<uuid>_session_<uuid>
 _LEGACY_USER_ID = re.compile(r"_session_([0-9A-Za-z-]{8,})")
-
-MAIN = "main"
-BACKGROUND = "background"
-
 
 @dataclass(frozen=True, slots=True)
 class SessionKey:
@@ -94,24 +88,3 @@ def session_key(headers: dict[str, str], body: dict, fingerprint: str) -> Sessio
     if pck is not None:
         return pck
     return SessionKey("fp:" + fingerprint, "fingerprint")
-
-
-def lane_kind(body: dict, session: SessionKey) -> str:
-    """An agent's background calls are its requests without tools (every agent turn of Claude Code carries its
-    tools). Only for a client that names its session: a plain chat client without tools is a conversation."""
-    if body.get("tools") or session.source not in ("header", "metadata"):
-        return MAIN
-    return BACKGROUND
-
-
-def lane_id(session: SessionKey, kind: str, first_message_digest: str) -> str:
-    if kind == BACKGROUND:
-        return f"{session.key}{BACKGROUND_SUFFIX}"
-    return f"{session.key}|main|{first_message_digest}"
-
-
-BACKGROUND_SUFFIX = "|bg"
-
-
-def is_background(lane: str | None) -> bool:
-    return lane is not None and lane.endswith(BACKGROUND_SUFFIX)

@@ -21,6 +21,16 @@ def with_slot_save_path(command: list[str], directory: Path) -> list[str]:
     return [*command, FLAG, str(directory)]
 
 
+def saves_to(command: list[str], directory: Path) -> bool:
+    """Whether this command's server writes its slot files into `directory` (coderouterd's own)."""
+    for i, a in enumerate(command):
+        if a == FLAG and i + 1 < len(command):
+            return command[i + 1] == str(directory)
+        if a.startswith(FLAG + "="):
+            return a[len(FLAG) + 1:] == str(directory)
+    return False
+
+
 def slot_dir(state_dir: Path) -> Path:
     return state_dir / SLOT_DIR
 
@@ -28,6 +38,8 @@ def slot_dir(state_dir: Path) -> Path:
 def ensure_slot_dir(state_dir: Path) -> None:
     """Called in a thread at start-up: llama-server does not create the directory itself."""
     try:
-        slot_dir(state_dir).mkdir(mode=0o700, parents=True, exist_ok=True)
+        d = slot_dir(state_dir)
+        d.mkdir(mode=0o700, parents=True, exist_ok=True)
+        d.chmod(0o700)  # KV caches hold the conversations: private, whatever an older version created
     except OSError:
         pass  # saves then fail, and affinity falls back to plain eviction

@@ -4,17 +4,17 @@ The server's own choice (the idle slot with the longest common prefix above `--s
 the least recently used) goes wrong for agents: every Claude Code session shares a long system prompt and
 tool list, so a new session matches a slot that holds another session's history and overwrites it. Here a
 lane keeps the slot it has; a lane without one takes a free slot (the one holding its longest prefix, else
-the least recently used), and only when none is free evicts the least recently used lane — saving that
+the least recently used), and only when none is free evicts a side lane, else the least recently used — saving that
 slot first when the server can (`--slot-save-path`), and restoring a returning lane's saved state.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from .canonical import Prompt, common_prefix
-from .session import is_background
 
 # Saved slot states per server. Each file holds a slot's whole KV cache (gigabytes for a large model and a
 # long prompt), so the names come from a fixed pool: the oldest saved lane's file is overwritten.
@@ -62,7 +62,11 @@ class SlotTable:
         self.clone_min_bytes = clone_min_bytes
         self.max_saved = max_saved
         self.saved: OrderedDict[str, Saved] = OrderedDict()
+        # Names of the files this table asks its server to write: affinity/warm.py puts the server's cache key
+        # in it (model file, context, version), so no server ever restores a file saved for another.
+        self.file_prefix = "coderouter-"
         self.configured = False  # the affinity settings applied once the server's slot count is known
+        self._spare: Callable[[str | None], bool] | None = None  # for the current `choose`
 
     def resize(self, n: int) -> None:
         if n == len(self.slots):
@@ -77,17 +81,22 @@ class SlotTable:
 
     # -- choosing -------------------------------------------------------------------------------------------
 
-    def choose(self, lane: str, prompt: Prompt, *, wait_s: float = 0.0, s_per_byte: float = 0.0) -> Choice:
+    def choose(self, lane: str, prompt: Prompt, *, wait_s: float = 0.0, s_per_byte: float = 0.0,
+               spare: Callable[[str | None], bool] | None = None) -> Choice:
         """`wait_s`: expected time until the lane's own slot is free if busy; `s_per_byte`: prefill cost, so
-        a busy slot is waited for only when waiting costs less than re-processing what moving would lose."""
+        a busy slot is waited for only when waiting costs less than re-processing what moving would lose.
+        `spare(lane)`: a lane to evict before the others (lanes.LaneIndex.spare: a session's side lane)."""
+        self._spare = spare
         own = self.owned(lane)
         if own is not None:
             kept = own.reuse(prompt)
             if not own.busy:
                 choice = Choice(own.id, kept, why="lane's own slot")
-                # Its slot lost what it held (the server restarted, or a failure left it unknown) while another
-                # slot holds the shared system prompt and tools: copy those rather than prefill them again.
-                self._copy_longer_prefix(choice, own, prompt)
+                # Its slot lost what it held (the server restarted, or a failure left it unknown): its saved
+                # state when it has one, else (another slot holds the shared system prompt and tools) a copy of
+                # those rather than prefilling them again.
+                if not self._restore_saved(choice, own, lane, prompt):
+                    self._copy_longer_prefix(choice, own, prompt)
                 return choice
             alt = self._free_or_lru(prompt, exclude=own.id, idle_only=True)
             if alt is None:
@@ -110,8 +119,10 @@ class SlotTable:
         if free:
             # Longest prefix first, then least recently used.
             return max(free, key=lambda s: (s.reuse(prompt), -s.last_used))
-        # Evict a background lane first (a short prompt, cheap to lose), then the least recently used.
-        return min(pool, key=lambda s: (not is_background(s.lane), s.last_used))
+        # Evict a spare lane first (a session's side lane: title calls, a short prompt never continued), then
+        # the least recently used.
+        spare = self._spare
+        return min(pool, key=lambda s: (spare is None or not spare(s.lane), s.last_used))
 
     def _take(self, slot: Slot, lane: str, prompt: Prompt, *, why: str) -> Choice:
         choice = Choice(slot.id, slot.reuse(prompt), why=why)
@@ -120,20 +131,27 @@ class SlotTable:
             if self.can_save and slot.digests and self.max_saved > 0:
                 fname = self._remember(slot.lane, slot.digests, slot.ends)
                 choice.saves.append((slot.id, fname))
-        saved = self.saved.get(lane) if self.can_save else None
-        if saved is not None:
-            got = prompt.upto(common_prefix(saved.digests, prompt.digests))
-            if got > choice.predicted:
-                choice.restore = saved.filename
-                choice.predicted = got
-                choice.why += "; restored the lane's saved state"
-                slot.digests, slot.ends = saved.digests, saved.ends
+        self._restore_saved(choice, slot, lane, prompt)
         if choice.restore is None:
             # A new lane whose longest prefix (typically the shared system prompt and tools) sits in another
             # lane's slot: copy that slot here rather than prefill it again.
             self._copy_longer_prefix(choice, slot, prompt)
         slot.lane = lane
         return choice
+
+    def _restore_saved(self, choice: Choice, slot: Slot, lane: str, prompt: Prompt) -> bool:
+        """Restore the lane's saved state into `slot` when it holds more of `prompt` than the slot does."""
+        saved = self.saved.get(lane) if self.can_save else None
+        if saved is None:
+            return False
+        got = prompt.upto(common_prefix(saved.digests, prompt.digests))
+        if got <= choice.predicted:
+            return False
+        choice.restore = saved.filename
+        choice.predicted = got
+        choice.why += "; restored the lane's saved state"
+        slot.digests, slot.ends = saved.digests, saved.ends
+        return True
 
     def _copy_longer_prefix(self, choice: Choice, slot: Slot, prompt: Prompt) -> None:
         """When another idle slot holds a prefix of `prompt` longer by `clone_min_bytes` than what `slot` would
@@ -146,7 +164,7 @@ class SlotTable:
         got = donor.reuse(prompt)
         if got - choice.predicted < self.clone_min_bytes:
             return
-        fname = f"coderouter-copy-{slot.id}.bin"
+        fname = f"{self.file_prefix}copy-{slot.id}.bin"
         choice.saves.append((donor.id, fname))
         choice.restore = fname
         choice.predicted = got
@@ -160,7 +178,8 @@ class SlotTable:
             fname = old.filename
         elif len(self.saved) < self.max_saved:
             used = {sv.filename for sv in self.saved.values()}
-            fname = next(f for i in range(self.max_saved + 1) if (f := f"coderouter-lane-{i}.bin") not in used)
+            fname = next(f for i in range(self.max_saved + 1)
+                         if (f := f"{self.file_prefix}lane-{i}.bin") not in used)
         else:
             _, oldest = self.saved.popitem(last=False)
             fname = oldest.filename
@@ -191,6 +210,21 @@ class SlotTable:
         states stay known: their files outlive the process."""
         for s in self.slots:
             s.digests, s.ends, s.busy = (), (), 0
+
+    def remember_save(self, slot: int) -> str:
+        """A background or before-stop save of `slot`'s lane: recorded as that lane's saved state; returns the
+        file to save it to."""
+        s = self.slots[slot]
+        assert s.lane is not None
+        return self._remember(s.lane, s.digests, s.ends)
+
+    def keep_saved(self, valid) -> list[str]:
+        """Drop the saved states whose file `valid(filename)` refuses (another server's key, gone from disk);
+        returns their names."""
+        dropped = [sv.filename for sv in self.saved.values() if not valid(sv.filename)]
+        for fname in dropped:
+            self.forget_saved(fname)
+        return dropped
 
     def forget_saved(self, filename: str) -> None:
         for lane, sv in list(self.saved.items()):

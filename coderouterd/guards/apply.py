@@ -29,6 +29,8 @@ async def apply_tool_loop(ex: Exchange, publish) -> bool:
     if finding is None:
         return False
     action = cfg.action
+    ex.record.guard_fired({"guard": tool_loop.GUARD_NAME, "action": action, "message": finding.message(),
+                           **finding.detail()})  # the trace (`corectl explain`, the dashboard) tells it
     if publish is not None:
         publish(finding.event(req.request_id, action))
     if action == "warn":

@@ -13,10 +13,14 @@ for header size (httptools accumulates an unterminated header without bound). So
   accumulates them like headers), and are never added to the request's headers;
 - after an early answer (a 401 before the body was read), the body timeout still closes a client that keeps
   sending;
-- beyond `max_connections` a connection is answered 503 in the caller's shape (except /healthz, which is
-  served, so a supervisor still sees the daemon alive); beyond a reserve above it, a small health lane still
-  answers /healthz (and 503 to anything else) and closes; beyond that, closed at once. Every connection over
-  the cap must send its request head within `_OVER_CAP_HEAD_S`, so idle sockets cannot hold the reserve;
+- at `max_connections`, a new connection first takes the place of the oldest one that has not sent a complete
+  request head (never a byte, a head still arriving, or idle between keep-alive requests): that one is closed.
+  Idle or reconnecting sockets then cannot keep a request or /healthz out, while connections that are really
+  working (a request head received, its answer not yet complete) keep the cap (issue 34, item 5);
+- when every connection is working, beyond `max_connections` a connection is answered 503 in the caller's shape
+  (except /healthz, which is served, so a supervisor still sees the daemon alive); beyond a reserve above it, a
+  small health lane still answers /healthz (and 503 to anything else) and closes; beyond that, closed at once.
+  Every connection over the cap must send its request head within `_OVER_CAP_HEAD_S`;
 - an HTTP/1.0 client gets a streamed response close-delimited (HTTP/1.0 has no chunked encoding).
 
 And two things per request that cost less here than in the app (bench/README.md, "Tail and big body"):
@@ -61,6 +65,10 @@ class Limits:
     def __init__(self, server, fd_cap: int | None = None) -> None:
         # fd_cap: the most connections the process's file-descriptor limit allows (see serve.raise_fd_limit)
         self.fd_cap = fd_cap
+        # Connections waiting for a request head, oldest wait first (a dict keeps insertion order, and adding,
+        # removing and taking the first are O(1)): the ones a new connection may replace at the cap.
+        self.waiting: dict[GuardedHttpToolsProtocol, None] = {}
+        self.closing = 0  # connections closed to make room whose connection_lost has not run yet
         self.update(server)
 
     def update(self, server) -> None:
@@ -84,21 +92,36 @@ class Limits:
     def health_lane_end(self) -> int:
         return self.hard_connections + _HEALTH_LANE
 
+    def make_room(self) -> bool:
+        """Close the connection that has waited longest for a request head. False when every connection is
+        working."""
+        if not self.waiting:
+            return False
+        proto = next(iter(self.waiting))
+        del self.waiting[proto]
+        proto.evict()
+        return True
+
 
 class _CapLog:
     """One warning when the cap is first hit, then at most one a minute: a flood must not flood the log."""
 
     last = float("-inf")
     refused = 0
+    replaced = 0
 
     @classmethod
-    def note(cls) -> None:
-        cls.refused += 1
+    def note(cls, *, replaced: bool = False) -> None:
+        if replaced:
+            cls.replaced += 1
+        else:
+            cls.refused += 1
         now = time.monotonic()
         if now - cls.last >= _CAP_LOG_EVERY_S:
             cls.last = now
-            log.warning("connection limit reached: answering 503 to new connections (%d so far); raise "
-                        "[server] max_connections if this load is legitimate", cls.refused)
+            log.warning("connection limit reached: %d idle connections closed to let new ones in, %d new ones "
+                        "answered 503 (so far); raise [server] max_connections if this load is legitimate",
+                        cls.replaced, cls.refused)
 
 
 def make_protocol(limits: Limits) -> type[HttpToolsProtocol]:
@@ -124,13 +147,17 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         self._in_body = False  # between the end of the head and the end of the message
         self._body_seen = 0  # body bytes parsed from the chunk being fed
         self._frame_bytes = 0  # bytes that were not body since the last body bytes: chunk framing, trailers
+        self._evicted = False  # closed to make room for a new connection at the cap
 
     # -- connection ------------------------------------------------------------------------------------------
 
     def connection_made(self, transport) -> None:
         super().connection_made(transport)
-        n = len(self.connections)
         lim = self.limits
+        n = len(self.connections) - lim.closing
+        if n > lim.max_connections and lim.make_room():
+            _CapLog.note(replaced=True)
+            n -= 1
         if n > lim.max_connections:
             _CapLog.note()
             if n > lim.health_lane_end:
@@ -140,11 +167,15 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
             self._health_lane = n > lim.hard_connections
             self.app = _over_capacity(self.app)
             self._head_s = min(self._head_s, _OVER_CAP_HEAD_S)
+        lim.waiting[self] = None  # until its request head is complete
         # Also covers a connection that never sends a byte: it is closed when this fires.
         self._arm_head_timer()
 
     def connection_lost(self, exc) -> None:
         self._cancel_timers()
+        self.limits.waiting.pop(self, None)
+        if self._evicted:
+            self.limits.closing -= 1
         cycle = self.cycle
         super().connection_lost(exc)
         if isinstance(cycle, _WatchedCycle) and cycle.disconnected:
@@ -152,6 +183,19 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
             if callback is not None:
                 cycle.on_disconnect = None
                 callback()
+
+    def evict(self) -> None:
+        """Closed at once (no answer: no request was made) so that a new connection gets in."""
+        self._evicted = True
+        self._refused = True
+        self.limits.closing += 1
+        self._cancel_timers()
+        self.transport.abort()  # not close(): a client that does not read could hold a flush for ever
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        if self.timeout_keep_alive_task is not None:  # idle until the next request (none pipelined)
+            self.limits.waiting[self] = None
 
     def _cancel_timers(self) -> None:
         for t in (self._head_timer, self._body_timer):
@@ -228,6 +272,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
 
     def on_headers_complete(self) -> None:
         self._in_head = False
+        self.limits.waiting.pop(self, None)  # working from here: not to be replaced
         if self._head_timer is not None:
             self._head_timer.cancel()
             self._head_timer = None

@@ -20,6 +20,10 @@ import orjson
 # level or two; no real request comes anywhere near it.
 MAX_DEPTH = 200
 _PROBE_WRAP = 254 - MAX_DEPTH  # orjson serialises at most 254 levels: wrapped this much, dumps fails iff too deep
+# The longest model name a client may ask for. Real names are far shorter (hub paths with a quantisation tag,
+# an absolute GGUF path: ~60-200 characters); the name is kept in routing tables, the journal and metrics
+# labels, so an unbounded one is memory a client chooses (issue 34: 1 MB names settled at +580 MB of RSS).
+MAX_MODEL_NAME_CHARS = 256
 
 
 def _type_name(v) -> str:
@@ -33,6 +37,12 @@ def _type_name(v) -> str:
 
 def _is_str(v: object) -> TypeGuard[str]:
     return type(v) is str
+
+
+def model_name_problem(model: str) -> str | None:
+    if len(model) > MAX_MODEL_NAME_CHARS:
+        return f"model: longer than {MAX_MODEL_NAME_CHARS} characters ({len(model)})"
+    return None
 
 
 STR = ((str,), "a string")
@@ -196,6 +206,8 @@ def validate_anthropic(body, *, count_tokens: bool = False, raw: bytes | None = 
     if not _is_str(model) or not model:
         return "model: field required (a non-empty string)" if model is None else \
             f"model: expected a non-empty string, got {_type_name(model) if model != '' else 'an empty string'}"
+    if len(model) > MAX_MODEL_NAME_CHARS:
+        return model_name_problem(model)
     if not count_tokens:
         mt = body.get("max_tokens")
         if mt is None:
@@ -354,6 +366,8 @@ def validate_openai(body, *, raw: bytes | None = None) -> str | None:
     if not _is_str(model):
         return "model: field required (a string)" if model is None else \
             f"model: expected a string, got {_type_name(model)}"
+    if len(model) > MAX_MODEL_NAME_CHARS:
+        return model_name_problem(model)
     msgs = body.get("messages")
     if msgs is None:
         return "messages: field required"

@@ -3,7 +3,7 @@ convention: dotted path with [i] indices), before anything is translated or sent
 
 from __future__ import annotations
 
-from .validate import ARRAY, OBJ, STR, _type_name, check_fields, o_arguments
+from .validate import ARRAY, OBJ, STR, _type_name, check_fields, model_name_problem, o_arguments
 
 _ROLES = {"user", "assistant", "system", "developer"}
 _PART_FIELDS = {"input_text": (("text", STR, False),), "output_text": (("text", STR, False),),
@@ -69,6 +69,9 @@ def validate_responses(body) -> str | None:
     model = body.get("model")
     if not isinstance(model, str) or not model:
         return "model: field required (a non-empty string)" if model is None else "model: expected a non-empty string"
+    problem = model_name_problem(model)
+    if problem:
+        return problem
     items = body.get("input")
     if items is None:
         return "input: field required (a string or an array of input items)"

@@ -165,6 +165,7 @@ class _ScrapeTimeCollector:
         yield prompt
         yield cached
         yield ratio
+        yield from _slot_files(self.daemon.affinity.warm)
         in_flight = GaugeMetricFamily("coderouter_requests_in_flight", "Model requests being served now",
                                       labels=["ingress"])
         for ingress, n in sorted(self.daemon.in_flight.items()):
@@ -205,3 +206,31 @@ class _ScrapeTimeCollector:
             if reason:
                 last.add_metric([name, reason], 1.0)
         yield from (budget, held, resident, mem, idle, last)
+
+def _slot_files(warm):
+    """Managed llama-servers' slot saves and restores (affinity/warm.py): what keeping caches warm costs."""
+    fams = {
+        "saves": CounterMetricFamily("coderouter_slot_saves", "Slot KV caches saved to disk", labels=["provider"]),
+        "save_bytes": CounterMetricFamily("coderouter_slot_save_bytes", "Bytes of slot KV caches written",
+                                          labels=["provider"]),
+        "save_s": CounterMetricFamily("coderouter_slot_save_seconds", "Time spent saving slots",
+                                      labels=["provider"]),
+        "restores": CounterMetricFamily("coderouter_slot_restores", "Slot KV caches restored from disk",
+                                        labels=["provider"]),
+        "restore_bytes": CounterMetricFamily("coderouter_slot_restore_bytes", "Bytes of slot KV caches read",
+                                             labels=["provider"]),
+        "restore_s": CounterMetricFamily("coderouter_slot_restore_seconds", "Time spent restoring slots",
+                                         labels=["provider"]),
+    }
+    failures = CounterMetricFamily("coderouter_slot_action_failures", "Slot saves and restores the server refused "
+                                   "or did not answer", labels=["provider", "action"])
+    for name, st in sorted(warm.stats.items()):
+        for field, fam in fams.items():
+            fam.add_metric([name], getattr(st, field))
+        failures.add_metric([name, "save"], st.save_failures)
+        failures.add_metric([name, "restore"], st.restore_failures)
+    yield from fams.values()
+    yield failures
+    disk = GaugeMetricFamily("coderouter_slot_files_bytes", "Disk held by coderouterd's slot files (max_saved_mb)")
+    disk.add_metric([], warm.disk_bytes)
+    yield disk

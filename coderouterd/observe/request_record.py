@@ -42,10 +42,11 @@ class RequestRecorder:
         fallback_count = len(moved_past(record.attempts, provider is not None))
         attempts = [_bounded(r.as_dict(message=False)) for r in record.skips_and_attempts()]
         publish = self._publish
+        # A provider's own error answer (a context overflow that reached it) names that provider too.
+        named = provider or record.answered_by
         publish(RequestFinished(
-            request_id=req.request_id, ingress=req.ingress, profile=record.profile_name,
-            provider=provider or record.answered_by,
-            attempts=attempts, model_requested=clip(req.model), model_used=clip(record.model_used or ""),
+            request_id=req.request_id, ingress=req.ingress, profile=record.profile_name, provider=named,
+            attempts=attempts, model_requested=clip(req.model), model_used=clip(record.model_used or "") if named else "",
             status=record.status,
             error_class=record.error_class, latency_ms=round(latency_s * 1000, 3),
             ttfb_ms=round(record.ttfb * 1000, 3) if record.ttfb is not None else None,

@@ -44,6 +44,8 @@ def trace_from_row(row: dict) -> dict:
                   "cache_read_input_tokens": row.get("cache_read_tokens"),
                   "cache_creation_input_tokens": row.get("cache_write_tokens")},
         "cost_usd": row.get("cost_usd"),
+        # The journal keeps a guard's stop as the error class, not its detail.
+        "guards": [{"guard": "tool_loop", "action": "break"}] if row.get("error_class") == "tool_loop" else [],
         "affinity": {"session": row.get("session"), "lane": row.get("lane"), "slot": row.get("slot"),
                      "predicted_tokens": row.get("predicted_tokens"), "cached_tokens": row.get("cache_read_tokens"),
                      "cache_bust": {"segment": row["cache_bust"]} if row.get("cache_bust") else None}

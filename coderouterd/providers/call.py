@@ -133,6 +133,8 @@ class Call:
         """Streaming: the next client-wire bytes (b"" when an upstream event produced nothing to send), None at
         the clean end. Raises TimeoutError when the upstream sent nothing for `timeout` seconds."""
         st = self.strategy
+        if st.held:
+            return st.next_held()
         if st.done:
             await self.drain()
             return None
@@ -152,7 +154,7 @@ class Call:
             # The end of the body is final. A finished body answers readany() at once, for ever, without yielding
             # to the event loop: a strategy left not `done` here would be read again in a loop that freezes the
             # daemon (issue 23). Whatever eof() returned is the last of the stream.
-            st.done = True
+            st.done = not st.held  # held output (the strategy's) is handed out first; its last sets done
             return out
         if self.ttfb is None:
             self.ttfb = time.monotonic() - self.started

@@ -23,11 +23,11 @@ MAX_IGNORED_BYTES = 64 * KB  # a body read only to free the connection (probes, 
 
 class BodyTooLarge(ValueError):
     def __init__(self, limit: int, what: str = "answer") -> None:
-        super().__init__(f"upstream {what} larger than {_size(limit)}")
+        super().__init__(f"upstream {what} larger than {size_text(limit)}")
         self.limit = limit
 
 
-def _size(n: int) -> str:
+def size_text(n: int) -> str:
     return f"{n // MB} MB" if n >= MB else f"{n // KB} KB"
 
 

@@ -12,14 +12,21 @@ from __future__ import annotations
 
 import orjson
 
+from ..allocator import released
 from ..translate.answer_observe import observe_openai
 from ..translate.openai_answer_to_anthropic import anthropic_usage
 from ..translate.responses_objects import chat_completion_to_response
 from ..translate.responses_request import ResponsesRequest
-from ..translate.responses_stream import ChatStreamToResponses, encode_all
+from ..translate.responses_stream import ChatStreamToResponses, encode, encode_all
 from ..translate.tool_repair_wire import OpenAIStreamRepair
-from .errors import DISCONNECT, STREAM_ERROR, UpstreamError, stream_error_reason
-from .strategies import AnthropicUpstreamAsChat, Strategy
+from ..wire.answer_shapes import check_chat_chunk, check_response, check_responses_event
+from .errors import DISCONNECT, STREAM_ERROR, TOO_LARGE, UpstreamError, stream_error_reason
+from .limits import MAX_ANSWER_BYTES, size_text
+from .strategies import AnthropicUpstreamAsChat, Strategy, _loads_object, _wrong_shape, openai_completion
+
+# The closing events of an answer with this much text leave one write each, encoded only when the one before is
+# out: they repeat the text four times, and encoded and written together they took ~9x the text at once.
+_CLOSE_ONE_BY_ONE = 1 << 20
 
 # Prefix of an encrypted reasoning blob as this daemon hands it to the client: which provider issued it, so it
 # goes back only there (another upstream cannot decrypt it and would reject the whole request).
@@ -36,9 +43,24 @@ class _ResponsesStrategy(Strategy):
         self.provider_name = provider_name
         self.tr = ChatStreamToResponses(native, self.rq.body.get("model") or self.answer_model,
                                         skip_prologue=self.skip_prologue)
+        # What the closing events may repeat: the bound of a whole answer that is not streamed (limits.py).
+        self.max_kept = MAX_ANSWER_BYTES
+        self.finished = False  # the closing events are built (sent, or held for next_held)
 
     def _sync(self) -> None:
-        self.started_content = self.tr.started_content
+        """After each batch: what the client has seen, and the bound on what the closing events will repeat.
+
+        The closing events (each item's .done, response.completed) carry the whole answer, so the translator
+        keeps its text: within the bound of a whole answer that is not streamed, or the stream ends here with
+        response.failed saying why (the batch's events are dropped: the client's numbering stays whole)."""
+        tr = self.tr
+        tr.compact()
+        if tr.kept > self.max_kept and not self.finished:  # a batch that also ended it: already built, send it
+            released(tr.kept)
+            raise UpstreamError(TOO_LARGE, message=f"answer longer than {size_text(self.max_kept)}, the most "
+                                f"kept for one answer (its closing events repeat it whole); the stream ends here",
+                                after_content=self.delivered)
+        self.started_content = tr.started_content
         self.delivered = self.started_content
 
     def _batch(self) -> list[dict]:
@@ -49,8 +71,24 @@ class _ResponsesStrategy(Strategy):
         return []
 
     def _finish(self, out: list[dict]) -> None:
+        mark = len(out)
         self.tr.finish(out)
-        self.done = True
+        self.finished = True
+        if self.tr.kept >= _CLOSE_ONE_BY_ONE:
+            self.held = out[mark:]  # Call.read hands them out one at a time; done after the last
+            del out[mark:]
+        else:
+            self.done = True
+        released(self.tr.kept * 4)  # the closing events repeat the text four times: a big answer asks a trim
+
+    def next_held(self) -> bytes:
+        held = self.held
+        assert held
+        data = encode(held.pop(0))
+        if not held:
+            self.held = None
+            self.done = True
+        return data
 
 
 class ResponsesToChat(_ResponsesStrategy):
@@ -69,7 +107,7 @@ class ResponsesToChat(_ResponsesStrategy):
         return orjson.dumps(body)
 
     def response(self, body: bytes) -> bytes:
-        completion = orjson.loads(body)
+        completion = openai_completion(body)
         self.raw_usage, self.timings = completion.get("usage"), completion.get("timings")
         self.usage = anthropic_usage(completion.get("usage"), timings=completion.get("timings")) \
             if completion.get("usage") else {}
@@ -87,6 +125,9 @@ class ResponsesToChat(_ResponsesStrategy):
             if not data:
                 continue
             obj = orjson.loads(data)
+            problem = check_chat_chunk(obj)
+            if problem:
+                raise _wrong_shape(problem, after_content=self.delivered)
             if "error" in obj and not obj.get("choices"):
                 err = obj["error"] if isinstance(obj["error"], dict) else {"message": str(obj["error"])}
                 message = str(err.get("message", "upstream error"))
@@ -210,7 +251,10 @@ class ResponsesPassthrough(_ResponsesStrategy):
         return orjson.dumps(body)
 
     def response(self, body: bytes) -> bytes:
-        resp = orjson.loads(body)
+        resp = _loads_object(body, "response")
+        problem = check_response(resp)
+        if problem:
+            raise _wrong_shape(problem)
         self.usage = _usage_from_responses(resp.get("usage"))
         if b'"encrypted_content"' in body:
             _retag(resp, self.provider_name)
@@ -222,26 +266,24 @@ class ResponsesPassthrough(_ResponsesStrategy):
         for name, data in events:
             if not data or data == "[DONE]":
                 continue
-            etype = name
-            obj = None
-            if etype is None or etype in ("response.completed", "response.incomplete", "response.failed",
-                                          "error") or '"encrypted_content"' in data:
-                obj = orjson.loads(data)
-                etype = etype or obj.get("type")
+            # Every event is parsed for its shape (one parse, reused below): relayed bytes are the client's answer.
+            obj = orjson.loads(data)
+            problem = check_responses_event(name, obj)
+            if problem:
+                raise _wrong_shape(problem, after_content=self.delivered)
+            etype = name or obj.get("type")
             if etype in ("response.created", "response.in_progress") and self.skip_prologue:
                 continue
             if etype == "error":
-                assert obj is not None  # parsed above: every error event is
                 err = obj.get("error") if isinstance(obj.get("error"), dict) else obj
                 raise UpstreamError(STREAM_ERROR, message=str(err.get("message", "upstream error")),
                                     after_content=self.delivered)
             if etype == "response.output_item.added":
                 self.started_content = True
             if etype in ("response.completed", "response.incomplete", "response.failed"):
-                assert obj is not None  # parsed above: every closing event is
                 self.usage = _usage_from_responses((obj.get("response") or {}).get("usage"))
                 self.done = True
-            if obj is not None and '"encrypted_content"' in data:
+            if '"encrypted_content"' in data:
                 _retag(obj, self.provider_name)
                 data = orjson.dumps(obj).decode()
             out.append(b"event: " + (etype or "").encode() + b"\ndata: " + data.encode() + b"\n\n")

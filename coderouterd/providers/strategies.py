@@ -23,6 +23,7 @@ from ..translate.tool_repair_wire import (
     repair_openai_completion,
 )
 from ..translate.unsigned_thinking import UpstreamSignatures, may_carry_unsigned, without_unsigned_thinking
+from ..wire.answer_shapes import check_chat_chunk, check_chat_completion, check_message, check_messages_event
 from ..wire.sse import DONE, encode_data, encode_event
 from .answer_model import renamed, renamed_text
 from .errors import BAD_RESPONSE, DISCONNECT, UpstreamError, stream_error_reason
@@ -47,12 +48,18 @@ def _stream_error(message, **kw) -> UpstreamError:
 
 
 # Same-wire passthrough relays bytes it does not translate, so it must check that they are an answer at all: a 200
-# with HTML, `null` or SSE garbage is the upstream's failure (it falls over), never the client's success. The checks
-# look only at what is parsed anyway (the body for its usage, the first event), so they cost nothing extra.
+# with HTML, `null` or SSE garbage is the upstream's failure (it falls over), never the client's success. Beyond
+# that, what is relayed must have the shape its client reads (wire/answer_shapes.py: `{"choices":[]}` or a tool
+# call without a name is no answer either), checked on what is parsed anyway.
 
 def _not_an_answer(what: str, raw: bytes | str) -> UpstreamError:
     head = raw[:60] if isinstance(raw, bytes) else raw[:60].encode()
     return UpstreamError(BAD_RESPONSE, message=f"upstream answered 200 with {what}: {head!r}")
+
+
+def _wrong_shape(problem: str, *, after_content: bool = False) -> UpstreamError:
+    return UpstreamError(BAD_RESPONSE, message=f"upstream answered 200 with {problem}"[:300],
+                         after_content=after_content)
 
 
 def _loads_object(body: bytes, expected: str) -> dict:
@@ -77,6 +84,28 @@ def _error_in_body(resp: dict) -> UpstreamError | None:
     return _stream_error(message, error_type=err.get("type") if isinstance(err, dict) else None)
 
 
+def openai_completion(body: bytes) -> dict:
+    """A whole chat completion, parsed, of the shape its clients read; else the upstream's failure."""
+    resp = _loads_object(body, "chat completion")
+    if not isinstance(resp.get("choices"), list):
+        raise _error_in_body(resp) or _not_an_answer("no chat completion (no choices)", body)
+    problem = check_chat_completion(resp)
+    if problem:
+        raise _wrong_shape(problem)
+    return resp
+
+
+def anthropic_message(body: bytes) -> dict:
+    """A whole Messages answer, parsed, of the shape its clients read; else the upstream's failure."""
+    resp = _loads_object(body, "message")
+    if resp.get("type") != "message" or not isinstance(resp.get("content"), list):
+        raise _error_in_body(resp) or _not_an_answer("no message (type and content)", body)
+    problem = check_message(resp)
+    if problem:
+        raise _wrong_shape(problem)
+    return resp
+
+
 class Strategy:
     """Stream state for one attempt. events() returns the bytes to send to the client for a batch of parsed
     SSE events; `done` is set when the upstream finished cleanly.
@@ -94,6 +123,8 @@ class Strategy:
     # llama.cpp's `timings` (cache_n, prompt_n, prompt_ms). Read by prefix affinity after the answer.
     raw_usage: dict | None = None
     timings: dict | None = None
+    # Output already built that leaves one write at a time (next_held), before any more is read upstream.
+    held: list | None = None
 
     def __init__(self, *, model: str, skip_prologue: bool, client_body: dict,
                  repair_tools: dict[str, ToolSpec] | None = None, observe: bool = False,
@@ -145,6 +176,9 @@ class Strategy:
     def path(self) -> str:
         return "/chat/completions" if self.upstream_wire == "openai" else "/messages"
 
+    def next_held(self) -> bytes:
+        raise NotImplementedError  # only strategies that hold output (responses_strategies.py) are asked
+
 
 class OpenAIPassthrough(Strategy):
     """OpenAI client -> OpenAI upstream: forward each event's data verbatim. Usage is always requested upstream
@@ -172,9 +206,7 @@ class OpenAIPassthrough(Strategy):
         return orjson.dumps(body)
 
     def response(self, body: bytes) -> bytes:
-        resp = _loads_object(body, "chat completion")
-        if not isinstance(resp.get("choices"), list):
-            raise _error_in_body(resp) or _not_an_answer("no chat completion (no choices)", body)
+        resp = openai_completion(body)
         u = resp.get("usage")
         self.timings = resp.get("timings")
         self.raw_usage = u if isinstance(u, dict) else None
@@ -196,6 +228,9 @@ class OpenAIPassthrough(Strategy):
                 out.append(DONE)
                 continue
             obj = orjson.loads(data) if self._opened else self._opening(data)
+            problem = check_chat_chunk(obj)
+            if problem:
+                raise _wrong_shape(problem, after_content=self.started_content)
             if "error" in obj and not obj.get("choices"):
                 err = obj["error"]
                 message = err.get("message", err) if isinstance(err, dict) else err
@@ -292,9 +327,7 @@ class AnthropicPassthrough(Strategy):
         return orjson.dumps(body)
 
     def response(self, body: bytes) -> bytes:
-        resp = _loads_object(body, "message")
-        if resp.get("type") != "message" or not isinstance(resp.get("content"), list):
-            raise _error_in_body(resp) or _not_an_answer("no message (type and content)", body)
+        resp = anthropic_message(body)
         u = resp.get("usage")
         self.usage = u if isinstance(u, dict) else {}
         if self.signatures is not None:
@@ -315,15 +348,18 @@ class AnthropicPassthrough(Strategy):
             if name == "ping":
                 out.append(_PING)
                 continue
+            # Every event is parsed for its shape (one parse, reused below): relayed bytes are the client's answer.
+            obj = orjson.loads(data)
+            problem = check_messages_event(name, obj)
+            if problem:
+                raise _wrong_shape(problem, after_content=self.started_content)
             if name == "message_delta":
                 self._stop_reason_seen = True
             elif self.signatures is not None and _may_sign(name, data):
-                self._record_signature(name, data)
+                self._record_signature(name, obj)
             if self.answer is not None and name in _REPAIR_SEES:
-                observed = orjson.loads(data)
-                observe_anthropic(self.answer, observed)
+                observe_anthropic(self.answer, obj)
             if self.repair is not None and name in _REPAIR_SEES:
-                obj = orjson.loads(data)
                 if name == "message_delta":
                     self.usage.update(obj.get("usage") or {})
                 evs = self.repair.feed(obj)
@@ -343,8 +379,7 @@ class AnthropicPassthrough(Strategy):
                     out.append(encode_event(ev))
                 continue
             if name == "message_start":
-                obj = orjson.loads(data)
-                msg = obj.get("message") if isinstance(obj, dict) else None
+                msg = obj.get("message")
                 if not isinstance(msg, dict):
                     raise _not_an_answer("a message_start without its message", data)
                 self.usage.update(msg.get("usage") or {})
@@ -354,21 +389,18 @@ class AnthropicPassthrough(Strategy):
             elif name == "content_block_start":
                 self.started_content = True
             elif name == "message_delta":
-                obj = orjson.loads(data)
                 self.usage.update(obj.get("usage") or {})
             elif name == "message_stop":
                 self.done = True
             elif name == "error":
-                obj = orjson.loads(data)
                 err = obj.get("error") or {}
                 raise _stream_error(err.get("message", "upstream error"),
                                     error_type=err.get("type"), after_content=self.started_content)
             out.append(b"event: " + (name or "").encode() + b"\ndata: " + data.encode() + b"\n\n")
         return b"".join(out)
 
-    def _record_signature(self, name: str | None, data: str) -> None:
-        obj = orjson.loads(data)
-        if not isinstance(obj, dict) or self.signatures is None:
+    def _record_signature(self, name: str | None, obj: dict) -> None:
+        if self.signatures is None:
             return
         if name == "content_block_delta":
             delta = obj.get("delta")
@@ -404,7 +436,7 @@ class AnthropicToOpenAIUpstream(Strategy):
         return orjson.dumps(body)
 
     def response(self, body: bytes) -> bytes:
-        resp = orjson.loads(body)
+        resp = openai_completion(body)
         self.raw_usage, self.timings = resp.get("usage"), resp.get("timings")
         self._repair_openai_body(resp)
         msg = response_to_anthropic(resp, self.answer_model, stop_sequences=self.client_body.get("stop_sequences"))
@@ -429,6 +461,9 @@ class AnthropicToOpenAIUpstream(Strategy):
                 self.done = True
                 continue
             obj = orjson.loads(data)
+            problem = check_chat_chunk(obj)
+            if problem:
+                raise _wrong_shape(problem, after_content=tr.started_content)
             if "error" in obj and not obj.get("choices"):
                 err = obj["error"] if isinstance(obj["error"], dict) else {"message": str(obj["error"])}
                 raise _stream_error(err.get("message", "upstream error"),
@@ -484,7 +519,7 @@ class AnthropicUpstreamAsChat(Strategy):
 
     def _completion(self, body: bytes) -> dict:
         """A whole Messages answer (tool calls written as text repaired) as a chat completion."""
-        resp = orjson.loads(body)
+        resp = anthropic_message(body)
         self.usage = resp.get("usage") or {}
         self._repair_anthropic_body(resp)
         return anthropic_response_to_openai(resp, self.answer_model)
@@ -502,6 +537,9 @@ class AnthropicUpstreamAsChat(Strategy):
             if name == "ping" or not data:
                 continue
             obj = orjson.loads(data)
+            problem = check_messages_event(name, obj)
+            if problem:
+                raise _wrong_shape(problem, after_content=self._after_content())
             etype = name or obj.get("type")
             if etype == "error":
                 err = obj.get("error") or {}

@@ -43,7 +43,7 @@ class RequestRecord:
     __slots__ = ("req", "runtime", "profile_name", "profile", "message_id", "plan", "skips", "attempts", "notes",
                  "settles", "panic", "served_by", "model_used", "usage", "_status", "_error_class", "ttfb",
                  "upstream_wait_s", "race_outcome", "affinity", "repair_applied", "tools_repaired",
-                 "repair_formats", "drift_sample", "answered_by")
+                 "repair_formats", "drift_sample", "answered_by", "guards")
 
     def __init__(self, req: ClientRequest, runtime: Runtime, profile_name: str) -> None:
         self.req = req  # the request as routing saw it: its id, wire, model asked for, stream, start times
@@ -74,6 +74,8 @@ class RequestRecord:
         self.tools_repaired = 0
         self.repair_formats: list[str] = []
         self.drift_sample: DriftSample | None = None  # of the served answer (local providers)
+        # Guards that fired on this request (guard, action, their detail): a tool loop warned, injected or stopped.
+        self.guards: list[dict] = []
 
     # -- the outcome ----------------------------------------------------------------------------------------
 
@@ -158,6 +160,10 @@ class RequestRecord:
         """Something routing did to the request on the way (e.g. images omitted for a provider)."""
         self.notes.append(note)
 
+    def guard_fired(self, entry: dict) -> None:
+        """A guard acted on this request (guards/apply.py): guard, action, message and its detail."""
+        self.guards.append(entry)
+
     def chose_model(self, model: str) -> None:
         self.model_used = model
 
@@ -210,10 +216,14 @@ class RequestRecord:
         req = self.req
         return {
             "request_id": req.request_id, "ts": req.wall_started, "ingress": req.ingress,
-            "stream": req.stream, "model_requested": req.model, "model_used": self.model_used,
+            # The model of the attempt that served it: a request nobody served used no model (the last one
+            # tried is in its attempt, not named as the request's).
+            "stream": req.stream, "model_requested": req.model,
+            "model_used": self.model_used if self.served_by is not None else None,
             "profile": self.profile_name, "mode": self.profile.mode,
             "candidates": list(self.profile.providers),
-            "effective_order": list(plan.candidates) if plan is not None else [],
+            # None: never planned (a guard answered first), which is not "no provider was available".
+            "effective_order": list(plan.candidates) if plan is not None else None,
             "order_notes": (list(plan.order_notes) if plan is not None else []) + list(self.notes),
             "skips": [s.as_dict() for s in self.skips], "attempts": [a.as_dict() for a in self.attempts],
             "served_by": self.served_by, "panic": self.panic,
@@ -223,6 +233,7 @@ class RequestRecord:
             "usage": dict(self.usage), "cost_usd": cost_usd,
             "notes": list(getattr(req.native, "notes", ())),
             "affinity": self.affinity.note() if self.affinity is not None else None,
+            "guards": list(self.guards),
             "tool_repair": {"applied": self.repair_applied, "repaired": self.tools_repaired,
                             "formats": list(self.repair_formats)},
         }

@@ -19,7 +19,7 @@ from coderouterd.state.replay import summarize
 MAX_ROWS = 50_000
 DAY_S = 86_400.0
 
-_SERIES_COLUMNS = ("ts", "provider", "latency_ms", "ttfb_ms", "input_tokens", "cache_read_tokens",
+_SERIES_COLUMNS = ("ts", "provider", "latency_ms", "ttfb_ms", "input_tokens", "output_tokens", "cache_read_tokens",
                    "cache_write_tokens", "cost_usd", "status", "error_class")
 
 
@@ -52,7 +52,8 @@ def daily_cost(db_path: str | Path, start: float, end: float) -> dict[str, dict[
                           "FROM journal WHERE ts >= ? AND ts < ? GROUP BY 1, 2", (start, start, end))
     out: dict[str, dict[int, float]] = {}
     for provider, day, cost in raw:
-        out.setdefault(provider or "-", {})[int(day)] = float(cost or 0.0)
+        if provider:  # a request no provider served cost nothing and is no provider's
+            out.setdefault(provider, {})[int(day)] = float(cost or 0.0)
     return out
 
 
@@ -71,27 +72,51 @@ def buckets(since: float, until: float, step: float) -> list[float]:
     return [first + i * step for i in range(n)]
 
 
+def _volume(group: list[dict[str, Any]]) -> dict[str, float | None]:
+    """Tokens in one bucket, and generation speed: output tokens over the time spent generating them (first
+    byte to end), summed over the requests that streamed any."""
+    out_tokens = gen_s = 0.0
+    for r in group:
+        o, lat, ttfb = r.get("output_tokens") or 0, r.get("latency_ms"), r.get("ttfb_ms")
+        if o and lat is not None and ttfb is not None and lat > ttfb:
+            out_tokens += o
+            gen_s += (lat - ttfb) / 1000.0
+    return {"input_tokens": sum(r.get("input_tokens") or 0 for r in group),
+            "output_tokens": sum(r.get("output_tokens") or 0 for r in group),
+            "cached_tokens": sum(r.get("cache_read_tokens") or 0 for r in group),
+            "tokens_per_s": out_tokens / gen_s if gen_s > 0 else None}
+
+
 def provider_series(rows: Iterable[dict[str, Any]], since: float, until: float, step: float) -> dict[str, Any]:
     """Per provider, one value per bucket (None where it served nothing): p50/p95 of time to first byte and of
-    total time, the prefix-cache hit ratio, the request count. Columnar, as a time-series chart takes it."""
+    total time, the prefix-cache hit ratio, the request count, input/output/cached tokens and generation speed.
+    Requests no provider served are counted apart (`unserved`), never as a provider. Columnar, as a time-series
+    chart takes it."""
     t = buckets(since, until, step)
     first = t[0]
     grouped: dict[str, dict[int, list[dict[str, Any]]]] = {}
+    unserved: list[int] = [0] * len(t)
     for r in rows:
         i = int((r["ts"] - first) // step)
         if 0 <= i < len(t):
-            grouped.setdefault(r.get("provider") or "-", {}).setdefault(i, []).append(r)
+            if not r.get("provider"):
+                unserved[i] += 1
+                continue
+            grouped.setdefault(r["provider"], {}).setdefault(i, []).append(r)
     fields = {"ttft_p50": "p50_ttfb_ms", "ttft_p95": "p95_ttfb_ms", "total_p50": "p50_latency_ms",
               "total_p95": "p95_latency_ms", "cache_hit_ratio": "cache_hit_ratio", "requests": "requests"}
+    volume = ("input_tokens", "output_tokens", "cached_tokens", "tokens_per_s")
     providers: dict[str, dict[str, list]] = {}
     for name in sorted(grouped):
-        cols: dict[str, list] = {k: [None] * len(t) for k in fields}
+        cols: dict[str, list] = {k: [None] * len(t) for k in (*fields, *volume)}
         for i, group in grouped[name].items():
             s = summarize(group)
             for k, src in fields.items():
                 cols[k][i] = s[src]
+            for k, v in _volume(group).items():
+                cols[k][i] = v
         providers[name] = cols
-    return {"t": t, "step_s": step, "providers": providers}
+    return {"t": t, "step_s": step, "providers": providers, "unserved": unserved}
 
 
 def month_days(month_start: float, month_end: float) -> list[float]:

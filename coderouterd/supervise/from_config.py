@@ -133,9 +133,12 @@ class SupervisorEffects:
 
 
 class Processes:
-    def __init__(self, log_dir, store, on_event, routing=None) -> None:
+    def __init__(self, log_dir, store, on_event, before_stop=None, routing=None) -> None:
+        """`before_stop(process, reason)`: awaited before each planned stop (prefix affinity saves the server's
+        slots there: affinity/warm.py)."""
         self.store = store
-        self.supervisor = Supervisor(log_dir=log_dir, on_event=on_event, record=self._record, lookup=self._lookup)
+        self.supervisor = Supervisor(log_dir=log_dir, on_event=on_event, record=self._record, lookup=self._lookup,
+                                     before_stop=before_stop)
         # Local models on demand, within [models] memory_budget_mb: every start and stop that is not the
         # supervisor's own restart goes through it.
         self.scheduler = OnDemand(SupervisorEffects(self.supervisor, routing), clock=time.monotonic,

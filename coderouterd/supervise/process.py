@@ -55,6 +55,12 @@ _ROUTINE_EVENTS = frozenset({ProcessEventName.RESTART_SKIPPED})
 ADOPTED_POLL_S = 0.5  # a process we did not spawn cannot be wait()ed on; psutil is polled instead
 READY_POLL_FIRST_S = 0.1
 READY_POLL_MAX_S = 2.0
+# A before_stop hook (saving llama-server slots) gets this long before the tree is terminated anyway.
+BEFORE_STOP_TIMEOUT_S = 60.0
+
+# `async before_stop(process_name, reason)`: awaited before a planned stop (stop, restart, close) of a READY
+# process, never after a crash. Reasons: "manual", "restart", "shutdown", "reload", "idle", "room for X".
+BeforeStopCallback = Callable[[str, str], Awaitable[None]]
 
 
 @dataclass
@@ -83,6 +89,8 @@ class ManagedProcess:
         log_max_bytes: int = DEFAULT_MAX_BYTES,
         log_keep: int = DEFAULT_KEEP,
         log_check_s: float = 2.0,
+        before_stop: BeforeStopCallback | None = None,
+        before_stop_timeout_s: float = BEFORE_STOP_TIMEOUT_S,
     ) -> None:
         if not backoff:
             raise ValueError("backoff needs at least one delay")
@@ -94,6 +102,8 @@ class ManagedProcess:
         self._backoff = tuple(float(b) for b in backoff)
         self._clock = clock
         self._log_check_s = log_check_s
+        self._before_stop = before_stop
+        self._before_stop_timeout_s = before_stop_timeout_s
 
         self.state = ProcessState.STOPPED
         self.pid: int | None = None
@@ -130,22 +140,22 @@ class ManagedProcess:
         await self._call("start")
 
     async def stop(self, reason: str = "manual") -> None:
-        """Stop it (its whole tree). `reason` is what status shows as the last stop's: manual, idle, room for X,
-        shutdown, reload."""
+        """Stop it (its whole tree). `reason` ("manual", "idle", "room for X", ...) is what the before_stop hook is
+        told and what status shows as the last stop's."""
         await self._call("stop", reason)
 
     async def restart(self, reason: str = "") -> bool:
         """False (and a `restart_skipped` event) when a start or restart is already under way."""
         return bool(await self._call("restart", reason))
 
-    async def close(self) -> None:
+    async def close(self, reason: str = "shutdown") -> None:
         """Stop what we own (not external backends) and end the actor; the object is then inert."""
         if self._closed:
             return
         if self._actor is None or self._actor.done():
             self._closed = True
             return
-        await self._call("close")
+        await self._call("close", reason)
 
     async def wait_ready(self, timeout: float | None = None) -> bool:
         """Wait for READY; False on timeout or if the process settles in STOPPED or FATAL."""
@@ -255,7 +265,7 @@ class ManagedProcess:
         if msg.kind == "restart":
             return await self._cmd_restart(msg.value or "")
         if msg.kind == "close":
-            return await self._cmd_close()
+            return await self._cmd_close(msg.value or "shutdown")
         if msg.gen != self._gen:
             return None  # news about a process instance that has already been replaced
         if msg.kind == "ready" and self.state is ProcessState.STARTING:
@@ -290,6 +300,7 @@ class ManagedProcess:
         if self.state in (ProcessState.FATAL, ProcessState.BACKOFF):
             self._invalidate()
         else:
+            await self._run_before_stop(reason)
             await self._terminate()
         self._reset_failures()
         self._set_state(ProcessState.STOPPED)
@@ -304,16 +315,17 @@ class ManagedProcess:
             return False
         self._emit(ProcessEventName.RESTARTING, self.pid, reason or "requested")
         if self.state is ProcessState.READY:
+            await self._run_before_stop("restart")
             await self._terminate()
         self._reset_failures()
         self.restarts_total += 1
         await self._bring_up()
         return True
 
-    async def _cmd_close(self) -> None:
+    async def _cmd_close(self, reason: str) -> None:
         self._closed = True
         if not self.external and self.state is not ProcessState.STOPPED:
-            await self._cmd_stop("shutdown")
+            await self._cmd_stop(reason)
         self._invalidate()
         if self._rotation is not None:
             await asyncio.gather(self._rotation, return_exceptions=True)
@@ -529,6 +541,19 @@ class ManagedProcess:
         log.error("%s: fatal: %s", self.name, reason)
         await asyncio.to_thread(self.log.append, f"fatal: {reason}")
         self._emit(ProcessEventName.FATAL, None, reason)
+
+    async def _run_before_stop(self, reason: str) -> None:
+        """A planned stop of a serving process: the hook (saving its KV caches) runs first, bounded; whatever it
+        does not finish in time is lost, and the process stops anyway. A crash never gets here."""
+        if self._before_stop is None or self.state is not ProcessState.READY or self.external:
+            return
+        try:
+            await asyncio.wait_for(self._before_stop(self.name, reason), self._before_stop_timeout_s)
+        except TimeoutError:
+            log.warning("%s: before-stop hook still running after %gs; stopping anyway", self.name,
+                        self._before_stop_timeout_s)
+        except Exception:
+            log.exception("%s: before-stop hook failed; stopping anyway", self.name)
 
     async def _terminate(self) -> None:
         self._invalidate()

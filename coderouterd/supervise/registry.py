@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from .logs import DEFAULT_KEEP, DEFAULT_MAX_BYTES
-from .process import ManagedProcess
+from .process import BEFORE_STOP_TIMEOUT_S, BeforeStopCallback, ManagedProcess
 from .spec import DEFAULT_BACKOFF, EventCallback, LookupCallback, ProcessSpec, RecordCallback
 
 log = logging.getLogger("coderouterd.supervise")
@@ -33,6 +33,8 @@ class Supervisor:
         log_max_bytes: int = DEFAULT_MAX_BYTES,
         log_keep: int = DEFAULT_KEEP,
         log_check_s: float = 2.0,
+        before_stop: BeforeStopCallback | None = None,
+        before_stop_timeout_s: float = BEFORE_STOP_TIMEOUT_S,
     ) -> None:
         self._log_dir = Path(log_dir)
         self._options: dict[str, Any] = {
@@ -44,6 +46,8 @@ class Supervisor:
             "log_max_bytes": log_max_bytes,
             "log_keep": log_keep,
             "log_check_s": log_check_s,
+            "before_stop": before_stop,
+            "before_stop_timeout_s": before_stop_timeout_s,
         }
         self._processes: dict[str, ManagedProcess] = {}
         self._providers: dict[str, str] = {}
@@ -83,13 +87,13 @@ class Supervisor:
     def names(self) -> list[str]:
         return sorted(self._processes)
 
-    async def remove(self, name: str) -> None:
+    async def remove(self, name: str, reason: str = "reload") -> None:
         """Stop (if ours) and forget a process, e.g. when a reload drops its provider."""
         proc = self._processes.pop(name, None)
         if proc is None:
             return
         self._providers = {p: n for p, n in self._providers.items() if n != name}
-        await proc.close()
+        await proc.close(reason)
 
     async def start_all(self) -> None:
         """Start the autostart processes concurrently; each adopts what already runs."""
@@ -102,7 +106,7 @@ class Supervisor:
     async def shutdown(self) -> None:
         """Stop every process tree this daemon owns, concurrently; external backends stay up."""
         procs = list(self._processes.values())
-        results = await asyncio.gather(*(p.close() for p in procs), return_exceptions=True)
+        results = await asyncio.gather(*(p.close("shutdown") for p in procs), return_exceptions=True)
         for proc, result in zip(procs, results, strict=True):
             if isinstance(result, BaseException):
                 log.error("%s: shutdown failed: %s", proc.name, result)

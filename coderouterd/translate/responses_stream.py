@@ -48,23 +48,38 @@ def failed_event(rq: ResponsesRequest, model: str, seq: int, code: str, message:
             "response": response_object(rq, model, "failed", output, None, error=err)}
 
 
+# Pieces of one item's text are joined into one run once this many have come: a list of one string per delta
+# cost ~60 bytes a delta on top of the text (issue 34: +104 MB of RSS for 19 MB of text in 10 s of 8-character
+# deltas), and joining the whole text at every delta would copy it over and over. Each character is copied once
+# into a run and once more at the end.
+_RUN = 256
+
+
 class _Item:
-    __slots__ = ("kind", "item_id", "index", "parts", "call_id", "name", "open")
+    __slots__ = ("kind", "item_id", "index", "parts", "runs", "call_id", "name", "open")
 
     def __init__(self, kind: str, index: int, *, item_id: str) -> None:
         self.kind = kind  # "reasoning" | "message" | "function_call"
         self.item_id = item_id
         self.index = index
-        self.parts: list[str] = []  # reasoning summary, message text or call arguments, as streamed
+        self.parts: list[str] = []  # reasoning summary, message text or call arguments, as streamed lately
+        self.runs: list[str] = []  # what came before those, joined _RUN pieces at a time
         self.call_id = ""
         self.name = ""
         self.open = True
 
+    def compact(self) -> None:
+        if len(self.parts) >= _RUN:
+            self.runs.append("".join(self.parts))
+            self.parts.clear()
+
     @property
     def text(self) -> str:
-        # Joined on demand: appending to one growing string would copy it at every token.
-        if len(self.parts) > 1:
-            self.parts[:] = ["".join(self.parts)]
+        # Joined on demand, and kept joined: the closing events read it several times.
+        if self.runs or len(self.parts) > 1:
+            self.runs.extend(self.parts)
+            self.parts[:] = ["".join(self.runs)]
+            self.runs.clear()
         return self.parts[0] if self.parts else ""
 
 
@@ -88,6 +103,8 @@ class ChatStreamToResponses:
         self.finish_reason: str | None = None
         self.chat_usage: dict | None = None
         self.started_content = False
+        # Characters of text and arguments kept for the closing events (their bound is the caller's: see kept()).
+        self.kept = 0
 
     @property
     def started(self) -> bool:
@@ -174,6 +191,7 @@ class ChatStreamToResponses:
             self._close_current(out)
             cur = self._current = self._open(out, kind)
         cur.parts.append(piece)
+        self.kept += len(piece)
         if kind == "reasoning":
             self._emit(out, {"type": "response.reasoning_summary_text.delta", "item_id": cur.item_id,
                              "output_index": cur.index, "summary_index": 0, "delta": piece})
@@ -203,6 +221,7 @@ class ChatStreamToResponses:
         args = fn.get("arguments")
         if isinstance(args, str) and args:
             item.parts.append(args)
+            self.kept += len(args)
             self._emit(out, {"type": "response.function_call_arguments.delta", "item_id": item.item_id,
                              "output_index": item.index, "delta": args})
 
@@ -237,6 +256,7 @@ class ChatStreamToResponses:
                 if cur is not None and cur.kind == "message":
                     # The hot path (a token of visible text): one event, no helper calls.
                     cur.parts.append(content)
+                    self.kept += len(content)
                     out.append({"type": "response.output_text.delta", "item_id": cur.item_id,
                                 "output_index": cur.index, "content_index": 0, "delta": content, "logprobs": [],
                                 "sequence_number": self.seq})
@@ -276,6 +296,15 @@ class ChatStreamToResponses:
             resp = response_object(self.rq, self.model, "completed", output, usage)
             self._emit(out, {"type": "response.completed", "response": resp})
         return out
+
+    def compact(self) -> None:
+        """Join the pieces the open items gathered (called once per batch of chunks: nothing per delta)."""
+        cur = self._current
+        if cur is not None:
+            cur.compact()
+        for item in self._tools.values():
+            if item.open:
+                item.compact()
 
     def fail(self, code: str, message: str) -> list[dict]:
         """End the response as failed (the upstream broke after the stream began)."""

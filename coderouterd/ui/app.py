@@ -7,10 +7,12 @@ sets a cookie.
 
 The data endpoints answer with the admin API's view-models (admin/views.py, admin/history.py), as JSON:
 
-  GET /ui/api/now                       providers (status, breaker, health, cache, spend), processes, in flight
+  GET /ui/api/now                       providers (status, breaker, health, cache, spend), processes (last exit,
+                                        last log line), store, shared database, in flight, recent events (now.py)
+  GET /ui/api/profiles                  each profile's effective order now, its skips and why, the active one
   GET /ui/api/spend                     cost per day this month per provider, spent / reserved / cap
   GET /ui/api/trends?range=24h          latency and cache hit ratio per provider over time, latest cache-busts
-  GET /ui/api/requests?profile=&provider=&outcome=&limit=
+  GET /ui/api/requests?profile=&provider=&outcome=&limit=&before=   (before: epoch seconds, for paging)
   GET /ui/api/requests/{id}             one request's decision trace (as `corectl explain` shows it)
   GET /ui/api/events                    the live feed (server-sent events, feed.py)
 """
@@ -18,6 +20,7 @@ The data endpoints answer with the admin API's view-models (admin/views.py, admi
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import html
 import logging
 import sqlite3
@@ -30,6 +33,7 @@ from ..admin import history, views
 from ..ingress.browsers import BrowserGuard
 from ..ingress.guard import BodyTooLarge, read_body
 from ..ingress.protocol import DISCONNECT_HOOK
+from . import now as now_view
 from .guard import SECURITY_HEADERS, UiAuth, allowed_hosts, host_allowed, origin_allowed
 
 log = logging.getLogger("coderouterd.ui")
@@ -37,7 +41,11 @@ log = logging.getLogger("coderouterd.ui")
 STATIC = Path(__file__).parent / "static"
 # Every file the page may load, by URL name: nothing else under static/ (or elsewhere) is ever served.
 _ASSETS = {
-    "app.js": ("app.js", b"text/javascript; charset=utf-8"),
+    "app.js": ("app.js", b"text/javascript; charset=utf-8"),  # ES modules: app.js imports one per view
+    "core.js": ("core.js", b"text/javascript; charset=utf-8"),
+    "now.js": ("now.js", b"text/javascript; charset=utf-8"),
+    "trends.js": ("trends.js", b"text/javascript; charset=utf-8"),
+    "requests.js": ("requests.js", b"text/javascript; charset=utf-8"),
     "ui.css": ("ui.css", b"text/css; charset=utf-8"),
     "uPlot.iife.min.js": ("vendor/uPlot.iife.min.js", b"text/javascript; charset=utf-8"),
     "uPlot.min.css": ("vendor/uPlot.min.css", b"text/css; charset=utf-8"),
@@ -61,11 +69,11 @@ def _headers(scope) -> dict[str, str]:
 
 
 async def _send(send, status: int, body: bytes, ctype: bytes, extra: list | None = None,
-                cache: bytes = b"no-store") -> None:
+                cache: bytes = b"no-store", head: bool = False) -> None:
     hs = [(b"content-type", ctype), (b"content-length", str(len(body)).encode()), (b"cache-control", cache),
           *SECURITY_HEADERS, *(extra or [])]
     await send({"type": "http.response.start", "status": status, "headers": hs})
-    await send({"type": "http.response.body", "body": body})
+    await send({"type": "http.response.body", "body": b"" if head else body})
 
 
 def _json(data) -> bytes:
@@ -76,7 +84,7 @@ class DashboardApp:
     def __init__(self, daemon) -> None:
         self.daemon = daemon
         self.auth = UiAuth()
-        self._files: dict[str, bytes] = {}
+        self._files: dict[str, tuple[bytes, bytes]] = {}  # name -> (content, its ETag)
 
     async def __call__(self, scope, receive, send) -> None:
         path = scope["path"]
@@ -105,40 +113,52 @@ class DashboardApp:
         method = scope["method"]
         if path == "/ui/login":
             return await self._login(scope, receive, send, method, headers, allowed, server.api_keys)
-        if method != "GET":
+        if method not in ("GET", "HEAD") or (method == "HEAD" and api):
             raise Answer(405, f"method {method} not allowed on {path}: the dashboard is read-only")
+        head = method == "HEAD"  # a link checker or `curl -I` asking whether the page is there
         if path.startswith("/ui/static/"):
             # The page's own code and styles (the login page needs them too): no data in them, so no key.
-            return await self._asset(send, path[len("/ui/static/"):])
+            return await self._asset(send, path[len("/ui/static/"):], headers, head)
         if not self.auth.authorized(headers, server.api_keys):
             if api:
                 raise Answer(401, "the dashboard needs one of the server's api_keys (log in at /ui)")
             return await self._login_page(send, 401, "")
         if path in ("/ui", "/ui/"):
-            return await self._asset_page(send, "index.html")
+            return await self._asset_page(send, "index.html", headers, head)
         if not api:
             raise Answer(404, f"no such page: {path}")
         await self._api(scope, send, path[len("/ui/api/"):])
 
     # -- pages and files -------------------------------------------------------------------------------------
 
-    async def _file(self, name: str) -> bytes:
-        data = self._files.get(name)
-        if data is None:
-            # Read once, off the loop; a handful of small files, kept for the daemon's life.
+    async def _entry(self, name: str) -> tuple[bytes, bytes]:
+        entry = self._files.get(name)
+        if entry is None:
+            # Read once, off the loop; a handful of small files, kept for the daemon's life. The ETag is their
+            # content's hash: after an upgrade the browser fetches the new file, else it revalidates for free.
             data = await asyncio.to_thread((STATIC / name).read_bytes)
-            self._files[name] = data
-        return data
+            entry = self._files[name] = (data, b'"%s"' % hashlib.sha256(data).hexdigest()[:20].encode())
+        return entry
 
-    async def _asset(self, send, name: str) -> None:
+    async def _file(self, name: str) -> bytes:
+        return (await self._entry(name))[0]
+
+    async def _cached(self, send, name: str, ctype: bytes, headers: dict, head: bool) -> None:
+        data, etag = await self._entry(name)
+        # no-cache: the browser keeps the file but asks each time; an unchanged file costs a 304 and no body.
+        if etag.decode() in [t.strip() for t in headers.get("if-none-match", "").split(",")]:
+            return await _send(send, 304, b"", ctype, [(b"etag", etag)], cache=b"no-cache", head=True)
+        await _send(send, 200, data, ctype, [(b"etag", etag)], cache=b"no-cache", head=head)
+
+    async def _asset(self, send, name: str, headers: dict, head: bool) -> None:
         entry = _ASSETS.get(name)
         if entry is None:
             raise Answer(404, f"no such file: {name}")
         rel, ctype = entry
-        await _send(send, 200, await self._file(rel), ctype, cache=b"no-cache")
+        await self._cached(send, rel, ctype, headers, head)
 
-    async def _asset_page(self, send, name: str) -> None:
-        await _send(send, 200, await self._file(name), b"text/html; charset=utf-8")
+    async def _asset_page(self, send, name: str, headers: dict, head: bool) -> None:
+        await self._cached(send, name, b"text/html; charset=utf-8", headers, head)
 
     async def _login_page(self, send, status: int, message: str, extra: list | None = None) -> None:
         page = (await self._file("login.html")).replace(b"<!--MESSAGE-->", html.escape(message).encode())
@@ -181,10 +201,10 @@ class DashboardApp:
 
     async def _data(self, d, name: str, query: dict[str, str]):
         if name == "now":
-            data = {"daemon": views.daemon_info(d), "providers": views.provider_rows(d),
-                    "processes": views.processes(d), "models": views.models_memory(d), "store": views.store(d),
-                    "in_flight": dict(d.in_flight),
-                    "viewers": d.live.viewers}
+            data = await now_view.now(d)
+        elif name == "profiles":
+            data = {"active": d.active_profile, "default": d.runtime.config.server.default_profile,
+                    "profiles": views.profiles(d)}
         elif name == "spend":
             data = await history.spend(d)
         elif name == "trends":
@@ -197,7 +217,8 @@ class DashboardApp:
                 data = await history.requests(d, profile=query.get("profile") or None,
                                               provider=query.get("provider") or None,
                                               outcome=query.get("outcome") or None,
-                                              limit=int(query.get("limit") or 100))
+                                              limit=int(query.get("limit") or 100),
+                                              before=float(query["before"]) if query.get("before") else None)
             except ValueError as e:
                 raise Answer(400, str(e)) from None
         elif name.startswith("requests/"):

@@ -8,6 +8,11 @@ text: only the fields in `_FIELDS`) and hands them to the event loop in one call
 most `queue_len` items: a browser that reads slowly (or not at all) loses its oldest events, counted and
 reported to it, and the daemon's memory stays at viewers x queue_len whatever it does. The number of viewers
 is capped too.
+
+Notable events (a tool loop stopped, drift, a cache-bust, a breaker or health change, a process restarting, a
+budget blocked: everything but finished requests) are also kept, the newest `RECENT_EVENTS`, whether anyone
+watches or not: a page opened later shows them (its feed and its "needs attention" strip), not only the ones
+that happen while it is open. One kind check per event and a bounded deque: the writer thread's whole cost.
 """
 
 from __future__ import annotations
@@ -18,8 +23,14 @@ from collections import deque
 
 from ..state.events import (
     BreakerTransition,
+    BudgetBlocked,
+    BudgetWarning,
     CacheBust,
+    DriftAction,
+    DriftDetected,
+    DriftRecovered,
     Event,
+    GuardFired,
     HealthTransition,
     ProcessEvent,
     RequestFinished,
@@ -27,6 +38,7 @@ from ..state.events import (
 
 QUEUE_LEN = 256
 MAX_VIEWERS = 16
+RECENT_EVENTS = 50
 
 # What a browser is told of each kind: metadata the journal keeps, nothing from a request's body.
 _FIELDS: dict[str, tuple[str, ...]] = {
@@ -37,8 +49,16 @@ _FIELDS: dict[str, tuple[str, ...]] = {
     BreakerTransition.kind: ("provider", "old", "new", "reason"),
     HealthTransition.kind: ("provider", "old", "new", "reason"),
     CacheBust.kind: ("request_id", "provider", "segment", "cause", "expected_tokens", "cached_tokens"),
-    ProcessEvent.kind: ("provider", "process", "event", "pid"),
+    ProcessEvent.kind: ("provider", "process", "event", "pid", "detail"),
+    GuardFired.kind: ("request_id", "guard", "action", "detail"),
+    DriftDetected.kind: ("provider", "model", "score", "action"),
+    DriftAction.kind: ("provider", "model", "action", "ok", "detail"),
+    DriftRecovered.kind: ("provider", "model"),
+    BudgetWarning.kind: ("provider", "spent_usd", "cap_usd", "ratio"),
+    BudgetBlocked.kind: ("provider", "spent_usd", "cap_usd"),
 }
+# Every kind the feed carries, as server-sent event names (the page listens to these).
+KINDS: tuple[str, ...] = tuple(_FIELDS)
 _MAX_STR = 200  # a model name or a reason is shown, a 3 MB one is not carried
 
 
@@ -54,6 +74,9 @@ def project(ev: Event) -> dict | None:
         v = getattr(ev, n)
         if isinstance(v, str):
             v = str(v)[:_MAX_STR]  # str(): a StrEnum arrives as its plain name
+        elif isinstance(v, dict):  # a guard's or a process's detail: flat metadata, each value bounded
+            v = {str(k)[:_MAX_STR]: str(x)[:_MAX_STR] if isinstance(x, str) else x
+                 for k, x in list(v.items())[:20] if isinstance(x, str | int | float | bool) or x is None}
         out[n] = v
     return out
 
@@ -98,6 +121,12 @@ class LiveFeed:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._lock = threading.Lock()
         self.closed = False
+        # Appended by the writer thread, copied by the loop: deque appends and list() are atomic under the GIL.
+        self._recent: deque = deque(maxlen=RECENT_EVENTS)
+
+    def recent(self) -> list[dict]:
+        """The newest notable events (no finished requests: the journal has those), oldest first."""
+        return list(self._recent)
 
     @property
     def viewers(self) -> int:
@@ -125,6 +154,11 @@ class LiveFeed:
 
     def sink(self, events: list[Event]) -> None:
         """The bus's writer thread, once per batch."""
+        for ev in events:
+            if ev.kind != RequestFinished.kind and ev.kind in _FIELDS:
+                item = project(ev)
+                if item is not None:
+                    self._recent.append(item)
         if not self._viewers:
             return
         items = [d for d in map(project, events) if d is not None]

@@ -223,3 +223,149 @@ def save(name: str, data: bytes) -> Path:
     path = ARTIFACTS / name
     path.write_bytes(data)
     return path
+
+
+# -- the scene: a dead provider, a capped budget, a tool loop, a restarted process and a FATAL one -------------
+
+SCENE = """
+[server]
+port = {PORT}
+
+[breaker]
+failures = 1
+recovery_s = 900
+
+[health]
+probe_interval_s = 0.5
+
+[budget]
+global_monthly_usd = 50
+
+[providers.local]
+kind = "openai"
+base_url = "@LOCAL@/v1"
+model = "qwen3-coder"
+
+[providers.cloud]
+kind = "anthropic"
+base_url = "@CLOUD@/v1"
+model = "claude-sonnet-5"
+paid = true
+monthly_budget_usd = 25
+cost = { input = 3.0, output = 15.0, cache_read = 0.3, cache_write = 3.75 }
+
+# Spent past its cap (seeded in the ledger): blocked for the rest of the month.
+[providers.capped]
+kind = "anthropic"
+base_url = "@CLOUD@/v1"
+model = "claude-opus-5"
+paid = true
+monthly_budget_usd = 1
+cost = { input = 15.0, output = 75.0 }
+
+# Nothing listens on its port.
+[providers.dead]
+kind = "openai"
+base_url = "http://127.0.0.1:@DEADPORT@/v1"
+model = "gone"
+
+[providers.box]
+kind = "ollama"
+base_url = "http://127.0.0.1:@BOXPORT@"
+
+[providers.box.process]
+command = @BOXCMD@
+cwd = "@ROOT@"
+ready_url = "http://127.0.0.1:@BOXPORT@/api/tags"
+stop_timeout_s = 2
+startsecs = 0.2
+
+# Exits at start with code 3 and no restart left: FATAL.
+[providers.broken]
+kind = "ollama"
+base_url = "http://127.0.0.1:@BROKENPORT@"
+
+[providers.broken.process]
+command = @BROKENCMD@
+cwd = "@ROOT@"
+ready_url = "http://127.0.0.1:@BROKENPORT@/api/tags"
+startsecs = 0.5
+max_restarts = 0
+
+[profiles.default]
+providers = ["dead", "local"]
+health_action = "warn"
+
+[profiles.cloud]
+providers = ["capped", "cloud"]
+health_action = "warn"
+
+[profiles.deadonly]
+providers = ["dead"]
+health_action = "warn"
+
+[profiles.loop]
+providers = ["local"]
+tool_loop = { action = "break", threshold = 3, window = 5 }
+"""
+
+
+class Scene(Dashboard):
+    def tool_loop(self, request_id: str) -> httpx.Response:
+        """A request whose agent called the same tool with the same input three times: the guard stops it."""
+        msgs: list[dict] = [{"role": "user", "content": "list the files"}]
+        for i in range(3):
+            msgs.append({"role": "assistant", "content": None, "tool_calls": [
+                {"id": f"c{i}", "type": "function", "function": {"name": "Bash", "arguments": '{"cmd": "ls"}'}}]})
+            msgs.append({"role": "tool", "tool_call_id": f"c{i}", "content": "a.txt"})
+        return httpx.post(self.daemon.url + "/v1/chat/completions", timeout=20,
+                          headers={"x-coderouter-profile": "loop", "x-request-id": request_id},
+                          json={"model": "m", "messages": msgs})
+
+
+@pytest.fixture(scope="module")
+def scene(tmp_path_factory):
+    from coderouterd.guards.budget import GLOBAL, NAMESPACE, month_bounds
+    from coderouterd.state import Store
+
+    tmp = tmp_path_factory.mktemp("scene")
+    local = FakeServer("openai", name="local", models=["qwen3-coder"]).start()
+    cloud = FakeServer("anthropic", name="cloud").start()
+    box_port, broken_port, dead_port = free_port(), free_port(), free_port()
+    backend = [sys.executable, str(ROOT / "tests" / "support" / "fake_backend.py"), "--port"]
+    cfg = (SCENE.replace("@LOCAL@", local.url).replace("@CLOUD@", cloud.url).replace("@ROOT@", str(ROOT))
+           .replace("@DEADPORT@", str(dead_port)).replace("@BOXPORT@", str(box_port))
+           .replace("@BROKENPORT@", str(broken_port))
+           .replace("@BOXCMD@", orjson.dumps([*backend, str(box_port)]).decode())
+           .replace("@BROKENCMD@", orjson.dumps([*backend, str(broken_port), "--exit-at-start", "3"]).decode()))
+    d = DaemonProcess(cfg, tmp)
+    now = time.time()
+    spent = seed_history(d.state_dir, now)
+    month, _start, _end = month_bounds(now)
+    store = Store(d.state_dir / "state.db")
+    store.open()
+    store.set(NAMESPACE, f"{month}:capped", 1.5)
+    store.set(NAMESPACE, f"{month}:{GLOBAL}", spent + 1.5)
+    store.close()
+    d.start()
+    s = Scene(d, local, cloud, [])
+    try:
+        yield s
+    finally:
+        _stop(s)
+
+
+AXE = ROOT / "tests" / "clients" / "node_modules" / "axe-core" / "axe.min.js"
+
+
+def axe_violations(page) -> list[dict]:
+    """axe-core's serious and critical violations on the page as it is now (injected from tests/clients)."""
+    if not AXE.is_file():
+        pytest.skip("axe-core is not installed: `make test` installs it with npm ci in tests/clients")
+    # Evaluated through the DevTools protocol, not as an inline <script>: the page's CSP (rightly) forbids those.
+    page.evaluate(AXE.read_text() + "\n;undefined")
+    assert page.evaluate("() => typeof axe.run") == "function"
+    found = page.evaluate("async () => (await axe.run(document, {resultTypes: ['violations']})).violations")
+    return [{"id": v["id"], "impact": v["impact"], "help": v["help"],
+             "nodes": [n["target"] for n in v["nodes"]][:5]}
+            for v in found if v["impact"] in ("serious", "critical")]

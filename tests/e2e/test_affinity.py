@@ -37,6 +37,20 @@ def _through_router(start_daemon, n_slots: int, slot_save: bool, sessions: int, 
     return reuse_report(fake.fake.log), fake, d
 
 
+def _assert_conversations_keep_their_slots(log: list[dict], first: bytes) -> None:
+    """Each conversation's turns on one slot of its own; background calls (title generation: each a lane of its
+    own) on other slots than the conversations'."""
+    main: dict[int, set[int]] = {0: set(), 1: set()}
+    background: set[int] = set()
+    for e in log:
+        if b"Generate a concise title" in e["prompt"]:
+            background.add(e["slot"])
+        else:
+            main[0 if first in e["prompt"] else 1].add(e["slot"])
+    assert len(main[0]) == len(main[1]) == 1 and main[0] != main[1], (main, background)
+    assert background and not background & (main[0] | main[1]), (main, background)
+
+
 def test_lanes_within_slots_reuse_nearly_all_that_any_assignment_could(start_daemon):
     # 2 sessions x (main + background) = 4 lanes on 4 slots; no save path on the server.
     base = _baseline(4, False, 2, 16)
@@ -46,16 +60,10 @@ def test_lanes_within_slots_reuse_nearly_all_that_any_assignment_could(start_dae
         print("\nbaseline", base, "\nrouted  ", got)
         assert got["of_best"] >= 0.95, (got, base)
         assert got["reused_tokens"] > base["reused_tokens"]
-        # Every generation was pinned, and each lane kept one slot of its own for the whole run: no background
-        # call ever landed on a main conversation's slot.
+        # Every generation was pinned, and each conversation kept one slot of its own for the whole run: no
+        # background call ever landed on a conversation's slot.
         assert all(isinstance(e["id_slot"], int) for e in fake.fake.log)
-        lanes: dict[tuple[int, str], set[int]] = {}
-        for e in fake.fake.log:
-            session = 0 if b"Session 0:" in e["prompt"] or b"session 0." in e["prompt"] else 1
-            kind = "main" if e["prompt"].startswith(b"<tools>") else "background"
-            lanes.setdefault((session, kind), set()).add(e["slot"])
-        assert len(lanes) == 4 and all(len(v) == 1 for v in lanes.values())
-        assert len(set().union(*lanes.values())) == 4
+        _assert_conversations_keep_their_slots(fake.fake.log, b"Session 0:")
     finally:
         if fake is not None:
             fake.stop()
@@ -173,7 +181,9 @@ def test_hit_ratio_in_status_metrics_and_journal(start_daemon):
 
         d.stop()
         rows = journal_rows(d.state_dir / "state.db")
-        assert [r["lane"].split(":")[0] for r in rows] == ["main"] * 4 + ["background"]
+        # The four turns in one lane, the title call in another.
+        assert len({r["lane"] for r in rows[:4]}) == 1 and rows[4]["lane"] != rows[0]["lane"]
+        assert all(r["lane"].startswith("lane:") for r in rows)
         assert len({r["session"] for r in rows}) == 1 and s.id not in rows[0]["session"]
         assert [r["slot"] for r in rows] == [e["slot"] for e in log]
         assert [r["cache_read_tokens"] for r in rows] == [e["cache_n"] for e in log]
@@ -303,12 +313,7 @@ def test_concurrent_sessions_and_background_calls_keep_their_slots(start_daemon)
             list(pool.map(run, range(2)))
         report = reuse_report(fake.fake.log)
         assert report["requests"] == 24 and report["of_best"] >= 0.9, report
-        lanes: dict[tuple[int, str], set[int]] = {}
-        for e in fake.fake.log:
-            session = 0 if b"Session 70:" in e["prompt"] else 1
-            kind = "main" if e["prompt"].startswith(b"<tools>") else "background"
-            lanes.setdefault((session, kind), set()).add(e["slot"])
-        assert all(len(v) == 1 for v in lanes.values()) and len(set().union(*lanes.values())) == 4
+        _assert_conversations_keep_their_slots(fake.fake.log, b"Session 70:")
 
 
 def test_codex_responses_sessions_get_lanes_from_prompt_cache_key(start_daemon):
@@ -336,3 +341,43 @@ def test_codex_responses_sessions_get_lanes_from_prompt_cache_key(start_daemon):
         rows = journal_rows(d.state_dir / "state.db")
         assert len({r["session"] for r in rows}) == 2
         assert [r["cache_read_tokens"] for r in rows] == [e["cache_n"] for e in log]
+
+
+@pytest.mark.parametrize("tools", [True, False], ids=["tools", "no tools"])
+def test_three_sessions_with_title_calls_and_a_compaction_on_three_slots(start_daemon, tools):
+    """Issue 33: lanes by prefix. Three interleaved conversations sharing a system prompt, title calls, 3 slots
+    with save/restore: the same reuse whether the turns carry tools or not, no cache bust named for a title
+    call, and the compaction call goes to the slot holding its conversation's history."""
+    from coderouterd.state.journal import journal_rows
+    from tests.support.claude_sessions import workload
+
+    with FakeServer("llamacpp", name="three", n_slots=3, slot_save=True, n_ctx=BIG_CTX) as fake:
+        # Without tools the prefix every session shares is the system prompt alone (~3k tokens): below the default
+        # least prefix worth a slot copy (2,048 tokens of our estimate, ~7 KB), so new sessions would start cold.
+        d = start_daemon(CONFIG % fake.url + "[affinity]\nclone_min_tokens = 256\n")
+        client = anthropic.Anthropic(base_url=d.url, api_key="x", max_retries=0)
+        order = workload(3, 5, background_every=2, tools=tools)
+        for s, kind in order:
+            body = s.main_body() if kind == "main" else s.background_body()
+            client.messages.create(**body, extra_headers=s.headers, timeout=60)
+            if kind == "main":
+                s.advance()
+        report = reuse_report(fake.fake.log)
+        processed, ideal = report["prompt_tokens"] - report["reused_tokens"], \
+            report["prompt_tokens"] - report["best_tokens"]
+        print(f"\n{'tools' if tools else 'no tools'}: processed {processed}, ideal {ideal}", report)
+        assert processed <= 1.10 * ideal, report
+        s0 = order[0][0]
+        home = next(e["slot"] for e in reversed(fake.fake.log) if b"Session 0:" in e["prompt"]
+                    and b"Generate a concise title" not in e["prompt"])
+        client.messages.create(**s0.compaction_body(), extra_headers=s0.headers, timeout=60)
+        compaction = fake.fake.log[-1]
+        assert compaction["slot"] == home
+        if not tools:  # the fake renders tools after the system prompt: without them the history is shared
+            assert compaction["cache_n"] >= 0.9 * fake.fake.log[-2]["n_prompt"] or compaction["cache_n"] > 1000
+        d.stop()
+        rows = journal_rows(d.state_dir / "state.db")
+        assert [r["cache_bust"] for r in rows[:-1]] == [None] * (len(rows) - 1)
+        titles = [r["lane"] for r, (_s, kind) in zip(rows, order, strict=False) if kind == "background"]
+        mains = {r["lane"] for r, (_s, kind) in zip(rows, order, strict=False) if kind == "main"}
+        assert len(mains) == 3 and not set(titles) & mains

@@ -61,6 +61,11 @@ OK_A = {"model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": 
     (OA, b'{"model": "m"}', "messages"),
     (OA, b'{"model": "m", "messages": [{"role": "robot"}]}', "messages[0].role"),
     (OA, b'{"model": "m", "messages": [{"role": "user", "content": "x"}], "max_tokens": -1}', "max_tokens"),
+    # Model names are capped at the edge (issue 34: 1 MB names cost +580 MB), on all three ingresses.
+    (A, b'{"model": "%s", "max_tokens": 5, "messages": []}' % (b"m" * 257), "longer than 256 characters"),
+    (OA, b'{"model": "%s", "messages": [{"role": "user", "content": "x"}]}' % (b"m" * 100_000),
+     "longer than 256 characters"),
+    ("/v1/responses", b'{"model": "%s", "input": "hi"}' % (b"m" * 257), "longer than 256 characters"),
 ])
 def test_malformed_requests(env, path, body, field):
     r = _post(env, path, content=body, headers={"content-type": "application/json"})

@@ -5,6 +5,7 @@ close-delimited SSE for HTTP/1.0 clients."""
 from __future__ import annotations
 
 import socket
+import threading
 import time
 
 import httpx
@@ -287,26 +288,44 @@ def test_the_body_timeout_holds_after_an_early_401(guarded):
     assert closed and elapsed < 3.0, elapsed
 
 
-def test_healthz_answers_when_idle_sockets_fill_the_cap_and_its_reserve(guarded):
-    """20 connections allowed, 16 more answered 503: 36 idle sockets (never a byte) hold them all for the
-    10 s header timeout. /healthz must still answer (a supervisor must not see the daemon dead), quickly;
-    anything else gets 503."""
-    held = [_connect(guarded) for _ in range(36)]
+def test_idle_sockets_far_beyond_the_cap_keep_neither_healthz_nor_requests_out(guarded):
+    """20 connections allowed; 600 sockets that never send a byte, and a client that keeps opening more (which
+    used to refill the small reserve kept for /healthz as fast as its 1 s head timeout emptied it), held
+    /healthz and every request out, reset (issue 34). At the cap a new connection now takes the place of the
+    oldest one still waiting for a request head: /healthz and requests get in, and no answer is a 503."""
+    held = [_connect(guarded) for _ in range(600)]
+    stop = threading.Event()
+    opened = [0]
+
+    def reconnect() -> None:
+        mine: list[socket.socket] = []
+        while not stop.is_set():
+            try:
+                mine.append(socket.create_connection(("127.0.0.1", guarded.port), timeout=5))
+            except OSError:
+                pass
+            opened[0] += 1
+            if len(mine) >= 50:  # the client's own descriptors stay bounded
+                mine.pop(0).close()
+            stop.wait(0.002)
+        for s in mine:
+            s.close()
+
+    t = threading.Thread(target=reconnect, daemon=True)
+    t.start()
     try:
-        time.sleep(0.2)
-        t0 = time.monotonic()
-        r = httpx.get(guarded.url + "/healthz", timeout=5)
-        assert r.status_code == 200 and time.monotonic() - t0 < 1.0
-        r = httpx.post(guarded.url + "/v1/messages", content=BODY, headers={**JSON, "x-api-key": "sekrit"}, timeout=5)
-        assert r.status_code == 503 and r.json()["error"]["type"] == "overloaded_error"
-        for _ in range(3):  # renewably: each probe is answered and closed, the lane is free again
-            assert httpx.get(guarded.url + "/healthz", timeout=5).status_code == 200
+        assert wait_for(lambda: opened[0] >= 50, timeout=30)
+        for _ in range(5):
+            assert httpx.get(guarded.url + "/healthz", timeout=10).status_code == 200
+        for _ in range(3):
+            r = httpx.post(guarded.url + "/v1/messages", content=BODY, headers={**JSON, "x-api-key": "sekrit"}, timeout=10)
+            assert r.status_code == 200, r.text
     finally:
+        stop.set()
+        t.join(30)
         for s in held:
             s.close()
-    time.sleep(0.3)
-    r = httpx.post(guarded.url + "/v1/messages", content=BODY, headers={**JSON, "x-api-key": "sekrit"}, timeout=5)
-    assert r.status_code == 200
+    assert "idle connections closed to let new ones in" in guarded.log()
 
 
 @pytest.mark.parametrize("header", [b"x-api-key: sekrit ", b"x-api-key: sekrit\t", b"authorization: Bearer sekrit "])

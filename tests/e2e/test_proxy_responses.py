@@ -265,6 +265,43 @@ def test_failure_after_stream_start_is_response_failed(env):
     assert "response.completed" not in body
 
 
+def test_a_stream_past_the_answer_bound_ends_with_response_failed_saying_why(env):
+    """The closing events repeat the whole text, so it is kept: up to the bound of a whole answer (16 MB), not
+    for as long as the upstream sends (issue 34). 300 deltas of 64 KB pass it."""
+    _behave(env, "chunks;n=300;size=65536")
+    try:
+        with httpx.stream("POST", env["daemon"].url + "/v1/responses",
+                          json={"model": "m", "input": "x", "stream": True}, timeout=60) as r:
+            assert r.status_code == 200
+            body = r.read().decode()
+    finally:
+        _behave(env, "ok")
+    events = [orjson.loads(line[6:]) for line in body.splitlines() if line.startswith("data: ")]
+    last = events[-1]
+    assert last["type"] == "response.failed" and last["response"]["status"] == "failed"
+    assert "answer longer than 16 MB" in last["response"]["error"]["message"]
+    assert [e["sequence_number"] for e in events] == list(range(len(events)))
+    assert "response.completed" not in body
+    delivered = sum(len(e["delta"]) for e in events if e["type"] == "response.output_text.delta")
+    assert 8 * 2**20 < delivered <= 16 * 2**20
+
+
+def test_a_big_answer_below_the_bound_completes_with_its_closing_events_one_by_one(env):
+    _behave(env, "chunks;n=40;size=65536")  # 2.6 MB: its closing events leave one write each
+    try:
+        with httpx.stream("POST", env["daemon"].url + "/v1/responses",
+                          json={"model": "m", "input": "x", "stream": True}, timeout=60) as r:
+            body = r.read().decode()
+    finally:
+        _behave(env, "ok")
+    events = [orjson.loads(line[6:]) for line in body.splitlines() if line.startswith("data: ")]
+    assert [e["sequence_number"] for e in events] == list(range(len(events)))
+    assert events[-1]["type"] == "response.completed"
+    text = "".join(e["delta"] for e in events if e["type"] == "response.output_text.delta")
+    assert len(text) == 40 * 65536
+    assert events[-1]["response"]["output"][0]["content"][0]["text"] == text
+
+
 def test_models_list_is_openai_shaped(env):
     m = _client(env).models.list()
     ids = [x.id for x in m.data]

@@ -6,6 +6,10 @@
 
 Prints ``READY <port>`` on stdout once listening. SIGTERM/SIGINT stop it cleanly (exit 0) unless
 ``--ignore-sigterm``. ``POST /_fake/crash`` exits with code 1; ``POST /_fake/hang`` stops answering.
+
+``--kind llamacpp`` also reads llama-server's own flags (``-m``, ``-np``, ``-c`` for all slots together,
+``--slot-save-path``) and ignores the others, so a script named ``llama-server`` that runs this stands in for
+the real one as a managed process (coderouterd adds ``--slot-save-path`` to a command named so).
 """
 
 import argparse
@@ -32,7 +36,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--exit-at-start", type=int, default=None, metavar="CODE")
     p.add_argument("--tokenize", action="store_true", help="enable POST /tokenize (openai kind)")
     p.add_argument("--no-record", action="store_true", help="do not keep request bodies (long benchmarks)")
-    return p.parse_args(argv)
+    # llama-server's own flags (--kind llamacpp)
+    p.add_argument("-m", "--model", dest="model_path", default=None)
+    p.add_argument("-np", "--parallel", dest="n_slots", type=int, default=None)
+    p.add_argument("-c", "--ctx-size", dest="ctx_size", type=int, default=None)
+    p.add_argument("--slot-save-path", default=None)
+    args, unknown = p.parse_known_args(argv)
+    if unknown and args.kind != "llamacpp":
+        p.error(f"unrecognized arguments: {' '.join(unknown)}")
+    return args
 
 
 async def serve(args: argparse.Namespace) -> None:
@@ -44,6 +56,15 @@ async def serve(args: argparse.Namespace) -> None:
     options: dict[str, object] = {}
     if args.tokenize:
         options["tokenize"] = True
+    if args.kind == "llamacpp":
+        n_slots = args.n_slots or 4
+        options["n_slots"] = n_slots
+        if args.ctx_size:
+            options["n_ctx"] = args.ctx_size // n_slots
+        if args.model_path:
+            options["model_path"] = args.model_path
+        if args.slot_save_path:
+            options["slot_save_path"] = args.slot_save_path
     fake = build_fake(args.kind, name=args.name, behaviour=args.behaviour, models=models,
                       load_delay=args.load_delay, record=not args.no_record, allow_crash=True,
                       crash_after=args.crash_after, **options)

@@ -32,7 +32,7 @@ BEHAVIOURS = frozenset({
 ERROR_BEHAVIOURS = frozenset({"500", "503_loading", "429", "401", "404_model", "400", "overflow", "529", "oom"})
 GLOBAL_BEHAVIOURS = frozenset({"503_loading", "hang", "401", "redirect", "endless_error"})
 NUMERIC_PARAMS = frozenset({"delay", "chunk_delay", "linger", "retry_after", "n_prompt", "n_ctx", "tokens", "max", "split",
-                            "parallel", "n", "after", "think_tags", "text", "reason", "mb", "status"})
+                            "parallel", "n", "after", "think_tags", "text", "reason", "mb", "status", "size"})
 # `tool`/`cmd`: call that tool with {"cmd": cmd} (a shell tool such as Codex's exec_command).
 # `end` (cut_mid_block): how the body ends, "chunked" (the chunked terminator) or "close" (no framing: the
 # connection closes, which is a clean end of an unframed HTTP/1.1 body).
@@ -180,6 +180,8 @@ def make_plan(b: Behaviour, server_name: str, tool_names: list[str], *, split_de
     plan.linger = b.number("linger", 0.0)
     if "n" in b.params or name == "chunks":
         plan.content = [f"tok{i} " for i in range(b.integer("n", 20))]
+        if "size" in b.params:  # deltas of `size` characters each: a big answer in few events
+            plan.content = [piece.ljust(b.integer("size", 0), "x") for piece in plan.content]
     else:
         plan.content = words(greeting)
     if name == "tools":

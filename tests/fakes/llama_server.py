@@ -2,7 +2,8 @@
 ``/props`` (``total_slots``, per-slot ``n_ctx``), ``/slots``, slot save/restore and the RAM prompt cache.
 Held to the real llama-server by tests/real/test_llama_contract.py.
 
-The prompt is the chat rendered to text (tools, then each message); a token is four bytes of it. Each slot
+The prompt is the chat rendered to text (the leading system messages, then the tools, then each other message,
+as tool-capable chat templates render them); a token is four bytes of it. Each slot
 keeps the bytes of the last prompt it processed. Without ``id_slot`` the server picks as llama-server does:
 among idle slots holding something, the one sharing the longest common prefix with the prompt if that covers
 more than ``slot_prompt_similarity`` of it (default 0.1), else the least recently used (among never-used
@@ -19,8 +20,14 @@ A prompt longer than a slot's context (``n_ctx``, tokens per slot) is refused wi
 ``exceed_context_size_error``. ``loading_s``: every endpoint answers 503 "Loading model" that long after
 start.
 
+Slot files: a save writes the slot's tokens with a header naming the model they belong to, to
+``slot_save_path`` (a directory, as ``--slot-save-path``) or to memory; a restore refuses, as the real server
+does, a file that is missing, not a slot file, from another model (its tensors would not fit) or holding more
+tokens than a slot's context.
+
 Options: ``n_slots`` (default 4), ``n_ctx`` (131072, the OpenAI fake's), ``slot_prompt_similarity`` (0.1), ``slot_save`` (False:
-save/restore answer 501 as a server started without ``--slot-save-path``), ``cache_ram`` (True),
+save/restore answer 501 as a server started without ``--slot-save-path``; a ``slot_save_path`` turns it on),
+``model_path`` and ``build_info`` (what /props says), ``cache_ram`` (True),
 ``ms_per_token`` (reported prefill speed), ``loading_s`` (0), ``apply_template`` (False: no ``/apply-template`` and
 ``/tokenize``), ``tools_rendered`` (True: the template shows the tool schemas). ``log`` records every generation: slot,
 id_slot asked, prompt tokens, cached tokens and the prompt bytes.
@@ -29,6 +36,7 @@ id_slot asked, prompt tokens, cached tokens and the prompt bytes.
 import asyncio
 import itertools
 import time
+from pathlib import Path
 
 import orjson
 from aiohttp import web
@@ -37,6 +45,8 @@ from .behaviour import Call, Plan, dumps, json_response, write_frames
 from .openai_server import DONE, SSE_HEADERS, OpenAIFake
 
 BYTES_PER_TOKEN = 4
+SLOT_MAGIC = b"FAKESLOT1\n"
+RESTORE_FAILED = "Unable to restore slot: No available space in KV cache or invalid slot save file"
 LLAMA = web.RequestKey("fake_llama_generation", dict)
 _tick = itertools.count(1)
 
@@ -46,11 +56,14 @@ def render(body: dict, *, tools_rendered: bool = True) -> bytes:
     `tools_rendered=False`: a template that never shows the model the tool schemas (SmolLM2's)."""
     out = []
     tools = body.get("tools")
-    if tools and tools_rendered:
-        out.append(b"<tools>" + orjson.dumps(tools) + b"</tools>\n")
+    leading = True
     for m in body.get("messages") or ():
         if not isinstance(m, dict):
             continue
+        if leading and m.get("role") not in ("system", "developer"):
+            leading = False
+            if tools and tools_rendered:
+                out.append(b"<tools>" + orjson.dumps(tools) + b"</tools>\n")
         content = m.get("content")
         if isinstance(content, list):
             text = "".join(p.get("text", "") if isinstance(p, dict) else str(p) for p in content)
@@ -60,6 +73,8 @@ def render(body: dict, *, tools_rendered: bool = True) -> bytes:
         if m.get("tool_calls"):
             part += orjson.dumps(m["tool_calls"]).decode()
         out.append(part.encode() + b"<|end|>\n")
+    if leading and tools and tools_rendered:
+        out.append(b"<tools>" + orjson.dumps(tools) + b"</tools>\n")
     out.append(b"<|assistant|>")
     return b"".join(out)
 
@@ -99,7 +114,10 @@ class LlamaServerFake(OpenAIFake):
         super().configure()
         self.n_slots = int(self.options.get("n_slots", 4))
         self.similarity = float(self.options.get("slot_prompt_similarity", 0.1))
-        self.slot_save = bool(self.options.get("slot_save", False))
+        self.slot_save_path = self.options.get("slot_save_path")
+        self.slot_save = bool(self.options.get("slot_save", False)) or bool(self.slot_save_path)
+        self.model_path = str(self.options.get("model_path") or self.models[0])
+        self.build_info = str(self.options.get("build_info") or "fake-llama-server")
         self.ms_per_token = float(self.options.get("ms_per_token", 1.0))
         self.cache_ram = bool(self.options.get("cache_ram", True))
         self.loading_until = time.monotonic() + float(self.options.get("loading_s", 0.0))
@@ -130,7 +148,7 @@ class LlamaServerFake(OpenAIFake):
 
     async def props(self, call: Call) -> web.StreamResponse:
         return json_response({"default_generation_settings": {"n_ctx": self.n_ctx}, "total_slots": self.n_slots,
-                              "model_path": self.models[0], "build_info": "fake-llama-server"})
+                              "model_path": self.model_path, "build_info": self.build_info})
 
     def route(self, method, path, handler, **kw) -> None:
         """Every endpoint answers 503 "Loading model" until the model is loaded, as llama-server's middleware
@@ -171,18 +189,59 @@ class LlamaServerFake(OpenAIFake):
         slot = self.slots[sid]
         self.slot_actions.append((action, sid, fname))
         if action == "save":
-            self.files[fname] = slot.cache
+            data = SLOT_MAGIC + orjson.dumps({"model": self.model_path, "n_tokens": len(slot.cache) // BYTES_PER_TOKEN}) \
+                + b"\n" + slot.cache
+            await self._write_file(fname, data)
             return json_response({"id_slot": sid, "filename": fname, "n_saved": len(slot.cache) // BYTES_PER_TOKEN,
-                                  "n_written": len(slot.cache), "timings": {"save_ms": 1.0}})
+                                  "n_written": len(data), "timings": {"save_ms": 1.0}})
         if action == "restore":
-            if fname not in self.files:
-                return _error(400, "failed to restore slot", "invalid_request_error")
-            slot.cache = self.files[fname]
+            data = await self._read_file(fname)
+            cache = self._slot_state(data)
+            if cache is None:
+                return _error(400, RESTORE_FAILED, "invalid_request_error")
+            slot.cache = cache
             return json_response({"id_slot": sid, "filename": fname,
-                                  "n_restored": len(slot.cache) // BYTES_PER_TOKEN, "n_read": len(slot.cache),
+                                  "n_restored": len(slot.cache) // BYTES_PER_TOKEN, "n_read": len(data or b""),
                                   "timings": {"restore_ms": 1.0}})
         slot.cache = b""
         return json_response({"id_slot": sid, "n_erased": 0})
+
+    async def _write_file(self, fname: str, data: bytes) -> None:
+        if not self.slot_save_path:
+            self.files[fname] = data
+            return
+
+        def write() -> None:
+            (Path(str(self.slot_save_path)) / fname).write_bytes(data)
+
+        await asyncio.to_thread(write)
+
+    async def _read_file(self, fname: str) -> bytes | None:
+        if not self.slot_save_path:
+            return self.files.get(fname)
+
+        def read() -> bytes | None:
+            try:
+                return (Path(str(self.slot_save_path)) / fname).read_bytes()
+            except OSError:
+                return None
+
+        return await asyncio.to_thread(read)
+
+    def _slot_state(self, data: bytes | None) -> bytes | None:
+        """The tokens of a slot file this server can load, else None (the real server's refusal)."""
+        if not data or not data.startswith(SLOT_MAGIC):
+            return None
+        header, _, cache = data[len(SLOT_MAGIC):].partition(b"\n")
+        try:
+            meta = orjson.loads(header)
+        except orjson.JSONDecodeError:
+            return None
+        if not isinstance(meta, dict) or meta.get("model") != self.model_path:
+            return None
+        if not isinstance(meta.get("n_tokens"), int) or meta["n_tokens"] > self.n_ctx:
+            return None
+        return cache
 
     # -- generation -------------------------------------------------------------------------------------
 

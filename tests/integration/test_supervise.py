@@ -688,3 +688,60 @@ def test_spec_rejects_shell_strings_and_bad_names() -> None:
         ProcessSpec(name="x", command=[])
     with pytest.raises(ValueError, match="file name"):
         ProcessSpec(name="../x", command=["true"])
+
+
+# ---- the before-stop hook (slots saved before a planned stop) ------------------------------------
+
+
+def test_before_stop_runs_for_planned_stops_with_their_reason_and_never_for_a_crash(h: Harness) -> None:
+    port = free_port()
+    calls: list[tuple[str, str, bool]] = []
+
+    async def before_stop(name: str, reason: str) -> None:
+        # The process is still serving while the hook runs: that is the point of it.
+        calls.append((name, reason, await http_ready(f"http://127.0.0.1:{port}/api/tags")))
+
+    async def scenario() -> None:
+        sup = h.supervisor(before_stop=before_stop)
+        mp = sup.add(h.spec("b1", port))
+        await mp.start()
+        assert await mp.wait_ready(5)
+        await mp.restart("corectl restart")
+        assert await mp.wait_ready(5)
+        os.kill(mp.pid, signal.SIGKILL)
+        await h.wait_event("started", count=3)
+        assert await mp.wait_ready(5)
+        await mp.stop("idle")
+        await mp.start()
+        assert await mp.wait_ready(5)
+        await mp.stop()
+        await mp.start()
+        assert await mp.wait_ready(5)
+        await sup.remove("b1")  # a reload that dropped or changed it
+        mp2 = sup.add(h.spec("b1", port))
+        await mp2.start()
+        assert await mp2.wait_ready(5)
+        await sup.shutdown()
+
+    asyncio.run(scenario())
+    assert calls == [("b1", "restart", True), ("b1", "idle", True), ("b1", "manual", True),
+                     ("b1", "reload", True), ("b1", "shutdown", True)]
+
+
+def test_a_hook_that_overruns_its_time_does_not_hold_the_stop(h: Harness) -> None:
+    port = free_port()
+    released = asyncio.Event()
+
+    async def before_stop(name: str, reason: str) -> None:
+        await released.wait()  # never set: only the timeout ends it
+
+    async def scenario() -> None:
+        sup = h.supervisor(before_stop=before_stop, before_stop_timeout_s=0.2)
+        mp = sup.add(h.spec("b1", port))
+        await mp.start()
+        assert await mp.wait_ready(5)
+        await asyncio.wait_for(mp.stop("manual"), 30)
+        assert mp.state is ProcessState.STOPPED
+        await sup.shutdown()
+
+    asyncio.run(scenario())

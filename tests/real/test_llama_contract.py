@@ -5,7 +5,8 @@ What is held: `/props` (slots, per-slot context), `/slots` (per-slot context, wh
 `/health` (ready, and the shape of its answer while the model loads), `timings` on answers and streams, the
 server's own slot choice (longest common prefix above the similarity threshold, else least recently used) and
 its RAM prompt cache (a pinned slot that held another prompt gets its old prompt back from RAM), the error
-bodies for a context overflow and for bad slot actions."""
+bodies for a context overflow and for bad slot actions, and slot files (restored where they were saved, refused
+where they do not fit, when garbage or missing)."""
 
 from __future__ import annotations
 
@@ -212,3 +213,52 @@ def _poll_until_ready(url: str, seen: list, timeout: float) -> None:
             return
         time.sleep(0.002)
     raise AssertionError(f"{url} not ready in {timeout}s: {seen[-3:]}")
+
+
+def test_a_slot_file_loads_only_where_it_fits_and_garbage_is_refused(tmp_path):
+    """Both: a saved slot restores on the server that saved it; the same file on a server whose slots are
+    smaller than what it holds, a file that is not a slot file, and a missing file are refused with one 400
+    `invalid_request_error` (coderouterd's keyed names and sidecars keep it from ever asking: affinity/warm.py)."""
+    refused = {"code": 400, "message": "Unable to restore slot: No available space in KV cache or invalid slot "
+                                       "save file", "type": "invalid_request_error"}
+
+    def check(big_url: str, small_url: str, copy) -> None:
+        with httpx.Client(base_url=big_url) as http:
+            _ok(_chat(http, [{"role": "user", "content": _text("keep", 100)}], id_slot=0))
+            saved = http.post("/slots/0?action=save", json={"filename": "big.bin"}).json()
+            assert saved["n_saved"] > 128 and saved["n_written"] > 0
+            back = http.post("/slots/0?action=restore", json={"filename": "big.bin"})
+            assert back.status_code == 200 and back.json()["n_restored"] == saved["n_saved"]
+        copy("big.bin")
+        with httpx.Client(base_url=small_url) as http:
+            for name in ("big.bin", "junk.bin", "missing.bin"):
+                r = http.post("/slots/0?action=restore", json={"filename": name})
+                assert (r.status_code, r.json()) == (400, {"error": refused}), name
+
+    fdirs = tmp_path / "fa", tmp_path / "fb"
+    for d in fdirs:
+        d.mkdir()
+    fa = FakeServer("llamacpp", name="big", n_slots=1, n_ctx=1024, slot_save_path=str(fdirs[0])).start()
+    fb = FakeServer("llamacpp", name="small", n_slots=1, n_ctx=128, slot_save_path=str(fdirs[1])).start()
+    try:
+        def fcopy(name: str) -> None:
+            (fdirs[1] / name).write_bytes((fdirs[0] / name).read_bytes())
+            (fdirs[1] / "junk.bin").write_bytes(b"garbage" * 100)
+
+        check(fa.url, fb.url, fcopy)
+    finally:
+        fa.stop()
+        fb.stop()
+    big = LlamaServer(tmp_path / "a", slots=1, ctx_per_slot=1024).start()
+    small = LlamaServer(tmp_path / "b", slots=1, ctx_per_slot=128).start()
+    try:
+        assert big.save_dir is not None and small.save_dir is not None
+
+        def rcopy(name: str) -> None:
+            (small.save_dir / name).write_bytes((big.save_dir / name).read_bytes())
+            (small.save_dir / "junk.bin").write_bytes(b"garbage" * 100)
+
+        check(big.url, small.url, rcopy)
+    finally:
+        big.stop()
+        small.stop()

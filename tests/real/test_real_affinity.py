@@ -8,9 +8,18 @@ from __future__ import annotations
 
 import pytest
 
+from bench.real_llama import (
+    THREE_NO_TOOLS_SUITE,
+    THREE_SUITE,
+    after_restarts,
+    baseline,
+    fresh,
+    print_table,
+    restart_bound,
+    routed,
+)
 from bench.real_llama import TWICE_SUITE as TWICE
 from bench.real_llama import WITHIN_SUITE as WITHIN
-from bench.real_llama import after_restarts, baseline, print_table, restart_bound, routed
 from tests.support.real_llama import paths
 
 # A real model on two CPU cores: each test here takes tens of seconds when the machine is idle, and several times
@@ -45,3 +54,14 @@ def test_twice_as_many_lanes_as_slots_with_save_restore(tmp_path):
     got = routed(TWICE, tmp_path / "aff", prompts)
     _show([{"run": "straight", **base}, {"run": "coderouterd", **got}])
     assert got["of_best"] >= 0.80, got
+
+
+def test_three_sessions_with_title_calls_with_and_without_tools(tmp_path):
+    """Issue 33: three interleaved conversations, two title calls, 3 slots, a fresh server: at most 1.10x the
+    tokens the best any cache could do would process, and the same when the turns carry no tools (lanes are
+    chosen by prefix; by request shape, every turn of a session without tools shared one background lane)."""
+    paths()
+    rows = [{"run": sc.name, **fresh(sc, tmp_path / sc.name)} for sc in (THREE_SUITE, THREE_NO_TOOLS_SUITE)]
+    _show(rows)
+    for r in rows:
+        assert r["processed_tokens"] <= 1.10 * r["ideal_processed"], r

@@ -1,7 +1,8 @@
 """Claude-Code-shaped sessions for prefix-affinity tests and the bench: every session shares the system
 prompt and tools, its history grows by a tool call and a sizeable tool result per turn, and its background
 calls (small model, no tools) carry the same session id. The billing header's `cch=` changes per request,
-as Claude Code's does; `cache_control` moves to the last block every turn.
+as Claude Code's does; `cache_control` moves to the last block every turn. `tools=False`: a session whose
+turns carry no tools (Claude Code run with `--tools ""`, or a chat client that names its session).
 
 `reuse_report` compares what a backend reused with the best any slot assignment could give: for each
 request, the longest prefix it shares with ANY earlier prompt (an upper bound, since a slot can only hold
@@ -67,7 +68,8 @@ def billing_block() -> dict:
 
 
 class Session:
-    def __init__(self, n: int, *, tool_result_lines: int | None = None, shape: Shape = CLAUDE_CODE) -> None:
+    def __init__(self, n: int, *, tool_result_lines: int | None = None, shape: Shape = CLAUDE_CODE,
+                 tools: bool = True) -> None:
         self.n = n
         self.id = str(uuid.UUID(int=0xC0DE0000 + n))
         self.turn = 0
@@ -79,7 +81,7 @@ class Session:
                 {"type": "text", "text": f"Session {n}: please fix the failing tests in module_{n}.py"}]},
             {"role": "system", "content": shape.agents},
         ]
-        self.tools = shape.tools
+        self.tools: list[dict] | None = shape.tools if tools else None
         self.system_extra = ""
 
     @property
@@ -98,10 +100,24 @@ class Session:
         last = messages[-1] if messages[-1]["role"] == "user" else messages[0]
         if isinstance(last["content"], list):
             last["content"] = [*last["content"][:-1], {**last["content"][-1], "cache_control": {"type": "ephemeral"}}]
-        return {"model": "claude-sonnet-5", "max_tokens": self.shape.max_tokens, "system": self.system(),
+        body = {"model": "claude-sonnet-5", "max_tokens": self.shape.max_tokens, "system": self.system(),
                 "tools": self.tools,
                 "messages": messages, "metadata": {"user_id": '{"device_id":"' + "d" * 64 +
                                                    '","account_uuid":"","session_id":"' + self.id + '"}'}}
+        if self.tools is None:
+            del body["tools"]
+        return body
+
+    def compaction_body(self) -> dict:
+        """Claude Code's compaction call: the main model, the whole history and a request for a summary at its
+        end (merged into the last user message, as consecutive user messages are), and no tools."""
+        body = self.main_body()
+        body.pop("tools", None)
+        last = body["messages"][-1]
+        content = last["content"] if isinstance(last["content"], list) else [{"type": "text", "text": last["content"]}]
+        body["messages"][-1] = {**last, "content": [*content, {"type": "text", "text": (
+            "Your task is to create a detailed summary of the conversation so far. ") * 4}]}
+        return body
 
     def background_body(self) -> dict:
         first = self.messages[0]["content"][-1]["text"]
@@ -126,16 +142,18 @@ class Session:
 
 
 def workload(n_sessions: int, turns: int, *, background_every: int = 4, shape: Shape = CLAUDE_CODE,
-             background_sessions: int | None = None) -> list[tuple[Session, str]]:
+             background_sessions: int | None = None, tools: bool = True,
+             background_turns: int | None = None) -> list[tuple[Session, str]]:
     """The request order: sessions take turns round-robin; a background call every few turns (from the first
-    `background_sessions` sessions only, when given)."""
-    sessions = [Session(i, shape=shape) for i in range(n_sessions)]
+    `background_sessions` sessions only, when given; in the first `background_turns` turns only, when given)."""
+    sessions = [Session(i, shape=shape, tools=tools) for i in range(n_sessions)]
     with_background = n_sessions if background_sessions is None else background_sessions
     order: list[tuple[Session, str]] = []
     for t in range(turns):
         for s in sessions:
             order.append((s, "main"))
-            if t % background_every == 1 % background_every and s.n < with_background:
+            if t % background_every == 1 % background_every and s.n < with_background and \
+                    (background_turns is None or t < background_turns):
                 order.append((s, "background"))
     return order
 

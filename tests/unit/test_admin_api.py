@@ -44,7 +44,7 @@ class DaemonDouble:
 
     def __init__(self) -> None:
         profiles = {"default": _profile(["a"]), "alt": _profile(["b", "a"])}
-        cfg = SimpleNamespace(profiles=profiles, server=SimpleNamespace(default_profile="default"), routes=[],
+        cfg = SimpleNamespace(profiles=profiles, server=SimpleNamespace(default_profile="default", dashboard=False), routes=[],
                               adaptive=SimpleNamespace(window_s=300.0))
         self.runtime = SimpleNamespace(config=cfg, profile_names=list(profiles), providers={},
                                        loaded=SimpleNamespace(is_embedded=True))
@@ -192,6 +192,13 @@ def test_answers_keep_fields_beyond_the_model_and_add_none(client, daemon):
     r = client.get("/v1/requests/r1")
     assert r.json() == {"request_id": "r1", "status": 200, "panic": False, "notes": ["x"]}
     assert client.get("/v1/requests/r2").status_code == 404
+
+
+def test_a_trace_links_to_the_dashboard_when_it_is_on(client, daemon):
+    daemon.recent["r 1"] = {"request_id": "r 1", "status": 200}
+    daemon.runtime.config.server.dashboard = True
+    daemon.listen = ("127.0.0.1", 8088)
+    assert client.get("/v1/requests/r%201").json()["dashboard_url"] == "http://127.0.0.1:8088/ui#/requests/r%201"
 
 
 def test_use_profile_switches(client, daemon):

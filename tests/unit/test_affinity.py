@@ -50,24 +50,23 @@ def test_header_wins_over_metadata_and_prompt_cache_key():
     assert sess.from_prompt_cache_key("k").key == "pck:k" and sess.from_prompt_cache_key("") is None
 
 
-def test_background_calls_get_their_own_lane_and_subagents_theirs():
+def test_subagents_get_lanes_of_their_own():
+    from coderouterd.affinity.lanes import LaneIndex
+
     s = Session(1)
-    main, bg = s.main_body(), s.background_body()
-    key = sess.session_key(s.headers, main, "f")
-    assert sess.lane_kind(main, key) == sess.MAIN and sess.lane_kind(bg, key) == sess.BACKGROUND
-    # A chat client that names no session and sends no tools is a conversation, not a background call.
-    assert sess.lane_kind(bg, sess.session_key({}, {}, "fp")) == sess.MAIN
-    p_main = segments(Canonicaliser().anthropic(main), "anthropic")
-    lane_main = sess.lane_id(key, sess.MAIN, p_main.head)
-    assert lane_main != sess.lane_id(key, sess.BACKGROUND, "x")
+    main = Canonicaliser().anthropic(s.main_body())
+    idx = LaneIndex()
+
+    def lane(body):
+        return idx.resolve(segments(body, "anthropic"), session=s.id, named=True, tools=True, model="m")[0]
+
+    lane_main = lane(main)
     sub = copy.deepcopy(main)
     sub["messages"] = [{"role": "user", "content": "Explore the repository and report"}]
-    p_sub = segments(Canonicaliser().anthropic(sub), "anthropic")
-    assert sess.lane_id(key, sess.MAIN, p_sub.head) != lane_main
+    assert lane(sub) != lane_main
     # The same conversation one turn later stays in its lane.
     s.advance()
-    p_next = segments(Canonicaliser().anthropic(s.main_body()), "anthropic")
-    assert sess.lane_id(key, sess.MAIN, p_next.head) == lane_main
+    assert lane(Canonicaliser().anthropic(s.main_body())) == lane_main
 
 
 # -- canonical prompt ----------------------------------------------------------------------------------------
@@ -107,7 +106,8 @@ def test_segments_ignore_cache_control_and_chain():
     s = Session(3)
     b1 = Canonicaliser().anthropic(s.main_body())
     p1 = segments(b1, "anthropic")
-    assert p1.labels[:4] == ("tools", "system[0]", "system[1]", "message 0")
+    # The order a chat template renders them in: the system prompt, the tools, the messages.
+    assert p1.labels[:4] == ("system[0]", "system[1]", "tools", "message 0") and p1.lead == 3
     s.advance()
     p2 = segments(Canonicaliser().anthropic(s.main_body()), "anthropic")
     # cache_control moved from message 0's last block to the new last message: the old prefix still matches.
@@ -119,7 +119,9 @@ def test_openai_segments_name_system_messages():
     body = {"tools": [{"type": "function", "function": {"name": "f"}}],
             "messages": [{"role": "system", "content": "a"}, {"role": "user", "content": "b"},
                          {"role": "system", "content": "c"}]}
-    assert segments(body, "openai").labels == ("tools", "system[0]", "message 1", "message 2")
+    p = segments(body, "openai")
+    assert p.labels == ("system[0]", "tools", "message 1", "message 2") and p.lead == 2
+    assert segments({"messages": body["messages"]}, "openai").lead == 1
 
 
 def test_merge_fields_adds_top_level_keys():
@@ -421,16 +423,6 @@ def test_a_moved_lane_does_not_take_back_its_old_slot():
     t.begin(moved.slot, 3.0)
     t.finish(0, "A", a[0], 4.0)  # the earlier request on the old slot ends
     assert [s.id for s in t.slots if s.lane == "A"] == [moved.slot]
-
-
-def test_background_lanes_are_evicted_before_conversations():
-    t = SlotTable(2)
-    a, b = _prompts(Session(36), 1)[0], _prompts(Session(37), 1)[0]
-    t.finish(t.choose("s1|main|x", a).slot, "s1|main|x", a, 1.0)
-    t.finish(t.choose("s1|bg", b).slot, "s1|bg", b, 2.0)
-    # The conversation is the least recently used, but the background lane goes first.
-    c = t.choose("s2|main|y", _prompts(Session(38), 1)[0])
-    assert c.evicted == "s1|bg"
 
 
 # -- the lane's name without the whole chain ------------------------------------------------------------------

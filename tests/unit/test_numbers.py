@@ -15,7 +15,8 @@ from coderouterd.state.events import ProcessEvent, ProcessEventName, RequestFini
 
 def _metrics() -> Metrics:
     return Metrics(SimpleNamespace(budget=SimpleNamespace(snapshot=dict), processes=None,
-                                   affinity=SimpleNamespace(index=SimpleNamespace(providers={})),
+                                   affinity=SimpleNamespace(index=SimpleNamespace(providers={}),
+                                                            warm=SimpleNamespace(stats={}, disk_bytes=0)),
                                    in_flight={"anthropic": 2, "openai": 0}, runtime=None,
                                    browser_refused={"host": 1}))
 

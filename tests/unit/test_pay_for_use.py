@@ -68,8 +68,8 @@ def test_no_digest_for_a_backend_without_slots_or_a_cache_seen_hitting_in_a_fall
     t = _answer(aff, "a", strategy)
     t = _answer(aff, "a", strategy)
     assert digests == []
-    assert t.session is not None and t.lane  # the lane and session are still named (journal, explain)
-    assert t.predicted_tokens is None and aff.index.last_prompt(t.lane) is None and t.bust is None
+    assert t.session is not None and t.lane_label is None  # the session is named; no lane: nothing to choose
+    assert t.predicted_tokens is None and not aff.index.lanes and t.bust is None
 
 
 def test_the_hit_ratio_still_counts_a_prompt_that_was_not_digested(digests):

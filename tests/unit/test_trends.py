@@ -87,3 +87,23 @@ def test_outcome_filter_agrees_with_replay(db, outcome):
 def test_a_missing_journal_reads_as_empty(tmp_path):
     missing = tmp_path / "none.db"
     assert series_rows(missing, 0, 1) == [] and daily_cost(missing, 0, 1) == {} and cache_busts(missing) == []
+
+
+def test_tokens_and_generation_speed_per_bucket_and_unserved_requests_apart(tmp_path):
+    store = Store(tmp_path / "state.db", flush_interval_s=60, journal_retention_days=36_500)
+    store.open()
+    store.journal_sink()([
+        _ev("a", MONTH + 10, input_tokens=100, output_tokens=50, cache_read_tokens=400, latency_ms=1100, ttfb_ms=100),
+        _ev("b", MONTH + 20, input_tokens=10, output_tokens=150, latency_ms=1300, ttfb_ms=300),
+        _ev("c", MONTH + 30, input_tokens=7, output_tokens=0, latency_ms=50, ttfb_ms=None),  # nothing generated
+        _ev("x", MONTH + 40, provider="", status=503, error_class="no_provider", cost_usd=0.0),
+    ])
+    store.close()
+    db = tmp_path / "state.db"
+    s = provider_series(series_rows(db, MONTH, MONTH + DAY), MONTH, MONTH + DAY, DAY)
+    cloud = s["providers"]["cloud"]
+    assert cloud["input_tokens"] == [117] and cloud["output_tokens"] == [200] and cloud["cached_tokens"] == [400]
+    assert cloud["tokens_per_s"][0] == pytest.approx(200 / 2.0)  # 200 tokens over 1.0 s + 1.0 s of generation
+    assert cloud["requests"] == [3]
+    assert set(s["providers"]) == {"cloud"} and s["unserved"] == [1]  # never a provider named "-"
+    assert set(daily_cost(db, MONTH, MONTH + DAY)) == {"cloud"}

@@ -109,3 +109,13 @@ def test_a_request_just_answered_is_in_the_list_even_before_its_record_was_writt
     assert status == 200, body
     answer = orjson.loads(body)
     assert answer["source"] == "memory" and [r["request_id"] for r in answer["requests"]] == ["req-just-now"]
+
+
+def test_a_process_log_s_last_line_is_read_from_its_end_and_bounded(tmp_path):
+    from coderouterd.ui.now import last_line
+
+    log = tmp_path / "box.log"
+    log.write_bytes(b"x" * 10_000 + b"\nloading model\n" + ("error: " + "y" * 1000).encode() + b"\n\n  \n")
+    assert last_line(log) == ("error: " + "y" * 1000)[:300]
+    log.write_bytes(b"")
+    assert last_line(log) is None and last_line(tmp_path / "missing.log") is None

@@ -7,7 +7,14 @@ import asyncio
 import threading
 
 from coderouterd.state.bus import EventBus
-from coderouterd.state.events import GuardFired, ProcessEvent, ProcessEventName, RequestFinished
+from coderouterd.state.events import (
+    DriftDetected,
+    GuardFired,
+    PersistenceFault,
+    ProcessEvent,
+    ProcessEventName,
+    RequestFinished,
+)
 from coderouterd.ui.app import DashboardApp
 from coderouterd.ui.feed import LiveFeed, project
 
@@ -21,11 +28,24 @@ def test_projection_carries_metadata_only():
     d = project(_finished(1))
     assert d["request_id"] == "req-1" and d["provider"] == "local" and d["kind"] == "request_finished"
     assert "attempts" not in d and "session_key" not in d
-    assert project(GuardFired(request_id="r", guard="tool_loop", action="warn")) is None  # kinds not carried
+    assert project(PersistenceFault(component="journal", problem="disk full")) is None  # kinds not carried
     ev = ProcessEvent(provider="local", process="llama", event=ProcessEventName.READY, primary=False)
     assert project(ev) is None  # a process serving two providers is told once
     ev.primary = True
     assert project(ev)["event"] == "ready" and type(project(ev)["event"]) is str
+
+
+def test_notable_events_are_kept_bounded_while_nobody_watches():
+    feed = LiveFeed()
+    loop = GuardFired(request_id="r-loop", guard="tool_loop", action="break",
+                      detail={"tool": "Bash", "repeat_count": 5, "nested": {"x": 1}})
+    drift = DriftDetected(provider="local", model="m", score=3.5)
+    feed.sink([_finished(1), loop, drift, PersistenceFault(component="journal", problem="x")])
+    got = feed.recent()
+    assert [e["kind"] for e in got] == ["guard_fired", "drift_detected"]  # requests are the journal's to keep
+    assert got[0]["detail"] == {"tool": "Bash", "repeat_count": 5}  # flat metadata only
+    feed.sink([drift] * 200)
+    assert len(feed.recent()) == 50 and feed._loop is None  # bounded, and still nothing for the loop to do
 
 
 def test_no_viewer_means_no_work():

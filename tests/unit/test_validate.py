@@ -9,7 +9,8 @@ import orjson
 import pytest
 
 from bench.claude_body import claude_code_body
-from coderouterd.ingress.validate import MAX_DEPTH, validate_anthropic, validate_openai
+from coderouterd.ingress.validate import MAX_DEPTH, MAX_MODEL_NAME_CHARS, validate_anthropic, validate_openai
+from coderouterd.ingress.validate_responses import validate_responses
 from coderouterd.translate.anthropic_request_to_openai import request_to_openai
 from coderouterd.translate.openai_request_to_anthropic import openai_request_to_anthropic
 
@@ -114,3 +115,16 @@ def test_deep_nesting_is_refused_before_translation():
     fine = _with(O_OK, tools=[{"type": "function", "function": {"name": "f", "parameters": _nest(MAX_DEPTH - 4)}}])
     assert validate_openai(fine) is None
     orjson.dumps(openai_request_to_anthropic(fine, "m"))
+
+
+def test_model_names_are_capped_on_every_ingress():
+    """A client's model name is kept in tables, the journal and labels: over the cap it is a 400 naming it."""
+    ok, long = "m" * MAX_MODEL_NAME_CHARS, "m" * (MAX_MODEL_NAME_CHARS + 1)
+    expected = f"model: longer than {MAX_MODEL_NAME_CHARS} characters ({MAX_MODEL_NAME_CHARS + 1})"
+    assert validate_anthropic(_with(A_OK, model=ok)) is None
+    assert validate_anthropic(_with(A_OK, model=long)) == expected
+    assert validate_anthropic(_with(A_OK, model=long), count_tokens=True) == expected
+    assert validate_openai(_with(O_OK, model=ok)) is None
+    assert validate_openai(_with(O_OK, model=long)) == expected
+    assert validate_responses({"model": ok, "input": "hi"}) is None
+    assert validate_responses({"model": long, "input": "hi"}) == expected

@@ -1,0 +1,223 @@
+// "Now": the attention strip, providers (their state and why), managed processes, profiles' effective order.
+import { $, badge, color, el, fill, fmt, getJSON, row, spark, state } from "./core.js";
+
+const TOOL_LOOP_RECENT_S = 3600;  // a tool loop stopped within the last hour needs a look
+
+// -- a provider's state, and why ---------------------------------------------------------------------------------
+
+// One state per provider, the worst that applies: blocked by its cap is a state, not a footnote to "healthy".
+export function providerState(p, now) {
+  const health = String(p.health || "unknown").toLowerCase();
+  const br = (p.breaker && p.breaker.state) || "closed";
+  const b = p.budget;
+  if (b && b.blocked) return { text: "blocked: monthly cap", kind: "bad", problem: "budget" };
+  if (p.process_state === "fatal") return { text: "down: process fatal", kind: "bad", problem: "down" };
+  if (br === "open") return { text: "down: breaker open", kind: "bad", problem: "down" };
+  if (health === "unhealthy" || health === "down") return { text: "down: " + health, kind: "bad", problem: "down" };
+  if (p.key_problem) return { text: "no key", kind: "bad", problem: "down" };
+  if (br === "half_open") return { text: "recovering", kind: "warn" };
+  if (health === "degraded") return { text: "degraded", kind: "warn" };
+  if (b && b.ratio !== null && b.ratio !== undefined && b.ratio >= now.budget_warn_ratio) {
+    return { text: "near its cap", kind: "warn", problem: "budget" };
+  }
+  if (p.process_state && p.process_state !== "ready") return { text: "process " + p.process_state, kind: "warn" };
+  return { text: health === "unknown" ? "not probed yet" : health, kind: health === "healthy" ? "ok" : "" };
+}
+
+// When a retry is due, counted down each second from the daemon's "retry in" (no clock shared with it).
+function countdown(secondsFromNow, retryAt, prefix) {
+  const span = el("span", null, "countdown");
+  span.dataset.deadline = String(Date.now() / 1000 + secondsFromNow);
+  if (retryAt) span.dataset.retryAt = String(retryAt);
+  span.dataset.prefix = prefix;
+  tick(span);
+  return span;
+}
+function tick(span) {
+  const left = Number(span.dataset.deadline) - Date.now() / 1000;
+  span.textContent = left > 0.5 ? span.dataset.prefix + " " + fmt.dur(left) : span.dataset.prefix + " now";
+}
+setInterval(() => document.querySelectorAll(".countdown").forEach(tick), 1000);
+
+function why(p, procs) {
+  const box = el("div", null, "why");
+  const line = (text, cls) => { const d = el("div", text, cls); box.append(d); return d; };
+  const b = p.budget;
+  if (b && b.blocked) {
+    line(`spent ${fmt.usd(b.spent)} of its ${fmt.usd(b.cap)} monthly cap: skipped until the month ends`, "bad");
+  }
+  if (p.key_problem) line(p.key_problem, "bad");
+  const probe = p.health_detail && p.health_detail.last_probe;
+  if (probe && !probe.ok) {
+    const n = p.health_detail.consecutive_failures;
+    line(`probe failed${n > 1 ? ` ${n} times` : ""}: ${probe.detail || "no detail"} (${fmt.time(probe.at)})`, "bad");
+  }
+  const br = p.breaker || {};
+  if (br.state === "open") {
+    const d = line(`breaker open after ${br.consecutive_failures || 0} failure(s) since ${fmt.time(br.opened_at)}; `);
+    d.append(br.retry_in_s !== null && br.retry_in_s !== undefined
+      ? countdown(br.retry_in_s, br.retry_at, "next try in") : el("span", "waiting for a Retry-After"));
+  }
+  const proc = p.process && procs[p.process];
+  if (proc && proc.state !== "ready") {
+    line(`process ${p.process}: ${proc.state}` + (proc.fatal_reason ? ` (${proc.fatal_reason})` : "") +
+      (proc.last_exit ? `, ${proc.last_exit}` : ""), proc.state === "fatal" ? "bad" : "warn");
+    if (proc.next_probe_at) {
+      const d = line("");
+      d.append(countdown(proc.next_probe_at - state.nowFetchedAt.daemon, null, "recovery probe in"));
+    }
+  }
+  const drift = p.drift;
+  if (drift && drift.signals && Object.keys(drift.signals).length) {
+    line(`drift on ${drift.model}: ${Object.keys(drift.signals).join(", ")} (score ${fmt.num(drift.score, 2)})`, "warn");
+  }
+  return box;
+}
+
+// -- render ----------------------------------------------------------------------------------------------------
+
+let sparkData = null;
+export function setSparkData(s) { sparkData = s; }
+
+export function renderNow(now) {
+  state.now = now;
+  const d = now.daemon;
+  state.nowFetchedAt = { daemon: now.daemon.started_at + now.daemon.uptime_s };
+  $("#daemon-line").textContent = `v${d.version} · up ${fmt.dur(d.uptime_s)} · profile ${d.active_profile} · ${d.listen.url}`;
+  const win = d.stats_window_s || 60;
+  $("#p50-head").textContent = `p50, last ${fmt.dur(win)}`;
+  const inFlight = Object.values(now.in_flight || {}).reduce((a, b) => a + b, 0);
+  $("#in-flight").textContent = inFlight ? `(${inFlight} in flight)` : "";
+  const procs = now.processes || {};
+  fill($("#providers-table tbody"), now.providers.map((p) => {
+    state.providers.add(p.name);
+    const name = el("span");
+    const dot = el("span", null, "dot");
+    dot.style.background = color(p.name);
+    name.append(dot, el("strong", p.name), el("span", " " + p.kind + (p.model ? " · " + p.model : ""), "dim"));
+    const st = providerState(p, now);
+    const s = sparkData && sparkData.providers[p.name];
+    const sp = s ? spark(p.name, sparkData.t, s.total_p50, `${p.name}: total time p50 over the last hour`) : null;
+    const p50 = p.figures && p.figures.median_s !== null && p.figures.median_s !== undefined ? p.figures.median_s * 1000 : null;
+    const hit = p.cache ? p.cache.hit_ratio : null;
+    const b = p.budget;
+    const money = b ? fmt.usd(b.spent) + (b.cap ? " / " + fmt.usd(b.cap) : "") : "–";
+    const tr = row([name, badge(st.text, st.kind), why(p, procs), sp || el("span", "no requests", "dim"),
+      [fmt.ms(p50), "num"], [fmt.pct(hit), "num"], [money, b && b.blocked ? "num bad" : "num"]]);
+    tr.dataset.provider = p.name;
+    tr.dataset.state = st.text;
+    tr.id = "provider-" + p.name;
+    return tr;
+  }));
+  const names = Object.keys(procs);
+  $("#processes-empty").hidden = names.length > 0;
+  $("#processes-table").hidden = names.length === 0;
+  fill($("#processes-table tbody"), names.map((n) => {
+    const p = procs[n];
+    const tr = row([el("strong", n), badge(p.state, p.state === "ready" ? "ok" : p.state === "fatal" ? "bad" : "warn"),
+      [fmt.dur(p.uptime_s), "num"], [String(p.restarts_total ?? 0), "num"],
+      [p.memory_mb ? `${Math.round(p.memory_mb).toLocaleString()} MB${p.pinned ? " pinned" : ""}` : "–", "num"],
+      p.idle_stop_in_s !== null && p.idle_stop_in_s !== undefined ? "in " + fmt.dur(p.idle_stop_in_s) : "–",
+      p.last_stop_reason || "–",
+      [(p.last_exit || "–") + (p.fatal_reason ? ` · ${p.fatal_reason}` : ""), p.state === "fatal" ? "bad" : ""],
+      [p.last_log_line || "–", "log"]]);
+    tr.id = "process-" + n;
+    tr.dataset.process = n;
+    return tr;
+  }));
+  // Resident local models against [models] memory_budget_mb (README: Several local models).
+  const m = now.models;
+  const budget = $("#models-budget");
+  budget.hidden = !m;
+  if (m) {
+    const held = `${Math.round(m.memory_held_mb).toLocaleString()} MB held`;
+    const of = m.memory_budget_mb ? ` of ${Math.round(m.memory_budget_mb).toLocaleString()} MB budget` : " (no budget)";
+    budget.textContent = `Local models: ${held}${of}; resident: ${(m.resident || []).join(", ") || "none"}`;
+  }
+  renderAttention();
+}
+
+// -- needs attention -------------------------------------------------------------------------------------------
+
+// Everything wrong now, one line each with a link to its detail; empty (and says so) when all is well.
+export function renderAttention() {
+  const now = state.now;
+  const items = [];
+  const add = (kind, text, href) => items.push({ kind, text, href });
+  if (!state.reachable) {
+    add("daemon", `coderouterd is not answering since ${fmt.time(state.unreachableSince)} (${state.unreachableWhy}): ` +
+      "everything below is as it was then", "#now");
+  }
+  if (now) {
+    for (const p of now.providers) {
+      const st = providerState(p, now);
+      // A FATAL process has its own entry below: its provider is not listed twice.
+      if (st.problem === "down" && p.process_state !== "fatal") add("down", `${p.name} is ${st.text.replace("down: ", "down (")}${st.text.startsWith("down: ") ? ")" : ""}`, "#provider-" + p.name);
+      else if (st.problem === "budget") {
+        add("budget", `${p.name}: ${st.text === "near its cap" ? "near" : "blocked by"} its monthly cap (` +
+          `${fmt.usd(p.budget.spent)} of ${fmt.usd(p.budget.cap)})`, "#provider-" + p.name);
+      }
+      const drift = p.drift;
+      if (drift && drift.signals && Object.keys(drift.signals).length) {
+        add("drift", `drift detected on ${p.name} (${drift.model})`, "#provider-" + p.name);
+      }
+    }
+    const g = now.budget_global;
+    if (g && g.cap && g.blocked) add("budget", `every paid provider is blocked by the global cap (${fmt.usd(g.cap)})`, "#spend");
+    for (const [n, p] of Object.entries(now.processes || {})) {
+      if (p.state === "fatal") add("fatal", `process ${n} is FATAL` + (p.fatal_reason ? `: ${p.fatal_reason}` : ""), "#process-" + n);
+    }
+    const since = Date.now() / 1000 - TOOL_LOOP_RECENT_S;
+    for (const e of now.events || []) {
+      if (e.kind === "guard_fired" && e.guard === "tool_loop" && e.action === "break" && e.ts >= since) {
+        const det = e.detail || {};
+        add("loop", `tool loop stopped at ${fmt.time(e.ts)}: ${det.tool || "?"} repeated ${det.repeat_count || "?"} times`,
+          "#/requests/" + encodeURIComponent(e.request_id || ""));
+      }
+    }
+    if (now.shared && now.shared.up === false) {
+      add("shared", `the shared database is unreachable` + (now.shared.problem ? `: ${now.shared.problem}` : ""), "#now");
+    }
+    if (now.store && now.store.healthy === false) add("store", `state: ${now.store.problem}`, "#now");
+  }
+  const ul = $("#attention-list");
+  ul.replaceChildren(...items.map((it) => {
+    const li = el("li", null, it.kind === "budget" && it.text.includes("near") ? "warn" : "bad");
+    li.dataset.kind = it.kind;
+    const a = el("a", it.text);
+    a.href = it.href;
+    li.append(a);
+    return li;
+  }));
+  $("#attention").classList.toggle("calm", items.length === 0);
+  $("#attention-ok").hidden = items.length > 0;
+}
+
+export async function refreshNow() {
+  try { renderNow(await getJSON("/ui/api/now")); } catch (e) { renderAttention(); }
+}
+
+// -- profiles --------------------------------------------------------------------------------------------------
+
+export async function refreshProfiles() {
+  let answer;
+  try { answer = await getJSON("/ui/api/profiles"); } catch (_) { return; }
+  fill($("#profiles-table tbody"), answer.profiles.map((p) => {
+    const name = el("span");
+    name.append(el("strong", p.name));
+    if (p.active) name.append(" ", badge("active", "ok"));
+    const order = el("span");
+    if (!p.effective_order.length) order.append(el("span", "none available", "bad"));
+    p.effective_order.forEach((n, i) => { if (i) order.append(" > "); order.append(el("span", n, "chip")); });
+    const skips = el("div");
+    for (const s of p.skips || []) skips.append(el("div", `${s.provider}: ${s.reason}${s.message ? " (" + s.message + ")" : ""}`, "warn"));
+    for (const n of p.order_notes || []) {
+      if (n.moved && n.moved !== "none") skips.append(el("div", `${n.provider}: ${n.why} (moved ${n.moved})`, "dim"));
+    }
+    if (!skips.childNodes.length) skips.append(el("span", "–", "dim"));
+    const tr = row([name, p.mode, order, skips]);
+    tr.dataset.profile = p.name;
+    if (p.active) tr.classList.add("active");
+    return tr;
+  }));
+}

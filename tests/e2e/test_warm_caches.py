@@ -1,0 +1,169 @@
+"""KV caches that survive planned stops and crashes, end to end: the real daemon manages the fake llama-server
+(a script named `llama-server`, so it gets `--slot-save-path` like the real one) and the conversation's next
+turn after a daemon restart, or after kill -9 of the server, is served from its saved prefix. What it cost
+shows in `corectl status` and /metrics."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import orjson
+
+from tests.support import cli
+from tests.support.claude_sessions import Session
+from tests.support.daemon import ROOT, DaemonProcess, admin_get, free_port
+
+CONFIG = """
+[server]
+port = {PORT}
+[state]
+flush_interval_s = 0.1
+[providers.llama]
+kind = "openai"
+base_url = "http://127.0.0.1:@LP@/v1"
+model = "coder"
+[providers.llama.process]
+command = @ARGV@
+cwd = "@ROOT@"
+ready_url = "http://127.0.0.1:@LP@/health"
+stop_timeout_s = 2
+startsecs = 0.1
+[profiles.default]
+providers = ["llama"]
+health_action = "warn"
+[affinity]
+clone_min_tokens = 100000
+save_idle_after_s = @IDLE@
+"""
+
+
+def _config(tmp: Path, port: int, idle: float) -> str:
+    bin_dir = tmp / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    script = bin_dir / "llama-server"
+    script.write_text(f"#!/bin/sh\nexec {sys.executable} -m tests.fakes --kind llamacpp --no-record \"$@\"\n")
+    script.chmod(0o755)
+    model = tmp / "coder.gguf"
+    model.write_bytes(b"weights")
+    argv = [str(script), "-m", str(model), "--port", str(port), "-np", "2", "-c", str(2 * 65536)]
+    return (CONFIG.replace("@LP@", str(port)).replace("@ARGV@", json.dumps(argv)).replace("@ROOT@", str(ROOT))
+            .replace("@IDLE@", str(idle)))
+
+
+def _wait(pred, what: str, timeout: float = 60.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        got = pred()
+        if got:
+            return got
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def _ready(d: DaemonProcess) -> dict:
+    def ready():
+        st = admin_get(d.state_dir / "coderouterd.sock", "/v1/processes")
+        procs = (st or {}).get("processes") or {}
+        proc = procs[0] if isinstance(procs, list) and procs else next(iter(procs.values()), None) \
+            if isinstance(procs, dict) else None
+        return proc if proc and proc.get("state") == "ready" else None
+
+    return _wait(ready, "the managed llama-server to be ready")
+
+
+def _turn(d: DaemonProcess, s: Session) -> dict:
+    r = httpx.post(d.url + "/v1/messages", json=s.main_body(), timeout=60,
+                   headers={**s.headers, "anthropic-version": "2023-06-01"})
+    assert r.status_code == 200, r.text
+    s.advance()
+    return r.json()["usage"]
+
+
+def _bins(d: DaemonProcess) -> list[str]:
+    try:
+        return sorted(n for n in os.listdir(d.state_dir / "slots") if n.endswith(".bin"))
+    except FileNotFoundError:
+        return []
+
+
+def test_the_next_turn_after_a_daemon_restart_is_served_from_the_slots_saved_at_shutdown(tmp_path):
+    port = free_port()
+    config = _config(tmp_path, port, idle=0)  # no background saves: only the save before the stop
+    a, b = Session(60), Session(61)
+    d = DaemonProcess(config, tmp_path).start()
+    try:
+        _ready(d)
+        for s in (a, b, a, b):
+            _turn(d, s)
+        assert _bins(d) == []
+    finally:
+        d.stop()
+    assert len(_bins(d)) == 2  # both lanes' slots, saved before the server was stopped
+    d2 = DaemonProcess(config, tmp_path).start()
+    try:
+        _ready(d2)
+        usage = _turn(d2, a)
+        total = usage["input_tokens"] + usage["cache_read_input_tokens"]
+        assert usage["cache_read_input_tokens"] > 0.5 * total, usage
+        st = admin_get(d2.state_dir / "coderouterd.sock")
+        warm = next(p for p in st["providers"] if p["name"] == "llama")["cache"]["slots"]["warm"]
+        assert warm["restores"] == 1 and warm["restore_bytes"] > 0 and warm["disk_bytes"] > 0
+        env = {k: v for k, v in os.environ.items() if not k.startswith("CODEROUTER_")}
+        out = cli.corectl(["--socket", str(d2.state_dir / "coderouterd.sock"), "status"], env=env).stdout
+        assert "llama slot caches: 0 saved" in out and "1 restored" in out
+        metrics = httpx.get(d2.url + "/metrics", timeout=10).text
+        assert 'coderouter_slot_restores_total{provider="llama"} 1.0' in metrics
+    finally:
+        d2.stop()
+
+
+def test_after_kill_9_of_the_server_the_lane_resumes_from_its_background_save(tmp_path):
+    port = free_port()
+    a = Session(62)
+    d = DaemonProcess(_config(tmp_path, port, idle=0.2), tmp_path).start()
+    try:
+        proc = _ready(d)
+        _turn(d, a)
+        _turn(d, a)
+        _wait(lambda: _bins(d), "the idle lane's background save")
+        side = d.state_dir / "slots" / (_bins(d)[0] + ".json")
+        _wait(side.exists, "its sidecar")
+        assert orjson.loads(side.read_bytes())["key"]["n_ctx"] == 65536
+        os.kill(proc["pid"], signal.SIGKILL)
+        _wait(lambda: (p := _ready(d)) and p["pid"] != proc["pid"], "the supervisor's restart")
+        usage = _turn(d, a)
+        total = usage["input_tokens"] + usage["cache_read_input_tokens"]
+        assert usage["cache_read_input_tokens"] > 0.5 * total, usage
+        metrics = httpx.get(d.url + "/metrics", timeout=10).text
+        assert 'coderouter_slot_saves_total{provider="llama"}' in metrics
+    finally:
+        d.stop()
+
+
+def test_a_config_change_that_restarts_the_server_saves_its_slots_first(tmp_path):
+    port = free_port()
+    config = _config(tmp_path, port, idle=0)
+    a = Session(63)
+    d = DaemonProcess(config, tmp_path).start()
+    try:
+        first = _ready(d)
+        _turn(d, a)
+        _turn(d, a)
+        # Another command line for the same server (a flag the fake ignores): the reload restarts it.
+        d.config_path.write_text(d.config_path.read_text().replace('"-np"', '"--threads-http", "2", "-np"'))
+        with httpx.Client(transport=httpx.HTTPTransport(uds=str(d.state_dir / "coderouterd.sock")),
+                          base_url="http://coderouterd", timeout=30) as admin:
+            assert admin.post("/v1/reload").json()["ok"]
+        _wait(lambda: (p := _ready(d)) and p["pid"] != first["pid"], "the reload's restart")
+        assert len(_bins(d)) == 1  # saved before the old server stopped
+        usage = _turn(d, a)
+        total = usage["input_tokens"] + usage["cache_read_input_tokens"]
+        assert usage["cache_read_input_tokens"] > 0.5 * total, usage
+    finally:
+        d.stop()
