@@ -378,15 +378,22 @@ health_action = "warn"
 """
 
 
-def swap_config(sc: Scenario, ports: tuple[int, int], starts_log: Path, *, idle_stop_s: float = 0) -> str:
+def swap_config(sc: Scenario, ports: tuple[int, int], starts_log: Path, state: Path, *,
+                idle_stop_s: float = 0) -> str:
     """Both servers on demand, each started through tests/support/exclusive.py, which notes which of the two is
-    alive at the moment each one starts; the budget is 1.5x one server's estimate (model file + KV cache)."""
+    alive at the moment each one starts; the budget is 1.5x one server's estimate (model file + KV cache). The
+    wrapper hides llama-server from coderouterd's own --slot-save-path, so the command names the daemon's slot
+    directory itself (under `state`), where its slots are saved before each stop."""
+    from coderouterd.affinity.slot_save import slot_dir
     from coderouterd.supervise.memory import estimate_mb
 
     p = paths()
-    argvs = [server_argv(p["LLAMA_SERVER"], p["LLAMA_MODEL"], port, slots=sc.slots, ctx_per_slot=sc.ctx)
-             for port in ports]
-    budget = round(estimate_mb(argvs[0]) * 1.5, 1)
+    # Two different models in real use: here one model file, so the second server gets 128 more tokens of context,
+    # which keys its slot files apart (saved slots are keyed by model file, context and server version: two
+    # identical servers would share file names).
+    argvs = [server_argv(p["LLAMA_SERVER"], p["LLAMA_MODEL"], port, slots=sc.slots, ctx_per_slot=sc.ctx + 128 * i,
+                         save_dir=slot_dir(state)) for i, port in enumerate(ports)]
+    budget = round(estimate_mb(argvs[1]) * 1.5, 1)  # the bigger of the two
     wrap = [sys.executable, "-m", "tests.support.exclusive", str(starts_log), ",".join(map(str, ports)), "--"]
     return (SWAP_CONFIG.replace("@PA@", str(ports[0])).replace("@PB@", str(ports[1]))
             .replace("@ARGV_A@", json.dumps(wrap + argvs[0])).replace("@ARGV_B@", json.dumps(wrap + argvs[1]))
@@ -413,7 +420,7 @@ def swap(sc: Scenario, tmp: Path, *, budget: bool = True) -> dict:
     alive (must be none), and errors (must be none)."""
     ports = (free_port(), free_port())
     log = tmp / "starts.log"
-    cfg = swap_config(sc, ports, log)
+    cfg = swap_config(sc, ports, log, tmp / "state")  # DaemonProcess's state directory
     if not budget:  # the baseline: both servers stay up, no turn ever swaps
         cfg = cfg.replace("[models]\nmemory_budget_mb = ", "[models]\nmemory_budget_mb = 0 # ")
     d = DaemonProcess(cfg, tmp)  # its cwd is the repository: the wrapper imports from it
