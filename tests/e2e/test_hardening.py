@@ -224,26 +224,26 @@ def test_client_strings_are_bounded(fake, daemons, tmp_path):
     assert r.headers["x-request-id"].startswith("req_")
     r = httpx.post(url, json=CHAT, headers={"x-request-id": "client-123"})
     assert r.headers["x-request-id"] == "client-123"
+    # A model name past the ingress cap (issue 34) is refused, naming the limit, and never stored or logged.
     huge = "m" * 300_000
     r = httpx.post(url, json={**CHAT, "model": huge}, headers={"x-request-id": "huge-model"})
-    assert r.status_code == 200
+    assert r.status_code == 400 and "256" in r.text and len(r.text) < 2000
     r = httpx.post(url, json=CHAT, headers={"x-coderouter-profile": "p" * 50_000})
     assert r.status_code == 400 and len(r.text) < 2000
+    # A name at the cap is served, and what the journal keeps of it stays bounded.
+    r = httpx.post(url, json={**CHAT, "model": "m" * 256}, headers={"x-request-id": "long-model"})
+    assert r.status_code == 200
 
     def stored():
         try:
             with sqlite3.connect(d.state_dir / "state.db") as db:
-                return db.execute("SELECT model_requested FROM journal WHERE request_id = 'huge-model'").fetchone()
+                return db.execute("SELECT model_requested FROM journal WHERE request_id = 'long-model'").fetchone()
         except sqlite3.Error:
             return None
 
     row = wait_for(stored, 8.0, "the journal row")
-    assert len(row[0]) < 300 and row[0].startswith("m" * 256) and "chars]" in row[0]
+    assert len(row[0]) <= 300
     assert huge not in d.log()
-    with httpx.Client(transport=httpx.HTTPTransport(uds=str(d.state_dir / "coderouterd.sock")),
-                      base_url="http://coderouterd", timeout=5) as admin:
-        trace = admin.get("/v1/requests/huge-model").json()
-    assert len(trace["model_requested"]) < 300
 
 
 def test_a_taken_port_is_named_with_how_to_choose_another(tmp_path):
