@@ -39,6 +39,7 @@ from .warm_files import (
     SlotFile,
     is_ours,
     key_from_props,
+    owner_tag,
     sidecar_matches,
     to_prune,
     to_save,
@@ -163,10 +164,10 @@ class Warm:
             # Nothing tells this server's files from another's: none from before is trusted, and what it saves
             # now is named so that no later key matches it.
             table.keep_saved(lambda f: False)
-            table.file_prefix = f"{PREFIX}unkeyed-"
+            table.file_prefix = f"{PREFIX}unkeyed-{owner_tag(provider.name)}"
             self._keys[provider.name] = _UNKNOWN
             return
-        prefix = key.file_prefix()
+        prefix = key.file_prefix(provider.name)
         table.file_prefix = prefix
         candidates = [sv.filename for sv in table.saved.values() if sv.filename.startswith(prefix)]
         assert self.directory is not None

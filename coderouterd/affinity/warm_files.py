@@ -38,12 +38,19 @@ class CacheKey:
         raw = orjson.dumps([self.model, self.size, self.mtime_ns, self.n_ctx, self.build])
         return hashlib.sha256(raw).hexdigest()[:12]
 
-    def file_prefix(self) -> str:
-        return f"{PREFIX}{self.digest()}-"
+    def file_prefix(self, owner: str = "") -> str:
+        """`owner`: the provider whose slots these are. Two servers of the same model and context have the same
+        key, and share the save directory: without the owner in the name one would overwrite the other's lanes."""
+        return f"{PREFIX}{self.digest()}-{owner_tag(owner)}"
 
     def as_dict(self) -> dict:
         return {"model": self.model, "size": self.size, "mtime_ns": self.mtime_ns, "n_ctx": self.n_ctx,
                 "build": self.build, "digest": self.digest()}
+
+
+def owner_tag(owner: str) -> str:
+    """A provider's part of its slot files' names (its name may hold any character; the digest is file-safe)."""
+    return hashlib.sha256(owner.encode()).hexdigest()[:8] + "-" if owner else ""
 
 
 def key_from_props(props: dict, size: int | None, mtime_ns: int | None) -> CacheKey | None:

@@ -43,6 +43,17 @@ def test_the_key_names_model_file_size_mtime_context_and_version():
     assert key_from_props(PROPS, 1000, 5) == base  # stable: a restarted daemon finds the same files
 
 
+def test_two_servers_of_one_model_and_context_name_their_files_apart():
+    """Same model file, same context, one save directory: the key is the same, and without the provider in the
+    names one server's save overwrote the other's lane (found by the swap bench)."""
+    key = key_from_props(PROPS, 1000, 5)
+    assert key is not None
+    a, b = key.file_prefix("coder"), key.file_prefix("coder-2")
+    assert a != b and a.startswith(key.file_prefix()) and b.startswith(key.file_prefix())
+    assert a == key.file_prefix("coder")  # stable across restarts
+    assert "/" not in key.file_prefix("we/ird name")  # any provider name gives a plain file name
+
+
 def test_no_key_without_a_context_size():
     assert key_from_props({"model_path": "/m/x.gguf"}, 1, 1) is None
     assert key_from_props({"default_generation_settings": {"n_ctx": 0}}, 1, 1) is None
