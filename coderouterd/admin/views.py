@@ -128,8 +128,12 @@ def models_memory(daemon: Daemon) -> dict | None:
     if daemon.processes is None:
         return None
     snap = daemon.processes.snapshot()
+    # Saved caches: the lanes each llama-server can get back from disk after a stop, and the disk they hold.
+    saved = {name: len(pp.slots.saved) for name, pp in daemon.affinity.index.providers.items()
+             if pp.slots is not None and pp.slots.saved}
     return {"memory_budget_mb": snap["memory_budget_mb"], "memory_held_mb": snap["memory_held_mb"],
-            "resident": sorted(n for n, p in snap["processes"].items() if p["resident"])}
+            "resident": sorted(n for n, p in snap["processes"].items() if p["resident"]),
+            "saved_lanes": saved, "saved_bytes": daemon.affinity.warm.disk_bytes}
 
 
 def health(daemon: Daemon) -> dict:

@@ -119,6 +119,9 @@ def test_the_next_turn_after_a_daemon_restart_is_served_from_the_slots_saved_at_
         assert "llama slot caches: 0 saved" in out and "1 restored" in out
         metrics = httpx.get(d2.url + "/metrics", timeout=10).text
         assert 'coderouter_slot_restores_total{provider="llama"} 1.0' in metrics
+        # The dashboard's local models line reads the saved caches from the same answer as status.
+        models = httpx.get(d2.url + "/ui/api/now", timeout=10).json()["models"]
+        assert models["saved_lanes"] == {"llama": 2} and models["saved_bytes"] == warm["disk_bytes"] > 0
     finally:
         d2.stop()
 

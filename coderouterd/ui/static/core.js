@@ -43,6 +43,10 @@ export const fmt = {
     if (v === null || v === undefined) return "–";
     return v === 0 ? "$0" : v < 0.01 ? "$" + v.toFixed(4) : "$" + v.toFixed(2);
   },
+  bytes(v) {
+    if (!v) return "0 MB";
+    return v >= 1 << 30 ? (v / (1 << 30)).toFixed(1) + " GB" : (v / (1 << 20)).toFixed(v >= 10 << 20 ? 0 : 1) + " MB";
+  },
   pct(v) { return v === null || v === undefined ? "–" : (v * 100).toFixed(0) + "%"; },
   dur(s) {
     if (s === null || s === undefined) return "–";

@@ -132,7 +132,9 @@ export function renderNow(now) {
   if (m) {
     const held = `${Math.round(m.memory_held_mb).toLocaleString()} MB held`;
     const of = m.memory_budget_mb ? ` of ${Math.round(m.memory_budget_mb).toLocaleString()} MB budget` : " (no budget)";
-    budget.textContent = `Local models: ${held}${of}; resident: ${(m.resident || []).join(", ") || "none"}`;
+    const lanes = Object.values(m.saved_lanes || {}).reduce((a, b) => a + b, 0);
+    const saved = lanes ? `; saved caches: ${lanes} lane${lanes === 1 ? "" : "s"} (${fmt.bytes(m.saved_bytes || 0)})` : "";
+    budget.textContent = `Local models: ${held}${of}; resident: ${(m.resident || []).join(", ") || "none"}${saved}`;
   }
   renderAttention();
 }
