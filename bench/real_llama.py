@@ -83,10 +83,12 @@ THREE_NO_TOOLS_SUITE = Scenario("three-no-tools-suite", slots=3, ctx=1024, sessi
 # lose, with one title call per session at its second turn.
 WARM_SUITE = Scenario("warm-suite", slots=3, ctx=1024, sessions=3, turns=4, background_sessions=2,
                       background_every=100, shape=TINY, clone_min_tokens=64)
+WARM_NO_TOOLS_SUITE = Scenario("warm-no-tools-suite", slots=3, ctx=1024, sessions=3, turns=4, background_sessions=2,
+                               background_every=100, shape=TINY, clone_min_tokens=64, tools=False)
 SCENARIOS = {"within": [WITHIN], "twice": [TWICE], "three": [THREE, THREE_NO_TOOLS],
              "all": [WITHIN, TWICE, THREE, THREE_NO_TOOLS],
              "suite": [WITHIN_SUITE, TWICE_SUITE, THREE_SUITE, THREE_NO_TOOLS_SUITE],
-             "three-suite": [THREE_SUITE, THREE_NO_TOOLS_SUITE], "warm-suite": [WARM_SUITE]}
+             "three-suite": [THREE_SUITE, THREE_NO_TOOLS_SUITE], "warm-suite": [WARM_SUITE, WARM_NO_TOOLS_SUITE]}
 # Two managed servers (a "coder" and a "small" model: here the same small model on two ports) and a memory budget
 # that holds one: two conversations, one on each, alternate, so every turn after the first two swaps.
 SWAP = Scenario("swap", slots=1, ctx=2048, sessions=2, turns=4, background_sessions=0)

@@ -279,6 +279,10 @@ cwd = "@ROOT@"
 ready_url = "http://127.0.0.1:@BOXPORT@/api/tags"
 stop_timeout_s = 2
 startsecs = 0.2
+memory_mb = 400
+
+[models]
+memory_budget_mb = 1000
 
 # Exits at start with code 3 and no restart left: FATAL.
 [providers.broken]

@@ -14,6 +14,7 @@ import pytest
 
 from coderouterd.state.journal import journal_rows
 from tests.support import cli
+from tests.support.daemon import admin_get
 
 from .conftest import axe_violations, save
 
@@ -122,21 +123,44 @@ def test_processes_show_their_last_exit_last_log_line_and_restarts(page, night):
     broken = page.locator("#processes-table tbody tr[data-process=broken]")
     broken.filter(has_text="fatal").wait_for(timeout=LONG)
     now = httpx.get(night.url + "/api/now").json()["processes"]
-    assert "exited with code 3" in broken.locator("td").nth(4).inner_text()
+    assert "exited with code 3" in process_cell(page, broken, "Last exit").inner_text()
 
     def file_last_line() -> str:
         lines = [ln for ln in open(now["broken"]["log"], encoding="utf-8").read().splitlines() if ln.strip()]
         return lines[-1].strip()[:300]
 
     # The last log line is the log file's own last line (read again while waiting: the page polls every 2 s).
-    _wait(lambda: broken.locator("td").nth(5).inner_text() == file_last_line(), "the log's last line on the page")
+    _wait(lambda: process_cell(page, broken, "Last log line").inner_text() == file_last_line(),
+          "the log's last line on the page")
     box = page.locator("#processes-table tbody tr[data-process=box]")
     box.filter(has_text="ready").wait_for(timeout=LONG)
     metrics = httpx.get(night.daemon.url + "/metrics").text
     restarts = next(float(line.rsplit(" ", 1)[1]) for line in metrics.splitlines()
                     if line.startswith('coderouter_process_restarts_total{process="box"}'))
-    assert int(box.locator("td").nth(3).inner_text()) == int(restarts) >= 1
-    assert "killed by SIGKILL" in box.locator("td").nth(4).inner_text()
+    assert int(process_cell(page, box, "Restarts").inner_text()) == int(restarts) >= 1
+    assert "killed by SIGKILL" in process_cell(page, box, "Last exit").inner_text()
+
+
+def process_cell(page, row, header: str):
+    """A processes-table cell by its column's heading (columns grow: memory, idle stop, last stop)."""
+    heads = page.locator("#processes-table thead th").all_inner_texts()
+    return row.locator("td").nth(heads.index(header))
+
+
+def test_local_models_show_memory_against_the_budget_and_each_process_its_share(page, night):
+    """Issue 35 item 5: what is resident, the memory held against [models] memory_budget_mb, each process's
+    memory, idle stop and last stop, as the admin API's status says (the same view corectl status renders)."""
+    open_page(page, night)
+    box = page.locator("#processes-table tbody tr[data-process=box]")
+    box.filter(has_text="ready").wait_for(timeout=LONG)
+    line = page.locator("#models-budget")
+    line.filter(has_text="resident: box").wait_for(timeout=LONG)
+    models = admin_get(night.daemon.state_dir / "coderouterd.sock")["models"]
+    assert models["resident"] == ["box"] and models["memory_budget_mb"] == 1000
+    text = line.inner_text()
+    assert f"{round(models['memory_held_mb']):,} MB held of 1,000 MB budget" in text, text
+    assert process_cell(page, box, "Memory").inner_text().startswith("400 MB")
+    assert process_cell(page, box, "Idle stop").inner_text() == "–"  # idle_stop_s = 0: never stopped for idling
 
 
 def test_events_are_in_the_feed_and_corectl_explain_shows_the_tool_loop(page, night):

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import pytest
 
-from bench.real_llama import WARM_SUITE, interrupted, print_warm_table
+from bench.real_llama import WARM_NO_TOOLS_SUITE, WARM_SUITE, interrupted, print_warm_table
 from tests.support.real_llama import paths
 
 # A real model on two CPU cores: each test here takes tens of seconds when the machine is idle, and several times
@@ -21,9 +21,11 @@ from tests.support.real_llama import paths
 pytestmark = pytest.mark.timeout(900)
 
 
-def test_lanes_resume_from_saved_slots_after_a_daemon_restart_and_a_server_kill(tmp_path):
+@pytest.mark.parametrize("scenario", [WARM_SUITE, WARM_NO_TOOLS_SUITE], ids=["tools", "no-tools"])
+def test_lanes_resume_from_saved_slots_after_a_daemon_restart_and_a_server_kill(tmp_path, scenario):
+    """The same with sessions whose turns carry no tools (lanes are chosen by prefix, not by request shape)."""
     paths()
-    r = interrupted(WARM_SUITE, tmp_path, ("restart", "kill"))
+    r = interrupted(scenario, tmp_path, ("restart", "kill"))
     print()
     print_warm_table([{"run": "restart, then kill -9", **r}])
     assert r["restores"] >= 1, r  # the killed server's lanes came back from their background saves
