@@ -17,6 +17,7 @@ from ..routing.breaker import BreakerState
 from ..routing.state import HEALTHY, UNHEALTHY, RoutingState
 from ..state import ProcessEvent, RecoveryProbe
 from ..state.events import ProcessEventName
+from ..supervise.spec import ProcessState
 
 if TYPE_CHECKING:
     from ..runtime import Runtime
@@ -28,7 +29,8 @@ RESTART_COMMAND_TIMEOUT_S = 120.0
 E = ProcessEventName
 _UP = frozenset({E.READY, E.ADOPTED})  # the process answers: back into routing
 _DOWN = frozenset({E.STARTED, E.EXITED, E.FATAL, E.STOPPED, E.RESTARTING})  # not serving: out of routing
-_ENDED = frozenset({E.EXITED, E.FATAL})  # gone on its own: recover it
+_ENDED = frozenset({E.EXITED, E.FATAL})
+_NOT_COMING = frozenset({ProcessState.FATAL, ProcessState.STOPPED})  # gone on its own: recover it
 _COMING = frozenset({E.STARTED, E.RESTARTING, E.EXITED})  # the supervisor is bringing it (back) up
 # The process's state as the client's error names it ("process llama is fatal; `corectl restart llama` ...").
 _STATE_WORD = {E.STARTED: "starting", E.RESTARTING: "restarting", E.EXITED: "exited", E.FATAL: "fatal",
@@ -155,7 +157,12 @@ class SelfHealer:
                 if restart and not mp.external and not await mp.restart(reason):
                     log.debug("restart of %s skipped: one is already in progress", mp.spec.name)
                 # The first probe waits for readiness: a server still loading its model is not dead.
-                await mp.wait_ready(mp.spec.start_timeout_s)
+                if not await mp.wait_ready(mp.spec.start_timeout_s) and mp.state in _NOT_COMING:
+                    # Fatal or stopped: it does not come back by itself, and a probe of its port would answer for
+                    # whatever else listens there (an impostor it refused to adopt). It rejoins when its process
+                    # is ready again (on_process_event).
+                    self.state.unhold(provider)
+                    return
             elif restart and self._runtime().providers[provider].cfg.restart_command:
                 await self._run_restart_command(provider)
             else:

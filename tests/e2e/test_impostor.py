@@ -39,6 +39,23 @@ def test_impostor_is_refused_routed_around_and_named(tmp_path):
             assert r.status_code == 200 and r.headers["x-coderouter-provider"] == "backup"
             assert not [q for q in impostor.requests if "chat" in q.get("path", "")]
 
+            # Self-healing does not take the impostor's answers for a recovery: no "rejoined" for llm, ever.
+            def recovery_over() -> bool:
+                snap = ((admin_get(sock) or {}).get("processes") or {}).get("llm") or {}
+                return snap.get("recovering") is False
+
+            assert wait_for(recovery_over, 20)
+            audit_file = d.state_dir / "audit.jsonl"
+
+            def audited() -> str | None:  # the writer thread flushes in batches: the process's fatal event is in
+                text = audit_file.read_text() if audit_file.is_file() else ""
+                return text if '"fatal"' in text else None
+
+            audit = wait_for(audited, 20)
+            assert audit, "the fatal process event was never audited"
+            rejoined = [ln for ln in audit.splitlines() if '"rejoined"' in ln and '"llm"' in ln]
+            assert not rejoined, rejoined
+
             human = corectl("status", sock=sock)
             assert human.returncode == 0, human.stderr
             assert f"pid {os.getpid()}" in " ".join(human.stdout.split()), human.stdout
