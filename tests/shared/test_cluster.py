@@ -107,7 +107,13 @@ def test_two_instances_share_one_cap_and_one_journal(tmp_path, pg_dsn, upstream)
             codes = list(pool.map(one, range(48)))
         assert codes.count(200) <= 10
         assert set(codes) <= {200, 402, 503}
-        time.sleep(1.0)  # settles and the last journal batches
+        # The settles and the last journal batches land after the answers: waited for, not given a second.
+        def landed() -> bool:
+            with psycopg.connect(pg_dsn) as c:
+                shipped = c.execute("SELECT count(*) FROM cr_journal").fetchone()[0]
+            return _ledger(pg_dsn)["*"][0] == codes.count(200) * 300_000 and shipped == 48
+
+        assert wait_for(landed, 30), _ledger(pg_dsn)
         ledger = _ledger(pg_dsn)
         spent, reserved, cap = ledger["*"]
         assert spent + reserved <= cap == 3_000_000  # what is still held: the instances' allowances
