@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import time
-
 import httpx
 import orjson
 
 from tests.support import cli
+from tests.support.wait import wait_for
 
 from .conftest import REBOUND_HOST, save
 
@@ -127,10 +126,7 @@ def test_a_hidden_tab_leaves_the_live_feed_and_rejoins_when_shown(page, dash):
         document.dispatchEvent(new Event("visibilitychange"));
     }""")
     page.wait_for_selector("#live-state.off")
-    deadline = time.monotonic() + 20
-    while viewers() != before - 1:  # the daemon saw the stream close
-        assert time.monotonic() < deadline
-        time.sleep(0.05)
+    assert wait_for(lambda: viewers() == before - 1, 30)  # the daemon saw the stream close
     page.evaluate("""() => {
         Object.defineProperty(document, "visibilityState", {configurable: true, get: () => "visible"});
         document.dispatchEvent(new Event("visibilitychange"));
@@ -168,7 +164,8 @@ def test_screenshots_wide_and_narrow(browser, dash):
             page.wait_for_selector(f'#live-feed li[data-request-id="ui-shot-{width}-2"]', timeout=20_000)
             page.wait_for_function("() => ['ttft', 'total', 'cache', 'spendDaily', 'spendMonth']"
                                    ".every(k => window.coderouterDashboard.charts[k] !== undefined)")
-            page.wait_for_timeout(300)
+            # Two frames rendered after the charts exist: the layout the checks below read is the drawn one.
+            page.evaluate("() => new Promise(r => requestAnimationFrame(() => requestAnimationFrame(r)))")
             # Nothing wider than the screen: a phone scrolls down, not sideways (tables scroll in their card).
             overflow = page.evaluate("() => document.documentElement.scrollWidth - window.innerWidth")
             assert overflow <= 0, f"{width}px: the page is {overflow}px wider than the viewport"

@@ -16,6 +16,7 @@ import pytest
 
 from tests.fakes.runner import FakeServer
 from tests.support.daemon import ROOT, DaemonProcess
+from tests.support.wait import wait_for
 
 ANSI = re.compile(rb"\x1b(\[[0-9;?]*[A-Za-z]|\][^\x07]*\x07|[()][0-9A-Za-z]|[=>78])")
 
@@ -148,14 +149,12 @@ def test_top_shows_live_figures_and_quits_on_q(daemon):
         assert "beta ok" in frame  # the route of the newest requests
         assert "req/s" in frame and "spend this month" in frame
 
-        sent_q = time.monotonic()
         screen.send(b"q")
-        assert screen.wait_exit(3.0) == 0
-        assert time.monotonic() - sent_q < 3.0
+        assert screen.wait_exit(30.0) == 0  # a ceiling against a hang, not a measure of how quickly
         lflag = termios.tcgetattr(screen.fd)[3]
         assert lflag & termios.ICANON and lflag & termios.ECHO  # the terminal is restored
-        time.sleep(0.1)
-        assert b"\x1b[?1049l" in screen.raw  # and it left the alternate screen
+        # and it left the alternate screen (the reader thread may not have taken the last bytes in yet)
+        assert wait_for(lambda: b"\x1b[?1049l" in screen.raw, 10)
     finally:
         screen.close()
 
@@ -166,7 +165,7 @@ def test_top_quits_cleanly_on_ctrl_c(daemon):
     try:
         screen.wait_text(lambda f: "no requests yet" in f)
         screen.send(b"\x03")  # the line discipline turns it into SIGINT for the foreground group
-        assert screen.wait_exit(3.0) == 0
+        assert screen.wait_exit(30.0) == 0
         assert termios.tcgetattr(screen.fd)[3] & termios.ICANON
     finally:
         screen.close()

@@ -4,12 +4,11 @@ and a switch to turn it off."""
 
 from __future__ import annotations
 
-import time
-
 import httpx
 import pytest
 
 from tests.fakes.runner import FakeServer
+from tests.support.wait import wait_for
 
 CONFIG = """
 [server]
@@ -56,25 +55,20 @@ def _admin(d) -> httpx.Client:
 
 
 def _wait_admin(admin: httpx.Client) -> None:
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
+    def answers() -> bool:
         try:
-            if admin.get("/v1/status").status_code == 200:
-                return
+            return admin.get("/v1/status").status_code == 200
         except httpx.HTTPError:
-            pass
-        time.sleep(0.05)
-    raise AssertionError("the admin API did not answer")
+            return False
+
+    assert wait_for(answers, 30), "the admin API did not answer"
 
 
 def test_the_page_reads_the_admin_apis_view_models(start_daemon, cloud):
     d = start_daemon(_config(cloud))
     _chat(d, "dash-1")
     ui = d.url + "/ui/api"
-    deadline = time.monotonic() + 5
-    while not httpx.get(ui + "/requests").json()["requests"]:  # the journal's writer runs every 250 ms
-        assert time.monotonic() < deadline
-        time.sleep(0.05)
+    assert wait_for(lambda: httpx.get(ui + "/requests").json()["requests"], 30)  # the journal's writer: every 250 ms
     with _admin(d) as admin:
         _wait_admin(admin)
         for path in ("/history/spend", "/history/requests?limit=5&provider=cloud", "/history/trends?range=6h"):
@@ -121,7 +115,9 @@ def test_only_its_own_files_read_only_and_strict_headers(start_daemon, cloud):
 
 
 def test_an_open_live_feed_does_not_hold_up_the_stop(start_daemon, cloud):
-    d = start_daemon(_config(cloud))
+    # A drain timeout (600 s) far beyond the stop's own wait (60 s): a stop held up by the feed would be killed,
+    # and say so by its exit code, whatever the machine's load. No time is asserted.
+    d = start_daemon(_config(cloud).replace("drain_timeout_s = 10", "drain_timeout_s = 600"))
     with httpx.stream("GET", d.url + "/ui/api/events", timeout=20) as feed:
         assert feed.status_code == 200 and feed.headers["content-type"] == "text/event-stream"
         lines = feed.iter_lines()
@@ -131,10 +127,7 @@ def test_an_open_live_feed_does_not_hold_up_the_stop(start_daemon, cloud):
             if line.startswith("data:"):
                 assert "dash-live-1" in line and '"messages"' not in line
                 break
-        started = time.monotonic()
-        assert d.stop() == 0
-        # The drain timeout is 10 s: the feed ended at once instead of making the stop wait for it.
-        assert time.monotonic() - started < 5.0
+        assert d.stop(timeout=60) == 0  # the feed ended at once instead of making the stop wait for it
 
 
 def test_without_a_journal_and_switched_off(start_daemon, cloud, tmp_path):
@@ -180,10 +173,7 @@ def test_every_answer_is_typed_by_the_admin_apis_models(start_daemon, cloud):
     for i in range(3):
         _chat(d, f"dash-typed-{i}")
     ui = d.url + "/ui/api"
-    deadline = time.monotonic() + 10
-    while len(httpx.get(ui + "/requests").json()["requests"]) < 3:
-        assert time.monotonic() < deadline
-        time.sleep(0.05)
+    assert wait_for(lambda: len(httpx.get(ui + "/requests").json()["requests"]) >= 3, 30)
     models = {"/now": apitype.DashboardNow, "/profiles": apitype.ProfilesAnswer, "/spend": apitype.SpendAnswer,
               "/trends?range=1h": apitype.TrendsAnswer, "/requests": apitype.HistoryRequestsAnswer,
               "/requests/dash-typed-0": apitype.DashboardTrace}

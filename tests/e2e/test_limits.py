@@ -66,6 +66,28 @@ def _read_all(s: socket.socket, timeout: float = 5.0) -> bytes:
     return out
 
 
+# The daemon's own timeouts here are 0.5-0.6 s; a connection it should close is waited for this long, 50x
+# that, so only a daemon that never closes it fails (the test then says so), whatever the machine's load.
+CLOSE_CEILING_S = 30.0
+
+
+def _read_until_closed(s: socket.socket) -> bytes:
+    """Everything the daemon sends until it closes the connection: the event these tests check (a timeout
+    fired), never how soon. Fails if the daemon kept the connection open past the ceiling."""
+    s.settimeout(CLOSE_CEILING_S)
+    out = b""
+    while True:
+        try:
+            chunk = s.recv(65536)
+        except ConnectionResetError:
+            return out
+        except TimeoutError:
+            raise AssertionError(f"the daemon kept the connection open {CLOSE_CEILING_S:.0f} s; got {out[:200]!r}") from None
+        if not chunk:
+            return out
+        out += chunk
+
+
 def _rss_kb(pid: int) -> int:
     for line in open(f"/proc/{pid}/status"):
         if line.startswith("VmRSS:"):
@@ -120,20 +142,15 @@ def test_unterminated_headers_keep_memory_flat(env):
 
 def test_slowloris_head_is_closed_within_the_header_timeout(env):
     s = _connect(env)
-    t0 = time.monotonic()
     s.sendall(b"POST /v1/messages HTTP/1.1\r\nhost: localhost\r\n")
-    resp = _read_all(s, timeout=5)
-    elapsed = time.monotonic() - t0
+    resp = _read_until_closed(s)  # a 408 is what the header timeout sends: it fired, then closed
     assert resp.startswith(b"HTTP/1.1 408") and b"timeout_error" in resp, resp[:200]
-    assert elapsed < 3.0
     s.close()
 
 
 def test_idle_connection_is_closed(env):
     s = _connect(env)
-    t0 = time.monotonic()
-    assert _read_all(s, timeout=5) == b""  # never sent a byte: closed without an answer
-    assert time.monotonic() - t0 < 3.0
+    assert _read_until_closed(s) == b""  # never sent a byte: closed without an answer
     s.close()
 
 
@@ -141,10 +158,8 @@ def test_body_shorter_than_content_length_gets_408(env):
     s = _connect(env)
     s.sendall(b"POST /v1/messages HTTP/1.1\r\nhost: localhost\r\ncontent-type: application/json\r\n"
               b"content-length: 500\r\n\r\n" + BODY)
-    t0 = time.monotonic()
-    resp = _read_all(s, timeout=5)
+    resp = _read_until_closed(s)
     assert resp.startswith(b"HTTP/1.1 408") and b"request body not received" in resp, resp[:200]
-    assert time.monotonic() - t0 < 3.0
     s.close()
     assert _healthy(env)
 
@@ -155,9 +170,8 @@ def test_keep_alive_is_honoured_and_requests_work(env):
         assert c.post("/v1/messages", content=BODY, headers=JSON).status_code == 200  # same connection
     s = _connect(env)
     s.sendall(b"GET /healthz HTTP/1.1\r\nhost: localhost\r\n\r\n")
-    t0 = time.monotonic()
-    resp = _read_all(s, timeout=5)  # answered, then closed once idle for keep_alive_s
-    assert resp.startswith(b"HTTP/1.1 200") and time.monotonic() - t0 < 3.0
+    resp = _read_until_closed(s)  # answered, then closed once idle for keep_alive_s
+    assert resp.startswith(b"HTTP/1.1 200"), resp[:200]
     s.close()
 
 
@@ -207,16 +221,14 @@ def test_chunked_trailers_count_against_the_header_limit(env):
     s = _connect(env)
     s.sendall(b"POST /v1/messages HTTP/1.1\r\nhost: localhost\r\ncontent-type: application/json\r\n"
               b"transfer-encoding: chunked\r\n\r\n%x\r\n%s\r\n0\r\nx-trailer: " % (len(BODY), BODY))
-    t0 = time.monotonic()
     try:
         for _ in range(40):  # 40 KB of one trailer line, in 1 KB pieces
             s.sendall(b"a" * 1024)
             time.sleep(0.002)
     except (BrokenPipeError, ConnectionResetError):
         pass
-    resp = _read_all(s, timeout=5)
+    resp = _read_until_closed(s)  # the 431 comes from the limit, not from a timeout (that would be a 408)
     assert resp.startswith(b"HTTP/1.1 431") and b"trailers exceed 16 KB" in resp, resp[:200]
-    assert time.monotonic() - t0 < 3.0
     s.close()
     # small trailers are fine, and never become request headers
     s = _connect(env)
@@ -261,11 +273,13 @@ def test_the_body_timeout_holds_after_an_early_401(guarded):
     s = _connect(guarded)
     s.sendall(b"POST /v1/messages HTTP/1.1\r\nhost: localhost\r\ncontent-type: application/json\r\n"
               b"content-length: 100000000\r\n\r\n{")
-    t0 = time.monotonic()
+    # It trickles for as long as it is let: only the body timeout (0.6 s) can close it. The ceiling, 50x that,
+    # only turns a connection kept open into a failure.
+    deadline = time.monotonic() + CLOSE_CEILING_S
     got = b""
     closed = False
     s.settimeout(0.05)
-    while time.monotonic() - t0 < 5:
+    while time.monotonic() < deadline:
         try:
             s.sendall(b" " * 1024)
         except (BrokenPipeError, ConnectionResetError):
@@ -282,10 +296,9 @@ def test_the_body_timeout_holds_after_an_early_401(guarded):
         except ConnectionResetError:
             closed = True
             break
-    elapsed = time.monotonic() - t0
     s.close()
     assert got.startswith(b"HTTP/1.1 401"), got[:200]
-    assert closed and elapsed < 3.0, elapsed
+    assert closed, "the client trickled its body for the whole ceiling and was never closed"
 
 
 def test_idle_sockets_far_beyond_the_cap_keep_neither_healthz_nor_requests_out(guarded):
@@ -371,27 +384,26 @@ def _in_flight(d) -> float:
 @pytest.mark.parametrize("stream", [False, True])
 def test_a_client_that_half_closes_is_gone_and_its_upstream_call_is_cancelled_at_once(env, stream):
     body = BODY[:-1] + b',"stream":true}' if stream else BODY
-    env.upstream.set_behaviour("slow_first_byte;delay=3")
+    # The upstream never answers: the request can end only by the client's leaving being noticed, so waiting
+    # for it to end proves the cancel without timing it.
+    env.upstream.set_behaviour("hang")
     try:
+        before = env.upstream.disconnects
         s = _connect(env)
         s.sendall(b"POST /v1/messages HTTP/1.1\r\nhost: localhost\r\ncontent-type: application/json\r\n"
                   b"content-length: %d\r\n\r\n" % len(body) + body)
-        time.sleep(0.3)  # the upstream call is under way
-        assert _in_flight(env) == 1
+        # The upstream call is under way (and it is the only one: earlier tests' calls have ended).
+        assert wait_for(lambda: env.upstream.active == 1 and _in_flight(env) == 1, 30)
         _half_close_and_expect_cancel(env, s)
+        assert wait_for(lambda: env.upstream.disconnects > before, 30)  # the upstream call was dropped
     finally:
         env.upstream.set_behaviour("ok")
 
 
 def _half_close_and_expect_cancel(env, s) -> None:
-    t0 = time.monotonic()
     s.shutdown(socket.SHUT_WR)
-    deadline = t0 + 2.0
-    while _in_flight(env) and time.monotonic() < deadline:
-        time.sleep(0.02)
-    assert _in_flight(env) == 0, "the request was still waiting on its upstream"
-    assert time.monotonic() - t0 < 1.5  # not the upstream's 3 s
-    assert _read_all(s, timeout=2) == b""  # closed, nothing half-written
+    assert wait_for(lambda: _in_flight(env) == 0, CLOSE_CEILING_S), "the request was still waiting on its upstream"
+    assert _read_until_closed(s) == b""  # closed, nothing half-written
     s.close()
     assert _healthy(env)
 
@@ -401,9 +413,7 @@ def test_eof_inside_a_request_body_closes_without_an_answer(env):
     s.sendall(b"POST /v1/messages HTTP/1.1\r\nhost: localhost\r\ncontent-type: application/json\r\n"
               b"content-length: %d\r\n\r\n" % (len(BODY) + 50) + BODY)
     s.shutdown(socket.SHUT_WR)  # the rest of the body can never come
-    t0 = time.monotonic()
-    resp = _read_all(s, timeout=5)
+    resp = _read_until_closed(s)
     assert resp == b"" or resp.startswith(b"HTTP/1.1 4"), resp[:200]
-    assert time.monotonic() - t0 < 3.0
     s.close()
     assert _healthy(env)

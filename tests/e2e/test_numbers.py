@@ -201,9 +201,8 @@ def test_managed_provider_health_restarts_from_its_readiness_not_a_saved_unhealt
             store.close()
             d2 = DaemonProcess(cfg, tmp_path, port=d.port).start()
             try:
-                t0 = time.monotonic()
-                assert wait_for(lambda: anthropic(d2).headers.get("x-coderouter-provider") == "ollama-qwen3", 10)
-                assert time.monotonic() - t0 < 10
+                # A ceiling 60x below the hour between probe rounds: only the probe at readiness can pass it.
+                assert wait_for(lambda: anthropic(d2).headers.get("x-coderouter-provider") == "ollama-qwen3", 60)
                 with admin(d2) as c:
                     health = c.get("/v1/status").json()["health"]["ollama-qwen3"]
                 assert health["state"] == "HEALTHY" and health["last_probe"]["ok"], health

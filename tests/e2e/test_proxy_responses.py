@@ -325,7 +325,7 @@ def test_session_key_journaled_and_hosted_tools_noted_in_trace(env):
                    json={"model": "m", "input": "x", "tools": TOOLS, "prompt_cache_key": "codex-sess-42"}, timeout=20)
     rid = r.headers["x-request-id"]
     db = env["daemon"].state_dir / "state.db"
-    deadline = time.monotonic() + 5
+    deadline = time.monotonic() + 30  # a ceiling: the journal's writer flushes every 250 ms
     row = None
     while time.monotonic() < deadline and row is None:
         time.sleep(0.1)

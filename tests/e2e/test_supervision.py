@@ -7,7 +7,8 @@ import os
 import signal
 import subprocess
 import sys
-import time
+import threading
+from pathlib import Path
 
 import httpx
 import psutil
@@ -15,7 +16,7 @@ import pytest
 
 from tests.fakes.runner import FakeServer, free_port
 from tests.support.config import daemon_config, upstream
-from tests.support.daemon import ROOT, DaemonProcess
+from tests.support.daemon import ROOT, DaemonProcess, admin_get
 from tests.support.wait import wait_for
 
 USER = [{"role": "user", "content": "hi"}]
@@ -48,9 +49,21 @@ def backend_pids(port: int) -> list[int]:
 
 
 
-def ask(d, profile="default"):
+def ask(d, profile="default", timeout: float = 10):
     return httpx.post(d.url + "/v1/messages", json={"model": "m", "max_tokens": 5, "messages": USER},
-                      headers={"x-coderouter-profile": profile}, timeout=10)
+                      headers={"x-coderouter-profile": profile}, timeout=timeout)
+
+
+def _process(d) -> dict | None:
+    """The daemon's one managed process as GET /v1/processes shows it, or None while the socket is silent."""
+    snap = admin_get(d.state_dir / "coderouterd.sock", "/v1/processes")
+    return next(iter(snap["processes"].values())) if snap and snap["processes"] else None
+
+
+def in_flight(d) -> float:
+    text = httpx.get(d.url + "/metrics", timeout=10).text
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith("coderouter_requests_in_flight{"))
 
 
 @pytest.fixture
@@ -66,23 +79,27 @@ def test_crash_is_failed_over_restarted_once_and_rejoins(tmp_path, backup):
         assert wait_for(lambda: ask(d).headers.get("x-coderouter-provider") == "ollama-qwen3", 20)
         [pid] = backend_pids(port)
         httpx.post(f"http://127.0.0.1:{port}/_fake/crash")
-        t_crash = time.monotonic()
         # Requests during the outage are served by the backup, with no error visible to the client.
         served = []
-        while time.monotonic() - t_crash < 1.0:
+
+        def served_by_backup() -> bool:
             r = ask(d, "coding")
             assert r.status_code == 200
             served.append(r.headers["x-coderouter-provider"])
-        assert "backup" in served
-        # Exactly one new process, even though two profiles and the health monitor all saw the outage.
+            return served[-1] == "backup"
+
+        assert wait_for(served_by_backup, 15, step=0), served
         new = wait_for(lambda: [p for p in backend_pids(port) if p != pid], 15)
-        time.sleep(1.0)
-        assert len(backend_pids(port)) == 1 and new
         assert wait_for(lambda: ask(d).headers.get("x-coderouter-provider") == "ollama-qwen3", 15)
         # Routing resumes at "ready"; "rejoined" follows the first recovery probe and the writer's next flush.
         words = ('"exited"', '"excluded"', '"rejoined"')
         assert wait_for(lambda: all(w in (d.state_dir / "audit.jsonl").read_text() for w in words), 15), \
             (d.state_dir / "audit.jsonl").read_text()
+        # Exactly one new process, even though two profiles and the health monitor all saw the outage: the
+        # supervisor's own count, read once all of them have (rejoined), not a pause that hopes they have.
+        proc = _process(d)
+        assert proc and proc["restarts_total"] == 1 and proc["pid"] == new[0], proc
+        assert backend_pids(port) == new
     finally:
         d.stop()
     assert backend_pids(port) == []  # no orphans after SIGTERM
@@ -97,7 +114,9 @@ def test_external_backend_is_adopted_not_duplicated(tmp_path, backup):
         d = DaemonProcess(managed_config(port, backup.url), tmp_path).start()
         try:
             assert wait_for(lambda: ask(d).headers.get("x-coderouter-provider") == "ollama-qwen3", 10)
-            time.sleep(0.5)
+            # The supervisor's own record says it took the user's server as external rather than starting one.
+            proc = _process(d)
+            assert proc and proc["external"] and proc["state"] == "ready" and proc["pid"] is None, proc
             assert backend_pids(port) == [ext.pid]
         finally:
             d.stop()
@@ -115,12 +134,13 @@ def test_daemon_kill_9_then_restart_adopts_without_duplicate(tmp_path, backup):
         assert wait_for(lambda: len(backend_pids(port)) == 1, 20)
         assert wait_for(lambda: ask(d).headers.get("x-coderouter-provider") == "ollama-qwen3", 20)
         [pid] = backend_pids(port)
-        time.sleep(0.3)
+        assert wait_for(lambda: (proc := _process(d)) and proc["state"] == "ready" and proc["pid"] == pid, 20)
         d.kill9()
         d2 = DaemonProcess(cfg, tmp_path, port=d.port).start()
         try:
             assert wait_for(lambda: ask(d2).headers.get("x-coderouter-provider") == "ollama-qwen3", 20)
-            time.sleep(0.5)
+            proc = _process(d2)
+            assert proc and proc["adopted"] and proc["pid"] == pid, proc
             assert backend_pids(port) == [pid]  # adopted: same process, no second copy
         finally:
             d2.stop()
@@ -149,10 +169,11 @@ def test_unmanaged_provider_restart_command_runs_when_unhealthy(tmp_path, backup
             d.stop()
 
 
-def lone_managed_config(port: int, start_delay: float) -> str:
-    """One managed backend and nothing behind it: a request has nowhere else to go."""
+def lone_managed_config(port: int, start_when: Path) -> str:
+    """One managed backend and nothing behind it: a request has nowhere else to go. The backend binds its port
+    only once `start_when` exists, so a test decides when it becomes ready."""
     cmd = [sys.executable, "-m", "tests.fakes", "--kind", "openai", "--port", str(port), "--models", "qwen3",
-           "--start-delay", str(start_delay)]
+           "--start-when", str(start_when)]
     process = {"command": cmd, "cwd": str(ROOT), "ready_url": f"http://127.0.0.1:{port}/health",
                "stop_timeout_s": 2, "startsecs": 0.1, "start_timeout_s": 30}
     return daemon_config(health={"recovery_backoff_s": [0.3, 0.6]},
@@ -161,18 +182,27 @@ def lone_managed_config(port: int, start_delay: float) -> str:
 
 
 def test_requests_wait_for_a_starting_or_restarting_backend_instead_of_failing(tmp_path):
-    port = free_port()
-    d = DaemonProcess(lone_managed_config(port, start_delay=1.0), tmp_path).start()
+    port, gate = free_port(), tmp_path / "start-backend"
+    d = DaemonProcess(lone_managed_config(port, gate), tmp_path).start()
     try:
-        # Sent while the backend is still starting (it binds its port a second after it was spawned).
-        t0 = time.monotonic()
-        r = ask(d)
+        # Sent while the backend is still starting: it cannot bind before the gate exists, and the gate is made
+        # only once the daemon holds the request. So the request did wait, whatever the machine's load.
+        answer: dict = {}
+        t = threading.Thread(target=lambda: answer.update(r=ask(d, timeout=60)))
+        t.start()
+        assert wait_for(lambda: in_flight(d) >= 1, 30), "the request never reached the daemon"
+        gate.touch()
+        t.join(60)
+        r = answer["r"]
         assert r.status_code == 200, r.text
-        assert time.monotonic() - t0 >= 0.5  # it did wait
+        trace = admin_get(d.state_dir / "coderouterd.sock", f"/v1/requests/{r.headers['x-request-id']}")
+        assert trace and any("waited for local" in n.get("why", "") for n in trace["order_notes"]), trace
         pid = wait_for(lambda: backend_pids(port))[0]
         os.kill(pid, signal.SIGKILL)
-        time.sleep(0.3)
-        r = ask(d)  # the supervisor is bringing it back: wait, then serve
+        # Sent once the supervisor has seen the crash (no longer "ready" with the old pid), so the request
+        # finds it restarting: wait, then serve.
+        assert wait_for(lambda: (proc := _process(d)) and (proc["state"] != "ready" or proc["pid"] != pid), 30)
+        r = ask(d, timeout=60)
         assert r.status_code == 200, r.text
         assert backend_pids(port) and backend_pids(port)[0] != pid
     finally:

@@ -1,7 +1,7 @@
 """Standalone fake upstream process, for supervision tests and benchmarks.
 
     python -m tests.fakes --kind openai|anthropic|ollama|lmstudio --port N [--behaviour ok] [--models a,b]
-        [--name fake] [--load-delay S] [--start-delay S] [--crash-after N] [--ignore-sigterm]
+        [--name fake] [--load-delay S] [--start-delay S] [--start-when FILE] [--crash-after N] [--ignore-sigterm]
         [--exit-at-start CODE] [--tokenize] [--no-record]
 
 Prints ``READY <port>`` on stdout once listening. SIGTERM/SIGINT stop it cleanly (exit 0) unless
@@ -14,6 +14,7 @@ the real one as a managed process (coderouterd adds ``--slot-save-path`` to a co
 
 import argparse
 import asyncio
+import os
 import signal
 import sys
 import time
@@ -31,6 +32,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--models", default="", help="comma-separated model ids")
     p.add_argument("--load-delay", type=float, default=0.0)
     p.add_argument("--start-delay", type=float, default=0.0, help="seconds to wait before binding")
+    # A test that must observe a request arriving before the server is up holds it here, instead of racing a
+    # delay against a loaded machine: it creates FILE when it has seen what it needed to.
+    p.add_argument("--start-when", default=None, metavar="FILE", help="wait until FILE exists before binding")
     p.add_argument("--crash-after", type=int, default=None, help="exit(1) after N generation requests")
     p.add_argument("--ignore-sigterm", action="store_true")
     p.add_argument("--exit-at-start", type=int, default=None, metavar="CODE")
@@ -90,6 +94,8 @@ def main(argv: list[str] | None = None) -> int:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
     if args.start_delay > 0:
         time.sleep(args.start_delay)
+    while args.start_when and not os.path.exists(args.start_when):
+        time.sleep(0.02)
     try:
         import uvloop
     except ImportError:

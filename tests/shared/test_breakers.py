@@ -58,13 +58,17 @@ class Instance:
             self.breaker().record_failure(reason="test")
 
 
-async def _until(pred, timeout: float) -> float:
-    t0 = time.monotonic()
+# Every wait here has this ceiling: it only turns a hang into a failure (what is waited for takes milliseconds
+# idle). Which path carried a change is set by the intervals (a poll far away), never by timing the wait.
+CEILING_S = 30.0
+
+
+async def _until(pred, timeout: float = CEILING_S) -> None:
+    deadline = time.monotonic() + timeout
     while not pred():
-        if time.monotonic() - t0 > timeout:
+        if time.monotonic() > deadline:
             raise AssertionError("condition not met in time")
         await asyncio.sleep(0.005)
-    return time.monotonic() - t0
 
 
 async def _migrated(dsn):
@@ -75,28 +79,26 @@ async def _migrated(dsn):
 def test_an_open_breaker_reaches_the_peer_by_notify_then_by_poll(pg_dsn):
     async def go():
         await _migrated(pg_dsn)
-        a = await Instance(pg_dsn, "a", poll_s=30).start()  # the poll is far away: only NOTIFY can be fast
-        b = await Instance(pg_dsn, "b", poll_s=30).start()
+        # The poll is an hour away, 100x beyond the ceiling: only NOTIFY can carry the change in time.
+        a = await Instance(pg_dsn, "a", poll_s=3600).start()
+        b = await Instance(pg_dsn, "b", poll_s=3600).start()
         try:
-            await _until(lambda: a.shared.listening and b.shared.listening, 5)
+            await _until(lambda: a.shared.listening and b.shared.listening)
             a.fail(2)
             assert a.breaker().state is BreakerState.OPEN
-            notified = await _until(lambda: b.breaker().state is not BreakerState.CLOSED, 2.0)
-            # Closed again by a's trial after recovery: b follows.
-            await asyncio.sleep(0.7)
-            # After the recovery time one of them holds the probe lease; its trial succeeds; both close.
-            trial = []
-            await _until(lambda: trial or [trial.append(i) for i in (a, b) if i.breaker().allow()], 1.0)
+            await _until(lambda: b.breaker().state is not BreakerState.CLOSED)
+            # Closed again by a's trial after recovery: b follows. After the recovery time one of them holds the
+            # probe lease (allow() refuses both until then); its trial succeeds; both close.
+            trial: list = []
+            await _until(lambda: trial or [trial.append(i) for i in (a, b) if i.breaker().allow()])
             assert len(trial) == 1
             trial[0].breaker().record_success()
-            await _until(lambda: a.breaker().state is BreakerState.CLOSED and b.breaker().state is BreakerState.CLOSED,
-                         2.0)
-            return notified
+            await _until(lambda: a.breaker().state is BreakerState.CLOSED and b.breaker().state is BreakerState.CLOSED)
         finally:
             await a.stop()
             await b.stop()
 
-    assert asyncio.run(go()) < 0.5
+    asyncio.run(go())
 
 
 def test_the_poll_is_the_backstop_when_listen_is_cut(pg_dsn):
@@ -105,23 +107,22 @@ def test_the_poll_is_the_backstop_when_listen_is_cut(pg_dsn):
         a = await Instance(pg_dsn, "a").start()
         b = await Instance(pg_dsn, "b", poll_s=0.3).start()
         try:
-            await _until(lambda: b.shared.listening, 5)
+            await _until(lambda: b.shared.listening)
             # b's LISTEN connection is cut, and cannot come back: its reconnects are refused while a moves.
             b.db.connect = _refused
             with psycopg.connect(pg_dsn, autocommit=True) as c:
                 c.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
                           " WHERE application_name = 'coderouter-listen-b'")
-            await _until(lambda: not b.shared.listening, 2)
+            await _until(lambda: not b.shared.listening)
             a.fail(2)
-            seen = await _until(lambda: b.breaker().state is not BreakerState.CLOSED, 2.0)
-            return seen, b.shared.listening
+            # b has no LISTEN connection (checked below, after the fact): only its poll can bring the change.
+            await _until(lambda: b.breaker().state is not BreakerState.CLOSED)
+            return b.shared.listening
         finally:
             await a.stop()
             await b.stop()
 
-    seen, listening = asyncio.run(go())
-    assert not listening
-    assert seen < 0.3 + 0.3  # within the poll interval (plus a loaded machine's slack)
+    assert not asyncio.run(go())
 
 
 async def _refused():
@@ -134,9 +135,9 @@ def test_only_one_instance_sends_the_half_open_trial(pg_dsn):
         insts = [await Instance(pg_dsn, n).start() for n in ("a", "b", "c")]
         try:
             insts[0].fail(2)
-            await _until(lambda: all(i.breaker().state is not BreakerState.CLOSED for i in insts), 2)
-            await asyncio.sleep(0.7)  # recovery time: every instance sees half-open
-            assert all(i.breaker().state is BreakerState.HALF_OPEN for i in insts)
+            await _until(lambda: all(i.breaker().state is not BreakerState.CLOSED for i in insts))
+            # Once the recovery time has passed, every instance sees half-open (waited for, not slept through).
+            await _until(lambda: all(i.breaker().state is BreakerState.HALF_OPEN for i in insts))
             # Every instance asks, several times, while the leases are settled.
             admitted: set[str] = set()
             for _ in range(40):
@@ -158,9 +159,9 @@ def test_without_the_database_each_breaker_is_local(pg_dsn):
         a = await Instance(pg_dsn, "a").start()
         try:
             a.fail(2)
-            await _until(lambda: a.shared.versions.get("up", 0) > 0, 2)
+            await _until(lambda: a.shared.versions.get("up", 0) > 0)
             a.db.up = False  # what the heartbeat concludes when the database stops answering
-            await asyncio.sleep(0.7)
+            await _until(lambda: a.breaker().state is BreakerState.HALF_OPEN)  # the recovery time has passed
             return a.breaker().allow()  # no lease can be had: the local trial goes ahead
         finally:
             await a.stop()

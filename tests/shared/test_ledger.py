@@ -4,6 +4,7 @@ cannot overspend under concurrency, settle exactly once, leases reclaimed by a p
 from __future__ import annotations
 
 import asyncio
+import time
 
 import psycopg
 
@@ -156,10 +157,15 @@ def test_expired_leases_are_reclaimed_by_any_peer(pg_dsn):
             assert await ledger.reserve(peer, rid="p1", instance="peer", period="2026-12", budgets=b,
                                         amount=USD, lease_s=1) is None
             assert await ledger.reclaim(peer) == 0  # not yet
-            for _ in range(3):
-                await asyncio.sleep(0.5)
+            # The dead leases' lapse is waited for (a 30 s ceiling), not slept through; the peer renews just
+            # before each reclaim, one call apart against its 1 s lease (100x+ a loaded call).
+            deadline = time.monotonic() + 30
+            n = 0
+            while n < 2:
+                assert time.monotonic() < deadline, f"reclaimed {n} of 2"
+                await asyncio.sleep(0.2)
                 await ledger.renew(peer, instance="peer", prefix="p", lease_s=1)
-            n = await ledger.reclaim(peer)
+                n += await ledger.reclaim(peer)
             held = (await ledger.rows(peer, "2026-12"))["*"].reserved
             # The dead instance's request finished after all (its settle arrives late): the cost is charged,
             # the hold is not removed twice.

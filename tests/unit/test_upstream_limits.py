@@ -5,7 +5,6 @@ The request path's bounds are proven end to end in tests/e2e/test_hostile_upstre
 from __future__ import annotations
 
 import asyncio
-import time
 
 import pytest
 
@@ -40,10 +39,9 @@ def fake():
 
 @pytest.mark.parametrize("behaviour", ["endless_error;status=200;mb=64", "gzip_bomb;mb=64", "big_json;mb=64"])
 def test_read_capped_stops_at_its_bound(fake, behaviour):
-    t0 = time.monotonic()
+    # The bound is in bytes, and the error says it held; how long reading took is not the point (nor timed).
     with pytest.raises(BodyTooLarge, match="larger than 1 MB"):
         _read(fake.url, behaviour, lambda r: read_capped(r, 1 * MB))
-    assert time.monotonic() - t0 < 5
 
 
 def test_read_capped_returns_a_body_within_its_bound(fake):
@@ -75,16 +73,16 @@ def test_a_probe_does_not_read_an_endless_body():
             m = HealthMonitor(r.state, lambda: r.runtime, tasks=tasks)
             p = r.runtime.providers["p"]
             try:
-                t0 = time.monotonic()
-                probe = await m.probe(p)
-                return probe, time.monotonic() - t0
+                return await m.probe(p)
             finally:
                 await tasks.close()
                 await p.close()
 
-        (ok, detail, _), elapsed = asyncio.run(go())
+        ok, detail, _ = asyncio.run(go())
         sent = up.fake.state.endless_sent
-    assert not ok and detail == "HTTP 500" and elapsed < 2
+    # Judged by its status (a probe left reading would end in its timeout instead), and it stopped reading:
+    # the fake's own count of what it wrote, not a stopwatch.
+    assert not ok and detail == "HTTP 500"
     assert sent < 32 * MB, sent  # what the socket buffers hold, not the 200 MB on offer
 
 
