@@ -157,12 +157,13 @@ class SelfHealer:
                 if restart and not mp.external and not await mp.restart(reason):
                     log.debug("restart of %s skipped: one is already in progress", mp.spec.name)
                 # The first probe waits for readiness: a server still loading its model is not dead.
-                if not await mp.wait_ready(mp.spec.start_timeout_s) and mp.state in _NOT_COMING:
+                ready = await mp.wait_ready(mp.spec.start_timeout_s)
+                while not ready and mp.state in _NOT_COMING:
                     # Fatal or stopped: it does not come back by itself, and a probe of its port would answer for
-                    # whatever else listens there (an impostor it refused to adopt). It rejoins when its process
-                    # is ready again (on_process_event).
-                    self.state.unhold(provider)
-                    return
+                    # whatever else listens there (an impostor it refused to adopt). Nothing is probed until its
+                    # process is started again (`corectl start`/`restart`), then its own server is.
+                    await mp.wait_started()
+                    ready = await mp.wait_ready(mp.spec.start_timeout_s)
             elif restart and self._runtime().providers[provider].cfg.restart_command:
                 await self._run_restart_command(provider)
             else:

@@ -175,6 +175,13 @@ class ManagedProcess:
         except TimeoutError:
             return False
 
+    async def wait_started(self) -> None:
+        """Until the process leaves STOPPED or FATAL: started again, by hand or by a request (no time limit)."""
+        self._ensure_actor()
+        while self.state in (ProcessState.STOPPED, ProcessState.FATAL):
+            assert self._changed is not None
+            await self._changed.wait()
+
     def snapshot(self) -> dict[str, Any]:
         rss, cpu = self._meter.measure(self.pid, self._ctime)
         now = self._clock()

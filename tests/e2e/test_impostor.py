@@ -39,12 +39,10 @@ def test_impostor_is_refused_routed_around_and_named(tmp_path):
             assert r.status_code == 200 and r.headers["x-coderouter-provider"] == "backup"
             assert not [q for q in impostor.requests if "chat" in q.get("path", "")]
 
-            # Self-healing does not take the impostor's answers for a recovery: no "rejoined" for llm, ever.
-            def recovery_over() -> bool:
-                snap = ((admin_get(sock) or {}).get("processes") or {}).get("llm") or {}
-                return snap.get("recovering") is False
-
-            assert wait_for(recovery_over, 20)
+            # Self-healing does not take the impostor's answers for a recovery: it waits for the process to be
+            # started again (recovering, no probe scheduled), and nothing says "rejoined" for llm.
+            llm = ((admin_get(sock) or {}).get("processes") or {}).get("llm") or {}
+            assert llm.get("recovering") is True and llm.get("next_probe_at") is None, llm
             audit_file = d.state_dir / "audit.jsonl"
 
             def audited() -> str | None:  # the writer thread flushes in batches: the process's fatal event is in
