@@ -16,6 +16,8 @@ from .slots import SlotTable
 MAX_LANES = 256  # lanes whose last prompt is remembered (for bust naming and unslotted predictions)
 DEFAULT_BYTES_PER_TOKEN = 3.6
 DEFAULT_S_PER_TOKEN = 1 / 400  # a laptop's prompt processing until measured
+MIN_BYTES_PER_TOKEN = 1.0
+MAX_BYTES_PER_TOKEN = 16.0
 EMA = 0.2
 
 
@@ -44,7 +46,12 @@ class ProviderPrefixes:
         self.prompt_tokens += prompt_tokens
         self.cached_tokens += min(cached_tokens, prompt_tokens)
         if prompt_tokens > 20 and prompt_bytes > 200:
-            self.bytes_per_token += EMA * (prompt_bytes / prompt_tokens - self.bytes_per_token)
+            sample = prompt_bytes / prompt_tokens
+            # Text tokenises at a few bytes a token. A sample far outside that says the template did not render
+            # what the bytes hold (SmolLM2's drops tool schemas: 40 KB of them became 20 tokens), and one such
+            # sample made every later prediction of this server's cache near zero.
+            if MIN_BYTES_PER_TOKEN <= sample <= MAX_BYTES_PER_TOKEN:
+                self.bytes_per_token += EMA * (sample - self.bytes_per_token)
         if prefill_s is not None and processed_tokens > 50 and prefill_s > 0:
             rate = prefill_s / processed_tokens
             self.s_per_token = rate if not self.measured else self.s_per_token + EMA * (rate - self.s_per_token)

@@ -483,3 +483,20 @@ def test_a_lane_whose_own_slot_lost_its_contents_copies_the_shared_prefix_from_a
     assert c.slot == own_a and c.restore is not None and c.saves == [(t.owned("B").id, c.restore)]
     assert c.predicted >= len(Canonicaliser().anthropic(a.main_body())["system"][1]["text"])  # at least the system
     assert "copied the shared prefix" in c.why
+
+
+def test_a_prompt_whose_bytes_the_template_never_rendered_does_not_teach_the_token_ratio():
+    """SmolLM2's template drops tool schemas: 40 KB of them came back as 20-odd prompt tokens, and that one sample
+    made every later prediction on the server near zero (a warm turn predicted 4 tokens and reused 146)."""
+    idx = PrefixIndex()
+    p = idx.provider("local")
+    for _ in range(5):
+        p.learn(prompt_bytes=4_000, prompt_tokens=1_000, cached_tokens=0, processed_tokens=1_000, prefill_s=None,
+                duration_s=1.0)
+    steady = p.bytes_per_token
+    p.learn(prompt_bytes=40_000, prompt_tokens=25, cached_tokens=0, processed_tokens=25, prefill_s=None,
+            duration_s=1.0)
+    assert p.bytes_per_token == steady
+    p.learn(prompt_bytes=6_000, prompt_tokens=1_000, cached_tokens=0, processed_tokens=1_000, prefill_s=None,
+            duration_s=1.0)
+    assert p.bytes_per_token > steady  # plausible samples still teach it
