@@ -81,14 +81,8 @@ class _ResponsesStrategy(Strategy):
             self.done = True
         released(self.tr.kept * 4)  # the closing events repeat the text four times: a big answer asks a trim
 
-    def next_held(self) -> bytes:
-        held = self.held
-        assert held
-        data = encode(held.pop(0))
-        if not held:
-            self.held = None
-            self.done = True
-        return data
+    def encode_held(self, item) -> bytes:
+        return encode(item)
 
 
 class ResponsesToChat(_ResponsesStrategy):

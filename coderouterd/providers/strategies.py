@@ -123,7 +123,8 @@ class Strategy:
     # llama.cpp's `timings` (cache_n, prompt_n, prompt_ms). Read by prefix affinity after the answer.
     raw_usage: dict | None = None
     timings: dict | None = None
-    # Output already built that leaves one write at a time (next_held), before any more is read upstream.
+    # The answer's closing output, already built, leaving one write at a time (next_held); the answer is done
+    # once it is out. Each item becomes bytes through `encode_held`.
     held: list | None = None
 
     def __init__(self, *, model: str, skip_prologue: bool, client_body: dict,
@@ -177,7 +178,16 @@ class Strategy:
         return "/chat/completions" if self.upstream_wire == "openai" else "/messages"
 
     def next_held(self) -> bytes:
-        raise NotImplementedError  # only strategies that hold output (responses_strategies.py) are asked
+        held = self.held
+        assert held
+        data = self.encode_held(held.pop(0))
+        if not held:
+            self.held = None
+            self.done = True
+        return data
+
+    def encode_held(self, item) -> bytes:
+        return item
 
 
 class OpenAIPassthrough(Strategy):
