@@ -55,14 +55,16 @@ def main(argv: list[str] | None = None) -> int:
     no_key = missing_keys(loaded.model.providers)
     server = loaded.model.server
     if args.check:
+        from .supervise.memory import uncounted_processes, unstartable_processes
+
         print(f"coderouterd: configuration OK ({loaded.path})")
         for name, problem in no_key.items():
             print(f"coderouterd: provider {name}: {problem} (see {_env_hint()})", file=sys.stderr)
         for note in loaded.model.unused_settings():
             print(f"coderouterd: {note}", file=sys.stderr)
-        for note in loaded.model.uncounted_processes():
+        for note in uncounted_processes(loaded.model):
             print(f"coderouterd: {note}", file=sys.stderr)
-        unstartable = loaded.model.unstartable_processes()
+        unstartable = unstartable_processes(loaded.model)
         for name, problems in unstartable.items():
             print(f"coderouterd: process {name} cannot start: {'; '.join(problems)}", file=sys.stderr)
         # A process that cannot start is an error of the configuration (the daemon would answer every request

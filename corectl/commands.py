@@ -144,6 +144,7 @@ def config_check(path: str | None, as_json: bool, socket: str | None = None) -> 
     m = loaded.model
     environ = _daemon_environment()
     from coderouterd.state.shared.backend import start_problem
+    from coderouterd.supervise.memory import uncounted_processes, unstartable_processes
 
     # What the daemon refuses to start with (a malformed DSN, the driver missing) fails the check too.
     shared = start_problem(m.state, environ)
@@ -151,8 +152,8 @@ def config_check(path: str | None, as_json: bool, socket: str | None = None) -> 
         report_error(f"{loaded.path}: {shared}", as_json, {"path": loaded.path, "from": found.source})
         return 1
     no_key = missing_keys(m.providers, environ)
-    unused = m.unused_settings() + m.uncounted_processes()
-    unstartable = m.unstartable_processes()
+    unused = m.unused_settings() + uncounted_processes(m)
+    unstartable = unstartable_processes(m)
     data = {"ok": not unstartable, "path": loaded.path, "from": found.source, "providers": sorted(m.providers),
             "profiles": sorted(m.profiles), "default_profile": m.server.default_profile, "no_key": no_key,
             "unused": unused, "unstartable": unstartable}

@@ -478,42 +478,6 @@ class ConfigModel(_Strict):
                 "is the one count of failures that takes a provider out, for its breaker and its health alike"
                 for name, prof in self.profiles.items() if prof.health_threshold is not None]
 
-    def unstartable_processes(self) -> dict[str, list[str]]:
-        """process -> why it cannot start (binary or -m/--model file missing), for --check and `config check`.
-        Reads the filesystem: not for the event loop."""
-        from ..supervise.memory import missing
-
-        out: dict[str, list[str]] = {}
-        for provider in self.providers:
-            found = self.process_for(provider)
-            if found is None or found[0] in out:
-                continue
-            name, p = found
-            problems = missing(list(p.command), p.cwd or None, p.env)
-            if problems:
-                out[name] = problems
-        return out
-
-    def uncounted_processes(self) -> list[str]:
-        """With a memory budget, processes whose memory is neither set nor estimable (no -m/--model .gguf):
-        they count as nothing against it. For --check and `config check`; reads no file."""
-        if self.models.memory_budget_mb <= 0:
-            return []
-        from ..supervise.memory import model_path
-
-        seen: set[str] = set()
-        out = []
-        for provider in self.providers:
-            found = self.process_for(provider)
-            if found is None or found[0] in seen:
-                continue
-            name, p = found
-            seen.add(name)
-            if not p.memory_mb and model_path(list(p.command), p.cwd or None) is None:
-                out.append(f"process {name}: memory_mb is 0 and its command names no .gguf to estimate it from; "
-                           "it counts as nothing against [models] memory_budget_mb (set memory_mb)")
-        return out
-
     def process_for(self, provider: str) -> tuple[str, ProcessConfig] | None:
         """The process that serves a provider, as (process id, spec); shared processes keep their own name."""
         p = self.providers[provider].process

@@ -11,7 +11,10 @@ import os
 import shutil
 import struct
 from pathlib import Path
-from typing import BinaryIO
+from typing import TYPE_CHECKING, BinaryIO
+
+if TYPE_CHECKING:
+    from ..config.schema import ConfigModel, ProcessConfig
 
 _MODEL_FLAGS = ("-m", "--model")
 _CTX_FLAGS = ("-c", "--ctx-size")
@@ -171,3 +174,34 @@ def _skip_array(f: BinaryIO, etype: int, n: int) -> None:
     if fmt is None:
         raise ValueError(f"GGUF array of type {etype} is not read")
     f.seek(struct.calcsize(fmt) * n, os.SEEK_CUR)
+
+
+def _processes(cfg: ConfigModel) -> list[tuple[str, ProcessConfig]]:
+    """Each managed process once (a shared [processes.NAME] serves several providers)."""
+    seen: dict[str, ProcessConfig] = {}
+    for provider in cfg.providers:
+        found = cfg.process_for(provider)
+        if found is not None and found[0] not in seen:
+            seen[found[0]] = found[1]
+    return list(seen.items())
+
+
+def unstartable_processes(cfg: ConfigModel) -> dict[str, list[str]]:
+    """process -> why it cannot start (binary or -m/--model file missing), for --check and `config check`.
+    Reads the filesystem: not for the event loop."""
+    out: dict[str, list[str]] = {}
+    for name, p in _processes(cfg):
+        problems = missing(list(p.command), p.cwd or None, p.env)
+        if problems:
+            out[name] = problems
+    return out
+
+
+def uncounted_processes(cfg: ConfigModel) -> list[str]:
+    """With a memory budget, processes whose memory is neither set nor estimable (no -m/--model .gguf): they
+    count as nothing against it. For --check and `config check`; reads no file."""
+    if cfg.models.memory_budget_mb <= 0:
+        return []
+    return [f"process {name}: memory_mb is 0 and its command names no .gguf to estimate it from; it counts as "
+            "nothing against [models] memory_budget_mb (set memory_mb)"
+            for name, p in _processes(cfg) if not p.memory_mb and model_path(list(p.command), p.cwd or None) is None]
