@@ -129,6 +129,24 @@ def _sse(resp: httpx.Response):
             yield orjson.loads(line[6:])
 
 
+def _anthropic_stream(resp: httpx.Response, t0: float) -> tuple[float | None, dict, list[dict]]:
+    """A streamed Messages answer: (time to its first content block since t0, its usage, its error events)."""
+    ttft = None
+    usage: dict = {}
+    errors: list[dict] = []
+    for ev in _sse(resp):
+        t = ev.get("type")
+        if ttft is None and t == "content_block_start":
+            ttft = time.perf_counter() - t0
+        if t == "message_start":
+            usage.update(ev["message"].get("usage") or {})
+        elif t == "message_delta":
+            usage.update({k: v for k, v in (ev.get("usage") or {}).items() if v is not None})
+        elif t == "error":
+            errors.append(ev)
+    return ttft, usage, errors
+
+
 def drive_straight(url: str, sc: Scenario) -> list[Turn]:
     """Straight at llama-server: it chooses the slot (longest prefix, else LRU, plus its RAM prompt cache)."""
     out: list[Turn] = []
@@ -164,21 +182,12 @@ def drive_router(url: str, sc: Scenario, turns: list[tuple[Session, str]] | None
         for s, kind in turns if turns is not None else order(sc):
             body = {**(s.main_body() if kind == "main" else s.background_body()), "stream": True}
             t0 = time.perf_counter()
-            ttft = None
-            usage: dict = {}
             with http.stream("POST", "/v1/messages", json=body, headers=s.headers) as r:
                 if r.status_code != 200:
                     raise RuntimeError(f"routed request failed: {r.status_code} {r.read()[:300]!r}")
-                for ev in _sse(r):
-                    t = ev.get("type")
-                    if ttft is None and t == "content_block_start":
-                        ttft = time.perf_counter() - t0
-                    if t == "message_start":
-                        usage.update(ev["message"].get("usage") or {})
-                    elif t == "message_delta":
-                        usage.update({k: v for k, v in (ev.get("usage") or {}).items() if v is not None})
-                    elif t == "error":
-                        raise RuntimeError(f"routed stream failed: {ev}")
+                ttft, usage, failed = _anthropic_stream(r, t0)
+                if failed:
+                    raise RuntimeError(f"routed stream failed: {failed[0]}")
             cached = usage.get("cache_read_input_tokens") or 0
             out.append(Turn(s.n, kind, (s.n, kind) not in seen, (usage.get("input_tokens") or 0) + cached, cached,
                             ttft or 0.0))
@@ -440,24 +449,14 @@ def swap(sc: Scenario, tmp: Path, *, budget: bool = True) -> dict:
                 body = {**s.main_body(), "stream": True}
                 t0 = time.perf_counter()
                 w0 = time.time()
-                ttft = None
-                usage: dict = {}
                 with http.stream("POST", "/v1/messages", json=body,
                                  headers={**s.headers, "x-coderouter-profile": profile}) as r:
                     if r.status_code != 200:
                         errors.append(f"{r.status_code} {r.read()[:200]!r}")
                         s.advance()
                         continue
-                    for ev in _sse(r):
-                        t = ev.get("type")
-                        if ttft is None and t == "content_block_start":
-                            ttft = time.perf_counter() - t0
-                        if t == "message_start":
-                            usage.update(ev["message"].get("usage") or {})
-                        elif t == "message_delta":
-                            usage.update({k: v for k, v in (ev.get("usage") or {}).items() if v is not None})
-                        elif t == "error":
-                            errors.append(str(ev))
+                    ttft, usage, failed = _anthropic_stream(r, t0)
+                    errors.extend(str(ev) for ev in failed)
                 cached = usage.get("cache_read_input_tokens") or 0
                 prompt = (usage.get("input_tokens") or 0) + cached
                 turn = Turn(s.n, "main", s.n not in last_prompt, prompt, cached, ttft or 0.0)
