@@ -41,8 +41,11 @@ def test_impostor_is_refused_routed_around_and_named(tmp_path):
 
             # Self-healing does not take the impostor's answers for a recovery: it waits for the process to be
             # started again (recovering, no probe scheduled), and nothing says "rejoined" for llm.
-            llm = ((admin_get(sock) or {}).get("processes") or {}).get("llm") or {}
-            assert llm.get("recovering") is True and llm.get("next_probe_at") is None, llm
+            def waiting_for_a_start() -> bool:  # the self-healer hears of the fatal state through its callback
+                llm = ((admin_get(sock) or {}).get("processes") or {}).get("llm") or {}
+                return llm.get("recovering") is True and llm.get("next_probe_at") is None
+
+            assert wait_for(waiting_for_a_start, 20), admin_get(sock)
             audit_file = d.state_dir / "audit.jsonl"
 
             def audited() -> str | None:  # the writer thread flushes in batches: the process's fatal event is in
