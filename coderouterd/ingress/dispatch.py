@@ -139,7 +139,7 @@ class ProxyApp:
     async def http(self, scope, receive, send) -> None:
         path = scope["path"]
         method = scope["method"]
-        if path != "/healthz" and not path.startswith("/ui"):
+        if path != "/healthz" and path != "/ui" and not path.startswith("/ui/"):
             # /healthz stays open to any prober (it reads nothing and spends nothing); /ui checks Host itself and
             # may be opened from a link on another site (a navigation, which reads nothing it was not shown).
             guard = self.browser_guard(scope)
