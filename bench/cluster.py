@@ -102,7 +102,7 @@ async def _naive_reserve(conn, *, rid, instance, period, budgets, amount, lease_
 
 def naive_daemon(argv: list[str]) -> int:
     from coderouterd.__main__ import main
-    from coderouterd.state.shared import budget as shared_budget
+    from coderouterd.cluster import budget as shared_budget
     from coderouterd.state.shared import ledger
 
     ledger.reserve = _naive_reserve
@@ -350,7 +350,7 @@ def part_breakers(pg) -> list[list[str]]:
 def part_overhead(pg, tmp: Path) -> list[list[str]]:
     from coderouterd.guards.budget import Budget
     from coderouterd.state.memory import MemoryStore
-    from coderouterd.state.shared.budget import SharedBudget
+    from coderouterd.cluster.budget import SharedBudget
     from coderouterd.state.shared.db import Database
     from coderouterd.tasks import TaskSet
     from tests.shared.test_breakers import _migrated

@@ -45,7 +45,7 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as e:
         print(f"coderouterd: {e}", file=sys.stderr)
         return 2
-    from .state.shared.backend import start_problem
+    from .cluster.backend import start_problem
 
     shared = start_problem(loaded.model.state)
     if shared is not None:

@@ -27,7 +27,7 @@ from .routing.state import RoutingState
 from .runtime import Runtime, UnknownProfile, build_runtime, close_pools
 from .state import ConfigRejected, ConfigReloaded, DaemonLifecycle, ProfileSwitched
 from .state.repair_stats import RepairStats
-from .state.shared.backend import build as build_backend
+from .cluster.backend import build as build_backend
 from .tasks import TaskSet
 from .telemetry import Telemetry
 from .ui.feed import LiveFeed
@@ -41,7 +41,7 @@ if TYPE_CHECKING:
     from .ingress.protocol import Limits
     from .routing.executor import Exchange
     from .routing.record import RequestRecord
-    from .state.shared.budget import SharedBudget
+    from .cluster.budget import SharedBudget
     from .supervise.from_config import Processes
     from .supervise.registry import Supervisor
 

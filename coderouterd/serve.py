@@ -13,7 +13,9 @@ import resource
 import signal
 import tempfile
 import time
+from functools import partial
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import uvicorn
 
@@ -26,6 +28,9 @@ from .ingress.protocol import Limits, make_protocol
 from .reload import ConfigWatcher, apply_reload
 from .state.dir_lock import LOCK_NAME, LockHeld, StateLock
 from .tasks import TaskSet
+
+if TYPE_CHECKING:
+    from .ui.app import DashboardApp
 
 log = logging.getLogger("coderouterd")
 
@@ -205,10 +210,18 @@ def _port_taken(host: str, port: int) -> bool:
     return False
 
 
+def _dashboard(daemon: Daemon) -> DashboardApp:
+    """The dashboard at /ui, made on its first request: its modules (the page, the views, the journal's trend
+    readers) are imported then, not at start-up."""
+    from .ui.app import DashboardApp
+
+    return DashboardApp(daemon)
+
+
 async def _run(daemon: Daemon, loaded: LoadedConfig, admin: AdminServer, limits: Limits) -> int:
     s = loaded.model.server
     config = uvicorn.Config(
-        ProxyApp(daemon), host=s.host, port=s.port, loop="none", http=make_protocol(limits), lifespan="on",
+        ProxyApp(daemon, dashboard=partial(_dashboard, daemon)), host=s.host, port=s.port, loop="none", http=make_protocol(limits), lifespan="on",
         access_log=False, log_level="warning",
         # uvicorn annotates both as int but uses them as asyncio timeouts, and our config takes fractions of a
         # second (float seconds, as every other timeout in [server]).

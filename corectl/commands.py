@@ -143,7 +143,7 @@ def config_check(path: str | None, as_json: bool, socket: str | None = None) -> 
         return 1
     m = loaded.model
     environ = _daemon_environment()
-    from coderouterd.state.shared.backend import start_problem
+    from coderouterd.cluster.backend import start_problem
     from coderouterd.supervise.memory import uncounted_processes, unstartable_processes
 
     # What the daemon refuses to start with (a malformed DSN, the driver missing) fails the check too.

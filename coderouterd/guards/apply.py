@@ -51,7 +51,7 @@ class BudgetHooks:
     requests cannot overshoot a cap together."""
 
     def __init__(self, budget) -> None:
-        """`budget`: guards.budget.Budget (this machine), or state.shared.budget.SharedBudget (a shared ledger,
+        """`budget`: guards.budget.Budget (this machine), or cluster.budget.SharedBudget (a shared ledger,
         whose reserve is awaited)."""
         self.budget = budget
 

@@ -6,7 +6,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import TYPE_CHECKING
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any
 
 import orjson
 
@@ -26,11 +27,16 @@ if TYPE_CHECKING:
     from ..daemon import Daemon
     from ..routing.record import RequestRecord
     from ..runtime import Runtime
-    from ..ui.app import DashboardApp
 
 log = logging.getLogger("coderouterd.request")
 
 _TEXT = [(b"content-type", b"text/plain; charset=utf-8")]
+
+# An ASGI app (scope, receive, send), and what makes the dashboard's: the dashboard (ui/) sits above ingress (it
+# uses ingress's key check and browser guard), so it is handed in by whoever serves the proxy, never imported here.
+Asgi = Callable[[dict[str, Any], Callable[[], Awaitable[dict[str, Any]]], Callable[[dict[str, Any]], Awaitable[None]]],
+                Awaitable[None]]
+DashboardFactory = Callable[[], Asgi]
 
 
 def _caller_wire(path: str, scope) -> str:
@@ -74,9 +80,10 @@ class _TrackedSend:
 
 
 class ProxyApp:
-    def __init__(self, daemon: Daemon) -> None:
+    def __init__(self, daemon: Daemon, dashboard: DashboardFactory | None = None) -> None:
         self.daemon = daemon
-        self._dashboard: DashboardApp | None = None  # made on the first /ui request
+        self._make_dashboard = dashboard  # None: no dashboard, /ui is a path like any other unknown one
+        self._dashboard: Asgi | None = None  # made on the first /ui request
         self._guard: tuple[object, int, BrowserGuard] | None = None  # (runtime, port, guard) last built
 
     def browser_guard(self, scope) -> BrowserGuard:
@@ -171,7 +178,7 @@ class ProxyApp:
                 return await self.models(scope, send)
             if path == "/metrics":
                 return await self.daemon.metrics_endpoint(scope, send)
-        if path == "/ui" or path.startswith("/ui/"):
+        if (path == "/ui" or path.startswith("/ui/")) and self._make_dashboard is not None:
             # After every proxy route: the model requests never pay for this comparison.
             return await self.dashboard(scope, receive, send)
         r = Responder(send, _caller_wire(path, scope), new_id("req"))
@@ -186,9 +193,8 @@ class ProxyApp:
         """/ui: the read-only web dashboard, built (and its modules imported) on the first visit."""
         app = self._dashboard
         if app is None:
-            from ..ui.app import DashboardApp
-
-            app = self._dashboard = DashboardApp(self.daemon)
+            assert self._make_dashboard is not None  # http() routes /ui here only when there is a dashboard
+            app = self._dashboard = self._make_dashboard()
         await app(scope, receive, send)
 
     def _authorized(self, headers: dict[str, str]) -> bool:

@@ -10,7 +10,7 @@ import psycopg
 from coderouterd.guards.budget import Budget
 from coderouterd.state.memory import MemoryStore
 from coderouterd.state.shared import ledger
-from coderouterd.state.shared.budget import SharedBudget
+from coderouterd.cluster.budget import SharedBudget
 from coderouterd.state.shared.db import Database
 from coderouterd.state.shared.schema import migrate
 from coderouterd.tasks import TaskSet

@@ -19,8 +19,8 @@ from functools import partial
 
 import orjson
 
-from ...routing.breaker import BreakerState
-from .db import Database, Unavailable
+from ..routing.breaker import BreakerState
+from ..state.shared.db import Database, Unavailable
 
 log = logging.getLogger("coderouterd.shared")
 

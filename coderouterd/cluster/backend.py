@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Protocol
 if TYPE_CHECKING:
     from .breakers import SharedBreakers
     from .budget import SharedBudget
-    from .shipper import Shipper
+    from ..state.shared.shipper import Shipper
 
 log = logging.getLogger("coderouterd.shared")
 
@@ -52,7 +52,7 @@ class LocalBackend:
         return None
 
     def budget(self, store, publish):
-        from ...guards.budget import Budget
+        from ..guards.budget import Budget
 
         return Budget(store, publish=publish)
 
@@ -90,9 +90,9 @@ class PostgresBackend:
 
     def __init__(self, state_cfg, *, state_dir: Path, version: str, tasks, publish, journal_db: Path | None,
                  info=None) -> None:
-        from .db import Database
-        from .dsn import resolve
-        from .instances import Instances
+        from ..state.shared.db import Database
+        from ..state.shared.dsn import resolve
+        from ..state.shared.instances import Instances
 
         self.cfg = state_cfg
         self.instance = instance_name(state_cfg, state_dir)
@@ -114,8 +114,8 @@ class PostgresBackend:
         self.conflict: str | None = None  # the database refuses our schema: a person must fix it
 
     def budget(self, store, publish):
-        from ...guards.budget import Budget
-        from ..memory import MemoryStore
+        from ..guards.budget import Budget
+        from ..state.memory import MemoryStore
         from .budget import SharedBudget
 
         # The local Budget keeps only the configuration (caps, who bills, estimates): spend lives in the ledger,
@@ -148,8 +148,8 @@ class PostgresBackend:
                         self.db.where, self.db.problem or "no answer yet")
 
     async def _join(self) -> None:
-        from .db import Unavailable
-        from .schema import SchemaConflict, SchemaTooNew, migrate
+        from ..state.shared.db import Unavailable
+        from ..state.shared.schema import SchemaConflict, SchemaTooNew, migrate
 
         delay = 0.5
         while True:
@@ -177,7 +177,7 @@ class PostgresBackend:
         if self.breakers is not None:
             await self.breakers.start()
         if self._journal_db is not None:
-            from .shipper import Shipper
+            from ..state.shared.shipper import Shipper
 
             self.shipper = shipper = Shipper(self.db, self._journal_db, instance=self.instance,
                                              interval_s=self.cfg.ship_interval_s)
@@ -232,7 +232,7 @@ def start_problem(state_cfg, environ=None) -> str | None:
     if find_spec("psycopg") is None or find_spec("psycopg_pool") is None:
         return ('[state] backend = "postgres" needs psycopg and psycopg-pool: '
                 "pip install 'coderouter[postgres]'")
-    from .dsn import DsnMissing, resolve
+    from ..state.shared.dsn import DsnMissing, resolve
 
     try:
         resolve(state_cfg, environ)

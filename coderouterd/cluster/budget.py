@@ -30,10 +30,10 @@ from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from functools import partial
 
-from ...guards.budget import GLOBAL, Budget
-from ..events import BudgetBlocked, BudgetWarning, Event
-from . import ledger
-from .db import Database, Unavailable
+from ..guards.budget import GLOBAL, Budget
+from ..state.events import BudgetBlocked, BudgetWarning, Event
+from ..state.shared import ledger
+from ..state.shared.db import Database, Unavailable
 
 # How long a stop waits for allowances being tended (release_allowances).
 TEND_WAIT_ON_STOP_S = 2.0
