@@ -348,9 +348,9 @@ def part_breakers(pg) -> list[list[str]]:
 
 
 def part_overhead(pg, tmp: Path) -> list[list[str]]:
+    from coderouterd.cluster.budget import SharedBudget
     from coderouterd.guards.budget import Budget
     from coderouterd.state.memory import MemoryStore
-    from coderouterd.cluster.budget import SharedBudget
     from coderouterd.state.shared.db import Database
     from coderouterd.tasks import TaskSet
     from tests.shared.test_breakers import _migrated

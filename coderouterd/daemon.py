@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 from . import __version__
 from .affinity.service import Affinity
 from .after_response import AfterResponse
+from .cluster.backend import build as build_backend
 from .config import ConfigError, LoadedConfig, load_config, state_dir
 from .guards.apply import BudgetHooks, apply_tool_loop
 from .health.ram_watch import RamWatch
@@ -27,13 +28,13 @@ from .routing.state import RoutingState
 from .runtime import Runtime, UnknownProfile, build_runtime, close_pools
 from .state import ConfigRejected, ConfigReloaded, DaemonLifecycle, ProfileSwitched
 from .state.repair_stats import RepairStats
-from .cluster.backend import build as build_backend
 from .tasks import TaskSet
 from .telemetry import Telemetry
 from .ui.feed import LiveFeed
 from .warmup import warm_imports
 
 if TYPE_CHECKING:
+    from .cluster.budget import SharedBudget
     from .config.schema import ConfigModel
     from .guards.budget import Budget
     from .health.monitor import HealthMonitor
@@ -41,7 +42,6 @@ if TYPE_CHECKING:
     from .ingress.protocol import Limits
     from .routing.executor import Exchange
     from .routing.record import RequestRecord
-    from .cluster.budget import SharedBudget
     from .supervise.from_config import Processes
     from .supervise.registry import Supervisor
 

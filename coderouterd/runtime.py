@@ -30,7 +30,7 @@ class Runtime:
         self.config = loaded.model
         self.path = loaded.path
         self.providers = providers
-        self.facts = Router.facts(self)
+        self.facts = Router.facts(providers)
         self.routes = [(r.model.lower(), r.profile) for r in self.config.routes]
         self.profile_names = sorted(self.config.profiles)
 

@@ -147,8 +147,8 @@ def journal_for(sdir: Path, socket: str | None, *, local: bool = False, instance
         if instance:
             raise CorectlError("--instance needs the shared journal ([state] backend = \"postgres\")", code=2)
         return Journal(sdir)
-    from coderouterd.config.envfile import load_env_file
     from coderouterd.cluster.backend import start_problem
+    from coderouterd.config.envfile import load_env_file
     from coderouterd.state.shared.dsn import DsnMissing, redact, resolve
 
     load_env_file()  # dsn_env may name a variable kept in the daemon's env file

@@ -15,9 +15,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
+    from ..state.shared.shipper import Shipper
     from .breakers import SharedBreakers
     from .budget import SharedBudget
-    from ..state.shared.shipper import Shipper
 
 log = logging.getLogger("coderouterd.shared")
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import hmac
 from collections import Counter as Counter_
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -22,7 +22,9 @@ from ..state.events import (
 )
 
 if TYPE_CHECKING:
-    from ..daemon import Daemon
+    from ..affinity.service import Affinity
+    from ..runtime import Runtime
+    from ..supervise.from_config import Processes
 
 # The kinds are the event classes' own constants: a hand-typed "process_event" once matched nothing, and
 # the restart counter stayed absent for the daemon's whole life.
@@ -34,8 +36,35 @@ _BREAKER_VALUE = {"closed": 0, "half_open": 1, "open": 2}
 _HEALTH_VALUE = {HEALTHY: 0, DEGRADED: 1, UNHEALTHY: 2}
 
 
+class Snapshotted(Protocol):
+    def snapshot(self) -> dict[str, Any]: ...
+
+
+class MetricsSource(Protocol):
+    """What /metrics reads at scrape time: the daemon hands itself in (it is above observe/, which names it by
+    this protocol rather than importing it back)."""
+
+    @property
+    def runtime(self) -> Runtime: ...
+
+    @property
+    def budget(self) -> Snapshotted: ...
+
+    @property
+    def processes(self) -> Processes | None: ...
+
+    @property
+    def affinity(self) -> Affinity: ...
+
+    @property
+    def in_flight(self) -> dict[str, int]: ...
+
+    @property
+    def browser_refused(self) -> dict[str, int]: ...
+
+
 class Metrics:
-    def __init__(self, daemon: Daemon) -> None:
+    def __init__(self, daemon: MetricsSource) -> None:
         self.daemon = daemon
         r = self.registry = CollectorRegistry()
         self.requests = Counter("coderouter_requests_total", "Requests served", ["ingress", "profile", "provider",
@@ -127,7 +156,7 @@ class Metrics:
 class _ScrapeTimeCollector:
     """Figures that are cheapest to read when someone asks: budget spend and managed process state."""
 
-    def __init__(self, daemon: Daemon) -> None:
+    def __init__(self, daemon: MetricsSource) -> None:
         self.daemon = daemon
 
     def collect(self):

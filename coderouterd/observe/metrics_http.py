@@ -6,7 +6,7 @@ import threading
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from ..daemon import Daemon
+    from .metrics import Metrics, MetricsSource
 
 _DENIED = b'{"error":"metrics need the configured bearer token"}'
 _TEXT = b"text/plain; version=0.0.4; charset=utf-8"
@@ -16,12 +16,12 @@ class LazyMetrics:
     """The Prometheus registry, built on first use: its first events arrive in the bus's writer thread, so
     importing prometheus_client there keeps it out of the daemon's start-up time."""
 
-    def __init__(self, daemon: Daemon) -> None:
+    def __init__(self, daemon: MetricsSource) -> None:
         self._daemon = daemon
-        self._metrics = None
+        self._metrics: Metrics | None = None
         self._lock = threading.Lock()
 
-    def get(self):
+    def get(self) -> Metrics:
         if self._metrics is None:
             with self._lock:
                 if self._metrics is None:

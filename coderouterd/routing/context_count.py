@@ -21,7 +21,7 @@ from ..providers.limits import MAX_AUX_BYTES, read_capped
 
 if TYPE_CHECKING:
     from ..providers.provider import Provider
-    from ..runtime import Runtime
+    from .generation import Generation
     from .request import ClientRequest
 
 log = logging.getLogger("coderouterd")
@@ -30,7 +30,7 @@ COUNT_TIMEOUT_S = 5.0  # both round trips; a server slower than that is gated by
 _COUNTING_SERVERS = frozenset({"llama.cpp"})
 
 
-def learned_estimates(runtime: Runtime, names, req: ClientRequest) -> dict[str, int]:
+def learned_estimates(runtime: Generation, names, req: ClientRequest) -> dict[str, int]:
     """Providers whose server has taught a ratio: this prompt's size by that ratio."""
     size = len(req.raw)
     out = {}
@@ -48,7 +48,7 @@ def _countable(router, p: Provider) -> bool:
     return info is not None and info.kind in _COUNTING_SERVERS
 
 
-async def count_over_window(router, runtime: Runtime, names, req: ClientRequest) -> dict[str, int]:
+async def count_over_window(router, runtime: Generation, names, req: ClientRequest) -> dict[str, int]:
     """{provider: tokens by its server's count} for the providers of `names` whose estimate exceeds their window
     and whose server can count. Nothing is asked for a prompt that fits by the estimate (nearly all)."""
     base = req.estimated_tokens()

@@ -23,12 +23,10 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
 from ..providers.call import Call
 from ..providers.errors import BUDGET, BUDGET_FINAL, IDLE_TIMEOUT, OVERFLOW, TOTAL_TIMEOUT, UpstreamError
-from ..providers.provider import Provider
 from ..translate.answer_stats import client_limit, without_client_cut
 from ..translate.images import omit_images
 from ..translate.tool_repair import repair_tools_for
@@ -39,40 +37,11 @@ from .planner import Skip
 from .record import CLIENT_DISCONNECTED, RequestRecord
 from .request import ClientRequest
 from .sink import ClientGone, ClientSink, StreamOpening
+from .steps import Slot
 from .waiting import pinging, wait_for_restart
 
 if TYPE_CHECKING:
-    from ..runtime import Runtime
-
-
-@dataclass(slots=True, eq=False)
-class Slot:
-    """One admitted attempt at one provider: what must be given back however the attempt ends (the breaker's
-    trial slot, a budget reservation, the upstream connection). `Exchange.holding` guarantees it."""
-
-    provider: Provider
-    admission: str  # Router.admit's answer: "closed" | "trial" | "panic"
-    started: float
-    reservation: object | None = None
-    call: Call | None = None
-    done: bool = False  # its outcome was reported to the router
-    ok: bool = False
-    bill: dict | None = None  # usage to settle a budget reservation with, when the call cannot say (race loser)
-    panic: bool = False  # tried in panic mode (whatever its breaker said)
-    name: str = ""
-    placement: object | None = None  # affinity's slot placement for this attempt, finished with it
-    begun: bool = False  # counted in flight on its managed process (on demand: a stop waits for it)
-
-    def __post_init__(self) -> None:
-        self.name = self.provider.name
-
-    @property
-    def made(self) -> Call:
-        """The attempt's call, once `new_call` made it (delivering and learning happen only after that)."""
-        call = self.call
-        if call is None:
-            raise RuntimeError(f"attempt at {self.name} has no call yet")
-        return call
+    from .generation import Generation
 
 
 class Exchange:
@@ -81,7 +50,7 @@ class Exchange:
     __slots__ = ("req", "_before_upstream", "_call_factory", "sink", "runtime", "router", "profile_name",
                  "profile", "server", "record", "budget_final", "committed", "_panicked", "_starts")
 
-    def __init__(self, req: ClientRequest, sink: ClientSink, *, runtime: Runtime, router, profile: str,
+    def __init__(self, req: ClientRequest, sink: ClientSink, *, runtime: Generation, router, profile: str,
                  call_factory=Call, before_upstream: Callable[[], None] | None = None) -> None:
         """`call_factory(provider, strategy, raw_body=, stream=, client_headers=)` makes one upstream call;
         tests give a scripted one. `before_upstream()` is called just before each wait on an upstream (the

@@ -7,7 +7,7 @@ raced are left to the executor's one try-in-order routine. With `race_delay_ms` 
 participants start only if nobody has produced useful output by then, which bounds the extra cost.
 
 Only the race itself lives here; every step of an attempt (admission, budget, breaker reports, the first-byte
-wait, the record, delivering the winner) goes through the Exchange's public operations, the same ones fallback
+wait, the record, delivering the winner) goes through the Exchange's public operations (`steps.Steps`), the same ones fallback
 uses; what the race decided goes into the request's record through its methods."""
 
 from __future__ import annotations
@@ -21,10 +21,10 @@ from ..providers.errors import UpstreamError
 from .sink import ClientGone
 
 if TYPE_CHECKING:
-    from .executor import Exchange, Slot
+    from .steps import Slot, Steps
 
 
-async def _until_useful(ex: Exchange, call: Call) -> bytes:
+async def _until_useful(ex: Steps, call: Call) -> bytes:
     """Open the call and read until it produced content; returns everything produced so far."""
     if ex.req.stream:
         return await ex.first_output(call, until_content=True)
@@ -32,7 +32,7 @@ async def _until_useful(ex: Exchange, call: Call) -> bytes:
     return await call.result()
 
 
-async def run_race(ex: Exchange, candidates: list[str], errors: list) -> list[str] | None:
+async def run_race(ex: Steps, candidates: list[str], errors: list) -> list[str] | None:
     """Race the first `race_width` admitted candidates. Returns None when the client has been answered (a
     winner, or a failure that ends the request), else the candidates that were not raced, for try-in-order.
     Failures are appended to `errors`."""
@@ -124,7 +124,7 @@ async def run_race(ex: Exchange, candidates: list[str], errors: list) -> list[st
                 if not ex.committed:
                     if ex.hold_remaining() <= 0 and running:
                         first = next(iter(running.values()))
-                        await ex.commit_early(first.name, [s.call for s in running.values()])
+                        await ex.commit_early(first.name, [s.made for s in running.values()])
                 else:
                     await ex.ping()
     except (asyncio.CancelledError, ClientGone):

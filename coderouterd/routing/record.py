@@ -22,8 +22,8 @@ from .planner import Skip
 if TYPE_CHECKING:
     from ..affinity.service import Ticket
     from ..providers.strategies import Strategy
-    from ..runtime import Runtime
     from ..translate.answer_stats import DriftSample
+    from .generation import Generation
     from .planner import Plan
     from .request import ClientRequest
 
@@ -45,7 +45,7 @@ class RequestRecord:
                  "upstream_wait_s", "race_outcome", "affinity", "repair_applied", "tools_repaired",
                  "repair_formats", "drift_sample", "answered_by", "guards")
 
-    def __init__(self, req: ClientRequest, runtime: Runtime, profile_name: str) -> None:
+    def __init__(self, req: ClientRequest, runtime: Generation, profile_name: str) -> None:
         self.req = req  # the request as routing saw it: its id, wire, model asked for, stream, start times
         self.runtime = runtime  # the configuration generation it was served under (prices, provider kinds)
         self.profile_name = profile_name

@@ -22,8 +22,8 @@ from .state import RoutingState
 
 if TYPE_CHECKING:
     from ..providers.provider import Provider
-    from ..runtime import Runtime
     from ..supervise.ondemand import OnDemand
+    from .generation import Generation
 
 # Router.admit's answers: how an attempt was let through, which decides what its end gives back.
 CLOSED, TRIAL, PANIC = "closed", "trial", "panic"
@@ -86,9 +86,10 @@ class Router:
         return o
 
     @staticmethod
-    def facts(runtime: Runtime) -> dict[str, ProviderFacts]:
+    def facts(providers: dict[str, Provider]) -> dict[str, ProviderFacts]:
+        """What the planner knows of each provider from its config (the generation keeps them: Runtime.facts)."""
         out = {}
-        for name, p in runtime.providers.items():
+        for name, p in providers.items():
             c = p.cfg
             out[name] = ProviderFacts(name=name, tools=c.capabilities.tools, vision=c.capabilities.vision,
                                       thinking=c.capabilities.thinking, context_window=c.context_window, paid=c.paid)
@@ -104,7 +105,7 @@ class Router:
         """Whether the provider's server reads OpenAI's named tool choice (servers/base.py)."""
         return self.servers is None or self.servers.named_tool_choice(provider)
 
-    def _facts(self, runtime: Runtime, names) -> dict[str, ProviderFacts]:
+    def _facts(self, runtime: Generation, names) -> dict[str, ProviderFacts]:
         """The runtime's facts, with the context window the server reports where the config left it unset.
         Never waits: a server not heard from yet is asked in the background and not gated meanwhile."""
         facts = runtime.facts
@@ -121,7 +122,7 @@ class Router:
                 out[name] = replace(f, context_window=window, window_reported=True)
         return out if out is not None else facts
 
-    def plan(self, profile_name: str, profile, runtime: Runtime, req: ClientRequest, ticket=None,
+    def plan(self, profile_name: str, profile, runtime: Generation, req: ClientRequest, ticket=None,
              counts: dict[str, int] | None = None) -> Plan:
         """`counts`: prompt tokens by a provider's own server (`server_counts`), which the gate trusts over any
         estimate."""
@@ -171,7 +172,7 @@ class Router:
             p.order_notes.extend(adjust(profile, p.candidates))
         return p
 
-    async def server_counts(self, profile, runtime: Runtime, req: ClientRequest) -> dict[str, int]:
+    async def server_counts(self, profile, runtime: Generation, req: ClientRequest) -> dict[str, int]:
         """The prompt counted by the servers of the chain that the estimate would skip and that can count
         (llama-server): only a prompt that cannot fit by the server's own count is sent elsewhere."""
         return await count_over_window(self, runtime, profile.providers, req)
@@ -191,7 +192,7 @@ class Router:
                                   "why": f"{s.message}; tried anyway: no other provider, and the server's own "
                                          "answer says by how much"})
 
-    def _prefer_cached(self, p: Plan, ticket, runtime: Runtime, affinity: Affinity) -> None:
+    def _prefer_cached(self, p: Plan, ticket, runtime: Generation, affinity: Affinity) -> None:
         """Among providers the profile treats as equals (race, adaptive order), the one expected to answer
         first given what it has cached leads. Providers adaptive or health moved back stay behind."""
         moved_back = {n["provider"] for n in p.order_notes if n.get("moved") == "back"}
@@ -201,7 +202,7 @@ class Router:
         p.candidates = order + rest
         p.order_notes.extend(notes)
 
-    def effective_order(self, profile_name: str, profile, runtime: Runtime) -> Plan:
+    def effective_order(self, profile_name: str, profile, runtime: Generation) -> Plan:
         return self.plan(profile_name, profile, runtime, ClientRequest(
             ingress="anthropic", body={}, raw=b"", headers={}, stream=False, model="", request_id="status"))
 

@@ -1,7 +1,7 @@
 """Waiting on something before any upstream answers (a managed process starting, on demand or restarting), the way
 the executor waits for an upstream's first byte: a streaming client gets its 200 once the stream's hold is over,
 then keep-alive pings, so Claude Code's idle watchdog never fires during a model's load. Only the Exchange's
-public steps are used (`hold_remaining`, `commit_early`, `ping`, `try_in_order`)."""
+public steps are used (`steps.Steps`) (`hold_remaining`, `commit_early`, `ping`, `try_in_order`)."""
 
 from __future__ import annotations
 
@@ -12,10 +12,10 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from ..providers.errors import UpstreamError
-    from .executor import Exchange
+    from .steps import Steps
 
 
-async def pinging(ex: Exchange, aw: Awaitable[Any], provider: str, timeout: float | None = None) -> None:
+async def pinging(ex: Steps, aw: Awaitable[Any], provider: str, timeout: float | None = None) -> None:
     """Wait for `aw` (up to `timeout`, then TimeoutError), pinging a streaming client meanwhile. `provider`
     names the stream's opening if it must be sent first."""
     task = asyncio.ensure_future(aw)
@@ -44,7 +44,7 @@ async def pinging(ex: Exchange, aw: Awaitable[Any], provider: str, timeout: floa
             await asyncio.gather(task, return_exceptions=True)
 
 
-async def wait_for_restart(ex: Exchange, errors: list[UpstreamError]) -> bool:
+async def wait_for_restart(ex: Steps, errors: list[UpstreamError]) -> bool:
     """Nothing else could serve, and a managed process of this profile is starting or restarting (its model
     loading, or the supervisor bringing it back after a crash): wait for it, within its start timeout, then try
     it. True when the client has been answered."""
@@ -67,7 +67,7 @@ async def wait_for_restart(ex: Exchange, errors: list[UpstreamError]) -> bool:
     return False
 
 
-async def wait_up(ex: Exchange, coming: list[str], timeout: float) -> list[str]:
+async def wait_up(ex: Steps, coming: list[str], timeout: float) -> list[str]:
     """The routing state's wait for providers whose process is starting or restarting, pinging meanwhile."""
     box: list[list[str]] = []
 

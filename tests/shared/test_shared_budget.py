@@ -7,10 +7,10 @@ import asyncio
 
 import psycopg
 
+from coderouterd.cluster.budget import SharedBudget
 from coderouterd.guards.budget import Budget
 from coderouterd.state.memory import MemoryStore
 from coderouterd.state.shared import ledger
-from coderouterd.cluster.budget import SharedBudget
 from coderouterd.state.shared.db import Database
 from coderouterd.state.shared.schema import migrate
 from coderouterd.tasks import TaskSet

@@ -12,8 +12,8 @@ import sys
 
 import psycopg
 
-from coderouterd.config.schema import StateConfig
 from coderouterd.cluster.backend import PostgresBackend
+from coderouterd.config.schema import StateConfig
 from coderouterd.state.shared.dsn import redact
 from coderouterd.tasks import TaskSet
 from tests.support import cli
