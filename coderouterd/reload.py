@@ -7,14 +7,21 @@ from __future__ import annotations
 import asyncio
 import logging
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     from .config.schema import ConfigModel
-    from .daemon import Daemon
 
 log = logging.getLogger("coderouterd.reload")
 daemon_log = logging.getLogger("coderouterd")
+
+
+class Reloadable(Protocol):
+    """What a reload asks of the daemon (which imports this module for the checks below, so names it so)."""
+
+    async def reload(self, source: str = ...) -> dict[str, Any]: ...
+
+    def reload_failed(self, reason: str) -> None: ...
 
 
 def warn_reload_risks(cfg: ConfigModel) -> None:
@@ -72,7 +79,7 @@ def changed_sections(old, new) -> list[str]:
     return changed
 
 
-async def apply_reload(daemon: Daemon, source: str) -> dict:
+async def apply_reload(daemon: Reloadable, source: str) -> dict:
     result = await daemon.reload(source=source)
     if result.get("ok"):
         changed = result.get("changed")
@@ -90,7 +97,7 @@ class ConfigWatcher:
     """Watches the config file's directory, not the file: editors that save by writing a new file and renaming
     it over the old one replace the inode, which a watch on the file itself would lose."""
 
-    def __init__(self, daemon: Daemon, path: str, *, step_ms: int = 50, debounce_ms: int = 1600) -> None:
+    def __init__(self, daemon: Reloadable, path: str, *, step_ms: int = 50, debounce_ms: int = 1600) -> None:
         self.daemon = daemon
         self.path = Path(path)
         self.step_ms = step_ms

@@ -22,7 +22,7 @@ from .errors import ANSWER, REFUSALS, AdminError, AdminRoute, JSONAnswer, instal
 from .version import API_VERSION
 
 if TYPE_CHECKING:
-    from ..daemon import Daemon
+    from ..daemon import Daemon  # layer-ok: the composition root, handed in; annotation only
     from ..runtime import Runtime
 
 __all__ = ["API_VERSION", "create_admin_app"]

@@ -26,7 +26,7 @@ from . import apitype, history, views
 from .errors import ANSWER, REFUSALS, AdminError, AdminRoute
 
 if TYPE_CHECKING:
-    from ..daemon import Daemon
+    from ..daemon import Daemon  # layer-ok: the composition root, handed in; annotation only
     from ..runtime import Runtime
 
 PROCESS_ACTIONS = ("start", "stop", "restart")

@@ -23,7 +23,7 @@ from .. import private_fs
 if TYPE_CHECKING:
     from fastapi import FastAPI
 
-    from ..daemon import Daemon
+    from ..daemon import Daemon  # layer-ok: the composition root, handed in; annotation only
 
 log = logging.getLogger("coderouterd.admin")
 

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 from ..config.envfile import missing_keys
 
 if TYPE_CHECKING:
-    from ..daemon import Daemon
+    from ..daemon import Daemon  # layer-ok: the composition root, handed in; annotation only
 
 
 def daemon_info(daemon: Daemon) -> dict:

@@ -24,7 +24,7 @@ from .responses import ResponsesResponder, admit_responses
 from .validate import depth_problem, validate_anthropic, validate_openai
 
 if TYPE_CHECKING:
-    from ..daemon import Daemon
+    from ..daemon import Daemon  # layer-ok: the composition root, handed in; annotation only
     from ..routing.record import RequestRecord
     from ..runtime import Runtime
 
