@@ -11,11 +11,19 @@ import asyncio
 import logging
 import socket
 import time
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
+    from ..config.schema import StateConfig
+    from ..guards.budget import Budget
+    from ..routing.state import RoutingState
+    from ..state.events import Event
+    from ..state.memory import MemoryStore
     from ..state.shared.shipper import Shipper
+    from ..state.store import Store
+    from ..tasks import TaskSet
     from .breakers import SharedBreakers
     from .budget import SharedBudget
 
@@ -33,13 +41,13 @@ class StateBackend(Protocol):
 
     async def stop(self) -> None: ...
 
-    def budget(self, store, publish):
+    def budget(self, store: Store | MemoryStore, publish: Callable[[Event], None]) -> Budget | SharedBudget:
         """The budget the guard uses: the local ledger in `store`, or the shared ledger."""
 
-    def attach_routing(self, routing) -> None:
+    def attach_routing(self, routing: RoutingState) -> None:
         """Share the routing state's breakers (or not)."""
 
-    def status(self) -> dict | None: ...
+    def status(self) -> dict[str, Any] | None: ...
 
 
 class LocalBackend:
@@ -51,19 +59,19 @@ class LocalBackend:
     async def stop(self) -> None:
         return None
 
-    def budget(self, store, publish):
+    def budget(self, store: Store | MemoryStore, publish: Callable[[Event], None]) -> Budget | SharedBudget:
         from ..guards.budget import Budget
 
         return Budget(store, publish=publish)
 
-    def attach_routing(self, routing) -> None:
+    def attach_routing(self, routing: RoutingState) -> None:
         return None
 
-    def status(self) -> dict | None:
+    def status(self) -> dict[str, Any] | None:
         return None
 
 
-def instance_name(state_cfg, state_dir: Path) -> str:
+def instance_name(state_cfg: StateConfig, state_dir: Path) -> str:
     """The configured name, else one made once (host name + a random suffix) and kept in the state directory:
     the shipped journal is keyed by (instance, seq), so a restart must come back under the same name."""
     if state_cfg.instance:
@@ -88,8 +96,9 @@ def instance_name(state_cfg, state_dir: Path) -> str:
 class PostgresBackend:
     kind = "postgres"
 
-    def __init__(self, state_cfg, *, state_dir: Path, version: str, tasks, publish, journal_db: Path | None,
-                 info=None) -> None:
+    def __init__(self, state_cfg: StateConfig, *, state_dir: Path, version: str, tasks: TaskSet,
+                 publish: Callable[[Event], None], journal_db: Path | None,
+                 info: Callable[[], dict[str, Any]] | None = None) -> None:
         from ..state.shared.db import Database
         from ..state.shared.dsn import resolve
         from ..state.shared.instances import Instances
@@ -113,7 +122,7 @@ class PostgresBackend:
         self._first_try = asyncio.Event()  # the first connect-and-migrate has succeeded or failed
         self.conflict: str | None = None  # the database refuses our schema: a person must fix it
 
-    def budget(self, store, publish):
+    def budget(self, store: Store | MemoryStore, publish: Callable[[Event], None]) -> Budget | SharedBudget:
         from ..guards.budget import Budget
         from ..state.memory import MemoryStore
         from .budget import SharedBudget
@@ -126,7 +135,7 @@ class PostgresBackend:
                                           publish=self._publish, poll_s=self.cfg.poll_s, boot=self.boot)
         return self.shared_budget
 
-    def attach_routing(self, routing) -> None:
+    def attach_routing(self, routing: RoutingState) -> None:
         from .breakers import SharedBreakers
 
         self.breakers = SharedBreakers(self.db, routing, instance=self.instance, poll_s=self.cfg.poll_s,
@@ -198,7 +207,7 @@ class PostgresBackend:
             await self.breakers.stop()
         await self.db.close()
 
-    def status(self) -> dict | None:
+    def status(self) -> dict[str, Any] | None:
         now = time.time()
         beat = self.instances.last_beat
         out = {
@@ -222,7 +231,7 @@ class PostgresBackend:
         return out
 
 
-def start_problem(state_cfg, environ=None) -> str | None:
+def start_problem(state_cfg: StateConfig, environ: Mapping[str, str] | None = None) -> str | None:
     """Why this [state] cannot start (the driver is not installed, the DSN variable is unset), or None. Checked
     before the daemon starts, and by --check: a shared backend that cannot even be tried is a config error."""
     if state_cfg.backend != "postgres":
@@ -241,7 +250,7 @@ def start_problem(state_cfg, environ=None) -> str | None:
     return None
 
 
-def build(state_cfg, **kw) -> StateBackend:
+def build(state_cfg: StateConfig, **kw: Any) -> StateBackend:
     if state_cfg.backend == "postgres":
         return PostgresBackend(state_cfg, **kw)
     return LocalBackend()

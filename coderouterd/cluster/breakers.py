@@ -16,11 +16,17 @@ import asyncio
 import logging
 import time
 from functools import partial
+from typing import TYPE_CHECKING, Any
 
 import orjson
 
 from ..routing.breaker import BreakerState
 from ..state.shared.db import Database, Unavailable
+
+if TYPE_CHECKING:
+    from ..routing.state import RoutingState
+    from ..state.shared.db import Conn
+    from ..tasks import TaskSet
 
 log = logging.getLogger("coderouterd.shared")
 
@@ -50,7 +56,8 @@ _PROBE = (
 
 
 class SharedBreakers:
-    def __init__(self, db: Database, routing, *, instance: str, poll_s: float, lease_s: float, tasks) -> None:
+    def __init__(self, db: Database, routing: RoutingState, *, instance: str, poll_s: float, lease_s: float,
+                 tasks: TaskSet) -> None:
         self.db = db
         self.routing = routing
         self.instance = instance
@@ -61,7 +68,7 @@ class SharedBreakers:
         self._probe_until: dict[str, float] = {}  # provider -> monotonic end of the probe lease we hold
         self._acquiring: set[str] = set()
         self._writes: asyncio.Queue | None = None
-        self._listen_conn = None
+        self._listen_conn: Conn | None = None
         self.listening = False
         self.adopted = 0
         self.conflicts = 0
@@ -108,7 +115,7 @@ class SharedBreakers:
             except Unavailable:
                 pass  # local until the database returns; the poll then brings this instance back in line
 
-    async def _write(self, name: str, snap: dict, state: BreakerState, conn) -> None:
+    async def _write(self, name: str, snap: dict, state: BreakerState, conn: Conn) -> None:
         for _attempt in range(3):
             known = self.versions.get(name, 0)
             params = {"p": name, "v": known, "state": state.value, "snap": orjson.dumps(snap).decode(),
@@ -176,10 +183,10 @@ class SharedBreakers:
                     log.debug("shared breakers: LISTEN failed: %s", e)
             finally:
                 self.listening = False
-                conn, self._listen_conn = self._listen_conn, None
-                if conn is not None:
+                held, self._listen_conn = self._listen_conn, None
+                if held is not None:
                     try:
-                        await conn.close()
+                        await held.close()
                     except Exception:
                         pass
             await asyncio.sleep(delay)
@@ -196,7 +203,7 @@ class SharedBreakers:
         self._adopt(name, version, snap, f"{who} (notified)")
 
     async def poll_once(self) -> None:
-        async def read(conn):
+        async def read(conn: Conn) -> list[tuple[Any, ...]]:
             cur = await conn.execute("SELECT provider, version, snapshot, instance FROM cr_breaker")
             return await cur.fetchall()
 
@@ -247,7 +254,7 @@ class SharedBreakers:
 
     async def _acquire(self, name: str, version: int) -> None:
         try:
-            async def take(conn):
+            async def take(conn: Conn) -> tuple[Any, ...] | None:
                 cur = await conn.execute(_PROBE, {"p": name, "v": version, "me": self.instance,
                                                   "lease": float(self.lease_s)})
                 return await cur.fetchone()

@@ -29,11 +29,18 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from functools import partial
+from typing import TYPE_CHECKING, Any
 
-from ..guards.budget import GLOBAL, Budget
+from ..guards.budget import GLOBAL, Budget, Reservation
 from ..state.events import BudgetBlocked, BudgetWarning, Event
 from ..state.shared import ledger
 from ..state.shared.db import Database, Unavailable
+
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+
+    from ..state.shared.db import Conn
+    from ..tasks import TaskSet
 
 # How long a stop waits for allowances being tended (release_allowances).
 TEND_WAIT_ON_STOP_S = 2.0
@@ -64,7 +71,7 @@ class SharedReservation:
 
 
 class SharedBudget:
-    def __init__(self, local: Budget, db: Database, *, instance: str, lease_s: float, tasks,
+    def __init__(self, local: Budget, db: Database, *, instance: str, lease_s: float, tasks: TaskSet,
                  live_instances: Callable[[], int], publish: Callable[[Event], None] | None = None,
                  poll_s: float = 2.0, boot: str | None = None) -> None:
         """`local`: the configuration side of the budget (caps, which providers bill, estimates, the month).
@@ -101,7 +108,7 @@ class SharedBudget:
 
     # -- configuration --------------------------------------------------------------------------------------
 
-    def configure(self, providers, *, global_cap_usd: float, warn_ratio: float) -> None:
+    def configure(self, providers: Mapping[str, Any], *, global_cap_usd: float, warn_ratio: float) -> None:
         self.local.configure(providers, global_cap_usd=global_cap_usd, warn_ratio=warn_ratio)
         if self._settles is not None:
             self._tasks.spawn(self._push_caps(), name="shared-budget-caps")
@@ -176,8 +183,9 @@ class SharedBudget:
                 return False
         return True
 
-    async def reserve(self, provider: str, estimate_usd: float):
-        """A SharedReservation, or None when a cap would be exceeded."""
+    async def reserve(self, provider: str, estimate_usd: float) -> Reservation | SharedReservation | None:
+        """A SharedReservation (a provider that bills: the local Budget's own Reservation otherwise), or None
+        when a cap would be exceeded."""
         if not self.local.is_billable(provider):
             return self.local.reserve(provider, estimate_usd)
         period, _ = self.local.period()
@@ -223,7 +231,7 @@ class SharedBudget:
             self._drawn.pop(provider, None)
             self._queue_settle(a, 0)
 
-    def settle(self, res, actual_usd: float) -> dict | None:
+    def settle(self, res: SharedReservation, actual_usd: float) -> dict | None:
         """Queue the settle; returns its record, which the request's journal row keeps (the shipper applies it
         again with the row: idempotent, and durable as the journal is)."""
         if not isinstance(res, SharedReservation):
@@ -243,7 +251,7 @@ class SharedBudget:
             record.update(parent=res.parent, est=res.amount)
         return record
 
-    def cancel(self, res) -> dict | None:
+    def cancel(self, res: SharedReservation) -> dict | None:
         if isinstance(res, SharedReservation):
             return self.settle(res, 0.0)
         self.local.cancel(res)
@@ -321,7 +329,7 @@ class SharedBudget:
         return snap
 
     @staticmethod
-    def estimate(provider_cfg, input_tokens: int, max_tokens: int) -> float:
+    def estimate(provider_cfg: Any, input_tokens: int, max_tokens: int) -> float:
         return Budget.estimate(provider_cfg, input_tokens, max_tokens)
 
     # -- internals ------------------------------------------------------------------------------------------
@@ -332,7 +340,7 @@ class SharedBudget:
         return sorted([(provider, ledger.to_nano(self.local.cap(provider))),
                        (GLOBAL, ledger.to_nano(self.local.cap(GLOBAL)))])
 
-    def _booked(self, budgets, *, reserved: int = 0, spent: int = 0) -> None:
+    def _booked(self, budgets: list[tuple[str, int]], *, reserved: int = 0, spent: int = 0) -> None:
         # Our own moves, applied to the cached rows at once: `allowed()` need not wait for the next read.
         for budget, cap in budgets:
             row = self.rows.get(budget) or ledger.Row(budget, cap, 0, 0)
@@ -350,7 +358,7 @@ class SharedBudget:
             return 0
         return a.amount - self._drawn.get(provider, 0)
 
-    def _draw(self, res: SharedReservation):
+    def _draw(self, res: SharedReservation) -> SharedReservation | None:
         """The ledger did not answer in time: hold the request against this instance's allowance."""
         res.offline = True
         if not any(cap > 0 for _, cap in res.budgets):
@@ -437,11 +445,11 @@ class SharedBudget:
                 # Others' spend shows at the next read; a read after every settle would double the statements.
                 await self.refresh()
 
-    async def _reserve_row(self, res: SharedReservation, conn) -> str | None:
+    async def _reserve_row(self, res: SharedReservation, conn: Conn) -> str | None:
         return await ledger.reserve(conn, rid=res.rid, instance=self.instance, period=res.period,
                                     budgets=res.budgets, amount=res.amount, lease_s=self.lease_s)
 
-    async def _settle_one(self, res: SharedReservation, actual: int, conn) -> bool:
+    async def _settle_one(self, res: SharedReservation, actual: int, conn: Conn) -> bool:
         if res.parent:
             return await ledger.settle_draw(conn, rid=res.rid, parent=res.parent, instance=self.instance,
                                             period=res.period, budgets=res.budgets, est=res.amount, actual=actual)

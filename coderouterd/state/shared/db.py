@@ -15,9 +15,26 @@ from typing import TYPE_CHECKING, Any
 from .dsn import redact
 
 if TYPE_CHECKING:
+    from collections.abc import Coroutine
+
+    from psycopg import AsyncConnection, AsyncCursor
     from psycopg_pool import AsyncConnectionPool
 
+    from ...tasks import TaskSet
+
+    # A connection as every statement of state/shared and cluster/ is handed it (rows as tuples).
+    Conn = AsyncConnection[Any]
+
 log = logging.getLogger("coderouterd.shared")
+
+
+async def scalar(cur: AsyncCursor[Any]) -> Any:
+    """The first column of the one row a statement always answers (a function call, a count, RETURNING on a
+    row known to exist). No row is our own bug, said as such rather than as a subscript of None."""
+    row = await cur.fetchone()
+    if row is None:
+        raise RuntimeError("a statement that always answers one row answered none")
+    return row[0]
 
 
 class Unavailable(Exception):
@@ -25,7 +42,7 @@ class Unavailable(Exception):
 
 
 class Database:
-    def __init__(self, dsn: str, *, timeout_s: float, tasks, max_size: int = 4) -> None:
+    def __init__(self, dsn: str, *, timeout_s: float, tasks: TaskSet, max_size: int = 4) -> None:
         self._dsn = dsn
         self.where = redact(dsn)
         self.timeout_s = timeout_s
@@ -55,7 +72,7 @@ class Database:
         if self.pool is not None:
             await self.pool.close(timeout=2)
 
-    def connect(self):
+    def connect(self) -> Coroutine[Any, Any, Conn]:
         """A dedicated connection outside the pool (the LISTEN connection, migrations)."""
         import psycopg
 
@@ -113,7 +130,7 @@ class Database:
         log.debug("shared state: a call exceeded %.0f ms", self.timeout_s * 1000)
         raise Unavailable(f"no answer within {self.timeout_s * 1000:.0f} ms")
 
-    async def _settled(self, fn) -> tuple[bool, Any]:
+    async def _settled(self, fn: Callable[[Any], Awaitable[Any]]) -> tuple[bool, Any]:
         # The outcome as a value: a refusal of the database is news for the caller, not a failed task.
         try:
             return True, await self.run(fn, timeout_s=max(self.timeout_s * 20, 1.0))

@@ -4,7 +4,12 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
 from urllib.parse import urlsplit, urlunsplit
+
+if TYPE_CHECKING:
+    from ...config.schema import StateConfig
 
 _URL_PASSWORD = re.compile(r"(://[^:/@]*:)[^@]*@")
 _KV_PASSWORD = re.compile(r"(password\s*=\s*)('(?:[^'\\]|\\.)*'|\S+)", re.IGNORECASE)
@@ -18,7 +23,7 @@ class DsnInvalid(DsnMissing):
     """The DSN is there but no PostgreSQL address (the driver cannot parse it)."""
 
 
-def resolve(state_cfg, environ=None) -> str:
+def resolve(state_cfg: StateConfig, environ: Mapping[str, str] | None = None) -> str:
     """The DSN to connect with, checked. `dsn_env` names a variable so the password need not sit in the file."""
     env = os.environ if environ is None else environ
     if state_cfg.dsn_env:

@@ -10,11 +10,15 @@ import os
 import socket
 import time
 from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 import orjson
 
 from . import ledger
 from .db import Database, Unavailable
+
+if TYPE_CHECKING:
+    from .db import Conn
 
 log = logging.getLogger("coderouterd.shared")
 
@@ -22,7 +26,7 @@ log = logging.getLogger("coderouterd.shared")
 MISSED_BEATS = 3
 
 
-async def beat(conn, *, instance: str, pid: int, version: str, info: dict) -> None:
+async def beat(conn: Conn, *, instance: str, pid: int, version: str, info: dict) -> None:
     await conn.execute(
         "INSERT INTO cr_instance (instance, host, pid, version, info) VALUES (%s, %s, %s, %s, %s)"
         " ON CONFLICT (instance) DO UPDATE SET host = EXCLUDED.host, pid = EXCLUDED.pid,"
@@ -31,7 +35,7 @@ async def beat(conn, *, instance: str, pid: int, version: str, info: dict) -> No
         (instance, socket.gethostname(), pid, version, orjson.dumps(info).decode()))
 
 
-async def live(conn, *, within_s: float) -> list[dict]:
+async def live(conn: Conn, *, within_s: float) -> list[dict]:
     cur = await conn.execute(
         "SELECT instance, host, pid, version, extract(epoch FROM started_at), extract(epoch FROM beat_at),"
         " extract(epoch FROM now() - beat_at), info FROM cr_instance"
@@ -62,7 +66,7 @@ class Instances:
         within = self.heartbeat_s * MISSED_BEATS
         info = self._info()
 
-        async def work(conn):
+        async def work(conn: Conn) -> tuple[int, list[dict[str, Any]]]:
             await beat(conn, instance=self.instance, pid=os.getpid(), version=self.version, info=info)
             await ledger.renew(conn, instance=self.instance, prefix=self.prefix, lease_s=self.lease_s)
             n = await ledger.reclaim(conn)

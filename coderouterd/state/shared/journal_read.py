@@ -4,14 +4,18 @@ corectl has no event loop and reads once."""
 
 from __future__ import annotations
 
-from typing import Any, cast
+from datetime import datetime
+from typing import TYPE_CHECKING, Any, cast
 
 from ..journal import JOURNAL_COLUMNS, _decode, _epoch
+
+if TYPE_CHECKING:
+    from psycopg import Connection
 
 _COLS = ", ".join(JOURNAL_COLUMNS)
 
 
-def _connect(dsn: str):
+def _connect(dsn: str) -> Connection[Any]:
     import psycopg
 
     return psycopg.connect(dsn, autocommit=True, connect_timeout=5)
@@ -23,7 +27,7 @@ def _row(raw: tuple) -> dict[str, Any]:
     return out
 
 
-def rows(dsn: str, since=None, until=None, provider: str | None = None, profile: str | None = None,
+def rows(dsn: str, since: datetime | float | None = None, until: datetime | float | None = None, provider: str | None = None, profile: str | None = None,
          limit: int | None = None, instance: str | None = None) -> list[dict[str, Any]]:
     """Shared journal rows oldest first; with `limit`, the newest `limit` (still oldest first)."""
     where, args = [], []

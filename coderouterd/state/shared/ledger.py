@@ -7,6 +7,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from .db import scalar
+
+if TYPE_CHECKING:
+    from .db import Conn
 
 NANO = 1_000_000_000
 
@@ -29,36 +35,36 @@ class Row:
     reserved: int
 
 
-async def reserve(conn, *, rid: str, instance: str, period: str, budgets: list[tuple[str, int]], amount: int,
+async def reserve(conn: Conn, *, rid: str, instance: str, period: str, budgets: list[tuple[str, int]], amount: int,
                   lease_s: float) -> str | None:
     """Hold `amount` on every (budget, cap) at once, or on none. None when granted, else the budget refusing."""
     budgets = sorted(budgets)
     cur = await conn.execute("SELECT cr_reserve(%s, %s, %s, %s, %s, %s, %s)",
                              (rid, instance, period, [b for b, _ in budgets], [c for _, c in budgets], amount,
                               float(lease_s)))
-    return (await cur.fetchone())[0]
+    return await scalar(cur)
 
 
-async def settle(conn, *, rid: str, instance: str, period: str, budgets: list[tuple[str, int]],
+async def settle(conn: Conn, *, rid: str, instance: str, period: str, budgets: list[tuple[str, int]],
                  actual: int) -> bool:
     """Move the hold to spent with the real cost (0 = cancelled). False when this id was settled before."""
     budgets = sorted(budgets)
     cur = await conn.execute("SELECT cr_settle(%s, %s, %s, %s, %s, %s)",
                              (rid, instance, period, [b for b, _ in budgets], [c for _, c in budgets], actual))
-    return bool((await cur.fetchone())[0])
+    return bool(await scalar(cur))
 
 
-async def settle_draw(conn, *, rid: str, parent: str, instance: str, period: str, budgets: list[tuple[str, int]],
+async def settle_draw(conn: Conn, *, rid: str, parent: str, instance: str, period: str, budgets: list[tuple[str, int]],
                       est: int, actual: int) -> bool:
     """Settle a request held against the allowance `parent` (the ledger was unreachable or slow for it)."""
     budgets = sorted(budgets)
     cur = await conn.execute("SELECT cr_settle_draw(%s, %s, %s, %s, %s, %s, %s, %s)",
                              (rid, parent, instance, period, [b for b, _ in budgets], [c for _, c in budgets], est,
                               actual))
-    return bool((await cur.fetchone())[0])
+    return bool(await scalar(cur))
 
 
-async def apply(conn, instance: str, record: dict) -> bool:
+async def apply(conn: Conn, instance: str, record: dict) -> bool:
     """A settle as the journal keeps it (budget.py's record), applied again: the shipper's backstop."""
     budgets = [(str(b), int(c)) for b, c in record["budgets"]]
     if record.get("parent"):
@@ -69,7 +75,7 @@ async def apply(conn, instance: str, record: dict) -> bool:
                         actual=int(record["actual"]))
 
 
-async def apply_many(conn, instance: str, records: list[dict]) -> None:
+async def apply_many(conn: Conn, instance: str, records: list[dict]) -> None:
     """`apply` for a batch, pipelined (executemany): one round trip's wait for the lot, not one per settle."""
     plain, draws = [], []
     for r in records:
@@ -87,13 +93,13 @@ async def apply_many(conn, instance: str, records: list[dict]) -> None:
         await cur.executemany("SELECT cr_settle_draw(%s, %s, %s, %s, %s, %s, %s, %s)", draws)
 
 
-async def reclaim(conn) -> int:
+async def reclaim(conn: Conn) -> int:
     """Give back the holds whose lease ran out; any instance may run it. Returns how many."""
     cur = await conn.execute("SELECT cr_reclaim()")
-    return int((await cur.fetchone())[0])
+    return int(await scalar(cur))
 
 
-async def renew(conn, *, instance: str, prefix: str, lease_s: float) -> int:
+async def renew(conn: Conn, *, instance: str, prefix: str, lease_s: float) -> int:
     """Extend this process's open reservations: a long stream keeps its hold while the process lives. Only ids
     under `prefix` (instance and boot): a restarted instance must not keep its killed predecessor's holds alive."""
     cur = await conn.execute(
@@ -103,7 +109,7 @@ async def renew(conn, *, instance: str, prefix: str, lease_s: float) -> int:
     return cur.rowcount
 
 
-async def set_caps(conn, *, period: str, caps: dict[str, int]) -> None:
+async def set_caps(conn: Conn, *, period: str, caps: dict[str, int]) -> None:
     """The configured caps for this period (a reload on any instance changes them for all: one ledger)."""
     for budget, cap in sorted(caps.items()):
         await conn.execute(
@@ -112,12 +118,12 @@ async def set_caps(conn, *, period: str, caps: dict[str, int]) -> None:
             (budget, period, cap))
 
 
-async def rows(conn, period: str) -> dict[str, Row]:
+async def rows(conn: Conn, period: str) -> dict[str, Row]:
     cur = await conn.execute("SELECT budget, cap, spent, reserved FROM cr_ledger WHERE period = %s", (period,))
     return {r[0]: Row(*r) for r in await cur.fetchall()}
 
 
-async def purge_done(conn, *, older_than_days: float = 7.0) -> int:
+async def purge_done(conn: Conn, *, older_than_days: float = 7.0) -> int:
     """Settled and reclaimed reservation rows are kept a while (a repeated settle must find its row), then go."""
     cur = await conn.execute(
         "DELETE FROM cr_reservation WHERE (settled_at IS NOT NULL OR reclaimed_at IS NOT NULL)"

@@ -8,8 +8,13 @@ machine with a skewed clock can neither reclaim early nor keep a dead peer's res
 from __future__ import annotations
 
 import logging
+from typing import TYPE_CHECKING
 
 from ..journal import JOURNAL_COLUMNS
+from .db import scalar
+
+if TYPE_CHECKING:
+    from .db import Conn
 
 log = logging.getLogger("coderouterd.shared")
 
@@ -215,7 +220,7 @@ def _conflict(e: BaseException) -> SchemaConflict | None:
                           "may not create them; give coderouterd a database (or user) of its own")
 
 
-async def migrate(conn) -> tuple[int, int]:
+async def migrate(conn: Conn) -> tuple[int, int]:
     """Bring the schema to LATEST on an autocommit connection. Returns (version found, version now). Concurrent
     callers queue on the advisory lock, so each migration runs exactly once."""
     await conn.execute("SELECT pg_advisory_lock(%s)", (MIGRATION_LOCK,))
@@ -230,11 +235,11 @@ async def migrate(conn) -> tuple[int, int]:
         await conn.execute("SELECT pg_advisory_unlock(%s)", (MIGRATION_LOCK,))
 
 
-async def _migrate_locked(conn) -> tuple[int, int]:
+async def _migrate_locked(conn: Conn) -> tuple[int, int]:
     await conn.execute("CREATE TABLE IF NOT EXISTS cr_schema (version integer PRIMARY KEY,"
                        " applied_at timestamptz NOT NULL DEFAULT now())")
     cur = await conn.execute("SELECT coalesce(max(version), 0) FROM cr_schema")
-    found = (await cur.fetchone())[0]
+    found = await scalar(cur)
     if found > LATEST:
         # A newer coderouterd migrated it: its tables may mean things this one would misread.
         raise SchemaTooNew(f"shared state schema is v{found}; this coderouterd knows up to v{LATEST}")

@@ -14,12 +14,16 @@ import sqlite3
 import time
 from functools import partial
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import orjson
 
 from ..journal import JOURNAL_COLUMNS
 from . import ledger
-from .db import Database, Unavailable
+from .db import Database, Unavailable, scalar
+
+if TYPE_CHECKING:
+    from .db import Conn
 
 log = logging.getLogger("coderouterd.shared")
 
@@ -45,12 +49,12 @@ def read_local(db_path: Path, after: int, limit: int = BATCH) -> list[tuple]:
         conn.close()
 
 
-async def high_water(conn, instance: str) -> int:
+async def high_water(conn: Conn, instance: str) -> int:
     cur = await conn.execute("SELECT coalesce(max(seq), 0) FROM cr_journal WHERE instance = %s", (instance,))
-    return int((await cur.fetchone())[0])
+    return int(await scalar(cur))
 
 
-async def ship(conn, instance: str, rows: list[tuple]) -> int:
+async def ship(conn: Conn, instance: str, rows: list[tuple]) -> int:
     """One batch in one transaction; returns how many rows were new to the shared journal. Rows are
     (seq, *columns, settles): the budget settles a row carries are applied in the same transaction (a settle is
     idempotent by reservation id, so one the instance made itself changes nothing; one that died with it, killed
@@ -69,7 +73,7 @@ async def ship(conn, instance: str, rows: list[tuple]) -> int:
         return inserted
 
 
-def _settles(raw) -> list[dict]:
+def _settles(raw: str | bytes | None) -> list[dict]:
     if not raw:
         return []
     try:
@@ -80,7 +84,7 @@ def _settles(raw) -> list[dict]:
         if isinstance(value, list) else []
 
 
-async def _ship_as(instance: str, rows: list[tuple], conn) -> int:
+async def _ship_as(instance: str, rows: list[tuple], conn: Conn) -> int:
     return await ship(conn, instance, rows)
 
 
