@@ -17,7 +17,10 @@ from typing import TYPE_CHECKING
 from .client import CorectlError
 from .commands import emit_json, run
 
-if TYPE_CHECKING:  # imported where used: corectl's other commands never load the journal's modules
+if TYPE_CHECKING:  # imported where used: corectl's other commands never load the journal's modules (or rich)
+    from rich.console import Console
+    from rich.table import Table
+
     from coderouterd.state.journal_reader import JournalReader
 
 DB_FILE = "state.db"
@@ -191,7 +194,7 @@ def _check_filters(sdir: Path, socket: str | None, provider: str | None, profile
     check_names(known, "profile", profile)
 
 
-def _console():
+def _console() -> Console:
     from .render import console
 
     return console()
@@ -298,7 +301,8 @@ def journal_tail(state_dir: str | None, socket: str | None, n: int, provider: st
     return run_reading(as_json, work)
 
 
-def journal_table(rows: list[dict], width: int = 10_000, *, now: float | None = None, shared: bool = False):
+def journal_table(rows: list[dict], width: int = 10_000, *, now: float | None = None,
+                  shared: bool = False) -> Table:
     from rich.text import Text
 
     from .render import fit_table, latency, money
@@ -333,7 +337,7 @@ def short_time(ts: float, now: float | None = None) -> str:
     return time.strftime("%m-%d %H:%M", time.localtime(ts))
 
 
-def _ms(value, fmt) -> str:
+def _ms(value: float | None, fmt: Callable[[float | None], str]) -> str:
     return fmt(value / 1000.0) if value is not None else "-"
 
 
@@ -424,7 +428,7 @@ def _span(since: float, until: float) -> dict:
     return {"since": _iso(since), "until": _iso(until)}
 
 
-def metric_value(metric: str, value) -> str:
+def metric_value(metric: str, value: float | None) -> str:
     if value is None:
         return "-"
     if metric in RATE_METRICS:
@@ -458,7 +462,7 @@ def metric_delta(metric: str, rel: float | None, absolute: float | None) -> tupl
     return text, "" if better is None else ("green" if better else "red")
 
 
-def compare_table(result: dict):
+def compare_table(result: dict) -> Table:
     from rich.table import Table
     from rich.text import Text
 
