@@ -17,7 +17,7 @@ from __future__ import annotations
 import sqlite3
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -63,7 +63,7 @@ class JournalReader(ABC):
     # -- what a backend says ---------------------------------------------------------------------------------
 
     @abstractmethod
-    def _session(self) -> Any:
+    def _session(self) -> AbstractContextManager[Execute]:
         """A context manager yielding an Execute for one connection; a journal that does not exist yet (no file,
         no table) answers every statement with no rows. Driver errors come out as JournalUnreadable."""
 
