@@ -47,7 +47,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.common import PY, ROOT, free_port, start_fake, stop, wait_healthz  # noqa: E402
 from coderouterd.state.audit import read_audit  # noqa: E402
-from coderouterd.state.journal import journal_rows  # noqa: E402
+from coderouterd.state.journal_reader import journal_rows  # noqa: E402
 
 SAMPLE_EVERY_S = 10.0
 HEALTHZ_EVERY_S = 0.1

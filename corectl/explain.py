@@ -5,8 +5,6 @@ or any after a daemon restart, come from the journal, which records the route bu
 
 from __future__ import annotations
 
-import sqlite3
-
 from coderouterd.observe.traces import trace_from_row
 
 from .api import DaemonAPI
@@ -28,10 +26,12 @@ def find_trace(socket: str | None, request_id: str, state_dir: str | None) -> tu
 
     sdir, how = resolve_state_dir(state_dir, socket)
     journal = journal_for(sdir, socket)  # the shared journal when there is one: any instance's request
+    from coderouterd.state.journal_reader import JournalUnreadable
+
     try:
         row = journal.row(request_id)
-    except sqlite3.Error as e:
-        raise CorectlError(f"cannot read the journal {journal.where}: {e}", code=1) from None
+    except JournalUnreadable as e:
+        raise CorectlError(str(e), code=1) from None
     if row is not None:
         return trace_from_row(row), "journal"
     if down is not None:

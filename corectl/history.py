@@ -9,11 +9,19 @@ import os
 import re
 import sys
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from .client import CorectlError
 from .commands import emit_json, run
+
+if TYPE_CHECKING:  # imported where used: corectl's other commands never load the journal's modules (or rich)
+    from rich.console import Console
+    from rich.table import Table
+
+    from coderouterd.state.journal_reader import JournalReader
 
 DB_FILE = "state.db"
 _RELATIVE = re.compile(r"^(\d+(?:\.\d+)?)\s*(s|m|min|h|d|w)$")
@@ -77,64 +85,24 @@ def _state_dir_or_fail(explicit: str | None, socket: str | None) -> Path:
     return sdir
 
 
-# -- which journal ----------------------------------------------------------------------------------------------
+# -- which journal ------------------------------------------------------------------------------------------
 
-class Journal:
+def local_journal(sdir: Path) -> JournalReader:
+    """This machine's journal: the state directory's SQLite file."""
+    from coderouterd.state.journal_reader import SqliteJournal
+
+    return SqliteJournal(sdir / DB_FILE)
+
+
+def journal_for(sdir: Path, socket: str | None, *, local: bool = False,
+                instance: str | None = None) -> JournalReader:
     """Where the journal is read: this machine's SQLite, or, when the daemon's config says
-    `[state] backend = "postgres"`, the shared journal (every instance's rows; `--local` keeps to this machine's,
-    `--instance` to one instance's)."""
-
-    def __init__(self, sdir: Path, dsn: str | None = None, where: str | None = None,
-                 instance: str | None = None) -> None:
-        self.sdir = sdir
-        self.dsn = dsn
-        self.where = where or str(sdir / DB_FILE)
-        self.instance = instance
-
-    @property
-    def shared(self) -> bool:
-        return self.dsn is not None
-
-    def rows(self, **kw) -> list[dict]:
-        if self.dsn is None:
-            return _rows(self.sdir, **kw)
-        from coderouterd.state.shared import journal_read
-
-        try:
-            return journal_read.rows(self.dsn, instance=self.instance, **kw)
-        except Exception as e:  # psycopg.Error: the message names the host, never the password
-            raise CorectlError(f"cannot read the shared journal at {self.where}: {str(e).splitlines()[0]}",
-                               code=1) from None
-
-    def row(self, request_id: str) -> dict | None:
-        if self.dsn is None:
-            from coderouterd.state import journal_row
-
-            return journal_row(self.sdir / DB_FILE, request_id)
-        from coderouterd.state.shared import journal_read
-
-        try:
-            return journal_read.row(self.dsn, request_id)
-        except Exception as e:
-            raise CorectlError(f"cannot read the shared journal at {self.where}: {str(e).splitlines()[0]}",
-                               code=1) from None
-
-    def names(self) -> dict[str, set[str]]:
-        if self.dsn is None:
-            from coderouterd.state import journal_names
-
-            return journal_names(self.sdir / DB_FILE)
-        from coderouterd.state.shared import journal_read
-
-        return journal_read.names(self.dsn)
-
-
-def journal_for(sdir: Path, socket: str | None, *, local: bool = False, instance: str | None = None) -> Journal:
-    """The journal the daemon's config points at (see Journal)."""
+    `[state] backend = "postgres"`, the shared journal (every instance's rows; `local` keeps to this machine's,
+    `instance` to one instance's). Either is the one journal reader (coderouterd/state/journal_reader.py)."""
     if local:
         if instance:
             raise CorectlError("--instance reads the shared journal; it does not go with --local", code=2)
-        return Journal(sdir)
+        return local_journal(sdir)
     from coderouterd.config import ConfigError, load_config
 
     from .target import config_for
@@ -146,10 +114,11 @@ def journal_for(sdir: Path, socket: str | None, *, local: bool = False, instance
     if state is None or state.backend != "postgres":
         if instance:
             raise CorectlError("--instance needs the shared journal ([state] backend = \"postgres\")", code=2)
-        return Journal(sdir)
+        return local_journal(sdir)
     from coderouterd.cluster.backend import start_problem
     from coderouterd.config.envfile import load_env_file
     from coderouterd.state.shared.dsn import DsnMissing, redact, resolve
+    from coderouterd.state.shared.journal_read import PostgresJournal
 
     load_env_file()  # dsn_env may name a variable kept in the daemon's env file
     problem = start_problem(state)
@@ -159,18 +128,31 @@ def journal_for(sdir: Path, socket: str | None, *, local: bool = False, instance
         dsn = resolve(state)
     except DsnMissing as e:
         raise CorectlError(f"{e} (pass --local to read this machine's journal)", code=1) from None
-    return Journal(sdir, dsn, redact(dsn), instance)
+    return PostgresJournal(dsn, where=redact(dsn), instance=instance)
+
+
+def run_reading(as_json: bool, work: Callable[[], int]) -> int:
+    """run() for a command that reads the journal: a journal that cannot be read is its one line (exit 1)."""
+    def guarded() -> int:
+        from coderouterd.state.journal_reader import JournalUnreadable
+
+        try:
+            return work()
+        except JournalUnreadable as e:
+            raise CorectlError(str(e), code=1) from None
+
+    return run(as_json, guarded)
 
 
 # -- names a filter may use ----------------------------------------------------------------------------------
 
-def known_names(sdir: Path, socket: str | None, journal: Journal | None = None) -> dict[str, set[str]]:
+def known_names(sdir: Path, socket: str | None, journal: JournalReader | None = None) -> dict[str, set[str]]:
     """Provider and profile names a filter may use: the daemon's config (asked when it runs, else read from the
     file it last ran with) and every name the journal has rows for."""
     from .target import config_for, running_daemon
 
     try:
-        names = (journal or Journal(sdir)).names()
+        names = (journal or local_journal(sdir)).names()
     except Exception:  # an unreadable journal is reported by the query itself
         names = {"provider": set(), "profile": set()}
     status = running_daemon(socket)
@@ -204,7 +186,7 @@ def check_names(known: dict[str, set[str]], kind: str, *values: str | None) -> N
 
 
 def _check_filters(sdir: Path, socket: str | None, provider: str | None, profile: str | None,
-                   journal: Journal | None = None) -> None:
+                   journal: JournalReader | None = None) -> None:
     if provider is None and profile is None:
         return
     known = known_names(sdir, socket, journal)
@@ -212,7 +194,7 @@ def _check_filters(sdir: Path, socket: str | None, provider: str | None, profile
     check_names(known, "profile", profile)
 
 
-def _console():
+def _console() -> Console:
     from .render import console
 
     return console()
@@ -287,17 +269,6 @@ def _parse_or_fail(text: str, flag: str) -> float:
 
 # -- journal --------------------------------------------------------------------------------------------------
 
-def _rows(sdir: Path, **kw) -> list[dict]:
-    import sqlite3
-
-    from coderouterd.state import journal_rows
-
-    try:
-        return journal_rows(sdir / DB_FILE, **kw)
-    except sqlite3.Error as e:
-        raise CorectlError(f"cannot read the journal {sdir / DB_FILE}: {e}", code=1) from None
-
-
 def route_text(attempts: list[dict]) -> str:
     parts = []
     for a in attempts or []:
@@ -327,10 +298,11 @@ def journal_tail(state_dir: str | None, socket: str | None, n: int, provider: st
         out.print(journal_table(rows, out.width, shared=journal.shared))
         return 0
 
-    return run(as_json, work)
+    return run_reading(as_json, work)
 
 
-def journal_table(rows: list[dict], width: int = 10_000, *, now: float | None = None, shared: bool = False):
+def journal_table(rows: list[dict], width: int = 10_000, *, now: float | None = None,
+                  shared: bool = False) -> Table:
     from rich.text import Text
 
     from .render import fit_table, latency, money
@@ -365,7 +337,7 @@ def short_time(ts: float, now: float | None = None) -> str:
     return time.strftime("%m-%d %H:%M", time.localtime(ts))
 
 
-def _ms(value, fmt) -> str:
+def _ms(value: float | None, fmt: Callable[[float | None], str]) -> str:
     return fmt(value / 1000.0) if value is not None else "-"
 
 
@@ -401,7 +373,7 @@ def journal_export(state_dir: str | None, socket: str | None, fmt: str, since: s
             sys.stderr.write(f"Wrote {len(rows)} journal rows to {path} ({fmt}).\n")
         return 0
 
-    return run(as_json, work)
+    return run_reading(as_json, work)
 
 
 # -- replay compare -------------------------------------------------------------------------------------------
@@ -419,13 +391,13 @@ LABELS = {
 }
 
 
-def compare_sides(state_dir: Path | Journal, a: str, b: str, *, by: str, window: bool, since: float | None,
+def compare_sides(state_dir: Path | JournalReader, a: str, b: str, *, by: str, window: bool, since: float | None,
                   until: float | None, profile: str | None, provider: str | None,
                   now: float | None = None) -> dict:
     """The compare() result for the two sides, plus what was selected (for --json and the title)."""
     from coderouterd.state import compare
 
-    journal = state_dir if isinstance(state_dir, Journal) else Journal(state_dir)
+    journal = local_journal(state_dir) if isinstance(state_dir, Path) else state_dir
 
     if window:
         ranges = []
@@ -440,7 +412,8 @@ def compare_sides(state_dir: Path | Journal, a: str, b: str, *, by: str, window:
     else:
         key = "provider" if by == "provider" else "profile"
         filters = {"profile": profile} if key == "provider" else {"provider": provider}
-        rows = [journal.rows(since=since, until=until, **{key: side}, **filters) for side in (a, b)]
+        rows = [journal.rows(since=since, until=until, provider=side if key == "provider" else provider,
+                             profile=side if key == "profile" else profile) for side in (a, b)]
         selection = {"mode": key, "since": _iso(since), "until": _iso(until), **filters}
     out = compare(rows[0], rows[1], label_a=a, label_b=b)
     out["selection"] = selection
@@ -455,7 +428,7 @@ def _span(since: float, until: float) -> dict:
     return {"since": _iso(since), "until": _iso(until)}
 
 
-def metric_value(metric: str, value) -> str:
+def metric_value(metric: str, value: float | None) -> str:
     if value is None:
         return "-"
     if metric in RATE_METRICS:
@@ -489,7 +462,7 @@ def metric_delta(metric: str, rel: float | None, absolute: float | None) -> tupl
     return text, "" if better is None else ("green" if better else "red")
 
 
-def compare_table(result: dict):
+def compare_table(result: dict) -> Table:
     from rich.table import Table
     from rich.text import Text
 
@@ -544,4 +517,4 @@ def replay_compare(state_dir: str | None, socket: str | None, a: str, b: str, *,
         out.print(Text(result["verdict"], style="bold"))
         return 0
 
-    return run(as_json, work)
+    return run_reading(as_json, work)

@@ -64,10 +64,8 @@ def daemon_routes(daemon: Daemon, socket_path: Path) -> APIRouter:
         return {**views.status(daemon), "admin_socket": str(socket_path), "api_version": API_VERSION}
 
     @r.get("/v1/profiles", response_model=apitype.ProfilesAnswer, **ANSWER)
-    async def profiles():
-        runtime = daemon.runtime
-        return {"active": daemon.active_profile, "default": runtime.config.server.default_profile,
-                "profiles": views.profiles(daemon)}
+    async def profiles() -> apitype.ProfilesAnswer:
+        return views.profiles_answer(daemon)
 
     @r.get("/v1/profiles/{name}", response_model=apitype.ProfileDetail, **ANSWER)
     async def profile(name: str):

@@ -273,8 +273,9 @@ class TrendsAnswer(Answer):
     t: list[float]  # bucket starts, epoch seconds
     step_s: float
     # provider -> ttft_p50, ttft_p95, total_p50, total_p95 (ms), cache_hit_ratio (0..1), requests, input_tokens,
-    # output_tokens, cached_tokens (cache reads), tokens_per_s (output over generation time): one per bucket
-    providers: dict[str, dict[str, list[float | None]]]
+    # output_tokens, cached_tokens (cache reads), tokens_per_s (output over generation time): one per bucket.
+    # int first: a count stays a count (3, not 3.0) on the wire.
+    providers: dict[str, dict[str, list[int | float | None]]]
     unserved: list[int] = []  # requests no provider served, per bucket (never drawn as a provider)
     busts: list[dict[str, Any]] = []  # newest first: ts, request_id, provider, profile, segment, cached_tokens
     journal: bool

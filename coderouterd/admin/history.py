@@ -1,22 +1,28 @@
 """The history view-model: this month's spend, latency and cache trends, the journal's last requests, and one
-request's decision trace. The admin API (GET /v1/history/...) and the dashboard both answer with these.
+request's decision trace, each as the admin API's model (apitype.py). The admin API (GET /v1/history/...) returns
+these models and the dashboard serialises the very same ones (ui/app.py), so the two cannot drift apart.
 
-Journal reads are SQLite on disk: each runs in a worker thread (one `to_thread` per answer), never on the loop.
-With [state] disabled there is no journal: trends are empty and the requests come from the traces kept in memory.
+The journal is read through the one journal reader (state/journal_reader.py), this daemon's SQLite file: each
+answer's reads run in one worker thread (one `to_thread` per answer), never on the loop. With [state] disabled
+there is no journal: trends are empty and the requests come from the traces kept in memory.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from ..guards.budget import month_bounds
 from ..observe.traces import trace_from_row
-from ..state.journal import OUTCOMES, journal_row, journal_rows
+from ..state.journal import OUTCOMES
+from ..state.journal_reader import JournalReader, SqliteJournal
 from ..state.replay import is_error
-from ..state.trends import cache_busts, daily_cost, month_days, provider_series, series_rows
-from . import views
+from ..state.trends import month_days, provider_series
+from . import apitype, views
+
+if TYPE_CHECKING:  # the daemon hands itself in; history reads it, never imports it at run time
+    from ..daemon import Daemon
 
 # A window and its bucket: about 60 points per chart, whatever the window.
 RANGES: dict[str, tuple[float, float]] = {
@@ -35,25 +41,24 @@ _BRIEF = ("ts", "request_id", "ingress", "profile", "provider", "model_requested
           "cache_write_tokens", "cost_usd", "streaming", "fallback_count", "cache_bust")
 
 
-def journal_path(daemon) -> Path | None:
-    t = daemon.telemetry
-    if not t.enabled:
-        return None
-    return t.store.path
+def journal(daemon: Daemon) -> JournalReader | None:
+    """This daemon's journal, or None with [state] disabled."""
+    path = daemon.telemetry.journal_path
+    return SqliteJournal(path) if path is not None else None
 
 
-async def spend(daemon, now: float | None = None) -> dict:
+async def spend(daemon: Daemon, now: float | None = None) -> apitype.SpendAnswer:
     """Cost per UTC day of this month per provider (from the journal), next to the budget ledger's spent,
     reserved-in-flight and cap for each (the same ledger `corectl budget` shows)."""
     now = time.time() if now is None else now
     month, start, end = month_bounds(now)
-    db = journal_path(daemon)
-    per_day = await asyncio.to_thread(daily_cost, db, start, end) if db is not None else {}
+    reader = journal(daemon)
+    per_day = await asyncio.to_thread(reader.daily_cost, start, end) if reader is not None else {}
     days = month_days(start, end)
     today = int((now - start) // 86_400)
     ledger = views.budget(daemon)
     booked = ledger.get("providers") or {}
-    out = {}
+    out: dict[str, dict[str, Any]] = {}
     for name in sorted(set(per_day) | set(booked)):
         costs = per_day.get(name, {})
         b = booked.get(name) or {}
@@ -62,31 +67,31 @@ async def spend(daemon, now: float | None = None) -> dict:
         out[name] = {"daily": [costs.get(i, 0.0) if i <= today else None for i in range(len(days))],
                      "spent": b.get("spent"), "reserved": b.get("reserved", 0.0), "cap": b.get("cap") or None,
                      "ratio": b.get("ratio"), "blocked": b.get("blocked", False)}
-    return {"month": month, "days": days, "today": today, "providers": out, "global": ledger.get("global"),
-            "journal": db is not None}
+    return apitype.SpendAnswer.model_validate({"month": month, "days": days, "today": today, "providers": out,
+                                               "global": ledger.get("global"), "journal": reader is not None})
 
 
-async def trends(daemon, range_name: str = DEFAULT_RANGE, now: float | None = None) -> dict:
+async def trends(daemon: Daemon, range_name: str = DEFAULT_RANGE, now: float | None = None) -> apitype.TrendsAnswer:
     """Latency (time to first byte and total, p50/p95) and prefix-cache hit ratio per provider over the window,
     and the newest cache-busts with the segment that changed."""
     span, step = RANGES[range_name]
     now = time.time() if now is None else now
     since = now - span
-    db = journal_path(daemon)
+    reader = journal(daemon)
 
-    def read(db: Path) -> tuple[list, list]:
-        return series_rows(db, since, now), cache_busts(db)
+    def read(reader: JournalReader) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+        return reader.series_rows(since, now), reader.cache_busts()
 
-    rows, busts = await asyncio.to_thread(read, db) if db is not None else ([], [])
-    return {**provider_series(rows, since, now, step), "range": range_name, "busts": busts,
-            "journal": db is not None}
+    rows, busts = await asyncio.to_thread(read, reader) if reader is not None else ([], [])
+    return apitype.TrendsAnswer.model_validate({**provider_series(rows, since, now, step), "range": range_name,
+                                                "busts": busts, "journal": reader is not None})
 
 
-def _brief(row: dict) -> dict:
+def _brief(row: dict[str, Any]) -> dict[str, Any]:
     return {k: row.get(k) for k in _BRIEF}
 
 
-def _brief_from_trace(t: dict) -> dict:
+def _brief_from_trace(t: dict[str, Any]) -> dict[str, Any]:
     u = t.get("usage") or {}
     aff = t.get("affinity") or {}
     return {"ts": t.get("ts"), "request_id": t.get("request_id"), "ingress": t.get("ingress"),
@@ -99,7 +104,7 @@ def _brief_from_trace(t: dict) -> dict:
             "cache_bust": (aff.get("cache_bust") or {}).get("segment")}
 
 
-def _matches(b: dict, profile: str | None, provider: str | None, outcome: str | None) -> bool:
+def _matches(b: dict[str, Any], profile: str | None, provider: str | None, outcome: str | None) -> bool:
     if profile is not None and b["profile"] != profile:
         return False
     if provider is not None and b["provider"] != provider:
@@ -111,19 +116,21 @@ def _matches(b: dict, profile: str | None, provider: str | None, outcome: str | 
     return True
 
 
-async def requests(daemon, *, profile: str | None = None, provider: str | None = None,
-                   outcome: str | None = None, limit: int = 50, before: float | None = None) -> dict:
+async def requests(daemon: Daemon, *, profile: str | None = None, provider: str | None = None,
+                   outcome: str | None = None, limit: int = 50,
+                   before: float | None = None) -> apitype.HistoryRequestsAnswer:
     """The last requests, newest first, filtered by profile, provider and outcome (ok | error | fallback);
     with `before` (epoch seconds), the ones older than it: the next page of a list whose oldest is `before`."""
     if outcome is not None and outcome not in OUTCOMES:
         raise ValueError(f"unknown outcome {outcome!r}; expected one of {', '.join(OUTCOMES)}")
     limit = max(1, min(int(limit), MAX_REQUESTS))
-    db = journal_path(daemon)
-    if db is not None:
-        rows = await asyncio.to_thread(journal_rows, db, provider=provider, profile=profile, outcome=outcome,
+    reader = journal(daemon)
+    if reader is not None:
+        rows = await asyncio.to_thread(reader.rows, provider=provider, profile=profile, outcome=outcome,
                                        limit=limit, until=before)
         rows.reverse()
-        return {"source": "journal", "requests": [_brief(r) for r in rows]}
+        return apitype.HistoryRequestsAnswer.model_validate({"source": "journal",
+                                                             "requests": [_brief(r) for r in rows]})
     out = []
     if outcome != "fallback":  # memory traces do not count fallbacks the journal's way; say nothing rather than guess
         for rid in reversed(daemon.recent):
@@ -134,17 +141,19 @@ async def requests(daemon, *, profile: str | None = None, provider: str | None =
                 out.append(b)
                 if len(out) >= limit:
                     break
-    return {"source": "memory", "requests": out}
+    return apitype.HistoryRequestsAnswer.model_validate({"source": "memory", "requests": out})
 
 
-async def trace(daemon, request_id: str) -> tuple[dict, str] | None:
-    """(trace, source) as `corectl explain` finds it: the full trace from memory while the daemon holds it,
-    else the journal's row read as a trace ("journal"); None when neither has it."""
+async def trace(daemon: Daemon, request_id: str) -> apitype.DashboardTrace | None:
+    """The trace as `corectl explain` finds it: the full trace from memory while the daemon holds it, else the
+    journal's row read as a trace (source "journal"); None when neither has it."""
     t = daemon.recent.get(request_id)
     if t is not None:
-        return t, "memory"
-    db = journal_path(daemon)
-    if db is None:
+        return apitype.DashboardTrace.model_validate({"trace": t, "source": "memory"})
+    reader = journal(daemon)
+    if reader is None:
         return None
-    row = await asyncio.to_thread(journal_row, db, request_id)
-    return (trace_from_row(row), "journal") if row is not None else None
+    row = await asyncio.to_thread(reader.row, request_id)
+    if row is None:
+        return None
+    return apitype.DashboardTrace.model_validate({"trace": trace_from_row(row), "source": "journal"})

@@ -10,6 +10,7 @@ import time
 from typing import TYPE_CHECKING
 
 from ..config.envfile import missing_keys
+from . import apitype
 
 if TYPE_CHECKING:
     from ..daemon import Daemon  # layer-ok: the composition root, handed in; annotation only
@@ -91,6 +92,13 @@ def profiles(daemon: Daemon) -> list[dict]:
             "effective_order": plan["candidates"], "skips": plan["skips"], "order_notes": plan["order"],
         })
     return out
+
+
+def profiles_answer(daemon: Daemon) -> apitype.ProfilesAnswer:
+    """GET /v1/profiles and the dashboard's /ui/api/profiles: the active and default profile, and every profile."""
+    return apitype.ProfilesAnswer.model_validate({"active": daemon.active_profile,
+                                                  "default": daemon.runtime.config.server.default_profile,
+                                                  "profiles": profiles(daemon)})
 
 
 def store(daemon: Daemon) -> dict:

@@ -23,7 +23,8 @@ from coderouterd.state.events import (
     RequestFinished,
     event_kinds,
 )
-from coderouterd.state.journal import export_rows, journal_names, journal_row, journal_rows
+from coderouterd.state.journal import export_rows
+from coderouterd.state.journal_reader import JournalReader, JournalUnreadable, SqliteJournal, journal_rows
 from coderouterd.state.replay import compare
 from coderouterd.state.store import Store
 
@@ -42,11 +43,14 @@ __all__ = [
     "FallbackUsed",
     "GuardFired",
     "HealthTransition",
+    "JournalReader",
+    "JournalUnreadable",
     "PersistenceFault",
     "ProcessEvent",
     "ProfileSwitched",
     "RecoveryProbe",
     "RequestFinished",
+    "SqliteJournal",
     "Store",
     "cache_savings_usd",
     "compare",
@@ -54,8 +58,6 @@ __all__ = [
     "event_kinds",
     "export_rows",
     "follow_audit",
-    "journal_names",
-    "journal_row",
     "journal_rows",
     "read_audit",
 ]

@@ -1,17 +1,16 @@
-"""Request journal: one metadata row per request (never bodies), and read-only queries over it.
+"""Request journal: one metadata row per request (never bodies): its columns, its DDL, the row an event becomes,
+how a stored row decodes, and the export formats.
 
-The store owns writing (in the event writer thread); this module owns the row shape and the
-readers used by the admin API and corectl, which open their own read-only connection so a query
-can never block or corrupt the daemon's writes.
+The store owns writing (in the event writer thread); journal_reader.py owns reading (one reader, SQLite or the
+shared PostgreSQL journal behind it).
 """
 
 from __future__ import annotations
 
 import csv
 import io
-import sqlite3
+from collections.abc import Sequence
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any
 
 import orjson
@@ -119,7 +118,7 @@ def row_from_event(ev: RequestFinished) -> tuple:
     )
 
 
-def _epoch(value: datetime | float | int | None) -> float | None:
+def epoch(value: datetime | float | int | None) -> float | None:
     if value is None:
         return None
     if isinstance(value, datetime):
@@ -130,7 +129,7 @@ def _epoch(value: datetime | float | int | None) -> float | None:
     return float(value)
 
 
-def _decode(raw: sqlite3.Row) -> dict[str, Any]:
+def decode_row(raw: Sequence[Any]) -> dict[str, Any]:
     row = dict(zip(JOURNAL_COLUMNS, raw, strict=True))
     try:
         row["attempts"] = orjson.loads(row["attempts"]) if row["attempts"] else []
@@ -138,99 +137,6 @@ def _decode(raw: sqlite3.Row) -> dict[str, Any]:
         row["attempts"] = []
     row["streaming"] = bool(row["streaming"])
     return row
-
-
-def journal_rows(
-    db_path: str | Path,
-    since: datetime | float | None = None,
-    until: datetime | float | None = None,
-    provider: str | None = None,
-    profile: str | None = None,
-    limit: int | None = None,
-    outcome: str | None = None,
-) -> list[dict[str, Any]]:
-    """Journal rows oldest first; with `limit`, the newest `limit` rows (still oldest first).
-
-    `since` is inclusive, `until` exclusive; both accept a datetime (naive = UTC) or epoch seconds.
-    `outcome`: one of OUTCOMES (ok, error, fallback); errors as replay.is_error counts them.
-    A missing database or one without a journal yet reads as empty.
-    """
-    path = Path(db_path)
-    if not path.is_file():
-        return []
-    where: list[str] = []
-    args: list[Any] = []
-    for clause, value in (("ts >= ?", _epoch(since)), ("ts < ?", _epoch(until))):
-        if value is not None:
-            where.append(clause)
-            args.append(value)
-    for clause, name in (("provider = ?", provider), ("profile = ?", profile)):
-        if name is not None:
-            where.append(clause)
-            args.append(name)
-    if outcome is not None:
-        where.append(OUTCOMES[outcome])
-    sql = f"SELECT {', '.join(JOURNAL_COLUMNS)} FROM journal"
-    if where:
-        sql += " WHERE " + " AND ".join(where)
-    if limit is not None:
-        sql += " ORDER BY ts DESC, id DESC LIMIT ?"
-        args.append(int(limit))
-    else:
-        sql += " ORDER BY ts, id"
-    conn = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True, timeout=5.0)
-    try:
-        try:
-            raw = conn.execute(sql, args).fetchall()
-        except sqlite3.OperationalError as exc:
-            if "no such table" in str(exc):
-                return []
-            raise
-    finally:
-        conn.close()
-    if limit is not None:
-        raw.reverse()
-    return [_decode(r) for r in raw]
-
-
-def journal_row(db_path: str | Path, request_id: str) -> dict[str, Any] | None:
-    """The newest row of one request, or None (no such request, no database, no journal yet)."""
-    path = Path(db_path)
-    if not path.is_file():
-        return None
-    conn = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True, timeout=5.0)
-    try:
-        try:
-            raw = conn.execute(f"SELECT {', '.join(JOURNAL_COLUMNS)} FROM journal WHERE request_id = ? "
-                               "ORDER BY ts DESC LIMIT 1", (request_id,)).fetchone()
-        except sqlite3.OperationalError as exc:
-            if "no such table" in str(exc):
-                return None
-            raise
-    finally:
-        conn.close()
-    return None if raw is None else _decode(raw)
-
-
-def journal_names(db_path: str | Path) -> dict[str, set[str]]:
-    """Every provider and profile name the journal has rows for (names since removed from the config too)."""
-    path = Path(db_path)
-    out: dict[str, set[str]] = {"provider": set(), "profile": set()}
-    if not path.is_file():
-        return out
-    conn = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True, timeout=5.0)
-    try:
-        for column in out:
-            try:
-                rows = conn.execute(f"SELECT DISTINCT {column} FROM journal").fetchall()
-            except sqlite3.OperationalError as exc:
-                if "no such table" in str(exc):
-                    return out
-                raise
-            out[column] = {r[0] for r in rows if r[0]}
-    finally:
-        conn.close()
-    return out
 
 
 def _iso(ts: float) -> str:

@@ -1,68 +1,21 @@
-"""Trends over the journal: cost per day, latency and prefix-cache hit ratio per provider over time, cache-busts.
+"""Trends over the journal: latency and prefix-cache hit ratio per provider over time, bucketed, and the days
+of a month.
 
-The readers open their own read-only connection (as journal.py's do), select only the columns a trend needs and
-cap the rows they read, so a month of history costs one bounded query. The series are pure functions over those
-rows; every figure in a bucket is replay.summarize's, the one definition corectl's `replay` uses too.
+The rows come from the journal reader (journal_reader.py: series_rows, daily_cost, cache_busts select only the
+columns a trend needs and cap the rows they read, so a month of history costs one bounded query). The series are
+pure functions over those rows; every figure in a bucket is replay.summarize's, the one definition corectl's
+`replay` uses too.
 """
 
 from __future__ import annotations
 
 import math
-import sqlite3
 from collections.abc import Iterable
-from pathlib import Path
 from typing import Any
 
 from coderouterd.state.replay import summarize
 
-# A trend reads at most this many of the newest rows in its window: bounded time and memory whatever the load.
-MAX_ROWS = 50_000
 DAY_S = 86_400.0
-
-_SERIES_COLUMNS = ("ts", "provider", "latency_ms", "ttfb_ms", "input_tokens", "output_tokens", "cache_read_tokens",
-                   "cache_write_tokens", "cost_usd", "status", "error_class")
-
-
-def _query(db_path: str | Path, sql: str, args: tuple) -> list[tuple]:
-    path = Path(db_path)
-    if not path.is_file():
-        return []
-    conn = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True, timeout=5.0)
-    try:
-        return conn.execute(sql, args).fetchall()
-    except sqlite3.OperationalError as exc:
-        if "no such table" in str(exc) or "no such column" in str(exc):
-            return []  # a journal not created yet, or from before its affinity columns
-        raise
-    finally:
-        conn.close()
-
-
-def series_rows(db_path: str | Path, since: float, until: float, *, limit: int = MAX_ROWS) -> list[dict[str, Any]]:
-    """The rows a latency/cache trend needs, oldest first (the newest `limit` of the window)."""
-    raw = _query(db_path, f"SELECT {', '.join(_SERIES_COLUMNS)} FROM journal WHERE ts >= ? AND ts < ? "
-                          "ORDER BY ts DESC LIMIT ?", (since, until, int(limit)))
-    raw.reverse()
-    return [dict(zip(_SERIES_COLUMNS, r, strict=True)) for r in raw]
-
-
-def daily_cost(db_path: str | Path, start: float, end: float) -> dict[str, dict[int, float]]:
-    """provider -> {day index from `start` (UTC days): cost in USD} over [start, end), summed by SQLite."""
-    raw = _query(db_path, "SELECT COALESCE(provider, ''), CAST((ts - ?) / 86400 AS INTEGER), SUM(cost_usd) "
-                          "FROM journal WHERE ts >= ? AND ts < ? GROUP BY 1, 2", (start, start, end))
-    out: dict[str, dict[int, float]] = {}
-    for provider, day, cost in raw:
-        if provider:  # a request no provider served cost nothing and is no provider's
-            out.setdefault(provider, {})[int(day)] = float(cost or 0.0)
-    return out
-
-
-def cache_busts(db_path: str | Path, *, limit: int = 20) -> list[dict[str, Any]]:
-    """The newest cache-busts the journal recorded, newest first, with the segment that changed."""
-    raw = _query(db_path, "SELECT ts, request_id, provider, profile, cache_bust, cache_read_tokens FROM journal "
-                          "WHERE cache_bust IS NOT NULL AND cache_bust != '' ORDER BY ts DESC LIMIT ?", (int(limit),))
-    return [{"ts": ts, "request_id": rid, "provider": prov, "profile": prof, "segment": seg, "cached_tokens": cached}
-            for ts, rid, prov, prof, seg, cached in raw]
 
 
 def buckets(since: float, until: float, step: float) -> list[float]:

@@ -5,15 +5,19 @@ Every answer goes through the same gate, in this order: the dashboard is enabled
 (a strict CSP, no framing, no CORS). Nothing here changes the daemon: the only POST is the login form, which
 sets a cookie.
 
-The data endpoints answer with the admin API's view-models (admin/views.py, admin/history.py), as JSON:
+Every data endpoint answers with a model of the admin API's contract (admin/apitype.py), built by the same
+view-model functions the admin endpoints use (admin/views.py, admin/history.py) and serialised by pydantic's own
+JSON writer; refusals are apitype.ErrorAnswer. The live feed's items have apitype.FeedEvent's shape, written by orjson
+(the one place a model is not built: see _events):
 
-  GET /ui/api/now                       providers (status, breaker, health, cache, spend), processes (last exit,
+  GET /ui/api/now                       (DashboardNow) providers (status, breaker, health, cache, spend), processes (last exit,
                                         last log line), store, shared database, in flight, recent events (now.py)
-  GET /ui/api/profiles                  each profile's effective order now, its skips and why, the active one
-  GET /ui/api/spend                     cost per day this month per provider, spent / reserved / cap
-  GET /ui/api/trends?range=24h          latency and cache hit ratio per provider over time, latest cache-busts
-  GET /ui/api/requests?profile=&provider=&outcome=&limit=&before=   (before: epoch seconds, for paging)
-  GET /ui/api/requests/{id}             one request's decision trace (as `corectl explain` shows it)
+  GET /ui/api/profiles                  (ProfilesAnswer) each profile's effective order now, its skips and why, the active one
+  GET /ui/api/spend                     (SpendAnswer) cost per day this month per provider, spent / reserved / cap
+  GET /ui/api/trends?range=24h          (TrendsAnswer) latency and cache hit ratio per provider over time, latest cache-busts
+  GET /ui/api/requests?profile=&provider=&outcome=&limit=&before=   (HistoryRequestsAnswer; before: epoch
+                                        seconds, for paging)
+  GET /ui/api/requests/{id}             (DashboardTrace) one request's decision trace (as `corectl explain`)
   GET /ui/api/events                    the live feed (server-sent events, feed.py)
 """
 
@@ -23,18 +27,30 @@ import asyncio
 import hashlib
 import html
 import logging
-import sqlite3
+from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs, unquote
 
 import orjson
+from pydantic import BaseModel
 
-from ..admin import history, views
+from ..admin import apitype, history, views
 from ..ingress.browsers import BrowserGuard
 from ..ingress.guard import BodyTooLarge, read_body
 from ..ingress.protocol import DISCONNECT_HOOK
+from ..state.journal_reader import JournalUnreadable
 from . import now as now_view
 from .guard import SECURITY_HEADERS, UiAuth, allowed_hosts, host_allowed, origin_allowed
+
+if TYPE_CHECKING:  # the daemon hands itself in; the dashboard reads it, never imports it at run time
+    from ..daemon import Daemon
+
+# ASGI, as the proxy's dispatch calls us: the connection's scope, and its two channels.
+Scope = dict[str, Any]
+Receive = Callable[[], Awaitable[dict[str, Any]]]
+Send = Callable[[dict[str, Any]], Awaitable[None]]
+Headers = list[tuple[bytes, bytes]]
 
 log = logging.getLogger("coderouterd.ui")
 
@@ -64,11 +80,11 @@ class Answer(Exception):
         self.message = message
 
 
-def _headers(scope) -> dict[str, str]:
+def _headers(scope: Scope) -> dict[str, str]:
     return {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
 
 
-async def _send(send, status: int, body: bytes, ctype: bytes, extra: list | None = None,
+async def _send(send: Send, status: int, body: bytes, ctype: bytes, extra: Headers | None = None,
                 cache: bytes = b"no-store", head: bool = False) -> None:
     hs = [(b"content-type", ctype), (b"content-length", str(len(body)).encode()), (b"cache-control", cache),
           *SECURITY_HEADERS, *(extra or [])]
@@ -76,28 +92,34 @@ async def _send(send, status: int, body: bytes, ctype: bytes, extra: list | None
     await send({"type": "http.response.body", "body": b"" if head else body})
 
 
-def _json(data) -> bytes:
-    return orjson.dumps(data, option=orjson.OPT_NON_STR_KEYS, default=str)
+def _json(answer: BaseModel) -> bytes:
+    """An answer as the admin endpoint serialises it (aliases: `global`), straight to bytes by pydantic-core (what
+    model_dump_json does before decoding to str). A value JSON has no type for is written as its str()."""
+    return type(answer).__pydantic_serializer__.to_json(answer, by_alias=True, fallback=str)
+
+
+def _error(message: str) -> bytes:
+    return _json(apitype.ErrorAnswer(error=message))
 
 
 class DashboardApp:
-    def __init__(self, daemon) -> None:
+    def __init__(self, daemon: Daemon) -> None:
         self.daemon = daemon
         self.auth = UiAuth()
         self._files: dict[str, tuple[bytes, bytes]] = {}  # name -> (content, its ETag)
 
-    async def __call__(self, scope, receive, send) -> None:
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         path = scope["path"]
         api = path.startswith("/ui/api/")
         try:
             await self._gate_and_route(scope, receive, send, path, api)
         except Answer as a:
             if api or a.status == 403:
-                await _send(send, a.status, _json({"error": a.message}), b"application/json")
+                await _send(send, a.status, _error(a.message), b"application/json")
             else:
                 await _send(send, a.status, (a.message + "\n").encode(), b"text/plain; charset=utf-8")
 
-    async def _gate_and_route(self, scope, receive, send, path: str, api: bool) -> None:
+    async def _gate_and_route(self, scope: Scope, receive: Receive, send: Send, path: str, api: bool) -> None:
         server = self.daemon.runtime.config.server
         if not server.dashboard:
             raise Answer(404, "the dashboard is off ([server] dashboard = false)")
@@ -143,28 +165,29 @@ class DashboardApp:
     async def _file(self, name: str) -> bytes:
         return (await self._entry(name))[0]
 
-    async def _cached(self, send, name: str, ctype: bytes, headers: dict, head: bool) -> None:
+    async def _cached(self, send: Send, name: str, ctype: bytes, headers: dict[str, str], head: bool) -> None:
         data, etag = await self._entry(name)
         # no-cache: the browser keeps the file but asks each time; an unchanged file costs a 304 and no body.
         if etag.decode() in [t.strip() for t in headers.get("if-none-match", "").split(",")]:
             return await _send(send, 304, b"", ctype, [(b"etag", etag)], cache=b"no-cache", head=True)
         await _send(send, 200, data, ctype, [(b"etag", etag)], cache=b"no-cache", head=head)
 
-    async def _asset(self, send, name: str, headers: dict, head: bool) -> None:
+    async def _asset(self, send: Send, name: str, headers: dict[str, str], head: bool) -> None:
         entry = _ASSETS.get(name)
         if entry is None:
             raise Answer(404, f"no such file: {name}")
         rel, ctype = entry
         await self._cached(send, rel, ctype, headers, head)
 
-    async def _asset_page(self, send, name: str, headers: dict, head: bool) -> None:
+    async def _asset_page(self, send: Send, name: str, headers: dict[str, str], head: bool) -> None:
         await self._cached(send, name, b"text/html; charset=utf-8", headers, head)
 
-    async def _login_page(self, send, status: int, message: str, extra: list | None = None) -> None:
+    async def _login_page(self, send: Send, status: int, message: str, extra: Headers | None = None) -> None:
         page = (await self._file("login.html")).replace(b"<!--MESSAGE-->", html.escape(message).encode())
         await _send(send, status, page, b"text/html; charset=utf-8", extra)
 
-    async def _login(self, scope, receive, send, method: str, headers: dict, allowed, keys: list[str]) -> None:
+    async def _login(self, scope: Scope, receive: Receive, send: Send, method: str, headers: dict[str, str],
+                     allowed: frozenset[str], keys: list[str]) -> None:
         if method == "GET" or not keys:
             # Nothing to log in to (no keys), or a bookmark of the form's target: the page.
             return await _send(send, 303, b"", b"text/plain", [(b"location", b"/ui")])
@@ -184,7 +207,7 @@ class DashboardApp:
 
     # -- data ------------------------------------------------------------------------------------------------
 
-    async def _api(self, scope, send, name: str) -> None:
+    async def _api(self, scope: Scope, send: Send, name: str) -> None:
         d = self.daemon
         query = {k: v[-1] for k, v in parse_qs(scope.get("query_string", b"").decode("latin-1")).items()}
         if name == "events":
@@ -194,17 +217,18 @@ class DashboardApp:
         d.after_response.drain()
         try:
             data = await self._data(d, name, query)
-        except sqlite3.Error as e:
+        except JournalUnreadable as e:
             # A journal being recovered or moved aside: the page says so and keeps polling.
-            raise Answer(503, f"cannot read the journal right now: {e}") from None
+            raise Answer(503, f"cannot read the journal right now: {e.detail}") from None
         await _send(send, 200, _json(data), b"application/json")
 
-    async def _data(self, d, name: str, query: dict[str, str]):
+    async def _data(self, d: Daemon, name: str, query: dict[str, str]) -> BaseModel:
+        """The answer of one data endpoint: the admin API's model of it."""
+        data: BaseModel
         if name == "now":
             data = await now_view.now(d)
         elif name == "profiles":
-            data = {"active": d.active_profile, "default": d.runtime.config.server.default_profile,
-                    "profiles": views.profiles(d)}
+            data = views.profiles_answer(d)
         elif name == "spend":
             data = await history.spend(d)
         elif name == "trends":
@@ -226,12 +250,12 @@ class DashboardApp:
             found = await history.trace(d, rid)
             if found is None:
                 raise Answer(404, f"request {rid[:100]!r} is neither in coderouterd's memory nor in the journal")
-            data = {"trace": found[0], "source": found[1]}
+            data = found
         else:
             raise Answer(404, f"no such endpoint: /ui/api/{name[:100]}")
         return data
 
-    async def _events(self, scope, send) -> None:
+    async def _events(self, scope: Scope, send: Send) -> None:
         feed = self.daemon.live
         viewer = feed.join()
         if viewer is None:
@@ -251,6 +275,9 @@ class DashboardApp:
                     continue
                 items, dropped = viewer.take()
                 chunks = [b"event: dropped\ndata: %d\n\n" % dropped] if dropped else []
+                # Each item is already apitype.FeedEvent's shape (feed.project; tests/unit/test_ui_feed.py holds the
+                # two together): orjson writes it in ~1 us, where building the model on the loop costs ~7 us per item
+                # per viewer.
                 chunks += [b"event: %s\ndata: %s\n\n" % (i["kind"].encode(), orjson.dumps(i)) for i in items]
                 if chunks:
                     # Awaits while the browser's socket is full: meanwhile its queue drops, the daemon never grows.

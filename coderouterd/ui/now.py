@@ -1,6 +1,6 @@
 """The dashboard's "now" answer (GET /ui/api/now): the admin API's status sections, plus what the page needs to
 say why something is down and what needs attention: each managed process's last exit and last log line, the
-shared database's state, and the newest notable events (ui/feed.py). Typed by admin/apitype.DashboardNow.
+shared database's state, and the newest notable events (ui/feed.py). Built as admin/apitype.DashboardNow.
 
 A process's last log line is read from the end of its log file, in a worker thread (never on the loop), at most
 `_TAIL_BYTES` of it, and clipped: the log is the backend's own output (a model server's), so one line, bounded.
@@ -10,9 +10,13 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from ..admin import views
+from ..admin import apitype, views
 from ..supervise.spec import describe_exit
+
+if TYPE_CHECKING:  # the daemon hands itself in; this module reads it, never imports it at run time
+    from ..daemon import Daemon
 
 _TAIL_BYTES = 4096
 _MAX_LINE = 300
@@ -32,7 +36,7 @@ def last_line(path: str | Path) -> str | None:
     return lines[-1].strip()[:_MAX_LINE] if lines else None
 
 
-async def now(d) -> dict:
+async def now(d: Daemon) -> apitype.DashboardNow:
     procs = views.processes(d)
     logs: dict[str, str] = {n: p["log"] for n, p in procs.items() if p.get("log")}
 
@@ -44,8 +48,9 @@ async def now(d) -> dict:
         code = p.get("last_exit_code")
         p["last_exit"] = describe_exit(code) if code is not None else None
         p["last_log_line"] = lines.get(name)
-    return {"daemon": views.daemon_info(d), "providers": views.provider_rows(d), "processes": procs,
-            "store": views.store(d), "shared": views.shared(d), "in_flight": dict(d.in_flight),
-            "viewers": d.live.viewers, "events": d.live.recent(),
-            "budget_warn_ratio": d.runtime.config.budget.warn_ratio, "budget_global": views.budget(d).get("global"),
-            "models": views.models_memory(d)}
+    return apitype.DashboardNow.model_validate({
+        "daemon": views.daemon_info(d), "providers": views.provider_rows(d), "processes": procs,
+        "store": views.store(d), "shared": views.shared(d), "in_flight": dict(d.in_flight),
+        "viewers": d.live.viewers, "events": d.live.recent(),
+        "budget_warn_ratio": d.runtime.config.budget.warn_ratio, "budget_global": views.budget(d).get("global"),
+        "models": views.models_memory(d)})

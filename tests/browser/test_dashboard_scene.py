@@ -12,7 +12,7 @@ import httpx
 import orjson
 import pytest
 
-from coderouterd.state.journal import journal_rows
+from coderouterd.state.journal_reader import journal_rows
 from tests.support import cli
 from tests.support.daemon import admin_get
 

@@ -153,7 +153,7 @@ def test_cache_bust_names_the_segment(start_daemon, mutate, segment):
 def test_hit_ratio_in_status_metrics_and_journal(start_daemon):
     import orjson
 
-    from coderouterd.state.journal import journal_rows
+    from coderouterd.state.journal_reader import journal_rows
     from tests.support.claude_sessions import Session
 
     with FakeServer("llamacpp", name="vis", n_slots=2, n_ctx=BIG_CTX) as fake:
@@ -262,7 +262,7 @@ def test_race_prefers_the_backend_holding_the_prefix_but_fallback_keeps_its_orde
 def test_openai_clients_get_lanes_from_prompt_cache_key(start_daemon):
     import openai
 
-    from coderouterd.state.journal import journal_rows
+    from coderouterd.state.journal_reader import journal_rows
     from tests.support.claude_sessions import TOOLS
 
     tools = [{"type": "function", "function": {"name": t["name"], "description": t["description"],
@@ -319,7 +319,7 @@ def test_concurrent_sessions_and_background_calls_keep_their_slots(start_daemon)
 def test_codex_responses_sessions_get_lanes_from_prompt_cache_key(start_daemon):
     import openai
 
-    from coderouterd.state.journal import journal_rows
+    from coderouterd.state.journal_reader import journal_rows
 
     with FakeServer("llamacpp", name="codex", n_slots=2, n_ctx=BIG_CTX) as fake:
         d = start_daemon(CONFIG % fake.url)
@@ -348,7 +348,7 @@ def test_three_sessions_with_title_calls_and_a_compaction_on_three_slots(start_d
     """Issue 33: lanes by prefix. Three interleaved conversations sharing a system prompt, title calls, 3 slots
     with save/restore: the same reuse whether the turns carry tools or not, no cache bust named for a title
     call, and the compaction call goes to the slot holding its conversation's history."""
-    from coderouterd.state.journal import journal_rows
+    from coderouterd.state.journal_reader import journal_rows
     from tests.support.claude_sessions import workload
 
     with FakeServer("llamacpp", name="three", n_slots=3, slot_save=True, n_ctx=BIG_CTX) as fake:

@@ -18,7 +18,7 @@ import httpx
 import orjson
 import pytest
 
-from coderouterd.state.journal import journal_rows
+from coderouterd.state.journal_reader import journal_rows
 from tests.fakes.runner import FakeServer
 from tests.support import cli
 from tests.support.daemon import ROOT, admin_get, free_port

@@ -15,7 +15,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from coderouterd.state.audit import read_audit
-from coderouterd.state.journal import journal_rows
+from coderouterd.state.journal_reader import journal_rows
 from coderouterd.state.store import Store
 from tests.e2e.test_supervision import backend_pids, managed_config, managed_ollama, wait_for
 from tests.fakes.runner import FakeServer, free_port

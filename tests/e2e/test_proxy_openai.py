@@ -169,7 +169,7 @@ def test_client_closing_right_after_done_still_journals_the_usage(start_daemon):
     """The OpenAI SDK closes the connection as soon as it has read [DONE]. The upstream here keeps its HTTP body
     open a while after [DONE], so the close lands while the daemon is still finishing the response: the request
     was served all the same, and the journal must hold the usage the upstream reported, not a 499 with none."""
-    from coderouterd.state.journal import journal_rows
+    from coderouterd.state.journal_reader import journal_rows
 
     with FakeServer("openai", name="local", behaviour="ok;linger=3") as fake:
         cfg = CONFIG.replace("@LOCAL@", fake.url).replace("@CLOUD@", fake.url)

@@ -230,7 +230,7 @@ def test_the_daemon_does_not_import_fastapi_before_the_proxy_listens():
 def test_history_without_a_journal_is_empty_and_requests_come_from_memory(client, daemon):
     """[state] off (no journal): the trends say so instead of failing, and the last requests are the traces
     the daemon keeps in memory, filtered as the journal's would be."""
-    daemon.telemetry = SimpleNamespace(enabled=False)
+    daemon.telemetry = SimpleNamespace(enabled=False, journal_path=None)
     daemon.budget = SimpleNamespace(snapshot=dict)
     daemon.recent["r1"] = {"request_id": "r1", "ts": 1.0, "profile": "default", "served_by": "a", "status": 200}
     daemon.recent["r2"] = {"request_id": "r2", "ts": 2.0, "profile": "alt", "served_by": "b", "status": 502,

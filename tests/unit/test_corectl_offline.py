@@ -391,3 +391,16 @@ def test_config_check_says_when_a_process_counts_as_nothing_against_the_budget(c
         'model = "m"\n', 'model = "m"\nprocess = { command = ["sh", "-c", "exec sleep 1000"] }\n', 1))
     assert commands.config_check(str(cfg), False) == 0
     assert "process local: memory_mb is 0 and its command names no .gguf" in capsys.readouterr().out
+
+
+# -- an unreadable journal -----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("argv", [["journal", "tail", "--local"], ["journal", "export", "--local"],
+                                  ["replay", "compare", "7d..1d", "1d..", "--window", "--local"],
+                                  ["explain", "req-1"]])
+def test_an_unreadable_journal_is_one_line_naming_it_and_exit_1(capsys, tmp_path, argv):
+    (tmp_path / "state.db").write_bytes(b"not a database, " * 256)
+    assert main(["--socket", str(tmp_path / "none.sock"), *argv, "--state-dir", str(tmp_path)]) == 1
+    out, err = capsys.readouterr()
+    assert err == f"corectl: cannot read the journal {tmp_path / 'state.db'}: file is not a database\n"
+    assert "Traceback" not in err and out == ""

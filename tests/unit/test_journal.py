@@ -7,7 +7,8 @@ import orjson
 
 from coderouterd.state.bus import EventBus
 from coderouterd.state.events import HealthTransition, RequestFinished
-from coderouterd.state.journal import JOURNAL_COLUMNS, export_rows, journal_rows
+from coderouterd.state.journal import JOURNAL_COLUMNS, export_rows
+from coderouterd.state.journal_reader import JournalUnreadable, SqliteJournal, journal_rows
 from coderouterd.state.store import Store
 
 DAY = 86400.0
@@ -153,12 +154,34 @@ def test_export_jsonl_and_csv(tmp_path):
 
 
 def test_journal_row_reads_one_request(tmp_path):
-    from coderouterd.state import journal_row
-
-    assert journal_row(tmp_path / "state.db", "req-1") is None  # no database yet
+    journal = SqliteJournal(tmp_path / "state.db")
+    assert journal.row("req-1") is None  # no database yet
     store = _open_store(tmp_path)
     store.journal_sink()([_req(1, ts=NOW), _req(2, ts=NOW + 1)])
     store.close()
-    row = journal_row(tmp_path / "state.db", "req-2")
+    row = journal.row("req-2")
     assert row is not None and row["request_id"] == "req-2" and isinstance(row["attempts"], list)
-    assert journal_row(tmp_path / "state.db", "nope") is None
+    assert journal.row("nope") is None
+
+
+def test_names_are_every_provider_and_profile_with_rows(tmp_path):
+    journal = SqliteJournal(tmp_path / "state.db")
+    assert journal.names() == {"provider": set(), "profile": set()}  # no database yet
+    store = _open_store(tmp_path)
+    store.journal_sink()([_req(1, ts=NOW, provider="ollama", profile="coding"),
+                          _req(2, ts=NOW + 1, provider="anthropic", profile="default")])
+    store.close()
+    assert journal.names() == {"provider": {"ollama", "anthropic"}, "profile": {"coding", "default"}}
+
+
+def test_an_unreadable_journal_says_where_and_why(tmp_path):
+    (tmp_path / "state.db").write_bytes(b"not a database, " * 256)
+    journal = SqliteJournal(tmp_path / "state.db")
+    for read in (journal.rows, lambda: journal.row("r"), journal.names, journal.cache_busts):
+        try:
+            read()
+        except JournalUnreadable as e:
+            assert str(e) == f"cannot read the journal {tmp_path / 'state.db'}: {e.detail}"
+            assert "not a database" in e.detail and not e.shared
+        else:
+            raise AssertionError("a corrupt journal read as empty")

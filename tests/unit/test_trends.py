@@ -1,5 +1,5 @@
 """Trends over the journal (the dashboard's Spend, Latency and Cache panels): bucketed series whose figures are
-replay.summarize's, cost per day summed by SQLite, the outcome filter agreeing with replay.is_error."""
+replay.summarize's, cost per day summed by SQLite (the journal reader), the outcome filter agreeing with replay.is_error."""
 
 from __future__ import annotations
 
@@ -8,10 +8,11 @@ from datetime import UTC, datetime
 import pytest
 
 from coderouterd.state.events import RequestFinished
-from coderouterd.state.journal import OUTCOMES, journal_rows
+from coderouterd.state.journal import OUTCOMES
+from coderouterd.state.journal_reader import SqliteJournal, journal_rows
 from coderouterd.state.replay import is_error, summarize
 from coderouterd.state.store import Store
-from coderouterd.state.trends import buckets, cache_busts, daily_cost, provider_series, series_rows
+from coderouterd.state.trends import buckets, provider_series
 
 MONTH = datetime(2026, 3, 1, tzinfo=UTC).timestamp()
 DAY = 86_400.0
@@ -40,13 +41,13 @@ def db(tmp_path):
 
 
 def test_cost_per_day_is_summed_per_provider_within_the_month(db):
-    per_day = daily_cost(db, MONTH, MONTH + 31 * DAY)
+    per_day = SqliteJournal(db).daily_cost(MONTH, MONTH + 31 * DAY)
     assert per_day["cloud"] == {0: 0.75, 1: 1.0}
     assert per_day["local"] == {1: 0.0, 2: 0.0}
 
 
 def test_series_use_replays_figures_per_provider_and_bucket(db):
-    rows = series_rows(db, MONTH, MONTH + 3 * DAY)
+    rows = SqliteJournal(db).series_rows(MONTH, MONTH + 3 * DAY)
     assert [r["ts"] for r in rows] == sorted(r["ts"] for r in rows) and len(rows) == 5
     s = provider_series(rows, MONTH, MONTH + 3 * DAY, DAY)
     assert s["t"] == [MONTH, MONTH + DAY, MONTH + 2 * DAY]
@@ -60,9 +61,9 @@ def test_series_use_replays_figures_per_provider_and_bucket(db):
 
 
 def test_series_read_only_the_window_and_at_most_the_limit(db):
-    assert series_rows(db, MONTH + DAY, MONTH + 2 * DAY) == [
-        r for r in series_rows(db, MONTH, MONTH + 3 * DAY) if MONTH + DAY <= r["ts"] < MONTH + 2 * DAY]
-    newest = series_rows(db, MONTH, MONTH + 3 * DAY, limit=2)
+    assert SqliteJournal(db).series_rows(MONTH + DAY, MONTH + 2 * DAY) == [
+        r for r in SqliteJournal(db).series_rows(MONTH, MONTH + 3 * DAY) if MONTH + DAY <= r["ts"] < MONTH + 2 * DAY]
+    newest = SqliteJournal(db).series_rows(MONTH, MONTH + 3 * DAY, limit=2)
     assert [r["ts"] for r in newest] == [MONTH + DAY + 6, MONTH + 2 * DAY]
 
 
@@ -72,7 +73,7 @@ def test_buckets_are_aligned_so_a_refresh_keeps_them():
 
 
 def test_cache_busts_newest_first_with_their_segment(db):
-    assert [(b["request_id"], b["segment"]) for b in cache_busts(db)] == [("c", "tools changed")]
+    assert [(b["request_id"], b["segment"]) for b in SqliteJournal(db).cache_busts()] == [("c", "tools changed")]
 
 
 @pytest.mark.parametrize("outcome", sorted(OUTCOMES))
@@ -86,7 +87,8 @@ def test_outcome_filter_agrees_with_replay(db, outcome):
 
 def test_a_missing_journal_reads_as_empty(tmp_path):
     missing = tmp_path / "none.db"
-    assert series_rows(missing, 0, 1) == [] and daily_cost(missing, 0, 1) == {} and cache_busts(missing) == []
+    journal = SqliteJournal(missing)
+    assert journal.series_rows(0, 1) == [] and journal.daily_cost(0, 1) == {} and journal.cache_busts() == []
 
 
 def test_tokens_and_generation_speed_per_bucket_and_unserved_requests_apart(tmp_path):
@@ -100,10 +102,10 @@ def test_tokens_and_generation_speed_per_bucket_and_unserved_requests_apart(tmp_
     ])
     store.close()
     db = tmp_path / "state.db"
-    s = provider_series(series_rows(db, MONTH, MONTH + DAY), MONTH, MONTH + DAY, DAY)
+    s = provider_series(SqliteJournal(db).series_rows(MONTH, MONTH + DAY), MONTH, MONTH + DAY, DAY)
     cloud = s["providers"]["cloud"]
     assert cloud["input_tokens"] == [117] and cloud["output_tokens"] == [200] and cloud["cached_tokens"] == [400]
     assert cloud["tokens_per_s"][0] == pytest.approx(200 / 2.0)  # 200 tokens over 1.0 s + 1.0 s of generation
     assert cloud["requests"] == [3]
     assert set(s["providers"]) == {"cloud"} and s["unserved"] == [1]  # never a provider named "-"
-    assert set(daily_cost(db, MONTH, MONTH + DAY)) == {"cloud"}
+    assert set(SqliteJournal(db).daily_cost(MONTH, MONTH + DAY)) == {"cloud"}

@@ -27,7 +27,7 @@ def _daemon(tmp_path, *, keys=(), journal_bytes: bytes | None = None, telemetry=
     server = SimpleNamespace(dashboard=True, api_keys=list(keys), allowed_hosts=[])
     return SimpleNamespace(
         runtime=SimpleNamespace(config=SimpleNamespace(server=server)), listen=("127.0.0.1", 8088),
-        telemetry=telemetry or SimpleNamespace(enabled=True, store=SimpleNamespace(path=db)),
+        telemetry=telemetry or SimpleNamespace(enabled=True, journal_path=db),
         budget=SimpleNamespace(snapshot=dict), recent=OrderedDict(), live=LiveFeed(),
         after_response=AfterResponse(delay_s=60))
 
@@ -96,7 +96,7 @@ def test_a_request_just_answered_is_in_the_list_even_before_its_record_was_writt
     """The record of a request is written after its answer (coderouterd/after_response.py); a page asking
     right after must not miss it: the dashboard's data endpoints write what is pending first, as the admin
     socket does."""
-    d = _daemon(tmp_path, telemetry=SimpleNamespace(enabled=False))
+    d = _daemon(tmp_path, telemetry=SimpleNamespace(enabled=False, journal_path=None))
     app = DashboardApp(d)
 
     class AnsweredJustNow:  # on the daemon's loop: the answer is out, its record waits for the loop to be idle

@@ -6,17 +6,27 @@ from __future__ import annotations
 import asyncio
 import threading
 
+import orjson
+
+from coderouterd.admin.apitype import FeedEvent
 from coderouterd.state.bus import EventBus
 from coderouterd.state.events import (
+    BreakerTransition,
+    BudgetBlocked,
+    BudgetWarning,
+    CacheBust,
+    DriftAction,
     DriftDetected,
+    DriftRecovered,
     GuardFired,
+    HealthTransition,
     PersistenceFault,
     ProcessEvent,
     ProcessEventName,
     RequestFinished,
 )
 from coderouterd.ui.app import DashboardApp
-from coderouterd.ui.feed import LiveFeed, project
+from coderouterd.ui.feed import KINDS, LiveFeed, project
 
 
 def _finished(i: int) -> RequestFinished:
@@ -168,3 +178,24 @@ def test_the_daemon_does_not_load_the_dashboard_until_someone_asks_for_it():
             "if m in sys.modules], 'coderouterd.ui.feed' in sys.modules)")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert r.stdout.strip() == "[] True", r.stdout + r.stderr
+
+
+def test_every_kind_the_feed_carries_is_an_apitype_feed_event_written_as_the_model_writes_it():
+    """The stream writes the projected dicts with orjson (cheaper on the loop than a model per item per viewer):
+    each must be a valid FeedEvent, and the bytes must say what the model's own JSON says."""
+    one_of_each = [
+        _finished(1), BreakerTransition(provider="p", old="closed", new="open", reason="3 failures"),
+        HealthTransition(provider="p", old="healthy", new="unhealthy", reason="probe failed"),
+        CacheBust(request_id="r", provider="p", lane="l", session="s", segment="tools changed", cause="tools"),
+        ProcessEvent(provider="p", process="llama", event=ProcessEventName.READY, pid=42, detail={"port": 8080}),
+        GuardFired(request_id="r", guard="tool_loop", action="break", detail={"tool": "Bash"}),
+        DriftDetected(provider="p", model="m", score=3.5), DriftAction(provider="p", model="m", action="reload"),
+        DriftRecovered(provider="p", model="m"), BudgetWarning(provider="p", spent_usd=8.0, cap_usd=10.0, ratio=0.8),
+        BudgetBlocked(provider="p", spent_usd=10.0, cap_usd=10.0),
+    ]
+    assert sorted(e.kind for e in one_of_each) == sorted(KINDS)
+    for ev in one_of_each:
+        item = project(ev)
+        assert item is not None
+        model = FeedEvent.model_validate(item)
+        assert orjson.loads(orjson.dumps(item)) == orjson.loads(model.model_dump_json(by_alias=True)), ev.kind

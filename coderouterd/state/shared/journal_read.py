@@ -1,66 +1,62 @@
-"""Reading the shared journal (corectl journal, replay compare, explain): the same rows as the local journal's
-readers return, from every instance, with the instance each came from; a blocking psycopg connection, since
-corectl has no event loop and reads once."""
+"""The shared journal as a JournalReader (state/journal_reader.py): every instance's rows in `cr_journal`, each
+with the instance it came from, read with the same queries as this machine's SQLite journal.
+
+A blocking psycopg connection per read: corectl has no event loop and reads once, and the daemon reads in a
+worker thread. psycopg is imported on the first read, so nothing here costs a SQLite-only install anything."""
 
 from __future__ import annotations
 
-from datetime import datetime
-from typing import TYPE_CHECKING, Any, cast
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
 
-from ..journal import JOURNAL_COLUMNS, _decode, _epoch
-
-if TYPE_CHECKING:
-    from psycopg import Connection
-
-_COLS = ", ".join(JOURNAL_COLUMNS)
+from ..journal_reader import Execute, JournalReader, JournalUnreadable
 
 
-def _connect(dsn: str) -> Connection[Any]:
-    import psycopg
+class PostgresJournal(JournalReader):
+    """`instance` keeps the rows and trends to one instance's (corectl's --instance); None reads them all."""
 
-    return psycopg.connect(dsn, autocommit=True, connect_timeout=5)
+    shared = True
+    name_columns = ("provider", "profile", "instance")
+    _lead = ("instance",)
+    _table = "cr_journal"
+
+    def __init__(self, dsn: str, *, where: str | None = None, instance: str | None = None) -> None:
+        self.dsn = dsn
+        self.where = where if where is not None else "the shared journal"  # never the DSN: it may hold a password
+        self.instance = instance
+
+    def _order(self, newest_first: bool) -> str:
+        # (instance, seq) is the primary key: rows with one timestamp keep the order each instance wrote them.
+        return "ts DESC, instance, seq DESC" if newest_first else "ts, instance, seq"
+
+    def _scope(self) -> list[tuple[str, object]]:
+        return [("instance", self.instance)] if self.instance is not None else []
+
+    @contextmanager
+    def _session(self) -> Iterator[Execute]:
+        import psycopg
+
+        try:
+            conn = psycopg.connect(self.dsn, autocommit=True, connect_timeout=5)
+        except psycopg.Error as e:
+            raise JournalUnreadable(self.where, _first_line(e), shared=True) from None
+
+        def execute(sql: str, args: Sequence[object]) -> list[tuple[Any, ...]]:
+            # The queries are written with ? (journal_reader.py) and never hold a literal ? or %.
+            try:
+                return conn.execute(sql.replace("?", "%s"), tuple(args)).fetchall()
+            except psycopg.errors.UndefinedTable:
+                return []  # no instance has created the schema yet: nothing written, nothing to read
+            except psycopg.Error as e:
+                raise JournalUnreadable(self.where, _first_line(e), shared=True) from None
+
+        try:
+            yield execute
+        finally:
+            conn.close()
 
 
-def _row(raw: tuple) -> dict[str, Any]:
-    out = _decode(cast(Any, raw[1:]))  # a psycopg row: a plain tuple, which _decode reads as it reads sqlite3's
-    out["instance"] = raw[0]
-    return out
-
-
-def rows(dsn: str, since: datetime | float | None = None, until: datetime | float | None = None, provider: str | None = None, profile: str | None = None,
-         limit: int | None = None, instance: str | None = None) -> list[dict[str, Any]]:
-    """Shared journal rows oldest first; with `limit`, the newest `limit` (still oldest first)."""
-    where, args = [], []
-    for clause, value in (("ts >= %s", _epoch(since)), ("ts < %s", _epoch(until)), ("provider = %s", provider),
-                          ("profile = %s", profile), ("instance = %s", instance)):
-        if value is not None:
-            where.append(clause)
-            args.append(value)
-    sql = f"SELECT instance, {_COLS} FROM cr_journal"
-    if where:
-        sql += " WHERE " + " AND ".join(where)
-    if limit is not None:
-        sql += " ORDER BY ts DESC, instance, seq DESC LIMIT %s"
-        args.append(int(limit))
-    else:
-        sql += " ORDER BY ts, instance, seq"
-    with _connect(dsn) as conn:
-        raw = conn.execute(sql, args).fetchall()
-    if limit is not None:
-        raw.reverse()
-    return [_row(r) for r in raw]
-
-
-def row(dsn: str, request_id: str) -> dict[str, Any] | None:
-    with _connect(dsn) as conn:
-        raw = conn.execute(f"SELECT instance, {_COLS} FROM cr_journal WHERE request_id = %s ORDER BY ts DESC LIMIT 1",
-                           (request_id,)).fetchone()
-    return None if raw is None else _row(raw)
-
-
-def names(dsn: str) -> dict[str, set[str]]:
-    out: dict[str, set[str]] = {"provider": set(), "profile": set(), "instance": set()}
-    with _connect(dsn) as conn:
-        for column in out:
-            out[column] = {r[0] for r in conn.execute(f"SELECT DISTINCT {column} FROM cr_journal").fetchall() if r[0]}
-    return out
+def _first_line(e: BaseException) -> str:
+    # psycopg's message names the host, never the password; its first line says what failed.
+    return (str(e).splitlines() or [type(e).__name__])[0]
