@@ -22,7 +22,7 @@ from ..state.trends import month_days, provider_series
 from . import apitype, views
 
 if TYPE_CHECKING:  # the daemon hands itself in; history reads it, never imports it at run time
-    from ..daemon import Daemon
+    from ..daemon import Daemon  # layer-ok: the composition root, handed in; annotation only
 
 # A window and its bucket: about 60 points per chart, whatever the window.
 RANGES: dict[str, tuple[float, float]] = {

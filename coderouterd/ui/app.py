@@ -44,7 +44,7 @@ from . import now as now_view
 from .guard import SECURITY_HEADERS, UiAuth, allowed_hosts, host_allowed, origin_allowed
 
 if TYPE_CHECKING:  # the daemon hands itself in; the dashboard reads it, never imports it at run time
-    from ..daemon import Daemon
+    from ..daemon import Daemon  # layer-ok: the composition root, handed in; annotation only
 
 # ASGI, as the proxy's dispatch calls us: the connection's scope, and its two channels.
 Scope = dict[str, Any]

@@ -16,7 +16,7 @@ from ..admin import apitype, views
 from ..supervise.spec import describe_exit
 
 if TYPE_CHECKING:  # the daemon hands itself in; this module reads it, never imports it at run time
-    from ..daemon import Daemon
+    from ..daemon import Daemon  # layer-ok: the composition root, handed in; annotation only
 
 _TAIL_BYTES = 4096
 _MAX_LINE = 300
