@@ -13,7 +13,8 @@ import httpx
 import orjson
 import typer
 
-from .doctor_probes import FAIL, LABELS, OK, SKIP, STYLES, WARN, DoctorError, Limits, ProviderProbe
+from .doctor_client import Limits
+from .doctor_probes import FAIL, LABELS, OK, SKIP, STYLES, WARN, DoctorError, ProviderProbe
 
 __all__ = ["FAIL", "OK", "SKIP", "WARN", "DoctorError", "Limits", "doctor", "doctor_app", "doctor_command",
            "exit_code", "register", "render", "run_doctor"]

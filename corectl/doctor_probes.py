@@ -7,6 +7,7 @@ serialises generations anyway and the later checks read what the earlier ones le
 is loaded by the generation probe, so its real context window is visible afterwards).
 
 Exit codes: 0 all OK, 2 something needs tuning, 1 could not run (bad config, unknown or unreachable provider).
+Talking to the backend (requests, answers read back in either wire) is doctor_client.py's `ProbeClient`.
 """
 
 from __future__ import annotations
@@ -14,16 +15,16 @@ from __future__ import annotations
 import asyncio
 import os
 import time
-from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
 import orjson
 
 from coderouterd import servers
-from coderouterd.providers.adapters import adapter_for, error_message
+from coderouterd.providers.adapters import error_message
 from coderouterd.servers import lmstudio, ollama
-from coderouterd.translate.reasoning import CLOSE_TAG, OPEN_TAG, split_think_tags
+
+from .doctor_client import TOOL_NAME, Answer, Limits, ProbeClient, ProbeFailed, error_text
 
 OK, WARN, FAIL, SKIP = "ok", "warn", "fail", "skip"
 LABELS = {OK: "OK", WARN: "NEEDS TUNING", FAIL: "FAIL", SKIP: "skipped"}
@@ -33,9 +34,6 @@ MIN_AGENT_CONTEXT = 16384
 OLLAMA_DEFAULT_CONTEXT = ollama.DEFAULT_CONTEXT
 PROMPT = "Reply with the single word: ok"
 TOOL_PROMPT = "What time is it in UTC? Use the get_current_time tool."
-TOOL_NAME = "get_current_time"
-TOOL_SCHEMA = {"type": "object", "required": ["timezone"],
-               "properties": {"timezone": {"type": "string", "description": "IANA zone, e.g. UTC"}}}
 GEN_MAX_TOKENS = 64
 VISION_PROMPT = "What colour is this one-pixel image? One word."
 # A valid 1x1 PNG: enough for a server to show whether it takes images at all.
@@ -43,50 +41,12 @@ PNG_1X1 = ("iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8z8BQDwAE
 TOOL_MAX_TOKENS = 256
 
 
-@dataclass(frozen=True)
-class Limits:
-    """Seconds. Discovery is a cheap GET; generation may include a cold model load on a local server."""
-
-    probe: float = 5.0
-    generation: float = 60.0
-
-
 class DoctorError(ValueError):
     """The doctor cannot run at all (e.g. an unknown provider name)."""
 
 
-@dataclass
-class Answer:
-    text: str = ""
-    reasoning: str = ""
-    think_tags: bool = False
-    finish: str | None = None
-    tool_calls: list[tuple[str, Any]] = field(default_factory=list)  # (name, arguments as sent)
-    seconds: float = 0.0
-
-
-class ProbeFailed(Exception):
-    def __init__(self, message: str, status: int | None = None) -> None:
-        super().__init__(message)
-        self.status = status
-
-
 def _check(name: str, status: str, message: str, suggestion: str = "") -> dict:
     return {"name": name, "status": status, "message": message, "suggestion": suggestion}
-
-
-def _error_text(status: int, body: bytes) -> str:
-    message = error_message(body)[0]
-    return f"HTTP {status}" + (f": {message}" if message else "")
-
-
-def _split_think(text: str) -> tuple[str, str, bool]:
-    """(visible text, reasoning, had tags) for servers that leave reasoning inline as <think>...</think>,
-    split the way the router splits it."""
-    if OPEN_TAG not in text and CLOSE_TAG not in text:
-        return text, "", False
-    reasoning, visible = split_think_tags(text)
-    return visible, reasoning, True
 
 
 def _short(text: str, limit: int = 60) -> str:
@@ -94,26 +54,15 @@ def _short(text: str, limit: int = 60) -> str:
     return text if len(text) <= limit else text[:limit - 1] + "…"
 
 
-class ProviderProbe:
+class ProviderProbe(ProbeClient):
     def __init__(self, name: str, cfg: Any, client: httpx.AsyncClient, limits: Limits) -> None:
-        self.name, self.cfg, self.client, self.limits = name, cfg, client, limits
-        # The daemon's own adapter: the same URLs, headers and error reading as real traffic.
-        self.adapter = adapter_for(cfg)
-        self.api = self.adapter.api_base
-        self.root = self.adapter.root_url
-        self.anthropic = self.adapter.wire == "anthropic"
-        self.backend = cfg.kind  # refined by detect_backend() when the URL hides an unknown server
-        self.model = cfg.model or cfg.default_model
+        super().__init__(name, cfg, client, limits)
         self.checks: list[dict] = []
         self.answers: dict = {}  # the servers package's probe answers, by path
-        self.show: dict | None = None  # Ollama /api/show, fetched once
         self.answer: Answer | None = None
         self.stream_answer: Answer | None = None
 
-    # -- plumbing ---------------------------------------------------------------------------------------
-
-    def headers(self) -> dict[str, str]:
-        return self.adapter.headers(json=True)
+    # -- the checks ---------------------------------------------------------------------------------------
 
     def key_hint(self) -> str:
         env = self.cfg.api_key_env
@@ -122,103 +71,6 @@ class ProviderProbe:
         if not os.environ.get(env):
             return f"export {env} (it is not set here; for the service, put it in ~/.config/coderouter/env)"
         return f"the key in ${env} was rejected: check its value"
-
-    async def get_json(self, url: str) -> tuple[int, Any, bytes]:
-        r = await self.client.get(url, headers=self.headers(), timeout=self.limits.probe)
-        try:
-            return r.status_code, orjson.loads(r.content), r.content
-        except orjson.JSONDecodeError:
-            return r.status_code, None, r.content
-
-    async def optional_json(self, method: str, url: str, body: dict | None = None) -> Any:
-        """A discovery endpoint that only some backends have: its JSON, or None."""
-        try:
-            r = await self.client.request(method, url, headers=self.headers(), timeout=self.limits.probe,
-                                          content=orjson.dumps(body) if body is not None else None)
-            return orjson.loads(r.content) if r.status_code == 200 else None
-        except (httpx.HTTPError, orjson.JSONDecodeError):
-            return None
-
-    def request_body(self, content: str, max_tokens: int, *, tools: bool = False,
-                     stream: bool = False) -> dict:
-        body: dict[str, Any] = {"model": self.model, "max_tokens": max_tokens,
-                                "messages": [{"role": "user", "content": content}]}
-        if stream:
-            body["stream"] = True
-            if not self.anthropic:
-                body["stream_options"] = {"include_usage": True}
-        if tools and self.anthropic:
-            body["tools"] = [{"name": TOOL_NAME, "description": "Current time in a time zone.",
-                              "input_schema": TOOL_SCHEMA}]
-            body["tool_choice"] = {"type": "any"}
-        elif tools:
-            body["tools"] = [{"type": "function", "function": {
-                "name": TOOL_NAME, "description": "Current time in a time zone.", "parameters": TOOL_SCHEMA}}]
-            # Ollama does not support tool_choice; everyone else gets "required" to make the test decisive.
-            if self.backend != "ollama":
-                body["tool_choice"] = "required"
-        return body
-
-    @property
-    def generation_timeout(self) -> httpx.Timeout:
-        return httpx.Timeout(self.limits.generation, connect=self.limits.probe)
-
-    @property
-    def gen_url(self) -> str:
-        return self.adapter.generation_url
-
-    async def generate(self, body: dict) -> Answer:
-        started = time.perf_counter()
-        try:
-            r = await self.client.post(self.gen_url, content=orjson.dumps(body), headers=self.headers(),
-                                       timeout=self.generation_timeout)
-        except httpx.TimeoutException:
-            raise ProbeFailed(f"no answer within {self.limits.generation:g}s") from None
-        except httpx.HTTPError as e:
-            raise ProbeFailed(f"{type(e).__name__}: {e}") from None
-        if r.status_code >= 400:
-            raise ProbeFailed(_error_text(r.status_code, r.content), r.status_code)
-        try:
-            data = orjson.loads(r.content)
-        except orjson.JSONDecodeError:
-            raise ProbeFailed("the answer is not JSON") from None
-        answer = self.parse_anthropic(data) if self.anthropic else self.parse_openai(data)
-        answer.seconds = time.perf_counter() - started
-        return answer
-
-    def parse_openai(self, data: dict) -> Answer:
-        choices = data.get("choices") or []
-        if not choices:
-            raise ProbeFailed("the answer has no choices")
-        msg = choices[0].get("message") or {}
-        content = msg.get("content") or ""
-        if isinstance(content, list):
-            content = "".join(p.get("text", "") for p in content if isinstance(p, dict))
-        text, inline, tags = _split_think(content)
-        reasoning = msg.get("reasoning_content") or msg.get("reasoning") or inline
-        calls = [((c.get("function") or {}).get("name", ""), (c.get("function") or {}).get("arguments"))
-                 for c in msg.get("tool_calls") or []]
-        return Answer(text, reasoning if isinstance(reasoning, str) else "", tags,
-                      choices[0].get("finish_reason"), calls)
-
-    def parse_anthropic(self, data: dict) -> Answer:
-        stop = data.get("stop_reason")
-        finish = {"max_tokens": "length", "tool_use": "tool_calls", "end_turn": "stop"}.get(stop, stop) \
-            if isinstance(stop, str) else stop
-        a = Answer(finish=finish)
-        for block in data.get("content") or []:
-            kind = block.get("type")
-            if kind == "text":
-                a.text += block.get("text", "")
-            elif kind == "thinking":
-                a.reasoning += block.get("thinking", "")
-            elif kind == "tool_use":
-                a.tool_calls.append((block.get("name", ""), block.get("input")))
-        a.text, inline, a.think_tags = _split_think(a.text)
-        a.reasoning = a.reasoning or inline
-        return a
-
-    # -- the checks ---------------------------------------------------------------------------------------
 
     async def run(self) -> dict:
         try:
@@ -263,7 +115,7 @@ class ProviderProbe:
             return False
         self.checks.append(_check("reachable", OK, f"{self.backend} answers at {self.cfg.base_url} ({took})"))
         if status in (401, 403):
-            self.checks.append(_check("auth", FAIL, f"listing models: {_error_text(status, raw)}",
+            self.checks.append(_check("auth", FAIL, f"listing models: {error_text(status, raw)}",
                                       self.key_hint()))
             self.skip_rest("authentication failed")
             return False
@@ -273,7 +125,7 @@ class ProviderProbe:
         else:
             self.checks.append(_check("auth", OK, "no key needed" + (f" (${env} is not set)" if env else "")))
         if status >= 400 or not isinstance(data, dict):
-            self.checks.append(_check("model", FAIL, f"listing models failed: {_error_text(status, raw)}",
+            self.checks.append(_check("model", FAIL, f"listing models failed: {error_text(status, raw)}",
                                       "check that the server has finished starting and base_url is right"))
         else:
             await self.check_model(data)
@@ -281,14 +133,6 @@ class ProviderProbe:
             self.skip_rest("no model to probe")
             return False
         return True
-
-    async def probe_get(self, path: str) -> tuple[int, Any]:
-        """A GET under the server's root for the servers package: (status, JSON or None); raises on no answer."""
-        r = await self.client.get(self.root + path, headers=self.headers(), timeout=self.limits.probe)
-        try:
-            return r.status_code, orjson.loads(r.content) if r.status_code < 400 else None
-        except orjson.JSONDecodeError:
-            return r.status_code, None
 
     async def detect_backend(self) -> None:
         """Which server is behind an OpenAI-compatible URL (the servers package's probes, as the daemon
@@ -373,7 +217,7 @@ class ProviderProbe:
                 async with self.client.stream("POST", self.gen_url, content=orjson.dumps(body),
                                               headers=self.headers(), timeout=self.generation_timeout) as r:
                     if r.status_code >= 400:
-                        raise ProbeFailed(_error_text(r.status_code, await r.aread()), r.status_code)
+                        raise ProbeFailed(error_text(r.status_code, await r.aread()), r.status_code)
                     ctype = r.headers.get("content-type", "")
                     if "text/event-stream" not in ctype:
                         raise ProbeFailed(f"asked for a stream, got {ctype or 'no content-type'}")
@@ -596,8 +440,3 @@ class ProviderProbe:
                 return None, "", None
         return w.tokens, w.source, w.trained
 
-    async def ollama_show(self) -> dict | None:
-        if self.show is None:
-            show = await self.optional_json("POST", f"{self.root}/api/show", {"model": self.model})
-            self.show = show if isinstance(show, dict) else {}
-        return self.show or None

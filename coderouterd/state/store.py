@@ -4,48 +4,27 @@ Callers (on the event loop) only touch an in-memory mirror; a background thread 
 batches. A broken database — missing directory, locked, corrupt, read-only, disk full — never
 raises into callers: the mirror keeps serving, `healthy`/`problem` say what is wrong, a
 PersistenceFault event is published once per distinct problem, and the store keeps retrying.
+Opening the file (checked, private, migrated) and moving a corrupt one aside are store_file.py's.
 """
 
 from __future__ import annotations
 
 import contextlib
-import itertools
 import logging
-import os
 import sqlite3
 import threading
 import time
 from collections.abc import Callable
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import orjson
 
-from coderouterd import private_fs
 from coderouterd.state.events import Event, PersistenceFault, RequestFinished
-from coderouterd.state.journal import (
-    INSERT_SQL,
-    JOURNAL_AFFINITY_DDL,
-    JOURNAL_DDL,
-    JOURNAL_SETTLES_DDL,
-    row_from_event,
-)
+from coderouterd.state.journal import INSERT_SQL, row_from_event
+from coderouterd.state.store_file import is_corruption, move_aside, open_checked
 
 log = logging.getLogger(__name__)
-
-# Each entry upgrades the schema by one version; never edit a shipped entry, append a new one.
-MIGRATIONS: list[tuple[str, ...]] = [
-    (
-        "CREATE TABLE IF NOT EXISTS kv (namespace TEXT NOT NULL, key TEXT NOT NULL,"
-        " value_json TEXT NOT NULL, updated_at REAL NOT NULL, PRIMARY KEY (namespace, key))",
-        *JOURNAL_DDL,
-    ),
-    # The client's own conversation key (Codex's prompt_cache_key), to follow one session in the journal.
-    ("ALTER TABLE journal ADD COLUMN session_key TEXT",),
-    JOURNAL_AFFINITY_DDL,
-    JOURNAL_SETTLES_DDL,
-]
 
 _UPSERT = (
     "INSERT INTO kv (namespace, key, value_json, updated_at) VALUES (?, ?, ?, ?) ON CONFLICT(namespace, key)"
@@ -53,40 +32,10 @@ _UPSERT = (
 )
 
 
-KEEP_CORRUPT_COPIES = 3
 # Rows (and keys) per write transaction. In WAL mode a transaction needs its pages in the -wal file and again
 # in the database at checkpoint: after a long disk-full outage one transaction of 50,000 pending rows needed
 # ~33 MB free before anything could be written. Small batches make progress with a few hundred KB.
 WRITE_BATCH = 256
-# Truncate the -wal back to this after a checkpoint, so space a burst took is given back to a nearly full disk.
-WAL_SIZE_LIMIT = 256 << 10
-WAL_CHECKPOINT_PAGES = 32
-
-
-class _Corrupt(Exception):
-    pass
-
-
-def _is_corruption(exc: BaseException) -> bool:
-    msg = str(exc).lower()
-    return isinstance(exc, _Corrupt) or "not a database" in msg or "malformed" in msg
-
-
-def _migrate(conn: sqlite3.Connection) -> None:
-    conn.execute("CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL)")
-    row = conn.execute("SELECT MAX(version) FROM schema_version").fetchone()
-    current = row[0] or 0
-    for version in range(current + 1, len(MIGRATIONS) + 1):
-        conn.execute("BEGIN IMMEDIATE")
-        try:
-            for stmt in MIGRATIONS[version - 1]:
-                conn.execute(stmt)
-            conn.execute("INSERT INTO schema_version (version) VALUES (?)", (version,))
-            conn.execute("COMMIT")
-        except BaseException:
-            conn.execute("ROLLBACK")
-            raise
-
 
 class Store:
     def __init__(
@@ -283,11 +232,11 @@ class Store:
         except OSError as exc:
             return self._fail(f"cannot create state directory {self.path.parent}: {exc.strerror or exc}")
         try:
-            conn = self._open_checked()
+            conn = open_checked(self.path, self.busy_timeout_ms)
         except Exception as exc:
-            if not _is_corruption(exc):
+            if not is_corruption(exc):
                 return self._fail(f"cannot open {self.path}: {exc}")
-            aside = self._move_aside()
+            aside = move_aside(self.path)
             if aside is None:
                 return self._fail(f"database {self.path} is corrupt and could not be moved aside")
             log.error("state database %s was corrupt (%s); moved to %s", self.path, exc, aside)
@@ -295,7 +244,7 @@ class Store:
                 PersistenceFault(component="store", problem=f"corrupt database moved to {aside.name}", recovered=True)
             )
             try:
-                conn = self._open_checked()
+                conn = open_checked(self.path, self.busy_timeout_ms)
             except Exception as exc2:
                 return self._fail(f"cannot create fresh database {self.path}: {exc2}")
         self._conn = conn
@@ -307,76 +256,6 @@ class Store:
                 for k, data in self._serialized.items():
                     self._pending.setdefault(k, data)
         return True
-
-    def _open_checked(self) -> sqlite3.Connection:
-        if self.path.is_dir():
-            raise sqlite3.OperationalError("path is a directory")
-        self._prepare_files()
-        conn = sqlite3.connect(
-            str(self.path), timeout=self.busy_timeout_ms / 1000.0, isolation_level=None, check_same_thread=False
-        )
-        try:
-            conn.execute(f"PRAGMA busy_timeout = {int(self.busy_timeout_ms)}")
-            result = conn.execute("PRAGMA quick_check").fetchone()
-            if not result or result[0] != "ok":
-                raise _Corrupt(f"quick_check: {result[0] if result else 'no result'}")
-            conn.execute("PRAGMA journal_mode = WAL")
-            # NORMAL in WAL mode: a power cut may lose the last commits, but never corrupts, and a
-            # process kill loses nothing that was committed.
-            conn.execute("PRAGMA synchronous = NORMAL")
-            conn.execute(f"PRAGMA journal_size_limit = {WAL_SIZE_LIMIT}")
-            conn.execute(f"PRAGMA wal_autocheckpoint = {WAL_CHECKPOINT_PAGES}")
-            _migrate(conn)
-        except BaseException:
-            conn.close()
-            raise
-        return conn
-
-    def _prepare_files(self) -> None:
-        """SQLite follows symlinks and creates files with the umask: refuse a link at the database or its
-        -wal/-shm, and create the database 0600 ourselves (SQLite gives -wal and -shm the database's mode)."""
-        for suffix in ("-wal", "-shm"):
-            private_fs.check_not_link(self.path.with_name(self.path.name + suffix))
-        os.close(private_fs.open_private(self.path, os.O_RDWR | os.O_CREAT))
-
-    def _move_aside(self) -> Path | None:
-        stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
-        for n in itertools.count(1):
-            target = self.path.with_name(f"{self.path.name}.corrupt-{stamp}" + (f"-{n}" if n > 1 else ""))
-            if not target.exists():
-                break
-        try:
-            self.path.rename(target)
-        except OSError as exc:
-            log.error("cannot move corrupt database %s aside: %s", self.path, exc)
-            return None
-        for suffix in ("-wal", "-shm"):
-            side = self.path.with_name(self.path.name + suffix)
-            if side.exists():
-                try:
-                    side.rename(target.with_name(target.name + suffix))
-                except OSError:
-                    # A stale -wal would be replayed into the fresh database; better gone.
-                    side.unlink(missing_ok=True)
-        self._prune_corrupt_copies()
-        return target
-
-    def _prune_corrupt_copies(self) -> None:
-        """Keep the newest KEEP_CORRUPT_COPIES moved-aside databases (with their -wal/-shm): a disk that keeps
-        corrupting the file must not fill up with copies."""
-        groups: dict[str, list[Path]] = {}
-        for p in self.path.parent.glob(f"{self.path.name}.corrupt-*"):
-            base = p.name[:-4] if p.name.endswith(("-wal", "-shm")) else p.name
-            groups.setdefault(base, []).append(p)
-
-        def age_key(base: str) -> tuple[str, int]:
-            stamp, _, n = base.rpartition(".corrupt-")[2].partition("-")
-            return stamp, int(n) if n.isdigit() else 1
-
-        for base in sorted(groups, key=age_key)[:-KEEP_CORRUPT_COPIES]:
-            for p in groups[base]:
-                with contextlib.suppress(OSError):
-                    p.unlink()
 
     def _load_mirror(self, conn: sqlite3.Connection) -> None:
         rows = conn.execute("SELECT namespace, key, value_json FROM kv").fetchall()
@@ -414,7 +293,8 @@ class Store:
             upserts = [(ns, key, data.decode(), now) for (ns, key), data in part if data is not None]
             deletes = [k for k, data in part if data is None]
 
-            def work(conn: sqlite3.Connection, upserts=upserts, deletes=deletes) -> bool:
+            def work(conn: sqlite3.Connection, upserts: list[tuple[str, str, str, float]] = upserts,
+                     deletes: list[tuple[str, str]] = deletes) -> bool:
                 conn.executemany(_UPSERT, upserts)
                 conn.executemany("DELETE FROM kv WHERE namespace = ? AND key = ?", deletes)
                 return True
@@ -474,7 +354,7 @@ class Store:
         msg = str(exc)
         if "full" in msg:
             self._out_of_space = True
-        if _is_corruption(exc) or "readonly" in msg or "disk i/o" in msg.lower() or "no such table" in msg:
+        if is_corruption(exc) or "readonly" in msg or "disk i/o" in msg.lower() or "no such table" in msg:
             # The handle itself is suspect: reopen (and re-check / move aside) on the next retry.
             self._close_conn()
         self._fail(f"write failed: {msg}")

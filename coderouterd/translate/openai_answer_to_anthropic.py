@@ -3,15 +3,14 @@ client in front of an OpenAI-speaking upstream; the request goes the other way i
 
 from __future__ import annotations
 
-import json
 import logging
-import re
 import secrets
 
 import orjson
 
 from coderouterd.servers import overflow as context_overflow
 from coderouterd.translate.reasoning import ThinkTagSplitter, split_think_tags
+from coderouterd.translate.tool_arguments import parse_tool_arguments
 from coderouterd.wire.anthropic import message_start
 
 log = logging.getLogger(__name__)
@@ -43,78 +42,6 @@ def openai_stop_to_anthropic(finish_reason: str | None, had_tool_calls: bool) ->
     stop = _FINISH_TO_STOP.get(finish_reason or "stop", "end_turn")
     # "tool_calls" without any call would make the client wait for tool_use blocks that never come.
     return "end_turn" if stop == "tool_use" else stop
-
-
-# --- tool arguments ---------------------------------------------------------------------------
-
-_FENCE = re.compile(r"^```[a-zA-Z]*\s*(.*?)\s*```$", re.S)
-_TRAILING_COMMA = re.compile(r",\s*([}\]])")
-
-
-def _loads_object(text: str) -> dict | None:
-    try:
-        value = json.loads(text, strict=False)  # strict=False: raw newlines inside strings
-    except (ValueError, RecursionError):  # RecursionError: nested deeper than the interpreter's stack allows
-        return None
-    if isinstance(value, str):  # double-encoded arguments
-        return _loads_object(value) if value.strip().startswith("{") else None
-    if not isinstance(value, dict):
-        return None
-    try:  # what orjson could not read (too deep for it) would fail again when the request is serialised
-        orjson.dumps(value)
-    except orjson.JSONEncodeError:
-        return None
-    return value
-
-
-def _close_truncated(text: str) -> str:
-    """Close an unterminated string and any open brackets (output cut off mid-arguments)."""
-    stack: list[str] = []
-    in_string = escaped = False
-    for ch in text:
-        if in_string:
-            if escaped:
-                escaped = False
-            elif ch == "\\":
-                escaped = True
-            elif ch == '"':
-                in_string = False
-        elif ch == '"':
-            in_string = True
-        elif ch in "{[":
-            stack.append("}" if ch == "{" else "]")
-        elif ch in "}]" and stack:
-            stack.pop()
-    if escaped:
-        text = text[:-1]
-    if in_string:
-        text += '"'
-    return text + "".join(reversed(stack))
-
-
-def parse_tool_arguments(raw) -> dict:
-    """Arguments string -> dict; trivially broken JSON is repaired, anything else becomes {}."""
-    if isinstance(raw, dict):
-        return raw
-    if not isinstance(raw, str) or not raw.strip():
-        return {}
-    text = raw.strip()
-    try:
-        value = orjson.loads(text)
-        if isinstance(value, dict):
-            return value
-    except orjson.JSONDecodeError:
-        pass
-    fenced = _FENCE.match(text)
-    if fenced:
-        text = fenced.group(1)
-    closed = _close_truncated(text)
-    for attempt in (text, _TRAILING_COMMA.sub(r"\1", text), closed, _TRAILING_COMMA.sub(r"\1", closed)):
-        value = _loads_object(attempt)
-        if value is not None:
-            return value
-    log.warning("tool call arguments are not valid JSON (%d chars); using {}", len(raw))  # no values in logs
-    return {}
 
 
 # --- non-streaming ----------------------------------------------------------------------------

@@ -3,7 +3,7 @@ Anthropic-speaking upstream; the answer comes back through anthropic_answer_to_o
 
 from __future__ import annotations
 
-from coderouterd.translate.openai_answer_to_anthropic import parse_tool_arguments
+from coderouterd.translate.tool_arguments import parse_tool_arguments
 
 DEFAULT_MAX_TOKENS = 4096
 

@@ -352,7 +352,7 @@ def test_disk_full_status_changes_only_on_real_transitions(tmp_path):
 
 
 def test_only_the_newest_three_corrupt_copies_are_kept(tmp_path):
-    from coderouterd.state.store import KEEP_CORRUPT_COPIES
+    from coderouterd.state.store_file import KEEP_CORRUPT_COPIES
 
     path = tmp_path / "state.db"
     old = ["20260101T000000Z", "20260102T000000Z", "20260103T000000Z", "20260104T000000Z"]

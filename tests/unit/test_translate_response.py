@@ -6,10 +6,10 @@ from coderouterd.translate.anthropic_answer_to_openai import anthropic_response_
 from coderouterd.translate.openai_answer_to_anthropic import (
     SYNTHETIC_SIGNATURE,
     openai_stop_to_anthropic,
-    parse_tool_arguments,
     response_to_anthropic,
 )
 from coderouterd.translate.openai_request_to_anthropic import openai_request_to_anthropic
+from coderouterd.translate.tool_arguments import parse_tool_arguments
 
 ZERO_USAGE = {"input_tokens": 0, "output_tokens": 0, "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0}
 
