@@ -20,7 +20,7 @@ from coderouterd.state.store import Store
 from tests.e2e.test_supervision import backend_pids, managed_config, managed_ollama, wait_for
 from tests.fakes.runner import FakeServer, free_port
 from tests.support.config import daemon_config
-from tests.support.daemon import DaemonProcess
+from tests.support.daemon import DaemonProcess, running
 
 USER = [{"role": "user", "content": "hi"}]
 
@@ -90,8 +90,7 @@ providers = ["a", "b"]
 mode = "race"
 race_width = 2
 """
-        d = DaemonProcess(cfg, tmp_path).start()
-        try:
+        with running(cfg, tmp_path) as d:
             for stream in (False, True, False):
                 r = anthropic(d, stream=stream)
                 assert r.status_code == 200 and r.headers["x-coderouter-provider"] == "b"
@@ -99,8 +98,6 @@ race_width = 2
             s = scrape(d)
             assert total(s, "coderouter_failovers_total") == 0
             assert total(s, "coderouter_attempts_total", provider="a", outcome="lost") == 3
-        finally:
-            d.stop()
         rows = journal_rows(d.state_dir / "state.db")
         assert len(rows) == 3
         for row in rows:
@@ -166,8 +163,7 @@ def test_a_client_that_leaves_frees_its_request_at_once(tmp_path, http_version):
 def test_in_flight_gauge_counts_requests_being_served(tmp_path):
     with FakeServer("openai", name="a", behaviour="slow_first_byte;delay=1.5") as a:
         cfg = one_provider(a.url)
-        d = DaemonProcess(cfg, tmp_path).start()
-        try:
+        with running(cfg, tmp_path) as d:
             threads = [threading.Thread(target=anthropic, args=(d,)), threading.Thread(target=openai, args=(d,))]
             for t in threads:
                 t.start()
@@ -178,8 +174,6 @@ def test_in_flight_gauge_counts_requests_being_served(tmp_path):
             for t in threads:
                 t.join(10)
             assert total(scrape(d), "coderouter_requests_in_flight") == 0
-        finally:
-            d.stop()
 
 
 # -- health after a daemon restart ---------------------------------------------------------------------------
@@ -199,15 +193,12 @@ def test_managed_provider_health_restarts_from_its_readiness_not_a_saved_unhealt
             store.open()
             store.set("health", "ollama-qwen3", "UNHEALTHY")
             store.close()
-            d2 = DaemonProcess(cfg, tmp_path, port=d.port).start()
-            try:
+            with running(cfg, tmp_path, port=d.port) as d2:
                 # A ceiling 60x below the hour between probe rounds: only the probe at readiness can pass it.
                 assert wait_for(lambda: anthropic(d2).headers.get("x-coderouter-provider") == "ollama-qwen3", 60)
                 with admin(d2) as c:
                     health = c.get("/v1/status").json()["health"]["ollama-qwen3"]
                 assert health["state"] == "HEALTHY" and health["last_probe"]["ok"], health
-            finally:
-                d2.stop()
         finally:
             d.stop()
             for pid in backend_pids(port):

@@ -116,7 +116,7 @@ class Harness:
         quiet = {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}
         return self.popen([PY, BACKEND, "--port", str(port), *flags], start_new_session=True, **quiet)
 
-    def read_pid_file(self, path: Path, timeout: float = 5.0) -> list[psutil.Process]:
+    def read_pid_file(self, path: Path, timeout: float = 30.0) -> list[psutil.Process]:
         deadline = time.monotonic() + timeout
         while not path.exists():
             assert time.monotonic() < deadline, f"{path} never written"
