@@ -4,8 +4,6 @@ prefer_remote profile, and the refusal of a model load that would not fit."""
 
 from __future__ import annotations
 
-import time
-
 import httpx
 import pytest
 
@@ -14,6 +12,7 @@ from tests.e2e.test_control_plane import corectl, status_json
 from tests.fakes.runner import FakeServer
 from tests.support.config import NO_BREAKER, daemon_config, ollama_at, openai_at, warn
 from tests.support.daemon import admin_get, running
+from tests.support.wait import wait_for
 
 
 def config(local_url: str, remote_url: str, ollama_url: str, sock: str) -> str:
@@ -45,15 +44,6 @@ def ask(env, profile: str = "default") -> httpx.Response:
                    timeout=20)
     assert r.status_code == 200, r.text
     return r
-
-
-def wait_for(pred, timeout: float = 10.0):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = pred()
-        if value or time.monotonic() > deadline:
-            return value
-        time.sleep(0.05)
 
 
 def test_out_of_memory_error_cools_the_provider_down_and_fails_over(env):
