@@ -357,7 +357,10 @@ def test_a_backend_that_lists_models_but_cannot_generate_stays_out_until_it_gene
             assert s["breaker"]["state"] == "open" and s["health"] == "UNHEALTHY"
             assert flaky.count("/v1/models") >= 2 and flaky.count("/v1/chat/completions") >= 5
             flaky.set_behaviour("ok")
-            wait_for(lambda: status(env)["flaky"]["breaker"]["state"] == "closed", step=0.1)
+            def healed() -> bool:  # over the admin socket: a corectl per poll costs a process start
+                p = {p["name"]: p for p in (admin_get(d.state_dir / "coderouterd.sock") or {"providers": []})["providers"]}
+                return p.get("flaky", {}).get("health") == "HEALTHY" and p["flaky"]["breaker"]["state"] == "closed"
+            wait_for(healed, step=0.1)
             s = status(env)["flaky"]
             assert s["breaker"]["state"] == "closed" and s["health"] == "HEALTHY"  # a 1-token generation did it
             raw = c.messages.with_raw_response.create(model="m", max_tokens=10, messages=USER)
