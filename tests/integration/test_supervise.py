@@ -442,17 +442,22 @@ def test_restart_window_forgets_old_crashes(h: Harness) -> None:
 # ---- stopping trees ------------------------------------------------------------------------------
 
 
+async def started_tree(h: Harness, sup, name: str, port: int, pid_file: Path, flag: str):
+    """A backend with a child in its group, one that left it and a double-forked one (--spawn-escapees), started
+    and ready, with its stop grace at 0.5 s; and the processes of that tree, as the backend wrote them down."""
+    mp = sup.add(h.spec(name, port, flag, "--spawn-escapees", "--pid-file", str(pid_file), stop_timeout_s=0.5))
+    await mp.start()
+    assert await mp.wait_ready(30)
+    return mp, h.read_pid_file(pid_file)
+
+
 def test_stop_kills_sigterm_ignoring_server_and_its_whole_tree(h: Harness) -> None:
     port = free_port()
     pid_file = h.tmp / "tree.json"
 
     async def scenario() -> None:
         sup = h.supervisor()
-        flags = ("--ignore-sigterm", "--spawn-escapees", "--pid-file", str(pid_file))
-        mp = sup.add(h.spec("stubborn", port, *flags, stop_timeout_s=0.5))
-        await mp.start()
-        assert await mp.wait_ready(30)
-        procs = h.read_pid_file(pid_file)
+        mp, procs = await started_tree(h, sup, "stubborn", port, pid_file, "--ignore-sigterm")
         assert len(procs) == 4 and not any(is_gone(p) for p in procs)
         t0 = time.monotonic()
         await asyncio.wait_for(mp.stop(), 30)  # a ceiling against a hang, not a measure
@@ -475,11 +480,7 @@ def test_stop_reaches_descendants_that_outlive_a_server_dying_on_sigterm(h: Harn
 
     async def scenario() -> None:
         sup = h.supervisor()
-        flags = ("--children-ignore-sigterm", "--spawn-escapees", "--pid-file", str(pid_file))
-        mp = sup.add(h.spec("leaky", port, *flags, stop_timeout_s=0.5))
-        await mp.start()
-        assert await mp.wait_ready(30)
-        procs = h.read_pid_file(pid_file)
+        mp, procs = await started_tree(h, sup, "leaky", port, pid_file, "--children-ignore-sigterm")
         await mp.stop()
         assert [p.pid for p in procs if not is_gone(p)] == []
         assert mp.last_exit_code == -signal.SIGTERM
