@@ -14,10 +14,10 @@ import time
 from pathlib import Path
 
 import httpx
-import orjson
 import pytest
 
 from tests.fakes.runner import FakeServer
+from tests.support.config import NO_BREAKER, anthropic_at, daemon_config, ollama_at, openai_at, warn
 from tests.support.daemon import ROOT, DaemonProcess, free_port
 
 HERE = Path(__file__).resolve().parent
@@ -31,50 +31,29 @@ CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic"
                  "--disable-background-networking", "--disable-component-update", "--disable-sync",
                  f"--host-resolver-rules=MAP {REBOUND_HOST} 127.0.0.1"]
 
-CONFIG = """
-[server]
-port = {PORT}
-@KEYS@
+CLOUD_COST = {"input": 3.0, "output": 15.0, "cache_read": 0.3, "cache_write": 3.75}
 
-[breaker]
-failures = 1000
 
-[budget]
-global_monthly_usd = 50
+def spending(local: FakeServer, cloud: FakeServer) -> dict[str, dict]:
+    """The two providers every dashboard scene has: a free local model and a paid cloud one with a monthly cap."""
+    return {"local": openai_at(local.url, model="qwen3-coder"),
+            "cloud": anthropic_at(cloud.url, model="claude-sonnet-5", paid=True, monthly_budget_usd=25, cost=CLOUD_COST)}
 
-[providers.local]
-kind = "openai"
-base_url = "@LOCAL@/v1"
-model = "qwen3-coder"
 
-[providers.cloud]
-kind = "anthropic"
-base_url = "@CLOUD@/v1"
-model = "claude-sonnet-5"
-paid = true
-monthly_budget_usd = 25
-cost = { input = 3.0, output = 15.0, cache_read = 0.3, cache_write = 3.75 }
+def managed_backend(port: int, *flags: str, **process: object) -> dict:
+    """An ollama-kind provider whose server is a real child process the daemon supervises
+    (tests/support/fake_backend.py), for the processes panel."""
+    ready = f"http://127.0.0.1:{port}"
+    command = [sys.executable, str(ROOT / "tests" / "support" / "fake_backend.py"), "--port", str(port), *flags]
+    return ollama_at(ready, process={"command": command, "cwd": str(ROOT), "ready_url": ready + "/api/tags",
+                                     **process})
 
-# A managed backend (a real child process the daemon supervises), for the processes panel.
-[providers.box]
-kind = "ollama"
-base_url = "http://127.0.0.1:@BOXPORT@"
 
-[providers.box.process]
-command = @BOXCMD@
-cwd = "@ROOT@"
-ready_url = "http://127.0.0.1:@BOXPORT@/api/tags"
-stop_timeout_s = 2
-startsecs = 0.2
-
-[profiles.default]
-providers = ["local", "cloud"]
-health_action = "warn"
-
-[profiles.cloud]
-providers = ["cloud"]
-health_action = "warn"
-"""
+def config(local: FakeServer, cloud: FakeServer, keys: list[str]) -> str:
+    return daemon_config(
+        server={"api_keys": keys} if keys else {}, breaker=NO_BREAKER, budget={"global_monthly_usd": 50},
+        providers={**spending(local, cloud), "box": managed_backend(free_port(), stop_timeout_s=2, startsecs=0.2)},
+        profiles={"default": warn("local", "cloud"), "cloud": warn("cloud")})
 
 
 def chromium_path() -> str | None:
@@ -170,13 +149,7 @@ class Dashboard:
 def _start(tmp: Path, keys: list[str]):
     local = FakeServer("openai", name="local", models=["qwen3-coder"]).start()
     cloud = FakeServer("anthropic", name="cloud").start()
-    keys_line = f"api_keys = [{', '.join(repr(k) for k in keys)}]".replace("'", '"') if keys else ""
-    box_port = free_port()
-    box_cmd = orjson.dumps([sys.executable, str(ROOT / "tests" / "support" / "fake_backend.py"), "--port",
-                            str(box_port)]).decode()
-    cfg = (CONFIG.replace("@LOCAL@", local.url).replace("@CLOUD@", cloud.url).replace("@KEYS@", keys_line)
-           .replace("@BOXPORT@", str(box_port)).replace("@BOXCMD@", box_cmd).replace("@ROOT@", str(ROOT)))
-    d = DaemonProcess(cfg, tmp)
+    d = DaemonProcess(config(local, cloud, keys), tmp)
     seed_history(d.state_dir, time.time())
     d.start()
     return Dashboard(d, local, cloud, keys)
@@ -227,91 +200,22 @@ def save(name: str, data: bytes) -> Path:
 
 # -- the scene: a dead provider, a capped budget, a tool loop, a restarted process and a FATAL one -------------
 
-SCENE = """
-[server]
-port = {PORT}
-
-[breaker]
-failures = 1
-recovery_s = 900
-
-[health]
-probe_interval_s = 0.5
-
-[budget]
-global_monthly_usd = 50
-
-[providers.local]
-kind = "openai"
-base_url = "@LOCAL@/v1"
-model = "qwen3-coder"
-
-[providers.cloud]
-kind = "anthropic"
-base_url = "@CLOUD@/v1"
-model = "claude-sonnet-5"
-paid = true
-monthly_budget_usd = 25
-cost = { input = 3.0, output = 15.0, cache_read = 0.3, cache_write = 3.75 }
-
-# Spent past its cap (seeded in the ledger): blocked for the rest of the month.
-[providers.capped]
-kind = "anthropic"
-base_url = "@CLOUD@/v1"
-model = "claude-opus-5"
-paid = true
-monthly_budget_usd = 1
-cost = { input = 15.0, output = 75.0 }
-
-# Nothing listens on its port.
-[providers.dead]
-kind = "openai"
-base_url = "http://127.0.0.1:@DEADPORT@/v1"
-model = "gone"
-
-[providers.box]
-kind = "ollama"
-base_url = "http://127.0.0.1:@BOXPORT@"
-
-[providers.box.process]
-command = @BOXCMD@
-cwd = "@ROOT@"
-ready_url = "http://127.0.0.1:@BOXPORT@/api/tags"
-stop_timeout_s = 2
-startsecs = 0.2
-memory_mb = 400
-
-[models]
-memory_budget_mb = 1000
-
-# Exits at start with code 3 and no restart left: FATAL.
-[providers.broken]
-kind = "ollama"
-base_url = "http://127.0.0.1:@BROKENPORT@"
-
-[providers.broken.process]
-command = @BROKENCMD@
-cwd = "@ROOT@"
-ready_url = "http://127.0.0.1:@BROKENPORT@/api/tags"
-startsecs = 0.5
-max_restarts = 0
-
-[profiles.default]
-providers = ["dead", "local"]
-health_action = "warn"
-
-[profiles.cloud]
-providers = ["capped", "cloud"]
-health_action = "warn"
-
-[profiles.deadonly]
-providers = ["dead"]
-health_action = "warn"
-
-[profiles.loop]
-providers = ["local"]
-tool_loop = { action = "break", threshold = 3, window = 5 }
-"""
+def scene_config(local: FakeServer, cloud: FakeServer) -> str:
+    return daemon_config(
+        breaker={"failures": 1, "recovery_s": 900}, health={"probe_interval_s": 0.5},
+        budget={"global_monthly_usd": 50}, models={"memory_budget_mb": 1000},
+        providers={
+            **spending(local, cloud),
+            # Spent past its cap (seeded in the ledger): blocked for the rest of the month.
+            "capped": anthropic_at(cloud.url, model="claude-opus-5", paid=True, monthly_budget_usd=1,
+                                   cost={"input": 15.0, "output": 75.0}),
+            # Nothing listens on its port.
+            "dead": openai_at(f"http://127.0.0.1:{free_port()}", model="gone"),
+            "box": managed_backend(free_port(), stop_timeout_s=2, startsecs=0.2, memory_mb=400),
+            # Exits at start with code 3 and no restart left: FATAL.
+            "broken": managed_backend(free_port(), "--exit-at-start", "3", startsecs=0.5, max_restarts=0)},
+        profiles={"default": warn("dead", "local"), "cloud": warn("capped", "cloud"), "deadonly": warn("dead"),
+                  "loop": {"providers": ["local"], "tool_loop": {"action": "break", "threshold": 3, "window": 5}}})
 
 
 class Scene(Dashboard):
@@ -335,14 +239,7 @@ def scene(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("scene")
     local = FakeServer("openai", name="local", models=["qwen3-coder"]).start()
     cloud = FakeServer("anthropic", name="cloud").start()
-    box_port, broken_port, dead_port = free_port(), free_port(), free_port()
-    backend = [sys.executable, str(ROOT / "tests" / "support" / "fake_backend.py"), "--port"]
-    cfg = (SCENE.replace("@LOCAL@", local.url).replace("@CLOUD@", cloud.url).replace("@ROOT@", str(ROOT))
-           .replace("@DEADPORT@", str(dead_port)).replace("@BOXPORT@", str(box_port))
-           .replace("@BROKENPORT@", str(broken_port))
-           .replace("@BOXCMD@", orjson.dumps([*backend, str(box_port)]).decode())
-           .replace("@BROKENCMD@", orjson.dumps([*backend, str(broken_port), "--exit-at-start", "3"]).decode()))
-    d = DaemonProcess(cfg, tmp)
+    d = DaemonProcess(scene_config(local, cloud), tmp)
     now = time.time()
     spent = seed_history(d.state_dir, now)
     month, _start, _end = month_bounds(now)

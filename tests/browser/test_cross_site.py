@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import http.server
 import threading
-import time
 
 import httpx
 import pytest
@@ -19,6 +18,7 @@ import pytest
 from tests.fakes.runner import FakeServer
 from tests.support.config import daemon_config
 from tests.support.daemon import DaemonProcess, free_port
+from tests.support.wait import wait_for
 
 from .conftest import REBOUND_HOST
 
@@ -87,12 +87,7 @@ def _refused(d) -> float:
 
 
 def _wait(cond, timeout: float = 30.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if cond():
-            return True
-        time.sleep(0.1)
-    return cond()
+    return bool(wait_for(cond, timeout, step=0.1))
 
 
 @pytest.fixture(scope="module")

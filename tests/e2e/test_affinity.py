@@ -9,19 +9,14 @@ import pytest
 
 from tests.fakes.runner import FakeServer
 from tests.support.claude_sessions import drive_router, drive_straight, reuse_report
+from tests.support.config import daemon_config, openai_at
 
 BIG_CTX = 131072  # tokens per slot: these sessions grow past 16k tokens
 
-CONFIG = """
-[server]
-port = {PORT}
-[providers.llama]
-kind = "openai"
-base_url = "%s/v1"
-model = "local-model"
-[profiles.default]
-providers = ["llama"]
-"""
+def config(url: str, **tables) -> str:
+    """One llama-server-like fake behind profile default."""
+    return daemon_config(providers={"llama": openai_at(url, model="local-model")}, profiles={"default": ["llama"]},
+                         **tables)
 
 
 def _baseline(n_slots: int, slot_save: bool, sessions: int, turns: int) -> dict:
@@ -32,7 +27,7 @@ def _baseline(n_slots: int, slot_save: bool, sessions: int, turns: int) -> dict:
 
 def _through_router(start_daemon, n_slots: int, slot_save: bool, sessions: int, turns: int) -> tuple:
     fake = FakeServer("llamacpp", name="routed", n_slots=n_slots, slot_save=slot_save, n_ctx=BIG_CTX).start()
-    d = start_daemon(CONFIG % fake.url)
+    d = start_daemon(config(fake.url))
     drive_router(d.url, sessions, turns)
     return reuse_report(fake.fake.log), fake, d
 
@@ -122,7 +117,7 @@ def test_cache_bust_names_the_segment(start_daemon, mutate, segment):
     from tests.support.claude_sessions import Session
 
     with FakeServer("llamacpp", name="bust", n_slots=2, n_ctx=BIG_CTX) as fake:
-        d = start_daemon(CONFIG % fake.url)
+        d = start_daemon(config(fake.url))
         client = anthropic.Anthropic(base_url=d.url, api_key="x", max_retries=0)
         s = Session(40)
         for _ in range(3):
@@ -157,7 +152,7 @@ def test_hit_ratio_in_status_metrics_and_journal(start_daemon):
     from tests.support.claude_sessions import Session
 
     with FakeServer("llamacpp", name="vis", n_slots=2, n_ctx=BIG_CTX) as fake:
-        d = start_daemon(CONFIG % fake.url)
+        d = start_daemon(config(fake.url))
         client = anthropic.Anthropic(base_url=d.url, api_key="x", max_retries=0)
         s = Session(41)
         for _ in range(4):
@@ -196,7 +191,7 @@ def test_slot_map_survives_a_daemon_restart(start_daemon):
     from tests.support.claude_sessions import Session
 
     with FakeServer("llamacpp", name="persist", n_slots=3, n_ctx=BIG_CTX) as fake:
-        d = start_daemon(CONFIG % fake.url)
+        d = start_daemon(config(fake.url))
         client = anthropic.Anthropic(base_url=d.url, api_key="x", max_retries=0)
         a, b = Session(50), Session(51)
         for s in (a, b, a, b):
@@ -204,7 +199,7 @@ def test_slot_map_survives_a_daemon_restart(start_daemon):
             s.advance()
         slot_a = fake.fake.log[2]["slot"]
         d.stop()
-        d2 = start_daemon(CONFIG % fake.url)
+        d2 = start_daemon(config(fake.url))
         client = anthropic.Anthropic(base_url=d2.url, api_key="x", max_retries=0)
         client.messages.create(**b.main_body(), extra_headers=b.headers, timeout=60)
         client.messages.create(**a.main_body(), extra_headers=a.headers, timeout=60)
@@ -213,26 +208,11 @@ def test_slot_map_survives_a_daemon_restart(start_daemon):
         assert last["cache_n"] >= 0.9 * fake.fake.log[2]["n_prompt"]
 
 
-RACE_CONFIG = """
-[server]
-port = {PORT}
-[providers.a]
-kind = "openai"
-base_url = "%s/v1"
-model = "local-model"
-[providers.b]
-kind = "openai"
-base_url = "%s/v1"
-model = "local-model"
-[profiles.default]
-providers = ["a", "b"]
-[profiles.race]
-providers = ["a", "b"]
-mode = "race"
-race_delay_ms = 20000
-[profiles.only-b]
-providers = ["b"]
-"""
+def race_config(a_url: str, b_url: str) -> str:
+    return daemon_config(providers={"a": openai_at(a_url, model="local-model"), "b": openai_at(b_url, model="local-model")},
+                         profiles={"default": ["a", "b"], "race": {"providers": ["a", "b"], "mode": "race",
+                                                                    "race_delay_ms": 20000},
+                                   "only-b": ["b"]})
 
 
 def test_race_prefers_the_backend_holding_the_prefix_but_fallback_keeps_its_order(start_daemon):
@@ -241,7 +221,7 @@ def test_race_prefers_the_backend_holding_the_prefix_but_fallback_keeps_its_orde
     from tests.support.claude_sessions import Session
 
     with FakeServer("llamacpp", name="a", n_slots=2, n_ctx=BIG_CTX) as fa, FakeServer("llamacpp", name="b", n_slots=2, n_ctx=BIG_CTX) as fb:
-        d = start_daemon(RACE_CONFIG % (fa.url, fb.url))
+        d = start_daemon(race_config(fa.url, fb.url))
         client = anthropic.Anthropic(base_url=d.url, api_key="x", max_retries=0)
         s = Session(60)
         client.messages.create(**s.main_body(), extra_headers={**s.headers, "x-coderouter-profile": "only-b"},
@@ -268,7 +248,7 @@ def test_openai_clients_get_lanes_from_prompt_cache_key(start_daemon):
     tools = [{"type": "function", "function": {"name": t["name"], "description": t["description"],
                                                "parameters": t["input_schema"]}} for t in TOOLS]
     with FakeServer("llamacpp", name="oa", n_slots=2, n_ctx=BIG_CTX) as fake:
-        d = start_daemon(CONFIG % fake.url)
+        d = start_daemon(config(fake.url))
         client = openai.OpenAI(base_url=d.url + "/v1", api_key="x", max_retries=0)
         convs = {k: [{"role": "system", "content": "You are a coding agent."},
                      {"role": "user", "content": f"task {k}"}] for k in ("one", "two")}
@@ -295,7 +275,7 @@ def test_concurrent_sessions_and_background_calls_keep_their_slots(start_daemon)
     from tests.support.claude_sessions import Session
 
     with FakeServer("llamacpp", name="conc", n_slots=4, n_ctx=BIG_CTX) as fake:
-        d = start_daemon(CONFIG % fake.url)
+        d = start_daemon(config(fake.url))
         client = anthropic.Anthropic(base_url=d.url, api_key="x", max_retries=0)
 
         def run(n: int) -> None:
@@ -322,7 +302,7 @@ def test_codex_responses_sessions_get_lanes_from_prompt_cache_key(start_daemon):
     from coderouterd.state.journal_reader import journal_rows
 
     with FakeServer("llamacpp", name="codex", n_slots=2, n_ctx=BIG_CTX) as fake:
-        d = start_daemon(CONFIG % fake.url)
+        d = start_daemon(config(fake.url))
         client = openai.OpenAI(base_url=d.url + "/v1", api_key="x", max_retries=0)
         convs = {k: [{"role": "user", "content": f"task {k}: " + "explain the repository layout " * 40}]
                  for k in ("codex-a", "codex-b")}
@@ -354,7 +334,7 @@ def test_three_sessions_with_title_calls_and_a_compaction_on_three_slots(start_d
     with FakeServer("llamacpp", name="three", n_slots=3, slot_save=True, n_ctx=BIG_CTX) as fake:
         # Without tools the prefix every session shares is the system prompt alone (~3k tokens): below the default
         # least prefix worth a slot copy (2,048 tokens of our estimate, ~7 KB), so new sessions would start cold.
-        d = start_daemon(CONFIG % fake.url + "[affinity]\nclone_min_tokens = 256\n")
+        d = start_daemon(config(fake.url, affinity={"clone_min_tokens": 256}))
         client = anthropic.Anthropic(base_url=d.url, api_key="x", max_retries=0)
         order = workload(3, 5, background_every=2, tools=tools)
         for s, kind in order:

@@ -11,7 +11,7 @@ import pytest
 
 from tests.fakes.runner import FakeServer
 from tests.support.config import daemon_config
-from tests.support.daemon import DaemonProcess
+from tests.support.daemon import DaemonProcess, running
 
 ASKED = "my-model"
 MESSAGES = [{"role": "user", "content": "hi"}]
@@ -26,11 +26,8 @@ def daemon(tmp_path_factory):
                      "aliased": {"base_url": local.url + "/v1", "model": "qwen3-8b"}}
         cfg = daemon_config(providers=providers, profiles={"default": ["local"], "local": ["local"],
                                                            "anth": ["anth"], "aliased": ["aliased"]})
-        d = DaemonProcess(cfg, tmp_path_factory.mktemp("answer_model")).start()
-        try:
+        with running(cfg, tmp_path_factory.mktemp("answer_model")) as d:
             yield d
-        finally:
-            d.stop()
 
 
 def _events(text: str) -> list[dict]:

@@ -6,33 +6,17 @@ import httpx
 import pytest
 
 from tests.fakes.runner import FakeServer
-from tests.support.daemon import DaemonProcess
-
-CONFIG = """
-[server]
-port = {PORT}
-max_body_mb = 1
-
-[providers.local]
-kind = "openai"
-base_url = "@LOCAL@/v1"
-
-[profiles.default]
-providers = ["local"]
-
-[profiles.coding]
-providers = ["local"]
-"""
+from tests.support.config import daemon_config, openai_at
+from tests.support.daemon import running
 
 
 @pytest.fixture(scope="module")
 def env(tmp_path_factory):
     with FakeServer("openai", name="local") as local:
-        d = DaemonProcess(CONFIG.replace("@LOCAL@", local.url), tmp_path_factory.mktemp("bad")).start()
-        try:
+        cfg = daemon_config(server={"max_body_mb": 1}, providers={"local": openai_at(local.url)},
+                            profiles={"default": ["local"], "coding": ["local"]})
+        with running(cfg, tmp_path_factory.mktemp("bad")) as d:
             yield d
-        finally:
-            d.stop()
 
 
 def _post(d, path, content=None, json=None, headers=None):

@@ -17,16 +17,13 @@ LISTED = "http://localhost:5173"
 
 @pytest.fixture(scope="module")
 def env(tmp_path_factory):
-    from tests.support.daemon import DaemonProcess
+    from tests.support.daemon import running
 
     with FakeServer("openai", name="local") as up:
         cfg = daemon_config(providers={"local": up.url}, profiles={"default": ["local"]},
                             server={"cors_origins": [LISTED]})
-        d = DaemonProcess(cfg, tmp_path_factory.mktemp("browsers")).start()
-        try:
+        with running(cfg, tmp_path_factory.mktemp("browsers")) as d:
             yield d, up
-        finally:
-            d.stop()
 
 
 def _posts(up) -> int:

@@ -15,7 +15,8 @@ import pytest
 
 from tests.fakes.behaviour import TEXT_TOOL_COMMAND
 from tests.fakes.runner import FakeServer
-from tests.support.daemon import ROOT, DaemonProcess
+from tests.support.config import daemon_config, upstream, warn
+from tests.support.daemon import ROOT, DaemonProcess, running
 
 CLIENTS = ROOT / "tests" / "clients"
 CLAUDE = CLIENTS / "node_modules" / ".bin" / "claude"
@@ -33,18 +34,6 @@ def _skip_reason() -> str | None:
     return None
 
 
-CONFIG = """
-[server]
-port = {PORT}
-
-[providers.local]
-kind = "@KIND@"
-base_url = "@LOCAL@/v1"
-
-[profiles.default]
-providers = ["local"]
-health_action = "warn"
-"""
 
 EXPECTED_OUTPUT = TEXT_TOOL_COMMAND.removeprefix("echo ")
 
@@ -56,11 +45,9 @@ def setup(request, tmp_path):
         pytest.skip(reason)
     kind = request.param
     with FakeServer(kind, name="local", models=["qwen3-coder"]) as local:
-        d = DaemonProcess(CONFIG.replace("@LOCAL@", local.url).replace("@KIND@", kind), tmp_path).start()
-        try:
+        cfg = daemon_config(providers={"local": upstream(local.url, kind=kind)}, profiles={"default": warn("local")})
+        with running(cfg, tmp_path) as d:
             yield d, local, tmp_path
-        finally:
-            d.stop()
 
 
 def run_claude(daemon: DaemonProcess, tmp: Path, prompt: str) -> dict:

@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 
 from tests.fakes.runner import FakeServer
-from tests.support.daemon import DaemonProcess
+from tests.support.config import local_and_cloud
+from tests.support.daemon import running
 
 CLIENTS = Path(__file__).resolve().parents[1] / "clients"
 CODEX = CLIENTS / "node_modules" / ".bin" / "codex"
@@ -30,27 +31,6 @@ def _skip_reason() -> str | None:
     return None
 
 
-CONFIG = """
-[server]
-port = {PORT}
-
-[providers.local]
-kind = "openai"
-base_url = "@LOCAL@/v1"
-
-[providers.cloud]
-kind = "anthropic"
-base_url = "@CLOUD@/v1"
-model = "claude-sonnet-5"
-
-[profiles.default]
-providers = ["local"]
-health_action = "warn"
-
-[profiles.cloud]
-providers = ["cloud"]
-health_action = "warn"
-"""
 
 # What the README tells a Codex user to write, plus the profile header and no client-side retries (a failure
 # must show as a failure here, not as five reconnects).
@@ -76,11 +56,8 @@ def env(tmp_path_factory):
         pytest.skip(reason)
     tmp = tmp_path_factory.mktemp("e2e_codex")
     with FakeServer("openai", name="local", models=["qwen3"]) as local, FakeServer("anthropic", name="cloud") as cloud:
-        d = DaemonProcess(CONFIG.replace("@LOCAL@", local.url).replace("@CLOUD@", cloud.url), tmp).start()
-        try:
+        with running(local_and_cloud(local.url, cloud.url), tmp) as d:
             yield {"daemon": d, "default": local, "cloud": cloud}
-        finally:
-            d.stop()
 
 
 def codex_exec(env, tmp_path: Path, profile: str, prompt: str) -> tuple[subprocess.CompletedProcess, str]:

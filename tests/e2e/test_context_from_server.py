@@ -4,7 +4,6 @@ than the small llama-server's slot context goes to the next provider without tou
 from __future__ import annotations
 
 import re
-import time
 
 import httpx
 import orjson
@@ -12,7 +11,9 @@ import orjson
 from corectl.render import context_cell
 from tests.e2e.test_control_plane import corectl
 from tests.fakes.runner import FakeServer
-from tests.support.daemon import DaemonProcess
+from tests.support.config import daemon_config
+from tests.support.daemon import DaemonProcess, admin_get, running
+from tests.support.wait import wait_for
 
 
 def providers_status(d: DaemonProcess) -> dict[str, dict]:
@@ -21,27 +22,23 @@ def providers_status(d: DaemonProcess) -> dict[str, dict]:
     return {p["name"]: p for p in orjson.loads(r.stdout)["providers"]}
 
 
+def wait_for_server_context(d: DaemonProcess, name: str) -> None:
+    """Until the daemon has read the server's context window (polled over the admin socket from this process:
+    a corectl per poll costs ~0.7 s of CPU)."""
+    def window():
+        status = admin_get(d.state_dir / "coderouterd.sock") or {"providers": []}
+        return next((p.get("context_window") for p in status["providers"] if p["name"] == name), None)
+    assert wait_for(window, 30), f"{name}'s context window never read"
+
+
 def test_oversize_prompt_skips_the_small_server_before_trying_it(tmp_path):
     with FakeServer("llamacpp", name="small", n_ctx=1000, n_slots=1) as small, \
             FakeServer("llamacpp", name="big", n_ctx=100_000, n_slots=1) as big:
-        cfg = f"""
-[server]
-port = {{PORT}}
-[providers.small]
-base_url = "{small.url}/v1"
-[providers.big]
-base_url = "{big.url}/v1"
-[profiles.default]
-providers = ["small", "big"]
-[profiles.solo]
-providers = ["small"]
-"""
-        d = DaemonProcess(cfg, tmp_path).start()
-        try:
-            deadline = time.monotonic() + 10
-            while (shown := providers_status(d))["small"].get("context_window") is None:
-                assert time.monotonic() < deadline, shown
-                time.sleep(0.1)
+        cfg = daemon_config(providers={"small": small.url, "big": big.url},
+                            profiles={"default": ["small", "big"], "solo": ["small"]})
+        with running(cfg, tmp_path) as d:
+            wait_for_server_context(d, "small")
+            shown = providers_status(d)
             assert shown["small"]["context_window"] == 1000 and shown["small"]["configured_context_window"] is None
             assert shown["small"]["server"]["kind"] == "llama.cpp" and shown["big"]["context_window"] == 100_000
 
@@ -67,8 +64,6 @@ providers = ["small"]
             err = r.json()["error"]
             assert r.status_code == 400 and err["type"] == "invalid_request_error"
             assert re.fullmatch(r"prompt is too long: \d+ tokens > 1000 maximum", err["message"]), err
-        finally:
-            d.stop()
 
 
 # Forty tool schemas of ~1 KB each: ~10,000 tokens by the estimate, none of them by a template that never renders
@@ -84,22 +79,9 @@ def test_the_servers_own_count_decides_not_the_estimate(tmp_path):
     with FakeServer("llamacpp", name="small", n_ctx=4000, n_slots=1, apply_template=True,
                     tools_rendered=False) as small, \
             FakeServer("llamacpp", name="big", n_ctx=100_000, n_slots=1) as big:
-        cfg = f"""
-[server]
-port = {{PORT}}
-[providers.small]
-base_url = "{small.url}/v1"
-[providers.big]
-base_url = "{big.url}/v1"
-[profiles.default]
-providers = ["small", "big"]
-"""
-        d = DaemonProcess(cfg, tmp_path).start()
-        try:
-            deadline = time.monotonic() + 10
-            while providers_status(d)["small"].get("context_window") is None:
-                assert time.monotonic() < deadline
-                time.sleep(0.1)
+        cfg = daemon_config(providers={"small": small.url, "big": big.url}, profiles={"default": ["small", "big"]})
+        with running(cfg, tmp_path) as d:
+            wait_for_server_context(d, "small")
             with_tools = {"model": "m", "max_tokens": 5, "tools": TOOLS,
                           "messages": [{"role": "user", "content": "list the files"}]}
             assert len(orjson.dumps(with_tools)) / 4 > 4000  # over the window by the estimate
@@ -114,5 +96,3 @@ providers = ["small", "big"]
             assert r.status_code == 200 and r.headers["x-coderouter-provider"] == "big"
             assert "small:skipped:context" in r.headers["x-coderouter-attempts"]
             assert small.count("/v1/chat/completions") == before  # by its own count, never tried
-        finally:
-            d.stop()

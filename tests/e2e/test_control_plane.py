@@ -23,6 +23,8 @@ import pytest
 from tests.fakes.runner import FakeServer
 from tests.support import cli
 from tests.support.daemon import ROOT, DaemonProcess, admin_get, free_port
+from tests.support.wait import MIN_CEILING_S
+from tests.support.wait import wait_for as wait_until
 
 
 def config_text(a_url: str, b_url: str, *, default_chain: str = '"a"', extra: str = "") -> str:
@@ -81,14 +83,11 @@ def served_by(url: str) -> str:
 
 
 def wait_for(predicate, timeout: float, what: str, interval: float = 0.03):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(interval)
+    """tests/support/wait.wait_for (its ceiling is never under MIN_CEILING_S), failing with what was awaited."""
+    value = wait_until(predicate, timeout, interval)
+    if not value:
+        raise AssertionError(f"timed out after {max(timeout, MIN_CEILING_S)} s waiting for {what}")
+    return value
 
 
 def write_atomic(path: Path, text: str) -> None:

@@ -15,7 +15,7 @@ import httpx
 import pytest
 
 from tests.fakes.runner import FakeServer
-from tests.support.daemon import ROOT, DaemonProcess
+from tests.support.daemon import ROOT, DaemonProcess, running
 from tests.support.wait import wait_for
 
 ANSI = re.compile(rb"\x1b(\[[0-9;?]*[A-Za-z]|\][^\x07]*\x07|[()][0-9A-Za-z]|[=>78])")
@@ -56,7 +56,7 @@ class Screen:
         frames = text.split("(q or Ctrl-C quits)")
         return frames[-2] if len(frames) > 2 else text
 
-    def wait_text(self, pred, timeout: float = 10.0) -> str:
+    def wait_text(self, pred, timeout: float = 30.0) -> str:  # a ceiling, not a measure
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             f = self.frame()
@@ -101,11 +101,8 @@ providers = ["alpha", "beta"]
 [profiles.reverse]
 providers = ["beta", "alpha"]
 """
-        d = DaemonProcess(cfg, tmp_path).start()
-        try:
+        with running(cfg, tmp_path) as d:
             yield d
-        finally:
-            d.stop()
 
 
 def send(d: DaemonProcess, n: int, profile: str = "default") -> list[str]:

@@ -4,56 +4,25 @@ Ollama's API."""
 
 from __future__ import annotations
 
-import time
-
 import httpx
 import pytest
 
 from coderouterd.state import read_audit
 from tests.e2e.test_control_plane import corectl, status_json
 from tests.fakes.runner import FakeServer
-from tests.support.daemon import DaemonProcess
+from tests.support.config import NO_BREAKER, daemon_config, ollama_at, openai_at, warn
+from tests.support.daemon import running
+from tests.support.wait import wait_for
 
-CONFIG = """
-[server]
-port = {PORT}
-stream_hold_s = 0.3
 
-[admin]
-socket = "@SOCK@"
-
-[breaker]
-failures = 1000
-
-[drift]
-window = 10
-recent = 3
-min_fill = 5
-cooldown_s = 300
-
-[providers.local]
-kind = "openai"
-base_url = "@LOCAL@/v1"
-
-[providers.backup]
-kind = "openai"
-base_url = "@BACKUP@/v1"
-
-[providers.ollama]
-kind = "ollama"
-base_url = "@OLLAMA@"
-model = "qwen3"
-
-[profiles.default]
-providers = ["local", "backup"]
-health_action = "warn"
-drift_action = "demote"
-
-[profiles.loop]
-providers = ["ollama"]
-health_action = "warn"
-drift_action = "reload"
-"""
+def config(local_url: str, backup_url: str, ollama_url: str, sock: str) -> str:
+    return daemon_config(
+        server={"stream_hold_s": 0.3}, admin={"socket": sock}, breaker=NO_BREAKER,
+        drift={"window": 10, "recent": 3, "min_fill": 5, "cooldown_s": 300},
+        providers={"local": openai_at(local_url), "backup": openai_at(backup_url),
+                   "ollama": ollama_at(ollama_url, model="qwen3")},
+        profiles={"default": warn("local", "backup", drift_action="demote"),
+                  "loop": warn("ollama", drift_action="reload")})
 
 BODY = {"model": "qwen3", "max_tokens": 200, "messages": [{"role": "user", "content": "explain the change"}]}
 
@@ -64,13 +33,8 @@ def env(tmp_path_factory):
     with FakeServer("openai", name="local", behaviour="long") as local, \
             FakeServer("openai", name="backup", behaviour="long") as backup, \
             FakeServer("ollama", name="ollama", behaviour="loop", models=["qwen3"]) as ollama:
-        cfg = CONFIG.replace("@LOCAL@", local.url).replace("@BACKUP@", backup.url) \
-            .replace("@OLLAMA@", ollama.url).replace("@SOCK@", str(tmp / "admin.sock"))
-        d = DaemonProcess(cfg, tmp).start()
-        try:
+        with running(config(local.url, backup.url, ollama.url, str(tmp / "admin.sock")), tmp) as d:
             yield {"daemon": d, "local": local, "ollama": ollama, "sock": str(tmp / "admin.sock")}
-        finally:
-            d.stop()
 
 
 def ask(env, profile: str, stream: bool = False) -> httpx.Response:
@@ -80,13 +44,9 @@ def ask(env, profile: str, stream: bool = False) -> httpx.Response:
     return r
 
 
-def audit(env, kind: str, provider: str, timeout: float = 10.0) -> list[dict]:
-    deadline = time.monotonic() + timeout
-    while True:
-        found = [e for e in read_audit(env["daemon"].state_dir) if e["kind"] == kind and e["provider"] == provider]
-        if found or time.monotonic() > deadline:
-            return found
-        time.sleep(0.1)
+def audit(env, kind: str, provider: str) -> list[dict]:
+    return wait_for(lambda: [e for e in read_audit(env["daemon"].state_dir)
+                             if e["kind"] == kind and e["provider"] == provider], step=0.1)
 
 
 def test_empty_answers_demote_the_provider(env):

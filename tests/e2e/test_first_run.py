@@ -89,7 +89,7 @@ def start(user: User, config: Path, port: int, log: Path, sock: Path) -> subproc
     proc = subprocess.Popen([sys.executable, "-m", "coderouterd", "--config", str(config), "--port", str(port)],
                             cwd=ROOT, env=user.env, stdout=out, stderr=subprocess.STDOUT)
     out.close()
-    deadline = time.monotonic() + 20
+    deadline = time.monotonic() + 60  # as DaemonProcess.start: a ceiling, not a measure
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             raise AssertionError(f"coderouterd exited with {proc.returncode}:\n{log.read_text()}")

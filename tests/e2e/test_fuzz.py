@@ -10,30 +10,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.fakes.runner import FakeServer
-from tests.support.daemon import DaemonProcess
+from tests.support.config import anthropic_at, daemon_config, openai_at
+from tests.support.daemon import running
 from tests.support.hostile import INGRESSES, check_response, hostile_body, typed_cases
-
-CONFIG = """
-[server]
-port = {PORT}
-max_body_mb = 4
-
-[providers.oa]
-kind = "openai"
-base_url = "@OA@/v1"
-capabilities = { vision = true }
-
-[providers.an]
-kind = "anthropic"
-base_url = "@AN@/v1"
-capabilities = { vision = true }
-
-[profiles.default]
-providers = ["oa"]
-
-[profiles.cloud]
-providers = ["an"]
-"""
 
 EXAMPLES = 300  # per ingress: ~1,200 requests, well under a minute on a loaded 2-core machine
 
@@ -41,13 +20,13 @@ EXAMPLES = 300  # per ingress: ~1,200 requests, well under a minute on a loaded 
 @pytest.fixture(scope="module")
 def daemon(tmp_path_factory):
     with FakeServer("openai", name="oa") as oa, FakeServer("anthropic", name="an") as an:
-        text = CONFIG.replace("@OA@", oa.url).replace("@AN@", an.url)
-        d = DaemonProcess(text, tmp_path_factory.mktemp("fuzz")).start()
-        try:
+        vision = {"vision": True}
+        text = daemon_config(server={"max_body_mb": 4}, profiles={"default": ["oa"], "cloud": ["an"]},
+                             providers={"oa": openai_at(oa.url, capabilities=vision),
+                                        "an": anthropic_at(an.url, capabilities=vision)})
+        with running(text, tmp_path_factory.mktemp("fuzz")) as d:
             with httpx.Client(base_url=d.url, timeout=20) as client:
                 yield d, client
-        finally:
-            d.stop()
 
 
 @pytest.mark.parametrize("ingress", sorted(INGRESSES))

@@ -15,7 +15,7 @@ import pytest
 
 from tests.e2e.test_control_plane import corectl, status_json, wait_for, write_atomic
 from tests.fakes.runner import FakeServer
-from tests.support.daemon import ROOT, DaemonProcess, admin_get
+from tests.support.daemon import ROOT, DaemonProcess, admin_get, running
 
 
 def _config(url: str, *, server: str = "", extra: str = "") -> str:
@@ -267,18 +267,14 @@ def test_coderouterds_own_client_key_is_never_forwarded_upstream(tmp_path):
     import httpx
 
     from tests.fakes.runner import FakeServer
-    from tests.support.daemon import DaemonProcess
 
     with FakeServer("openai", name="up") as up:
         cfg = ("[server]\nport = {PORT}\napi_keys = [\"sekrit-of-the-router\"]\n[providers.a]\n"
                f"base_url = \"{up.url}/v1\"\nforward_client_key = true\n[profiles.default]\nproviders = [\"a\"]\n")
-        d = DaemonProcess(cfg, tmp_path).start()
-        try:
+        with running(cfg, tmp_path) as d:
             for headers in ({"authorization": "Bearer sekrit-of-the-router"}, {"x-api-key": "sekrit-of-the-router"}):
                 r = httpx.post(d.url + "/v1/chat/completions", headers=headers, timeout=10,
                                json={"model": "m", "messages": [{"role": "user", "content": "hi"}]})
                 assert r.status_code == 200, r.text
-        finally:
-            d.stop()
         sent = [req["headers"] for req in up.requests if req["method"] == "POST"]
         assert len(sent) == 2 and all("sekrit-of-the-router" not in str(h) for h in sent), sent

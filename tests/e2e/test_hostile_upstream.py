@@ -14,52 +14,19 @@ from hypothesis import strategies as st
 
 from tests.e2e.test_control_plane import corectl
 from tests.fakes.runner import FakeServer
-from tests.support.daemon import DaemonProcess
+from tests.support.config import NO_BREAKER, anthropic_at, daemon_config, openai_at, warn
+from tests.support.daemon import DaemonProcess, running
 from tests.support.sse import event_names, streamed_text
 from tests.support.wait import wait_for
 
-CONFIG = """
-[server]
-port = {PORT}
-stream_hold_s = 0.2
 
-[breaker]
-failures = 1000
-
-[providers.an]
-kind = "anthropic"
-base_url = "@AN@/v1"
-api_key_env = "FAKE_AN_KEY"
-
-[providers.an2]
-kind = "anthropic"
-base_url = "@AN2@/v1"
-api_key_env = "FAKE_AN_KEY"
-
-[providers.oa]
-kind = "openai"
-base_url = "@OA@/v1"
-
-[providers.oa2]
-kind = "openai"
-base_url = "@OA2@/v1"
-
-[profiles.default]
-providers = ["an"]
-health_action = "warn"
-
-[profiles.an]
-providers = ["an"]
-health_action = "warn"
-
-[profiles.anchain]
-providers = ["an", "an2"]
-health_action = "warn"
-
-[profiles.oachain]
-providers = ["oa", "oa2"]
-health_action = "warn"
-"""
+def config(an_url: str, an2_url: str, oa_url: str, oa2_url: str) -> str:
+    return daemon_config(
+        server={"stream_hold_s": 0.2}, breaker=NO_BREAKER,
+        providers={"an": anthropic_at(an_url, api_key_env="FAKE_AN_KEY"),
+                   "an2": anthropic_at(an2_url, api_key_env="FAKE_AN_KEY"), "oa": openai_at(oa_url),
+                   "oa2": openai_at(oa2_url)},
+        profiles={"default": warn("an"), "an": warn("an"), "anchain": warn("an", "an2"), "oachain": warn("oa", "oa2")})
 
 SECRET = "sk-an-secret-23"
 USER = [{"role": "user", "content": "hi"}]
@@ -71,13 +38,8 @@ def env(tmp_path_factory):
     with FakeServer("anthropic", name="an") as an, FakeServer("anthropic", name="an2") as an2, \
             FakeServer("openai", name="oa") as oa, FakeServer("openai", name="oa2") as oa2, \
             FakeServer("anthropic", name="elsewhere") as elsewhere:
-        cfg = (CONFIG.replace("@AN@", an.url).replace("@AN2@", an2.url).replace("@OA@", oa.url)
-               .replace("@OA2@", oa2.url))
-        d = DaemonProcess(cfg, tmp, env={"FAKE_AN_KEY": SECRET}).start()
-        try:
+        with running(config(an.url, an2.url, oa.url, oa2.url), tmp, env={"FAKE_AN_KEY": SECRET}) as d:
             yield {"daemon": d, "an": an, "an2": an2, "oa": oa, "oa2": oa2, "elsewhere": elsewhere}
-        finally:
-            d.stop()
 
 
 @pytest.fixture(autouse=True)

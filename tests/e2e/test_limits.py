@@ -12,26 +12,12 @@ import httpx
 import pytest
 
 from tests.fakes.runner import FakeServer
-from tests.support.daemon import DaemonProcess
+from tests.support.config import daemon_config, openai_at
+from tests.support.daemon import running
 from tests.support.wait import wait_for
 
-CONFIG = """
-[server]
-port = {PORT}
-max_header_kb = 16
-max_header_line_kb = 8
-header_timeout_s = 0.6
-body_timeout_s = 0.6
-keep_alive_s = 0.5
-max_connections = 20
-
-[providers.local]
-kind = "openai"
-base_url = "@LOCAL@/v1"
-
-[profiles.default]
-providers = ["local"]
-"""
+LIMITS = {"max_header_kb": 16, "max_header_line_kb": 8, "header_timeout_s": 0.6, "body_timeout_s": 0.6,
+          "keep_alive_s": 0.5, "max_connections": 20}
 BODY = b'{"model":"m","max_tokens":5,"messages":[{"role":"user","content":"hi"}]}'
 JSON = {"content-type": "application/json"}
 
@@ -39,12 +25,10 @@ JSON = {"content-type": "application/json"}
 @pytest.fixture(scope="module")
 def env(tmp_path_factory):
     with FakeServer("openai", name="local") as local:
-        d = DaemonProcess(CONFIG.replace("@LOCAL@", local.url), tmp_path_factory.mktemp("limits")).start()
-        d.upstream = local
-        try:
+        cfg = daemon_config(server=LIMITS, providers={"local": openai_at(local.url)}, profiles={"default": ["local"]})
+        with running(cfg, tmp_path_factory.mktemp("limits")) as d:
+            d.upstream = local
             yield d
-        finally:
-            d.stop()
 
 
 def _connect(d) -> socket.socket:
@@ -260,11 +244,8 @@ providers = ["local"]
 @pytest.fixture(scope="module")
 def guarded(tmp_path_factory):
     with FakeServer("openai", name="local") as local:
-        d = DaemonProcess(GUARDED.replace("@LOCAL@", local.url), tmp_path_factory.mktemp("guarded")).start()
-        try:
+        with running(GUARDED.replace("@LOCAL@", local.url), tmp_path_factory.mktemp("guarded")) as d:
             yield d
-        finally:
-            d.stop()
 
 
 def test_the_body_timeout_holds_after_an_early_401(guarded):

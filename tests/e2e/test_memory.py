@@ -4,53 +4,25 @@ prefer_remote profile, and the refusal of a model load that would not fit."""
 
 from __future__ import annotations
 
-import time
-
 import httpx
 import pytest
 
 from coderouterd.state import read_audit
 from tests.e2e.test_control_plane import corectl, status_json
 from tests.fakes.runner import FakeServer
-from tests.support.daemon import DaemonProcess, admin_get
+from tests.support.config import NO_BREAKER, daemon_config, ollama_at, openai_at, warn
+from tests.support.daemon import admin_get, running
+from tests.support.wait import wait_for
 
-CONFIG = """
-[server]
-port = {PORT}
 
-[admin]
-socket = "@SOCK@"
-
-[breaker]
-failures = 1000
-
-[memory]
-low_available_mb = 4000
-sample_interval_s = 0.1
-cooldown_s = 120
-
-[providers.local]
-kind = "openai"
-base_url = "@LOCAL@/v1"
-
-[providers.remote]
-kind = "openai"
-base_url = "@REMOTE@/v1"
-local = false
-
-[providers.ollama]
-kind = "ollama"
-base_url = "@OLLAMA@"
-
-[profiles.default]
-providers = ["local", "remote"]
-health_action = "warn"
-
-[profiles.squeezed]
-providers = ["local", "remote"]
-health_action = "warn"
-memory_action = "prefer_remote"
-"""
+def config(local_url: str, remote_url: str, ollama_url: str, sock: str) -> str:
+    return daemon_config(
+        admin={"socket": sock}, breaker=NO_BREAKER,
+        memory={"low_available_mb": 4000, "sample_interval_s": 0.1, "cooldown_s": 120},
+        providers={"local": openai_at(local_url), "remote": openai_at(remote_url, local=False),
+                   "ollama": ollama_at(ollama_url)},
+        profiles={"default": warn("local", "remote"),
+                  "squeezed": warn("local", "remote", memory_action="prefer_remote")})
 
 BODY = {"model": "m", "max_tokens": 50, "messages": [{"role": "user", "content": "hi"}]}
 
@@ -61,14 +33,10 @@ def env(tmp_path):
     probe.write_text(str(16_000_000_000))
     with FakeServer("openai", name="local") as local, FakeServer("openai", name="remote") as remote, \
             FakeServer("ollama", name="ollama", models=["qwen3-coder:30b"]) as ollama:
-        cfg = CONFIG.replace("@LOCAL@", local.url).replace("@REMOTE@", remote.url) \
-            .replace("@OLLAMA@", ollama.url).replace("@SOCK@", str(tmp_path / "admin.sock"))
-        d = DaemonProcess(cfg, tmp_path, env={"CODEROUTER_MEMORY_PROBE_FILE": str(probe)}).start()
-        try:
+        cfg = config(local.url, remote.url, ollama.url, str(tmp_path / "admin.sock"))
+        with running(cfg, tmp_path, env={"CODEROUTER_MEMORY_PROBE_FILE": str(probe)}) as d:
             yield {"daemon": d, "local": local, "remote": remote, "ollama": ollama, "probe": probe,
                    "sock": str(tmp_path / "admin.sock")}
-        finally:
-            d.stop()
 
 
 def ask(env, profile: str = "default") -> httpx.Response:
@@ -76,15 +44,6 @@ def ask(env, profile: str = "default") -> httpx.Response:
                    timeout=20)
     assert r.status_code == 200, r.text
     return r
-
-
-def wait_for(pred, timeout: float = 10.0):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = pred()
-        if value or time.monotonic() > deadline:
-            return value
-        time.sleep(0.05)
 
 
 def test_out_of_memory_error_cools_the_provider_down_and_fails_over(env):

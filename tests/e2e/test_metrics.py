@@ -8,7 +8,7 @@ import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.fakes.runner import FakeServer
-from tests.support.daemon import DaemonProcess
+from tests.support.daemon import running
 
 
 def scrape(d, token=None) -> dict:
@@ -44,8 +44,7 @@ cost = {{ input = 1.0, output = 2.0 }}
 providers = ["bad", "good"]
 health_action = "warn"
 """
-        d = DaemonProcess(cfg, tmp_path).start()
-        try:
+        with running(cfg, tmp_path) as d:
             assert httpx.get(d.url + "/metrics").status_code == 401
             before = scrape(d, "scrape-me")
             for _ in range(4):
@@ -67,5 +66,3 @@ health_action = "warn"
             assert total(after, "coderouter_cost_usd_total", provider="good") > 0
             assert total(after, "coderouter_overhead_seconds_count") == 4
             assert total(after, "coderouter_request_duration_seconds_count", provider="good") == 4
-        finally:
-            d.stop()

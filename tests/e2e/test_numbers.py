@@ -20,7 +20,7 @@ from coderouterd.state.store import Store
 from tests.e2e.test_supervision import backend_pids, managed_config, managed_ollama, wait_for
 from tests.fakes.runner import FakeServer, free_port
 from tests.support.config import daemon_config
-from tests.support.daemon import DaemonProcess
+from tests.support.daemon import DaemonProcess, running
 
 USER = [{"role": "user", "content": "hi"}]
 
@@ -90,8 +90,7 @@ providers = ["a", "b"]
 mode = "race"
 race_width = 2
 """
-        d = DaemonProcess(cfg, tmp_path).start()
-        try:
+        with running(cfg, tmp_path) as d:
             for stream in (False, True, False):
                 r = anthropic(d, stream=stream)
                 assert r.status_code == 200 and r.headers["x-coderouter-provider"] == "b"
@@ -99,8 +98,6 @@ race_width = 2
             s = scrape(d)
             assert total(s, "coderouter_failovers_total") == 0
             assert total(s, "coderouter_attempts_total", provider="a", outcome="lost") == 3
-        finally:
-            d.stop()
         rows = journal_rows(d.state_dir / "state.db")
         assert len(rows) == 3
         for row in rows:
@@ -166,8 +163,7 @@ def test_a_client_that_leaves_frees_its_request_at_once(tmp_path, http_version):
 def test_in_flight_gauge_counts_requests_being_served(tmp_path):
     with FakeServer("openai", name="a", behaviour="slow_first_byte;delay=1.5") as a:
         cfg = one_provider(a.url)
-        d = DaemonProcess(cfg, tmp_path).start()
-        try:
+        with running(cfg, tmp_path) as d:
             threads = [threading.Thread(target=anthropic, args=(d,)), threading.Thread(target=openai, args=(d,))]
             for t in threads:
                 t.start()
@@ -178,8 +174,6 @@ def test_in_flight_gauge_counts_requests_being_served(tmp_path):
             for t in threads:
                 t.join(10)
             assert total(scrape(d), "coderouter_requests_in_flight") == 0
-        finally:
-            d.stop()
 
 
 # -- health after a daemon restart ---------------------------------------------------------------------------
@@ -199,15 +193,12 @@ def test_managed_provider_health_restarts_from_its_readiness_not_a_saved_unhealt
             store.open()
             store.set("health", "ollama-qwen3", "UNHEALTHY")
             store.close()
-            d2 = DaemonProcess(cfg, tmp_path, port=d.port).start()
-            try:
+            with running(cfg, tmp_path, port=d.port) as d2:
                 # A ceiling 60x below the hour between probe rounds: only the probe at readiness can pass it.
                 assert wait_for(lambda: anthropic(d2).headers.get("x-coderouter-provider") == "ollama-qwen3", 60)
                 with admin(d2) as c:
                     health = c.get("/v1/status").json()["health"]["ollama-qwen3"]
                 assert health["state"] == "HEALTHY" and health["last_probe"]["ok"], health
-            finally:
-                d2.stop()
         finally:
             d.stop()
             for pid in backend_pids(port):
@@ -251,6 +242,11 @@ def test_metrics_journal_audit_and_client_agree_after_traffic_and_faults(tmp_pat
                 counted(call, d, profile, stream)
                 n += 1
 
+        def more_answered(n: int) -> None:
+            with lock:
+                seen = sum(answered.values())
+            assert wait_for(lambda: sum(answered.values()) >= seen + n, step=0.02), answered
+
         try:
             assert wait_for(lambda: counted(anthropic, d).headers.get("x-coderouter-provider") == "local", 20)
             workers = [threading.Thread(target=worker, args=(i,)) for i in range(4)]
@@ -258,7 +254,7 @@ def test_metrics_journal_audit_and_client_agree_after_traffic_and_faults(tmp_pat
                 t.start()
             try:
                 for _ in range(2):  # kill -9 of the managed child, then wait for it to serve again
-                    time.sleep(1.0)
+                    more_answered(10)  # traffic before each fault (counted, not slept for)
                     [pid] = backend_pids(port)
                     os.kill(pid, signal.SIGKILL)
                     kills += 1
@@ -266,14 +262,15 @@ def test_metrics_journal_audit_and_client_agree_after_traffic_and_faults(tmp_pat
                     with admin(d) as c:
                         assert wait_for(lambda c=c: c.get("/v1/status").json()["processes"]["local"]["state"]
                                         == "ready", 20)
-                flaky.set_behaviour("500")  # an upstream 500 window: real failovers
-                time.sleep(1.0)
+                flaky.set_behaviour("500")  # an upstream 500 window: real failovers, a few of them
+                failed_before = flaky.count("/v1/chat/completions")
+                assert wait_for(lambda: flaky.count("/v1/chat/completions") >= failed_before + 2, step=0.02)
                 flaky.set_behaviour("ok")
                 with admin(d) as c:
                     assert c.post("/v1/profile/use", json={"name": "fo"}).status_code == 200
-                    time.sleep(0.5)
+                    more_answered(5)
                     assert c.post("/v1/profile/use", json={"name": "default"}).status_code == 200
-                time.sleep(0.5)
+                more_answered(5)
             finally:
                 stop.set()
                 for t in workers:

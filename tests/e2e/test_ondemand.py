@@ -17,7 +17,7 @@ from tests.e2e.test_supervision import backend_pids
 from tests.fakes.runner import FakeServer, free_port
 from tests.support.cli import corectl
 from tests.support.config import daemon_config, upstream
-from tests.support.daemon import ROOT, DaemonProcess, admin_get
+from tests.support.daemon import ROOT, DaemonProcess, admin_get, running
 from tests.support.sse import event_names
 from tests.support.wait import wait_for
 
@@ -64,8 +64,7 @@ def test_on_demand_start_waits_and_a_stream_gets_pings(tmp_path):
     port = free_port()
     cfg = config({"local": managed(port, fake_cmd(port, start_delay=1.5), start="on_demand")},
                  {"default": ["local"]})
-    d = DaemonProcess(cfg, tmp_path).start()
-    try:
+    with running(cfg, tmp_path) as d:
         assert wait_for(lambda: status(d).get("models") is not None, 20)
         assert backend_pids(port) == []  # on demand: nothing runs before a request needs it
         r = ask(d, stream=True)
@@ -75,16 +74,13 @@ def test_on_demand_start_waits_and_a_stream_gets_pings(tmp_path):
         assert names[-1] == "message_stop"
         assert len(backend_pids(port)) == 1
         assert '"started"' in audit(d) or wait_for(lambda: '"started"' in audit(d), 10)
-    finally:
-        d.stop()
     assert backend_pids(port) == []
 
 
 def test_idle_stop_then_the_next_request_starts_it_again_and_is_served(tmp_path):
     port = free_port()
     cfg = config({"local": managed(port, fake_cmd(port), idle_stop_s=1)}, {"default": ["local"]})
-    d = DaemonProcess(cfg, tmp_path).start()
-    try:
+    with running(cfg, tmp_path) as d:
         assert wait_for(lambda: ask(d).status_code == 200, 30)
         assert wait_for(lambda: backend_pids(port) == [], 30)  # stopped once idle (start = "always" too)
         procs = wait_for(lambda: (status(d).get("processes") or {}).get("local", {}).get("last_stop_reason"), 10)
@@ -93,8 +89,6 @@ def test_idle_stop_then_the_next_request_starts_it_again_and_is_served(tmp_path)
         r = ask(d)
         assert r.status_code == 200, r.text
         assert r.headers["x-coderouter-provider"] == "local" and len(backend_pids(port)) == 1
-    finally:
-        d.stop()
 
 
 def test_a_budget_for_one_swaps_models_and_never_runs_both(tmp_path):
@@ -105,8 +99,7 @@ def test_a_budget_for_one_swaps_models_and_never_runs_both(tmp_path):
         "small": managed(b, fake_cmd(b, exclusive=(log, [a, b])), start="on_demand", memory_mb=1000),
     }
     cfg = config(providers, {"default": ["coder"], "fast": ["small"]}, models={"memory_budget_mb": 1500})
-    d = DaemonProcess(cfg, tmp_path).start()
-    try:
+    with running(cfg, tmp_path) as d:
         assert wait_for(lambda: status(d).get("models") is not None, 20)
         for profile in ("default", "fast", "default", "fast", "fast", "default"):
             r = ask(d, profile, stream=profile == "fast")
@@ -127,8 +120,6 @@ def test_a_budget_for_one_swaps_models_and_never_runs_both(tmp_path):
         assert 'coderouter_process_last_stop{process="small",reason="room for coder"} 1.0' in metrics
         now = httpx.get(d.url + "/ui/api/now", timeout=10).json()  # the dashboard's data
         assert now["models"]["resident"] == ["coder"] and now["processes"]["small"]["memory_mb"] == 1000
-    finally:
-        d.stop()
 
 
 def test_pinned_is_not_stopped_for_room_but_stops_by_hand(tmp_path):
@@ -160,8 +151,7 @@ def test_a_process_that_cannot_start_is_a_non_retryable_error_naming_why(tmp_pat
     gone = tmp_path / "nowhere"
     cmd = [str(gone / "llama-server")] if missing == "binary" else [*fake_cmd(port), "-m", str(gone / "m.gguf")]
     cfg = config({"local": managed(port, cmd)}, {"default": ["local"]})
-    d = DaemonProcess(cfg, tmp_path).start()
-    try:
+    with running(cfg, tmp_path) as d:
         assert wait_for(lambda: (status(d).get("processes") or {}).get("local", {}).get("state") == "fatal", 20)
         r = ask(d)
         assert r.status_code == 500 and r.headers.get("x-should-retry") == "false", r.text
@@ -172,8 +162,6 @@ def test_a_process_that_cannot_start_is_a_non_retryable_error_naming_why(tmp_pat
         assert oa.status_code == 500 and oa.headers.get("x-should-retry") == "false"
         resp = httpx.post(d.url + "/v1/responses", json={"model": "m", "input": "hi"}, timeout=30)
         assert resp.status_code == 400 and resp.headers.get("x-should-retry") == "false"
-    finally:
-        d.stop()
     check = subprocess.run([sys.executable, "-m", "coderouterd", "--config", str(d.config_path), "--check"],
                            cwd=ROOT, env=d.env, capture_output=True, text=True, timeout=60)
     assert check.returncode == 1 and "process local cannot start" in check.stderr, check.stderr
@@ -185,14 +173,11 @@ def test_a_process_that_cannot_start_is_a_non_retryable_error_naming_why(tmp_pat
 def test_a_request_before_the_managed_server_is_up_waits_and_counts_no_failure(tmp_path):
     port = free_port()
     cfg = config({"local": managed(port, fake_cmd(port, start_delay=1.0))}, {"default": ["local"]})
-    d = DaemonProcess(cfg, tmp_path).start()
-    try:
+    with running(cfg, tmp_path) as d:
         r = ask(d)  # at once: the server is not even spawned yet, or still loading
         assert r.status_code == 200, r.text
         assert r.headers["x-coderouter-provider"] == "local"
         assert "DEGRADED" not in audit(d) and "UNHEALTHY" not in audit(d)
-    finally:
-        d.stop()
 
 
 def test_failover_first_while_the_local_model_starts_or_wait_when_the_profile_says_so(tmp_path):
@@ -202,8 +187,7 @@ def test_failover_first_while_the_local_model_starts_or_wait_when_the_profile_sa
         cfg = config({"local": local, "remote": remote.url},
                      {"default": ["local", "remote"],
                       "patient": {"providers": ["local", "remote"], "on_demand_start": "wait"}})
-        d = DaemonProcess(cfg, tmp_path).start()
-        try:
+        with running(cfg, tmp_path) as d:
             assert wait_for(lambda: status(d).get("models") is not None, 20)
             r = ask(d)
             assert r.status_code == 200 and r.headers["x-coderouter-provider"] == "remote"
@@ -213,8 +197,6 @@ def test_failover_first_while_the_local_model_starts_or_wait_when_the_profile_sa
                                              "local"]).returncode == 0, 10)
             r = ask(d, "patient")
             assert r.status_code == 200 and r.headers["x-coderouter-provider"] == "local", r.text
-        finally:
-            d.stop()
 
 
 def test_a_model_that_is_up_is_served_while_another_is_swapped_in(tmp_path):

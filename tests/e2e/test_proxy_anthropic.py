@@ -9,71 +9,20 @@ import pytest
 
 from tests.fakes.behaviour import REASONING_TEXT, TOOL_ARGUMENTS, TOOL_ARGUMENTS_2
 from tests.fakes.runner import FakeServer, free_port
-from tests.support.daemon import DaemonProcess
+from tests.support.config import NO_BREAKER, anthropic_at, daemon_config, openai_at, warn
+from tests.support.daemon import running
 
-CONFIG = """
-[server]
-port = {PORT}
-stream_hold_s = 0.3
 
-[breaker]
-failures = 1000
-
-[providers.local]
-kind = "openai"
-base_url = "@LOCAL@/v1"
-
-[providers.cloud]
-kind = "anthropic"
-base_url = "@CLOUD@/v1"
-api_key_env = "FAKE_CLOUD_KEY"
-
-[providers.dead]
-kind = "openai"
-base_url = "http://127.0.0.1:@DEADPORT@/v1"
-timeouts = { connect = 1 }
-
-[providers.err500]
-kind = "openai"
-base_url = "@ERR500@/v1"
-
-[providers.bad401]
-kind = "openai"
-base_url = "@BAD401@/v1"
-
-[profiles.default]
-providers = ["local"]
-health_action = "warn"
-
-[profiles.cloud]
-providers = ["cloud"]
-health_action = "warn"
-
-[profiles.chain]
-providers = ["dead", "err500", "bad401", "local"]
-health_action = "warn"
-
-[providers.limited]
-kind = "openai"
-base_url = "@LIMITED@/v1"
-
-[profiles.limited]
-providers = ["limited"]
-health_action = "warn"
-
-[profiles.limitedfast]
-providers = ["limited"]
-health_action = "warn"
-panic = false
-
-[profiles.allbad]
-providers = ["dead", "err500"]
-health_action = "warn"
-
-[[routes]]
-model = "*passthrough*"
-profile = "cloud"
-"""
+def config(local, cloud, err500, bad401, limited) -> str:
+    return daemon_config(
+        server={"stream_hold_s": 0.3}, breaker=NO_BREAKER,
+        providers={"local": openai_at(local.url), "cloud": anthropic_at(cloud.url, api_key_env="FAKE_CLOUD_KEY"),
+                   "dead": openai_at(f"http://127.0.0.1:{free_port()}", timeouts={"connect": 1}),
+                   "err500": openai_at(err500.url), "bad401": openai_at(bad401.url), "limited": openai_at(limited.url)},
+        profiles={"default": warn("local"), "cloud": warn("cloud"), "chain": warn("dead", "err500", "bad401", "local"),
+                  "limited": warn("limited"), "limitedfast": warn("limited", panic=False),
+                  "allbad": warn("dead", "err500")},
+        routes=[{"model": "*passthrough*", "profile": "cloud"}])
 
 
 @pytest.fixture(scope="module")
@@ -84,15 +33,11 @@ def env(tmp_path_factory):
             FakeServer("openai", name="err500", behaviour="500") as err500, \
             FakeServer("openai", name="bad401", behaviour="401") as bad401, \
             FakeServer("openai", name="limited", behaviour="429;retry_after=7") as limited:
-        cfg = (CONFIG.replace("@LOCAL@", local.url).replace("@CLOUD@", cloud.url).replace("@ERR500@", err500.url)
-               .replace("@BAD401@", bad401.url).replace("@LIMITED@", limited.url).replace("@DEADPORT@", str(free_port())))
-        d = DaemonProcess(cfg, tmp, env={"FAKE_CLOUD_KEY": "sk-cloud-secret"}).start()
-        try:
+        cfg = config(local, cloud, err500, bad401, limited)
+        with running(cfg, tmp, env={"FAKE_CLOUD_KEY": "sk-cloud-secret"}) as d:
             yield {"daemon": d, "local": local, "cloud": cloud, "err500": err500, "bad401": bad401,
                    "limited": limited}
-        finally:
-            d.stop()
-            assert "sk-cloud-secret" not in d.log()
+        assert "sk-cloud-secret" not in d.log()
 
 
 @pytest.fixture(autouse=True)

@@ -9,33 +9,12 @@ import pytest
 
 from tests.fakes.behaviour import REASONING_TEXT, TOOL_ARGUMENTS
 from tests.fakes.runner import FakeServer
-from tests.support.daemon import DaemonProcess
+from tests.support.config import NO_BREAKER, daemon_config, local_and_cloud
+from tests.support.daemon import running
 
-CONFIG = """
-[server]
-port = {PORT}
-stream_hold_s = 0.3
 
-[breaker]
-failures = 1000
-
-[providers.local]
-kind = "openai"
-base_url = "@LOCAL@/v1"
-
-[providers.cloud]
-kind = "anthropic"
-base_url = "@CLOUD@/v1"
-model = "claude-sonnet-5"
-
-[profiles.default]
-providers = ["local"]
-health_action = "warn"
-
-[profiles.cloud]
-providers = ["cloud"]
-health_action = "warn"
-"""
+def config(local_url: str, cloud_url: str) -> str:
+    return local_and_cloud(local_url, cloud_url, server={"stream_hold_s": 0.3}, breaker=NO_BREAKER)
 
 TOOLS = [{"type": "function", "function": {"name": "Bash", "parameters": {
     "type": "object", "properties": {"command": {"type": "string"}}}}}]
@@ -46,12 +25,8 @@ USER = [{"role": "user", "content": "hi"}]
 def env(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("e2e_openai")
     with FakeServer("openai", name="local", models=["qwen3"]) as local, FakeServer("anthropic", name="cloud") as cloud:
-        cfg = CONFIG.replace("@LOCAL@", local.url).replace("@CLOUD@", cloud.url)
-        d = DaemonProcess(cfg, tmp).start()
-        try:
+        with running(config(local.url, cloud.url), tmp) as d:
             yield {"daemon": d, "local": local, "cloud": cloud}
-        finally:
-            d.stop()
 
 
 @pytest.fixture(autouse=True)
@@ -139,20 +114,9 @@ def test_mid_stream_failure_is_an_error_chunk(env):
 
 def test_count_tokens_uses_the_backend_tokenizer_then_a_calibrated_estimate(tmp_path):
     with FakeServer("openai", name="llamacpp", tokenize=True) as counting, FakeServer("openai", name="plain") as plain:
-        cfg = f"""
-[server]
-port = {{PORT}}
-[providers.llamacpp]
-base_url = "{counting.url}/v1"
-[providers.plain]
-base_url = "{plain.url}/v1"
-[profiles.default]
-providers = ["llamacpp"]
-[profiles.plain]
-providers = ["plain"]
-"""
-        d = DaemonProcess(cfg, tmp_path).start()
-        try:
+        cfg = daemon_config(providers={"llamacpp": counting.url, "plain": plain.url},
+                            profiles={"default": ["llamacpp"], "plain": ["plain"]})
+        with running(cfg, tmp_path) as d:
             body = {"model": "m", "messages": [{"role": "user", "content": "count these words please " * 50}]}
             r = httpx.post(d.url + "/v1/messages/count_tokens", json=body)
             assert r.status_code == 200 and r.json()["input_tokens"] > 0
@@ -161,8 +125,6 @@ providers = ["plain"]
             r = httpx.post(d.url + "/v1/messages/count_tokens", json=body, headers={"x-coderouter-profile": "plain"})
             assert r.status_code == 200 and r.json()["input_tokens"] > 0
             assert r.headers["x-coderouter-token-count"] == "estimate:plain"
-        finally:
-            d.stop()
 
 
 def test_client_closing_right_after_done_still_journals_the_usage(start_daemon):
@@ -172,8 +134,7 @@ def test_client_closing_right_after_done_still_journals_the_usage(start_daemon):
     from coderouterd.state.journal_reader import journal_rows
 
     with FakeServer("openai", name="local", behaviour="ok;linger=3") as fake:
-        cfg = CONFIG.replace("@LOCAL@", fake.url).replace("@CLOUD@", fake.url)
-        d = start_daemon(cfg)
+        d = start_daemon(config(fake.url, fake.url))
         body = {"model": "qwen3", "messages": USER, "stream": True, "stream_options": {"include_usage": True}}
         usage = None
         with httpx.Client(timeout=20) as client, client.stream("POST", d.url + "/v1/chat/completions",

@@ -13,57 +13,18 @@ import pytest
 
 from tests.fakes.behaviour import REASONING_TEXT, TOOL_ARGUMENTS, TOOL_ARGUMENTS_2
 from tests.fakes.runner import FakeServer
-from tests.support.daemon import DaemonProcess
+from tests.support.config import NO_BREAKER, PINGING, anthropic_at, daemon_config, openai_at, upstream, warn
+from tests.support.daemon import running
+from tests.support.wait import wait_for
 
-CONFIG = """
-[server]
-port = {PORT}
-stream_hold_s = 0.3
 
-[state]
-flush_interval_s = 0.1
-
-[breaker]
-failures = 1000
-
-[providers.local]
-kind = "openai"
-base_url = "@LOCAL@/v1"
-
-[providers.cloud]
-kind = "anthropic"
-base_url = "@CLOUD@/v1"
-model = "claude-sonnet-5"
-
-[providers.limited]
-kind = "openai"
-base_url = "@LIMITED@/v1"
-
-[providers.native]
-kind = "openai"
-base_url = "@NATIVE@/v1"
-serves_responses = true
-
-[profiles.default]
-providers = ["local"]
-health_action = "warn"
-
-[profiles.cloud]
-providers = ["cloud"]
-health_action = "warn"
-
-[profiles.fallback]
-providers = ["limited", "local"]
-health_action = "warn"
-
-[profiles.limited]
-providers = ["limited"]
-health_action = "warn"
-
-[profiles.native]
-providers = ["native"]
-health_action = "warn"
-"""
+def config(local, cloud, limited, native) -> str:
+    return daemon_config(
+        server={"stream_hold_s": 0.3}, state={"flush_interval_s": 0.1}, breaker=NO_BREAKER,
+        providers={"local": openai_at(local.url), "cloud": anthropic_at(cloud.url, model="claude-sonnet-5"),
+                   "limited": openai_at(limited.url), "native": openai_at(native.url, serves_responses=True)},
+        profiles={"default": warn("local"), "cloud": warn("cloud"), "fallback": warn("limited", "local"),
+                  "limited": warn("limited"), "native": warn("native")})
 
 PROFILES = ["default", "cloud"]
 USER = [{"type": "message", "role": "developer", "content": [{"type": "input_text", "text": "be brief"}]},
@@ -81,13 +42,8 @@ def env(tmp_path_factory):
             FakeServer("anthropic", name="cloud") as cloud, \
             FakeServer("openai", name="limited", behaviour="429;retry_after=7") as limited, \
             FakeServer("openai", name="native", models=["gpt-x"]) as native:
-        cfg = (CONFIG.replace("@LOCAL@", local.url).replace("@CLOUD@", cloud.url)
-               .replace("@LIMITED@", limited.url).replace("@NATIVE@", native.url))
-        d = DaemonProcess(cfg, tmp).start()
-        try:
+        with running(config(local, cloud, limited, native), tmp) as d:
             yield {"daemon": d, "local": local, "cloud": cloud, "limited": limited, "native": native}
-        finally:
-            d.stop()
 
 
 @pytest.fixture(autouse=True)
@@ -364,41 +320,19 @@ def test_passthrough_encrypted_reasoning_goes_back_only_to_its_issuer(env):
     assert msgs[-2]["reasoning_content"] == REASONING_TEXT
 
 
-ROUTING_CONFIG = """
-[server]
-port = {PORT}
-stream_hold_s = 0.3
-
-[providers.slow]
-kind = "openai"
-base_url = "@SLOW@/v1"
-
-[providers.fast]
-kind = "anthropic"
-base_url = "@FAST@/v1"
-model = "claude-sonnet-5"
-
-[profiles.default]
-providers = ["slow", "fast"]
-mode = "race"
-health_action = "warn"
-
-[profiles.guarded]
-providers = ["fast"]
-health_action = "warn"
-tool_loop = { action = "break", threshold = 3, window = 5 }
-
-[[routes]]
-model = "*-guarded"
-profile = "guarded"
-"""
+def routing_config(slow, fast) -> str:
+    return daemon_config(
+        server={"stream_hold_s": 0.3},
+        providers={"slow": openai_at(slow.url), "fast": anthropic_at(fast.url, model="claude-sonnet-5")},
+        profiles={"default": warn("slow", "fast", mode="race"),
+                  "guarded": warn("fast", tool_loop={"action": "break", "threshold": 3, "window": 5})},
+        routes=[{"model": "*-guarded", "profile": "guarded"}])
 
 
 def test_race_routes_tool_loop_guard_and_metrics(tmp_path):
     with FakeServer("openai", name="slow", behaviour="slow_first_byte;delay=2") as slow, \
             FakeServer("anthropic", name="fast") as fast:
-        d = DaemonProcess(ROUTING_CONFIG.replace("@SLOW@", slow.url).replace("@FAST@", fast.url), tmp_path).start()
-        try:
+        with running(routing_config(slow, fast), tmp_path) as d:
             client = openai.OpenAI(base_url=d.url + "/v1", api_key="x", max_retries=0, timeout=20)
             # Race: the Anthropic provider answers first, the slow one is dropped; the stream is well formed.
             with client.responses.stream(model="m", input=USER) as s:
@@ -417,12 +351,9 @@ def test_race_routes_tool_loop_guard_and_metrics(tmp_path):
                 client.responses.create(model="m-guarded", input=history, tools=TOOLS[:1])
             assert "exec_command" in str(e.value)
             assert client.responses.create(model="m-guarded", input=USER).output_text == "Hello from fast"
-            deadline = time.monotonic() + 10  # the metrics are fed by the state writer thread, not inline
-            while 'ingress="responses"' not in httpx.get(d.url + "/metrics").text:
-                assert time.monotonic() < deadline, "no Responses request in /metrics"
-                time.sleep(0.1)
-        finally:
-            d.stop()
+            # The metrics are fed by the state writer thread, not inline.
+            assert wait_for(lambda: 'ingress="responses"' in httpx.get(d.url + "/metrics").text), \
+                "no Responses request in /metrics"
 
 
 @pytest.mark.parametrize("good_kind", ["openai", "anthropic"])
@@ -430,22 +361,10 @@ def test_commit_before_content_then_failover_keeps_one_prologue_and_the_numberin
     """The stream is committed (created + in_progress sent, then pings) while the first provider hangs; it
     fails before any content and the next one serves: the client sees one opening pair, one numbering."""
     with FakeServer("openai", name="stuck", behaviour="hang") as stuck, FakeServer(good_kind, name="good") as good:
-        cfg = f"""
-[server]
-port = {{PORT}}
-stream_hold_s = 0.1
-ping_interval_s = 0.2
-[providers.stuck]
-base_url = "{stuck.url}/v1"
-timeouts = {{ first_byte = 0.8 }}
-[providers.good]
-kind = "{good_kind}"
-base_url = "{good.url}/v1"
-[profiles.default]
-providers = ["stuck", "good"]
-"""
-        d = DaemonProcess(cfg, tmp_path).start()
-        try:
+        cfg = daemon_config(server=PINGING, profiles={"default": ["stuck", "good"]},
+                            providers={"stuck": openai_at(stuck.url, timeouts={"first_byte": 0.8}),
+                                       "good": upstream(good.url, kind=good_kind)})
+        with running(cfg, tmp_path) as d:
             client = openai.OpenAI(base_url=d.url + "/v1", api_key="x", max_retries=0, timeout=20)
             with client.responses.stream(model="m", input=USER) as s:
                 events = list(s)
@@ -457,29 +376,14 @@ providers = ["stuck", "good"]
             assert len({e.response.id for e in events if hasattr(e, "response")}) == 1
             r = httpx.post(d.url + "/v1/responses", json={"model": "m", "input": "x", "stream": True}, timeout=20)
             assert ": ping" in r.text.split("response.output_item.added")[0]  # pings while the first one hung
-        finally:
-            d.stop()
 
 
 def test_race_committed_before_any_event_sends_one_prologue(tmp_path):
     with FakeServer("openai", name="a", behaviour="slow_first_byte;delay=0.8") as a, \
             FakeServer("anthropic", name="b", behaviour="slow_first_byte;delay=0.6") as b:
-        cfg = f"""
-[server]
-port = {{PORT}}
-stream_hold_s = 0.1
-ping_interval_s = 0.2
-[providers.a]
-base_url = "{a.url}/v1"
-[providers.b]
-kind = "anthropic"
-base_url = "{b.url}/v1"
-[profiles.default]
-providers = ["a", "b"]
-mode = "race"
-"""
-        d = DaemonProcess(cfg, tmp_path).start()
-        try:
+        cfg = daemon_config(server=PINGING, providers={"a": a.url, "b": anthropic_at(b.url)},
+                            profiles={"default": {"providers": ["a", "b"], "mode": "race"}})
+        with running(cfg, tmp_path) as d:
             client = openai.OpenAI(base_url=d.url + "/v1", api_key="x", max_retries=0, timeout=20)
             with client.responses.stream(model="m", input=USER) as s:
                 events = list(s)
@@ -487,5 +391,3 @@ mode = "race"
             assert [e.type for e in events].count("response.created") == 1
             _assert_numbered(events)
             assert final.output_text == "Hello from b"
-        finally:
-            d.stop()

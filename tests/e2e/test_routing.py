@@ -9,7 +9,7 @@ import pytest
 
 from tests.fakes.runner import FakeServer
 from tests.support.config import daemon_config, upstream
-from tests.support.daemon import DaemonProcess
+from tests.support.daemon import running
 from tests.support.sse import streamed_text
 from tests.support.wait import wait_for
 
@@ -31,8 +31,7 @@ def test_breaker_stops_calling_a_failing_provider(tmp_path):
     with FakeServer("openai", name="bad", behaviour="500") as bad, FakeServer("openai", name="good") as good:
         cfg = daemon_config(breaker={"failures": 3, "recovery_s": 2.0}, providers={"bad": bad.url, "good": good.url},
                             profiles={"default": {"providers": ["bad", "good"], "health_action": "warn"}})
-        d = DaemonProcess(cfg, tmp_path).start()
-        try:
+        with running(cfg, tmp_path) as d:
             calls = lambda: bad.count("/v1/chat/completions")  # noqa: E731
             for _ in range(3):
                 r = post(d, "default")
@@ -52,8 +51,6 @@ def test_breaker_stops_calling_a_failing_provider(tmp_path):
             assert wait_for(lambda: post(d, "default").headers["x-coderouter-provider"] == "bad", 30, step=0.1)
             r = post(d, "default")
             assert r.headers["x-coderouter-provider"] == "bad"
-        finally:
-            d.stop()
 
 
 def test_slow_first_provider_is_demoted_without_traffic_to_peers(tmp_path):
@@ -63,8 +60,7 @@ def test_slow_first_provider_is_demoted_without_traffic_to_peers(tmp_path):
                                       "probe_interval_s": 0.3, "max_probes_per_minute": 120},
                             providers={"slow": slow.url, "fast": fast.url},
                             profiles={"default": {"providers": ["slow", "fast"], "adaptive": True}})
-        d = DaemonProcess(cfg, tmp_path).start()
-        try:
+        with running(cfg, tmp_path) as d:
             served = []
             deadline = time.monotonic() + 15
             while time.monotonic() < deadline:
@@ -77,8 +73,6 @@ def test_slow_first_provider_is_demoted_without_traffic_to_peers(tmp_path):
             assert served[-3:] == ["fast"] * 3, served
             # fast got no real traffic before the switch, only probes: the sampling gap was closed by probing
             assert fast.count("/v1/chat/completions") >= 3
-        finally:
-            d.stop()
 
 
 def _race_config(a, b, *, warm: bool = False, **default):
@@ -91,8 +85,7 @@ def _race_config(a, b, *, warm: bool = False, **default):
 @pytest.mark.parametrize("stream", [False, True])
 def test_race_returns_the_faster_and_closes_the_loser(tmp_path, stream):
     with FakeServer("openai", name="a", behaviour="slow_first_byte;delay=3") as a, FakeServer("openai", name="b") as b:
-        d = DaemonProcess(_race_config(a, b, warm=True), tmp_path).start()
-        try:
+        with running(_race_config(a, b, warm=True), tmp_path) as d:
             # The race is timed on a warm daemon. A request that arrives while the routing stack is still being
             # imported (right after /healthz answers) spends that wait out of its stream hold (0.2 s here) and
             # commits its headers to whoever leads then. One request through b alone warms it, a untouched.
@@ -106,15 +99,12 @@ def test_race_returns_the_faster_and_closes_the_loser(tmp_path, stream):
             assert wait_for(lambda: a.disconnects >= 1, 30)
             assert a.disconnects == 1 and a.count("/v1/chat/completions") == 1  # the loser's upstream saw the close
             assert "a:race_lost" in r.headers["x-coderouter-attempts"]
-        finally:
-            d.stop()
 
 
 def test_race_leader_dying_before_content_completes_from_the_other(tmp_path):
     with FakeServer("openai", name="a", behaviour="disconnect_mid_stream;after=0") as a, \
             FakeServer("openai", name="b", behaviour="slow_first_byte;delay=0.3") as b:
-        d = DaemonProcess(_race_config(a, b), tmp_path).start()
-        try:
+        with running(_race_config(a, b), tmp_path) as d:
             r = post(d, "default", stream=True)
             assert r.status_code == 200
             events = [ln[7:] for ln in r.text.splitlines() if ln.startswith("event: ")]
@@ -122,19 +112,14 @@ def test_race_leader_dying_before_content_completes_from_the_other(tmp_path):
             assert events.count("message_start") == 1
             assert streamed_text(r.text) == "Hello from b"
             assert a.count("/v1/chat/completions") == 1  # the leader was tried and dropped out
-        finally:
-            d.stop()
 
 
 def test_hedged_race_does_not_start_the_second_when_the_first_is_quick(tmp_path):
     with FakeServer("openai", name="a") as a, FakeServer("openai", name="b") as b:
-        d = DaemonProcess(_race_config(a, b, race_delay_ms=500), tmp_path).start()
-        try:
+        with running(_race_config(a, b, race_delay_ms=500), tmp_path) as d:
             for _ in range(3):
                 assert post(d, "default").headers["x-coderouter-provider"] == "a"
             assert b.count("/v1/chat/completions") == 0
-        finally:
-            d.stop()
 
 
 def test_capability_gates(tmp_path):
@@ -144,8 +129,7 @@ def test_capability_gates(tmp_path):
                                        "small": upstream(small.url, context_window=2000),
                                        "full": upstream(full.url, capabilities={"vision": True})},
                             profiles={"default": ["notools", "small", "full"], "novision": ["notools"]})
-        d = DaemonProcess(cfg, tmp_path).start()
-        try:
+        with running(cfg, tmp_path) as d:
             tools = [{"name": "Bash", "input_schema": {"type": "object"}}]
             big = [{"role": "user", "content": "x" * 20000}]
             r = post(d, "default", body={"model": "m", "max_tokens": 5, "messages": big, "tools": tools})
@@ -160,5 +144,3 @@ def test_capability_gates(tmp_path):
             assert r.status_code == 200
             sent = nt.requests[-1]["json"]["messages"][0]["content"]
             assert any(p.get("type") == "image_url" for p in sent)
-        finally:
-            d.stop()

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import subprocess
-import time
 
 import anthropic
 import httpx
@@ -20,7 +19,7 @@ from coderouterd.state.journal_reader import journal_rows
 from tests.fakes.runner import FakeServer
 from tests.support import cli
 from tests.support.config import daemon_config
-from tests.support.daemon import DaemonProcess, admin_get
+from tests.support.daemon import DaemonProcess, admin_get, running
 from tests.support.wait import wait_for
 
 USER = [{"role": "user", "content": "hi"}]
@@ -70,11 +69,8 @@ def env(tmp_path_factory):
             FakeServer("openai", name="backup") as backup:
         cfg = (CONFIG.replace("@SOLO@", solo.url).replace("@NOVIS@", novis.url).replace("@LIM@", lim.url)
                .replace("@KEY@", key.url).replace("@BACKUP@", backup.url))
-        d = DaemonProcess(cfg, tmp).start()
-        try:
+        with running(cfg, tmp) as d:
             yield {"daemon": d, "solo": solo, "novis": novis, "lim": lim, "key": key, "backup": backup}
-        finally:
-            d.stop()
 
 
 def claude(env, profile: str = "default") -> anthropic.Anthropic:
@@ -323,8 +319,7 @@ def test_a_half_open_trial_the_client_abandons_does_not_wedge_the_breaker(tmp_pa
     with FakeServer("openai", name="t") as t:
         cfg = daemon_config(breaker={"failures": 1, "recovery_s": 0.5}, providers={"t": t.url},
                             profiles={"default": {"providers": ["t"], "health_action": "warn", "panic": False}})
-        d = DaemonProcess(cfg, tmp_path).start()
-        try:
+        with running(cfg, tmp_path) as d:
             c = anthropic.Anthropic(base_url=d.url, api_key="x", max_retries=0, timeout=20)
             t.script(["500"])
             with pytest.raises(anthropic.InternalServerError):
@@ -340,8 +335,6 @@ def test_a_half_open_trial_the_client_abandons_does_not_wedge_the_breaker(tmp_pa
             # The abandoned trial gave its slot back: the next trial is admitted and closes the breaker.
             raw = c.messages.with_raw_response.create(model="m", max_tokens=10, messages=USER)
             assert raw.headers["x-coderouter-attempts"] == "t:ok"
-        finally:
-            d.stop()
 
 
 # -- 4. only a real generation closes a breaker failed generations opened ---------------------------------------
@@ -364,9 +357,10 @@ def test_a_backend_that_lists_models_but_cannot_generate_stays_out_until_it_gene
             assert s["breaker"]["state"] == "open" and s["health"] == "UNHEALTHY"
             assert flaky.count("/v1/models") >= 2 and flaky.count("/v1/chat/completions") >= 5
             flaky.set_behaviour("ok")
-            deadline = time.monotonic() + 10
-            while status(env)["flaky"]["breaker"]["state"] != "closed" and time.monotonic() < deadline:
-                time.sleep(0.1)
+            def healed() -> bool:  # over the admin socket: a corectl per poll costs a process start
+                p = {p["name"]: p for p in (admin_get(d.state_dir / "coderouterd.sock") or {"providers": []})["providers"]}
+                return p.get("flaky", {}).get("health") == "HEALTHY" and p["flaky"]["breaker"]["state"] == "closed"
+            wait_for(healed, step=0.1)
             s = status(env)["flaky"]
             assert s["breaker"]["state"] == "closed" and s["health"] == "HEALTHY"  # a 1-token generation did it
             raw = c.messages.with_raw_response.create(model="m", max_tokens=10, messages=USER)

@@ -16,7 +16,7 @@ import pytest
 from coderouterd.state import read_audit
 from tests.fakes.runner import FakeServer
 from tests.support.config import daemon_config, upstream
-from tests.support.daemon import DaemonProcess
+from tests.support.daemon import DaemonProcess, running
 from tests.support.wait import wait_for
 
 USER = [{"role": "user", "content": "hi"}]
@@ -97,14 +97,11 @@ def test_kill_9_under_load_keeps_budget_and_state(tmp_path):
         assert settled_early * per_request - 1e-9 <= spent <= completed * per_request + 1e-9, \
             (settled_early, completed, spent / per_request)
         # The restarted daemon starts from the persisted totals.
-        d2 = DaemonProcess(paid_config(f.url), tmp_path, port=d.port).start()
-        try:
+        with running(paid_config(f.url), tmp_path, port=d.port) as d2:
             httpx.post(d2.url + "/v1/messages", json={"model": "m", "max_tokens": 5, "messages": USER})
             # Until the next flush (every 0.2 s) has written the new total.
             assert wait_for(lambda: kv(db, "budget")[f"{month}:paid"] == pytest.approx(spent + per_request))
             assert kv(db, "budget")[f"{month}:paid"] == pytest.approx(spent + per_request)
-        finally:
-            d2.stop()
 
 
 def test_breaker_state_survives_kill_9(tmp_path):
@@ -120,26 +117,20 @@ def test_breaker_state_survives_kill_9(tmp_path):
         assert wait_for(lambda: kv(d.state_dir / "state.db", "breakers").get("bad", {}).get("state") == "open")
         d.kill9()
         assert kv(d.state_dir / "state.db", "breakers")["bad"]["state"] == "open"
-        d2 = DaemonProcess(cfg, tmp_path, port=d.port).start()
-        try:
+        with running(cfg, tmp_path, port=d.port) as d2:
             before = bad.count("/v1/chat/completions")
             r = httpx.post(d2.url + "/v1/messages", json={"model": "m", "max_tokens": 5, "messages": USER})
             assert r.headers["x-coderouter-provider"] == "good"
             assert bad.count("/v1/chat/completions") == before  # still open after the restart
-        finally:
-            d2.stop()
 
 
 def test_unusable_database_keeps_serving(tmp_path):
     with FakeServer("openai", name="paid") as f:
         (tmp_path / "state" / "state.db").mkdir(parents=True)  # a directory where the database should be
-        d = DaemonProcess(paid_config(f.url), tmp_path).start()
-        try:
+        with running(paid_config(f.url), tmp_path) as d:
             r = httpx.post(d.url + "/v1/messages", json={"model": "m", "max_tokens": 5, "messages": USER})
             assert r.status_code == 200
             assert httpx.get(d.url + "/healthz").status_code == 200
-        finally:
-            d.stop()
         assert "state store unusable" in d.log()
 
 
@@ -148,12 +139,9 @@ def test_corrupt_database_is_moved_aside(tmp_path):
         state = tmp_path / "state"
         state.mkdir()
         (state / "state.db").write_bytes(b"this is not a database" * 100)
-        d = DaemonProcess(paid_config(f.url), tmp_path).start()
-        try:
+        with running(paid_config(f.url), tmp_path) as d:
             r = httpx.post(d.url + "/v1/messages", json={"model": "m", "max_tokens": 5, "messages": USER})
             assert r.status_code == 200
-        finally:
-            d.stop()
         assert list(state.glob("state.db.corrupt-*"))
         con = sqlite3.connect(state / "state.db")
         assert con.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
@@ -220,11 +208,8 @@ tool_loop = {{ action = "inject", threshold = 3, window = 5 }}
 providers = ["local"]
 tool_loop = {{ action = "break", threshold = 3, window = 5 }}
 """
-        d = DaemonProcess(cfg, tmp).start()
-        try:
+        with running(cfg, tmp) as d:
             yield d, f
-        finally:
-            d.stop()
 
 
 @pytest.mark.parametrize("ingress", ["anthropic", "openai"])
@@ -271,8 +256,7 @@ def test_race_mode_reserves_budget_too(tmp_path):
         cfg = daemon_config(state={"flush_interval_s": 0.1},
                             providers={"a": upstream(a.url, **paid), "b": upstream(b.url, **paid)},
                             profiles={"default": {"providers": ["a", "b"], "mode": "race"}})
-        d = DaemonProcess(cfg, tmp_path).start()
-        try:
+        with running(cfg, tmp_path) as d:
             r = httpx.post(d.url + "/v1/messages", json={"model": "m", "max_tokens": 5, "messages": USER})
             assert r.status_code == 200 and r.headers["x-coderouter-provider"] == "b"
             u = r.json()["usage"]
@@ -288,5 +272,3 @@ def test_race_mode_reserves_budget_too(tmp_path):
             # the winner is charged its real usage; the cancelled loser the prompt it had already been sent
             assert spent[f"{month}:b"] == pytest.approx((u["input_tokens"] * 3.0 + u["output_tokens"] * 15.0) / 1e6)
             assert spent[f"{month}:a"] > 0
-        finally:
-            d.stop()

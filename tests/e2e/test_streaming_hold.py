@@ -6,28 +6,17 @@ from __future__ import annotations
 import httpx
 
 from tests.fakes.runner import FakeServer
-from tests.support.daemon import DaemonProcess
+from tests.support.config import PINGING, daemon_config, upstream
+from tests.support.daemon import running
 from tests.support.sse import event_names, streamed_text
 
 BODY = {"model": "m", "max_tokens": 10, "stream": True, "messages": [{"role": "user", "content": "hi"}]}
 
 
-
-
 def test_slow_first_token_gets_pings_then_the_answer(tmp_path):
     with FakeServer("openai", name="slow", behaviour="slow_first_byte;delay=1.0") as slow:
-        cfg = f"""
-[server]
-port = {{PORT}}
-stream_hold_s = 0.1
-ping_interval_s = 0.2
-[providers.slow]
-base_url = "{slow.url}/v1"
-[profiles.default]
-providers = ["slow"]
-"""
-        d = DaemonProcess(cfg, tmp_path).start()
-        try:
+        cfg = daemon_config(server=PINGING, providers={"slow": slow.url}, profiles={"default": ["slow"]})
+        with running(cfg, tmp_path) as d:
             r = httpx.post(d.url + "/v1/messages", json=BODY, timeout=20)
             ev = event_names(r.text)
             assert r.status_code == 200
@@ -36,27 +25,13 @@ providers = ["slow"]
             assert ev[1:first_content].count("ping") >= 3  # one at commit, then every 0.2 s of silence
             assert ev[-1] == "message_stop"
             assert streamed_text(r.text) == "Hello from slow"
-        finally:
-            d.stop()
 
 
 def test_failure_after_commit_before_content_moves_to_the_next_provider(tmp_path):
     with FakeServer("openai", name="stuck", behaviour="hang") as stuck, FakeServer("openai", name="good") as good:
-        cfg = f"""
-[server]
-port = {{PORT}}
-stream_hold_s = 0.1
-ping_interval_s = 0.2
-[providers.stuck]
-base_url = "{stuck.url}/v1"
-timeouts = {{ first_byte = 0.8 }}
-[providers.good]
-base_url = "{good.url}/v1"
-[profiles.default]
-providers = ["stuck", "good"]
-"""
-        d = DaemonProcess(cfg, tmp_path).start()
-        try:
+        cfg = daemon_config(server=PINGING, profiles={"default": ["stuck", "good"]},
+                            providers={"stuck": upstream(stuck.url, timeouts={"first_byte": 0.8}), "good": good.url})
+        with running(cfg, tmp_path) as d:
             r = httpx.post(d.url + "/v1/messages", json=BODY, timeout=20)
             ev = event_names(r.text)
             assert r.status_code == 200
@@ -65,32 +40,16 @@ providers = ["stuck", "good"]
             assert streamed_text(r.text) == "Hello from good"
             # headers went out at the commit, while stuck was being waited on; the journal has the whole story
             assert r.headers["x-coderouter-provider"] == "stuck"
-        finally:
-            d.stop()
 
 
 def test_race_committed_before_any_event_sends_one_message_start(tmp_path):
     with FakeServer("openai", name="a", behaviour="slow_first_byte;delay=0.8") as a, \
             FakeServer("openai", name="b", behaviour="slow_first_byte;delay=0.6") as b:
-        cfg = f"""
-[server]
-port = {{PORT}}
-stream_hold_s = 0.1
-ping_interval_s = 0.2
-[providers.a]
-base_url = "{a.url}/v1"
-[providers.b]
-base_url = "{b.url}/v1"
-[profiles.default]
-providers = ["a", "b"]
-mode = "race"
-"""
-        d = DaemonProcess(cfg, tmp_path).start()
-        try:
+        cfg = daemon_config(server=PINGING, providers={"a": a.url, "b": b.url},
+                            profiles={"default": {"providers": ["a", "b"], "mode": "race"}})
+        with running(cfg, tmp_path) as d:
             r = httpx.post(d.url + "/v1/messages", json=BODY, timeout=20)
             ev = event_names(r.text)
             assert ev.count("message_start") == 1 and ev[-1] == "message_stop", ev
             assert "ping" in ev
             assert streamed_text(r.text) == "Hello from b"
-        finally:
-            d.stop()

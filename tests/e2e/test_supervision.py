@@ -16,7 +16,7 @@ import pytest
 
 from tests.fakes.runner import FakeServer, free_port
 from tests.support.config import daemon_config, upstream
-from tests.support.daemon import ROOT, DaemonProcess, admin_get
+from tests.support.daemon import ROOT, DaemonProcess, admin_get, running
 from tests.support.wait import wait_for
 
 USER = [{"role": "user", "content": "hi"}]
@@ -74,8 +74,7 @@ def backup():
 
 def test_crash_is_failed_over_restarted_once_and_rejoins(tmp_path, backup):
     port = free_port()
-    d = DaemonProcess(managed_config(port, backup.url), tmp_path).start()
-    try:
+    with running(managed_config(port, backup.url), tmp_path) as d:
         assert wait_for(lambda: ask(d).headers.get("x-coderouter-provider") == "ollama-qwen3", 20)
         [pid] = backend_pids(port)
         httpx.post(f"http://127.0.0.1:{port}/_fake/crash")
@@ -100,8 +99,6 @@ def test_crash_is_failed_over_restarted_once_and_rejoins(tmp_path, backup):
         proc = _process(d)
         assert proc and proc["restarts_total"] == 1 and proc["pid"] == new[0], proc
         assert backend_pids(port) == new
-    finally:
-        d.stop()
     assert backend_pids(port) == []  # no orphans after SIGTERM
 
 
@@ -111,15 +108,12 @@ def test_external_backend_is_adopted_not_duplicated(tmp_path, backup):
     ext = subprocess.Popen(managed_ollama(port)["process"]["command"], cwd=ROOT, stdout=subprocess.PIPE, text=True)
     try:
         assert ext.stdout.readline().startswith("READY")
-        d = DaemonProcess(managed_config(port, backup.url), tmp_path).start()
-        try:
+        with running(managed_config(port, backup.url), tmp_path) as d:
             assert wait_for(lambda: ask(d).headers.get("x-coderouter-provider") == "ollama-qwen3", 10)
             # The supervisor's own record says it took the user's server as external rather than starting one.
             proc = _process(d)
             assert proc and proc["external"] and proc["state"] == "ready" and proc["pid"] is None, proc
             assert backend_pids(port) == [ext.pid]
-        finally:
-            d.stop()
         assert ext.poll() is None  # the user's own server is left running
     finally:
         ext.kill()
@@ -136,14 +130,11 @@ def test_daemon_kill_9_then_restart_adopts_without_duplicate(tmp_path, backup):
         [pid] = backend_pids(port)
         assert wait_for(lambda: (proc := _process(d)) and proc["state"] == "ready" and proc["pid"] == pid, 20)
         d.kill9()
-        d2 = DaemonProcess(cfg, tmp_path, port=d.port).start()
-        try:
+        with running(cfg, tmp_path, port=d.port) as d2:
             assert wait_for(lambda: ask(d2).headers.get("x-coderouter-provider") == "ollama-qwen3", 20)
             proc = _process(d2)
             assert proc and proc["adopted"] and proc["pid"] == pid, proc
             assert backend_pids(port) == [pid]  # adopted: same process, no second copy
-        finally:
-            d2.stop()
         assert wait_for(lambda: backend_pids(port) == [], 5)
     finally:
         for p in backend_pids(port):
@@ -157,16 +148,13 @@ def test_unmanaged_provider_restart_command_runs_when_unhealthy(tmp_path, backup
         cfg = daemon_config(health={"probe_interval_s": 60, "recovery_backoff_s": [0.2, 0.4]},
                             providers={"flaky": upstream(flaky.url, restart_command=cmd), "backup": backup.url},
                             profiles={"default": {"providers": ["flaky", "backup"]}})
-        d = DaemonProcess(cfg, tmp_path).start()
-        try:
+        with running(cfg, tmp_path) as d:
             for _ in range(3):
                 assert ask(d).status_code == 200
             assert wait_for(marker.exists, 10)  # UNHEALTHY after 3 failures -> restart_command ran, detached
             flaky.set_behaviour("ok")
             # probe-only recovery with back-off brings it back at its original place in the chain
             assert wait_for(lambda: ask(d).headers.get("x-coderouter-provider") == "flaky", 10)
-        finally:
-            d.stop()
 
 
 def lone_managed_config(port: int, start_when: Path) -> str:
@@ -183,8 +171,7 @@ def lone_managed_config(port: int, start_when: Path) -> str:
 
 def test_requests_wait_for_a_starting_or_restarting_backend_instead_of_failing(tmp_path):
     port, gate = free_port(), tmp_path / "start-backend"
-    d = DaemonProcess(lone_managed_config(port, gate), tmp_path).start()
-    try:
+    with running(lone_managed_config(port, gate), tmp_path) as d:
         # Sent while the backend is still starting: it cannot bind before the gate exists, and the gate is made
         # only once the daemon holds the request. So the request did wait, whatever the machine's load.
         answer: dict = {}
@@ -205,5 +192,3 @@ def test_requests_wait_for_a_starting_or_restarting_backend_instead_of_failing(t
         r = ask(d, timeout=60)
         assert r.status_code == 200, r.text
         assert backend_pids(port) and backend_pids(port)[0] != pid
-    finally:
-        d.stop()

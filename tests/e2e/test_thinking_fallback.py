@@ -12,25 +12,8 @@ import orjson
 import pytest
 
 from tests.fakes.runner import FakeServer
-from tests.support.daemon import DaemonProcess
-
-CONFIG = """
-[server]
-port = {PORT}
-
-[providers.local]
-kind = "openai"
-base_url = "@LOCAL@/v1"
-
-[providers.anthropic]
-kind = "anthropic"
-base_url = "@CLOUD@/v1"
-model = "claude-sonnet-5"
-
-[profiles.default]
-providers = ["local", "anthropic"]
-health_action = "warn"
-"""
+from tests.support.config import anthropic_at, daemon_config, openai_at, warn
+from tests.support.daemon import DaemonProcess, running
 
 BASH = {"name": "Bash", "description": "Run a command",
         "input_schema": {"type": "object", "properties": {"command": {"type": "string"}}}}
@@ -88,11 +71,11 @@ def _sent_blocks(fake: FakeServer) -> list[dict]:
 def chain(tmp_path):
     with FakeServer("openai", name="local", models=["qwen3-coder"]) as local, \
             FakeServer("anthropic", name="cloud") as cloud:
-        d = DaemonProcess(CONFIG.replace("@LOCAL@", local.url).replace("@CLOUD@", cloud.url), tmp_path).start()
-        try:
+        cfg = daemon_config(providers={"local": openai_at(local.url),
+                                       "anthropic": anthropic_at(cloud.url, model="claude-sonnet-5")},
+                            profiles={"default": warn("local", "anthropic")})
+        with running(cfg, tmp_path) as d:
             yield d, local, cloud
-        finally:
-            d.stop()
 
 
 def _post(d: DaemonProcess, body: dict) -> httpx.Response:
@@ -142,24 +125,6 @@ def test_a_tool_loop_begun_locally_finishes_on_anthropic(chain, thinking):
     assert not any(b.get("signature") == "coderouter-unsigned" for b in sent_blocks)
 
 
-CONFIG_TWO_CLOUDS = """
-[server]
-port = {PORT}
-
-[providers.first]
-kind = "anthropic"
-base_url = "@FIRST@/v1"
-model = "claude-sonnet-5"
-
-[providers.second]
-kind = "anthropic"
-base_url = "@SECOND@/v1"
-model = "claude-sonnet-5"
-
-[profiles.default]
-providers = ["first", "second"]
-health_action = "warn"
-"""
 
 
 
@@ -170,9 +135,10 @@ def test_a_conversation_moving_between_two_anthropic_upstreams_never_sends_one_t
     """Each upstream signs with its own key (as a gateway and the Anthropic API do): a block one signed is refused
     by the other, so it must not reach it. Turns alternate between them as the first fails and recovers."""
     with FakeServer("anthropic", name="first") as first, FakeServer("anthropic", name="second") as second:
-        d = DaemonProcess(CONFIG_TWO_CLOUDS.replace("@FIRST@", first.url).replace("@SECOND@", second.url),
-                          tmp_path).start()
-        try:
+        cfg = daemon_config(providers={"first": anthropic_at(first.url, model="claude-sonnet-5"),
+                                       "second": anthropic_at(second.url, model="claude-sonnet-5")},
+                            profiles={"default": warn("first", "second")})
+        with running(cfg, tmp_path) as d:
             first.set_behaviour("reasoning")
             history = [{"role": "user", "content": "think about it"}]
             turn1 = _message(_post(d, _claude_code_body(history, thinking)))
@@ -195,5 +161,3 @@ def test_a_conversation_moving_between_two_anthropic_upstreams_never_sends_one_t
             assert turn3["content"][-1]["text"] == "Hello from first"
             sent = _sent_blocks(first)
             assert turn1["content"][0] in sent and turn2["content"][0] not in sent  # its own goes back verbatim
-        finally:
-            d.stop()

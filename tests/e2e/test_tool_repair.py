@@ -5,7 +5,6 @@ stays text; the repair shows in the audit log and in `corectl status`."""
 from __future__ import annotations
 
 import re
-import time
 
 import anthropic
 import openai
@@ -16,44 +15,17 @@ from coderouterd.state import read_audit
 from tests.e2e.test_control_plane import corectl, status_json
 from tests.fakes.behaviour import TEXT_TOOL_COMMAND
 from tests.fakes.runner import FakeServer
-from tests.support.daemon import DaemonProcess, admin_get
+from tests.support.config import NO_BREAKER, anthropic_at, daemon_config, openai_at, warn
+from tests.support.daemon import admin_get, running
+from tests.support.wait import wait_for
 
-CONFIG = """
-[server]
-port = {PORT}
-stream_hold_s = 0.3
 
-[admin]
-socket = "@SOCK@"
-
-[breaker]
-failures = 1000
-
-[providers.local]
-kind = "openai"
-base_url = "@LOCAL@/v1"
-
-[providers.local-anthropic]
-kind = "anthropic"
-base_url = "@LOCALA@/v1"
-
-[providers.local-off]
-kind = "openai"
-base_url = "@LOCAL@/v1"
-tool_repair = "off"
-
-[profiles.default]
-providers = ["local"]
-health_action = "warn"
-
-[profiles.anthropic-wire]
-providers = ["local-anthropic"]
-health_action = "warn"
-
-[profiles.off]
-providers = ["local-off"]
-health_action = "warn"
-"""
+def config(local_url: str, local_anthropic_url: str, sock: str) -> str:
+    return daemon_config(
+        server={"stream_hold_s": 0.3}, admin={"socket": sock}, breaker=NO_BREAKER,
+        providers={"local": openai_at(local_url), "local-anthropic": anthropic_at(local_anthropic_url),
+                   "local-off": openai_at(local_url, tool_repair="off")},
+        profiles={"default": warn("local"), "anthropic-wire": warn("local-anthropic"), "off": warn("local-off")})
 
 SCHEMA = {"type": "object", "required": ["command"], "properties": {"command": {"type": "string"}}}
 A_TOOLS = [{"name": "Bash", "description": "run a command", "input_schema": SCHEMA}]
@@ -68,13 +40,8 @@ def env(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("e2e_repair")
     with FakeServer("openai", name="local", behaviour="text_tools") as local, \
             FakeServer("anthropic", name="local-anthropic", behaviour="text_tools") as local_a:
-        cfg = CONFIG.replace("@LOCAL@", local.url).replace("@LOCALA@", local_a.url) \
-            .replace("@SOCK@", str(tmp / "admin.sock"))
-        d = DaemonProcess(cfg, tmp).start()
-        try:
+        with running(config(local.url, local_a.url, str(tmp / "admin.sock")), tmp) as d:
             yield {"daemon": d, "fakes": [local, local_a], "sock": str(tmp / "admin.sock")}
-        finally:
-            d.stop()
 
 
 def _set(env, behaviour: str) -> None:
@@ -167,16 +134,15 @@ def test_audit_and_status_show_the_repairs(env):
     raw = _anthropic(env, "default").messages.with_raw_response.create(model="qwen3", max_tokens=100,
                                                                        messages=USER, tools=A_TOOLS)
     request_id = raw.headers["x-request-id"]
-    deadline = time.monotonic() + 10
-    while True:
+    def repaired() -> list[dict]:
         events = [e for e in read_audit(env["daemon"].state_dir)
                   if e["kind"] == "tool_repaired" and e["request_id"] == request_id]
         # Polled from here (a corectl per poll costs a process start); what corectl shows is read once, below.
         st = admin_get(env["sock"]) or {"providers": []}
         providers = {p["name"]: p["tool_repair"] for p in st["providers"]}
-        if (events and providers.get("local", {}).get("repaired")) or time.monotonic() > deadline:
-            break
-        time.sleep(0.1)
+        return events if providers.get("local", {}).get("repaired") else []
+
+    events = wait_for(repaired)
     providers = {p["name"]: p["tool_repair"] for p in status_json(env["sock"])["providers"]}
     assert len(events) == 1 and events[0]["provider"] == "local" and events[0]["calls"] == 1
     assert events[0]["formats"] == ["hermes"] and not events[0]["streaming"]

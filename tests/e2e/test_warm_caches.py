@@ -9,7 +9,6 @@ import json
 import os
 import signal
 import sys
-import time
 from pathlib import Path
 
 import httpx
@@ -17,7 +16,8 @@ import orjson
 
 from tests.support import cli
 from tests.support.claude_sessions import Session
-from tests.support.daemon import ROOT, DaemonProcess, admin_get, free_port
+from tests.support.daemon import ROOT, DaemonProcess, admin_get, free_port, running
+from tests.support.wait import wait_for
 
 CONFIG = """
 [server]
@@ -57,13 +57,9 @@ def _config(tmp: Path, port: int, idle: float) -> str:
 
 
 def _wait(pred, what: str, timeout: float = 60.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        got = pred()
-        if got:
-            return got
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
+    got = wait_for(pred, timeout)
+    assert got, f"timed out waiting for {what}"
+    return got
 
 
 def _ready(d: DaemonProcess) -> dict:
@@ -96,17 +92,13 @@ def test_the_next_turn_after_a_daemon_restart_is_served_from_the_slots_saved_at_
     port = free_port()
     config = _config(tmp_path, port, idle=0)  # no background saves: only the save before the stop
     a, b = Session(60), Session(61)
-    d = DaemonProcess(config, tmp_path).start()
-    try:
+    with running(config, tmp_path) as d:
         _ready(d)
         for s in (a, b, a, b):
             _turn(d, s)
         assert _bins(d) == []
-    finally:
-        d.stop()
     assert len(_bins(d)) == 2  # both lanes' slots, saved before the server was stopped
-    d2 = DaemonProcess(config, tmp_path).start()
-    try:
+    with running(config, tmp_path) as d2:
         _ready(d2)
         usage = _turn(d2, a)
         total = usage["input_tokens"] + usage["cache_read_input_tokens"]
@@ -122,15 +114,12 @@ def test_the_next_turn_after_a_daemon_restart_is_served_from_the_slots_saved_at_
         # The dashboard's local models line reads the saved caches from the same answer as status.
         models = httpx.get(d2.url + "/ui/api/now", timeout=10).json()["models"]
         assert models["saved_lanes"] == {"llama": 2} and models["saved_bytes"] == warm["disk_bytes"] > 0
-    finally:
-        d2.stop()
 
 
 def test_after_kill_9_of_the_server_the_lane_resumes_from_its_background_save(tmp_path):
     port = free_port()
     a = Session(62)
-    d = DaemonProcess(_config(tmp_path, port, idle=0.2), tmp_path).start()
-    try:
+    with running(_config(tmp_path, port, idle=0.2), tmp_path) as d:
         proc = _ready(d)
         _turn(d, a)
         _turn(d, a)
@@ -145,16 +134,13 @@ def test_after_kill_9_of_the_server_the_lane_resumes_from_its_background_save(tm
         assert usage["cache_read_input_tokens"] > 0.5 * total, usage
         metrics = httpx.get(d.url + "/metrics", timeout=10).text
         assert 'coderouter_slot_saves_total{provider="llama"}' in metrics
-    finally:
-        d.stop()
 
 
 def test_a_config_change_that_restarts_the_server_saves_its_slots_first(tmp_path):
     port = free_port()
     config = _config(tmp_path, port, idle=0)
     a = Session(63)
-    d = DaemonProcess(config, tmp_path).start()
-    try:
+    with running(config, tmp_path) as d:
         first = _ready(d)
         _turn(d, a)
         _turn(d, a)
@@ -168,5 +154,3 @@ def test_a_config_change_that_restarts_the_server_saves_its_slots_first(tmp_path
         usage = _turn(d, a)
         total = usage["input_tokens"] + usage["cache_read_input_tokens"]
         assert usage["cache_read_input_tokens"] > 0.5 * total, usage
-    finally:
-        d.stop()

@@ -43,7 +43,7 @@ def impostor(h: Harness, port: int, **kw) -> subprocess.Popen:
 
 
 async def until_answers(port: int) -> None:
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + 30  # a ceiling, not a measure
     while not await http_ready(f"http://127.0.0.1:{port}/api/tags", 0.5):
         assert time.monotonic() < deadline, "listener never answered"
         await asyncio.sleep(0.05)

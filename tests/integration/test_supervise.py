@@ -116,7 +116,7 @@ class Harness:
         quiet = {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}
         return self.popen([PY, BACKEND, "--port", str(port), *flags], start_new_session=True, **quiet)
 
-    def read_pid_file(self, path: Path, timeout: float = 5.0) -> list[psutil.Process]:
+    def read_pid_file(self, path: Path, timeout: float = 30.0) -> list[psutil.Process]:
         deadline = time.monotonic() + timeout
         while not path.exists():
             assert time.monotonic() < deadline, f"{path} never written"
@@ -230,19 +230,22 @@ def test_slow_start_is_not_declared_dead(h: Harness) -> None:
 
     async def scenario() -> None:
         sup = h.supervisor()
-        # The server binds 1.5 s after it starts, so a second after the start it cannot be ready whatever the
-        # load (the pause only lets the supervisor look at it); the start timeout (60 s) is far beyond both.
+        # The server binds 1.5 s after it starts; the start timeout (60 s) is far beyond that.
         mp = sup.add(h.spec("slow", port, "--start-delay", "1.5", start_timeout_s=60.0))
+        asked.append(time.monotonic())
         await mp.start()
         pid = mp.pid
-        await asyncio.sleep(1.0)
-        assert mp.state is ProcessState.STARTING and mp.pid == pid
         assert await mp.wait_ready(60)
         assert mp.pid == pid and mp.restarts_total == 0
         await sup.shutdown()
 
+    asked: list[float] = []
     asyncio.run(scenario())
+    # Its 1.5 s of silence were waited through: one start, no exit, ready only after them. A lower bound (the
+    # server cannot bind before it was asked to start plus its delay), which load can only lengthen: no window.
     assert not h.of("exited") and len(h.of("started")) == 1
+    [ready] = h.of("ready")
+    assert ready.t - asked[0] >= 1.5
 
 
 def test_not_ready_within_start_timeout_is_killed_and_counted(h: Harness) -> None:
@@ -439,17 +442,22 @@ def test_restart_window_forgets_old_crashes(h: Harness) -> None:
 # ---- stopping trees ------------------------------------------------------------------------------
 
 
+async def started_tree(h: Harness, sup, name: str, port: int, pid_file: Path, flag: str):
+    """A backend with a child in its group, one that left it and a double-forked one (--spawn-escapees), started
+    and ready, with its stop grace at 0.5 s; and the processes of that tree, as the backend wrote them down."""
+    mp = sup.add(h.spec(name, port, flag, "--spawn-escapees", "--pid-file", str(pid_file), stop_timeout_s=0.5))
+    await mp.start()
+    assert await mp.wait_ready(30)
+    return mp, h.read_pid_file(pid_file)
+
+
 def test_stop_kills_sigterm_ignoring_server_and_its_whole_tree(h: Harness) -> None:
     port = free_port()
     pid_file = h.tmp / "tree.json"
 
     async def scenario() -> None:
         sup = h.supervisor()
-        flags = ("--ignore-sigterm", "--spawn-escapees", "--pid-file", str(pid_file))
-        mp = sup.add(h.spec("stubborn", port, *flags, stop_timeout_s=0.5))
-        await mp.start()
-        assert await mp.wait_ready(30)
-        procs = h.read_pid_file(pid_file)
+        mp, procs = await started_tree(h, sup, "stubborn", port, pid_file, "--ignore-sigterm")
         assert len(procs) == 4 and not any(is_gone(p) for p in procs)
         t0 = time.monotonic()
         await asyncio.wait_for(mp.stop(), 30)  # a ceiling against a hang, not a measure
@@ -472,11 +480,7 @@ def test_stop_reaches_descendants_that_outlive_a_server_dying_on_sigterm(h: Harn
 
     async def scenario() -> None:
         sup = h.supervisor()
-        flags = ("--children-ignore-sigterm", "--spawn-escapees", "--pid-file", str(pid_file))
-        mp = sup.add(h.spec("leaky", port, *flags, stop_timeout_s=0.5))
-        await mp.start()
-        assert await mp.wait_ready(30)
-        procs = h.read_pid_file(pid_file)
+        mp, procs = await started_tree(h, sup, "leaky", port, pid_file, "--children-ignore-sigterm")
         await mp.stop()
         assert [p.pid for p in procs if not is_gone(p)] == []
         assert mp.last_exit_code == -signal.SIGTERM

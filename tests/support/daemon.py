@@ -8,6 +8,8 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
@@ -97,6 +99,16 @@ class DaemonProcess:
         if self.proc is not None and self.proc.poll() is None:
             os.kill(self.proc.pid, signal.SIGKILL)
             self.proc.wait(5)
+
+
+@contextmanager
+def running(config_text: str, tmp: Path, **kw) -> Iterator[DaemonProcess]:
+    """A started daemon for the length of a `with` block, stopped by its PID however the block ends."""
+    d = DaemonProcess(config_text, tmp, **kw).start()
+    try:
+        yield d
+    finally:
+        d.stop()
 
 
 def admin_get(sock: str | Path, path: str = "/v1/status", timeout: float = 10.0) -> dict | None:
