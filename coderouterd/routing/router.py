@@ -14,6 +14,7 @@ from ..providers.errors import MEMORY_PRESSURE, UpstreamError
 from ..providers.server_info import ServerDirectory
 from ..translate.unsigned_thinking import SignatureBook
 from .adaptive import AdaptiveOrderer
+from .availability import Availability, LastProbe, Sources, judge, judge_chain
 from .breaker import BreakerState
 from .context_count import count_over_window, learned_estimates
 from .planner import Plan, ProviderFacts, RequestFeatures, Skip, plan
@@ -54,6 +55,24 @@ class Router:
         # a conversation moves between providers and profiles).
         self.thinking_signatures = SignatureBook()
         self._demand = demand
+        # What "why no traffic" reads (routing/availability.py). The daemon sets `last_probe` once its health
+        # monitor exists; until then a probe streak is told without the probe's own words.
+        self.last_probe: LastProbe = lambda _name: None
+
+    @property
+    def sources(self) -> Sources:
+        return Sources(routing=self.state, budget=self._budget, demand=lambda: self.demand,
+                       last_probe=self.last_probe)
+
+    def availability(self, provider: str, *, health_action: str = "exclude") -> Availability:
+        """Can `provider` take traffic now, and if not, why: the one answer every view shows."""
+        return judge(provider, self.sources, health_action=health_action)
+
+    def chain_availability(self, profile) -> dict[str, Availability]:
+        """The answer for each provider of a profile's chain, panic included (none can take traffic: those out for
+        a passing reason are tried anyway)."""
+        return judge_chain(list(profile.providers), self.sources, health_action=profile.health_action,
+                           panic=profile.panic)
 
     @property
     def demand(self) -> OnDemand | None:
@@ -137,11 +156,13 @@ class Router:
         )
         st = self.state
         facts = self._facts(runtime, profile.providers)
+        sources = self.sources
         p = plan(
             list(profile.providers), facts, features,
             breakers=st.breakers, health=st.health, health_action=profile.health_action,
             orderer=self.orderer(profile_name) if profile.adaptive else None,
             budget_ok=self._budget.allowed if self._budget is not None else None,
+            judge=lambda name: judge(name, sources, health_action=profile.health_action),
         )
         down = st.down
         if down:
@@ -262,7 +283,7 @@ class Router:
         else:
             br.record_success()
         self.state.stats.record(provider, latency_s=latency_s, ok=True)
-        self.state.passive_success(provider)
+        self.state.passive_success(provider)  # health follows the breaker it just told
 
     def report_failure(self, provider: str, e: UpstreamError, elapsed_s: float, admission: str = CLOSED) -> None:
         st = self.state
@@ -272,9 +293,12 @@ class Router:
             if retry_after is None and e.reason == MEMORY_PRESSURE:
                 retry_after = self.memory_cooldown_s  # out of memory: give the backend time to free it
             if admission != PANIC or br.state is BreakerState.CLOSED:
-                br.record_failure(retry_after=retry_after, reason=e.label)
+                st.passive_failure(provider, retry_after=retry_after, reason=e.label)
+            else:
+                # Tried in panic while its breaker refused: counted, but the breaker's trial decides, so the
+                # count and the verdict never part (they once did: two counters, one of them moving).
+                st.panic_failure(provider)
             st.stats.record(provider, latency_s=elapsed_s, ok=False)
-            st.passive_failure(provider)
             return
         if e.auth_failure:
             # A refused key is the provider's configuration, not its health: in its error figures and an
