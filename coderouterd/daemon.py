@@ -174,6 +174,7 @@ class Daemon:
 
         t = self.telemetry
         self.health = health = HealthMonitor(self.routing, lambda: self.runtime, tasks=self.tasks)
+        self.router.last_probe = lambda name: health.last_probe.get(name)  # the probe's words in "why no traffic"
         self.selfheal = selfheal = SelfHealer(self.routing, health, supervisor=self._supervisor,
                                               runtime=lambda: self.runtime, publish=t.publish,
                                               fresh_start=self.affinity.server_restarted, ready=self._server_ready)

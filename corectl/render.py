@@ -126,6 +126,19 @@ def _breaker(snap: dict) -> Text:
     return Text(label, style=_BREAKER_STYLE.get(state, ""))
 
 
+def traffic_cell(p: dict) -> Text:
+    """Whether the provider takes traffic now and, if not (or only in part), why: the daemon's one answer
+    (routing/availability.py), the same words the dashboard shows and the code /metrics labels."""
+    a = p.get("availability")
+    if not a:
+        return Text("?", style="dim")  # an older daemon
+    if a.get("code") == "ok":
+        return Text("yes", style="green")
+    if a.get("available"):
+        return Text(f"yes: {a.get('why')}", style="bold red" if a.get("code") == "panic" else "yellow")
+    return Text(f"no: {a.get('why')}", style="bold red")
+
+
 def _health(value: str) -> Text:
     if value.startswith("auth"):  # the provider refuses our credentials (401/403): a config problem to fix
         return Text(value, style="bold red")
@@ -367,8 +380,8 @@ def providers_table(providers: list[dict], window_s: float | None, *, base_url: 
     right = {"justify": "right", "no_wrap": True}
     # Drop rank: what goes first when the terminal is narrow (the base URL, then the kind, ...).
     columns = [("Provider", {"no_wrap": True, "style": "bold"}, 0), ("Kind", {"no_wrap": True}, 6),
-               ("Model", {"no_wrap": True}, 3), ("Breaker", {"no_wrap": True}, 0), ("Health", {"no_wrap": True}, 0),
-               ("Context", right, 8), ("Reqs", right, 5), ("Errors", right, 1), ("Median", right, 2),
+               ("Model", {"no_wrap": True}, 3), ("Traffic", {"overflow": "fold"}, 0),
+               ("Breaker", {"no_wrap": True}, 0), ("Health", {"no_wrap": True}, 0), ("Context", right, 8), ("Reqs", right, 5), ("Errors", right, 1), ("Median", right, 2),
                ("Cache hit", right, 4),
                ("Repair", right, 3), ("Drift", {"no_wrap": True}, 2)]
     if base_url:
@@ -379,7 +392,7 @@ def providers_table(providers: list[dict], window_s: float | None, *, base_url: 
         reqs = (f.get("samples") or 0) - (f.get("probes") or 0)
         errors = f.get("errors") or 0
         cells = [p["name"], p["kind"] + (" $" if p.get("paid") else ""),
-                 p["model"] or Text("(client's)", style="dim"), _breaker(p.get("breaker") or {}),
+                 p["model"] or Text("(client's)", style="dim"), traffic_cell(p), _breaker(p.get("breaker") or {}),
                  _health(health_word(p)), context_cell(p), str(reqs),
                  Text(str(errors), style="red" if errors else ""), latency(f.get("median_s")),
                  cache_hit(p.get("cache")), repair_cell(p.get("tool_repair")), drift_cell(p.get("drift"))]

@@ -74,6 +74,19 @@ class Router:
         return judge_chain(list(profile.providers), self.sources, health_action=profile.health_action,
                            panic=profile.panic)
 
+    def providers_availability(self, runtime: Runtime, active_profile: str) -> dict[str, Availability]:
+        """Every provider's answer, as `corectl status`, the dashboard and /metrics show it: the active profile's
+        chain as that profile routes (its health_action, panic), any other provider by the first profile that
+        names it (or as `exclude` would, if none does)."""
+        profiles = runtime.config.profiles
+        active = profiles.get(active_profile)
+        out = dict(self.chain_availability(active)) if active is not None else {}
+        for name in runtime.providers:
+            if name not in out:
+                action = next((p.health_action for p in profiles.values() if name in p.providers), "exclude")
+                out[name] = self.availability(name, health_action=action)
+        return {name: out[name] for name in runtime.providers if name in out}
+
     @property
     def demand(self) -> OnDemand | None:
         """Local models on demand (supervise/ondemand.py), once managed processes exist: starts a stopped process
