@@ -378,11 +378,12 @@ def providers_table(providers: list[dict], window_s: float | None, *, base_url: 
                     width: int = 10_000) -> Table:
     title = "Providers" + (f" (figures over the last {window_s:g} s)" if window_s else "")
     right = {"justify": "right", "no_wrap": True}
-    # Drop rank: what goes first when the terminal is narrow (the base URL, then the kind, ...).
+    # Drop rank: what goes first when the terminal is narrow (health, which Traffic already words; the window; the
+    # base URL; then the kind, ...).
     columns = [("Provider", {"no_wrap": True, "style": "bold"}, 0), ("Kind", {"no_wrap": True}, 6),
                ("Model", {"no_wrap": True}, 3), ("Traffic", {"overflow": "fold"}, 0),
-               ("Breaker", {"no_wrap": True}, 0), ("Health", {"no_wrap": True}, 0), ("Context", right, 8), ("Reqs", right, 5), ("Errors", right, 1), ("Median", right, 2),
-               ("Cache hit", right, 4),
+               ("Breaker", {"no_wrap": True}, 0), ("Health", {"no_wrap": True}, 9), ("Context", right, 8),
+               ("Reqs", right, 5), ("Errors", right, 1), ("Median", right, 2), ("Cache hit", right, 4),
                ("Repair", right, 3), ("Drift", {"no_wrap": True}, 2)]
     if base_url:
         columns.append(("Base URL", {"no_wrap": True}, 7))
