@@ -40,7 +40,11 @@ def providers(socket: str | None, as_json: bool) -> int:
         rows = [p.model_dump(exclude_unset=True) for p in answer.providers]
         out = _console()
         out.print(providers_table(rows, answer.stats_window_s, out.width))
-        from .render import key_problems
+        from .render import key_problems, traffic_lines
+
+        why = traffic_lines(rows)
+        if why is not None:
+            out.print(why)
 
         for line in key_problems(rows):
             out.print(line)
@@ -58,7 +62,7 @@ def providers_table(items: list[dict], window_s: float | None, width: int = 10_0
     # Everything on one line per provider; what does not fit goes, least useful first (--json has it all).
     columns = [("Provider", {"no_wrap": True, "style": "bold"}, 0), ("Kind", {"no_wrap": True}, 6),
                ("Base URL", {"no_wrap": True}, 4), ("Model", {"no_wrap": True}, 5),
-               ("Traffic", {"overflow": "fold"}, 0), ("Breaker", {"no_wrap": True}, 0),
+               ("Traffic", {"no_wrap": True}, 0), ("Breaker", {"no_wrap": True}, 0),
                ("Health", {"no_wrap": True}, 0), ("Process", {"no_wrap": True}, 3), ("Median", right, 2),
                ("Errors", right, 1), ("Spent", right, 7)]
     rows = []

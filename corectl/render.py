@@ -127,16 +127,33 @@ def _breaker(snap: dict) -> Text:
 
 
 def traffic_cell(p: dict) -> Text:
-    """Whether the provider takes traffic now and, if not (or only in part), why: the daemon's one answer
-    (routing/availability.py), the same words the dashboard shows and the code /metrics labels."""
+    """Whether the provider takes traffic now, and the short why (the code /metrics labels it with): the daemon's
+    one answer (routing/availability.py). The words follow the table (`traffic_lines`)."""
     a = p.get("availability")
     if not a:
         return Text("?", style="dim")  # an older daemon
-    if a.get("code") == "ok":
+    code = str(a.get("code") or "")
+    if code == "ok":
         return Text("yes", style="green")
     if a.get("available"):
-        return Text(f"yes: {a.get('why')}", style="bold red" if a.get("code") == "panic" else "yellow")
-    return Text(f"no: {a.get('why')}", style="bold red")
+        return Text(f"yes: {code.replace('_', ' ')}", style="bold red" if code == "panic" else "yellow")
+    return Text(f"no: {code.replace('_', ' ')}", style="bold red")
+
+
+def traffic_lines(providers: list[dict]) -> Text | None:
+    """Each provider that does not simply take traffic, with the reason in words, one line each (not folded into a
+    table cell): the same words as the dashboard and `corectl explain`."""
+    text = Text()
+    for p in providers:
+        a = p.get("availability")
+        if not a or a.get("code") == "ok":
+            continue
+        if text:
+            text.append("\n")
+        text.append(f"  {p['name']}: ", style="bold")
+        text.append(("" if a.get("available") else "no traffic: ") + str(a.get("why") or ""),
+                    style="yellow" if a.get("available") and a.get("code") != "panic" else "red")
+    return text or None
 
 
 def _health(value: str) -> Text:
@@ -189,6 +206,9 @@ def status(data: dict, out: Console) -> None:
     out.print()
     # Columns that do not fit are dropped, least useful first (--json and `corectl providers` have them all).
     out.print(providers_table(data["providers"], data.get("stats_window_s"), width=out.width))
+    why = traffic_lines(data["providers"])
+    if why is not None:
+        out.print(why)
     for line in key_problems(data["providers"]):
         out.print(line)
     out.print()
@@ -381,7 +401,7 @@ def providers_table(providers: list[dict], window_s: float | None, *, base_url: 
     # Drop rank: what goes first when the terminal is narrow (health, which Traffic already words; the window; the
     # base URL; then the kind, ...).
     columns = [("Provider", {"no_wrap": True, "style": "bold"}, 0), ("Kind", {"no_wrap": True}, 6),
-               ("Model", {"no_wrap": True}, 3), ("Traffic", {"overflow": "fold"}, 0),
+               ("Model", {"no_wrap": True}, 3), ("Traffic", {"no_wrap": True}, 0),
                ("Breaker", {"no_wrap": True}, 0), ("Health", {"no_wrap": True}, 9), ("Context", right, 8),
                ("Reqs", right, 5), ("Errors", right, 1), ("Median", right, 2), ("Cache hit", right, 4),
                ("Repair", right, 3), ("Drift", {"no_wrap": True}, 2)]

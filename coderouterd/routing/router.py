@@ -34,13 +34,16 @@ class Router:
     def __init__(self, state: RoutingState, *, budget=None, affinity: Affinity | None = None,
                  servers: ServerDirectory | None = None, memory_cooldown_s: float = 60.0,
                  order_adjusters: Sequence[Callable[[object, list[str]], list[dict]]] = (),
-                 demand: Callable[[], OnDemand | None] = lambda: None) -> None:
+                 demand: Callable[[], OnDemand | None] = lambda: None,
+                 last_probe: LastProbe = lambda _name: None) -> None:
         """`budget`: guards.apply.BudgetHooks (allowed / reserve / settle), or None when nothing is paid for.
         `affinity`: prefix affinity (session lanes, slots, prefix index), or None.
         `servers`: what each provider's server reports about itself; its context window gates requests
         for providers whose config leaves context_window unset. None: configured windows only.
         `memory_cooldown_s`: how long a provider that ran out of memory is not tried.
         `demand`: the on-demand scheduler of managed processes, when there are any (a getter: they come later).
+        `last_probe`: the health monitor's last probe of a provider (it comes later too), for the words of a probe
+        streak in the availability answer.
         `order_adjusters`: consulted after planning, in order: (profile config, candidates) -> order notes;
         each may reorder the candidates in place. Guards that move providers (drift demotion, memory
         pressure) plug in here."""
@@ -55,9 +58,8 @@ class Router:
         # a conversation moves between providers and profiles).
         self.thinking_signatures = SignatureBook()
         self._demand = demand
-        # What "why no traffic" reads (routing/availability.py). The daemon sets `last_probe` once its health
-        # monitor exists; until then a probe streak is told without the probe's own words.
-        self.last_probe: LastProbe = lambda _name: None
+        # What "why no traffic" reads (routing/availability.py), besides the state, budget and demand above.
+        self.last_probe = last_probe
 
     @property
     def sources(self) -> Sources:

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from coderouterd.providers.errors import MEMORY_PRESSURE, UpstreamError
 from coderouterd.routing.availability import Code, judge_chain
 from coderouterd.routing.breaker import BreakerState
+from coderouterd.routing.router import Router
 from tests.support.routing import Routing, chain_config, fail
 
 
@@ -85,7 +86,7 @@ def test_a_memory_cooldown_and_a_retry_after_are_named_as_such():
 
 def test_failed_probes_make_it_unhealthy_and_health_action_decides_whether_it_is_routed():
     r = Routing(chain_config("a"))
-    r.router.last_probe = lambda name: {"ok": False, "detail": "cannot connect: refused"}
+    r.router = Router(r.state, last_probe=lambda name: {"ok": False, "detail": "cannot connect: refused"})
     for _ in range(3):
         r.state.probe_failed("a", "probe failed: cannot connect")
     assert r.breaker("a").state is BreakerState.CLOSED  # a probe never opens the breaker
@@ -110,7 +111,7 @@ def test_a_managed_process_not_ready_stopped_on_demand_or_unable_to_start():
     assert (a.available, a.code, a.words) == (False, Code.NOT_READY,
                                               "a's managed process llama is not ready (starting)")
     demand = Routing(chain_config("a"))
-    demand.router._demand = lambda: _Demand()  # type: ignore[assignment,return-value]
+    demand.router = Router(demand.state, demand=lambda: _Demand())  # type: ignore[arg-type,return-value]
     demand.state.mark_down(["a"], state="stopped", process="llama")
     assert demand.router.availability("a").code is Code.ON_DEMAND
     r.state.cannot_start(["a"], "managed process llama cannot start: no such file; fix it")
