@@ -22,6 +22,7 @@ from .request import ClientRequest
 from .state import RoutingState
 
 if TYPE_CHECKING:
+    from ..config.schema import ProfileConfig
     from ..providers.provider import Provider
     from ..runtime import Runtime
     from ..supervise.ondemand import OnDemand
@@ -70,7 +71,7 @@ class Router:
         """Can `provider` take traffic now, and if not, why: the one answer every view shows."""
         return judge(provider, self.sources, health_action=health_action)
 
-    def chain_availability(self, profile) -> dict[str, Availability]:
+    def chain_availability(self, profile: ProfileConfig) -> dict[str, Availability]:
         """The answer for each provider of a profile's chain, panic included (none can take traffic: those out for
         a passing reason are tried anyway)."""
         return judge_chain(list(profile.providers), self.sources, health_action=profile.health_action,

@@ -255,3 +255,16 @@ def _req():
     from coderouterd.routing.request import ClientRequest
 
     return ClientRequest(ingress="anthropic", body={}, raw=b"", headers={}, stream=False, model="", request_id="t")
+
+
+def test_a_plans_skip_carries_the_answers_words_as_corectl_explain_shows_them():
+    r = Routing(chain_config("a", "b", breaker_failures=2))
+    for _ in range(2):
+        _request_failure(r, "a")
+    r.clock.advance(18)
+    answer = r.router.availability("a")
+    plan = r.router.plan("default", r.runtime.config.profiles["default"], r.runtime, _req())
+    (skip,) = plan.skips
+    assert (skip.provider, skip.reason, skip.message) == ("a", "breaker_open", f"a: {answer.words}")
+    assert skip.message == "a: breaker open after 2 failures, retry in 12 s"
+    assert plan.explain()["skips"][0]["message"] == skip.message  # the trace's skip, as `corectl explain` renders it
