@@ -40,7 +40,11 @@ def providers(socket: str | None, as_json: bool) -> int:
         rows = [p.model_dump(exclude_unset=True) for p in answer.providers]
         out = _console()
         out.print(providers_table(rows, answer.stats_window_s, out.width))
-        from .render import key_problems
+        from .render import key_problems, traffic_lines
+
+        why = traffic_lines(rows)
+        if why is not None:
+            out.print(why)
 
         for line in key_problems(rows):
             out.print(line)
@@ -51,13 +55,14 @@ def providers(socket: str | None, as_json: bool) -> int:
 def providers_table(items: list[dict], window_s: float | None, width: int = 10_000):
     from rich.text import Text
 
-    from .render import _breaker, _health, fit_table, latency, money
+    from .render import _breaker, _health, fit_table, latency, money, traffic_cell
 
     title = "Providers" + (f" (figures over the last {window_s:g} s)" if window_s else "")
     right = {"justify": "right", "no_wrap": True}
     # Everything on one line per provider; what does not fit goes, least useful first (--json has it all).
     columns = [("Provider", {"no_wrap": True, "style": "bold"}, 0), ("Kind", {"no_wrap": True}, 6),
-               ("Base URL", {"no_wrap": True}, 4), ("Model", {"no_wrap": True}, 5), ("Breaker", {"no_wrap": True}, 0),
+               ("Base URL", {"no_wrap": True}, 4), ("Model", {"no_wrap": True}, 5),
+               ("Traffic", {"no_wrap": True}, 0), ("Breaker", {"no_wrap": True}, 0),
                ("Health", {"no_wrap": True}, 0), ("Process", {"no_wrap": True}, 3), ("Median", right, 2),
                ("Errors", right, 1), ("Spent", right, 7)]
     rows = []
@@ -72,7 +77,7 @@ def providers_table(items: list[dict], window_s: float | None, width: int = 10_0
         if spend.get("cap"):
             spent += f" / {money(spend['cap'])}"
         rows.append([p["name"], p["kind"] + (" $" if p.get("paid") else ""), p["base_url"],
-                     p["model"] or Text("(client's)", style="dim"), _breaker(p.get("breaker") or {}),
+                     p["model"] or Text("(client's)", style="dim"), traffic_cell(p), _breaker(p.get("breaker") or {}),
                      _health(p.get("health", "unknown")), proc, latency(f.get("median_s")),
                      str(f.get("errors") or 0), spent])
     return fit_table(width, columns, rows, title=title, title_justify="left", title_style="bold")

@@ -126,6 +126,36 @@ def _breaker(snap: dict) -> Text:
     return Text(label, style=_BREAKER_STYLE.get(state, ""))
 
 
+def traffic_cell(p: dict) -> Text:
+    """Whether the provider takes traffic now, and the short why (the code /metrics labels it with): the daemon's
+    one answer (routing/availability.py). The words follow the table (`traffic_lines`)."""
+    a = p.get("availability")
+    if not a:
+        return Text("?", style="dim")  # an older daemon
+    code = str(a.get("code") or "")
+    if code == "ok":
+        return Text("yes", style="green")
+    if a.get("available"):
+        return Text(f"yes: {code.replace('_', ' ')}", style="bold red" if code == "panic" else "yellow")
+    return Text(f"no: {code.replace('_', ' ')}", style="bold red")
+
+
+def traffic_lines(providers: list[dict]) -> Text | None:
+    """Each provider that does not simply take traffic, with the reason in words, one line each (not folded into a
+    table cell): the same words as the dashboard and `corectl explain`."""
+    text = Text()
+    for p in providers:
+        a = p.get("availability")
+        if not a or a.get("code") == "ok":
+            continue
+        if text:
+            text.append("\n")
+        text.append(f"  {p['name']}: ", style="bold")
+        text.append(("" if a.get("available") else "no traffic: ") + str(a.get("why") or ""),
+                    style="yellow" if a.get("available") and a.get("code") != "panic" else "red")
+    return text or None
+
+
 def _health(value: str) -> Text:
     if value.startswith("auth"):  # the provider refuses our credentials (401/403): a config problem to fix
         return Text(value, style="bold red")
@@ -176,6 +206,9 @@ def status(data: dict, out: Console) -> None:
     out.print()
     # Columns that do not fit are dropped, least useful first (--json and `corectl providers` have them all).
     out.print(providers_table(data["providers"], data.get("stats_window_s"), width=out.width))
+    why = traffic_lines(data["providers"])
+    if why is not None:
+        out.print(why)
     for line in key_problems(data["providers"]):
         out.print(line)
     out.print()
@@ -365,11 +398,12 @@ def providers_table(providers: list[dict], window_s: float | None, *, base_url: 
                     width: int = 10_000) -> Table:
     title = "Providers" + (f" (figures over the last {window_s:g} s)" if window_s else "")
     right = {"justify": "right", "no_wrap": True}
-    # Drop rank: what goes first when the terminal is narrow (the base URL, then the kind, ...).
+    # Drop rank: what goes first when the terminal is narrow (health, which Traffic already words; the window; the
+    # base URL; then the kind, ...).
     columns = [("Provider", {"no_wrap": True, "style": "bold"}, 0), ("Kind", {"no_wrap": True}, 6),
-               ("Model", {"no_wrap": True}, 3), ("Breaker", {"no_wrap": True}, 0), ("Health", {"no_wrap": True}, 0),
-               ("Context", right, 8), ("Reqs", right, 5), ("Errors", right, 1), ("Median", right, 2),
-               ("Cache hit", right, 4),
+               ("Model", {"no_wrap": True}, 3), ("Traffic", {"no_wrap": True}, 0),
+               ("Breaker", {"no_wrap": True}, 0), ("Health", {"no_wrap": True}, 9), ("Context", right, 8),
+               ("Reqs", right, 5), ("Errors", right, 1), ("Median", right, 2), ("Cache hit", right, 4),
                ("Repair", right, 3), ("Drift", {"no_wrap": True}, 2)]
     if base_url:
         columns.append(("Base URL", {"no_wrap": True}, 7))
@@ -379,7 +413,7 @@ def providers_table(providers: list[dict], window_s: float | None, *, base_url: 
         reqs = (f.get("samples") or 0) - (f.get("probes") or 0)
         errors = f.get("errors") or 0
         cells = [p["name"], p["kind"] + (" $" if p.get("paid") else ""),
-                 p["model"] or Text("(client's)", style="dim"), _breaker(p.get("breaker") or {}),
+                 p["model"] or Text("(client's)", style="dim"), traffic_cell(p), _breaker(p.get("breaker") or {}),
                  _health(health_word(p)), context_cell(p), str(reqs),
                  Text(str(errors), style="red" if errors else ""), latency(f.get("median_s")),
                  cache_hit(p.get("cache")), repair_cell(p.get("tool_repair")), drift_cell(p.get("drift"))]

@@ -55,6 +55,17 @@ class ModelControlRequest(ApiRequest):
 
 # -- status, profiles ----------------------------------------------------------------------------------------
 
+class ProviderAvailability(Answer):
+    """Can the provider take traffic now, and if not why (routing/availability.py): `code` is a short bounded word
+    (the /metrics label), `why` the reason in words."""
+
+    available: bool
+    code: str
+    why: str
+    failures: int = 0  # the one count of consecutive failures (real requests and probes)
+    retry_in_s: float | None = None
+
+
 class ProviderStatus(Answer):
     name: str
     kind: str
@@ -62,6 +73,7 @@ class ProviderStatus(Answer):
     model: str | None = None
     paid: bool = False
     key_problem: str | None = None  # "no key: $NAME is not set" when its api_key_env is unset
+    availability: ProviderAvailability | None = None  # None only from an older daemon
     breaker: dict[str, Any] = {}
     health: str = "unknown"
     figures: dict[str, Any] = {}

@@ -40,14 +40,18 @@ def daemon_info(daemon: Daemon) -> dict:
 
 
 def providers(daemon: Daemon) -> list[dict]:
-    """Each provider with its breaker, health, figures and the local-model extras."""
+    """Each provider with whether it can take traffic and why not (routing/availability.py: the one answer), its
+    breaker, health, figures and the local-model extras."""
     runtime, router, routing = daemon.runtime, daemon.router, daemon.routing
     no_key = missing_keys({n: p.cfg for n, p in runtime.providers.items()})
+    answers = router.providers_availability(runtime, daemon.active_profile)
     out = []
     for name, p in runtime.providers.items():
         c = p.cfg
+        answer = answers.get(name)
         out.append({
             "name": name, "kind": c.kind, "base_url": c.base_url, "model": c.model, "paid": c.paid,
+            "availability": answer.as_dict() if answer is not None else None,
             "key_problem": no_key.get(name),
             "breaker": router.breakers.get(name).snapshot(),
             "health": routing.health_of(name) or "unknown",

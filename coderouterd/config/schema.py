@@ -313,6 +313,9 @@ class BreakerConfig(_Strict):
     recovery_s: float = seconds(30.0)
     # Each failed half-open trial doubles the time out (recovery_s, 2x, 4x, ...) up to this; never below recovery_s.
     max_recovery_s: float = seconds(300.0)
+    # At most this share of the configured providers out of rotation at once (Envoy's max_ejection_percent); one
+    # may always go out. A provider whose failures would take one more out stays in, and `corectl status` says so.
+    max_ejection_percent: int = Field(100, ge=0, le=100)
 
 
 class AdaptiveConfig(_Strict):

@@ -1,5 +1,6 @@
-"""Provider health: passive (consecutive failures of real traffic, reported by the router) and active
-(periodic cheap probes) -> HEALTHY / DEGRADED / UNHEALTHY, which the profiles' health_action acts on.
+"""Provider health: active probes (periodic cheap reachability probes) feed the same count of consecutive failures
+as real traffic (the provider's breaker keeps it; routing/state.py derives HEALTHY / DEGRADED / UNHEALTHY from
+it), which the profiles' health_action acts on.
 
 Also closes the adaptive-routing sampling gap: a fallback chain only sends traffic to its first provider, so
 the others would have no latency figures; for adaptive profiles this task sends light probes (a 1-token
@@ -37,14 +38,13 @@ def probe_url(provider: Provider) -> str:
 
 class HealthMonitor:
     """Active health: periodic reachability probes, and the 1-token generation probes that keep adaptive
-    figures fresh and are the only probe allowed to prove a failing backend generates again. Passive health
-    (real traffic) is kept by the routing state itself."""
+    figures fresh and are the only probe allowed to prove a failing backend generates again. A probe's result
+    goes to the routing state, which counts it with real traffic's in the breaker: there is no count here."""
 
     def __init__(self, state: RoutingState, runtime: Callable[[], Runtime], *, tasks: TaskSet) -> None:
         self.state = state
         self._runtime = runtime
         self._tasks = tasks
-        self.failures: dict[str, int] = {}  # consecutive failed reachability probes
         self.last_probe: dict[str, dict] = {}
         # Providers seen answering since this daemon started. One that never was is reported once as
         # unreachable, not as a HEALTHY -> DEGRADED transition it never made.
@@ -109,23 +109,19 @@ class HealthMonitor:
                 continue
             if ok:
                 self.seen_up.add(name)
-                self.failures[name] = 0
                 st.reachable(name, f"probe ok ({detail})")
                 continue
-            n = self.failures.get(name, 0) + 1
-            self.failures[name] = n
-            new = health_state(n, st.threshold(name))
             if name in self.seen_up or st.health_of(name) == HEALTHY:  # it answered since start
-                st.set_health(name, new, f"probe failed: {detail}")
+                st.probe_failed(name, f"probe failed: {detail}")
                 continue
             # Never up since start: one warning, then its health follows quietly until it first answers.
             if name not in self.reported_unreachable:
                 self.reported_unreachable.add(name)
                 log.warning("provider %s: unreachable at %s (%s); probing every %g s", name,
                             probe_url(runtime.providers[name]), detail, runtime.config.health.probe_interval_s)
-                st.set_health(name, new, f"unreachable since start: {detail}", quiet=True)
+                st.probe_failed(name, f"unreachable since start: {detail}", quiet=True)
             else:
-                st.set_health(name, new, f"probe failed: {detail}", quiet=True)
+                st.probe_failed(name, f"probe failed: {detail}", quiet=True)
 
     async def latency_probe(self, provider: Provider) -> None:
         """A 1-token completion, timed: keeps an idle peer's latency figure fresh."""
@@ -162,6 +158,6 @@ class HealthMonitor:
 
     def snapshot(self) -> dict:
         st = self.state
-        return {n: {"state": st.health_of(n) or "unknown", "consecutive_failures": self.failures.get(n, 0),
+        return {n: {"state": st.health_of(n) or "unknown", "consecutive_failures": st.failures(n),
                     "last_probe": self.last_probe.get(n), "auth": st.auth_state(n)}
                 for n in self._runtime().providers}

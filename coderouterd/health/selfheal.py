@@ -200,7 +200,6 @@ class SelfHealer:
             if self.publish is not None:
                 self.publish(RecoveryProbe(provider=provider, ok=ok, attempt=attempt, next_in_s=None if ok else wait))
             if ok:
-                self.monitor.failures[provider] = 0
                 self.state.recovered(provider, f"recovered after self-healing ({detail})",
                                      generation_verified=verified)
                 self._event(provider, self._process_name(provider), ProcessEventName.REJOINED, None, detail)

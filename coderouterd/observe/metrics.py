@@ -195,6 +195,7 @@ class _ScrapeTimeCollector:
         yield cached
         yield ratio
         yield from _slot_files(self.daemon.affinity.warm)
+        yield _availability(self.daemon)
         in_flight = GaugeMetricFamily("coderouter_requests_in_flight", "Model requests being served now",
                                       labels=["ingress"])
         for ingress, n in sorted(self.daemon.in_flight.items()):
@@ -235,6 +236,18 @@ class _ScrapeTimeCollector:
             if reason:
                 last.add_metric([name, reason], 1.0)
         yield from (budget, held, resident, mem, idle, last)
+
+def _availability(daemon: Daemon) -> GaugeMetricFamily:
+    """Whether each provider can take traffic (1) or not (0), labelled with why as a short code (the words are in
+    `corectl status` and the dashboard): the same answer, from routing/availability.py."""
+    fam = GaugeMetricFamily("coderouter_provider_available", "Provider can take traffic now (1) or not (0); "
+                            "reason: ok, degraded, kept_in_rotation, half_open, unhealthy, held, breaker_open, "
+                            "retry_after, memory_cooldown, budget, not_ready, on_demand, cannot_start, panic",
+                            labels=["provider", "reason"])
+    for name, a in daemon.router.providers_availability(daemon.runtime, daemon.active_profile).items():
+        fam.add_metric([name, a.code.value], 1.0 if a.available else 0.0)
+    return fam
+
 
 def _slot_files(warm):
     """Managed llama-servers' slot saves and restores (affinity/warm.py): what keeping caches warm costs."""

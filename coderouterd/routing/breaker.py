@@ -1,5 +1,11 @@
 """Per-provider circuit breakers: stop calling a provider that keeps failing, then test it with one request.
 
+The breaker owns the provider's one count of consecutive failures: real requests (passive) and active probes
+both feed it, as Envoy pairs outlier detection with active health checks. Only real requests open it; a probe
+streak that reaches the threshold makes health UNHEALTHY (routing/state.py derives health from this count), and
+the next real failure finds the count already there. An ejection gate (max_ejection_percent) may keep a provider
+in rotation although its count says out.
+
 Single-threaded by design: every call happens on the daemon's event loop, so there are no locks.
 """
 
@@ -28,6 +34,8 @@ class BreakerState(StrEnum):
 MAX_HINT_S = MAX_RETRY_AFTER_S
 
 TransitionHook = Callable[[str, BreakerState, BreakerState, str], None]
+# (provider) -> None: it may be ejected; or the words why ejecting it would take too many providers out at once.
+EjectionGate = Callable[[str], str | None]
 
 
 class CircuitBreaker:
@@ -68,6 +76,12 @@ class CircuitBreaker:
         self.open_reason = ""  # why it last opened (the planner tells a memory cooldown from a fault)
         # Shared breakers: may this instance send the half-open trial? (one instance at a time holds it)
         self.trial_gate: Callable[[str], bool] | None = None
+        # max_ejection_percent: asked when the count reaches the threshold; its words say why it stays in.
+        self.ejection_gate: EjectionGate | None = None
+        self._kept: str | None = None  # why the gate kept it in rotation although its count says out
+        # Every failure of the current streak came from a probe: a probe that answers again ends it. A streak
+        # with a real request's failure in it stands until a request (or a generation) succeeds.
+        self._probe_streak = False
 
     # -- state -------------------------------------------------------------------------------------------
 
@@ -102,7 +116,25 @@ class CircuitBreaker:
 
     @property
     def consecutive_failures(self) -> int:
+        """The one count: consecutive failures of real requests and of probes, since the last success."""
         return self._consecutive
+
+    @property
+    def kept_in_rotation(self) -> str | None:
+        """Why the provider is still routed to although its count reached the threshold (the ejection limit),
+        or None."""
+        return self._kept
+
+    @property
+    def out(self) -> bool:
+        """Out of rotation: open or half-open, or its count reached the threshold and nothing kept it in (a
+        probe streak: health UNHEALTHY)."""
+        return self.state is not BreakerState.CLOSED or (self._consecutive >= self.failures and self._kept is None)
+
+    @property
+    def retry_after_only(self) -> bool:
+        """Open only because the upstream said when to come back (retry-after), not because it kept failing."""
+        return self.state is BreakerState.OPEN and self._hint_only
 
     @property
     def retry_in_s(self) -> float | None:
@@ -137,6 +169,8 @@ class CircuitBreaker:
             # the half-open trial is what decides, so the open period is not cut short.
             return
         self._consecutive = 0
+        self._probe_streak = False
+        self._kept = None
         self._trial_in_flight = False
         if state is BreakerState.HALF_OPEN:
             self._opened_at = None
@@ -148,6 +182,8 @@ class CircuitBreaker:
         """Close the breaker now: the provider was verified by someone who knows (a recovery probe after a
         restart), so waiting out the rest of the open period would only keep a good backend idle."""
         self._consecutive = 0
+        self._probe_streak = False
+        self._kept = None
         self._trial_in_flight = False
         self._hint_only = False
         self._opened_at = None
@@ -165,6 +201,7 @@ class CircuitBreaker:
             else None
         )
         self._consecutive += 1
+        self._probe_streak = False
         detail = f": {reason}" if reason else ""
         if state is BreakerState.HALF_OPEN:
             self._trial_in_flight = False
@@ -181,7 +218,7 @@ class CircuitBreaker:
             elif self._retry_at is not None and now + hint > self._retry_at:
                 self._retry_at = now + hint
             return
-        if self._consecutive >= self.failures:
+        if self._consecutive >= self.failures and not self._keep_in_rotation():
             if self._closed_at is not None and now - self._closed_at >= self.ejection_s:
                 self._ejections = 0  # it stayed healthy as long as it was last out: start short again
             self._ejections += 1
@@ -192,6 +229,46 @@ class CircuitBreaker:
         elif hint is not None:
             # The upstream said when to come back; calling earlier only earns more 429s.
             self._open(now, hint, f"retry-after {hint:g}s{detail}", hint_only=True)
+
+    def count_failure(self) -> None:
+        """A failure that must not move the breaker (a panic attempt while it is open or half-open: the trial
+        decides), yet is one more in the count."""
+        self._consecutive += 1
+        self._probe_streak = False
+
+    def record_probe_failure(self) -> None:
+        """An active probe failed: one more in the same count. A probe never opens the breaker (only a real
+        request's failure does); at the threshold health says UNHEALTHY, unless the ejection limit keeps the
+        provider in rotation."""
+        if self._consecutive == 0:
+            self._probe_streak = True
+        self._consecutive += 1
+        if self._consecutive >= self.failures and self.state is BreakerState.CLOSED:
+            self._keep_in_rotation()
+
+    def record_probe_success(self) -> None:
+        """An active probe answered. It ends a streak of probe failures; a streak with a real request's failure
+        in it stands (answering the model list is not generating)."""
+        if self._probe_streak and self.state is BreakerState.CLOSED:
+            self._consecutive = 0
+            self._probe_streak = False
+            self._kept = None
+
+    def clear_failures(self) -> None:
+        """Self-healing's recovery probes say it answers again: a closed breaker's count starts over."""
+        if self.state is BreakerState.CLOSED:
+            self._consecutive = 0
+            self._probe_streak = False
+            self._kept = None
+
+    def _keep_in_rotation(self) -> bool:
+        """Ask the ejection gate whether this provider may go out; remember why not."""
+        why = self.ejection_gate(self.name) if self.ejection_gate is not None else None
+        if why is not None and self._kept is None:
+            log.warning("provider %s: %d consecutive failures, kept in rotation: %s", self.name, self._consecutive,
+                        why)
+        self._kept = why
+        return why is not None
 
     def record_neutral(self) -> None:
         """An attempt that said nothing about the provider's health (client 4xx, cancelled race loser)."""
@@ -222,6 +299,7 @@ class CircuitBreaker:
             "trial_in_flight": state is BreakerState.HALF_OPEN and self._trial_in_flight,
             "retry_after_only": state is BreakerState.OPEN and self._hint_only,
             "ejections": self._ejections,
+            "kept_in_rotation": self._kept,
         }
 
     def restore(self, snap: dict[str, Any]) -> None:
@@ -315,6 +393,8 @@ class BreakerRegistry:
         self._on_transition = on_transition
         self._breakers: dict[str, CircuitBreaker] = {}
         self._trial_gate: Callable[[str], bool] | None = None
+        self._max_ejection_percent = 100
+        self._provider_count: Callable[[], int] = lambda: len(self._breakers)
 
     @property
     def failures(self) -> int:
@@ -325,6 +405,30 @@ class BreakerRegistry:
         self._trial_gate = gate
         for breaker in self._breakers.values():
             breaker.trial_gate = gate
+
+    def limit_ejections(self, max_percent: int, provider_count: Callable[[], int]) -> None:
+        """At most `max_percent` of the `provider_count()` configured providers out at once (never fewer than one
+        may go out): Envoy's max_ejection_percent. 100: no limit."""
+        self._max_ejection_percent = max_percent
+        self._provider_count = provider_count
+        for breaker in self._breakers.values():
+            breaker.ejection_gate = self._ejection_gate
+
+    def max_out(self) -> int:
+        """How many providers may be out of rotation at once."""
+        total = max(self._provider_count(), len(self._breakers))
+        return max(1, total * self._max_ejection_percent // 100)
+
+    def _ejection_gate(self, name: str) -> str | None:
+        if self._max_ejection_percent >= 100:
+            return None
+        out = [n for n, b in self._breakers.items() if n != name and b.out]
+        allowed = self.max_out()
+        if len(out) + 1 <= allowed:
+            return None
+        total = max(self._provider_count(), len(self._breakers))
+        return (f"{len(out)} of {total} providers are out already ({', '.join(sorted(out))}); "
+                f"[breaker] max_ejection_percent = {self._max_ejection_percent} allows {allowed}")
 
     def get(self, name: str) -> CircuitBreaker:
         breaker = self._breakers.get(name)
@@ -338,6 +442,7 @@ class BreakerRegistry:
                 on_transition=self._on_transition,
             )
             breaker.trial_gate = self._trial_gate
+            breaker.ejection_gate = self._ejection_gate
             self._breakers[name] = breaker
         return breaker
 

@@ -198,8 +198,9 @@ class Exchange:
         panic = self.record.panic
         admission = self.router.admit(name, panic=panic)
         if admission is None:
-            self.record.skipped(Skip(name, "breaker_open", f"circuit breaker for {name} is open (a trial is in "
-                                                           "flight)"))
+            why = self.router.availability(name)
+            self.record.skipped(Skip(name, "breaker_open", f"{name}: {why.words}" if not why.available else
+                                     f"{name}: its breaker refused the attempt"))
             return None
         slot = Slot(provider, admission, time.monotonic(), panic=panic)
         try:

@@ -12,6 +12,7 @@ from typing import Any
 
 from ..providers.errors import MEMORY_PRESSURE
 from .adaptive import AdaptiveOrderer
+from .availability import PASSING, SKIP_REASON, Availability
 from .breaker import BreakerRegistry, BreakerState
 from .state import DEGRADED, HEALTHY, UNHEALTHY
 
@@ -117,11 +118,17 @@ def plan(
     health_action: str,
     orderer: AdaptiveOrderer | None = None,
     budget_ok: Callable[[str], bool] | None = None,
+    judge: Callable[[str], Availability] | None = None,
 ) -> Plan:
+    """`judge`: the one answer to "can it take traffic now" (routing/availability.py). Given, it decides every gate
+    that is about the provider rather than the request (budget, breaker, cooldown, health, its process), with its
+    words; without it (planner-only tests) the breakers, health and budget handed in decide."""
     if health_action not in HEALTH_ACTIONS:
         raise ValueError(f"health_action must be one of {', '.join(HEALTH_ACTIONS)}, got {health_action!r}")
     chain = list(dict.fromkeys(chain))
 
+    if judge is not None:
+        return _plan_judged(chain, facts, features, judge, health, health_action, orderer)
     # Provider state that makes a provider unusable for any request; computed once, used for both the
     # adaptive debounce and the gates.
     open_breakers: dict[str, float | None] = {}
@@ -143,18 +150,7 @@ def plan(
         order, adaptive_notes = orderer.order(chain, ineligible=ineligible)
         notes.extend(adaptive_notes)
 
-    demoted: list[str] = []
-    for p in order:
-        word = _health_word(health.get(p))
-        if word == UNHEALTHY and health_action == "demote":
-            demoted.append(p)
-            notes.append({"provider": p, "moved": "back", "why": "health UNHEALTHY (health_action=demote)"})
-        elif word == UNHEALTHY and health_action == "warn":
-            notes.append({"provider": p, "moved": "none", "why": "health UNHEALTHY (health_action=warn)"})
-        elif word == DEGRADED:
-            notes.append({"provider": p, "moved": "none", "why": "health DEGRADED"})
-    if demoted:
-        order = [p for p in order if p not in demoted] + demoted
+    order = _health_order(order, health, health_action, notes)
 
     candidates: list[str] = []
     skips: list[Skip] = []
@@ -168,6 +164,50 @@ def plan(
     return Plan(candidates=candidates, skips=skips, order_notes=notes)
 
 
+def _plan_judged(chain: list[str], facts: dict[str, ProviderFacts], features: RequestFeatures,
+                 judge: Callable[[str], Availability], health: Mapping[str, str], health_action: str,
+                 orderer: AdaptiveOrderer | None) -> Plan:
+    answers = {p: judge(p) for p in chain}
+    out = {p for p, a in answers.items() if not a.available}
+    notes: list[dict[str, Any]] = []
+    order = chain
+    if orderer is not None:
+        order, adaptive_notes = orderer.order(chain, ineligible=out)
+        notes.extend(adaptive_notes)
+    order = _health_order(order, health, health_action, notes)
+    candidates: list[str] = []
+    skips: list[Skip] = []
+    for p in order:
+        skip = _capability_gate(p, facts.get(p) or ProviderFacts(name=p), features)
+        a = answers[p]
+        if skip is None and not a.available:
+            words = a.words if a.words.startswith(f"{p}'s ") else f"{p}: {a.words}"
+            skip = Skip(p, SKIP_REASON.get(a.code, "unhealthy"), words, overridable=a.code in PASSING)
+        if skip is None:
+            candidates.append(p)
+        else:
+            skips.append(skip)
+    return Plan(candidates=candidates, skips=skips, order_notes=notes)
+
+
+def _health_order(order: list[str], health: Mapping[str, str], health_action: str,
+                  notes: list[dict[str, Any]]) -> list[str]:
+    """UNHEALTHY providers move back (demote) or stay with a note (warn); DEGRADED ones get a note."""
+    demoted: list[str] = []
+    for p in order:
+        word = _health_word(health.get(p))
+        if word == UNHEALTHY and health_action == "demote":
+            demoted.append(p)
+            notes.append({"provider": p, "moved": "back", "why": "health UNHEALTHY (health_action=demote)"})
+        elif word == UNHEALTHY and health_action == "warn":
+            notes.append({"provider": p, "moved": "none", "why": "health UNHEALTHY (health_action=warn)"})
+        elif word == DEGRADED:
+            notes.append({"provider": p, "moved": "none", "why": "health DEGRADED"})
+    if demoted:
+        order = [p for p in order if p not in demoted] + demoted
+    return order
+
+
 def _gate(
     p: str,
     f: ProviderFacts,
@@ -177,6 +217,24 @@ def _gate(
     over_budget: set[str],
     cooling: set[str],
 ) -> Skip | None:
+    skip = _capability_gate(p, f, req)
+    if skip is not None:
+        return skip
+    if p in over_budget:
+        return Skip(p, "budget", f"{p} is over its monthly budget")
+    if p in open_breakers:
+        retry = open_breakers[p]
+        if p in cooling:
+            when = f" for {retry:.0f}s more" if retry is not None else ""
+            return Skip(p, "memory_cooldown", f"{p} ran out of memory; cooling down{when}")
+        when = f" (trial in {retry:.1f}s)" if retry is not None else ""
+        return Skip(p, "breaker_open", f"circuit breaker for {p} is open{when}")
+    if p in excluded:
+        return Skip(p, "unhealthy", f"{p} is UNHEALTHY and the profile's health_action is exclude")
+    return None
+
+
+def _capability_gate(p: str, f: ProviderFacts, req: RequestFeatures) -> Skip | None:
     # Capability gates first: they are permanent for this request and the most useful thing to report.
     if req.has_tools and not f.tools:
         return Skip(p, "tools", f"request uses tools but {p} has capabilities.tools = false")
@@ -192,15 +250,4 @@ def _gate(
             f"over {p}'s context window of {f.context_window:,}"
             + (" (as its server reports it)" if f.window_reported else ""),
         )
-    if p in over_budget:
-        return Skip(p, "budget", f"{p} is over its monthly budget")
-    if p in open_breakers:
-        retry = open_breakers[p]
-        if p in cooling:
-            when = f" for {retry:.0f}s more" if retry is not None else ""
-            return Skip(p, "memory_cooldown", f"{p} ran out of memory; cooling down{when}")
-        when = f" (trial in {retry:.1f}s)" if retry is not None else ""
-        return Skip(p, "breaker_open", f"circuit breaker for {p} is open{when}")
-    if p in excluded:
-        return Skip(p, "unhealthy", f"{p} is UNHEALTHY and the profile's health_action is exclude")
     return None

@@ -14,6 +14,7 @@ from ..providers.errors import MEMORY_PRESSURE, UpstreamError
 from ..providers.server_info import ServerDirectory
 from ..translate.unsigned_thinking import SignatureBook
 from .adaptive import AdaptiveOrderer
+from .availability import Availability, LastProbe, Sources, judge, judge_chain
 from .breaker import BreakerState
 from .context_count import count_over_window, learned_estimates
 from .planner import Plan, ProviderFacts, RequestFeatures, Skip, plan
@@ -21,6 +22,7 @@ from .request import ClientRequest
 from .state import RoutingState
 
 if TYPE_CHECKING:
+    from ..config.schema import ProfileConfig
     from ..providers.provider import Provider
     from ..supervise.ondemand import OnDemand
     from .generation import Generation
@@ -33,13 +35,16 @@ class Router:
     def __init__(self, state: RoutingState, *, budget=None, affinity: Affinity | None = None,
                  servers: ServerDirectory | None = None, memory_cooldown_s: float = 60.0,
                  order_adjusters: Sequence[Callable[[object, list[str]], list[dict]]] = (),
-                 demand: Callable[[], OnDemand | None] = lambda: None) -> None:
+                 demand: Callable[[], OnDemand | None] = lambda: None,
+                 last_probe: LastProbe = lambda _name: None) -> None:
         """`budget`: guards.apply.BudgetHooks (allowed / reserve / settle), or None when nothing is paid for.
         `affinity`: prefix affinity (session lanes, slots, prefix index), or None.
         `servers`: what each provider's server reports about itself; its context window gates requests
         for providers whose config leaves context_window unset. None: configured windows only.
         `memory_cooldown_s`: how long a provider that ran out of memory is not tried.
         `demand`: the on-demand scheduler of managed processes, when there are any (a getter: they come later).
+        `last_probe`: the health monitor's last probe of a provider (it comes later too), for the words of a probe
+        streak in the availability answer.
         `order_adjusters`: consulted after planning, in order: (profile config, candidates) -> order notes;
         each may reorder the candidates in place. Guards that move providers (drift demotion, memory
         pressure) plug in here."""
@@ -54,6 +59,36 @@ class Router:
         # a conversation moves between providers and profiles).
         self.thinking_signatures = SignatureBook()
         self._demand = demand
+        # What "why no traffic" reads (routing/availability.py), besides the state, budget and demand above.
+        self.last_probe = last_probe
+
+    @property
+    def sources(self) -> Sources:
+        return Sources(routing=self.state, budget=self._budget, demand=lambda: self.demand,
+                       last_probe=self.last_probe)
+
+    def availability(self, provider: str, *, health_action: str = "exclude") -> Availability:
+        """Can `provider` take traffic now, and if not, why: the one answer every view shows."""
+        return judge(provider, self.sources, health_action=health_action)
+
+    def chain_availability(self, profile: ProfileConfig) -> dict[str, Availability]:
+        """The answer for each provider of a profile's chain, panic included (none can take traffic: those out for
+        a passing reason are tried anyway)."""
+        return judge_chain(list(profile.providers), self.sources, health_action=profile.health_action,
+                           panic=profile.panic)
+
+    def providers_availability(self, runtime: Runtime, active_profile: str) -> dict[str, Availability]:
+        """Every provider's answer, as `corectl status`, the dashboard and /metrics show it: the active profile's
+        chain as that profile routes (its health_action, panic), any other provider by the first profile that
+        names it (or as `exclude` would, if none does)."""
+        profiles = runtime.config.profiles
+        active = profiles.get(active_profile)
+        out = dict(self.chain_availability(active)) if active is not None else {}
+        for name in runtime.providers:
+            if name not in out:
+                action = next((p.health_action for p in profiles.values() if name in p.providers), "exclude")
+                out[name] = self.availability(name, health_action=action)
+        return {name: out[name] for name in runtime.providers if name in out}
 
     @property
     def demand(self) -> OnDemand | None:
@@ -138,11 +173,13 @@ class Router:
         )
         st = self.state
         facts = self._facts(runtime, profile.providers)
+        sources = self.sources
         p = plan(
             list(profile.providers), facts, features,
             breakers=st.breakers, health=st.health, health_action=profile.health_action,
             orderer=self.orderer(profile_name) if profile.adaptive else None,
             budget_ok=self._budget.allowed if self._budget is not None else None,
+            judge=lambda name: judge(name, sources, health_action=profile.health_action),
         )
         down = st.down
         if down:
@@ -263,7 +300,7 @@ class Router:
         else:
             br.record_success()
         self.state.stats.record(provider, latency_s=latency_s, ok=True)
-        self.state.passive_success(provider)
+        self.state.passive_success(provider)  # health follows the breaker it just told
 
     def report_failure(self, provider: str, e: UpstreamError, elapsed_s: float, admission: str = CLOSED) -> None:
         st = self.state
@@ -273,9 +310,12 @@ class Router:
             if retry_after is None and e.reason == MEMORY_PRESSURE:
                 retry_after = self.memory_cooldown_s  # out of memory: give the backend time to free it
             if admission != PANIC or br.state is BreakerState.CLOSED:
-                br.record_failure(retry_after=retry_after, reason=e.label)
+                st.passive_failure(provider, retry_after=retry_after, reason=e.label)
+            else:
+                # Tried in panic while its breaker refused: counted, but the breaker's trial decides, so the
+                # count and the verdict never part (they once did: two counters, one of them moving).
+                st.panic_failure(provider)
             st.stats.record(provider, latency_s=elapsed_s, ok=False)
-            st.passive_failure(provider)
             return
         if e.auth_failure:
             # A refused key is the provider's configuration, not its health: in its error figures and an

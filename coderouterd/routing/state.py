@@ -1,8 +1,12 @@
 """The routing state, with one owner: circuit breakers, latency/error figures, health, providers that are down
-(managed process not ready), passive failure counts, auth refusals, and which providers self-healing holds.
+(managed process not ready), auth refusals, and which providers self-healing holds.
 
-Everyone else reads it and changes it only through the named operations below (`set_health`, `mark_down`,
-`mark_up`, `hold`, `recovered`, `passive_failure`, `passive_success`, ...); the health monitor and the
+Health is a view, not a second count: the breaker owns the one count of consecutive failures, fed by real
+requests (`passive_failure`) and by active probes (`probe_failed`), and health is derived from it (plus
+self-healing's hold) after every change, then published as a transition for the audit and self-healing.
+
+Everyone else reads it and changes it only through the named operations below (`mark_down`, `mark_up`, `hold`,
+`recovered`, `passive_failure`, `passive_success`, `probe_failed`, `reachable`, ...); the health monitor and the
 self-healer receive this object, not the daemon. Single-threaded: every call happens on the event loop.
 """
 
@@ -15,7 +19,7 @@ from collections.abc import Callable, Iterable, Mapping
 from types import MappingProxyType
 
 from .adaptive import AdaptiveSettings, ProbeScheduler, ProviderStats
-from .breaker import BreakerRegistry, BreakerState
+from .breaker import BreakerRegistry, BreakerState, CircuitBreaker
 from .clock import Clock, SystemClock
 
 log = logging.getLogger("coderouterd.health")
@@ -45,6 +49,8 @@ class RoutingState:
         self.breakers = BreakerRegistry(failures=config.breaker.failures, recovery_s=config.breaker.recovery_s,
                                         max_recovery_s=config.breaker.max_recovery_s,
                                         clock=self.clock, on_transition=self._breaker_moved)
+        self._provider_count = len(config.providers)
+        self.breakers.limit_ejections(config.breaker.max_ejection_percent, lambda: self._provider_count)
         self.settings = AdaptiveSettings(**config.adaptive.model_dump())
         self.stats = ProviderStats(self.settings, self.clock)
         self.probes = ProbeScheduler(self.stats, self.settings, self.clock)
@@ -60,8 +66,7 @@ class RoutingState:
         # clients are told so at once, in a status they do not retry.
         self._cannot_start: dict[str, str] = {}
         self._up: asyncio.Event | None = None  # set (and replaced) whenever a provider comes up
-        self._passive: dict[str, int] = {}
-        self._held: set[str] = set()
+        self._held: dict[str, str] = {}  # provider -> why self-healing holds it
         self._auth: dict[str, dict] = {}
         self._health_watchers: list[Callable[[str, str, str], None]] = []
 
@@ -96,6 +101,8 @@ class RoutingState:
 
     def reconfigure(self, config) -> None:
         self.breakers.configure(config.breaker.failures, config.breaker.recovery_s, config.breaker.max_recovery_s)
+        self._provider_count = len(config.providers)
+        self.breakers.limit_ejections(config.breaker.max_ejection_percent, lambda: self._provider_count)
         new = AdaptiveSettings(**config.adaptive.model_dump())
         for k, v in vars(new).items():
             setattr(self.settings, k, v)
@@ -104,6 +111,10 @@ class RoutingState:
         """Load what a previous process persisted. Returns the breaker names whose snapshot was rejected."""
         rejected = self.breakers.restore(dict(breakers)) if breakers else []
         self._health.update({k: v for k, v in health.items() if v in (HEALTHY, DEGRADED, UNHEALTHY)})
+        for name in self.breakers.names():
+            # Health is the breaker's view: a persisted word the restored count contradicts is not kept.
+            if name not in rejected:
+                self._health[name] = self._derived_health(name)
         return rejected
 
     # -- reads ----------------------------------------------------------------------------------------------
@@ -135,8 +146,20 @@ class RoutingState:
     def is_held(self, provider: str) -> bool:
         return provider in self._held
 
+    def breaker(self, provider: str) -> CircuitBreaker:
+        return self.breakers.get(provider)
+
+    def held_reason(self, provider: str) -> str | None:
+        """Why self-healing holds this provider out of routing, or None."""
+        return self._held.get(provider)
+
+    def failures(self, provider: str) -> int:
+        """The one count of consecutive failures (real requests and probes), kept by the provider's breaker."""
+        return self.breakers.get(provider).consecutive_failures if provider in self.breakers else 0
+
     def passive_failures(self, provider: str) -> int:
-        return self._passive.get(provider, 0)
+        """The same one count (its older name: there is no separate passive count any more)."""
+        return self.failures(provider)
 
     def threshold(self, provider: str) -> int:
         """Consecutive failures (of real requests, or of probes) that make a provider UNHEALTHY: the breaker's
@@ -236,45 +259,77 @@ class RoutingState:
                 return [p for p in providers if p not in self._down]
 
     def hold(self, provider: str, reason: str, *, quiet: bool = False) -> None:
-        """Self-healing takes the provider out of routing while it recovers it; passive news is ignored."""
-        self._held.add(provider)
+        """Self-healing takes the provider out of routing while it recovers it."""
+        self._held[provider] = reason
         self.set_health(provider, UNHEALTHY, reason, quiet=quiet)
 
     def unhold(self, provider: str) -> None:
-        self._held.discard(provider)
+        self._held.pop(provider, None)
+
+    def _derived_health(self, provider: str) -> str:
+        """Health as a view of the breaker's one count and self-healing's hold. A provider the ejection limit
+        keeps in rotation is DEGRADED, not UNHEALTHY: UNHEALTHY would take it out all the same."""
+        if provider in self._held:
+            return UNHEALTHY
+        br = self.breakers.get(provider)
+        n = br.consecutive_failures
+        if n >= br.failures and br.kept_in_rotation is not None:
+            return DEGRADED
+        return health_state(n, br.failures)
+
+    def _refresh_health(self, provider: str, reason: str, *, quiet: bool = False) -> None:
+        self.set_health(provider, self._derived_health(provider), reason, quiet=quiet)
 
     def recovered(self, provider: str, reason: str, *, generation_verified: bool) -> None:
         """The provider answers again. Only a real generation (`generation_verified`) may close a breaker that
-        failed generations opened; a reachability probe only brings back its health."""
-        self._held.discard(provider)
-        self._passive[provider] = 0
-        if generation_verified:
-            br = self.breakers.get(provider)
-            if br.state is not BreakerState.CLOSED:
-                br.reset(reason)
-        self.set_health(provider, HEALTHY, reason)
+        failed generations opened; self-healing asks for one whenever the breaker is not closed, so a
+        reachability answer only ever restarts a closed breaker's count."""
+        self._held.pop(provider, None)
+        br = self.breakers.get(provider)
+        if generation_verified and br.state is not BreakerState.CLOSED:
+            br.reset(reason)
+        else:
+            br.clear_failures()
+        self._refresh_health(provider, reason)
 
     def reachable(self, provider: str, reason: str) -> None:
-        """A reachability probe answered. It says nothing about generating: breakers are untouched, and a streak
-        of failed real requests stands (their health verdict stays until a request or a generation succeeds)."""
-        if self._passive.get(provider, 0) == 0:
-            self.set_health(provider, HEALTHY, reason)
-
-    def passive_failure(self, provider: str) -> None:
-        n = self._passive.get(provider, 0) + 1
-        self._passive[provider] = n
+        """A reachability probe answered. It says nothing about generating: it ends a streak of failed probes,
+        while a streak with failed real requests in it stands (until a request or a generation succeeds)."""
+        self.breakers.get(provider).record_probe_success()
         if provider not in self._held:
-            self.set_health(provider, health_state(n, self.threshold(provider)), f"{n} consecutive request failures")
+            self._refresh_health(provider, reason)
+
+    def probe_failed(self, provider: str, reason: str, *, quiet: bool = False) -> None:
+        """An active probe failed: one more in the breaker's count, the same count real requests feed."""
+        self.breakers.get(provider).record_probe_failure()
+        if provider not in self._held:
+            self._refresh_health(provider, reason, quiet=quiet)
+
+    def passive_failure(self, provider: str, *, retry_after: float | None = None, reason: str = "") -> None:
+        """A real request failed for the backend's own reason: counted by its breaker (which may open)."""
+        br = self.breakers.get(provider)
+        br.record_failure(retry_after=retry_after, reason=reason)
+        self._after_failure(provider)
+
+    def panic_failure(self, provider: str) -> None:
+        """A panic attempt failed while the breaker refused: one more in the count; the breaker's own trial
+        decides when it closes, so its state does not move."""
+        self.breakers.get(provider).count_failure()
+        self._after_failure(provider)
+
+    def _after_failure(self, provider: str) -> None:
+        if provider not in self._held:
+            n = self.failures(provider)
+            self._refresh_health(provider, f"{n} consecutive request failures")
 
     def passive_success(self, provider: str) -> None:
-        """A real request was served: the provider is HEALTHY, whatever a probe said or nobody said yet."""
-        self._passive[provider] = 0
+        """A real request was served (its breaker was told first): the provider is HEALTHY unless its breaker
+        still refuses (a late answer from before it opened)."""
         self._auth.pop(provider, None)
         # A real request served (a panic attempt, say) is better proof than any recovery probe: self-healing's
         # hold ends here, and its watcher sees HEALTHY and stops recovering.
-        self._held.discard(provider)
-        if self._health.get(provider) != HEALTHY:
-            self.set_health(provider, HEALTHY, "served a request")
+        self._held.pop(provider, None)
+        self._refresh_health(provider, "served a request")
 
     def probed(self, provider: str, latency_s: float | None, ok: bool) -> None:
         """A generation probe's result, as a sample for adaptive ordering."""

@@ -110,6 +110,11 @@ def test_why_a_provider_is_down_and_when_it_is_tried_again(page, night):
     why = dead.locator(".why").inner_text()
     assert probe["ok"] is False and probe["detail"] in why  # the probe's own error, as the admin API has it
     assert "next try in" in why
+    # Why it gets no traffic is the daemon's one answer, in the admin API's words (the retry counted down live).
+    answer = provider["availability"]
+    assert answer["available"] is False and dead.get_attribute("data-traffic") == answer["code"]
+    shown_why = dead.locator(".why .availability").inner_text()
+    assert shown_why.startswith("no traffic: " + answer["why"].split(", retry in")[0]), shown_why
     # The countdown counts to the breaker's retry time, as the admin API (and `corectl status`) reports it.
     shown = float(dead.locator(".countdown").get_attribute("data-retry-at"))
     assert shown == pytest.approx(provider["breaker"]["retry_at"], abs=1.0)

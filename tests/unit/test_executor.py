@@ -334,9 +334,12 @@ def test_a_fallback_that_serves_is_not_held_back_by_a_starting_process():
 
 def test_unhealthy_excluded_provider_is_tried_in_panic():
     r = Routing(chain_config("a"))
-    r.state.set_health("a", "UNHEALTHY", "test")
+    for _ in range(r.breaker("a").failures):  # failed probes: UNHEALTHY by the one count, its breaker still closed
+        r.state.probe_failed("a", "probe failed: test")
+    assert r.state.health_of("a") == "UNHEALTHY" and r.breaker("a").state is BreakerState.CLOSED
     ex, sink = run(r.serve())
     assert sink.status == 200 and ex.record.attempts[0].panic
+    assert r.state.health_of("a") == "HEALTHY" and r.state.failures("a") == 0  # served: the count starts over
 
 
 def test_a_half_open_trial_in_flight_does_not_make_others_route_nowhere():
@@ -391,7 +394,8 @@ def test_an_out_of_memory_cooldown_is_named_as_such_not_as_an_open_breaker():
     assert ex.record.served_by == "b" and r.breaker("a").state is BreakerState.OPEN
     ex, sink = run(r.serve())
     skip = next(s for s in ex.record.skips if s.provider == "a")
-    assert skip.reason == "memory_cooldown" and "ran out of memory; cooling down for" in skip.message
+    assert skip.reason == "memory_cooldown" and "a: held: memory cooldown" in skip.message
+    assert "ran out of memory" in skip.message
     assert "a:skipped:memory_cooldown" in sink.headers()["x-coderouter-attempts"]
     r2 = Routing(chain_config("a", "b"))
     open_breaker(r2, "a")  # failures of another kind are still an open breaker

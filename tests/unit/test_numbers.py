@@ -18,7 +18,8 @@ def _metrics() -> Metrics:
                                    affinity=SimpleNamespace(index=SimpleNamespace(providers={}),
                                                             warm=SimpleNamespace(stats={}, disk_bytes=0)),
                                    in_flight={"anthropic": 2, "openai": 0}, runtime=None,
-                                   browser_refused={"host": 1}))
+                                   router=SimpleNamespace(providers_availability=lambda _runtime, _active: {}),
+                                   active_profile="default", browser_refused={"host": 1}))
 
 
 def _samples(m: Metrics) -> dict:

@@ -6,10 +6,18 @@ const TOOL_LOOP_RECENT_S = 3600;  // a tool loop stopped within the last hour ne
 // -- a provider's state, and why ---------------------------------------------------------------------------------
 
 // One state per provider, the worst that applies: blocked by its cap is a state, not a footnote to "healthy".
+// Whether it takes traffic is the daemon's one answer (p.availability, routing/availability.py), not a guess here.
 export function providerState(p, now) {
   const health = String(p.health || "unknown").toLowerCase();
   const br = (p.breaker && p.breaker.state) || "closed";
   const b = p.budget;
+  const a = p.availability;
+  if (a && !a.available) {
+    if (a.code === "budget") return { text: "blocked: monthly cap", kind: "bad", problem: "budget" };
+    return { text: "down: " + a.code.replace(/_/g, " "), kind: "bad", problem: "down" };
+  }
+  if (a && a.code === "panic") return { text: "panic: tried anyway", kind: "bad", problem: "down" };
+  if (a && a.code === "kept_in_rotation") return { text: "kept in rotation", kind: "warn" };
   if (b && b.blocked) return { text: "blocked: monthly cap", kind: "bad", problem: "budget" };
   if (p.process_state === "fatal") return { text: "down: process fatal", kind: "bad", problem: "down" };
   if (br === "open") return { text: "down: breaker open", kind: "bad", problem: "down" };
@@ -52,11 +60,15 @@ function why(p, procs) {
     const n = p.health_detail.consecutive_failures;
     line(`probe failed${n > 1 ? ` ${n} times` : ""}: ${probe.detail || "no detail"} (${fmt.time(probe.at)})`, "bad");
   }
-  const br = p.breaker || {};
-  if (br.state === "open") {
-    const d = line(`breaker open after ${br.consecutive_failures || 0} failure(s) since ${fmt.time(br.opened_at)}; `);
-    d.append(br.retry_in_s !== null && br.retry_in_s !== undefined
-      ? countdown(br.retry_in_s, br.retry_at, "next try in") : el("span", "waiting for a Retry-After"));
+  const a = p.availability;
+  if (a && a.code !== "ok") {
+    // The daemon's words for why it gets no traffic (or why it still does); the retry counts down live.
+    const d = line((a.available ? "" : "no traffic: ") + a.why, a.available ? "warn" : "bad");
+    d.classList.add("availability");
+    d.dataset.code = a.code;
+    if (a.retry_in_s !== null && a.retry_in_s !== undefined) {
+      d.append(" · ", countdown(a.retry_in_s, (p.breaker || {}).retry_at, "next try in"));
+    }
   }
   const proc = p.process && procs[p.process];
   if (proc && proc.state !== "ready") {
@@ -106,6 +118,7 @@ export function renderNow(now) {
       [fmt.ms(p50), "num"], [fmt.pct(hit), "num"], [money, b && b.blocked ? "num bad" : "num"]]);
     tr.dataset.provider = p.name;
     tr.dataset.state = st.text;
+    if (p.availability) tr.dataset.traffic = p.availability.code;
     tr.id = "provider-" + p.name;
     return tr;
   }));
