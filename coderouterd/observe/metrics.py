@@ -23,6 +23,7 @@ from ..state.events import (
 
 if TYPE_CHECKING:
     from ..affinity.service import Affinity
+    from ..routing.router import Router
     from ..runtime import Runtime
     from ..supervise.from_config import Processes
 
@@ -61,6 +62,12 @@ class MetricsSource(Protocol):
 
     @property
     def browser_refused(self) -> dict[str, int]: ...
+
+    @property
+    def router(self) -> Router: ...
+
+    @property
+    def active_profile(self) -> str: ...
 
 
 class Metrics:
@@ -237,7 +244,7 @@ class _ScrapeTimeCollector:
                 last.add_metric([name, reason], 1.0)
         yield from (budget, held, resident, mem, idle, last)
 
-def _availability(daemon: Daemon) -> GaugeMetricFamily:
+def _availability(daemon: MetricsSource) -> GaugeMetricFamily:
     """Whether each provider can take traffic (1) or not (0), labelled with why as a short code (the words are in
     `corectl status` and the dashboard): the same answer, from routing/availability.py."""
     fam = GaugeMetricFamily("coderouter_provider_available", "Provider can take traffic now (1) or not (0); "

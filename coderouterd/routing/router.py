@@ -77,7 +77,7 @@ class Router:
         return judge_chain(list(profile.providers), self.sources, health_action=profile.health_action,
                            panic=profile.panic)
 
-    def providers_availability(self, runtime: Runtime, active_profile: str) -> dict[str, Availability]:
+    def providers_availability(self, runtime: Generation, active_profile: str) -> dict[str, Availability]:
         """Every provider's answer, as `corectl status`, the dashboard and /metrics show it: the active profile's
         chain as that profile routes (its health_action, panic), any other provider by the first profile that
         names it (or as `exclude` would, if none does)."""
