@@ -124,7 +124,7 @@ async def run_race(ex: Exchange, candidates: list[str], errors: list) -> list[st
                 if not ex.committed:
                     if ex.hold_remaining() <= 0 and running:
                         first = next(iter(running.values()))
-                        await ex.commit_early(first.name, [s.call for s in running.values()])
+                        await ex.commit_early(first.name, [s.made for s in running.values()])
                 else:
                     await ex.ping()
     except (asyncio.CancelledError, ClientGone):

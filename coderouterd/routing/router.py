@@ -9,10 +9,10 @@ from dataclasses import replace
 from inspect import isawaitable
 from typing import TYPE_CHECKING
 
-from ..affinity.service import Affinity
+from ..affinity.service import Affinity, Placement, Ticket
 from ..providers.errors import MEMORY_PRESSURE, UpstreamError
 from ..providers.server_info import ServerDirectory
-from ..translate.unsigned_thinking import SignatureBook
+from ..translate.unsigned_thinking import SignatureBook, UpstreamSignatures
 from .adaptive import AdaptiveOrderer
 from .breaker import BreakerState
 from .context_count import count_over_window, learned_estimates
@@ -22,6 +22,7 @@ from .state import RoutingState
 
 if TYPE_CHECKING:
     from ..providers.provider import Provider
+    from ..providers.strategies import Strategy
     from ..runtime import Runtime
     from ..supervise.ondemand import OnDemand
 
@@ -103,6 +104,46 @@ class Router:
     def named_tool_choice(self, provider: Provider) -> bool:
         """Whether the provider's server reads OpenAI's named tool choice (servers/base.py)."""
         return self.servers is None or self.servers.named_tool_choice(provider)
+
+    # -- what an exchange asks beyond planning and outcomes (routing/exchange_router.py) ----------------------
+
+    def signatures_for(self, signer: str) -> UpstreamSignatures:
+        """The thinking signatures an Anthropic upstream (`signer`, its origin) may be sent back."""
+        return self.thinking_signatures.for_upstream(signer)
+
+    def ticket(self, req: ClientRequest) -> Ticket | None:
+        aff = self.affinity
+        return aff.ticket(req, prompt_cache_key=req.session_key()) if aff is not None else None
+
+    def body_for(self, ticket: Ticket, provider: Provider, req: ClientRequest) -> tuple[dict, bytes]:
+        """The request's body as this provider is sent it under prefix affinity (a ticket implies affinity)."""
+        aff = self.affinity
+        return aff.body_for(ticket, provider, req) if aff is not None else (req.body, req.raw)
+
+    async def place(self, ticket: Ticket, provider: Provider) -> Placement | None:
+        aff = self.affinity
+        return await aff.place(ticket, provider) if aff is not None else None
+
+    def finish_placement(self, ticket: Ticket | None, placement: Placement, provider: Provider, *, ok: bool,
+                         strategy: Strategy, request_id: str) -> None:
+        aff = self.affinity
+        if aff is not None:
+            aff.finish(ticket, placement, provider, ok=ok, strategy=strategy, request_id=request_id)
+
+    def learn_unplaced(self, ticket: Ticket, provider: Provider, *, strategy: Strategy, request_id: str) -> None:
+        aff = self.affinity
+        if aff is not None:
+            aff.finish(ticket, aff.unplaced(ticket, provider), provider, ok=True, strategy=strategy,
+                       request_id=request_id)
+
+    def cannot_start_reason(self, provider: str) -> str | None:
+        return self.state.cannot_start_reason(provider)
+
+    def coming_within(self, provider: str) -> float:
+        return self.state.coming_within(provider)
+
+    async def wait_up(self, providers: list[str], timeout: float) -> list[str]:
+        return await self.state.wait_up(providers, timeout)
 
     def _facts(self, runtime: Runtime, names) -> dict[str, ProviderFacts]:
         """The runtime's facts, with the context window the server reports where the config left it unset.
