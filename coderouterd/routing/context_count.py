@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 import aiohttp
@@ -23,6 +24,7 @@ if TYPE_CHECKING:
     from ..providers.provider import Provider
     from ..runtime import Runtime
     from .request import ClientRequest
+    from .router import Router
 
 log = logging.getLogger("coderouterd")
 
@@ -30,7 +32,7 @@ COUNT_TIMEOUT_S = 5.0  # both round trips; a server slower than that is gated by
 _COUNTING_SERVERS = frozenset({"llama.cpp"})
 
 
-def learned_estimates(runtime: Runtime, names, req: ClientRequest) -> dict[str, int]:
+def learned_estimates(runtime: Runtime, names: Iterable[str], req: ClientRequest) -> dict[str, int]:
     """Providers whose server has taught a ratio: this prompt's size by that ratio."""
     size = len(req.raw)
     out = {}
@@ -41,14 +43,14 @@ def learned_estimates(runtime: Runtime, names, req: ClientRequest) -> dict[str, 
     return out
 
 
-def _countable(router, p: Provider) -> bool:
+def _countable(router: Router, p: Provider) -> bool:
     if p.adapter.wire != "openai" or p.template_count_supported is False or router.servers is None:
         return False
     info = router.servers.info(p)
     return info is not None and info.kind in _COUNTING_SERVERS
 
 
-async def count_over_window(router, runtime: Runtime, names, req: ClientRequest) -> dict[str, int]:
+async def count_over_window(router: Router, runtime: Runtime, names: Iterable[str], req: ClientRequest) -> dict[str, int]:
     """{provider: tokens by its server's count} for the providers of `names` whose estimate exceeds their window
     and whose server can count. Nothing is asked for a prompt that fits by the estimate (nearly all)."""
     base = req.estimated_tokens()

@@ -92,7 +92,7 @@ def _close_truncated(text: str) -> str:
     return text + "".join(reversed(stack))
 
 
-def parse_tool_arguments(raw) -> dict:
+def parse_tool_arguments(raw: object) -> dict:
     """Arguments string -> dict; trivially broken JSON is repaired, anything else becomes {}."""
     if isinstance(raw, dict):
         return raw
@@ -120,7 +120,7 @@ def parse_tool_arguments(raw) -> dict:
 # --- non-streaming ----------------------------------------------------------------------------
 
 
-def _content_text(content) -> str:
+def _content_text(content: object) -> str:
     if isinstance(content, str):
         return content
     if isinstance(content, list):
@@ -217,7 +217,7 @@ def response_to_anthropic(resp: dict, model: str, *, stop_sequences: list[str] |
     }
 
 
-def stream_error_to_anthropic(err) -> tuple[str, str]:
+def stream_error_to_anthropic(err: object) -> tuple[str, str]:
     """An in-stream OpenAI ``error`` object -> (Anthropic error type, message)."""
     if isinstance(err, dict):
         message = str(err.get("message") or orjson.dumps(err).decode())
