@@ -27,13 +27,14 @@ from .provider import Provider
 
 if TYPE_CHECKING:
     from .pool import Pool
+    from .strategies import Strategy
 
 _CONNECT_ERRORS = (aiohttp.ClientConnectorError, aiohttp.ServerDisconnectedError, aiohttp.ClientOSError,
                    ConnectionError, OSError)
 
 
 class Call:
-    def __init__(self, provider: Provider, strategy, *, raw_body: bytes, stream: bool,
+    def __init__(self, provider: Provider, strategy: Strategy, *, raw_body: bytes, stream: bool,
                  client_headers: dict[str, str]) -> None:
         self.provider = provider
         self.strategy = strategy

@@ -25,7 +25,7 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from types import TracebackType
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from ..providers.call import Call
 from ..providers.errors import BUDGET, BUDGET_FINAL, IDLE_TIMEOUT, OVERFLOW, TOTAL_TIMEOUT, UpstreamError
@@ -326,7 +326,9 @@ class Exchange:
                                   "why": f"{omitted} image(s) replaced by a text note: {provider.name} has "
                                          "capabilities.vision = false"})
         cls = provider.adapter.strategy_for(req.ingress)
-        kw = {"model": model, "skip_prologue": self.committed and self.sink.opens_stream_itself, "client_body": body,
+        # Any: which keywords a strategy takes depends on its class (native for Responses, signatures for an
+        # Anthropic passthrough, ...); each class's own signature is what checks them.
+        kw: dict[str, Any] = {"model": model, "skip_prologue": self.committed and self.sink.opens_stream_itself, "client_body": body,
               # Answers name the model as the client asked for it (or as configured), whatever the server says.
               "answer_model": req.model or provider.cfg.model or model}
         if req.native is not None:

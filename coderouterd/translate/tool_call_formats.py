@@ -172,7 +172,7 @@ def _arguments(value: object) -> dict | None:
     return value if isinstance(value, dict) else None
 
 
-def _call_from_object(obj: object, fmt: str, tools: dict[str, ToolSpec], *, need_arguments: bool = False
+def _call_from_object(obj: object, fmt: str, tools: Mapping[str, ToolSpec], *, need_arguments: bool = False
                       ) -> RepairedCall | None:
     if not isinstance(obj, dict):
         return None
@@ -189,7 +189,7 @@ def _call_from_object(obj: object, fmt: str, tools: dict[str, ToolSpec], *, need
     return _validated(name, _arguments(fn.get(key)) if key else {}, fmt, tools)
 
 
-def _validated(name: str, args: dict | None, fmt: str, tools: dict[str, ToolSpec]) -> RepairedCall | None:
+def _validated(name: str, args: dict | None, fmt: str, tools: Mapping[str, ToolSpec]) -> RepairedCall | None:
     spec = tools.get(name)
     if spec is None or args is None:
         return None
@@ -207,7 +207,7 @@ def _typed(value: str, schema_type: str | None) -> object:
         return value
 
 
-def _xml_function(body: str, tools: dict[str, ToolSpec]) -> RepairedCall | None:
+def _xml_function(body: str, tools: Mapping[str, ToolSpec]) -> RepairedCall | None:
     """``<function=NAME>`` then either ``<parameter=K>v</parameter>``… or a JSON object, then ``</function>``."""
     body = body.strip()
     m = _FUNCTION_HEAD.match(body)
@@ -238,7 +238,7 @@ def _xml_function(body: str, tools: dict[str, ToolSpec]) -> RepairedCall | None:
     return _validated(name, args, "qwen_xml", tools)
 
 
-def parse_capture(fmt: str, text: str, tools: dict[str, ToolSpec]) -> list[RepairedCall] | None:
+def parse_capture(fmt: str, text: str, tools: Mapping[str, ToolSpec]) -> list[RepairedCall] | None:
     """The calls in one captured markup (opening marker included), or None when it is not a valid call."""
     text = text.strip()
     if fmt == "hermes":
