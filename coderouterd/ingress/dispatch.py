@@ -6,7 +6,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import TYPE_CHECKING
+from collections.abc import Awaitable
+from typing import TYPE_CHECKING, Any
 
 import orjson
 
@@ -27,13 +28,14 @@ if TYPE_CHECKING:
     from ..routing.record import RequestRecord
     from ..runtime import Runtime
     from ..ui.app import DashboardApp
+    from .asgi import Message, Receive, Scope, Send
 
 log = logging.getLogger("coderouterd.request")
 
 _TEXT = [(b"content-type", b"text/plain; charset=utf-8")]
 
 
-def _caller_wire(path: str, scope) -> str:
+def _caller_wire(path: str, scope: Scope) -> str:
     """Which wire's error shape an unrouted request gets: Anthropic's for its paths or when the caller sends
     Anthropic's headers (the SDK always sends anthropic-version; x-api-key is Anthropic's key header)."""
     if path.startswith("/v1/messages"):
@@ -47,7 +49,7 @@ def _caller_wire(path: str, scope) -> str:
 _SENT = object()  # "an error answer was already sent" (a JSON body may itself be null)
 
 
-def _headers(scope) -> dict[str, str]:
+def _headers(scope: Scope) -> dict[str, str]:
     return {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
 
 
@@ -64,11 +66,11 @@ class _TrackedSend:
 
     __slots__ = ("send", "started")
 
-    def __init__(self, send) -> None:
+    def __init__(self, send: Send) -> None:
         self.send = send
         self.started = False
 
-    def __call__(self, message):
+    def __call__(self, message: Message) -> Awaitable[None]:
         self.started = True
         return self.send(message)
 
@@ -79,7 +81,7 @@ class ProxyApp:
         self._dashboard: DashboardApp | None = None  # made on the first /ui request
         self._guard: tuple[object, int, BrowserGuard] | None = None  # (runtime, port, guard) last built
 
-    def browser_guard(self, scope) -> BrowserGuard:
+    def browser_guard(self, scope: Scope) -> BrowserGuard:
         """The Host/Origin/content-type checks for this config generation and the port the request came in on
         (built once per reload)."""
         runtime = self.daemon.runtime
@@ -93,7 +95,7 @@ class ProxyApp:
         self._guard = (runtime, port, guard)
         return guard
 
-    async def __call__(self, scope, receive, send) -> None:
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         kind = scope["type"]
         if kind == "http":
             # The one guard at the edge: whatever escapes a handler is answered in the caller's shape (never
@@ -114,14 +116,14 @@ class ProxyApp:
         elif kind == "lifespan":
             await self.lifespan(receive, send)
 
-    async def lifespan(self, receive, send) -> None:
+    async def lifespan(self, receive: Receive, send: Send) -> None:
         try:
             await self._lifespan(receive, send)
         except asyncio.CancelledError:
             # A forced exit cancels the lifespan: the managed children must still be stopped (no orphans).
             await self.daemon.shutdown()
 
-    async def _lifespan(self, receive, send) -> None:
+    async def _lifespan(self, receive: Receive, send: Send) -> None:
         while True:
             msg = await receive()
             if msg["type"] == "lifespan.startup":
@@ -136,7 +138,7 @@ class ProxyApp:
                 await send({"type": "lifespan.shutdown.complete"})
                 return
 
-    async def http(self, scope, receive, send) -> None:
+    async def http(self, scope: Scope, receive: Receive, send: Send) -> None:
         path = scope["path"]
         method = scope["method"]
         if path != "/healthz" and path != "/ui" and not path.startswith("/ui/"):
@@ -182,7 +184,7 @@ class ProxyApp:
         else:
             await r.error(404, f"no such endpoint: {method} {path}", error_type="not_found_error")
 
-    async def dashboard(self, scope, receive, send) -> None:
+    async def dashboard(self, scope: Scope, receive: Receive, send: Send) -> None:
         """/ui: the read-only web dashboard, built (and its modules imported) on the first visit."""
         app = self._dashboard
         if app is None:
@@ -197,8 +199,9 @@ class ProxyApp:
             return True
         return key_accepted(presented_key(headers), keys)
 
-    async def _read_json(self, scope, receive, r: Responder, runtime: Runtime):
-        """The request body parsed (any JSON value, `null` included), or _SENT after an error was sent."""
+    async def _read_json(self, scope: Scope, receive: Receive, r: Responder, runtime: Runtime) -> tuple[Any, bytes]:
+        """The request body parsed (any JSON value, `null` included: Any until validated) and its bytes, or _SENT
+        after an error was sent."""
         limit = int(runtime.config.server.max_body_mb * 1024 * 1024)
         for k, v in scope["headers"]:
             if k == b"content-length":
@@ -206,7 +209,7 @@ class ProxyApp:
                     if int(v) > limit:
                         await r.error(413, f"request body exceeds the {runtime.config.server.max_body_mb:g} MB limit",
                                       error_type="request_too_large")
-                        return _SENT, None
+                        return _SENT, b""
                 except ValueError:
                     pass
                 break
@@ -215,14 +218,15 @@ class ProxyApp:
         except BodyTooLarge:
             await r.error(413, f"request body exceeds the {runtime.config.server.max_body_mb:g} MB limit",
                           error_type="request_too_large")
-            return _SENT, None
+            return _SENT, b""
         try:
             return orjson.loads(raw), raw
         except orjson.JSONDecodeError as e:
             await r.error(400, f"request body is not valid JSON: {e}", error_type="invalid_request_error")
-            return _SENT, None
+            return _SENT, b""
 
-    async def _admit(self, scope, receive, send, ingress: str, runtime: Runtime, *, count_tokens: bool = False):
+    async def _admit(self, scope: Scope, receive: Receive, send: Send, ingress: str, runtime: Runtime, *,
+                     count_tokens: bool = False) -> tuple[ClientRequest, Responder, str] | None:
         """What every model request goes through first: auth, body limits, JSON, validation, profile.
         Returns (request, responder, profile), or None after an error in the caller's shape was sent."""
         headers = _headers(scope)
@@ -269,7 +273,7 @@ class ProxyApp:
                             native=native)
         return req, r, profile
 
-    async def proxy(self, scope, receive, send, ingress: str) -> None:
+    async def proxy(self, scope: Scope, receive: Receive, send: Send, ingress: str) -> None:
         # Counted from the first byte to the last: `coderouter_requests_in_flight` answers "is anything stuck?".
         in_flight = self.daemon.in_flight
         in_flight[ingress] = in_flight.get(ingress, 0) + 1
@@ -278,7 +282,7 @@ class ProxyApp:
         finally:
             in_flight[ingress] -= 1
 
-    async def _proxy(self, scope, receive, send, ingress: str) -> None:
+    async def _proxy(self, scope: Scope, receive: Receive, send: Send, ingress: str) -> None:
         daemon = self.daemon
         runtime = daemon.runtime  # this request keeps this generation even if a reload swaps it meanwhile
         admitted = await self._admit(scope, receive, send, ingress, runtime)
@@ -330,7 +334,7 @@ class ProxyApp:
         if not r.headers_sent and record.error_class == CLIENT_DISCONNECTED:
             raise ClientLeft  # nothing was answered because the client left: the edge guard stays quiet
 
-    async def count_tokens(self, scope, receive, send) -> None:
+    async def count_tokens(self, scope: Scope, receive: Receive, send: Send) -> None:
         runtime = self.daemon.runtime
         admitted = await self._admit(scope, receive, send, "anthropic", runtime, count_tokens=True)
         if admitted is None:
@@ -342,7 +346,7 @@ class ProxyApp:
         r.add_header("x-coderouter-token-count", source)
         await r.json(200, orjson.dumps({"input_tokens": n}))
 
-    async def models(self, scope, send) -> None:
+    async def models(self, scope: Scope, send: Send) -> None:
         headers = _headers(scope)
         runtime = self.daemon.runtime
         anthropic = "anthropic-version" in headers
@@ -366,14 +370,14 @@ class ProxyApp:
         await r.json(200, orjson.dumps(body))
 
 
-async def _preflight(send, origin: bytes, scope) -> None:
+async def _preflight(send: Send, origin: bytes, scope: Scope) -> None:
     requested = next((v for k, v in scope["headers"] if k == b"access-control-request-headers"), None)
     await send({"type": "http.response.start", "status": 204,
                 "headers": BrowserGuard.preflight_headers(origin, requested)})
     await send({"type": "http.response.body", "body": b""})
 
 
-async def _plain(send, status: int, body: bytes, *, json: bool = False, head: bool = False) -> None:
+async def _plain(send: Send, status: int, body: bytes, *, json: bool = False, head: bool = False) -> None:
     hs = [(b"content-type", b"application/json")] if json else list(_TEXT)
     hs.append((b"content-length", str(len(body)).encode()))
     await send({"type": "http.response.start", "status": status, "headers": hs})
