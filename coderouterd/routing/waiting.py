@@ -8,14 +8,14 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from ..providers.errors import UpstreamError
     from .executor import Exchange
 
 
-async def pinging(ex: Exchange, aw: Awaitable[Any], provider: str, timeout: float | None = None) -> None:
+async def pinging(ex: Exchange, aw: Awaitable[object], provider: str, timeout: float | None = None) -> None:
     """Wait for `aw` (up to `timeout`, then TimeoutError), pinging a streaming client meanwhile. `provider`
     names the stream's opening if it must be sent first."""
     task = asyncio.ensure_future(aw)
