@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Iterable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import aiohttp
 import orjson
@@ -22,11 +22,22 @@ from ..providers.limits import MAX_AUX_BYTES, read_capped
 
 if TYPE_CHECKING:
     from ..providers.provider import Provider
+    from ..providers.server_info import ServerDirectory
     from ..runtime import Runtime
     from .request import ClientRequest
-    from .router import Router
 
 log = logging.getLogger("coderouterd")
+
+
+class WindowFacts(Protocol):
+    """What counting asks of the router (routing/router.py, which calls in here): its server directory and the
+    window each provider is routed by."""
+
+    @property
+    def servers(self) -> ServerDirectory | None: ...
+
+    def context_window(self, provider: Provider) -> int: ...
+
 
 COUNT_TIMEOUT_S = 5.0  # both round trips; a server slower than that is gated by the estimate
 _COUNTING_SERVERS = frozenset({"llama.cpp"})
@@ -43,14 +54,14 @@ def learned_estimates(runtime: Runtime, names: Iterable[str], req: ClientRequest
     return out
 
 
-def _countable(router: Router, p: Provider) -> bool:
+def _countable(router: WindowFacts, p: Provider) -> bool:
     if p.adapter.wire != "openai" or p.template_count_supported is False or router.servers is None:
         return False
     info = router.servers.info(p)
     return info is not None and info.kind in _COUNTING_SERVERS
 
 
-async def count_over_window(router: Router, runtime: Runtime, names: Iterable[str], req: ClientRequest) -> dict[str, int]:
+async def count_over_window(router: WindowFacts, runtime: Runtime, names: Iterable[str], req: ClientRequest) -> dict[str, int]:
     """{provider: tokens by its server's count} for the providers of `names` whose estimate exceeds their window
     and whose server can count. Nothing is asked for a prompt that fits by the estimate (nearly all)."""
     base = req.estimated_tokens()
