@@ -61,7 +61,8 @@ def _countable(router: WindowFacts, p: Provider) -> bool:
     return info is not None and info.kind in _COUNTING_SERVERS
 
 
-async def count_over_window(router: WindowFacts, runtime: Runtime, names: Iterable[str], req: ClientRequest) -> dict[str, int]:
+async def count_over_window(router: WindowFacts, runtime: Runtime, names: Iterable[str],
+                            req: ClientRequest) -> dict[str, int]:
     """{provider: tokens by its server's count} for the providers of `names` whose estimate exceeds their window
     and whose server can count. Nothing is asked for a prompt that fits by the estimate (nearly all)."""
     base = req.estimated_tokens()

@@ -328,9 +328,11 @@ class Exchange:
         cls = provider.adapter.strategy_for(req.ingress)
         # Any: which keywords a strategy takes depends on its class (native for Responses, signatures for an
         # Anthropic passthrough, ...); each class's own signature is what checks them.
-        kw: dict[str, Any] = {"model": model, "skip_prologue": self.committed and self.sink.opens_stream_itself, "client_body": body,
-              # Answers name the model as the client asked for it (or as configured), whatever the server says.
-              "answer_model": req.model or provider.cfg.model or model}
+        kw: dict[str, Any] = {"model": model, "skip_prologue": self.committed and self.sink.opens_stream_itself,
+                              "client_body": body,
+                              # Answers name the model as the client asked for it (or as configured), whatever
+                              # the server says.
+                              "answer_model": req.model or provider.cfg.model or model}
         if req.native is not None:
             kw["native"] = req.native
             kw["provider_name"] = provider.name
