@@ -21,6 +21,12 @@ Pure over the raw ASGI header list, built once per (config, port): one pass over
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from collections.abc import Awaitable
+
+    from .asgi import Message, Send
 
 _LOOPBACK_NAMES = ("localhost", "127.0.0.1", "[::1]")
 
@@ -180,11 +186,11 @@ def is_json_type(ctype: bytes | None) -> bool:
     return media == b"application/json" or (media.startswith(b"application/") and media.endswith(b"+json"))
 
 
-def with_cors(send, origin: bytes):
+def with_cors(send: Send, origin: bytes) -> Send:
     """The server's send with CORS headers added to the response head, for a request from a listed origin."""
     extra = BrowserGuard.cors_headers(origin)
 
-    def wrapped(message):
+    def wrapped(message: Message) -> Awaitable[None]:
         if message["type"] == "http.response.start":
             message = {**message, "headers": [*message.get("headers", ()), *extra]}
         return send(message)

@@ -15,6 +15,7 @@ from ..ids import client_request_id, new_id
 from ..routing.record import CLIENT_DISCONNECTED, INTERNAL_ERROR
 from ..routing.request import ClientRequest
 from ..runtime import UnknownProfile
+from .asgi import App
 from .auth import key_accepted, presented_key
 from .browsers import BrowserGuard, with_cors
 from .guard import BodyTooLarge, ClientLeft, answer_internal_error, describe_exception, read_body
@@ -27,6 +28,7 @@ if TYPE_CHECKING:
     from ..daemon import Daemon  # layer-ok: the composition root, handed in; annotation only
     from ..routing.record import RequestRecord
     from ..runtime import Runtime
+    from .asgi import Message, Receive, Scope, Send
 
 log = logging.getLogger("coderouterd.request")
 
@@ -34,12 +36,10 @@ _TEXT = [(b"content-type", b"text/plain; charset=utf-8")]
 
 # An ASGI app (scope, receive, send), and what makes the dashboard's: the dashboard (ui/) sits above ingress (it
 # uses ingress's key check and browser guard), so it is handed in by whoever serves the proxy, never imported here.
-Asgi = Callable[[dict[str, Any], Callable[[], Awaitable[dict[str, Any]]], Callable[[dict[str, Any]], Awaitable[None]]],
-                Awaitable[None]]
-DashboardFactory = Callable[[], Asgi]
+DashboardFactory = Callable[[], App]
 
 
-def _caller_wire(path: str, scope) -> str:
+def _caller_wire(path: str, scope: Scope) -> str:
     """Which wire's error shape an unrouted request gets: Anthropic's for its paths or when the caller sends
     Anthropic's headers (the SDK always sends anthropic-version; x-api-key is Anthropic's key header)."""
     if path.startswith("/v1/messages"):
@@ -53,7 +53,7 @@ def _caller_wire(path: str, scope) -> str:
 _SENT = object()  # "an error answer was already sent" (a JSON body may itself be null)
 
 
-def _headers(scope) -> dict[str, str]:
+def _headers(scope: Scope) -> dict[str, str]:
     return {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
 
 
@@ -70,11 +70,11 @@ class _TrackedSend:
 
     __slots__ = ("send", "started")
 
-    def __init__(self, send) -> None:
+    def __init__(self, send: Send) -> None:
         self.send = send
         self.started = False
 
-    def __call__(self, message):
+    def __call__(self, message: Message) -> Awaitable[None]:
         self.started = True
         return self.send(message)
 
@@ -83,10 +83,10 @@ class ProxyApp:
     def __init__(self, daemon: Daemon, dashboard: DashboardFactory | None = None) -> None:
         self.daemon = daemon
         self._make_dashboard = dashboard  # None: no dashboard, /ui is a path like any other unknown one
-        self._dashboard: Asgi | None = None  # made on the first /ui request
+        self._dashboard: App | None = None  # made on the first /ui request
         self._guard: tuple[object, int, BrowserGuard] | None = None  # (runtime, port, guard) last built
 
-    def browser_guard(self, scope) -> BrowserGuard:
+    def browser_guard(self, scope: Scope) -> BrowserGuard:
         """The Host/Origin/content-type checks for this config generation and the port the request came in on
         (built once per reload)."""
         runtime = self.daemon.runtime
@@ -100,7 +100,7 @@ class ProxyApp:
         self._guard = (runtime, port, guard)
         return guard
 
-    async def __call__(self, scope, receive, send) -> None:
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         kind = scope["type"]
         if kind == "http":
             # The one guard at the edge: whatever escapes a handler is answered in the caller's shape (never
@@ -121,14 +121,14 @@ class ProxyApp:
         elif kind == "lifespan":
             await self.lifespan(receive, send)
 
-    async def lifespan(self, receive, send) -> None:
+    async def lifespan(self, receive: Receive, send: Send) -> None:
         try:
             await self._lifespan(receive, send)
         except asyncio.CancelledError:
             # A forced exit cancels the lifespan: the managed children must still be stopped (no orphans).
             await self.daemon.shutdown()
 
-    async def _lifespan(self, receive, send) -> None:
+    async def _lifespan(self, receive: Receive, send: Send) -> None:
         while True:
             msg = await receive()
             if msg["type"] == "lifespan.startup":
@@ -143,7 +143,7 @@ class ProxyApp:
                 await send({"type": "lifespan.shutdown.complete"})
                 return
 
-    async def http(self, scope, receive, send) -> None:
+    async def http(self, scope: Scope, receive: Receive, send: Send) -> None:
         path = scope["path"]
         method = scope["method"]
         if path != "/healthz" and path != "/ui" and not path.startswith("/ui/"):
@@ -189,7 +189,7 @@ class ProxyApp:
         else:
             await r.error(404, f"no such endpoint: {method} {path}", error_type="not_found_error")
 
-    async def dashboard(self, scope, receive, send) -> None:
+    async def dashboard(self, scope: Scope, receive: Receive, send: Send) -> None:
         """/ui: the read-only web dashboard, built (and its modules imported) on the first visit."""
         app = self._dashboard
         if app is None:
@@ -203,8 +203,9 @@ class ProxyApp:
             return True
         return key_accepted(presented_key(headers), keys)
 
-    async def _read_json(self, scope, receive, r: Responder, runtime: Runtime):
-        """The request body parsed (any JSON value, `null` included), or _SENT after an error was sent."""
+    async def _read_json(self, scope: Scope, receive: Receive, r: Responder, runtime: Runtime) -> tuple[Any, bytes]:
+        """The request body parsed (any JSON value, `null` included: Any until validated) and its bytes, or _SENT
+        after an error was sent."""
         limit = int(runtime.config.server.max_body_mb * 1024 * 1024)
         for k, v in scope["headers"]:
             if k == b"content-length":
@@ -212,7 +213,7 @@ class ProxyApp:
                     if int(v) > limit:
                         await r.error(413, f"request body exceeds the {runtime.config.server.max_body_mb:g} MB limit",
                                       error_type="request_too_large")
-                        return _SENT, None
+                        return _SENT, b""
                 except ValueError:
                     pass
                 break
@@ -221,14 +222,15 @@ class ProxyApp:
         except BodyTooLarge:
             await r.error(413, f"request body exceeds the {runtime.config.server.max_body_mb:g} MB limit",
                           error_type="request_too_large")
-            return _SENT, None
+            return _SENT, b""
         try:
             return orjson.loads(raw), raw
         except orjson.JSONDecodeError as e:
             await r.error(400, f"request body is not valid JSON: {e}", error_type="invalid_request_error")
-            return _SENT, None
+            return _SENT, b""
 
-    async def _admit(self, scope, receive, send, ingress: str, runtime: Runtime, *, count_tokens: bool = False):
+    async def _admit(self, scope: Scope, receive: Receive, send: Send, ingress: str, runtime: Runtime, *,
+                     count_tokens: bool = False) -> tuple[ClientRequest, Responder, str] | None:
         """What every model request goes through first: auth, body limits, JSON, validation, profile.
         Returns (request, responder, profile), or None after an error in the caller's shape was sent."""
         headers = _headers(scope)
@@ -275,7 +277,7 @@ class ProxyApp:
                             native=native)
         return req, r, profile
 
-    async def proxy(self, scope, receive, send, ingress: str) -> None:
+    async def proxy(self, scope: Scope, receive: Receive, send: Send, ingress: str) -> None:
         # Counted from the first byte to the last: `coderouter_requests_in_flight` answers "is anything stuck?".
         in_flight = self.daemon.in_flight
         in_flight[ingress] = in_flight.get(ingress, 0) + 1
@@ -284,7 +286,7 @@ class ProxyApp:
         finally:
             in_flight[ingress] -= 1
 
-    async def _proxy(self, scope, receive, send, ingress: str) -> None:
+    async def _proxy(self, scope: Scope, receive: Receive, send: Send, ingress: str) -> None:
         daemon = self.daemon
         runtime = daemon.runtime  # this request keeps this generation even if a reload swaps it meanwhile
         admitted = await self._admit(scope, receive, send, ingress, runtime)
@@ -336,7 +338,7 @@ class ProxyApp:
         if not r.headers_sent and record.error_class == CLIENT_DISCONNECTED:
             raise ClientLeft  # nothing was answered because the client left: the edge guard stays quiet
 
-    async def count_tokens(self, scope, receive, send) -> None:
+    async def count_tokens(self, scope: Scope, receive: Receive, send: Send) -> None:
         runtime = self.daemon.runtime
         admitted = await self._admit(scope, receive, send, "anthropic", runtime, count_tokens=True)
         if admitted is None:
@@ -348,7 +350,7 @@ class ProxyApp:
         r.add_header("x-coderouter-token-count", source)
         await r.json(200, orjson.dumps({"input_tokens": n}))
 
-    async def models(self, scope, send) -> None:
+    async def models(self, scope: Scope, send: Send) -> None:
         headers = _headers(scope)
         runtime = self.daemon.runtime
         anthropic = "anthropic-version" in headers
@@ -372,14 +374,14 @@ class ProxyApp:
         await r.json(200, orjson.dumps(body))
 
 
-async def _preflight(send, origin: bytes, scope) -> None:
+async def _preflight(send: Send, origin: bytes, scope: Scope) -> None:
     requested = next((v for k, v in scope["headers"] if k == b"access-control-request-headers"), None)
     await send({"type": "http.response.start", "status": 204,
                 "headers": BrowserGuard.preflight_headers(origin, requested)})
     await send({"type": "http.response.body", "body": b""})
 
 
-async def _plain(send, status: int, body: bytes, *, json: bool = False, head: bool = False) -> None:
+async def _plain(send: Send, status: int, body: bytes, *, json: bool = False, head: bool = False) -> None:
     hs = [(b"content-type", b"application/json")] if json else list(_TEXT)
     hs.append((b"content-length", str(len(body)).encode()))
     await send({"type": "http.response.start", "status": status, "headers": hs})

@@ -7,9 +7,13 @@ traceback's messages would do the same. File, line and function are enough to fi
 from __future__ import annotations
 
 import traceback
+from typing import TYPE_CHECKING
 
 from ..ids import new_id
 from .errors import anthropic_error_body, openai_error_body
+
+if TYPE_CHECKING:
+    from .asgi import Receive, Scope, Send
 
 # Frames named in the log line, innermost last.
 _FRAMES = 6
@@ -23,7 +27,7 @@ class BodyTooLarge(Exception):
     pass
 
 
-async def read_body(receive, limit: int) -> bytes:
+async def read_body(receive: Receive, limit: int) -> bytes:
     """The whole ASGI request body, or BodyTooLarge past `limit` bytes, or ClientLeft (the proxy and the
     dashboard's login form both read with this)."""
     chunks = []
@@ -65,7 +69,7 @@ def error_body(path: str, status: int, message: str, error_type: str) -> bytes:
     return anthropic_error_body(status, message, error_type=error_type, request_id=new_id("req"))
 
 
-async def answer_internal_error(scope, send, response_started: bool) -> None:
+async def answer_internal_error(scope: Scope, send: Send, response_started: bool) -> None:
     if response_started:
         return  # too late for a status: the server closes the connection, which the client sees as an error
     body = error_body(scope.get("path", ""), 500, "internal error in coderouterd", "api_error")

@@ -36,11 +36,17 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import Any, cast
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, cast
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
 
 from .guard import error_body
+
+if TYPE_CHECKING:
+    from uvicorn._types import ASGI3Application, ASGIReceiveCallable, ASGISendCallable, ASGISendEvent, Scope
+
+    from ..config.schema import ServerConfig
 
 log = logging.getLogger("coderouterd")
 
@@ -62,7 +68,7 @@ class Limits:
     """The connection limits in force: one instance shared by every connection, updated in place by a reload
     (the listener itself is never rebound)."""
 
-    def __init__(self, server, fd_cap: int | None = None) -> None:
+    def __init__(self, server: ServerConfig, fd_cap: int | None = None) -> None:
         # fd_cap: the most connections the process's file-descriptor limit allows (see serve.raise_fd_limit)
         self.fd_cap = fd_cap
         # Connections waiting for a request head, oldest wait first (a dict keeps insertion order, and adding,
@@ -71,7 +77,7 @@ class Limits:
         self.closing = 0  # connections closed to make room whose connection_lost has not run yet
         self.update(server)
 
-    def update(self, server) -> None:
+    def update(self, server: ServerConfig) -> None:
         self.max_header_bytes = server.max_header_kb * 1024
         self.max_header_line_bytes = server.max_header_line_kb * 1024
         self.header_timeout_s = server.header_timeout_s
@@ -131,9 +137,10 @@ def make_protocol(limits: Limits) -> type[HttpToolsProtocol]:
 class GuardedHttpToolsProtocol(HttpToolsProtocol):
     limits: Limits
 
-    def __init__(self, *args, **kwargs) -> None:
+    def __init__(self, *args: Any, **kwargs: Any) -> None:  # uvicorn's own, passed on as they came
         super().__init__(*args, **kwargs)
-        self.timeout_keep_alive = self.limits.keep_alive_s
+        # uvicorn annotates it int (its CLI option) and hands it to loop.call_later, which takes seconds as float.
+        self.timeout_keep_alive = self.limits.keep_alive_s  # type: ignore[assignment]
         self._in_head = False  # between a message's first byte and the end of its headers
         self._head_bytes = 0  # raw bytes of an unfinished head
         self._line_bytes = 0  # raw bytes since the last newline of an unfinished head
@@ -151,7 +158,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
 
     # -- connection ------------------------------------------------------------------------------------------
 
-    def connection_made(self, transport) -> None:
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]  # as uvicorn does
         super().connection_made(transport)
         lim = self.limits
         n = len(self.connections) - lim.closing
@@ -171,7 +178,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         # Also covers a connection that never sends a byte: it is closed when this fires.
         self._arm_head_timer()
 
-    def connection_lost(self, exc) -> None:
+    def connection_lost(self, exc: Exception | None) -> None:
         self._cancel_timers()
         self.limits.waiting.pop(self, None)
         if self._evicted:
@@ -356,10 +363,10 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
             self.transport.close()
 
 
-def _over_capacity(app):
+def _over_capacity(app: ASGI3Application) -> ASGI3Application:
     """The app seen by a connection beyond the cap: /healthz as usual, everything else a 503 and a close."""
 
-    async def over_capacity(scope, receive, send) -> None:
+    async def over_capacity(scope: Scope, receive: ASGIReceiveCallable, send: ASGISendCallable) -> None:
         if scope["type"] != "http" or scope["path"] == "/healthz":
             return await app(scope, receive, send)
         body = error_body(scope["path"], 503, "coderouterd is at its connection limit; retry shortly",
@@ -378,7 +385,7 @@ class _HeadHeld:
 
     __slots__ = ("transport", "hold", "head")
 
-    def __init__(self, transport) -> None:
+    def __init__(self, transport: asyncio.Transport) -> None:
         self.transport = transport
         self.hold = False
         self.head = b""
@@ -400,16 +407,16 @@ class _HeadHeld:
             if not self.transport.is_closing():
                 self.transport.write(head)
 
-    def __getattr__(self, name: str):
+    def __getattr__(self, name: str) -> object:
         return getattr(self.transport, name)
 
 
 class _WatchedCycle(RequestResponseCycle):
     """uvicorn's cycle with the app's disconnect callback (called by GuardedHttpToolsProtocol.connection_lost)."""
 
-    on_disconnect = None
+    on_disconnect: Callable[[], object] | None = None
 
-    def watch_disconnect(self, callback) -> None:
+    def watch_disconnect(self, callback: Callable[[], object] | None) -> None:
         self.on_disconnect = callback
 
 
@@ -417,7 +424,7 @@ class _Cycle(_WatchedCycle):
     """The response head sent along with the first body bytes: one write for a sized response, and for a
     stream's head and first event (see the module's docstring)."""
 
-    async def send(self, message) -> None:
+    async def send(self, message: ASGISendEvent) -> None:
         if not self.response_started and message["type"] == "http.response.start" \
                 and self.scope["method"] != "HEAD":
             held = _HeadHeld(self.transport)
@@ -444,7 +451,7 @@ class _CloseDelimitedCycle(_WatchedCycle):
 
     _close_delimited = False
 
-    async def send(self, message) -> None:
+    async def send(self, message: ASGISendEvent) -> None:
         if not self.response_started and message["type"] == "http.response.start":
             names = {n.lower() for n, _ in message.get("headers", [])}
             if b"content-length" not in names and self.scope["method"] != "HEAD":

@@ -5,11 +5,15 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 from ..routing.sink import ClientGone, StreamOpening
 from ..wire.anthropic import message_start
 from ..wire.sse import DONE, encode_data, encode_event
 from .errors import OPENAI_TYPES, anthropic_error_body, anthropic_error_event, openai_error_body
+
+if TYPE_CHECKING:
+    from .asgi import Send
 
 _JSON = (b"content-type", b"application/json")
 _SSE = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache"), (b"x-accel-buffering", b"no")]
@@ -24,7 +28,7 @@ _OPENAI_KINDS = frozenset(OPENAI_TYPES.values()) | {"api_error"}
 
 
 class Responder:
-    def __init__(self, send, ingress: str, request_id: str) -> None:
+    def __init__(self, send: Send, ingress: str, request_id: str) -> None:
         self._send = send
         self.ingress = ingress
         # An Anthropic stream opens with message_start, a Responses stream with response.created: when routing
@@ -39,7 +43,7 @@ class Responder:
     def add_header(self, name: str, value: str) -> None:
         self.extra_headers.append((name.encode(), value.encode("latin-1", "replace")))
 
-    def _add_headers(self, headers) -> None:
+    def _add_headers(self, headers: Mapping[str, str] | None) -> None:
         if not headers:
             return
         # dict first: routing sends plain dicts on every request, and an ABC isinstance check is not free.
@@ -75,7 +79,7 @@ class Responder:
         await self._body(body, False)
 
     async def error(self, status: int, message: str, *, kind: str | None = None, error_type: str | None = None,
-                    extra: dict | None = None, headers=None, param: str | None = None,
+                    extra: dict | None = None, headers: Mapping[str, str] | None = None, param: str | None = None,
                     code: str | None = None) -> None:
         """An error in the caller's shape: an HTTP error before the stream started, an in-band one after."""
         kind = kind or error_type

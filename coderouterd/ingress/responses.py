@@ -5,11 +5,16 @@ Everything protocol-specific is in translate/responses_*.py; this module only wi
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 from ..translate.responses_request import ResponsesRequest, ResponsesRequestError, translate_request
 from ..translate.responses_stream import encode, failed_event, prologue
 from ..wire.sse import encode_data
 from .responder import Responder
 from .validate_responses import validate_responses
+
+if TYPE_CHECKING:
+    from .asgi import Send
 
 _SEQ_KEY = b'"sequence_number":'
 
@@ -22,7 +27,7 @@ class ResponsesResponder(Responder):
     """A Responder for Responses clients. Errors before the stream are OpenAI-shaped (the base class); after
     the stream began they are a `response.failed` numbered after the last event actually sent."""
 
-    def __init__(self, send, request_id: str) -> None:
+    def __init__(self, send: Send, request_id: str) -> None:
         super().__init__(send, "responses", request_id)
         self.rq: ResponsesRequest | None = None
         self.model = ""
@@ -56,8 +61,9 @@ class ResponsesResponder(Responder):
         await self._body(data, False)
 
 
-def admit_responses(body) -> tuple[ResponsesRequest | None, str | None, str | None]:
-    """(translated request, None, None), or (None, problem, param) for a 400 naming the field."""
+def admit_responses(body: Any) -> tuple[ResponsesRequest | None, str | None, str | None]:
+    """(translated request, None, None), or (None, problem, param) for a 400 naming the field. `body`: any JSON
+    value (Any: validate_responses makes it the dict translate_request reads, without a second check)."""
     problem = validate_responses(body)
     if problem:
         return None, problem, problem.split(":")[0]

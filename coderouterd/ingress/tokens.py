@@ -15,12 +15,14 @@ import orjson
 from ..translate.anthropic_request_to_openai import request_to_openai
 
 if TYPE_CHECKING:
+    from ..routing.request import ClientRequest
+    from ..routing.router import Router
     from ..runtime import Runtime
 
 _TIMEOUT_S = 10.0
 
 
-async def count_tokens(req, runtime: Runtime, router, profile: str) -> tuple[int, str]:
+async def count_tokens(req: ClientRequest, runtime: Runtime, router: Router, profile: str) -> tuple[int, str]:
     plan = router.plan(profile, runtime.config.profiles[profile], runtime, req)
     names = plan.candidates or list(runtime.config.profiles[profile].providers)
     provider = runtime.providers[names[0]]

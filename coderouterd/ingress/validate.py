@@ -26,7 +26,7 @@ _PROBE_WRAP = 254 - MAX_DEPTH  # orjson serialises at most 254 levels: wrapped t
 MAX_MODEL_NAME_CHARS = 256
 
 
-def _type_name(v) -> str:
+def _type_name(v: object) -> str:
     return {dict: "object", list: "array", str: "string", bool: "boolean", int: "integer", float: "number"}.get(
         type(v), "null" if v is None else type(v).__name__
     )
@@ -72,7 +72,7 @@ def check_fields(obj: dict, fields: Fields, path: str) -> str | None:
     return None
 
 
-def too_deep(value) -> bool:
+def too_deep(value: object) -> bool:
     """True when `value` nests more than MAX_DEPTH levels: one C-speed serialisation of the value wrapped in
     enough lists to reach orjson's own limit, instead of a Python walk over every node."""
     for _ in range(_PROBE_WRAP):
@@ -84,7 +84,7 @@ def too_deep(value) -> bool:
     return False
 
 
-def depth_problem(body, raw: bytes | None) -> str | None:
+def depth_problem(body: object, raw: bytes | None) -> str | None:
     """The depth limit on its own too, for an ingress whose other checks live elsewhere (Responses)."""
     # Each container costs at least one opening byte: a small body with fewer cannot be too deep. (Counting
     # is slower than the probe itself on large bodies, so only small ones are counted.)
@@ -146,7 +146,7 @@ def _a_source(block: dict, path: str) -> str | None:
     return None
 
 
-def _a_block(block, path: str) -> str | None:
+def _a_block(block: object, path: str) -> str | None:
     if type(block) is dict and block.get("type") == "text" and type(block.get("text")) is str and \
             type(block.get("cache_control", _NO_CC)) is dict:
         return None  # the common case, checked inline: most blocks are plain text
@@ -172,7 +172,7 @@ def _a_block(block, path: str) -> str | None:
     return None
 
 
-def _a_blocks(content, path: str, *, allow_str: bool) -> str | None:
+def _a_blocks(content: object, path: str, *, allow_str: bool) -> str | None:
     if type(content) is str and allow_str:
         return None
     if type(content) is not list:
@@ -184,7 +184,7 @@ def _a_blocks(content, path: str, *, allow_str: bool) -> str | None:
     return None
 
 
-def _a_system(system) -> str | None:
+def _a_system(system: str | list) -> str | None:  # checked as one of these (A_BODY)
     if type(system) is str:
         return None
     for i, b in enumerate(system):
@@ -198,7 +198,7 @@ def _a_system(system) -> str | None:
     return None
 
 
-def validate_anthropic(body, *, count_tokens: bool = False, raw: bytes | None = None) -> str | None:
+def validate_anthropic(body: object, *, count_tokens: bool = False, raw: bytes | None = None) -> str | None:
     """POST /v1/messages and /v1/messages/count_tokens (which needs no max_tokens)."""
     if type(body) is not dict:
         return f"request body: expected a JSON object, got {_type_name(body)}"
@@ -297,7 +297,7 @@ O_RESPONSE_FORMAT: Fields = (("type", STR, True), ("json_schema", OBJ, False))
 O_JSON_SCHEMA: Fields = (("schema", OBJ, False), ("name", STR, False))
 
 
-def _o_content(content, path: str) -> str | None:
+def _o_content(content: object, path: str) -> str | None:
     if content is None or type(content) is str:
         return None
     if type(content) is not list:
@@ -332,7 +332,7 @@ def o_arguments(args: str, path: str) -> str | None:
     return f"{path}: nested deeper than {MAX_DEPTH} levels" if too_deep(value) else None
 
 
-def _o_message(m, i: int) -> str | None:
+def _o_message(m: object, i: int) -> str | None:
     if type(m) is not dict:
         return f"messages[{i}]: expected an object, got {_type_name(m)}"
     role = m.get("role")
@@ -358,7 +358,7 @@ def _o_message(m, i: int) -> str | None:
     return None
 
 
-def validate_openai(body, *, raw: bytes | None = None) -> str | None:
+def validate_openai(body: object, *, raw: bytes | None = None) -> str | None:
     """POST /v1/chat/completions."""
     if type(body) is not dict:
         return f"request body: expected a JSON object, got {_type_name(body)}"

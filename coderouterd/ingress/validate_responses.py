@@ -15,7 +15,7 @@ _ITEM_ID_FIELDS = {"function_call": ("call_id", "name"), "function_call_output":
 _OUTPUT_ITEMS = frozenset({"function_call_output", "custom_tool_call_output"})
 
 
-def _problem_in_parts(content, where: str) -> str | None:
+def _problem_in_parts(content: object, where: str) -> str | None:
     if isinstance(content, list):
         for j, part in enumerate(content):
             if not isinstance(part, dict) or not isinstance(part.get("type"), str):
@@ -28,7 +28,7 @@ def _problem_in_parts(content, where: str) -> str | None:
     return None
 
 
-def _problem_in_item(i: int, item) -> str | None:
+def _problem_in_item(i: int, item: object) -> str | None:
     where = f"input[{i}]"
     if not isinstance(item, dict):
         return f"{where}: expected an object, got {_type_name(item)}"
@@ -63,7 +63,7 @@ def _problem_in_item(i: int, item) -> str | None:
     return check_fields(item, _ITEM_FIELDS.get(itype, ()), f"{where}.")
 
 
-def validate_responses(body) -> str | None:
+def validate_responses(body: object) -> str | None:
     if not isinstance(body, dict):
         return f"request body: expected a JSON object, got {_type_name(body)}"
     model = body.get("model")

@@ -27,13 +27,14 @@ from .provider import Provider
 
 if TYPE_CHECKING:
     from .pool import Pool
+    from .strategies import Strategy
 
 _CONNECT_ERRORS = (aiohttp.ClientConnectorError, aiohttp.ServerDisconnectedError, aiohttp.ClientOSError,
                    ConnectionError, OSError)
 
 
 class Call:
-    def __init__(self, provider: Provider, strategy, *, raw_body: bytes, stream: bool,
+    def __init__(self, provider: Provider, strategy: Strategy, *, raw_body: bytes, stream: bool,
                  client_headers: dict[str, str]) -> None:
         self.provider = provider
         self.strategy = strategy
@@ -51,7 +52,7 @@ class Call:
         self.wait_s = 0.0  # time spent awaiting the upstream: the rest of a request's latency is ours
         # Top-level fields added to this attempt's upstream body (prefix affinity: id_slot, cache_prompt).
         self.extra_fields: dict = {}
-        self.placement = None  # affinity.service.Placement when prefix affinity placed this attempt
+        self.placement: object | None = None  # affinity.service.Placement when prefix affinity placed this attempt
         self._pool: Pool | None = None  # the pool leased from open() to close(): a reload-retired pool outlives us, no more
 
     def _url_and_headers(self) -> tuple[str, dict[str, str]]:

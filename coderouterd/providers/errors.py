@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
 from urllib.parse import urlsplit
@@ -165,7 +166,7 @@ def redirect_error(status: int, location: str | None) -> UpstreamError:
                                            f"followed")
 
 
-def parse_retry_after(headers) -> float | None:
+def parse_retry_after(headers: Mapping[str, str]) -> float | None:
     """Seconds to wait from `retry-after-ms` (OpenAI, Anthropic) or `retry-after` (seconds or an HTTP date):
     always finite and within [0, MAX_RETRY_AFTER_S], None when absent or unreadable."""
     ms = headers.get("retry-after-ms")
@@ -173,8 +174,8 @@ def parse_retry_after(headers) -> float | None:
         v = _seconds(ms)
         if v is not None:
             return min(v / 1000.0, MAX_RETRY_AFTER_S)
-    v = headers.get("retry-after")
-    if not v:
+    after = headers.get("retry-after")
+    if not after:
         return None
-    seconds = _seconds(v)
-    return seconds if seconds is not None else _http_date(v)
+    seconds = _seconds(after)
+    return seconds if seconds is not None else _http_date(after)

@@ -6,7 +6,12 @@ Not configurable (SPEC names no such keys): the bounds sit far above any real an
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from ..allocator import released
+
+if TYPE_CHECKING:
+    import aiohttp
 
 KB = 1024
 MB = 1024 * KB
@@ -31,7 +36,7 @@ def size_text(n: int) -> str:
     return f"{n // MB} MB" if n >= MB else f"{n // KB} KB"
 
 
-async def read_capped(resp, limit: int, what: str = "answer") -> bytes:
+async def read_capped(resp: aiohttp.ClientResponse, limit: int, what: str = "answer") -> bytes:
     """The whole body, or BodyTooLarge as soon as it passes `limit` (the connection is then closed, not pooled)."""
     declared = resp.content_length
     if declared is not None and declared > limit:  # compressed or not, it can only grow
@@ -61,7 +66,7 @@ async def read_capped(resp, limit: int, what: str = "answer") -> bytes:
     return parts[0] if len(parts) == 1 else b"".join(parts)
 
 
-async def read_at_most(resp, limit: int) -> bytes:
+async def read_at_most(resp: aiohttp.ClientResponse, limit: int) -> bytes:
     """The first `limit` bytes of the body. A longer body is cut there and its connection closed: enough to read
     an error's message or to free a probe, never the whole of an endless body."""
     content = resp.content

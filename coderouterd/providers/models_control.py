@@ -13,10 +13,12 @@ from typing import TYPE_CHECKING
 import orjson
 
 from .. import servers
-from ..servers import NoModelControl, ServerKind
+from ..servers import Get, NoModelControl, ServerKind
 from .limits import MAX_AUX_BYTES, BodyTooLarge, read_capped
 
 if TYPE_CHECKING:
+    import aiohttp
+
     from .provider import Provider
 
 LOAD_TIMEOUT_S = 600.0
@@ -27,14 +29,14 @@ class ModelControlError(Exception):
     pass
 
 
-async def _read(r) -> bytes:
+async def _read(r: aiohttp.ClientResponse) -> bytes:
     try:
         return await read_capped(r, MAX_AUX_BYTES)
     except BodyTooLarge as e:
         raise ModelControlError(str(e)) from None
 
 
-async def _get(provider: Provider, path: str):
+async def _get(provider: Provider, path: str) -> tuple[int, object]:
     async with asyncio.timeout(_LIST_TIMEOUT_S):
         async with provider.session().get(provider.root_url + path, headers=provider.auth_headers()) as r:
             if r.status >= 300:  # a redirect (not followed) is no answer either
@@ -42,7 +44,7 @@ async def _get(provider: Provider, path: str):
             return r.status, orjson.loads(await _read(r))
 
 
-async def _post(provider: Provider, path: str, body: dict, timeout: float):
+async def _post(provider: Provider, path: str, body: dict, timeout: float) -> object:
     headers = {"content-type": "application/json", **provider.auth_headers()}
     async with asyncio.timeout(timeout):
         async with provider.session().post(provider.root_url + path, data=orjson.dumps(body), headers=headers) as r:
@@ -60,7 +62,7 @@ async def _post(provider: Provider, path: str, body: dict, timeout: float):
             return data
 
 
-def error_message(data) -> str | None:
+def error_message(data: object) -> str | None:
     """The human message in a backend's error body: {"error": "..."} (Ollama), {"error": {"message": ...}}
     (OpenAI, LM Studio), {"message": ...}; never the dict itself."""
     if not isinstance(data, dict):
@@ -75,10 +77,10 @@ def error_message(data) -> str | None:
     return None
 
 
-def _getter(provider: Provider):
+def _getter(provider: Provider) -> Get:
     """The servers package's GET over this provider's pool: (status, JSON or None)."""
 
-    async def get(path: str):
+    async def get(path: str) -> tuple[int, object]:
         try:
             return await _get(provider, path)
         except orjson.JSONDecodeError:
@@ -127,7 +129,7 @@ async def unload_model(provider: Provider, model: str) -> dict:
 async def _control(provider: Provider, model: str, action: str, timeout: float) -> dict:
     kind = await _kind(provider)
 
-    async def post(path: str, body: dict, t: float):
+    async def post(path: str, body: dict, t: float) -> object:
         return await _post(provider, path, body, t)
 
     try:

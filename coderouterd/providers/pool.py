@@ -19,14 +19,14 @@ log = logging.getLogger("coderouterd")
 class Pool:
     def __init__(self, connect_timeout: float) -> None:
         self.connect_timeout = connect_timeout
-        self._session = None  # UpstreamSession, made on first use (aiohttp is imported late)
+        self._session: UpstreamSession | None = None  # made on first use (aiohttp is imported late)
         self.leases = 0
         self.retired = False
         self.sessions_opened = 0
         self.sessions_closed = 0
         self._closing: set[asyncio.Task] = set()
 
-    def session(self):
+    def session(self) -> UpstreamSession:
         s = self._session
         if s is None or s.closed:
             import aiohttp

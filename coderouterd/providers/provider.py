@@ -12,6 +12,7 @@ from .adapters import adapter_for
 from .errors import CONNECT, MODEL_DISCOVERY, UpstreamError, redirect_error
 from .limits import MAX_AUX_BYTES, BodyTooLarge, read_capped
 from .pool import Pool
+from .upstream_session import UpstreamSession
 
 MODEL_CACHE_TTL_S = 300.0
 
@@ -48,7 +49,7 @@ class Provider:
         c = self.cfg
         return (c.kind, c.base_url, c.timeouts.connect, c.api_key_env, tuple(sorted(c.headers.items())))
 
-    def session(self):
+    def session(self) -> UpstreamSession:
         return self.pool.session()
 
     async def close(self) -> None:

@@ -10,6 +10,8 @@
 
 from __future__ import annotations
 
+from typing import Any, Required, Unpack
+
 import orjson
 
 from ..allocator import released
@@ -22,7 +24,14 @@ from ..translate.tool_repair_wire import OpenAIStreamRepair
 from ..wire.answer_shapes import check_chat_chunk, check_response, check_responses_event
 from .errors import DISCONNECT, STREAM_ERROR, TOO_LARGE, UpstreamError, stream_error_reason
 from .limits import MAX_ANSWER_BYTES, size_text
-from .strategies import AnthropicUpstreamAsChat, Strategy, _loads_object, _wrong_shape, openai_completion
+from .strategies import (
+    AnthropicUpstreamAsChat,
+    Strategy,
+    StrategyOptions,
+    _loads_object,
+    _wrong_shape,
+    openai_completion,
+)
 
 # The closing events of an answer with this much text leave one write each, encoded only when the one before is
 # out: they repeat the text four times, and encoded and written together they took ~9x the text at once.
@@ -33,8 +42,17 @@ _CLOSE_ONE_BY_ONE = 1 << 20
 _ENC_TAG = "coderouter:"
 
 
+class ResponsesOptions(StrategyOptions, total=False):
+    """A Responses strategy's keywords: Strategy's, and the client's own request."""
+
+    native: Required[ResponsesRequest]
+    provider_name: str
+
+
 class _ResponsesStrategy(Strategy):
-    def __init__(self, *, native: ResponsesRequest, provider_name: str = "", **kw) -> None:
+    # `kw`: Any, as cooperative keywords are: what the next class in the MRO takes (Strategy, or
+    # AnthropicUpstreamAsChat's include_usage for ResponsesToAnthropic).
+    def __init__(self, *, native: ResponsesRequest, provider_name: str = "", **kw: Any) -> None:
         super().__init__(**kw)
         self.rq = native
         # Content went out in an earlier batch. An error in the same batch as the first content still leaves
@@ -81,7 +99,7 @@ class _ResponsesStrategy(Strategy):
             self.done = True
         released(self.tr.kept * 4)  # the closing events repeat the text four times: a big answer asks a trim
 
-    def encode_held(self, item) -> bytes:
+    def encode_held(self, item: dict) -> bytes:
         return encode(item)
 
 
@@ -159,7 +177,7 @@ class ResponsesToChat(_ResponsesStrategy):
 class ResponsesToAnthropic(_ResponsesStrategy, AnthropicUpstreamAsChat):
     """Responses client -> Anthropic Messages upstream, through the chat form."""
 
-    def __init__(self, **kw) -> None:
+    def __init__(self, **kw: Unpack[ResponsesOptions]) -> None:
         super().__init__(include_usage=True, **kw)
 
     def response(self, body: bytes) -> bytes:
@@ -196,7 +214,7 @@ def _usage_from_responses(u: dict | None) -> dict:
             "output_tokens": int(u.get("output_tokens") or 0), "cache_read_input_tokens": cached}
 
 
-def _retag(obj, provider: str) -> None:
+def _retag(obj: object, provider: str) -> None:
     """Mark every encrypted reasoning blob in an upstream object with the provider that issued it."""
     if isinstance(obj, dict):
         enc = obj.get("encrypted_content")
@@ -289,7 +307,7 @@ class ResponsesPassthrough(_ResponsesStrategy):
                             after_content=self.started_content)
 
 
-def responses_strategy_for(upstream_wire: str, serves_responses: bool):
+def responses_strategy_for(upstream_wire: str, serves_responses: bool) -> type[Strategy]:
     if serves_responses:
         return ResponsesPassthrough
     return ResponsesToAnthropic if upstream_wire == "anthropic" else ResponsesToChat

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -66,7 +66,7 @@ async def probe(provider: Provider, timeout_s: float) -> ServerInfo:
     headers = provider.adapter.headers()
     root = provider.root_url
 
-    async def get(path: str):
+    async def get(path: str) -> tuple[int, object]:
         async with provider.session().get(root + path, headers=headers) as r:
             if r.status >= 300:  # an error, or a redirect (not followed): its body says nothing we use
                 await read_at_most(r, MAX_IGNORED_BYTES)
@@ -76,7 +76,7 @@ async def probe(provider: Provider, timeout_s: float) -> ServerInfo:
             except (orjson.JSONDecodeError, BodyTooLarge):
                 return r.status, None
 
-    async def post(path: str, body: dict, _timeout: float):
+    async def post(path: str, body: dict, _timeout: float) -> object:
         async with provider.session().post(root + path, data=orjson.dumps(body),
                                            headers={"content-type": "application/json", **headers}) as r:
             if r.status >= 300:
@@ -191,7 +191,7 @@ class ServerDirectory:
         the next time anyone needs to know."""
         self._known.pop(name, None)
 
-    def start(self, providers) -> None:
+    def start(self, providers: Iterable[Provider]) -> None:
         """Ask every provider's server now (at start and after a reload), so the first requests are gated."""
         for p in providers:
             self.refresh(p)

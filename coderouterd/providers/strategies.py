@@ -3,10 +3,13 @@ client's wire. Same-wire pairs pass bytes through; the others translate incremen
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any, Required, TypedDict, Unpack
+
 import orjson
 
 from ..translate.answer_observe import observe_anthropic, observe_openai
-from ..translate.answer_stats import AnswerStats
+from ..translate.answer_stats import AnswerStats, DriftSample
 from ..translate.anthropic_answer_to_openai import AnthropicStreamToOpenAI, anthropic_response_to_openai
 from ..translate.anthropic_request_to_openai import force_named_tool_as_required, request_to_openai
 from ..translate.openai_answer_to_anthropic import (
@@ -41,10 +44,10 @@ def _may_sign(name: str | None, data: str) -> bool:
     return name == "content_block_start" and '"redacted_thinking"' in data
 
 
-def _stream_error(message, **kw) -> UpstreamError:
+def _stream_error(message: object, *, after_content: bool = False, error_type: str | None = None) -> UpstreamError:
     """An error the upstream reported inside its stream (out-of-memory ones are memory_pressure)."""
     text = str(message)
-    return UpstreamError(stream_error_reason(text), message=text, **kw)
+    return UpstreamError(stream_error_reason(text), message=text, after_content=after_content, error_type=error_type)
 
 
 # Same-wire passthrough relays bytes it does not translate, so it must check that they are an answer at all: a 200
@@ -106,6 +109,18 @@ def anthropic_message(body: bytes) -> dict:
     return resp
 
 
+class StrategyOptions(TypedDict, total=False):
+    """Strategy's own keywords, as a subclass passes them on (`**kw: Unpack[StrategyOptions]`)."""
+
+    model: Required[str]
+    skip_prologue: Required[bool]
+    client_body: Required[dict]
+    repair_tools: Mapping[str, ToolSpec] | None
+    observe: bool
+    named_tool_choice: bool
+    answer_model: str
+
+
 class Strategy:
     """Stream state for one attempt. events() returns the bytes to send to the client for a batch of parsed
     SSE events; `done` is set when the upstream finished cleanly.
@@ -128,7 +143,7 @@ class Strategy:
     held: list | None = None
 
     def __init__(self, *, model: str, skip_prologue: bool, client_body: dict,
-                 repair_tools: dict[str, ToolSpec] | None = None, observe: bool = False,
+                 repair_tools: Mapping[str, ToolSpec] | None = None, observe: bool = False,
                  named_tool_choice: bool = True, answer_model: str = "") -> None:
         self.model = model  # what the upstream is asked for
         self.answer_model = answer_model or model  # what the client's answer names (providers/answer_model.py)
@@ -155,7 +170,7 @@ class Strategy:
         formats = [c.format for c in self._repaired_whole]
         return formats + (self.repair.formats if self.repair is not None else [])
 
-    def drift_sample(self, *, tools_offered: bool, prompt_key: int = 0):
+    def drift_sample(self, *, tools_offered: bool, prompt_key: int = 0) -> DriftSample | None:
         if self.answer is None:
             return None
         if self.repaired:
@@ -177,6 +192,21 @@ class Strategy:
     def path(self) -> str:
         return "/chat/completions" if self.upstream_wire == "openai" else "/messages"
 
+    # What every strategy does (each subclass has its own): the upstream's request body from the client's, a whole
+    # answer on the client's wire, a batch of the upstream's SSE events, and the end of the upstream's stream.
+
+    def request(self, raw: bytes, stream: bool) -> bytes:
+        raise NotImplementedError
+
+    def response(self, body: bytes) -> bytes:
+        raise NotImplementedError
+
+    def events(self, events: list[tuple[str | None, str]]) -> bytes:
+        raise NotImplementedError
+
+    def eof(self) -> bytes:
+        raise NotImplementedError
+
     def next_held(self) -> bytes:
         held = self.held
         assert held
@@ -186,7 +216,7 @@ class Strategy:
             self.done = True
         return data
 
-    def encode_held(self, item) -> bytes:
+    def encode_held(self, item: Any) -> bytes:  # bytes here; a subclass that holds other items encodes them
         return item
 
 
@@ -194,7 +224,7 @@ class OpenAIPassthrough(Strategy):
     """OpenAI client -> OpenAI upstream: forward each event's data verbatim. Usage is always requested upstream
     (exact accounting) and its extra chunk is hidden from clients that did not ask for it."""
 
-    def __init__(self, **kw) -> None:
+    def __init__(self, **kw: Unpack[StrategyOptions]) -> None:
         super().__init__(**kw)
         so = self.client_body.get("stream_options") or {}
         self.client_wants_usage = bool(so.get("include_usage"))
@@ -308,7 +338,7 @@ class AnthropicPassthrough(Strategy):
     _stop_reason_seen = False  # a message_delta came: the answer is complete but for its message_stop
     _opened = False  # the stream opened as the protocol says (message_start, or an error)
 
-    def __init__(self, *, signatures: UpstreamSignatures | None = None, **kw) -> None:
+    def __init__(self, *, signatures: UpstreamSignatures | None = None, **kw: Unpack[StrategyOptions]) -> None:
         super().__init__(**kw)
         # Which thinking blocks this upstream signed (recorded from its answers) and which another did.
         self.signatures = signatures
@@ -433,7 +463,7 @@ class AnthropicPassthrough(Strategy):
 class AnthropicToOpenAIUpstream(Strategy):
     """Anthropic client -> OpenAI upstream (the common local case)."""
 
-    def __init__(self, *, input_tokens: int = 0, **kw) -> None:
+    def __init__(self, *, input_tokens: int = 0, **kw: Unpack[StrategyOptions]) -> None:
         super().__init__(**kw)
         self.warnings: list[str] = []
         self.translator = OpenAIStreamToAnthropic(self.answer_model, input_tokens=input_tokens)
@@ -518,7 +548,7 @@ class AnthropicUpstreamAsChat(Strategy):
 
     upstream_wire = "anthropic"
 
-    def __init__(self, *, include_usage: bool, **kw) -> None:
+    def __init__(self, *, include_usage: bool, **kw: Unpack[StrategyOptions]) -> None:
         super().__init__(**kw)
         self.a2o = AnthropicStreamToOpenAI(self.answer_model, include_usage=include_usage)
 
@@ -580,7 +610,7 @@ class AnthropicUpstreamAsChat(Strategy):
 class OpenAIToAnthropicUpstream(AnthropicUpstreamAsChat):
     """OpenAI client -> Anthropic upstream."""
 
-    def __init__(self, **kw) -> None:
+    def __init__(self, **kw: Unpack[StrategyOptions]) -> None:
         so = kw["client_body"].get("stream_options") or {}
         super().__init__(include_usage=bool(so.get("include_usage")), **kw)
 
@@ -603,7 +633,7 @@ class OpenAIToAnthropicUpstream(AnthropicUpstreamAsChat):
         raise self._no_stop()
 
 
-def strategy_for(ingress: str, upstream_wire: str):
+def strategy_for(ingress: str, upstream_wire: str) -> type[Strategy]:
     """By (client wire, upstream wire) for the chat ingresses; callers go through their provider's adapter
     (`adapter.strategy_for`), which takes Responses clients to responses_strategies.py (built on this module,
     so this module does not import it)."""

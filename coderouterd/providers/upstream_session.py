@@ -15,10 +15,15 @@ try. A connection refused (nothing listens) is never retried."""
 
 from __future__ import annotations
 
+from collections.abc import Generator
+from types import TracebackType
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from typing import Unpack
+
     import aiohttp
+    from aiohttp.client import _RequestOptions  # aiohttp's own type of a request's keywords
 
 
 class _Request:
@@ -26,54 +31,56 @@ class _Request:
 
     __slots__ = ("_owner", "_method", "_url", "_kw", "_resp")
 
-    def __init__(self, owner: UpstreamSession, method: str, url: str, kw: dict) -> None:
+    def __init__(self, owner: UpstreamSession, method: str, url: str, kw: _RequestOptions) -> None:
         self._owner = owner
         self._method = method
         self._url = url
         self._kw = kw
         self._resp: aiohttp.ClientResponse | None = None
 
-    async def _send(self):
+    async def _send(self) -> aiohttp.ClientResponse:
         import aiohttp
 
         session = self._owner._session
         try:
-            return await session.request(self._method, self._url, allow_redirects=False, **self._kw)
+            return await session.request(self._method, self._url, **self._kw)
         except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as e:
             if isinstance(e, aiohttp.ClientConnectorError) or session.closed:
                 raise  # a new connection refused (nothing listens), or the session itself was closed under it
             self._owner.stale_retries += 1
-            return await session.request(self._method, self._url, allow_redirects=False, **self._kw)
+            return await session.request(self._method, self._url, **self._kw)
 
-    def __await__(self):
+    def __await__(self) -> Generator[object, None, aiohttp.ClientResponse]:
         return self._send().__await__()
 
-    async def __aenter__(self):
+    async def __aenter__(self) -> aiohttp.ClientResponse:
         self._resp = await self._send()
         return await self._resp.__aenter__()
 
-    async def __aexit__(self, exc_type, exc, tb) -> None:
+    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                        tb: TracebackType | None) -> None:
         assert self._resp is not None  # __aenter__ set it
         await self._resp.__aexit__(exc_type, exc, tb)
 
 
-def _no_redirects(kw: dict) -> dict:
+def _no_redirects(kw: _RequestOptions) -> _RequestOptions:
     if "allow_redirects" in kw:
         raise TypeError("upstream calls never follow redirects: allow_redirects cannot be given")
+    kw["allow_redirects"] = False
     return kw
 
 
 class UpstreamSession:
     __slots__ = ("_session", "stale_retries")
 
-    def __init__(self, session) -> None:
-        self._session = session  # aiohttp.ClientSession
+    def __init__(self, session: aiohttp.ClientSession) -> None:
+        self._session = session
         self.stale_retries = 0  # requests sent again because their pooled connection was dead
 
-    def get(self, url: str, **kw) -> _Request:
+    def get(self, url: str, **kw: Unpack[_RequestOptions]) -> _Request:
         return _Request(self, "GET", url, _no_redirects(kw))
 
-    def post(self, url: str, **kw) -> _Request:
+    def post(self, url: str, **kw: Unpack[_RequestOptions]) -> _Request:
         return _Request(self, "POST", url, _no_redirects(kw))
 
     @property

@@ -160,7 +160,7 @@ class ProviderStats:
 class _ChainState:
     chain: tuple[str, ...]
     effective: list[str]
-    reasons: list[dict[str, Any]]
+    reasons: list[dict[str, object]]
     changed_at: float
     ineligible: frozenset[str]
 
@@ -176,7 +176,7 @@ class AdaptiveOrderer:
 
     def order(
         self, chain: list[str], *, ineligible: Collection[str] = ()
-    ) -> tuple[list[str], list[dict[str, Any]]]:
+    ) -> tuple[list[str], list[dict[str, object]]]:
         """Return (effective order, reasons). `ineligible` names providers that cannot be used right now
         (breaker open, excluded by health, out of budget): a provider newly in that set lifts the debounce,
         because the order that was being held may now put a poor provider first."""
@@ -212,7 +212,7 @@ class AdaptiveOrderer:
         state.changed_at = now
         return list(desired), [dict(r) for r in reasons]
 
-    def desired(self, chain: list[str]) -> tuple[list[str], list[dict[str, Any]]]:
+    def desired(self, chain: list[str]) -> tuple[list[str], list[dict[str, object]]]:
         """The order the current figures call for, without debounce."""
         s = self.settings
         lat = {p: self.stats.latencies(p) for p in chain}
@@ -230,7 +230,7 @@ class AdaptiveOrderer:
             if mine_med > 0 and mine_med >= s.latency_ratio * peer_med * (1 - _EPS):
                 slow[p] = f"median {mine_med:.2f}s >= {s.latency_ratio:g}x peers {peer_med:.2f}s"
 
-        reasons: list[dict[str, Any]] = []
+        reasons: list[dict[str, object]] = []
         moved: list[str] = []
         for p in chain:
             whys = []

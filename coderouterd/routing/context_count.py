@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import TYPE_CHECKING
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Protocol
 
 import aiohttp
 import orjson
@@ -21,16 +22,28 @@ from ..providers.limits import MAX_AUX_BYTES, read_capped
 
 if TYPE_CHECKING:
     from ..providers.provider import Provider
+    from ..providers.server_info import ServerDirectory
     from .generation import Generation
     from .request import ClientRequest
 
 log = logging.getLogger("coderouterd")
 
+
+class WindowFacts(Protocol):
+    """What counting asks of the router (routing/router.py, which calls in here): its server directory and the
+    window each provider is routed by."""
+
+    @property
+    def servers(self) -> ServerDirectory | None: ...
+
+    def context_window(self, provider: Provider) -> int: ...
+
+
 COUNT_TIMEOUT_S = 5.0  # both round trips; a server slower than that is gated by the estimate
 _COUNTING_SERVERS = frozenset({"llama.cpp"})
 
 
-def learned_estimates(runtime: Generation, names, req: ClientRequest) -> dict[str, int]:
+def learned_estimates(runtime: Generation, names: Iterable[str], req: ClientRequest) -> dict[str, int]:
     """Providers whose server has taught a ratio: this prompt's size by that ratio."""
     size = len(req.raw)
     out = {}
@@ -41,14 +54,15 @@ def learned_estimates(runtime: Generation, names, req: ClientRequest) -> dict[st
     return out
 
 
-def _countable(router, p: Provider) -> bool:
+def _countable(router: WindowFacts, p: Provider) -> bool:
     if p.adapter.wire != "openai" or p.template_count_supported is False or router.servers is None:
         return False
     info = router.servers.info(p)
     return info is not None and info.kind in _COUNTING_SERVERS
 
 
-async def count_over_window(router, runtime: Generation, names, req: ClientRequest) -> dict[str, int]:
+async def count_over_window(router: WindowFacts, runtime: Generation, names: Iterable[str],
+                            req: ClientRequest) -> dict[str, int]:
     """{provider: tokens by its server's count} for the providers of `names` whose estimate exceeds their window
     and whose server can count. Nothing is asked for a prompt that fits by the estimate (nearly all)."""
     base = req.estimated_tokens()

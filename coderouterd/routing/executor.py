@@ -22,8 +22,9 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Literal
+from collections.abc import Callable, Iterable
+from types import TracebackType
+from typing import TYPE_CHECKING, Any, Literal
 
 from ..providers.call import Call
 from ..providers.errors import BUDGET, BUDGET_FINAL, IDLE_TIMEOUT, OVERFLOW, TOTAL_TIMEOUT, UpstreamError
@@ -41,6 +42,7 @@ from .steps import Slot
 from .waiting import pinging, wait_for_restart
 
 if TYPE_CHECKING:
+    from .exchange_router import CallFactory, ExchangeRouter
     from .generation import Generation
 
 
@@ -50,8 +52,9 @@ class Exchange:
     __slots__ = ("req", "_before_upstream", "_call_factory", "sink", "runtime", "router", "profile_name",
                  "profile", "server", "record", "budget_final", "committed", "_panicked", "_starts")
 
-    def __init__(self, req: ClientRequest, sink: ClientSink, *, runtime: Generation, router, profile: str,
-                 call_factory=Call, before_upstream: Callable[[], None] | None = None) -> None:
+    def __init__(self, req: ClientRequest, sink: ClientSink, *, runtime: Generation, router: ExchangeRouter,
+                 profile: str, call_factory: CallFactory = Call,
+                 before_upstream: Callable[[], None] | None = None) -> None:
         """`call_factory(provider, strategy, raw_body=, stream=, client_headers=)` makes one upstream call;
         tests give a scripted one. `before_upstream()` is called just before each wait on an upstream (the
         daemon runs its deferred bookkeeping there, see after_response.py)."""
@@ -60,7 +63,7 @@ class Exchange:
         self._call_factory = call_factory
         self.sink = sink
         self.runtime = runtime
-        self.router = router
+        self.router: ExchangeRouter = router
         self.profile_name = profile
         # The request's inputs (req, runtime, profile) are the record's too: it is what observers read.
         self.record = record = RequestRecord(req, runtime, profile)
@@ -78,9 +81,8 @@ class Exchange:
     # -- main loop ------------------------------------------------------------------------------------------
 
     async def run(self) -> None:
-        aff = self.router.affinity
         record = self.record
-        ticket = aff.ticket(self.req, prompt_cache_key=self.req.session_key()) if aff is not None else None
+        ticket = self.router.ticket(self.req)
         record.set_affinity(ticket)
         counts = await self.router.server_counts(self.profile, self.runtime, self.req)
         plan = self.router.plan(self.profile_name, self.profile, self.runtime, self.req, ticket=ticket,
@@ -254,8 +256,8 @@ class Exchange:
                 demand.end(slot.name)
         call = slot.call
         if slot.placement is not None and call is not None:
-            self.router.affinity.finish(self.record.affinity, slot.placement, slot.provider, ok=slot.ok,
-                                        strategy=call.strategy, request_id=self.req.request_id)
+            self.router.finish_placement(self.record.affinity, slot.placement, slot.provider, ok=slot.ok,
+                                         strategy=call.strategy, request_id=self.req.request_id)
             slot.placement = None
         if call is not None:
             call.close()
@@ -281,7 +283,7 @@ class Exchange:
         body, raw = req.body, req.raw
         ticket = self.record.affinity
         if ticket is not None:
-            body, raw = self.router.affinity.body_for(ticket, provider, req)
+            body, raw = self.router.body_for(ticket, provider, req)
         if provider.cfg.capabilities.vision is False and req.has_images():
             body, omitted = omit_images(req.ingress, body, f"[image omitted: {provider.name} does not accept "
                                                            "images]")
@@ -293,9 +295,13 @@ class Exchange:
                                   "why": f"{omitted} image(s) replaced by a text note: {provider.name} has "
                                          "capabilities.vision = false"})
         cls = provider.adapter.strategy_for(req.ingress)
-        kw = {"model": model, "skip_prologue": self.committed and self.sink.opens_stream_itself, "client_body": body,
-              # Answers name the model as the client asked for it (or as configured), whatever the server says.
-              "answer_model": req.model or provider.cfg.model or model}
+        # Any: which keywords a strategy takes depends on its class (native for Responses, signatures for an
+        # Anthropic passthrough, ...); each class's own signature is what checks them.
+        kw: dict[str, Any] = {"model": model, "skip_prologue": self.committed and self.sink.opens_stream_itself,
+                              "client_body": body,
+                              # Answers name the model as the client asked for it (or as configured), whatever
+                              # the server says.
+                              "answer_model": req.model or provider.cfg.model or model}
         if req.native is not None:
             kw["native"] = req.native
             kw["provider_name"] = provider.name
@@ -306,7 +312,7 @@ class Exchange:
         if req.ingress == "anthropic" and cls.upstream_wire == "openai":
             kw["input_tokens"] = provider.estimate_tokens(len(raw))
         elif req.ingress == "anthropic":
-            kw["signatures"] = self.router.thinking_signatures.for_upstream(provider.adapter.signer)
+            kw["signatures"] = self.router.signatures_for(provider.adapter.signer)
         call = self._call_factory(provider, cls(**kw), raw_body=raw, stream=req.stream, client_headers=req.headers)
         slot.call = call
         return call
@@ -317,9 +323,8 @@ class Exchange:
         self.record.chose_model(model)
         call = self.new_call(slot, model)
         ticket = self.record.affinity
-        aff = self.router.affinity if ticket is not None else None
-        if aff is not None:
-            call.placement = slot.placement = placement = await aff.place(ticket, slot.provider)
+        if ticket is not None:
+            call.placement = slot.placement = placement = await self.router.place(ticket, slot.provider)
             if placement is not None:
                 call.extra_fields = placement.fields
         if self._before_upstream is not None:
@@ -384,9 +389,7 @@ class Exchange:
         ticket = record.affinity
         if ticket is not None and slot.placement is None:
             # A race winner: never slot-pinned, but what it cached still teaches the index.
-            aff = self.router.affinity
-            aff.finish(ticket, aff.unplaced(ticket, slot.provider), slot.provider, ok=True,
-                       strategy=call.strategy, request_id=self.req.request_id)
+            self.router.learn_unplaced(ticket, slot.provider, strategy=call.strategy, request_id=self.req.request_id)
 
     def failed(self, slot: Slot, e: UpstreamError) -> None:
         # What a failure teaches is its label, status and message. The frames it was raised through name the
@@ -459,7 +462,7 @@ class Exchange:
         """Seconds left before a stream must commit to the client (send its 200) without an upstream event."""
         return self.req.started + self.server.stream_hold_s - time.monotonic()
 
-    async def commit_early(self, provider_name: str, calls) -> None:
+    async def commit_early(self, provider_name: str, calls: Iterable[Call]) -> None:
         """Send the 200 (and the sink's own opening) before any upstream event: from now on the client waits on
         us. The `calls` still waiting are told first, before any await, so none emits an opening after ours."""
         if self.sink.opens_stream_itself:
@@ -522,10 +525,10 @@ class Exchange:
 
     async def conclude(self, errors: list[UpstreamError]) -> None:
         """Nobody served the request: one error naming each attempt and skip and its cause."""
-        state = self.router.state
+        router = self.router
         for s in list(self.record.skips):
             # A start this request waited for ended unable to start (fatal, no room): the client is told why.
-            why = state.cannot_start_reason(s.provider) if s.reason == "not_ready" else None
+            why = router.cannot_start_reason(s.provider) if s.reason == "not_ready" else None
             if why is not None:
                 self.record.cannot_start(s.provider, why)
         skips = self.record.skips
@@ -579,7 +582,8 @@ class _Holding:
     def __enter__(self) -> Slot:
         return self.slot
 
-    def __exit__(self, exc_type, exc, tb) -> Literal[False]:
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> Literal[False]:
         ex, slot = self.ex, self.slot
         try:
             if exc_type is not None:

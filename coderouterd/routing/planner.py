@@ -78,14 +78,14 @@ class Skip:
 class Plan:
     candidates: list[str]
     skips: list[Skip] = field(default_factory=list)
-    order_notes: list[dict[str, Any]] = field(default_factory=list)
+    order_notes: list[dict[str, object]] = field(default_factory=list)
 
     @property
     def empty(self) -> bool:
         return not self.candidates
 
-    def explain(self) -> dict[str, Any]:
-        out: dict[str, Any] = {
+    def explain(self) -> dict[str, object]:
+        out: dict[str, object] = {
             "candidates": list(self.candidates),
             "skips": [s.as_dict() for s in self.skips],
             "order": [dict(n) for n in self.order_notes],
@@ -102,7 +102,7 @@ class Plan:
         return out
 
 
-def _health_word(value: Any) -> str:
+def _health_word(value: object) -> str:
     # Health may arrive as a plain string or as an Enum from the health monitor.
     raw = getattr(value, "value", value)
     return str(raw).upper() if raw is not None else HEALTHY
@@ -143,7 +143,7 @@ def plan(
     excluded = unhealthy if health_action == "exclude" else set()
     over_budget = {p for p in chain if budget_ok is not None and not budget_ok(p)}
 
-    notes: list[dict[str, Any]] = []
+    notes: list[dict[str, object]] = []
     order = chain
     if orderer is not None:
         ineligible = set(open_breakers) | excluded | over_budget

@@ -4,26 +4,27 @@ only the backend's own failures count; errors the request caused and our own exc
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import replace
 from inspect import isawaitable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
-from ..affinity.service import Affinity
+from ..affinity.service import Affinity, Placement, Ticket
 from ..providers.errors import MEMORY_PRESSURE, UpstreamError
 from ..providers.server_info import ServerDirectory
-from ..translate.unsigned_thinking import SignatureBook
-from .adaptive import AdaptiveOrderer
+from ..translate.unsigned_thinking import SignatureBook, UpstreamSignatures
+from .adaptive import AdaptiveOrderer, ProbeScheduler, ProviderStats
 from .availability import Availability, LastProbe, Sources, judge, judge_chain
-from .breaker import BreakerState
+from .breaker import BreakerRegistry, BreakerState
 from .context_count import count_over_window, learned_estimates
 from .planner import Plan, ProviderFacts, RequestFeatures, Skip, plan
 from .request import ClientRequest
 from .state import RoutingState
 
 if TYPE_CHECKING:
-    from ..config.schema import ProfileConfig
+    from ..config.schema import ConfigModel, ProfileConfig
     from ..providers.provider import Provider
+    from ..providers.strategies import Strategy
     from ..supervise.ondemand import OnDemand
     from .generation import Generation
 
@@ -31,10 +32,28 @@ if TYPE_CHECKING:
 CLOSED, TRIAL, PANIC = "closed", "trial", "panic"
 
 
+class BudgetGate(Protocol):
+    """What the router asks of the budget (guards/apply.py's BudgetHooks)."""
+
+    def allowed(self, provider: str) -> bool: ...
+
+    def spent_cap(self, provider: str) -> str | None: ...
+
+    def reserve(self, provider: Provider, req: ClientRequest) -> Awaitable[object | None] | object | None:
+        """A reservation (None: nothing to reserve), or an awaitable of one (a shared ledger)."""
+        ...
+
+    def settle(self, reservation: object, provider: Provider, usage: dict | None) -> dict | None: ...
+
+
+# An order adjuster: (profile, candidates) -> order notes, reordering the candidates in place.
+OrderAdjuster = Callable[["ProfileConfig", list[str]], list[dict]]
+
+
 class Router:
-    def __init__(self, state: RoutingState, *, budget=None, affinity: Affinity | None = None,
+    def __init__(self, state: RoutingState, *, budget: BudgetGate | None = None, affinity: Affinity | None = None,
                  servers: ServerDirectory | None = None, memory_cooldown_s: float = 60.0,
-                 order_adjusters: Sequence[Callable[[object, list[str]], list[dict]]] = (),
+                 order_adjusters: Sequence[OrderAdjuster] = (),
                  demand: Callable[[], OnDemand | None] = lambda: None,
                  last_probe: LastProbe = lambda _name: None) -> None:
         """`budget`: guards.apply.BudgetHooks (allowed / reserve / settle), or None when nothing is paid for.
@@ -96,22 +115,22 @@ class Router:
         for the request that needs it and counts requests in flight per process. None: no managed process."""
         return self._demand()
 
-    def reconfigure(self, config) -> None:
+    def reconfigure(self, config: ConfigModel) -> None:
         self.state.reconfigure(config)
         self.memory_cooldown_s = config.memory.cooldown_s
         if self.affinity is not None:
             self.affinity.configure(config)
 
     @property
-    def breakers(self):
+    def breakers(self) -> BreakerRegistry:
         return self.state.breakers
 
     @property
-    def stats(self):
+    def stats(self) -> ProviderStats:
         return self.state.stats
 
     @property
-    def probes(self):
+    def probes(self) -> ProbeScheduler:
         return self.state.probes
 
     def orderer(self, profile: str) -> AdaptiveOrderer:
@@ -140,7 +159,47 @@ class Router:
         """Whether the provider's server reads OpenAI's named tool choice (servers/base.py)."""
         return self.servers is None or self.servers.named_tool_choice(provider)
 
-    def _facts(self, runtime: Generation, names) -> dict[str, ProviderFacts]:
+    # -- what an exchange asks beyond planning and outcomes (routing/exchange_router.py) ----------------------
+
+    def signatures_for(self, signer: str) -> UpstreamSignatures:
+        """The thinking signatures an Anthropic upstream (`signer`, its origin) may be sent back."""
+        return self.thinking_signatures.for_upstream(signer)
+
+    def ticket(self, req: ClientRequest) -> Ticket | None:
+        aff = self.affinity
+        return aff.ticket(req, prompt_cache_key=req.session_key()) if aff is not None else None
+
+    def body_for(self, ticket: Ticket, provider: Provider, req: ClientRequest) -> tuple[dict, bytes]:
+        """The request's body as this provider is sent it under prefix affinity (a ticket implies affinity)."""
+        aff = self.affinity
+        return aff.body_for(ticket, provider, req) if aff is not None else (req.body, req.raw)
+
+    async def place(self, ticket: Ticket, provider: Provider) -> Placement | None:
+        aff = self.affinity
+        return await aff.place(ticket, provider) if aff is not None else None
+
+    def finish_placement(self, ticket: Ticket | None, placement: Placement, provider: Provider, *, ok: bool,
+                         strategy: Strategy, request_id: str) -> None:
+        aff = self.affinity
+        if aff is not None:
+            aff.finish(ticket, placement, provider, ok=ok, strategy=strategy, request_id=request_id)
+
+    def learn_unplaced(self, ticket: Ticket, provider: Provider, *, strategy: Strategy, request_id: str) -> None:
+        aff = self.affinity
+        if aff is not None:
+            aff.finish(ticket, aff.unplaced(ticket, provider), provider, ok=True, strategy=strategy,
+                       request_id=request_id)
+
+    def cannot_start_reason(self, provider: str) -> str | None:
+        return self.state.cannot_start_reason(provider)
+
+    def coming_within(self, provider: str) -> float:
+        return self.state.coming_within(provider)
+
+    async def wait_up(self, providers: list[str], timeout: float) -> list[str]:
+        return await self.state.wait_up(providers, timeout)
+
+    def _facts(self, runtime: Generation, names: Iterable[str]) -> dict[str, ProviderFacts]:
         """The runtime's facts, with the context window the server reports where the config left it unset.
         Never waits: a server not heard from yet is asked in the background and not gated meanwhile."""
         facts = runtime.facts
@@ -157,8 +216,8 @@ class Router:
                 out[name] = replace(f, context_window=window, window_reported=True)
         return out if out is not None else facts
 
-    def plan(self, profile_name: str, profile, runtime: Generation, req: ClientRequest, ticket=None,
-             counts: dict[str, int] | None = None) -> Plan:
+    def plan(self, profile_name: str, profile: ProfileConfig, runtime: Generation, req: ClientRequest,
+             ticket: Ticket | None = None, counts: dict[str, int] | None = None) -> Plan:
         """`counts`: prompt tokens by a provider's own server (`server_counts`), which the gate trusts over any
         estimate."""
         tokens_for = learned_estimates(runtime, profile.providers, req)
@@ -209,13 +268,13 @@ class Router:
             p.order_notes.extend(adjust(profile, p.candidates))
         return p
 
-    async def server_counts(self, profile, runtime: Generation, req: ClientRequest) -> dict[str, int]:
+    async def server_counts(self, profile: ProfileConfig, runtime: Generation, req: ClientRequest) -> dict[str, int]:
         """The prompt counted by the servers of the chain that the estimate would skip and that can count
         (llama-server): only a prompt that cannot fit by the server's own count is sent elsewhere."""
         return await count_over_window(self, runtime, profile.providers, req)
 
     @staticmethod
-    def _try_reported_windows(p: Plan, facts: dict[str, ProviderFacts], down) -> None:
+    def _try_reported_windows(p: Plan, facts: dict[str, ProviderFacts], down: frozenset[str]) -> None:
         """Nobody left, and some were skipped only because the prompt's estimate exceeds the window their
         server reports: try those anyway, in chain order. The estimate is rough; the server's own refusal
         carries the real numbers ("prompt is too long: N tokens > M maximum", which Claude Code compacts by),
@@ -229,7 +288,7 @@ class Router:
                                   "why": f"{s.message}; tried anyway: no other provider, and the server's own "
                                          "answer says by how much"})
 
-    def _prefer_cached(self, p: Plan, ticket, runtime: Generation, affinity: Affinity) -> None:
+    def _prefer_cached(self, p: Plan, ticket: Ticket, runtime: Generation, affinity: Affinity) -> None:
         """Among providers the profile treats as equals (race, adaptive order), the one expected to answer
         first given what it has cached leads. Providers adaptive or health moved back stay behind."""
         moved_back = {n["provider"] for n in p.order_notes if n.get("moved") == "back"}
@@ -239,7 +298,7 @@ class Router:
         p.candidates = order + rest
         p.order_notes.extend(notes)
 
-    def effective_order(self, profile_name: str, profile, runtime: Generation) -> Plan:
+    def effective_order(self, profile_name: str, profile: ProfileConfig, runtime: Generation) -> Plan:
         return self.plan(profile_name, profile, runtime, ClientRequest(
             ingress="anthropic", body={}, raw=b"", headers={}, stream=False, model="", request_id="status"))
 
@@ -249,7 +308,7 @@ class Router:
         ties."""
         rank = {BreakerState.CLOSED: 0, BreakerState.HALF_OPEN: 1, BreakerState.OPEN: 2}
 
-        def key(item):
+        def key(item: tuple[int, str]) -> tuple[int, float, int]:
             i, name = item
             br = self.state.breakers.get(name)
             return rank[br.state], br.retry_in_s or 0.0, i
@@ -272,7 +331,7 @@ class Router:
         if admission == TRIAL:
             self.state.breakers.get(provider).release()
 
-    async def reserve(self, provider: Provider, req: ClientRequest):
+    async def reserve(self, provider: Provider, req: ClientRequest) -> object | None:
         """A budget reservation for a paid attempt (None when unpaid). Raises UpstreamError(BUDGET) if refused.
         Awaited: a shared ledger answers over the network; the local one answers without suspending."""
         if self._budget is None:
@@ -284,7 +343,7 @@ class Router:
         """Why a budget-skipped provider cannot come back before its cap resets, or None (see Budget.spent_cap)."""
         return self._budget.spent_cap(provider) if self._budget is not None else None
 
-    def settle(self, reservation, provider: Provider, usage: dict | None) -> dict | None:
+    def settle(self, reservation: object | None, provider: Provider, usage: dict | None) -> dict | None:
         """Settle with the real cost; a shared ledger answers with the settle's record for the journal."""
         if self._budget is not None and reservation is not None:
             return self._budget.settle(reservation, provider, usage)

@@ -17,10 +17,14 @@ import logging
 import time
 from collections.abc import Callable, Iterable, Mapping
 from types import MappingProxyType
+from typing import TYPE_CHECKING
 
 from .adaptive import AdaptiveSettings, ProbeScheduler, ProviderStats
 from .breaker import BreakerRegistry, BreakerState, CircuitBreaker
 from .clock import Clock, SystemClock
+
+if TYPE_CHECKING:
+    from ..config.schema import ConfigModel
 
 log = logging.getLogger("coderouterd.health")
 
@@ -40,7 +44,7 @@ def health_state(consecutive_failures: int, threshold: int) -> str:
 
 
 class RoutingState:
-    def __init__(self, config, *, clock: Clock | None = None, on_breaker: BreakerHook | None = None,
+    def __init__(self, config: ConfigModel, *, clock: Clock | None = None, on_breaker: BreakerHook | None = None,
                  on_health: HealthHook | None = None) -> None:
         self.clock = clock or SystemClock()
         self._on_breaker = on_breaker
@@ -99,7 +103,7 @@ class RoutingState:
         """Who may send a half-open breaker's trial: with shared breakers, the instance holding the probe lease."""
         self.breakers.set_trial_gate(gate)
 
-    def reconfigure(self, config) -> None:
+    def reconfigure(self, config: ConfigModel) -> None:
         self.breakers.configure(config.breaker.failures, config.breaker.recovery_s, config.breaker.max_recovery_s)
         self._provider_count = len(config.providers)
         self.breakers.limit_ejections(config.breaker.max_ejection_percent, lambda: self._provider_count)

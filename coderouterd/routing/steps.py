@@ -15,12 +15,13 @@ from ..providers.call import Call
 from ..providers.provider import Provider
 
 if TYPE_CHECKING:
+    from ..affinity.service import Placement
     from ..config.schema import ProfileConfig, ServerConfig
     from ..providers.errors import UpstreamError
+    from .exchange_router import ExchangeRouter
     from .generation import Generation
     from .record import RequestRecord
     from .request import ClientRequest
-    from .router import Router
 
 
 @dataclass(slots=True, eq=False)
@@ -38,7 +39,7 @@ class Slot:
     bill: dict | None = None  # usage to settle a budget reservation with, when the call cannot say (race loser)
     panic: bool = False  # tried in panic mode (whatever its breaker said)
     name: str = ""
-    placement: object | None = None  # affinity's slot placement for this attempt, finished with it
+    placement: Placement | None = None  # affinity's slot placement for this attempt, finished with it
     begun: bool = False  # counted in flight on its managed process (on demand: a stop waits for it)
 
     def __post_init__(self) -> None:
@@ -69,7 +70,7 @@ class Steps(Protocol):
     def runtime(self) -> Generation: ...
 
     @property
-    def router(self) -> Router: ...
+    def router(self) -> ExchangeRouter: ...
 
     @property
     def record(self) -> RequestRecord: ...

@@ -8,14 +8,14 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from ..providers.errors import UpstreamError
     from .steps import Steps
 
 
-async def pinging(ex: Steps, aw: Awaitable[Any], provider: str, timeout: float | None = None) -> None:
+async def pinging(ex: Steps, aw: Awaitable[object], provider: str, timeout: float | None = None) -> None:
     """Wait for `aw` (up to `timeout`, then TimeoutError), pinging a streaming client meanwhile. `provider`
     names the stream's opening if it must be sent first."""
     task = asyncio.ensure_future(aw)
@@ -48,15 +48,15 @@ async def wait_for_restart(ex: Steps, errors: list[UpstreamError]) -> bool:
     """Nothing else could serve, and a managed process of this profile is starting or restarting (its model
     loading, or the supervisor bringing it back after a crash): wait for it, within its start timeout, then try
     it. True when the client has been answered."""
-    state = ex.router.state
+    router = ex.router
     deadline = None
     for _ in range(3):  # a process that dies again as soon as it is ready is not waited for forever
-        coming = [n for n in ex.profile.providers if state.coming_within(n) > 0 and n in ex.runtime.providers]
+        coming = [n for n in ex.profile.providers if router.coming_within(n) > 0 and n in ex.runtime.providers]
         if not coming:
             return False
         now = time.monotonic()
         if deadline is None:
-            deadline = now + max(state.coming_within(n) for n in coming)
+            deadline = now + max(router.coming_within(n) for n in coming)
         waited = time.monotonic()
         up = await wait_up(ex, coming, deadline - now)
         if not up:
@@ -72,7 +72,7 @@ async def wait_up(ex: Steps, coming: list[str], timeout: float) -> list[str]:
     box: list[list[str]] = []
 
     async def wait() -> None:
-        box.append(await ex.router.state.wait_up(coming, timeout))
+        box.append(await ex.router.wait_up(coming, timeout))
 
     try:
         await pinging(ex, wait(), coming[0], timeout + 1.0)

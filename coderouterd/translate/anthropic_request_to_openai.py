@@ -36,7 +36,7 @@ def _not_expressible(what: str) -> str:
     return f"{what} dropped: not expressible on an OpenAI backend"
 
 
-def _blocks_text(content, warnings: _Warnings, sep: str = "\n\n") -> str:
+def _blocks_text(content: str | list | None, warnings: _Warnings, sep: str = "\n\n") -> str:
     """Text of a string-or-blocks content; non-text blocks are dropped with a warning."""
     if isinstance(content, str):
         return content
@@ -118,7 +118,7 @@ def _tool_result(block: dict, warnings: _Warnings) -> tuple[dict, list[dict]]:
     return message, images
 
 
-def _user_messages(content, warnings: _Warnings) -> list[dict]:
+def _user_messages(content: str | list | None, warnings: _Warnings) -> list[dict]:
     if isinstance(content, str):
         return [{"role": "user", "content": content}]
     tool_messages: list[dict] = []
@@ -158,7 +158,7 @@ def _user_messages(content, warnings: _Warnings) -> list[dict]:
     return out
 
 
-def _assistant_message(content, warnings: _Warnings) -> dict | None:
+def _assistant_message(content: str | list | None, warnings: _Warnings) -> dict | None:
     if isinstance(content, str):
         return {"role": "assistant", "content": content} if content else None
     texts: list[str] = []
@@ -191,7 +191,7 @@ def _assistant_message(content, warnings: _Warnings) -> dict | None:
     return message
 
 
-def _as_parts(content) -> list[dict]:
+def _as_parts(content: str | list[dict] | None) -> list[dict]:
     if isinstance(content, list):
         return content
     return [{"type": "text", "text": content}] if content else []
@@ -245,7 +245,7 @@ def _merge_runs(messages: list[dict]) -> list[dict]:
     return out
 
 
-def _system_texts(system, warnings: _Warnings) -> list[str]:
+def _system_texts(system: str | list | None, warnings: _Warnings) -> list[str]:
     if isinstance(system, str):
         return [system] if system else []
     texts: list[str] = []

@@ -47,7 +47,7 @@ def openai_stop_to_anthropic(finish_reason: str | None, had_tool_calls: bool) ->
 # --- non-streaming ----------------------------------------------------------------------------
 
 
-def _content_text(content) -> str:
+def _content_text(content: object) -> str:
     if isinstance(content, str):
         return content
     if isinstance(content, list):
@@ -144,7 +144,7 @@ def response_to_anthropic(resp: dict, model: str, *, stop_sequences: list[str] |
     }
 
 
-def stream_error_to_anthropic(err) -> tuple[str, str]:
+def stream_error_to_anthropic(err: object) -> tuple[str, str]:
     """An in-stream OpenAI ``error`` object -> (Anthropic error type, message)."""
     if isinstance(err, dict):
         message = str(err.get("message") or orjson.dumps(err).decode())

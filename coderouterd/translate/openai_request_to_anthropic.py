@@ -8,7 +8,7 @@ from coderouterd.translate.tool_arguments import parse_tool_arguments
 DEFAULT_MAX_TOKENS = 4096
 
 
-def _parts_text(content) -> str:
+def _parts_text(content: object) -> str:
     if isinstance(content, str):
         return content
     if isinstance(content, list):
@@ -27,7 +27,7 @@ def _image_block(part: dict) -> dict:
     return {"type": "image", "source": {"type": "url", "url": url}}
 
 
-def _user_blocks(content) -> list[dict]:
+def _user_blocks(content: str | list | None) -> list[dict]:
     if isinstance(content, str):
         return [{"type": "text", "text": content}] if content else []
     blocks: list[dict] = []
@@ -70,7 +70,7 @@ def _append(messages: list[dict], role: str, blocks: list[dict]) -> None:
         messages.append({"role": role, "content": blocks})
 
 
-def _tool_choice(choice) -> dict | None:
+def _tool_choice(choice: object) -> dict | None:
     if choice == "auto":
         return {"type": "auto"}
     if choice == "none":

@@ -66,7 +66,7 @@ class ResponsesRequest:
         return ns if ns is not None else (None, flat)
 
 
-def _text_of(content) -> str:
+def _text_of(content: object) -> str:
     if isinstance(content, str):
         return content
     if isinstance(content, list):
@@ -84,7 +84,7 @@ def _text_of(content) -> str:
     return ""
 
 
-def _user_parts(content) -> str | list[dict]:
+def _user_parts(content: str | list | None) -> str | list[dict]:
     """Responses input parts as chat content parts; plain text collapses to a string (what local servers
     and their templates handle best)."""
     if isinstance(content, str):
@@ -109,7 +109,7 @@ def _user_parts(content) -> str | list[dict]:
     return parts
 
 
-def _tool_output(output) -> str | list[dict]:
+def _tool_output(output: object) -> str | list[dict]:
     if isinstance(output, str):
         return output
     if isinstance(output, list):
@@ -167,7 +167,7 @@ class _Messages:
         return self.messages
 
 
-def _flatten_tools(tools, namespaced: dict[str, tuple[str, str]], dropped: list[str]) -> list[dict]:
+def _flatten_tools(tools: list | None, namespaced: dict[str, tuple[str, str]], dropped: list[str]) -> list[dict]:
     out: list[dict] = []
     plain: set[str] = set()
     for t in tools or ():
@@ -229,7 +229,7 @@ def _flat_name(item: dict, by_pair: dict[tuple[str, str], str]) -> str:
     return by_pair.get((ns, name)) or f"{ns}{NS_SEP}{name}"
 
 
-def _tool_choice(choice, by_pair: dict[tuple[str, str], str]):
+def _tool_choice(choice: str | dict | None, by_pair: dict[tuple[str, str], str]) -> str | dict | None:
     if choice in ("auto", "none", "required"):
         return choice
     if isinstance(choice, dict):

@@ -9,6 +9,7 @@ import json
 import re
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import json5
 import orjson
@@ -57,7 +58,16 @@ def offered_tools(body: dict) -> dict[str, ToolSpec]:
     return tools
 
 
-def repair_tools_for(provider_cfg, body: dict) -> Mapping[str, ToolSpec] | None:
+class RepairSetting(Protocol):
+    """A provider's config as tool repair reads it (config/schema.py's ProviderConfig)."""
+
+    @property
+    def tool_repair(self) -> str: ...
+
+    def is_local(self) -> bool: ...
+
+
+def repair_tools_for(provider_cfg: RepairSetting, body: dict) -> Mapping[str, ToolSpec] | None:
     """The tools to repair calls against for this provider and request, or None when repair does not apply:
     switched off, a remote provider under "auto", no tools offered, or tool_choice "none"."""
     mode = provider_cfg.tool_repair
@@ -74,7 +84,7 @@ def repair_tools_for(provider_cfg, body: dict) -> Mapping[str, ToolSpec] | None:
     return OfferedTools(tools)
 
 
-def _named(tool) -> bool:
+def _named(tool: object) -> bool:
     if not isinstance(tool, dict):
         return False
     function = tool.get("function")
@@ -111,7 +121,7 @@ class OfferedTools(Mapping[str, ToolSpec]):
         return True
 
 
-def loads_near_json(text: str):
+def loads_near_json(text: str) -> object:
     """Strict JSON first (fast), then JSON with raw control characters in strings (models write literal
     newlines in file contents), then JSON5 (trailing commas, single quotes, comments). Raises ValueError."""
     try:
@@ -151,7 +161,7 @@ def json_end(text: str, start: int) -> int:
     return -1
 
 
-def _arguments(value) -> dict | None:
+def _arguments(value: object) -> dict | None:
     if value is None:
         return {}
     if isinstance(value, str):  # arguments written as a JSON string
@@ -162,7 +172,7 @@ def _arguments(value) -> dict | None:
     return value if isinstance(value, dict) else None
 
 
-def _call_from_object(obj, fmt: str, tools: dict[str, ToolSpec], *, need_arguments: bool = False
+def _call_from_object(obj: object, fmt: str, tools: Mapping[str, ToolSpec], *, need_arguments: bool = False
                       ) -> RepairedCall | None:
     if not isinstance(obj, dict):
         return None
@@ -179,7 +189,7 @@ def _call_from_object(obj, fmt: str, tools: dict[str, ToolSpec], *, need_argumen
     return _validated(name, _arguments(fn.get(key)) if key else {}, fmt, tools)
 
 
-def _validated(name: str, args: dict | None, fmt: str, tools: dict[str, ToolSpec]) -> RepairedCall | None:
+def _validated(name: str, args: dict | None, fmt: str, tools: Mapping[str, ToolSpec]) -> RepairedCall | None:
     spec = tools.get(name)
     if spec is None or args is None:
         return None
@@ -188,7 +198,7 @@ def _validated(name: str, args: dict | None, fmt: str, tools: dict[str, ToolSpec
     return RepairedCall(name, args, fmt)
 
 
-def _typed(value: str, schema_type: str | None):
+def _typed(value: str, schema_type: str | None) -> object:
     if schema_type in (None, "string"):
         return value
     try:
@@ -197,7 +207,7 @@ def _typed(value: str, schema_type: str | None):
         return value
 
 
-def _xml_function(body: str, tools: dict[str, ToolSpec]) -> RepairedCall | None:
+def _xml_function(body: str, tools: Mapping[str, ToolSpec]) -> RepairedCall | None:
     """``<function=NAME>`` then either ``<parameter=K>v</parameter>``… or a JSON object, then ``</function>``."""
     body = body.strip()
     m = _FUNCTION_HEAD.match(body)
@@ -207,12 +217,12 @@ def _xml_function(body: str, tools: dict[str, ToolSpec]) -> RepairedCall | None:
     inner = body[m.end():-len("</function>")]
     if inner.strip().startswith("{"):
         try:
-            args = loads_near_json(inner.strip())
+            parsed = loads_near_json(inner.strip())
         except ValueError:
             return None
-        return _validated(name, args if isinstance(args, dict) else None, "function", tools)
+        return _validated(name, parsed if isinstance(parsed, dict) else None, "function", tools)
     spec = tools.get(name)
-    args = {}
+    args: dict[str, object] = {}
     pos = 0
     for pm in _PARAMETER.finditer(inner):
         if pm.start() != pos:
@@ -228,7 +238,7 @@ def _xml_function(body: str, tools: dict[str, ToolSpec]) -> RepairedCall | None:
     return _validated(name, args, "qwen_xml", tools)
 
 
-def parse_capture(fmt: str, text: str, tools: dict[str, ToolSpec]) -> list[RepairedCall] | None:
+def parse_capture(fmt: str, text: str, tools: Mapping[str, ToolSpec]) -> list[RepairedCall] | None:
     """The calls in one captured markup (opening marker included), or None when it is not a valid call."""
     text = text.strip()
     if fmt == "hermes":

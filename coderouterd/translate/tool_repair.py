@@ -19,6 +19,7 @@ Rules (see docs/decisions.md, "tool-call repair: the hold-back rule"):
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 
 from .tool_call_formats import (  # noqa: F401 (re-exported: the repair's public vocabulary)
     RepairedCall,
@@ -63,7 +64,7 @@ def _not_a_json_fence(buf: str) -> bool:
     return bool(body) and body[0] != "{"
 
 
-def calls_in_text(text: str, tools: dict[str, ToolSpec]) -> list[RepairedCall]:
+def calls_in_text(text: str, tools: Mapping[str, ToolSpec]) -> list[RepairedCall]:
     """The calls a whole answer's text holds, as the streaming repairer would find them."""
     repairer = ToolCallRepairer(tools)
     repairer.feed(text)
@@ -84,7 +85,7 @@ class ToolCallRepairer:
     __slots__ = ("tools", "_mode", "_line_start", "_in_fence", "_head", "_ws", "_said", "_fmt", "_buf",
                  "_calls", "_calls_raw", "_after", "repaired", "formats")
 
-    def __init__(self, tools: dict[str, ToolSpec]) -> None:
+    def __init__(self, tools: Mapping[str, ToolSpec]) -> None:
         self.tools = tools
         self._mode = _SCAN
         self._line_start = True

@@ -8,6 +8,7 @@ the deciding; these classes only take text out of the wire and put calls back in
 from __future__ import annotations
 
 import secrets
+from collections.abc import Mapping
 
 from .tool_repair import RepairedCall, ToolCallRepairer, ToolSpec
 
@@ -35,7 +36,7 @@ def _openai_tool_call(index: int, call: RepairedCall) -> dict:
 class OpenAIStreamRepair(_Counts):
     """OpenAI stream chunks in, OpenAI stream chunks out; only choice 0's ``content`` is inspected."""
 
-    def __init__(self, tools: dict[str, ToolSpec]) -> None:
+    def __init__(self, tools: Mapping[str, ToolSpec]) -> None:
         super().__init__()
         self._repairer = ToolCallRepairer(tools)
         self._next_index = 0  # after the upstream's own tool calls, if it made any
@@ -113,7 +114,7 @@ class OpenAIStreamRepair(_Counts):
         return new
 
 
-def repair_openai_completion(resp: dict, tools: dict[str, ToolSpec]) -> list[RepairedCall]:
+def repair_openai_completion(resp: dict, tools: Mapping[str, ToolSpec]) -> list[RepairedCall]:
     """Non-streaming: rewrite a chat.completion in place. Returns the calls that were repaired."""
     choices = resp.get("choices")
     if not choices or not isinstance(choices[0], dict):
@@ -151,7 +152,7 @@ class AnthropicStreamRepair(_Counts):
     a call disappears (its start is held until it has real text), repaired calls become tool_use blocks right
     after it, and later block indices shift to stay contiguous."""
 
-    def __init__(self, tools: dict[str, ToolSpec]) -> None:
+    def __init__(self, tools: Mapping[str, ToolSpec]) -> None:
         super().__init__()
         self._tools = tools
         self._repairer: ToolCallRepairer | None = None
@@ -232,7 +233,7 @@ class AnthropicStreamRepair(_Counts):
         return out
 
 
-def repair_anthropic_message(msg: dict, tools: dict[str, ToolSpec]) -> list[RepairedCall]:
+def repair_anthropic_message(msg: dict, tools: Mapping[str, ToolSpec]) -> list[RepairedCall]:
     """Non-streaming: rewrite a Messages response in place. Returns the calls that were repaired."""
     content = msg.get("content")
     if not isinstance(content, list):

@@ -112,7 +112,7 @@ def may_carry_unsigned(raw: bytes) -> bool:
     return False
 
 
-def _unsigned(block, upstream: UpstreamSignatures | None = None) -> bool:
+def _unsigned(block: object, upstream: UpstreamSignatures | None = None) -> bool:
     if not isinstance(block, dict):
         return False
     kind = block.get("type")

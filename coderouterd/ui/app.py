@@ -27,15 +27,15 @@ import asyncio
 import hashlib
 import html
 import logging
-from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 from urllib.parse import parse_qs, unquote
 
 import orjson
 from pydantic import BaseModel
 
 from ..admin import apitype, history, views
+from ..ingress.asgi import Receive, Scope, Send  # ASGI, as the proxy's dispatch calls us
 from ..ingress.browsers import BrowserGuard
 from ..ingress.guard import BodyTooLarge, read_body
 from ..ingress.protocol import DISCONNECT_HOOK
@@ -46,10 +46,6 @@ from .guard import SECURITY_HEADERS, UiAuth, allowed_hosts, host_allowed, origin
 if TYPE_CHECKING:  # the daemon hands itself in; the dashboard reads it, never imports it at run time
     from ..daemon import Daemon  # layer-ok: the composition root, handed in; annotation only
 
-# ASGI, as the proxy's dispatch calls us: the connection's scope, and its two channels.
-Scope = dict[str, Any]
-Receive = Callable[[], Awaitable[dict[str, Any]]]
-Send = Callable[[dict[str, Any]], Awaitable[None]]
 Headers = list[tuple[bytes, bytes]]
 
 log = logging.getLogger("coderouterd.ui")

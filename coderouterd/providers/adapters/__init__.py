@@ -8,10 +8,15 @@ schema). Kept light (no aiohttp, no translators at import): the config schema an
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from .anthropic import AnthropicAdapter
 from .base import ANTHROPIC_VERSION, UpstreamAdapter, error_message
 from .ollama import OllamaAdapter
 from .openai import OpenAIAdapter
+
+if TYPE_CHECKING:
+    from ...config.schema import ProviderConfig
 
 _BY_KIND: dict[str, type[UpstreamAdapter]] = {
     "openai": OpenAIAdapter,
@@ -20,7 +25,7 @@ _BY_KIND: dict[str, type[UpstreamAdapter]] = {
 }
 
 
-def adapter_for(cfg) -> UpstreamAdapter:
+def adapter_for(cfg: ProviderConfig) -> UpstreamAdapter:
     """The adapter for one provider's config (a ProviderConfig, or anything with its fields)."""
     try:
         cls = _BY_KIND[cfg.kind]

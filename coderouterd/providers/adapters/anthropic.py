@@ -12,7 +12,7 @@ import orjson
 from ...translate.unsigned_thinking import may_carry_unsigned, without_unsigned_thinking
 from ..errors import OVERFLOW, UpstreamError, http_error, parse_retry_after
 from ..limits import MAX_AUX_BYTES, read_capped
-from .base import ANTHROPIC_VERSION, UpstreamAdapter, error_message
+from .base import ANTHROPIC_VERSION, CountedRequest, UpstreamAdapter, error_message
 
 if TYPE_CHECKING:
     from ..provider import Provider
@@ -22,7 +22,7 @@ _OVERFLOW = re.compile(r"prompt is too long:\s*(\d+)\s*tokens\s*>\s*(\d+)")
 _FORWARDED = ("anthropic-version", "anthropic-beta")
 
 
-def anthropic_http_error(status: int, body: bytes, headers) -> UpstreamError:
+def anthropic_http_error(status: int, body: bytes, headers: Mapping[str, str]) -> UpstreamError:
     message, parsed = error_message(body)
     m = _OVERFLOW.search(message)
     if status == 400 and m:
@@ -52,10 +52,10 @@ class AnthropicAdapter(UpstreamAdapter):
                     headers[name] = v
         headers.setdefault("anthropic-version", ANTHROPIC_VERSION)
 
-    def classify_error(self, status: int, body: bytes, headers) -> UpstreamError:
+    def classify_error(self, status: int, body: bytes, headers: Mapping[str, str]) -> UpstreamError:
         return anthropic_http_error(status, body, headers)
 
-    async def count_tokens(self, provider: Provider, req) -> tuple[int, str] | None:
+    async def count_tokens(self, provider: Provider, req: CountedRequest) -> tuple[int, str] | None:
         """The Messages API counts for us (same model mapping as a real request)."""
         body = (without_unsigned_thinking(req.body) if may_carry_unsigned(req.raw) else None) or dict(req.body)
         body["model"] = await provider.resolve_model(req.model)

@@ -6,7 +6,7 @@ import os
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from functools import cached_property
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 from urllib.parse import urlsplit
 
 import orjson
@@ -15,7 +15,9 @@ from ...config.kinds import ALWAYS_LOCAL, SERVES_RESPONSES
 from ..errors import UpstreamError
 
 if TYPE_CHECKING:
+    from ...config.schema import ProviderConfig
     from ..provider import Provider
+    from ..strategies import Strategy
 
 # The Messages API version sent to an Anthropic-wire upstream when the client did not name one.
 ANTHROPIC_VERSION = "2023-06-01"
@@ -38,6 +40,22 @@ def error_message(body: bytes) -> tuple[str, object]:
         if "message" in data:
             return str(data["message"]), data
     return body[:500].decode("utf-8", "replace"), data
+
+
+class CountedRequest(Protocol):
+    """A request as a backend's token count reads it (routing's ClientRequest: providers do not import routing)."""
+
+    @property
+    def body(self) -> dict: ...
+
+    @property
+    def raw(self) -> bytes: ...
+
+    @property
+    def model(self) -> str: ...
+
+    @property
+    def headers(self) -> Mapping[str, str]: ...
 
 
 class UpstreamAdapter(ABC):
@@ -64,12 +82,12 @@ class UpstreamAdapter(ABC):
     # From config/kinds.py, like may_serve_responses.
     always_local = False
 
-    def __init_subclass__(cls, **kwargs) -> None:
+    def __init_subclass__(cls, **kwargs: object) -> None:
         super().__init_subclass__(**kwargs)
         cls.may_serve_responses = cls.kind in SERVES_RESPONSES
         cls.always_local = cls.kind in ALWAYS_LOCAL
 
-    def __init__(self, cfg) -> None:
+    def __init__(self, cfg: ProviderConfig) -> None:
         self.cfg = cfg
 
     # -- where ----------------------------------------------------------------------------------------------
@@ -132,7 +150,7 @@ class UpstreamAdapter(ABC):
     # -- what -----------------------------------------------------------------------------------------------
 
     @staticmethod
-    def model_ids(data) -> list[str]:
+    def model_ids(data: object) -> list[str]:
         """Model names from a model list in any of the shapes (OpenAI `data[].id`, Ollama `models[].name`)."""
         if not isinstance(data, dict):
             return []
@@ -145,7 +163,7 @@ class UpstreamAdapter(ABC):
         return self.generation_url, {"model": model, "max_tokens": 1,
                                      "messages": [{"role": "user", "content": "ping"}]}
 
-    def strategy_for(self, ingress: str):
+    def strategy_for(self, ingress: str) -> type[Strategy]:
         """The Strategy class that turns a client's `ingress` wire into this upstream's and back."""
         # Translators load with the request path, not with config.
         if ingress == "responses":
@@ -157,10 +175,10 @@ class UpstreamAdapter(ABC):
         return strategy_for(ingress, self.wire)
 
     @abstractmethod
-    def classify_error(self, status: int, body: bytes, headers) -> UpstreamError:
+    def classify_error(self, status: int, body: bytes, headers: Mapping[str, str]) -> UpstreamError:
         """An HTTP error answer as routing should see it (overflow, retry-after, failover or not)."""
 
-    async def count_tokens(self, provider: Provider, req) -> tuple[int, str] | None:
+    async def count_tokens(self, provider: Provider, req: CountedRequest) -> tuple[int, str] | None:
         """The prompt's exact token count from the backend, with its source label; None when it cannot say.
         Network errors propagate (the caller falls back to an estimate)."""
         return None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 import orjson
@@ -9,7 +10,7 @@ import orjson
 from ...servers import overflow as context_overflow
 from ..errors import OVERFLOW, UpstreamError, http_error, parse_retry_after
 from ..limits import MAX_AUX_BYTES, read_capped
-from .base import UpstreamAdapter, error_message
+from .base import CountedRequest, UpstreamAdapter, error_message
 
 if TYPE_CHECKING:
     from ..provider import Provider
@@ -34,7 +35,7 @@ def prompt_text(body: dict) -> str:
     return "\n".join(parts)
 
 
-def openai_http_error(status: int, body: bytes, headers) -> UpstreamError:
+def openai_http_error(status: int, body: bytes, headers: Mapping[str, str]) -> UpstreamError:
     message, parsed = error_message(body)
     if status in (400, 413, 422, 500):
         ov = context_overflow.parse(status, parsed if isinstance(parsed, dict) else str(parsed))
@@ -49,10 +50,10 @@ class OpenAIAdapter(UpstreamAdapter):
     generation_path = "/chat/completions"
     fronts_unknown_server = True
 
-    def classify_error(self, status: int, body: bytes, headers) -> UpstreamError:
+    def classify_error(self, status: int, body: bytes, headers: Mapping[str, str]) -> UpstreamError:
         return openai_http_error(status, body, headers)
 
-    async def count_tokens(self, provider: Provider, req) -> tuple[int, str] | None:
+    async def count_tokens(self, provider: Provider, req: CountedRequest) -> tuple[int, str] | None:
         """llama.cpp's /tokenize on the rendered prompt text; a backend without it is remembered as such."""
         if provider.tokenize_supported is False:
             return None
