@@ -14,6 +14,7 @@ excused: the marker is refused there.
 from __future__ import annotations
 
 import ast
+import functools
 import re
 from pathlib import Path
 
@@ -155,7 +156,9 @@ def _imports(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
     return found
 
 
+@functools.cache
 def _graph() -> dict[str, set[str]]:
+    # Parsed once for the three checks that read it (each only reads it): the tree's ~600 files take seconds.
     modules = _modules()
     return {name: _imports(name, path, modules) for name, path in modules.items()}
 
