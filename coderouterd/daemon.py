@@ -13,7 +13,7 @@ from .affinity.service import Affinity
 from .after_response import AfterResponse
 from .cluster.backend import build as build_backend
 from .config import ConfigError, LoadedConfig, load_config, state_dir
-from .guards.apply import BudgetHooks, apply_tool_loop
+from .guards.apply import BudgetHooks, apply_tool_loop, warn_tool_loop
 from .health.ram_watch import RamWatch
 from .observe.finish import RequestFinisher
 from .observe.metrics_http import LazyMetrics
@@ -363,6 +363,11 @@ class Daemon:
     async def guard_request(self, ex: Exchange) -> bool:
         """Guards that act before routing. True when a guard already answered the request."""
         return await apply_tool_loop(ex, self.telemetry.publish)
+
+    def guard_after_answer(self, ex: Exchange) -> None:
+        """Guards that only report (the tool-loop guard with action = warn): run once the answer is out, from
+        the deferred bookkeeping, before the request's record is finished."""
+        warn_tool_loop(ex, self.telemetry.publish)
 
     def finish(self, record: RequestRecord) -> None:
         """After every request (ingress calls it with the request's record): see observe/finish.py."""

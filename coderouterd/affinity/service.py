@@ -46,17 +46,19 @@ class Ticket:
     slots that is after the answer went out (in `finish`), not before. So is `lane`, which the prompt names
     (affinity/lanes.py); where no digest is needed, no lane is named either."""
 
-    __slots__ = ("_prompt", "_lane", "_lanes", "session", "tools", "model", "canonical", "ingress", "canonical_raw",
-                 "slot", "predicted_tokens", "cached_tokens", "bust", "placement_why", "lane_why", "continues",
-                 "head")
+    __slots__ = ("_prompt", "_lane", "_lanes", "_session", "tools", "model", "canonical", "ingress",
+                 "canonical_raw", "slot", "predicted_tokens", "cached_tokens", "bust", "placement_why", "lane_why",
+                 "continues", "head")
 
-    def __init__(self, prompt: Prompt | None, session: sess.SessionKey, lanes: LaneIndex, canonical: dict,
+    def __init__(self, prompt: Prompt | None, session: sess.SessionKey | None, lanes: LaneIndex, canonical: dict,
                  ingress: str, head: str | None = None, *, tools: bool = False, model: str | None = None) -> None:
+        """`session`: the client's name for it; None: the first message's fingerprint names it, digested on first
+        use (`session`)."""
         self._prompt = prompt
         self._lane: str | None = None
         self._lanes = lanes
         self.head = head  # first_message_head of the canonical body, when it was computed
-        self.session = session
+        self._session = session
         self.tools = tools  # tie-breaks only: never what decides a lane
         self.model = model
         self.canonical = canonical  # the body with per-request noise removed (same object when nothing was)
@@ -71,9 +73,24 @@ class Ticket:
         self.continues = False  # the request continues its lane's history (else no cache bust can be named)
 
     @property
+    def session(self) -> sess.SessionKey:
+        """The client's name for the session, else the fingerprint of the first message. The fingerprint is a
+        digest of that message, computed on first use: where no provider is placed by prefix and no profile orders
+        by it, that is after the answer went out (the journal's session column), not before (issue 36)."""
+        if self._session is None:
+            if self.head is None:
+                try:
+                    self.head = first_message_head(self.canonical, self.ingress)
+                except (TypeError, ValueError, AttributeError):  # a shape nobody anticipated: one fingerprint for all
+                    self.head = "empty"
+            self._session = sess.SessionKey("fp:" + self.head, "fingerprint")
+        return self._session
+
+    @property
     def prompt(self) -> Prompt:
         if self._prompt is None:
             self._prompt = segments(self.canonical, self.ingress, self.head)
+            self.head = self._prompt.head  # the same digest the session's fingerprint is
         return self._prompt
 
     @property
@@ -197,16 +214,16 @@ class Affinity:
             return None
         try:
             canonical = self.canonicaliser.canonical(req.body, req.ingress)
-            head = first_message_head(canonical, req.ingress)
-            key = sess.session_key(req.headers, req.body, head)
-            if key.source == "fingerprint" and prompt_cache_key:
-                key = sess.from_prompt_cache_key(prompt_cache_key) or key
+            # Named by the client, or else (None) by the first message's fingerprint, digested when first asked.
+            key = sess.named_session_key(req.headers, req.body)
+            if key is None and prompt_cache_key:
+                key = sess.from_prompt_cache_key(prompt_cache_key)
             model = req.body.get("model")
         except (TypeError, ValueError, AttributeError) as e:
             # A body shape nobody anticipated costs this request its affinity, never the request itself.
             log.debug("no prefix affinity for this request: %s", e)
             return None
-        return Ticket(None, key, self.lanes, canonical, req.ingress, head, tools=bool(req.body.get("tools")),
+        return Ticket(None, key, self.lanes, canonical, req.ingress, tools=bool(req.body.get("tools")),
                       model=model if isinstance(model, str) else None)
 
     def body_for(self, ticket: Ticket | None, provider: Provider, req) -> tuple[dict, bytes]:

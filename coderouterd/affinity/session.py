@@ -74,6 +74,12 @@ def _from_metadata(body: dict) -> str | None:
 
 def session_key(headers: dict[str, str], body: dict, fingerprint: str) -> SessionKey:
     """Headers are lower-cased. `fingerprint` names the canonical prefix, the last resort."""
+    return named_session_key(headers, body) or SessionKey("fp:" + fingerprint, "fingerprint")
+
+
+def named_session_key(headers: dict[str, str], body: dict) -> SessionKey | None:
+    """The session as the client names it (header, metadata, the body's prompt_cache_key), or None: then only a
+    fingerprint of the prompt can name it (`session_key`)."""
     sid = headers.get(PRIMARY_HEADER)
     if sid:
         return SessionKey("s:" + sid, "header")
@@ -84,7 +90,4 @@ def session_key(headers: dict[str, str], body: dict, fingerprint: str) -> Sessio
         sid = headers.get(h)
         if sid:
             return SessionKey("s:" + sid, "header")
-    pck = from_prompt_cache_key(body.get("prompt_cache_key"))  # type: ignore[arg-type]
-    if pck is not None:
-        return pck
-    return SessionKey("fp:" + fingerprint, "fingerprint")
+    return from_prompt_cache_key(body.get("prompt_cache_key"))  # type: ignore[arg-type]

@@ -21,22 +21,32 @@ if TYPE_CHECKING:
 log = logging.getLogger("coderouterd.guards")
 
 
-async def apply_tool_loop(ex: Exchange, publish) -> bool:
-    """Returns True when the guard answered the request itself (action = break)."""
+def _report_tool_loop(ex: Exchange, publish) -> tool_loop.LoopFinding | None:
+    """Check the request's history; a finding goes into the record's trace and out as a GuardFired event."""
     cfg = ex.profile.tool_loop
     req = ex.req
     finding = tool_loop.check(req.ingress, req.body, cfg)
     if finding is None:
-        return False
-    action = cfg.action
-    ex.record.guard_fired({"guard": tool_loop.GUARD_NAME, "action": action, "message": finding.message(),
+        return None
+    ex.record.guard_fired({"guard": tool_loop.GUARD_NAME, "action": cfg.action, "message": finding.message(),
                            **finding.detail()})  # the trace (`corectl explain`, the dashboard) tells it
     if publish is not None:
-        publish(finding.event(req.request_id, action))
-    if action == "warn":
-        log.warning("%s %s (profile %s)", req.request_id, finding.message(), ex.profile_name)
+        publish(finding.event(req.request_id, cfg.action))
+    return finding
+
+
+async def apply_tool_loop(ex: Exchange, publish) -> bool:
+    """Before routing: True when the guard answered the request itself (action = break). With action = warn
+    nothing is decided here: a warning changes nothing about the request, so `warn_tool_loop` checks once the
+    answer is out (issue 36: a feature that cannot change the answer does not delay it)."""
+    cfg = ex.profile.tool_loop
+    if cfg.action == "warn":
         return False
-    if action == "inject":
+    finding = _report_tool_loop(ex, publish)
+    if finding is None:
+        return False
+    if cfg.action == "inject":
+        req = ex.req
         req.body = tool_loop.inject(req.ingress, req.body, finding)
         req.raw = orjson.dumps(req.body)
         return False
@@ -44,6 +54,16 @@ async def apply_tool_loop(ex: Exchange, publish) -> bool:
     await ex.sink.error(400, finding.message(), kind="invalid_request_error",
                         headers={"x-coderouter-profile": ex.profile_name}, extra={"detail": finding.detail()})
     return True
+
+
+def warn_tool_loop(ex: Exchange, publish) -> None:
+    """After the answer, before the request's record is finished (so its trace and journal show the warning):
+    the check of a profile whose tool_loop action is warn."""
+    if ex.profile.tool_loop.action != "warn":
+        return
+    finding = _report_tool_loop(ex, publish)
+    if finding is not None:
+        log.warning("%s %s (profile %s)", ex.req.request_id, finding.message(), ex.profile_name)
 
 
 class BudgetHooks:

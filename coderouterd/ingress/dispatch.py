@@ -334,6 +334,7 @@ class ProxyApp:
         finally:
             if hook is not None:
                 hook(None)
+        after.defer(daemon.guard_after_answer, ex)
         after.defer(daemon.finish, record)
         if not r.headers_sent and record.error_class == CLIENT_DISCONNECTED:
             raise ClientLeft  # nothing was answered because the client left: the edge guard stays quiet

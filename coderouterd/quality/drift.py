@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import statistics
+from bisect import bisect_left, insort
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 
@@ -44,61 +45,102 @@ class Verdict:
         return bool(self.signals)
 
 
+class _Earlier:
+    """What the verdict reads of the answers before the recent ones: the lengths of those with a length (sorted,
+    for the median) and how often tools were offered and called. Kept up to date one answer at a time by a
+    window as answers move through it, so a verdict costs O(recent), not O(window) (issue 36)."""
+
+    __slots__ = ("lengths", "offered", "used")
+
+    def __init__(self) -> None:
+        self.lengths: list[int] = []
+        self.offered = 0
+        self.used = 0
+
+    def add(self, s: DriftSample) -> None:
+        if s.error:
+            return
+        if s.length:
+            insort(self.lengths, s.length)
+        if s.tools_offered:
+            self.offered += 1
+            self.used += s.tool_called
+
+    def remove(self, s: DriftSample) -> None:
+        if s.error:
+            return
+        if s.length:
+            del self.lengths[bisect_left(self.lengths, s.length)]
+        if s.tools_offered:
+            self.offered -= 1
+            self.used -= s.tool_called
+
+
 def judge(samples: list[DriftSample], cfg: DriftSettings) -> Verdict:
-    """One pass over the window (this runs after every answer of a local model)."""
-    n = len(samples)
-    if n < max(cfg.min_fill, cfg.recent + 1):
+    """The verdict over one window (oldest first)."""
+    earlier = _Earlier()
+    for s in samples[:max(0, len(samples) - cfg.recent)]:
+        earlier.add(s)
+    return _verdict(samples[-cfg.recent:] if len(samples) > cfg.recent else samples, earlier, len(samples), cfg)
+
+
+def _verdict(recent_samples, earlier: _Earlier, n: int, cfg: DriftSettings) -> Verdict:
+    """`recent_samples`: the newest `cfg.recent` answers of a window of `n`; `earlier`: the ones before them."""
+    r = cfg.recent
+    if n < max(cfg.min_fill, r + 1):
         return Verdict(samples=n)
-    split = n - cfg.recent
+    level = cfg.repetition_level
     empty = looping = length_stops = errors = 0
     digests: list[int] = []
-    ok_before: list[int] = []
     ok_recent: list[int] = []
-    offered_before = used_before = offered_recent = used_recent = 0
-    for i, s in enumerate(samples):
-        recent = i >= split
+    offered_recent = used_recent = 0
+    for s in recent_samples:
         if s.error:
-            if recent:
-                errors += 1
+            errors += 1
             continue
-        if recent:
-            if s.empty:
-                empty += 1
-            if s.repetition >= cfg.repetition_level:
-                looping += 1
-            if s.length_stop:
-                length_stops += 1
-            if s.length:
-                digests.append(s.digest)
-                ok_recent.append(s.length)
-            if s.tools_offered:
-                offered_recent += 1
-                used_recent += s.tool_called
-        else:
-            if s.length:
-                ok_before.append(s.length)
-            if s.tools_offered:
-                offered_before += 1
-                used_before += s.tool_called
-    r = cfg.recent
-    values: dict[str, tuple[float, float]] = {}  # signal -> (value, threshold)
-    values["empty"] = (empty / r, cfg.empty_rate)
+        length = s.length
+        if length:
+            digests.append(s.digest)
+            ok_recent.append(length)
+        elif not s.tool_called:
+            empty += 1  # DriftSample.empty, inline
+        if s.repetition >= level:
+            looping += 1
+        if s.length_stop:
+            length_stops += 1
+        if s.tools_offered:
+            offered_recent += 1
+            used_recent += s.tool_called
+    # (signal, value, threshold), in the order the verdict lists them
+    checks = [("empty", empty / r, cfg.empty_rate)]
     repeats = len(digests) - len(set(digests))
-    values["repetition"] = (max(looping / r, (repeats + 1) / r if repeats else 0.0), cfg.repetition_rate)
-    values["length_stops"] = (length_stops / r, cfg.length_stop_rate)
-    values["errors"] = (errors / r, cfg.error_rate)
+    checks.append(("repetition", max(looping / r, (repeats + 1) / r if repeats else 0.0), cfg.repetition_rate))
+    checks.append(("length_stops", length_stops / r, cfg.length_stop_rate))
+    checks.append(("errors", errors / r, cfg.error_rate))
     # Empty answers are their own signal: only answers with a length count towards a collapse.
+    ok_before = earlier.lengths
     if len(ok_before) >= r and len(ok_recent) >= max(2, r // 2):
         base = statistics.median(ok_before)
         if base >= cfg.collapse_min_chars:
             ratio = statistics.median(ok_recent) / base
             # value grows as the length shrinks: 1 - ratio, fired below the collapse ratio
-            values["length_collapse"] = (1 - ratio, 1 - cfg.collapse_ratio)
+            checks.append(("length_collapse", 1 - ratio, 1 - cfg.collapse_ratio))
+    offered_before = earlier.offered
     if offered_before >= cfg.tool_silence_min and offered_recent >= cfg.tool_silence_min:
-        if used_before / offered_before >= cfg.tool_rate_before:
-            values["tool_silence"] = (1 - used_recent / offered_recent, 1.0)
-    fired = {k: round(v, 3) for k, (v, t) in values.items() if v >= t and v > 0}
-    score = max((min(1.0, v / t) for v, t in values.values() if t > 0), default=0.0)
+        if earlier.used / offered_before >= cfg.tool_rate_before:
+            checks.append(("tool_silence", 1 - used_recent / offered_recent, 1.0))
+    # Fired: at or over its threshold. Score: the strongest signal relative to its threshold, at most 1.
+    fired: dict[str, float] = {}
+    score: float | None = None
+    for k, v, t in checks:
+        if v >= t and v > 0:
+            fired[k] = round(v, 3)
+        if t > 0:
+            x = min(1.0, v / t)
+            if score is None or x > score:
+                score = x
+    if score is None:
+        score = 0.0
     return Verdict(signals=fired, score=round(score, 3), samples=n)
 
 
@@ -119,11 +161,36 @@ def model_key(model: str) -> str:
 
 
 class _Track:
-    __slots__ = ("window", "verdict")
+    """One provider+model's window, with the earlier part's figures kept as answers move through it."""
+
+    __slots__ = ("window", "verdict", "earlier", "recent")
 
     def __init__(self, size: int) -> None:
         self.window: deque[DriftSample] = deque(maxlen=size)
         self.verdict: Verdict | None = None
+        self.earlier = _Earlier()
+        self.recent = 0  # the `recent` setting `earlier` was kept for (a reload of the settings may change it)
+
+    def push(self, sample: DriftSample, cfg: DriftSettings) -> Verdict:
+        """Append an answer and judge the window: O(recent) when the split is the one `earlier` was kept for."""
+        w = self.window
+        r = cfg.recent
+        if r != self.recent:
+            w.append(sample)
+            self.recent = r
+            self.earlier = earlier = _Earlier()
+            for s in list(w)[:max(0, len(w) - r)]:
+                earlier.add(s)
+        else:
+            earlier = self.earlier
+            if len(w) == w.maxlen and len(w) > r:
+                earlier.remove(w[0])  # the oldest answer leaves the window (it was an earlier one)
+            w.append(sample)
+            if len(w) > r:
+                earlier.add(w[-r - 1])  # the answer that is no longer one of the recent ones
+        recent = [w[i] for i in range(max(0, len(w) - r), len(w))]
+        self.verdict = verdict = _verdict(recent, earlier, len(w), cfg)
+        return verdict
 
 
 class DriftDetector:
@@ -146,9 +213,8 @@ class DriftDetector:
             t = tracks[key] = _Track(self.settings.window)
         else:
             tracks.move_to_end(key)
-        t.window.append(sample)
         before = t.verdict
-        verdict = t.verdict = judge(list(t.window), self.settings)
+        verdict = t.push(sample, self.settings)
         was = before is not None and before.drifting
         if verdict.drifting and not was:
             return "detected"

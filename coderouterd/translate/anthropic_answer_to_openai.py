@@ -4,10 +4,11 @@ openai_request_to_anthropic.py)."""
 
 from __future__ import annotations
 
-import secrets
 import time
 
 import orjson
+
+from ..ids import hex24
 
 _STOP_TO_FINISH = {
     "end_turn": "stop",
@@ -25,7 +26,7 @@ def anthropic_stop_to_openai(stop_reason: str | None) -> str:
 
 
 def new_completion_id() -> str:
-    return "chatcmpl-" + secrets.token_hex(12)
+    return "chatcmpl-" + hex24()
 
 
 def openai_usage(usage: dict | None) -> dict:

@@ -4,10 +4,10 @@ client in front of an OpenAI-speaking upstream; the request goes the other way i
 from __future__ import annotations
 
 import logging
-import secrets
 
 import orjson
 
+from coderouterd.ids import hex24
 from coderouterd.servers import overflow as context_overflow
 from coderouterd.translate.reasoning import ThinkTagSplitter, split_think_tags
 from coderouterd.translate.tool_arguments import parse_tool_arguments
@@ -28,11 +28,11 @@ _FINISH_TO_STOP = {
 
 
 def new_message_id() -> str:
-    return "msg_" + secrets.token_hex(12)
+    return "msg_" + hex24()
 
 
 def new_tool_use_id() -> str:
-    return "toolu_" + secrets.token_hex(12)
+    return "toolu_" + hex24()
 
 
 def openai_stop_to_anthropic(finish_reason: str | None, had_tool_calls: bool) -> str:

@@ -7,9 +7,9 @@ the deciding; these classes only take text out of the wire and put calls back in
 
 from __future__ import annotations
 
-import secrets
 from collections.abc import Mapping
 
+from ..ids import hex24
 from .tool_repair import RepairedCall, ToolCallRepairer, ToolSpec
 
 
@@ -29,7 +29,7 @@ class _Counts:
 
 
 def _openai_tool_call(index: int, call: RepairedCall) -> dict:
-    return {"index": index, "id": "call_" + secrets.token_hex(12), "type": "function",
+    return {"index": index, "id": "call_" + hex24(), "type": "function",
             "function": {"name": call.name, "arguments": call.arguments_json()}}
 
 
@@ -144,7 +144,7 @@ def repair_openai_completion(resp: dict, tools: Mapping[str, ToolSpec]) -> list[
 
 
 def _tool_use_block(call: RepairedCall) -> dict:
-    return {"type": "tool_use", "id": "toolu_" + secrets.token_hex(12), "name": call.name, "input": call.arguments}
+    return {"type": "tool_use", "id": "toolu_" + hex24(), "name": call.name, "input": call.arguments}
 
 
 class AnthropicStreamRepair(_Counts):

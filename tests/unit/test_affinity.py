@@ -375,6 +375,34 @@ def test_responses_bodies_segment_and_prompt_cache_key_names_the_session():
     assert Affinity(cfg).ticket(Req()).session.source == "fingerprint"
 
 
+def test_a_fingerprint_session_digests_its_first_message_only_when_asked():
+    """Issue 36: a request whose client names no session is named by a digest of its first message; nothing
+    before the answer needs it unless a provider is placed by prefix, so the ticket computes it on first use,
+    and it is the digest the prompt's segments name (one digest, whichever is asked first)."""
+    from coderouterd.affinity.canonical import first_message_head
+    from coderouterd.affinity.service import Affinity
+    from coderouterd.config.schema import ConfigModel
+
+    cfg = ConfigModel.model_validate({"providers": {"p": {"base_url": "http://x"}},
+                                      "profiles": {"default": {"providers": ["p"]}}})
+
+    class Req:
+        ingress = "anthropic"
+        headers: dict = {}
+        raw = b""
+        body = {"model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": "first"},
+                                                            {"role": "assistant", "content": "ok"},
+                                                            {"role": "user", "content": "second"}]}
+
+    t = Affinity(cfg).ticket(Req())
+    assert t.head is None  # not digested yet
+    assert t.session == sess.SessionKey("fp:" + first_message_head(t.canonical, "anthropic"), "fingerprint")
+    t2 = Affinity(cfg).ticket(Req())
+    assert t2.prompt.head == t2.head and t2.session == t.session
+    named = Affinity(cfg).ticket(type("R", (Req,), {"headers": {"x-claude-code-session-id": "abc"}})())
+    assert named.session.key == "s:abc" and named.head is None
+
+
 def test_managed_llama_server_gets_a_slot_save_path_unless_it_has_one(tmp_path, monkeypatch):
     from coderouterd.affinity.slot_save import with_slot_save_path
     from coderouterd.config import parse_config_text

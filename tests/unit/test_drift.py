@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from coderouterd.quality.drift import AnswerStats, DriftDetector, DriftSample, DriftSettings, judge
+from coderouterd.quality.drift import AnswerStats, DriftDetector, DriftSample, DriftSettings, Verdict, judge
 from coderouterd.quality.drift_actions import DriftManager
 
 CFG = DriftSettings(window=12, recent=4, min_fill=8)
@@ -283,3 +283,85 @@ def test_a_context_overflow_or_a_bad_request_is_no_drift_error():
     for _ in range(10):
         m.record(record("http_500", 500))
     assert "errors" in m.detector.verdict("local", "m").signals  # a server failing still is
+
+
+def _judge_by_definition(samples: list[DriftSample], cfg: DriftSettings) -> Verdict:
+    """The verdict spelled out sample by sample, as `judge` computed it before it was made cheaper (issue 36):
+    the fast `judge` must agree with it on every window."""
+    import statistics
+
+    n = len(samples)
+    if n < max(cfg.min_fill, cfg.recent + 1):
+        return Verdict(samples=n)
+    split = n - cfg.recent
+    empty = looping = length_stops = errors = 0
+    digests, ok_before, ok_recent = [], [], []
+    offered_before = used_before = offered_recent = used_recent = 0
+    for i, s in enumerate(samples):
+        if s.error:
+            errors += i >= split
+            continue
+        if i >= split:
+            empty += s.empty
+            looping += s.repetition >= cfg.repetition_level
+            length_stops += s.length_stop
+            if s.length:
+                digests.append(s.digest)
+                ok_recent.append(s.length)
+            if s.tools_offered:
+                offered_recent += 1
+                used_recent += s.tool_called
+        else:
+            if s.length:
+                ok_before.append(s.length)
+            if s.tools_offered:
+                offered_before += 1
+                used_before += s.tool_called
+    r = cfg.recent
+    values = {"empty": (empty / r, cfg.empty_rate), "length_stops": (length_stops / r, cfg.length_stop_rate),
+              "errors": (errors / r, cfg.error_rate)}
+    repeats = len(digests) - len(set(digests))
+    values["repetition"] = (max(looping / r, (repeats + 1) / r if repeats else 0.0), cfg.repetition_rate)
+    if len(ok_before) >= r and len(ok_recent) >= max(2, r // 2):
+        base = statistics.median(ok_before)
+        if base >= cfg.collapse_min_chars:
+            values["length_collapse"] = (1 - statistics.median(ok_recent) / base, 1 - cfg.collapse_ratio)
+    if offered_before >= cfg.tool_silence_min and offered_recent >= cfg.tool_silence_min:
+        if used_before / offered_before >= cfg.tool_rate_before:
+            values["tool_silence"] = (1 - used_recent / offered_recent, 1.0)
+    fired = {k: round(v, 3) for k, (v, t) in values.items() if v >= t and v > 0}
+    score = max((min(1.0, v / t) for v, t in values.values() if t > 0), default=0.0)
+    return Verdict(signals=fired, score=round(score, 3), samples=n)
+
+
+def test_judge_agrees_with_its_definition_on_random_windows():
+    import random
+
+    rng = random.Random(36)
+    for cfg in (CFG, DriftSettings()):
+        for _ in range(1500):
+            window = [DriftSample(length=rng.choice((0, 0, 5, 150, 900, 2000)), repetition=rng.choice((0.0, 0.3, 0.7)),
+                                  digest=rng.randrange(3), tools_offered=rng.random() < 0.6,
+                                  tool_called=rng.random() < 0.5, length_stop=rng.random() < 0.2,
+                                  error=rng.random() < 0.15)
+                      for _ in range(rng.randrange(cfg.window + 1))]
+            assert judge(window, cfg) == _judge_by_definition(window, cfg), window
+
+
+def test_detector_verdicts_kept_one_answer_at_a_time_agree_with_the_whole_window():
+    """The detector keeps the earlier answers' figures as answers move through the window, also across a change
+    of `recent` (a settings reload keeps the windows): every verdict equals the one over the whole window."""
+    import random
+
+    rng = random.Random(7)
+    for window, recent, later_recent in ((12, 4, 6), (20, 5, 3), (6, 5, 2)):
+        det = DriftDetector(DriftSettings(window=window, recent=recent, min_fill=min(8, window)))
+        for i in range(400):
+            if i == 200:
+                det.settings = DriftSettings(window=window, recent=later_recent, min_fill=min(8, window))
+            s = DriftSample(length=rng.choice((0, 0, 5, 150, 900, 2000)), repetition=rng.choice((0.0, 0.7)),
+                            digest=rng.randrange(3), tools_offered=rng.random() < 0.6, tool_called=rng.random() < 0.5,
+                            length_stop=rng.random() < 0.2, error=rng.random() < 0.15)
+            det.observe("p", "m", s)
+            track = det._tracks["p"]["m"]
+            assert det.verdict("p", "m") == _judge_by_definition(list(track.window), det.settings)

@@ -4,6 +4,7 @@ parent of its daemons, any pre-forking launcher) must not hand out its parent's 
 from __future__ import annotations
 
 import os
+import re
 
 from coderouterd.ids import new_id
 
@@ -26,3 +27,11 @@ def test_a_forked_child_has_its_own_prefix_and_counter():
     assert child[:prefix] != parent[:prefix]
     assert child.endswith(f"{1:012x}")  # its counter starts again
     assert after[:prefix] == parent[:prefix] and after != parent  # the parent's go on as they were
+
+
+def test_hex24_is_the_24_hex_digit_tail_of_wire_ids_and_never_repeats():
+    from coderouterd.ids import hex24
+
+    ids = [hex24() for _ in range(1000)]
+    assert all(re.fullmatch(r"[0-9a-f]{24}", i) for i in ids)
+    assert len(set(ids)) == len(ids)
