@@ -138,12 +138,14 @@ class Metrics:
                 self.guards.labels(ev.guard, ev.action).inc()
             elif kind == "cache_bust":
                 self.cache_busts.labels(ev.provider, ev.cause).inc()
-        for metric, counts in ((self.requests, requests), (self.attempts, attempts), (self.failovers, failovers),
-                               (self.tokens, tokens)):
-            for labels, n in counts.items():
-                metric.labels(*labels).inc(n)
+        # The requests counter moves last: a scrape runs on the loop while this runs in the writer thread, so a
+        # scraper that sees a batch's requests must also see that batch's attempts, failovers, tokens and cost.
         for prov, usd in cost.items():
             self.cost.labels(prov).inc(usd)
+        for metric, counts in ((self.attempts, attempts), (self.failovers, failovers), (self.tokens, tokens),
+                               (self.requests, requests)):
+            for labels, n in counts.items():
+                metric.labels(*labels).inc(n)
 
     def authorized(self, scope) -> bool:
         token = self.daemon.runtime.config.metrics.bearer_token
