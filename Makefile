@@ -86,7 +86,7 @@ browser:
 
 # In parallel (pytest-xdist, docs/decisions.md): TEST_WORKERS=0 runs in one process, in file order, as before.
 test: $(TEST_STAMP) $(CLIENTS_STAMP) real-llama browser postgres
-	$(BIN)/python -m pytest -n $(or $(TEST_WORKERS),3) --dist loadgroup --no-loadscope-reorder
+	$(BIN)/python -m pytest -n $(or $(TEST_WORKERS),5) --dist loadgroup --no-loadscope-reorder
 
 # ruff, then mypy over coderouterd/ and corectl/ (configured in pyproject.toml). .ci/run runs it before the tests.
 lint: $(TEST_STAMP)

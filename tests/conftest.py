@@ -137,17 +137,21 @@ def _shares_a_module_fixture(item: pytest.Item) -> bool:
     return any(defs[-1].scope == "module" for defs in info.name2fixturedefs.values() if defs)
 
 
+_REAL_CHAINS = frozenset({"tests/real/test_real_affinity.py", "tests/real/test_real_llama.py"})
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     # A stable sort: file order within a module, and module order within a directory, are kept.
     items.sort(key=lambda item: _rank(item.nodeid))
     for item in items:
         if item.nodeid.startswith("tests/real/"):
-            # Two groups of real-server tests, so at most two llama-servers decode at once, one thread each
-            # (tests/support/real_llama.THREADS): prefix routing on one worker, the contract and the managed
-            # server on another. All of tests/real in one group was the suite's critical path; a group per
-            # module put three servers on two cores and the rest of the suite's timing tests missed their
-            # windows (a fake's 0.3 s of loading, the dashboard's "live within a second").
-            real = "tests/real/test_real_affinity.py" if "test_real_affinity" in item.nodeid else "tests/real"
+            # Three groups of real-server tests, each a chain on one worker: prefix routing, the clients through
+            # the managed server, and the slot/KV-cache files with swaps. All of tests/real in one group was the
+            # suite's critical path (~190 s of a ~250 s run). No test holds the daemon to a wall-clock window
+            # any more (issue 36), so three small servers (one thread each, tests/support/real_llama.THREADS)
+            # decoding beside the rest of the suite only make it slower, never wrong.
+            module = item.nodeid.split("::", 1)[0]
+            real = module if module in _REAL_CHAINS else "tests/real"
             item.add_marker(pytest.mark.xdist_group(real))
         elif _shares_a_module_fixture(item):
             item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::", 1)[0]))
