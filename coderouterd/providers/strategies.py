@@ -25,7 +25,7 @@ from ..translate.tool_repair_wire import (
     repair_anthropic_message,
     repair_openai_completion,
 )
-from ..translate.unsigned_thinking import UpstreamSignatures, may_carry_unsigned, without_unsigned_thinking
+from ..translate.unsigned_thinking import UpstreamSignatures, unsigned_thinking_fix
 from ..wire.answer_shapes import check_chat_chunk, check_chat_completion, check_message, check_messages_event
 from ..wire.sse import DONE, encode_data, encode_event
 from .answer_model import renamed, renamed_text
@@ -357,9 +357,7 @@ class AnthropicPassthrough(Strategy):
     def request(self, raw: bytes, stream: bool) -> bytes:
         # Reasoning a local provider (or another Anthropic upstream) gave earlier in the conversation carries no
         # signature this upstream made.
-        sigs = self.signatures
-        walk = may_carry_unsigned(raw) or (sigs is not None and sigs.may_hold_foreign())
-        fixed = without_unsigned_thinking(self.client_body, sigs) if walk else None
+        fixed = unsigned_thinking_fix(self.client_body, raw, self.signatures)
         if fixed is None and self.client_body.get("model") == self.model:
             return raw
         body = fixed if fixed is not None else dict(self.client_body)

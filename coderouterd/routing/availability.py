@@ -118,6 +118,20 @@ class Sources:
     last_probe: LastProbe = lambda _name: None
 
 
+# The answer for a provider with no trouble, one per provider: it is frozen, and judging every provider of the
+# chain on every request must not allocate anything while all is well (bench/README.md, "The hot path back").
+_OK: dict[str, Availability] = {}
+
+
+def _ok(provider: str) -> Availability:
+    a = _OK.get(provider)
+    if a is None:
+        if len(_OK) >= 4096:  # names come from the configuration; a bound all the same
+            _OK.clear()
+        a = _OK[provider] = Availability(provider, True, Code.OK, "can take traffic", 0)
+    return a
+
+
 def _s(seconds: float) -> str:
     return f"{seconds:.0f} s" if seconds >= 1 else "now"
 
@@ -178,7 +192,7 @@ def judge(provider: str, sources: Sources, *, health_action: str = "exclude") ->
     if n > 0:
         return Availability(provider, True, Code.DEGRADED,
                             f"{n} consecutive failure{'s' if n != 1 else ''} (out at {br.failures})", n)
-    return Availability(provider, True, Code.OK, "can take traffic", 0)
+    return _ok(provider)
 
 
 def judge_chain(chain: Sequence[str], sources: Sources, *, health_action: str = "exclude",

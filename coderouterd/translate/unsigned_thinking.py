@@ -112,6 +112,26 @@ def may_carry_unsigned(raw: bytes) -> bool:
     return False
 
 
+# Up to this many messages, walking the blocks is cheaper than scanning the bytes: the Claude Code benchmark body
+# (10 messages, 95 KB) walks in ~6 µs and scans in ~35 µs; a long session (hundreds of short messages) scans
+# faster than it walks.
+WALK_FIRST_MAX_MESSAGES = 32
+
+
+def unsigned_thinking_fix(body: dict, raw: bytes, upstream: UpstreamSignatures | None = None) -> dict | None:
+    """What an Anthropic passthrough sends instead of `body` (its bytes: `raw`), or None to send it as it is:
+    `without_unsigned_thinking(body, upstream)` when `may_carry_unsigned(raw)` or the upstream's book may hold
+    another's signatures, else None. The same answer whichever runs first: on a body of few messages the walk
+    runs first, and the scan only confirms a change the walk found."""
+    if upstream is not None and upstream.may_hold_foreign():
+        return without_unsigned_thinking(body, upstream)
+    messages = body.get("messages")
+    if isinstance(messages, list) and len(messages) <= WALK_FIRST_MAX_MESSAGES:
+        fixed = without_unsigned_thinking(body, upstream)
+        return fixed if fixed is not None and may_carry_unsigned(raw) else None
+    return without_unsigned_thinking(body, upstream) if may_carry_unsigned(raw) else None
+
+
 def _unsigned(block: object, upstream: UpstreamSignatures | None = None) -> bool:
     if not isinstance(block, dict):
         return False

@@ -9,8 +9,10 @@ from hypothesis import strategies as st
 from coderouterd.providers.strategies import AnthropicPassthrough
 from coderouterd.translate.openai_answer_to_anthropic import SYNTHETIC_SIGNATURE
 from coderouterd.translate.unsigned_thinking import (
+    WALK_FIRST_MAX_MESSAGES,
     SignatureBook,
     may_carry_unsigned,
+    unsigned_thinking_fix,
     without_unsigned_thinking,
 )
 
@@ -76,6 +78,32 @@ def test_what_goes_up_never_holds_an_unsigned_block_and_keeps_the_thinking_rule(
     last = next((m["content"] for m in reversed(sent["messages"]) if m["role"] == "assistant"), None)
     if sent.get("thinking") and fixed is not None and last and CALL in last:
         assert last[0]["type"] in ("thinking", "redacted_thinking")
+
+
+# Blocks the byte scan and the walk judge differently: a thinking block without a signature key (the walk calls
+# it unsigned, the scan sees no key), and an empty "signature" in a tool's input (the scan sees it, the walk
+# does not look there).
+_EDGE_BLOCKS = st.sampled_from([LOCAL, SIGNED, CALL, {"type": "thinking", "thinking": "no key"},
+                                {"type": "tool_use", "id": "toolu_2", "name": "Sign", "input": {"signature": ""}},
+                                {"type": "thinking", "thinking": "n", "signature": None}])
+
+
+@given(turns=st.lists(st.lists(_EDGE_BLOCKS, min_size=1, max_size=3), min_size=1, max_size=4),
+       padding=st.sampled_from([0, WALK_FIRST_MAX_MESSAGES]), foreign=st.booleans())
+def test_the_fix_is_the_scan_then_the_walk_whichever_runs_first(turns, padding, foreign):
+    """unsigned_thinking_fix walks a body of few messages before scanning its bytes: the answer is the one the
+    scan-then-walk definition gives, on bodies under and over the walk-first bound."""
+    messages = [{"role": "user", "content": "earlier"}, {"role": "assistant", "content": "ok"}] * (padding // 2)
+    for t in turns:
+        messages += [{"role": "assistant", "content": t}, RESULT]
+    body = _body(*messages, **CLAUDE_CODE)
+    raw = orjson.dumps(body)
+    book = _book() if foreign else SignatureBook()
+    up = book.for_upstream(A)
+    expected = (without_unsigned_thinking(body, up) if may_carry_unsigned(raw) or up.may_hold_foreign()
+                else None)
+    assert unsigned_thinking_fix(body, raw, up) == expected
+    assert unsigned_thinking_fix(body, raw) == (without_unsigned_thinking(body) if may_carry_unsigned(raw) else None)
 
 
 def test_the_passthrough_strategy_sends_the_scrubbed_body_and_the_same_bytes_otherwise():

@@ -89,6 +89,8 @@ class UpstreamAdapter(ABC):
 
     def __init__(self, cfg: ProviderConfig) -> None:
         self.cfg = cfg
+        # ingress -> Strategy class: a function of the ingress, the wire and the config, asked on every attempt.
+        self._strategies: dict[str, type[Strategy]] = {}
 
     # -- where ----------------------------------------------------------------------------------------------
 
@@ -165,14 +167,20 @@ class UpstreamAdapter(ABC):
 
     def strategy_for(self, ingress: str) -> type[Strategy]:
         """The Strategy class that turns a client's `ingress` wire into this upstream's and back."""
+        cls = self._strategies.get(ingress)
+        if cls is not None:
+            return cls
         # Translators load with the request path, not with config.
         if ingress == "responses":
             from ..responses_strategies import responses_strategy_for
 
-            return responses_strategy_for(self.wire, self.cfg.serves_responses)
-        from ..strategies import strategy_for
+            cls = responses_strategy_for(self.wire, self.cfg.serves_responses)
+        else:
+            from ..strategies import strategy_for
 
-        return strategy_for(ingress, self.wire)
+            cls = strategy_for(ingress, self.wire)
+        self._strategies[ingress] = cls
+        return cls
 
     @abstractmethod
     def classify_error(self, status: int, body: bytes, headers: Mapping[str, str]) -> UpstreamError:
