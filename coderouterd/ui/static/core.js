@@ -67,11 +67,16 @@ export const fmt = {
 
 export function badge(text, kind) { return el("span", text, "badge " + (kind || "")); }
 
+// How long one read may take. A daemon that takes the connection and never answers would otherwise hold the
+// poll that asked forever, and the page would keep showing the last answer as if it were current.
+const READ_TIMEOUT_MS = 10000;
+
 // Reads one answer; any failure to reach the daemon marks the page stale (the attention strip says so).
 export async function getJSON(path) {
   let r;
   try {
-    r = await fetch(path, { credentials: "same-origin", cache: "no-store" });
+    r = await fetch(path, { credentials: "same-origin", cache: "no-store",
+                            signal: AbortSignal.timeout(READ_TIMEOUT_MS) });
   } catch (e) {
     unreachable(e);
     throw e;
