@@ -3,6 +3,7 @@ client's wire. Same-wire pairs pass bytes through; the others translate incremen
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from typing import Any, Required, TypedDict, Unpack
 
@@ -121,7 +122,7 @@ class StrategyOptions(TypedDict, total=False):
     answer_model: str
 
 
-class Strategy:
+class Strategy(ABC):
     """Stream state for one attempt. events() returns the bytes to send to the client for a batch of parsed
     SSE events; `done` is set when the upstream finished cleanly.
 
@@ -192,20 +193,24 @@ class Strategy:
     def path(self) -> str:
         return "/chat/completions" if self.upstream_wire == "openai" else "/messages"
 
-    # What every strategy does (each subclass has its own): the upstream's request body from the client's, a whole
+    # What every strategy does (each subclass has its own, which the ABC enforces at construction): the upstream's request body from the client's, a whole
     # answer on the client's wire, a batch of the upstream's SSE events, and the end of the upstream's stream.
 
+    @abstractmethod
     def request(self, raw: bytes, stream: bool) -> bytes:
-        raise NotImplementedError
+        ...
 
+    @abstractmethod
     def response(self, body: bytes) -> bytes:
-        raise NotImplementedError
+        ...
 
+    @abstractmethod
     def events(self, events: list[tuple[str | None, str]]) -> bytes:
-        raise NotImplementedError
+        ...
 
+    @abstractmethod
     def eof(self) -> bytes:
-        raise NotImplementedError
+        ...
 
     def next_held(self) -> bytes:
         held = self.held
