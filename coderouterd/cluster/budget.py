@@ -231,7 +231,7 @@ class SharedBudget:
             self._drawn.pop(provider, None)
             self._queue_settle(a, 0)
 
-    def settle(self, res: SharedReservation, actual_usd: float) -> dict | None:
+    def settle(self, res: Reservation | SharedReservation, actual_usd: float) -> dict | None:
         """Queue the settle; returns its record, which the request's journal row keeps (the shipper applies it
         again with the row: idempotent, and durable as the journal is)."""
         if not isinstance(res, SharedReservation):
@@ -251,7 +251,7 @@ class SharedBudget:
             record.update(parent=res.parent, est=res.amount)
         return record
 
-    def cancel(self, res: SharedReservation) -> dict | None:
+    def cancel(self, res: Reservation | SharedReservation) -> dict | None:
         if isinstance(res, SharedReservation):
             return self.settle(res, 0.0)
         self.local.cancel(res)

@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING
 from urllib.parse import parse_qs, unquote
 
 import orjson
-from pydantic import BaseModel
+from pydantic import BaseModel, ValidationError
 
 from ..admin import apitype, history, views
 from ..ingress.asgi import Receive, Scope, Send  # ASGI, as the proxy's dispatch calls us
@@ -239,7 +239,9 @@ class DashboardApp:
                                               outcome=query.get("outcome") or None,
                                               limit=int(query.get("limit") or 100),
                                               before=float(query["before"]) if query.get("before") else None)
-            except ValueError as e:
+            except ValidationError:
+                raise  # a journal row that does not fit the model is our fault (a 500), not the caller's
+            except ValueError as e:  # a bad filter, limit or cursor in the query
                 raise Answer(400, str(e)) from None
         elif name.startswith("requests/"):
             rid = unquote(name[len("requests/"):])

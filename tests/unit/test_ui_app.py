@@ -9,6 +9,7 @@ from types import SimpleNamespace
 
 import orjson
 import pytest
+from pydantic import ValidationError
 
 from coderouterd.after_response import AfterResponse
 from coderouterd.ui.app import DashboardApp
@@ -119,3 +120,13 @@ def test_a_process_log_s_last_line_is_read_from_its_end_and_bounded(tmp_path):
     assert last_line(log) == ("error: " + "y" * 1000)[:300]
     log.write_bytes(b"")
     assert last_line(log) is None and last_line(tmp_path / "missing.log") is None
+
+
+def test_a_record_that_does_not_fit_the_model_is_not_blamed_on_the_caller(tmp_path):
+    """A record the answer's model refuses is the daemon's fault: never a 400 that carries the row's values
+    back in pydantic's words."""
+    d = _daemon(tmp_path, telemetry=SimpleNamespace(enabled=False, journal_path=None))
+    d.recent["bad"] = {"request_id": "bad", "latency_ms": "secret-looking-value"}
+    # Raised out of the app, the ASGI server answers a bare 500 (tests/e2e/test_dashboard_http.py's server).
+    with pytest.raises(ValidationError):
+        _call(DashboardApp(d), "/ui/api/requests")
