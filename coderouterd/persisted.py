@@ -5,8 +5,12 @@ state, the prefix-affinity index, the active profile."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from .state import BreakerTransition, HealthTransition
+
+if TYPE_CHECKING:
+    from .routing.breaker import BreakerSnapshot
 
 NS_BREAKERS = "breakers"
 NS_HEALTH = "health"
@@ -21,7 +25,7 @@ class PersistedState:
 
     # -- routing state: hooks given to RoutingState's constructor --------------------------------------------
 
-    def breaker_moved(self, name: str, snapshot: dict, old, new, reason: str) -> None:
+    def breaker_moved(self, name: str, snapshot: BreakerSnapshot, old, new, reason: str) -> None:
         self.store.set(NS_BREAKERS, name, snapshot)
         self._publish(BreakerTransition(provider=name, old=str(old), new=str(new), reason=reason))
 

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from ..routing.breaker import BreakerState
+from ..routing.breaker import BreakerSnapshot, BreakerState
 from ..state.shared.db import Database, Unavailable
 
 if TYPE_CHECKING:
@@ -101,7 +101,7 @@ class SharedBreakers:
 
     # -- moves made here ------------------------------------------------------------------------------------
 
-    def _moved(self, name: str, snapshot: dict, old: BreakerState, new: BreakerState, reason: str) -> None:
+    def _moved(self, name: str, snapshot: BreakerSnapshot, old: BreakerState, new: BreakerState, reason: str) -> None:
         if new not in _SHARED or self._writes is None:
             return
         self._probe_until.pop(name, None)
@@ -115,7 +115,7 @@ class SharedBreakers:
             except Unavailable:
                 pass  # local until the database returns; the poll then brings this instance back in line
 
-    async def _write(self, name: str, snap: dict, state: BreakerState, conn: Conn) -> None:
+    async def _write(self, name: str, snap: BreakerSnapshot, state: BreakerState, conn: Conn) -> None:
         for _attempt in range(3):
             known = self.versions.get(name, 0)
             params = {"p": name, "v": known, "state": state.value, "snap": orjson.dumps(snap).decode(),

@@ -8,7 +8,7 @@ from collections import deque
 from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 from statistics import median
-from typing import Any
+from typing import TypedDict
 
 from .clock import Clock, SystemClock
 
@@ -41,6 +41,24 @@ def _p95(sorted_values: list[float]) -> float:
     return sorted_values[max(0, rank - 1)]
 
 
+class Figures(TypedDict):
+    """One provider's window of samples, as the orderer, the admin view and `corectl status` read it."""
+
+    samples: int
+    latency_samples: int  # successful samples with a latency: what the median and p95 are taken over
+    probes: int
+    median_s: float | None
+    p95_s: float | None
+    error_rate: float | None
+    errors: int
+    last_sample_age_s: float | None
+
+
+def _no_figures() -> Figures:
+    return {"samples": 0, "latency_samples": 0, "probes": 0, "median_s": None, "p95_s": None, "error_rate": None,
+            "errors": 0, "last_sample_age_s": None}
+
+
 class _Series:
     __slots__ = ("samples", "version", "_cache_version", "_cache", "_lat_version", "_latencies")
 
@@ -49,7 +67,7 @@ class _Series:
         self.samples: deque[tuple[float, float | None, bool, bool]] = deque(maxlen=maxlen)
         self.version = 0
         self._cache_version = -1
-        self._cache: dict[str, Any] = {}
+        self._cache: Figures = _no_figures()  # last_sample_age_s is filled in per read
         self._lat_version = -1
         self._latencies: list[float] = []
 
@@ -70,7 +88,7 @@ class _Series:
             self._lat_version = self.version
         return self._latencies
 
-    def figures(self, now: float) -> dict[str, Any]:
+    def figures(self, now: float) -> Figures:
         if self._cache_version != self.version:
             samples = self.samples
             n = len(samples)
@@ -84,9 +102,10 @@ class _Series:
                 "p95_s": _p95(lats) if lats else None,
                 "error_rate": (errors / n) if n else None,
                 "errors": errors,
+                "last_sample_age_s": None,
             }
             self._cache_version = self.version
-        out = dict(self._cache)
+        out = self._cache.copy()
         out["last_sample_age_s"] = (now - self.samples[-1][0]) if self.samples else None
         return out
 
@@ -122,22 +141,13 @@ class ProviderStats:
             series.prune(self._clock.now() - self.settings.window_s)
         return series
 
-    def figures(self, provider: str) -> dict[str, Any]:
+    def figures(self, provider: str) -> Figures:
         series = self._fresh(provider)
         if series is None:
-            return {
-                "samples": 0,
-                "latency_samples": 0,
-                "probes": 0,
-                "median_s": None,
-                "p95_s": None,
-                "error_rate": None,
-                "errors": 0,
-                "last_sample_age_s": None,
-            }
+            return _no_figures()
         return series.figures(self._clock.now())
 
-    def all_figures(self) -> dict[str, dict[str, Any]]:
+    def all_figures(self) -> dict[str, Figures]:
         return {name: self.figures(name) for name in self._series}
 
     def latencies(self, provider: str) -> list[float]:

@@ -15,7 +15,7 @@ import logging
 import math
 from collections.abc import Callable
 from enum import StrEnum
-from typing import Any
+from typing import TypedDict
 
 from ..providers.errors import MAX_RETRY_AFTER_S
 from .clock import Clock, SystemClock, wall_time
@@ -36,6 +36,20 @@ MAX_HINT_S = MAX_RETRY_AFTER_S
 TransitionHook = Callable[[str, BreakerState, BreakerState, str], None]
 # (provider) -> None: it may be ejected; or the words why ejecting it would take too many providers out at once.
 EjectionGate = Callable[[str], str | None]
+
+
+class BreakerSnapshot(TypedDict):
+    """A breaker as it is persisted, shared between instances and shown (times on the wall clock)."""
+
+    state: str  # a BreakerState value
+    consecutive_failures: int
+    opened_at: float | None
+    retry_at: float | None
+    retry_in_s: float | None
+    trial_in_flight: bool
+    retry_after_only: bool
+    ejections: int
+    kept_in_rotation: str | None
 
 
 class CircuitBreaker:
@@ -280,7 +294,7 @@ class CircuitBreaker:
 
     # -- persistence -------------------------------------------------------------------------------------
 
-    def snapshot(self) -> dict[str, Any]:
+    def snapshot(self) -> BreakerSnapshot:
         state = self.state
         now = self._clock.now()
         wall = wall_time(self._clock)
@@ -302,8 +316,9 @@ class CircuitBreaker:
             "kept_in_rotation": self._kept,
         }
 
-    def restore(self, snap: dict[str, Any]) -> None:
-        """Load a snapshot taken by a previous process. Raises ValueError on malformed data."""
+    def restore(self, snap: object) -> None:
+        """Load a snapshot taken by a previous process (or another instance): anything, checked here. Raises
+        ValueError on malformed data."""
         if not isinstance(snap, dict):
             raise ValueError("breaker snapshot must be an object")
         try:
@@ -360,7 +375,7 @@ class CircuitBreaker:
             log.exception("breaker transition hook failed for %s", self.name)
 
 
-def _optional_float(value: Any, field: str) -> float | None:
+def _optional_float(value: object, field: str) -> float | None:
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
@@ -368,7 +383,7 @@ def _optional_float(value: Any, field: str) -> float | None:
     return float(value)
 
 
-def _non_negative_int(value: Any, field: str) -> int:
+def _non_negative_int(value: object, field: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise ValueError(f"{field} must be a non-negative integer")
     return value
@@ -466,10 +481,10 @@ class BreakerRegistry:
     def __contains__(self, name: object) -> bool:
         return name in self._breakers
 
-    def snapshot(self) -> dict[str, dict[str, Any]]:
+    def snapshot(self) -> dict[str, BreakerSnapshot]:
         return {name: breaker.snapshot() for name, breaker in self._breakers.items()}
 
-    def restore(self, data: dict[str, Any]) -> list[str]:
+    def restore(self, data: object) -> list[str]:
         """Restore every well-formed entry; returns the names whose snapshot was rejected (and logged),
         because a damaged persisted record must not stop the daemon from serving."""
         rejected: list[str] = []

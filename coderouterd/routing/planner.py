@@ -1,19 +1,17 @@
 """The routing plan for one request: which providers to try, in which order, and why others were skipped.
 
-Pure: reads breaker/health/budget state handed in, performs no I/O. The executor still calls
-`CircuitBreaker.allow()` right before each attempt, so a half-open provider admits exactly one trial.
+Pure: asks the availability judge handed in (routing/availability.py) and reads the health handed in; performs no
+I/O. Planning consumes nothing: the executor still calls `CircuitBreaker.allow()` right before each attempt, so a
+half-open provider admits exactly one trial.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
 
-from ..providers.errors import MEMORY_PRESSURE
 from .adaptive import AdaptiveOrderer
 from .availability import PASSING, SKIP_REASON, Availability
-from .breaker import BreakerRegistry, BreakerState
 from .state import DEGRADED, HEALTHY, UNHEALTHY
 
 HEALTH_ACTIONS = ("warn", "demote", "exclude")
@@ -113,63 +111,21 @@ def plan(
     facts: dict[str, ProviderFacts],
     features: RequestFeatures,
     *,
-    breakers: BreakerRegistry,
+    judge: Callable[[str], Availability],
     health: Mapping[str, str],
     health_action: str,
     orderer: AdaptiveOrderer | None = None,
-    budget_ok: Callable[[str], bool] | None = None,
-    judge: Callable[[str], Availability] | None = None,
 ) -> Plan:
-    """`judge`: the one answer to "can it take traffic now" (routing/availability.py). Given, it decides every gate
-    that is about the provider rather than the request (budget, breaker, cooldown, health, its process), with its
-    words; without it (planner-only tests) the breakers, health and budget handed in decide."""
+    """`judge`: the one answer to "can it take traffic now" (routing/availability.py). It decides every gate that
+    is about the provider rather than the request (budget, breaker, cooldown, health, its process), with its
+    words; the planner adds the request's own gates (capabilities, context) and the order."""
     if health_action not in HEALTH_ACTIONS:
         raise ValueError(f"health_action must be one of {', '.join(HEALTH_ACTIONS)}, got {health_action!r}")
     chain = list(dict.fromkeys(chain))
-
-    if judge is not None:
-        return _plan_judged(chain, facts, features, judge, health, health_action, orderer)
-    # Provider state that makes a provider unusable for any request; computed once, used for both the
-    # adaptive debounce and the gates.
-    open_breakers: dict[str, float | None] = {}
-    cooling: set[str] = set()  # opened because the backend ran out of memory: a cooldown, not a fault
-    for p in chain:
-        breaker = breakers.get(p)
-        if breaker.state is BreakerState.OPEN:
-            open_breakers[p] = breaker.retry_in_s
-            if MEMORY_PRESSURE in breaker.open_reason:
-                cooling.add(p)
-    unhealthy = {p for p in chain if _health_word(health.get(p)) == UNHEALTHY}
-    excluded = unhealthy if health_action == "exclude" else set()
-    over_budget = {p for p in chain if budget_ok is not None and not budget_ok(p)}
-
-    notes: list[dict[str, object]] = []
-    order = chain
-    if orderer is not None:
-        ineligible = set(open_breakers) | excluded | over_budget
-        order, adaptive_notes = orderer.order(chain, ineligible=ineligible)
-        notes.extend(adaptive_notes)
-
-    order = _health_order(order, health, health_action, notes)
-
-    candidates: list[str] = []
-    skips: list[Skip] = []
-    for p in order:
-        skip = _gate(p, facts.get(p) or ProviderFacts(name=p), features, open_breakers, excluded, over_budget,
-                     cooling)
-        if skip is None:
-            candidates.append(p)
-        else:
-            skips.append(skip)
-    return Plan(candidates=candidates, skips=skips, order_notes=notes)
-
-
-def _plan_judged(chain: list[str], facts: dict[str, ProviderFacts], features: RequestFeatures,
-                 judge: Callable[[str], Availability], health: Mapping[str, str], health_action: str,
-                 orderer: AdaptiveOrderer | None) -> Plan:
+    # Judged once per provider, used for both the adaptive debounce and the gates.
     answers = {p: judge(p) for p in chain}
     out = {p for p, a in answers.items() if not a.available}
-    notes: list[dict[str, Any]] = []
+    notes: list[dict[str, object]] = []
     order = chain
     if orderer is not None:
         order, adaptive_notes = orderer.order(chain, ineligible=out)
@@ -191,7 +147,7 @@ def _plan_judged(chain: list[str], facts: dict[str, ProviderFacts], features: Re
 
 
 def _health_order(order: list[str], health: Mapping[str, str], health_action: str,
-                  notes: list[dict[str, Any]]) -> list[str]:
+                  notes: list[dict[str, object]]) -> list[str]:
     """UNHEALTHY providers move back (demote) or stay with a note (warn); DEGRADED ones get a note."""
     demoted: list[str] = []
     for p in order:
@@ -206,32 +162,6 @@ def _health_order(order: list[str], health: Mapping[str, str], health_action: st
     if demoted:
         order = [p for p in order if p not in demoted] + demoted
     return order
-
-
-def _gate(
-    p: str,
-    f: ProviderFacts,
-    req: RequestFeatures,
-    open_breakers: dict[str, float | None],
-    excluded: set[str],
-    over_budget: set[str],
-    cooling: set[str],
-) -> Skip | None:
-    skip = _capability_gate(p, f, req)
-    if skip is not None:
-        return skip
-    if p in over_budget:
-        return Skip(p, "budget", f"{p} is over its monthly budget")
-    if p in open_breakers:
-        retry = open_breakers[p]
-        if p in cooling:
-            when = f" for {retry:.0f}s more" if retry is not None else ""
-            return Skip(p, "memory_cooldown", f"{p} ran out of memory; cooling down{when}")
-        when = f" (trial in {retry:.1f}s)" if retry is not None else ""
-        return Skip(p, "breaker_open", f"circuit breaker for {p} is open{when}")
-    if p in excluded:
-        return Skip(p, "unhealthy", f"{p} is UNHEALTHY and the profile's health_action is exclude")
-    return None
 
 
 def _capability_gate(p: str, f: ProviderFacts, req: RequestFeatures) -> Skip | None:

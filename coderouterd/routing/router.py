@@ -235,10 +235,9 @@ class Router:
         sources = self.sources
         p = plan(
             list(profile.providers), facts, features,
-            breakers=st.breakers, health=st.health, health_action=profile.health_action,
-            orderer=self.orderer(profile_name) if profile.adaptive else None,
-            budget_ok=self._budget.allowed if self._budget is not None else None,
             judge=lambda name: judge(name, sources, health_action=profile.health_action),
+            health=st.health, health_action=profile.health_action,
+            orderer=self.orderer(profile_name) if profile.adaptive else None,
         )
         down = st.down
         if down:

@@ -20,7 +20,7 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING
 
 from .adaptive import AdaptiveSettings, ProbeScheduler, ProviderStats
-from .breaker import BreakerRegistry, BreakerState, CircuitBreaker
+from .breaker import BreakerRegistry, BreakerSnapshot, BreakerState, CircuitBreaker
 from .clock import Clock, SystemClock
 
 if TYPE_CHECKING:
@@ -32,7 +32,7 @@ HEALTHY, DEGRADED, UNHEALTHY = "HEALTHY", "DEGRADED", "UNHEALTHY"
 _NONE: frozenset[str] = frozenset()
 
 # (provider, breaker snapshot, old, new, reason): persistence and audit of breaker moves.
-BreakerHook = Callable[[str, dict, BreakerState, BreakerState, str], None]
+BreakerHook = Callable[[str, BreakerSnapshot, BreakerState, BreakerState, str], None]
 # (provider, old, new, reason): persistence and audit of health moves.
 HealthHook = Callable[[str, str, str, str], None]
 

@@ -79,6 +79,10 @@ class JournalReader(ABC):
         """The UTC day index of a row from a start (the one ? argument): floor((ts - start) / 86400)."""
         return "CAST(FLOOR((ts - ?) / 86400) AS INTEGER)"
 
+    def _unreadable(self, detail: str) -> JournalUnreadable:
+        """What a backend's driver error becomes (`detail`: the driver's one line, never a password)."""
+        return JournalUnreadable(self.where, detail, shared=self.shared)
+
     # -- reads -----------------------------------------------------------------------------------------------
 
     def _run(self, sql: str, args: Sequence[object]) -> list[tuple[Any, ...]]:
@@ -197,7 +201,7 @@ class SqliteJournal(JournalReader):
         try:
             conn = sqlite3.connect(f"{self.path.resolve().as_uri()}?mode=ro", uri=True, timeout=5.0)
         except sqlite3.Error as e:
-            raise JournalUnreadable(self.where, str(e), shared=False) from e
+            raise self._unreadable(str(e)) from e
 
         def execute(sql: str, args: Sequence[object]) -> list[tuple[Any, ...]]:
             try:
@@ -205,9 +209,9 @@ class SqliteJournal(JournalReader):
             except sqlite3.OperationalError as e:
                 if "no such table" in str(e) or "no such column" in str(e):
                     return []  # a journal not created yet, or from before a migration added what is asked
-                raise JournalUnreadable(self.where, str(e), shared=False) from e
+                raise self._unreadable(str(e)) from e
             except sqlite3.Error as e:
-                raise JournalUnreadable(self.where, str(e), shared=False) from e
+                raise self._unreadable(str(e)) from e
 
         try:
             yield execute

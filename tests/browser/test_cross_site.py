@@ -18,6 +18,7 @@ import pytest
 from tests.fakes.runner import FakeServer
 from tests.support.config import daemon_config
 from tests.support.daemon import DaemonProcess, free_port
+from tests.support.metrics import scrape, total
 from tests.support.wait import wait_for
 
 from .conftest import REBOUND_HOST
@@ -79,11 +80,7 @@ def _posts(up) -> int:
 
 
 def _refused(d) -> float:
-    total = 0.0
-    for line in httpx.get(d.url + "/metrics", timeout=10).text.splitlines():
-        if line.startswith("coderouter_browser_refused_total{"):
-            total += float(line.rsplit(" ", 1)[1])
-    return total
+    return total(scrape(d), "coderouter_browser_refused_total")
 
 
 def _wait(cond, timeout: float = 30.0) -> bool:

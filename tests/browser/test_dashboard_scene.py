@@ -15,6 +15,7 @@ import pytest
 from coderouterd.state.journal_reader import journal_rows
 from tests.support import cli
 from tests.support.daemon import admin_get
+from tests.support.metrics import scrape, series
 
 from .conftest import axe_violations, save
 
@@ -139,9 +140,7 @@ def test_processes_show_their_last_exit_last_log_line_and_restarts(page, night):
           "the log's last line on the page")
     box = page.locator("#processes-table tbody tr[data-process=box]")
     box.filter(has_text="ready").wait_for(timeout=LONG)
-    metrics = httpx.get(night.daemon.url + "/metrics").text
-    restarts = next(float(line.rsplit(" ", 1)[1]) for line in metrics.splitlines()
-                    if line.startswith('coderouter_process_restarts_total{process="box"}'))
+    (_labels, restarts), = series(scrape(night.daemon), "coderouter_process_restarts_total", process="box")
     assert int(process_cell(page, box, "Restarts").inner_text()) == int(restarts) >= 1
     assert "killed by SIGKILL" in process_cell(page, box, "Last exit").inner_text()
 

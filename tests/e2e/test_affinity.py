@@ -4,12 +4,12 @@ slots, against the same workload sent straight to an identical fake (the server 
 from __future__ import annotations
 
 import anthropic
-import httpx
 import pytest
 
 from tests.fakes.runner import FakeServer
 from tests.support.claude_sessions import drive_router, drive_straight, reuse_report
 from tests.support.config import daemon_config, openai_at
+from tests.support.metrics import scrape, series
 
 BIG_CTX = 131072  # tokens per slot: these sessions grow past 16k tokens
 
@@ -170,9 +170,8 @@ def test_hit_ratio_in_status_metrics_and_journal(start_daemon):
         text = _corectl(d, "status")
         assert f"{ratio * 100:.0f}%" in text.stdout
 
-        metrics = httpx.get(d.url + "/metrics", timeout=5).text
-        line = next(ln for ln in metrics.splitlines() if ln.startswith('coderouter_prefix_cache_hit_ratio{'))
-        assert float(line.split()[-1]) == pytest.approx(ratio, abs=1e-3)
+        (_labels, hit_ratio), = series(scrape(d, timeout=5), "coderouter_prefix_cache_hit_ratio")
+        assert hit_ratio == pytest.approx(ratio, abs=1e-3)
 
         d.stop()
         rows = journal_rows(d.state_dir / "state.db")

@@ -9,6 +9,7 @@ import pytest
 
 from tests.fakes.runner import FakeServer
 from tests.support.config import daemon_config
+from tests.support.metrics import scrape, series
 
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
 MESSAGES = {"model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": "hi"}]}
@@ -32,12 +33,7 @@ def _posts(up) -> int:
 
 
 def _refused(d) -> dict[str, float]:
-    out = {}
-    for line in httpx.get(d.url + "/metrics", timeout=10).text.splitlines():
-        if line.startswith("coderouter_browser_refused_total{"):
-            reason = line.split('reason="', 1)[1].split('"', 1)[0]
-            out[reason] = float(line.rsplit(" ", 1)[1])
-    return out
+    return {lab["reason"]: v for lab, v in series(scrape(d), "coderouter_browser_refused_total")}
 
 
 def test_a_foreign_host_is_refused_in_each_callers_shape_and_reaches_no_upstream(env):

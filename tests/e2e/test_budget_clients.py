@@ -9,15 +9,14 @@ import os
 import subprocess
 import time
 
-import httpx
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from coderouterd.state.store import Store
 from tests.e2e.test_claude_code import CLAUDE, UNAVAILABLE
 from tests.e2e.test_codex_cli import CODEX
 from tests.fakes.runner import FakeServer
 from tests.support.daemon import DaemonProcess
+from tests.support.metrics import scrape, total
 from tests.support.wait import wait_for
 
 CONFIG = """
@@ -57,9 +56,7 @@ def spent(tmp_path):
 
 
 def _requests(d: DaemonProcess) -> float:
-    text = httpx.get(d.url + "/metrics").text
-    return sum(s.value for fam in text_string_to_metric_families(text) for s in fam.samples
-               if s.name == "coderouter_requests_total")
+    return total(scrape(d), "coderouter_requests_total")
 
 
 def _served(d: DaemonProcess, before: float) -> float:

@@ -14,6 +14,7 @@ import pytest
 from tests.fakes.runner import FakeServer
 from tests.support.config import daemon_config, openai_at
 from tests.support.daemon import running
+from tests.support.metrics import scrape, total
 from tests.support.wait import wait_for
 
 LIMITS = {"max_header_kb": 16, "max_header_line_kb": 8, "header_timeout_s": 0.6, "body_timeout_s": 0.6,
@@ -357,9 +358,7 @@ def test_http_framing_errors_are_a_400_in_the_callers_json_shape(env, raw, shape
 # billing) for an answer nobody can receive. Clients that must half-close can send `Connection: close` instead.
 
 def _in_flight(d) -> float:
-    text = httpx.get(d.url + "/metrics", timeout=5).text
-    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-               if line.startswith("coderouter_requests_in_flight{"))
+    return total(scrape(d, timeout=5), "coderouter_requests_in_flight")
 
 
 @pytest.mark.parametrize("stream", [False, True])

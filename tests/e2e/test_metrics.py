@@ -5,27 +5,10 @@ from __future__ import annotations
 import time
 
 import httpx
-from prometheus_client.parser import text_string_to_metric_families
 
 from tests.fakes.runner import FakeServer
 from tests.support.daemon import running
-
-
-def scrape(d, token=None) -> dict:
-    h = {"authorization": f"Bearer {token}"} if token else {}
-    r = httpx.get(d.url + "/metrics", headers=h)
-    assert r.status_code == 200, r.text
-    out = {}
-    for fam in text_string_to_metric_families(r.text):
-        for s in fam.samples:
-            key = (s.name, tuple(sorted(s.labels.items())))
-            out[key] = s.value
-    return out
-
-
-def total(samples: dict, name: str, **labels) -> float:
-    return sum(v for (n, lab), v in samples.items() if n == name and all(dict(lab).get(k) == x
-                                                                       for k, x in labels.items()))
+from tests.support.metrics import scrape, total
 
 
 def test_metrics_parse_and_move(tmp_path):

@@ -12,7 +12,6 @@ from collections import Counter
 
 import httpx
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from coderouterd.state.audit import read_audit
 from coderouterd.state.journal_reader import journal_rows
@@ -21,6 +20,7 @@ from tests.e2e.test_supervision import backend_pids, managed_config, managed_oll
 from tests.fakes.runner import FakeServer, free_port
 from tests.support.config import daemon_config
 from tests.support.daemon import DaemonProcess, running
+from tests.support.metrics import scrape, total
 
 USER = [{"role": "user", "content": "hi"}]
 
@@ -36,21 +36,6 @@ base_url = "{url}/v1"
 [profiles.default]
 providers = ["a"]
 """
-
-def scrape(d) -> dict:
-    r = httpx.get(d.url + "/metrics", timeout=10)
-    assert r.status_code == 200, r.text
-    out = {}
-    for fam in text_string_to_metric_families(r.text):
-        for s in fam.samples:
-            out[(s.name, tuple(sorted(s.labels.items())))] = s.value
-    return out
-
-
-def total(samples: dict, name: str, **labels) -> float:
-    return sum(v for (n, lab), v in samples.items()
-               if n == name and all(dict(lab).get(k) == x for k, x in labels.items()))
-
 
 def anthropic(d, profile=None, stream=False, timeout=20):
     headers = {"x-coderouter-profile": profile} if profile else {}

@@ -18,6 +18,7 @@ from tests.fakes.runner import FakeServer, free_port
 from tests.support.cli import corectl
 from tests.support.config import daemon_config, upstream
 from tests.support.daemon import ROOT, DaemonProcess, admin_get, running
+from tests.support.metrics import scrape, series, total
 from tests.support.sse import event_names
 from tests.support.wait import wait_for
 
@@ -115,9 +116,9 @@ def test_a_budget_for_one_swaps_models_and_never_runs_both(tmp_path):
                          env={**d.env, "COLUMNS": "200"})
         assert "room for coder" in models.stdout and "1,000 MB held of 1,500 MB budget" in models.stdout, \
             models.stdout + models.stderr
-        metrics = httpx.get(d.url + "/metrics", timeout=10).text
-        assert "coderouter_models_memory_held_mb 1000.0" in metrics
-        assert 'coderouter_process_last_stop{process="small",reason="room for coder"} 1.0' in metrics
+        metrics = scrape(d)
+        assert series(metrics, "coderouter_models_memory_held_mb") == [({}, 1000.0)]
+        assert total(metrics, "coderouter_process_last_stop", process="small", reason="room for coder") == 1.0
         now = httpx.get(d.url + "/ui/api/now", timeout=10).json()  # the dashboard's data
         assert now["models"]["resident"] == ["coder"] and now["processes"]["small"]["memory_mb"] == 1000
 

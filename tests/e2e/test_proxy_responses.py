@@ -15,6 +15,7 @@ from tests.fakes.behaviour import REASONING_TEXT, TOOL_ARGUMENTS, TOOL_ARGUMENTS
 from tests.fakes.runner import FakeServer
 from tests.support.config import NO_BREAKER, PINGING, anthropic_at, daemon_config, openai_at, upstream, warn
 from tests.support.daemon import running
+from tests.support.metrics import scrape, total
 from tests.support.wait import wait_for
 
 
@@ -352,7 +353,7 @@ def test_race_routes_tool_loop_guard_and_metrics(tmp_path):
             assert "exec_command" in str(e.value)
             assert client.responses.create(model="m-guarded", input=USER).output_text == "Hello from fast"
             # The metrics are fed by the state writer thread, not inline.
-            assert wait_for(lambda: 'ingress="responses"' in httpx.get(d.url + "/metrics").text), \
+            assert wait_for(lambda: total(scrape(d), "coderouter_requests_total", ingress="responses") >= 1), \
                 "no Responses request in /metrics"
 
 

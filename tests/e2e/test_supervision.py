@@ -17,6 +17,7 @@ import pytest
 from tests.fakes.runner import FakeServer, free_port
 from tests.support.config import daemon_config, upstream
 from tests.support.daemon import ROOT, DaemonProcess, admin_get, running
+from tests.support.metrics import scrape, total
 from tests.support.wait import wait_for
 
 USER = [{"role": "user", "content": "hi"}]
@@ -61,9 +62,7 @@ def _process(d) -> dict | None:
 
 
 def in_flight(d) -> float:
-    text = httpx.get(d.url + "/metrics", timeout=10).text
-    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-               if line.startswith("coderouter_requests_in_flight{"))
+    return total(scrape(d), "coderouter_requests_in_flight")
 
 
 @pytest.fixture

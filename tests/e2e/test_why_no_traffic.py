@@ -8,11 +8,11 @@ import re
 
 import httpx
 import orjson
-from prometheus_client.parser import text_string_to_metric_families
 
 from tests.fakes.runner import FakeServer
 from tests.support import cli
 from tests.support.daemon import DaemonProcess, admin_get
+from tests.support.metrics import scrape, series
 from tests.support.wait import wait_for
 
 
@@ -38,13 +38,7 @@ def _without_seconds(why: str) -> str:
 
 
 def _metric(d: DaemonProcess) -> dict[str, tuple[str, float]]:
-    text = httpx.get(d.url + "/metrics", timeout=10).text
-    out = {}
-    for fam in text_string_to_metric_families(text):
-        for s in fam.samples:
-            if s.name == "coderouter_provider_available":
-                out[s.labels["provider"]] = (s.labels["reason"], s.value)
-    return out
+    return {lab["provider"]: (lab["reason"], v) for lab, v in series(scrape(d), "coderouter_provider_available")}
 
 
 def test_corectl_status_the_admin_view_the_dashboard_and_metrics_give_one_answer(tmp_path):

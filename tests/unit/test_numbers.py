@@ -6,11 +6,11 @@ import asyncio
 from types import SimpleNamespace
 
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from coderouterd.observe.metrics import Metrics
 from coderouterd.providers.pool import Pool
 from coderouterd.state.events import ProcessEvent, ProcessEventName, RequestFinished, moved_past
+from tests.support.metrics import Samples, parse, total
 
 
 def _metrics() -> Metrics:
@@ -22,17 +22,8 @@ def _metrics() -> Metrics:
                                    active_profile="default", browser_refused={"host": 1}))
 
 
-def _samples(m: Metrics) -> dict:
-    out = {}
-    for fam in text_string_to_metric_families(m.render().decode()):
-        for s in fam.samples:
-            out[(s.name, tuple(sorted(s.labels.items())))] = s.value
-    return out
-
-
-def _total(samples: dict, name: str, **labels) -> float:
-    return sum(v for (n, lab), v in samples.items()
-               if n == name and all(dict(lab).get(k) == x for k, x in labels.items()))
+def _samples(m: Metrics) -> Samples:
+    return parse(m.render().decode())
 
 
 def test_a_restart_moves_the_restart_counter_once_per_process():
@@ -46,8 +37,8 @@ def test_a_restart_moves_the_restart_counter_once_per_process():
         ProcessEvent(provider="llama", process="llama", event=ProcessEventName.RESTARTING, detail="corectl restart"),
     ])
     s = _samples(m)
-    assert _total(s, "coderouter_process_restarts_total", process="ollama") == 1
-    assert _total(s, "coderouter_process_restarts_total", process="llama") == 1
+    assert total(s, "coderouter_process_restarts_total", process="ollama") == 1
+    assert total(s, "coderouter_process_restarts_total", process="llama") == 1
 
 
 def _finished(attempts: list[dict], provider: str | None, **kw) -> RequestFinished:
@@ -68,14 +59,14 @@ def test_race_losers_are_not_failovers():
     m = _metrics()
     m.sink([_finished(lost_ok, "b"), _finished(failed_ok, "b"), _finished(both_failed, None)])
     s = _samples(m)
-    assert _total(s, "coderouter_failovers_total") == 2
-    assert _total(s, "coderouter_failovers_total", reason="http_500") == 2
-    assert _total(s, "coderouter_attempts_total", outcome="lost") == 1
+    assert total(s, "coderouter_failovers_total") == 2
+    assert total(s, "coderouter_failovers_total", reason="http_500") == 2
+    assert total(s, "coderouter_attempts_total", outcome="lost") == 1
 
 
 def test_in_flight_gauge_reads_the_daemon_counts():
     s = _samples(_metrics())
-    assert _total(s, "coderouter_requests_in_flight", ingress="anthropic") == 2
+    assert total(s, "coderouter_requests_in_flight", ingress="anthropic") == 2
     assert ("coderouter_requests_in_flight", (("ingress", "openai"),)) in s
 
 

@@ -10,7 +10,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
-from ..journal_reader import Execute, JournalReader, JournalUnreadable
+from ..journal_reader import Execute, JournalReader
 
 
 class PostgresJournal(JournalReader):
@@ -40,7 +40,7 @@ class PostgresJournal(JournalReader):
         try:
             conn = psycopg.connect(self.dsn, autocommit=True, connect_timeout=5)
         except psycopg.Error as e:
-            raise JournalUnreadable(self.where, _first_line(e), shared=True) from None
+            raise self._unreadable(_first_line(e)) from None
 
         def execute(sql: str, args: Sequence[object]) -> list[tuple[Any, ...]]:
             # The queries are written with ? (journal_reader.py) and never hold a literal ? or %.
@@ -49,7 +49,7 @@ class PostgresJournal(JournalReader):
             except psycopg.errors.UndefinedTable:
                 return []  # no instance has created the schema yet: nothing written, nothing to read
             except psycopg.Error as e:
-                raise JournalUnreadable(self.where, _first_line(e), shared=True) from None
+                raise self._unreadable(_first_line(e)) from None
 
         try:
             yield execute
