@@ -11,7 +11,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from .adaptive import AdaptiveOrderer
-from .availability import PASSING, SKIP_REASON, Availability
+from .availability import PASSING, SKIP_REASON, Availability, Code
 from .state import DEGRADED, HEALTHY, UNHEALTHY
 
 HEALTH_ACTIONS = ("warn", "demote", "exclude")
@@ -93,11 +93,25 @@ class Plan:
             out["summary"] = f"trying {', '.join(self.candidates)}"
         elif self.skips:
             out["summary"] = "no provider can serve this request: " + "; ".join(
-                f"{s.provider}: {s.message}" for s in self.skips
+                s.message if _names_itself(s.provider, s.message) else f"{s.provider}: {s.message}"
+                for s in self.skips
             )
         else:
             out["summary"] = "no provider can serve this request: the chain is empty"
         return out
+
+
+def _names_itself(provider: str, message: str) -> bool:
+    return message.startswith((f"{provider}: ", f"{provider}'s "))
+
+
+def _skip_words(provider: str, a: Availability) -> str:
+    """A skip's message says which provider it is about: availability's words, with the provider's name in front
+    unless they start with it. A process that cannot start keeps its own words: the client's answer quotes
+    them as they are (routing/replies.cannot_start), and they name the process, which may not be the provider."""
+    if a.code is Code.CANNOT_START or _names_itself(provider, a.words):
+        return a.words
+    return f"{provider}: {a.words}"
 
 
 def _health_word(value: object) -> str:
@@ -137,8 +151,7 @@ def plan(
         skip = _capability_gate(p, facts.get(p) or ProviderFacts(name=p), features)
         a = answers[p]
         if skip is None and not a.available:
-            words = a.words if a.words.startswith(f"{p}'s ") else f"{p}: {a.words}"
-            skip = Skip(p, SKIP_REASON.get(a.code, "unhealthy"), words, overridable=a.code in PASSING)
+            skip = Skip(p, SKIP_REASON.get(a.code, "unhealthy"), _skip_words(p, a), overridable=a.code in PASSING)
         if skip is None:
             candidates.append(p)
         else:

@@ -223,7 +223,10 @@ def test_all_gated_plan_explains_every_skip():
         ("b", "unhealthy"),
         ("c", "breaker_open"),
     ]
-    assert ex["summary"].startswith("no provider can serve this request: a: request uses tools")
+    # Each provider named once: a skip's message that starts with its name is not prefixed again.
+    assert ex["summary"] == ("no provider can serve this request: a: request uses tools but a has "
+                             "capabilities.tools = false; b: unhealthy after 1 failure; "
+                             "c: breaker open after 1 failure, retry in 30 s")
     assert [s["message"] for s in ex["skips"]] == [
         "request uses tools but a has capabilities.tools = false",
         "b: unhealthy after 1 failure",
@@ -291,3 +294,12 @@ def test_planner_feeds_ineligibility_to_the_debounce():
     # b becomes unusable: the held order would lead with slow c, so the planner re-orders now.
     fail(r, "b")
     assert run(r, orderer=orderer).candidates == ["a", "c"]
+
+
+def test_a_process_that_cannot_start_keeps_its_own_words():
+    """The client's answer quotes them as they are (routing/replies.cannot_start); they name the process."""
+    r = routing()
+    why = "managed process llama cannot start: no such file; fix it"
+    r.state.cannot_start(["a"], why)
+    p = run(r)
+    assert [(s.provider, s.reason, s.message) for s in p.skips] == [("a", "cannot_start", why)]
