@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from enum import StrEnum
 from typing import Any
 
@@ -394,7 +394,10 @@ class BreakerRegistry:
         self._breakers: dict[str, CircuitBreaker] = {}
         self._trial_gate: Callable[[str], bool] | None = None
         self._max_ejection_percent = 100
-        self._provider_count: Callable[[], int] = lambda: len(self._breakers)
+        # The providers configured now: only their breakers count toward the limit. A registry also holds
+        # breakers of providers a reload removed or only a peer configures (shared breakers); those are never
+        # routed to, so an open one would never get its trial and would count as out for ever.
+        self._configured: Callable[[], Collection[str]] | None = None
 
     @property
     def failures(self) -> int:
@@ -406,29 +409,38 @@ class BreakerRegistry:
         for breaker in self._breakers.values():
             breaker.trial_gate = gate
 
-    def limit_ejections(self, max_percent: int, provider_count: Callable[[], int]) -> None:
-        """At most `max_percent` of the `provider_count()` configured providers out at once (never fewer than one
-        may go out): Envoy's max_ejection_percent. 100: no limit."""
+    def limit_ejections(self, max_percent: int, configured: Callable[[], Collection[str]]) -> None:
+        """At most `max_percent` of the `configured()` providers out at once (never fewer than one may go out):
+        Envoy's max_ejection_percent. 100: no limit."""
         self._max_ejection_percent = max_percent
-        self._provider_count = provider_count
+        self._configured = configured
         for breaker in self._breakers.values():
             breaker.ejection_gate = self._ejection_gate
 
+    def _counted(self) -> Collection[str]:
+        return self._configured() if self._configured is not None else self._breakers.keys()
+
     def max_out(self) -> int:
         """How many providers may be out of rotation at once."""
-        total = max(self._provider_count(), len(self._breakers))
-        return max(1, total * self._max_ejection_percent // 100)
+        return max(1, len(self._counted()) * self._max_ejection_percent // 100)
 
     def _ejection_gate(self, name: str) -> str | None:
         if self._max_ejection_percent >= 100:
             return None
-        out = [n for n, b in self._breakers.items() if n != name and b.out]
+        counted = self._counted()
+        if name not in counted:
+            return None  # not configured here: nothing routes to it, keeping it in would protect nothing
+        out = [n for n in counted if n != name and (b := self._breakers.get(n)) is not None and b.out]
         allowed = self.max_out()
         if len(out) + 1 <= allowed:
             return None
-        total = max(self._provider_count(), len(self._breakers))
-        return (f"{len(out)} of {total} providers are out already ({', '.join(sorted(out))}); "
+        return (f"{len(out)} of {len(counted)} providers are out already ({', '.join(sorted(out))}); "
                 f"[breaker] max_ejection_percent = {self._max_ejection_percent} allows {allowed}")
+
+    def forget(self, names: Collection[str]) -> None:
+        """Drop these providers' breakers (no longer configured)."""
+        for name in names:
+            self._breakers.pop(name, None)
 
     def get(self, name: str) -> CircuitBreaker:
         breaker = self._breakers.get(name)

@@ -53,8 +53,8 @@ class RoutingState:
         self.breakers = BreakerRegistry(failures=config.breaker.failures, recovery_s=config.breaker.recovery_s,
                                         max_recovery_s=config.breaker.max_recovery_s,
                                         clock=self.clock, on_transition=self._breaker_moved)
-        self._provider_count = len(config.providers)
-        self.breakers.limit_ejections(config.breaker.max_ejection_percent, lambda: self._provider_count)
+        self._configured = frozenset(config.providers)
+        self.breakers.limit_ejections(config.breaker.max_ejection_percent, lambda: self._configured)
         self.settings = AdaptiveSettings(**config.adaptive.model_dump())
         self.stats = ProviderStats(self.settings, self.clock)
         self.probes = ProbeScheduler(self.stats, self.settings, self.clock)
@@ -105,21 +105,29 @@ class RoutingState:
 
     def reconfigure(self, config: ConfigModel) -> None:
         self.breakers.configure(config.breaker.failures, config.breaker.recovery_s, config.breaker.max_recovery_s)
-        self._provider_count = len(config.providers)
-        self.breakers.limit_ejections(config.breaker.max_ejection_percent, lambda: self._provider_count)
+        self._configured = frozenset(config.providers)
+        # A removed provider's breaker would never see traffic again (an open one never its trial); if the
+        # provider comes back, it starts closed like any new one.
+        self.breakers.forget([n for n in self.breakers.names() if n not in self._configured])
         new = AdaptiveSettings(**config.adaptive.model_dump())
         for k, v in vars(new).items():
             setattr(self.settings, k, v)
 
     def restore(self, breakers: Mapping, health: Mapping) -> list[str]:
-        """Load what a previous process persisted. Returns the breaker names whose snapshot was rejected."""
-        rejected = self.breakers.restore(dict(breakers)) if breakers else []
-        self._health.update({k: v for k, v in health.items() if v in (HEALTHY, DEGRADED, UNHEALTHY)})
+        """Load what a previous process persisted. Returns the breaker names whose snapshot is to be dropped:
+        rejected as malformed, or of a provider no longer configured."""
+        gone = [str(n) for n in breakers if n not in self._configured]
+        if gone:
+            log.info("dropping persisted breaker state of providers no longer configured: %s", ", ".join(gone))
+        known = {n: s for n, s in breakers.items() if n in self._configured}
+        rejected = self.breakers.restore(known) if known else []
+        self._health.update({k: v for k, v in health.items()
+                             if k in self._configured and v in (HEALTHY, DEGRADED, UNHEALTHY)})
         for name in self.breakers.names():
             # Health is the breaker's view: a persisted word the restored count contradicts is not kept.
             if name not in rejected:
                 self._health[name] = self._derived_health(name)
-        return rejected
+        return rejected + gone
 
     # -- reads ----------------------------------------------------------------------------------------------
 
