@@ -97,6 +97,8 @@ class CircuitBreaker:
             if self._hint_only:
                 self._hint_only = False
                 self._consecutive = 0
+                self._probe_streak = False
+                self._kept = None  # the streak it was kept in rotation for is over
                 self._opened_at = None
                 self._retry_at = None
                 self._move(BreakerState.CLOSED, "retry-after elapsed")
@@ -319,6 +321,10 @@ class CircuitBreaker:
         retry_at = _optional_float(snap.get("retry_at"), "retry_at")
 
         self._consecutive = consecutive
+        if consecutive < self.failures:
+            self._kept = None  # the count no longer says out: nothing keeps it in
+        if consecutive == 0:
+            self._probe_streak = False
         self._ejections = ejections if state is not BreakerState.CLOSED else 0
         # The trial that was in flight died with the old process; a new one must be admitted.
         self._trial_in_flight = False

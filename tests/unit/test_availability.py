@@ -323,3 +323,22 @@ def test_shared_breakers_of_providers_only_a_peer_configures_do_not_count():
         r.state.adopt_breaker(name, peer.breaker(name).snapshot(), "shared: peer (polled)")
     _request_failure(r, "a")
     assert r.breaker("a").state is BreakerState.OPEN
+
+
+def test_a_retry_after_may_take_a_kept_provider_out_and_once_it_elapses_nothing_of_the_streak_is_left():
+    # The upstream's "wait 5 s" is a fact, not a verdict: it is honoured although it exceeds the limit.
+    r = Routing(_with(chain_config("a", "b"), "max_ejection_percent = 50"))
+    for _ in range(3):
+        _request_failure(r, "b")
+    for _ in range(3):
+        _request_failure(r, "a")
+    assert r.router.availability("a").code is Code.KEPT_IN_ROTATION
+    _request_failure(r, "a", UpstreamError("http_429", status=429, retry_after=5))
+    answers = {p: r.router.availability(p) for p in ("a", "b")}
+    assert (answers["a"].available, answers["a"].code) == (False, Code.RETRY_AFTER)
+    assert (answers["b"].available, answers["b"].code) == (False, Code.BREAKER_OPEN)  # both out: the hint wins
+    r.clock.advance(6)
+    a = r.router.availability("a")  # the first read after the wait: one answer, after the close
+    assert (a.available, a.code, a.failures, a.words) == (True, Code.OK, 0, "can take traffic")
+    assert r.breaker("a").state is BreakerState.CLOSED and r.breaker("a").kept_in_rotation is None
+    assert r.breaker("a").snapshot()["kept_in_rotation"] is None
