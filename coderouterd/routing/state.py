@@ -75,13 +75,15 @@ class RoutingState:
         self._health_watchers: list[Callable[[str, str, str], None]] = []
 
     def _breaker_moved(self, name: str, old: BreakerState, new: BreakerState, reason: str) -> None:
-        if self._on_breaker is None and not self._breaker_watchers:
-            return
-        snap = self.breakers.get(name).snapshot()
-        if self._on_breaker is not None:
-            self._on_breaker(name, snap, old, new, reason)
-        for fn in list(self._breaker_watchers):
-            fn(name, snap, old, new, reason)
+        if self._on_breaker is not None or self._breaker_watchers:
+            snap = self.breakers.get(name).snapshot()
+            if self._on_breaker is not None:
+                self._on_breaker(name, snap, old, new, reason)
+            for fn in list(self._breaker_watchers):
+                fn(name, snap, old, new, reason)
+        # Health is the count's view, whatever moved the breaker: a move nobody called for (a retry-after that
+        # elapsed, read lazily, zeroes the count) has no named operation after it to re-derive health.
+        self._refresh_health(name, reason)
 
     def watch_breakers(self, fn: BreakerHook) -> None:
         """Call fn(provider, snapshot, old, new, reason) on every breaker move made here (shared breakers
@@ -97,6 +99,7 @@ class RoutingState:
         new = br.state
         if new is not old:
             log.info("provider %s: breaker %s -> %s (%s)", provider, old, new, reason)
+        self._refresh_health(provider, reason)  # the peer's count replaced ours
         return new
 
     def set_trial_gate(self, gate: Callable[[str], bool] | None) -> None:
@@ -142,6 +145,8 @@ class RoutingState:
         return frozenset(self._down) if self._down else _NONE
 
     def health_of(self, provider: str) -> str | None:
+        if provider in self.breakers:
+            _ = self.breakers.get(provider).state  # a lazy move that is due re-derives health (_breaker_moved)
         return self._health.get(provider)
 
     def is_down(self, provider: str) -> bool:

@@ -342,3 +342,31 @@ def test_a_retry_after_may_take_a_kept_provider_out_and_once_it_elapses_nothing_
     assert (a.available, a.code, a.failures, a.words) == (True, Code.OK, 0, "can take traffic")
     assert r.breaker("a").state is BreakerState.CLOSED and r.breaker("a").kept_in_rotation is None
     assert r.breaker("a").snapshot()["kept_in_rotation"] is None
+
+
+# -- health follows the count whatever moves it ------------------------------------------------------------------
+
+def test_health_follows_a_retry_after_that_elapses_on_the_injected_clock():
+    r = Routing(chain_config("a", breaker_failures=5))
+    _request_failure(r, "a")
+    _request_failure(r, "a", UpstreamError("http_429", status=429, retry_after=5))
+    assert r.breaker("a").retry_after_only and r.state.health_of("a") == "DEGRADED"
+    r.clock.advance(6)
+    assert r.state.health_of("a") == "HEALTHY"  # no success needed: the close zeroed the count
+    assert r.health_moves[-1][:3] == ("a", "DEGRADED", "HEALTHY")
+    assert r.router.availability("a").code is Code.OK
+
+
+def test_health_follows_a_breaker_adopted_from_a_peer():
+    r = Routing(chain_config("a"))
+    for _ in range(2):
+        r.state.probe_failed("a", "probe failed")
+    assert r.state.health_of("a") == "DEGRADED"
+    peer = Routing(chain_config("a"))
+    r.state.adopt_breaker("a", peer.breaker("a").snapshot(), "shared: peer (notified)")  # its trial closed it
+    assert r.state.health_of("a") == "HEALTHY" and r.router.availability("a").code is Code.OK
+    for _ in range(3):
+        _request_failure(peer, "a")
+    r.state.adopt_breaker("a", peer.breaker("a").snapshot(), "shared: peer (notified)")  # the peer opened it
+    assert r.state.health_of("a") == "UNHEALTHY" and r.router.availability("a").code is Code.BREAKER_OPEN
+    assert [m[1:3] for m in r.health_moves[-2:]] == [("DEGRADED", "HEALTHY"), ("HEALTHY", "UNHEALTHY")]
