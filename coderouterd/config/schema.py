@@ -315,6 +315,7 @@ class BreakerConfig(_Strict):
     max_recovery_s: float = seconds(300.0)
     # At most this share of the configured providers out of rotation at once (Envoy's max_ejection_percent); one
     # may always go out. A provider whose failures would take one more out stays in, and `corectl status` says so.
+    # An upstream's retry-after is honoured beyond it: an explicit "wait N s" is a fact, and it ends by itself.
     max_ejection_percent: int = Field(100, ge=0, le=100)
 
 

@@ -155,8 +155,10 @@ def judge(provider: str, sources: Sources, *, health_action: str = "exclude") ->
                             f"budget exhausted: {cap}" if cap else f"budget exhausted: {provider} is over its monthly "
                                                                    "budget")
     br = st.breaker(provider)
-    n = br.consecutive_failures
+    # The state first: reading it may move the breaker (a retry-after that elapsed closes it and zeroes the
+    # count), and the answer must be all before or all after that move.
     state = br.state
+    n = br.consecutive_failures
     if state is BreakerState.OPEN:
         retry = br.retry_in_s
         when = f", retry in {_s(retry)}" if retry is not None else ""

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from enum import StrEnum
 from typing import TypedDict
 
@@ -111,6 +111,8 @@ class CircuitBreaker:
             if self._hint_only:
                 self._hint_only = False
                 self._consecutive = 0
+                self._probe_streak = False
+                self._kept = None  # the streak it was kept in rotation for is over
                 self._opened_at = None
                 self._retry_at = None
                 self._move(BreakerState.CLOSED, "retry-after elapsed")
@@ -334,6 +336,10 @@ class CircuitBreaker:
         retry_at = _optional_float(snap.get("retry_at"), "retry_at")
 
         self._consecutive = consecutive
+        if consecutive < self.failures:
+            self._kept = None  # the count no longer says out: nothing keeps it in
+        if consecutive == 0:
+            self._probe_streak = False
         self._ejections = ejections if state is not BreakerState.CLOSED else 0
         # The trial that was in flight died with the old process; a new one must be admitted.
         self._trial_in_flight = False
@@ -409,7 +415,10 @@ class BreakerRegistry:
         self._breakers: dict[str, CircuitBreaker] = {}
         self._trial_gate: Callable[[str], bool] | None = None
         self._max_ejection_percent = 100
-        self._provider_count: Callable[[], int] = lambda: len(self._breakers)
+        # The providers configured now: only their breakers count toward the limit. A registry also holds
+        # breakers of providers a reload removed or only a peer configures (shared breakers); those are never
+        # routed to, so an open one would never get its trial and would count as out for ever.
+        self._configured: Callable[[], Collection[str]] | None = None
 
     @property
     def failures(self) -> int:
@@ -421,29 +430,38 @@ class BreakerRegistry:
         for breaker in self._breakers.values():
             breaker.trial_gate = gate
 
-    def limit_ejections(self, max_percent: int, provider_count: Callable[[], int]) -> None:
-        """At most `max_percent` of the `provider_count()` configured providers out at once (never fewer than one
-        may go out): Envoy's max_ejection_percent. 100: no limit."""
+    def limit_ejections(self, max_percent: int, configured: Callable[[], Collection[str]]) -> None:
+        """At most `max_percent` of the `configured()` providers out at once (never fewer than one may go out):
+        Envoy's max_ejection_percent. 100: no limit."""
         self._max_ejection_percent = max_percent
-        self._provider_count = provider_count
+        self._configured = configured
         for breaker in self._breakers.values():
             breaker.ejection_gate = self._ejection_gate
 
+    def _counted(self) -> Collection[str]:
+        return self._configured() if self._configured is not None else self._breakers.keys()
+
     def max_out(self) -> int:
         """How many providers may be out of rotation at once."""
-        total = max(self._provider_count(), len(self._breakers))
-        return max(1, total * self._max_ejection_percent // 100)
+        return max(1, len(self._counted()) * self._max_ejection_percent // 100)
 
     def _ejection_gate(self, name: str) -> str | None:
         if self._max_ejection_percent >= 100:
             return None
-        out = [n for n, b in self._breakers.items() if n != name and b.out]
+        counted = self._counted()
+        if name not in counted:
+            return None  # not configured here: nothing routes to it, keeping it in would protect nothing
+        out = [n for n in counted if n != name and (b := self._breakers.get(n)) is not None and b.out]
         allowed = self.max_out()
         if len(out) + 1 <= allowed:
             return None
-        total = max(self._provider_count(), len(self._breakers))
-        return (f"{len(out)} of {total} providers are out already ({', '.join(sorted(out))}); "
+        return (f"{len(out)} of {len(counted)} providers are out already ({', '.join(sorted(out))}); "
                 f"[breaker] max_ejection_percent = {self._max_ejection_percent} allows {allowed}")
+
+    def forget(self, names: Collection[str]) -> None:
+        """Drop these providers' breakers (no longer configured)."""
+        for name in names:
+            self._breakers.pop(name, None)
 
     def get(self, name: str) -> CircuitBreaker:
         breaker = self._breakers.get(name)

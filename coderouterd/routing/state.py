@@ -53,8 +53,8 @@ class RoutingState:
         self.breakers = BreakerRegistry(failures=config.breaker.failures, recovery_s=config.breaker.recovery_s,
                                         max_recovery_s=config.breaker.max_recovery_s,
                                         clock=self.clock, on_transition=self._breaker_moved)
-        self._provider_count = len(config.providers)
-        self.breakers.limit_ejections(config.breaker.max_ejection_percent, lambda: self._provider_count)
+        self._configured = frozenset(config.providers)
+        self.breakers.limit_ejections(config.breaker.max_ejection_percent, lambda: self._configured)
         self.settings = AdaptiveSettings(**config.adaptive.model_dump())
         self.stats = ProviderStats(self.settings, self.clock)
         self.probes = ProbeScheduler(self.stats, self.settings, self.clock)
@@ -75,13 +75,15 @@ class RoutingState:
         self._health_watchers: list[Callable[[str, str, str], None]] = []
 
     def _breaker_moved(self, name: str, old: BreakerState, new: BreakerState, reason: str) -> None:
-        if self._on_breaker is None and not self._breaker_watchers:
-            return
-        snap = self.breakers.get(name).snapshot()
-        if self._on_breaker is not None:
-            self._on_breaker(name, snap, old, new, reason)
-        for fn in list(self._breaker_watchers):
-            fn(name, snap, old, new, reason)
+        if self._on_breaker is not None or self._breaker_watchers:
+            snap = self.breakers.get(name).snapshot()
+            if self._on_breaker is not None:
+                self._on_breaker(name, snap, old, new, reason)
+            for fn in list(self._breaker_watchers):
+                fn(name, snap, old, new, reason)
+        # Health is the count's view, whatever moved the breaker: a move nobody called for (a retry-after that
+        # elapsed, read lazily, zeroes the count) has no named operation after it to re-derive health.
+        self._refresh_health(name, reason)
 
     def watch_breakers(self, fn: BreakerHook) -> None:
         """Call fn(provider, snapshot, old, new, reason) on every breaker move made here (shared breakers
@@ -97,6 +99,7 @@ class RoutingState:
         new = br.state
         if new is not old:
             log.info("provider %s: breaker %s -> %s (%s)", provider, old, new, reason)
+        self._refresh_health(provider, reason)  # the peer's count replaced ours
         return new
 
     def set_trial_gate(self, gate: Callable[[str], bool] | None) -> None:
@@ -105,21 +108,29 @@ class RoutingState:
 
     def reconfigure(self, config: ConfigModel) -> None:
         self.breakers.configure(config.breaker.failures, config.breaker.recovery_s, config.breaker.max_recovery_s)
-        self._provider_count = len(config.providers)
-        self.breakers.limit_ejections(config.breaker.max_ejection_percent, lambda: self._provider_count)
+        self._configured = frozenset(config.providers)
+        # A removed provider's breaker would never see traffic again (an open one never its trial); if the
+        # provider comes back, it starts closed like any new one.
+        self.breakers.forget([n for n in self.breakers.names() if n not in self._configured])
         new = AdaptiveSettings(**config.adaptive.model_dump())
         for k, v in vars(new).items():
             setattr(self.settings, k, v)
 
     def restore(self, breakers: Mapping, health: Mapping) -> list[str]:
-        """Load what a previous process persisted. Returns the breaker names whose snapshot was rejected."""
-        rejected = self.breakers.restore(dict(breakers)) if breakers else []
-        self._health.update({k: v for k, v in health.items() if v in (HEALTHY, DEGRADED, UNHEALTHY)})
+        """Load what a previous process persisted. Returns the breaker names whose snapshot is to be dropped:
+        rejected as malformed, or of a provider no longer configured."""
+        gone = [str(n) for n in breakers if n not in self._configured]
+        if gone:
+            log.info("dropping persisted breaker state of providers no longer configured: %s", ", ".join(gone))
+        known = {n: s for n, s in breakers.items() if n in self._configured}
+        rejected = self.breakers.restore(known) if known else []
+        self._health.update({k: v for k, v in health.items()
+                             if k in self._configured and v in (HEALTHY, DEGRADED, UNHEALTHY)})
         for name in self.breakers.names():
             # Health is the breaker's view: a persisted word the restored count contradicts is not kept.
             if name not in rejected:
                 self._health[name] = self._derived_health(name)
-        return rejected
+        return rejected + gone
 
     # -- reads ----------------------------------------------------------------------------------------------
 
@@ -134,6 +145,8 @@ class RoutingState:
         return frozenset(self._down) if self._down else _NONE
 
     def health_of(self, provider: str) -> str | None:
+        if provider in self.breakers:
+            _ = self.breakers.get(provider).state  # a lazy move that is due re-derives health (_breaker_moved)
         return self._health.get(provider)
 
     def is_down(self, provider: str) -> bool:

@@ -268,3 +268,105 @@ def test_a_plans_skip_carries_the_answers_words_as_corectl_explain_shows_them():
     assert (skip.provider, skip.reason, skip.message) == ("a", "breaker_open", f"a: {answer.words}")
     assert skip.message == "a: breaker open after 2 failures, retry in 12 s"
     assert plan.explain()["skips"][0]["message"] == skip.message  # the trace's skip, as `corectl explain` renders it
+
+
+# -- the ejection limit counts only the providers configured now -------------------------------------------------
+
+def _reload(r: Routing, toml: str) -> None:
+    from coderouterd.config.loader import LoadedConfig, parse_config_text
+    from coderouterd.runtime import build_runtime
+
+    cfg = parse_config_text(toml, "test")
+    r.runtime = build_runtime(LoadedConfig(cfg, "test"))
+    r.router.reconfigure(cfg)
+
+
+def test_providers_removed_by_a_reload_no_longer_count_toward_the_ejection_limit():
+    r = Routing(_with(chain_config("a", "b", "c", "d", breaker_failures=1), "max_ejection_percent = 50"))
+    _request_failure(r, "c")
+    _request_failure(r, "d")
+    assert r.breaker("c").state is BreakerState.OPEN and r.breaker("d").state is BreakerState.OPEN
+    _reload(r, _with(chain_config("a", "b", breaker_failures=1), "max_ejection_percent = 50"))
+    r.clock.advance(31)  # c and d turn half-open and never get a trial: they are no longer routed to
+    _request_failure(r, "a")  # none of the 2 configured providers is out: a may go
+    assert r.breaker("a").state is BreakerState.OPEN and r.router.availability("a").code is Code.BREAKER_OPEN
+    _request_failure(r, "b")  # b would be the second of two: the words count the configured ones only
+    b = r.router.availability("b")
+    assert b.code is Code.KEPT_IN_ROTATION
+    assert "1 of 2 providers are out already (a)" in b.words and "allows 1" in b.words
+    assert "c" not in r.state.breakers.names() and "d" not in r.state.breakers.names()
+
+
+def test_persisted_breakers_of_providers_no_longer_configured_are_dropped_at_start():
+    from coderouterd.persisted import NS_BREAKERS, PersistedState
+    from coderouterd.state.memory import MemoryStore
+
+    old = Routing(_with(chain_config("a", "b", "c", "d", breaker_failures=1), "max_ejection_percent = 50"))
+    store = MemoryStore()
+    for name in ("c", "d"):
+        _request_failure(old, name)
+        store.set(NS_BREAKERS, name, old.breaker(name).snapshot())
+    r = Routing(_with(chain_config("a", "b", breaker_failures=1), "max_ejection_percent = 50"))
+    PersistedState(store, lambda _e: None).restore_routing(r.state)
+    assert set(store.items(NS_BREAKERS)) == set()  # not brought back at the next start either
+    assert r.state.breakers.names() == []
+    _request_failure(r, "a")
+    assert r.breaker("a").state is BreakerState.OPEN
+
+
+def test_shared_breakers_of_providers_only_a_peer_configures_do_not_count():
+    peer = Routing(chain_config("x", "y", breaker_failures=1))
+    _request_failure(peer, "x")
+    _request_failure(peer, "y")
+    r = Routing(_with(chain_config("a", "b", breaker_failures=1), "max_ejection_percent = 50"))
+    for name in ("x", "y"):
+        r.state.adopt_breaker(name, peer.breaker(name).snapshot(), "shared: peer (polled)")
+    _request_failure(r, "a")
+    assert r.breaker("a").state is BreakerState.OPEN
+
+
+def test_a_retry_after_may_take_a_kept_provider_out_and_once_it_elapses_nothing_of_the_streak_is_left():
+    # The upstream's "wait 5 s" is a fact, not a verdict: it is honoured although it exceeds the limit.
+    r = Routing(_with(chain_config("a", "b"), "max_ejection_percent = 50"))
+    for _ in range(3):
+        _request_failure(r, "b")
+    for _ in range(3):
+        _request_failure(r, "a")
+    assert r.router.availability("a").code is Code.KEPT_IN_ROTATION
+    _request_failure(r, "a", UpstreamError("http_429", status=429, retry_after=5))
+    answers = {p: r.router.availability(p) for p in ("a", "b")}
+    assert (answers["a"].available, answers["a"].code) == (False, Code.RETRY_AFTER)
+    assert (answers["b"].available, answers["b"].code) == (False, Code.BREAKER_OPEN)  # both out: the hint wins
+    r.clock.advance(6)
+    a = r.router.availability("a")  # the first read after the wait: one answer, after the close
+    assert (a.available, a.code, a.failures, a.words) == (True, Code.OK, 0, "can take traffic")
+    assert r.breaker("a").state is BreakerState.CLOSED and r.breaker("a").kept_in_rotation is None
+    assert r.breaker("a").snapshot()["kept_in_rotation"] is None
+
+
+# -- health follows the count whatever moves it ------------------------------------------------------------------
+
+def test_health_follows_a_retry_after_that_elapses_on_the_injected_clock():
+    r = Routing(chain_config("a", breaker_failures=5))
+    _request_failure(r, "a")
+    _request_failure(r, "a", UpstreamError("http_429", status=429, retry_after=5))
+    assert r.breaker("a").retry_after_only and r.state.health_of("a") == "DEGRADED"
+    r.clock.advance(6)
+    assert r.state.health_of("a") == "HEALTHY"  # no success needed: the close zeroed the count
+    assert r.health_moves[-1][:3] == ("a", "DEGRADED", "HEALTHY")
+    assert r.router.availability("a").code is Code.OK
+
+
+def test_health_follows_a_breaker_adopted_from_a_peer():
+    r = Routing(chain_config("a"))
+    for _ in range(2):
+        r.state.probe_failed("a", "probe failed")
+    assert r.state.health_of("a") == "DEGRADED"
+    peer = Routing(chain_config("a"))
+    r.state.adopt_breaker("a", peer.breaker("a").snapshot(), "shared: peer (notified)")  # its trial closed it
+    assert r.state.health_of("a") == "HEALTHY" and r.router.availability("a").code is Code.OK
+    for _ in range(3):
+        _request_failure(peer, "a")
+    r.state.adopt_breaker("a", peer.breaker("a").snapshot(), "shared: peer (notified)")  # the peer opened it
+    assert r.state.health_of("a") == "UNHEALTHY" and r.router.availability("a").code is Code.BREAKER_OPEN
+    assert [m[1:3] for m in r.health_moves[-2:]] == [("DEGRADED", "HEALTHY"), ("HEALTHY", "UNHEALTHY")]
