@@ -158,11 +158,16 @@ class SelfHealer:
                     log.debug("restart of %s skipped: one is already in progress", mp.spec.name)
                 # The first probe waits for readiness: a server still loading its model is not dead.
                 ready = await mp.wait_ready(mp.spec.start_timeout_s)
-                while not ready and mp.state in _NOT_COMING:
+                while mp is not None and not ready and mp.state in _NOT_COMING:
                     # Fatal or stopped: it does not come back by itself, and a probe of its port would answer for
                     # whatever else listens there (an impostor it refused to adopt). Nothing is probed until its
                     # process is started again (`corectl start`/`restart`), then its own server is.
-                    await mp.wait_started()
+                    if not await mp.wait_started():
+                        # Closed: a reload replaced it (follow the new one) or dropped it (probe the provider).
+                        current = self.supervisor.for_provider(provider) if self.supervisor else None
+                        mp = current if current is not mp else None
+                        if mp is None:
+                            break
                     ready = await mp.wait_ready(mp.spec.start_timeout_s)
             elif restart and self._runtime().providers[provider].cfg.restart_command:
                 await self._run_restart_command(provider)
@@ -179,6 +184,10 @@ class SelfHealer:
         finally:
             self._recovering.pop(provider, None)
             self.next_probe_at.pop(provider, None)
+            # A recovery that ended without recovering (failed, cancelled) hands the provider back: a hold nobody
+            # lifts would exclude it until a daemon restart. The health monitor probes it again like any other,
+            # and it rejoins once it answers.
+            self.state.unhold(provider)
 
     async def _probe_until_healthy(self, provider: str) -> None:
         backoff = list(self._runtime().config.health.recovery_backoff_s) or [30.0]

@@ -202,8 +202,7 @@ class Processes:
         self.scheduler.start_idle_watch()
         for name in self.apply(cfg):
             spec, providers = wanted[name]
-            await self.supervisor.remove(name)
-            mp = self.supervisor.add(spec, providers=providers)
+            mp = await self.supervisor.replace(spec, providers=providers)
             mp.last_stop_reason = "reload"
             if spec.autostart:
                 await self._ensure(name)

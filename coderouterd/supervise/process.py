@@ -154,15 +154,20 @@ class ManagedProcess:
             return
         if self._actor is None or self._actor.done():
             self._closed = True
+            self._wake_waiters()
             return
         await self._call("close", reason)
 
     async def wait_ready(self, timeout: float | None = None) -> bool:
-        """Wait for READY; False on timeout or if the process settles in STOPPED or FATAL."""
+        """Wait for READY; False on timeout, if the process settles in STOPPED or FATAL, or once it is closed."""
+        if self._closed:
+            return False  # a closed object is inert: no actor is started again for it
         self._ensure_actor()
 
         async def until_settled() -> bool:
             while True:
+                if self._closed:
+                    return False
                 if self.state is ProcessState.READY:
                     return True
                 if self.state in (ProcessState.STOPPED, ProcessState.FATAL):
@@ -175,12 +180,19 @@ class ManagedProcess:
         except TimeoutError:
             return False
 
-    async def wait_started(self) -> None:
-        """Until the process leaves STOPPED or FATAL: started again, by hand or by a request (no time limit)."""
+    async def wait_started(self) -> bool:
+        """Until the process leaves STOPPED or FATAL: started again, by hand or by a request (no time limit).
+        False once this object is closed (a reload replaced or dropped it): it never starts again, so a waiter
+        that stayed would wait for good."""
+        if self._closed:
+            return False
         self._ensure_actor()
         while self.state in (ProcessState.STOPPED, ProcessState.FATAL):
+            if self._closed:
+                return False
             assert self._changed is not None
             await self._changed.wait()
+        return not self._closed
 
     def snapshot(self) -> dict[str, Any]:
         rss, cpu = self._meter.measure(self.pid, self._ctime)
@@ -336,6 +348,7 @@ class ManagedProcess:
         self._invalidate()
         if self._rotation is not None:
             await asyncio.gather(self._rotation, return_exceptions=True)
+        self._wake_waiters()  # closing from STOPPED changes no state, yet waiters must learn it is over
 
     def _refuse_if_external(self, action: str) -> None:
         if self.external:
@@ -611,6 +624,10 @@ class ManagedProcess:
         if state is ProcessState.READY and self.state is not ProcessState.READY:
             self._ready_mono = self._clock()
         self.state = state
+        self._wake_waiters()
+
+    def _wake_waiters(self) -> None:
+        """Wake every wait_ready/wait_started: the state moved, or the object was closed."""
         if self._changed is not None:
             self._changed.set()
             self._changed = asyncio.Event()

@@ -95,6 +95,18 @@ class Supervisor:
         self._providers = {p: n for p, n in self._providers.items() if n != name}
         await proc.close(reason)
 
+    async def replace(self, spec: ProcessSpec, *, providers: Iterable[str] = (), reason: str = "reload"
+                      ) -> ManagedProcess:
+        """Put a new process in the place of the one of the same name (a reload changed its spec), then stop the
+        old one. The new one is registered first: whoever the old one's closing wakes (a recovery waiting for it
+        to start) finds its successor, not a gap. The new one is not started here, so the two never share a port."""
+        old = self._processes.pop(spec.name, None)
+        self._providers = {p: n for p, n in self._providers.items() if n != spec.name}
+        new = self.add(spec, providers=providers)
+        if old is not None:
+            await old.close(reason)
+        return new
+
     async def start_all(self) -> None:
         """Start the autostart processes concurrently; each adopts what already runs."""
         procs = [p for p in self._processes.values() if p.spec.autostart]

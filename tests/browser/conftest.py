@@ -198,7 +198,7 @@ def save(name: str, data: bytes) -> Path:
     return path
 
 
-# -- the scene: a dead provider, a capped budget, a tool loop, a restarted process and a FATAL one -------------
+# -- the scene: a dead provider, a capped budget, a tool loop, a restarted process, a FATAL one, an idle one -----
 
 def scene_config(local: FakeServer, cloud: FakeServer) -> str:
     return daemon_config(
@@ -213,7 +213,9 @@ def scene_config(local: FakeServer, cloud: FakeServer) -> str:
             "dead": openai_at(f"http://127.0.0.1:{free_port()}", model="gone"),
             "box": managed_backend(free_port(), stop_timeout_s=2, startsecs=0.2, memory_mb=400),
             # Exits at start with code 3 and no restart left: FATAL.
-            "broken": managed_backend(free_port(), "--exit-at-start", "3", startsecs=0.5, max_restarts=0)},
+            "broken": managed_backend(free_port(), "--exit-at-start", "3", startsecs=0.5, max_restarts=0),
+            # On demand and never asked for: stopped, as on-demand setups rest (no profile routes to it).
+            "lazy": managed_backend(free_port(), start="on_demand", memory_mb=100, stop_timeout_s=2)},
         profiles={"default": warn("dead", "local"), "cloud": warn("capped", "cloud"), "deadonly": warn("dead"),
                   "loop": {"providers": ["local"], "tool_loop": {"action": "break", "threshold": 3, "window": 5}}})
 

@@ -363,3 +363,60 @@ def test_the_page_weighs_under_150_kb(night):
     for src in ("core.js", "now.js", "trends.js", "requests.js"):
         assert f"./{src}" in "".join(httpx.get(f"{night.url}/static/{n}").text for n in ("app.js", "now.js",
                                                                                           "trends.js", "requests.js"))
+
+
+def test_an_idle_on_demand_model_is_stopped_not_down(page, night):
+    """Stopped until a request needs it is how an on-demand setup rests: a warning that says so, not an alarm."""
+    open_page(page, night)
+    lazy = page.locator(ROW.format("lazy"))
+    lazy.wait_for(timeout=LONG)
+    with _admin(night) as admin:
+        status = admin.get("/v1/status").json()
+    answer = next(p for p in status["providers"] if p["name"] == "lazy")["availability"]
+    assert answer["available"] is False and answer["code"] == "on_demand"
+    assert lazy.get_attribute("data-traffic") == "on_demand"
+    assert lazy.get_attribute("data-state") == "stopped: starts on demand"
+    assert "warn" in lazy.locator(".badge").first.get_attribute("class")
+    page.wait_for_selector("#attention-list li[data-kind=down]", timeout=LONG)  # the strip has been drawn
+    assert not any("lazy" in t for t in page.locator("#attention-list li").all_inner_texts())
+    assert page.errors == []
+
+
+def test_each_reason_for_no_traffic_has_its_kind(page, night):
+    """Every availability code the daemon can send (routing/availability.py) as the page shows it: the ones that
+    pass by themselves are warnings; only a real outage is "down" and reaches the attention strip."""
+    from coderouterd.routing.availability import Code
+
+    ordinary = {Code.ON_DEMAND: "stopped: starts on demand", Code.NOT_READY: "process starting",
+                Code.HALF_OPEN: "recovering: trial in flight", Code.RETRY_AFTER: "waiting: the upstream asked us to"}
+    down = {Code.BREAKER_OPEN, Code.UNHEALTHY, Code.HELD, Code.CANNOT_START, Code.MEMORY_COOLDOWN}
+    open_page(page, night)
+    shown = page.evaluate("""async (codes) => {
+        const { providerState } = await import('/ui/static/now.js');
+        const now = { budget_warn_ratio: 0.8 };
+        const out = {};
+        for (const code of codes) {
+            out[code] = [false, true].map((available) => providerState(
+                { name: 'x', health: 'healthy', availability: { code, available, why: '' } }, now));
+        }
+        out.not_ready_stopped = providerState({ name: 'x', process_state: 'stopped',
+                                                availability: { code: 'not_ready', available: false } }, now);
+        return out;
+    }""", [c.value for c in Code])
+    for code in Code:
+        out, routed = shown[code.value]
+        if code in ordinary:
+            assert out == {"text": ordinary[code], "kind": "warn"}, code
+        elif code in down:
+            assert out == {"text": "down: " + code.value.replace("_", " "), "kind": "bad", "problem": "down"}, code
+        elif code is Code.BUDGET:
+            assert out["problem"] == "budget" and out["kind"] == "bad"
+        # Routed all the same: a panic attempt is an alarm, being kept in rotation a warning, the rest no problem.
+        if code is Code.PANIC:
+            assert routed["problem"] == "down"
+        elif code is Code.KEPT_IN_ROTATION:
+            assert routed == {"text": "kept in rotation", "kind": "warn"}
+        else:
+            assert "problem" not in routed, (code, routed)
+    assert shown["not_ready_stopped"] == {"text": "process stopped", "kind": "warn"}
+    assert page.errors == []

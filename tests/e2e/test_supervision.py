@@ -191,3 +191,23 @@ def test_requests_wait_for_a_starting_or_restarting_backend_instead_of_failing(t
         r = ask(d, timeout=60)
         assert r.status_code == 200, r.text
         assert backend_pids(port) and backend_pids(port)[0] != pid
+
+
+def test_a_fatal_backend_fixed_by_a_reload_rejoins(tmp_path, backup):
+    """Self-healing waits for a fatal process to be started again; a reload that fixes its command replaces the
+    process object it waits on. The recovery must follow the new process, not hold the provider out for good."""
+    port = free_port()
+    good = managed_config(port, backup.url)
+    bad = good.replace(sys.executable, str(tmp_path / "no-such-python"), 1)
+    assert bad != good
+    with running(bad, tmp_path) as d:
+        audit = d.state_dir / "audit.jsonl"
+        # Fatal at once (a bad path): self-healing excludes it and waits; the backup serves meanwhile.
+        assert wait_for(lambda: audit.exists() and all(w in audit.read_text() for w in ('"fatal"', '"excluded"')),
+                        20), audit.read_text() if audit.exists() else "no audit yet"
+        assert ask(d).headers.get("x-coderouter-provider") == "backup"
+        d.config_path.write_text(good.replace("{PORT}", str(d.port)))  # as DaemonProcess writes it
+        d.signal(signal.SIGHUP)
+        assert wait_for(lambda: ask(d).headers.get("x-coderouter-provider") == "ollama-qwen3", 30), d.log()[-3000:]
+        assert wait_for(lambda: '"rejoined"' in audit.read_text(), 15), audit.read_text()
+    assert backend_pids(port) == []

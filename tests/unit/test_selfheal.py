@@ -4,13 +4,18 @@ against fake upstreams on loopback, an injected sleep (no waiting), and a fake s
 from __future__ import annotations
 
 import asyncio
+import socket
+import sys
 import types
+from pathlib import Path
 
 from coderouterd.health.monitor import HealthMonitor
 from coderouterd.health.selfheal import SelfHealer
 from coderouterd.routing.breaker import BreakerState
 from coderouterd.state import ProcessEvent, RecoveryProbe
 from coderouterd.state.events import ProcessEventName
+from coderouterd.supervise import ManagedProcess, ProcessSpec, ProcessState
+from coderouterd.supervise import Supervisor as RealSupervisor
 from coderouterd.tasks import TaskSet
 from tests.fakes.runner import FakeServer
 from tests.support.routing import Routing
@@ -171,3 +176,126 @@ def test_a_request_served_while_recovering_ends_the_recovery():
         _r, events, _s, (held, health) = harness(f.url, body)
     assert not held and health == "HEALTHY"
     assert [e.event for e in events if isinstance(e, ProcessEvent)] == ["excluded", "rejoined"]
+
+
+# -- a reload replaces or drops the process a recovery waits on ---------------------------------------------
+
+BACKEND = str(Path(__file__).resolve().parents[1] / "support" / "fake_backend.py")
+MISSING = "/nonexistent/coderouter-test/llama-server"  # a bad path: the process goes FATAL at once
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+async def until(pred, what: str, ceiling: float = 30.0) -> None:
+    """A ceiling, not a measure: what is waited for takes well under a second idle."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + ceiling
+    while not pred():
+        if loop.time() > deadline:
+            raise AssertionError(f"{what} did not happen within {ceiling:g}s")
+        await asyncio.sleep(0.01)
+
+
+def wired_supervisor(tmp_path) -> tuple[RealSupervisor, list]:
+    """A real supervisor whose events go to the healer, as the daemon wires it (`healer[0]` once built)."""
+    healer: list[SelfHealer] = []
+    sup = RealSupervisor(log_dir=tmp_path / "logs", backoff=(0.05,),
+                         on_event=lambda name, event, pid, detail: healer[0].on_process_event(name, event, pid,
+                                                                                              detail))
+    return sup, healer
+
+
+def test_a_recovery_waiting_on_a_fatal_process_follows_the_process_a_reload_puts_in_its_place(tmp_path):
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    sup, healer = wired_supervisor(tmp_path)
+
+    async def body(r, h):
+        healer.append(h)
+        try:
+            old = sup.add(ProcessSpec(name="llama", command=[MISSING], ready_url=f"{url}/v1/models"),
+                          providers=["p"])
+            await old.start()  # FATAL: self-healing holds p and waits for the process to be started again
+            assert old.state is ProcessState.FATAL and r.state.is_held("p") and h.snapshot()
+            for _ in range(20):  # let the recovery reach its wait on the fatal process
+                await asyncio.sleep(0)
+            # The user fixes the command; the reload replaces the process (as from_config.reload does).
+            new = await sup.replace(ProcessSpec(name="llama", command=[sys.executable, BACKEND, "--port", str(port)],
+                                                ready_url=f"{url}/v1/models", startsecs=0.1, stop_timeout_s=2.0),
+                                    providers=["p"])
+            await new.start()
+            assert await new.wait_ready(30)
+            await until(lambda: not h.snapshot(), "the recovery's end")
+            return r.state.is_held("p"), r.state.health_of("p")
+        finally:
+            await sup.remove("llama")
+
+    _r, events, _s, (held, health) = harness(url, body, supervisor=sup)
+    assert not held and health == "HEALTHY"
+    assert [e.ok for e in events if isinstance(e, RecoveryProbe)] == [True]  # the new process's server answered
+    assert any(isinstance(e, ProcessEvent) and e.event == "rejoined" for e in events)
+
+
+def test_a_recovery_waiting_on_a_fatal_process_a_reload_drops_goes_on_to_probing(tmp_path):
+    sup, healer = wired_supervisor(tmp_path)
+    with FakeServer("openai") as f:  # the provider stays, unmanaged: someone else runs its server now
+        async def body(r, h):
+            healer.append(h)
+            mp = sup.add(ProcessSpec(name="llama", command=[MISSING], ready_url=f"http://127.0.0.1:{free_port()}/"),
+                         providers=["p"])
+            await mp.start()
+            assert mp.state is ProcessState.FATAL and r.state.is_held("p")
+            for _ in range(20):
+                await asyncio.sleep(0)
+            await sup.remove("llama")
+            await until(lambda: not h.snapshot(), "the recovery's end")
+            return r.state.is_held("p"), r.state.health_of("p")
+
+        _r, events, _s, (held, health) = harness(f.url, body, supervisor=sup)
+    assert not held and health == "HEALTHY"
+    assert any(isinstance(e, ProcessEvent) and e.event == "rejoined" for e in events)
+
+
+def test_a_closed_process_releases_whoever_waits_for_it_to_start(tmp_path):
+    async def go():
+        mp = ManagedProcess(ProcessSpec(name="llama", command=[MISSING]), log_dir=tmp_path)
+        await mp.start()
+        assert mp.state is ProcessState.FATAL
+        waiting = asyncio.ensure_future(mp.wait_started())
+        await asyncio.sleep(0)
+        await mp.close("reload")
+        started = await asyncio.wait_for(waiting, 30)
+        # Asking a closed process changes nothing: no new actor wakes up for an object nobody supervises.
+        ready = await mp.wait_ready(30)
+        return started, ready, mp._actor is None or mp._actor.done()
+
+    assert asyncio.run(go()) == (False, False, True)
+
+
+class _Unrestartable:
+    """A managed process whose restart fails (a closed supervisor object answers so)."""
+
+    external = False
+    spec = types.SimpleNamespace(name="proc", start_timeout_s=1.0)
+
+    async def restart(self, reason):
+        raise RuntimeError("supervisor is shut down")
+
+
+def test_a_recovery_that_fails_hands_the_provider_back_instead_of_holding_it_for_good():
+    sup = Supervisor()
+    sup.for_provider = lambda provider: _Unrestartable()
+    with FakeServer("openai") as f:
+        async def body(r, h):
+            h.trigger("p", "health became UNHEALTHY", restart=True)
+            assert r.state.is_held("p")
+            await until(lambda: not h.snapshot(), "the recovery's end")
+            return r.state.is_held("p")
+
+        _r, _events, _s, held = harness(f.url, body, supervisor=sup)
+    # Not held: the health monitor probes it again and a later UNHEALTHY may start a new recovery.
+    assert not held

@@ -5,6 +5,16 @@ const TOOL_LOOP_RECENT_S = 3600;  // a tool loop stopped within the last hour ne
 
 // -- a provider's state, and why ---------------------------------------------------------------------------------
 
+// Out of traffic for a normal reason that passes by itself: a warning, never "down" in the attention strip. An
+// idle-stopped on-demand model is how on-demand setups rest; a starting process and a breaker's trial in flight
+// are moments; an upstream that asked us to wait (Retry-After) is served again when the wait is over.
+const ORDINARY_OUT = {
+  on_demand: () => "stopped: starts on demand",
+  not_ready: (p) => "process " + (p.process_state && p.process_state !== "ready" ? p.process_state : "starting"),
+  half_open: () => "recovering: trial in flight",
+  retry_after: () => "waiting: the upstream asked us to",
+};
+
 // One state per provider, the worst that applies: blocked by its cap is a state, not a footnote to "healthy".
 // Whether it takes traffic is the daemon's one answer (p.availability, routing/availability.py), not a guess here.
 export function providerState(p, now) {
@@ -14,6 +24,8 @@ export function providerState(p, now) {
   const a = p.availability;
   if (a && !a.available) {
     if (a.code === "budget") return { text: "blocked: monthly cap", kind: "bad", problem: "budget" };
+    const ordinary = ORDINARY_OUT[a.code];
+    if (ordinary && p.process_state !== "fatal") return { text: ordinary(p), kind: "warn" };
     return { text: "down: " + a.code.replace(/_/g, " "), kind: "bad", problem: "down" };
   }
   if (a && a.code === "panic") return { text: "panic: tried anyway", kind: "bad", problem: "down" };
