@@ -82,8 +82,7 @@ class DriftManager:
 
     def _observe(self, provider: str, model: str, sample: DriftSample, action: str) -> None:
         model = model_key(model)  # a client's name, bounded: it is kept, logged and journaled
-        change = self.detector.observe(provider, model, sample)
-        verdict = self.detector.verdict(provider, model)
+        change, verdict = self.detector.observe_judged(provider, model, sample)
         if change == "recovered":
             self.demoted_until.pop(provider, None)
             self.drifting.pop(provider, None)
