@@ -350,6 +350,8 @@ class Daemon:
         return self.health.last_probe.get(provider) if self.health is not None else None
 
     def _memory_order(self, profile, candidates: list[str]) -> list[dict]:
+        if not self.ram_watch.low:  # no pressure (nearly always): nothing to move, no closure to build
+            return []
         providers = self.runtime.providers
         return self.ram_watch.adjust_order(profile, candidates,
                                            lambda name: name in providers and providers[name].cfg.is_local())

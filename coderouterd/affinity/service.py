@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 import orjson
 
 from ..providers.adapters import adapter_for
-from ..providers.server_info import ServerDirectory
+from ..providers.server_info import ServerDirectory, ServerInfo
 from . import session as sess
 from .bust import Bust, detect
 from .canonical import Canonicaliser, Prompt, first_message_head, segments
@@ -244,7 +244,12 @@ class Affinity:
             return None
         name = provider.name
         p = self.index.provider(name)
-        table = await self._slots(provider)
+        # The server's answer is nearly always known already: awaited only while a discovery runs (no coroutine
+        # per request otherwise).
+        running = self.servers.refresh(provider)
+        if running is not None:
+            await asyncio.shield(running)
+        table = self._slots(provider, self.servers.info(provider))
         if table is not None:
             await self.warm.prepare(provider, table)  # once per server instance: which saved states are valid
         now = self.clock()
@@ -313,10 +318,9 @@ class Affinity:
         assert table is not None
         return await self.warm.action(provider, table, slot, action, filename)
 
-    async def _slots(self, provider: Provider) -> SlotTable | None:
-        """The backend's slot table, from what its server said (providers/server_info.py: asked once per
+    def _slots(self, provider: Provider, info: ServerInfo | None) -> SlotTable | None:
+        """The backend's slot table, from what its server said (`info`; providers/server_info.py: asked once per
         base_url, again a minute after it did not answer)."""
-        info = await self.servers.discover(provider)
         n = info.slots if info is not None else 0
         p = self.index.provider(provider.name)
         if not n:

@@ -150,9 +150,9 @@ class Budget:
         return self._month, self._month_end
 
     def allowed(self, provider: str) -> bool:
-        self._roll()
         if not self._billable.get(provider, False):
-            return True
+            return True  # asked for every provider of the chain on every request: a free one reads nothing more
+        self._roll()
         over = self._over(provider, 0.0, with_reserved=True)
         if over is None:
             return True

@@ -234,6 +234,13 @@ def check(ingress: str, body: dict, cfg: ToolLoopConfig) -> LoopFinding | None:
     messages = body.get("messages") if isinstance(body, dict) else None
     if not isinstance(messages, list) or not messages:
         return None
+    # Only an assistant message carries calls: a conversation without one (a first turn, a title request) has
+    # nothing to find. Cheap however long the history: the first assistant message ends the look.
+    for m in messages:
+        if isinstance(m, dict) and m.get("role") == "assistant":
+            break
+    else:
+        return None
     fn = check_anthropic if ingress == "anthropic" else check_openai
     return fn(messages, threshold=cfg.threshold, window=cfg.window, max_tool_calls=cfg.max_tool_calls)
 

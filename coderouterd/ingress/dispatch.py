@@ -26,6 +26,7 @@ from .validate import depth_problem, validate_anthropic, validate_openai
 
 if TYPE_CHECKING:
     from ..daemon import Daemon  # layer-ok: the composition root, handed in; annotation only
+    from ..routing.executor import Exchange
     from ..routing.record import RequestRecord
     from ..runtime import Runtime
     from .asgi import Message, Receive, Scope, Send
@@ -51,6 +52,18 @@ def _caller_wire(path: str, scope: Scope) -> str:
 
 
 _SENT = object()  # "an error answer was already sent" (a JSON body may itself be null)
+
+# routing/executor.py is loaded after start-up (see Daemon._start_background); its Exchange class is looked up on
+# the first request and kept (an import statement per request costs more than the lookup it saves).
+_EXCHANGE: type[Exchange] | None = None
+
+
+def _exchange_class() -> type[Exchange]:
+    global _EXCHANGE
+    from ..routing.executor import Exchange
+
+    _EXCHANGE = Exchange
+    return Exchange
 
 
 def _headers(scope: Scope) -> dict[str, str]:
@@ -294,8 +307,7 @@ class ProxyApp:
             return
         req, r, profile = admitted
         rid = req.request_id
-        from ..routing.executor import Exchange  # loaded after start-up (see Daemon._start_background)
-
+        Exchange = _EXCHANGE or _exchange_class()
         after = daemon.after_response
         ex = Exchange(req, r, runtime=runtime, router=daemon.router, profile=profile,
                       before_upstream=after.while_waiting)

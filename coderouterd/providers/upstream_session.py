@@ -39,12 +39,12 @@ class _Request:
         self._resp: aiohttp.ClientResponse | None = None
 
     async def _send(self) -> aiohttp.ClientResponse:
-        import aiohttp
-
         session = self._owner._session
         try:
             return await session.request(self._method, self._url, **self._kw)
-        except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as e:
+        except _dead_connection_errors() as e:  # evaluated only when something was raised: no import per call
+            import aiohttp
+
             if isinstance(e, aiohttp.ClientConnectorError) or session.closed:
                 raise  # a new connection refused (nothing listens), or the session itself was closed under it
             self._owner.stale_retries += 1
@@ -61,6 +61,20 @@ class _Request:
                         tb: TracebackType | None) -> None:
         assert self._resp is not None  # __aenter__ set it
         await self._resp.__aexit__(exc_type, exc, tb)
+
+
+_DEAD_CONNECTION: tuple[type[Exception], ...] = ()
+
+
+def _dead_connection_errors() -> tuple[type[Exception], ...]:
+    """aiohttp's errors for a pooled connection the server had closed (aiohttp is loaded after start-up, so
+    they are looked up on first need, then kept)."""
+    global _DEAD_CONNECTION
+    if not _DEAD_CONNECTION:
+        import aiohttp
+
+        _DEAD_CONNECTION = (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError)
+    return _DEAD_CONNECTION
 
 
 def _no_redirects(kw: _RequestOptions) -> _RequestOptions:

@@ -8,7 +8,6 @@ is `quality/drift_actions.py`'s job.
 from __future__ import annotations
 
 import hashlib
-import statistics
 from bisect import bisect_left, insort
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field
@@ -76,6 +75,14 @@ class _Earlier:
             self.used -= s.tool_called
 
 
+def _median_of_sorted(xs: list[int]) -> float:
+    """statistics.median of a list already sorted (the same value: the middle one, or the mean of the two), without
+    its copy and sort on every answer."""
+    n = len(xs)
+    i = n // 2
+    return xs[i] if n % 2 else (xs[i - 1] + xs[i]) / 2
+
+
 def judge(samples: list[DriftSample], cfg: DriftSettings) -> Verdict:
     """The verdict over one window (oldest first)."""
     earlier = _Earlier()
@@ -118,11 +125,12 @@ def _verdict(recent_samples, earlier: _Earlier, n: int, cfg: DriftSettings) -> V
     checks.append(("length_stops", length_stops / r, cfg.length_stop_rate))
     checks.append(("errors", errors / r, cfg.error_rate))
     # Empty answers are their own signal: only answers with a length count towards a collapse.
-    ok_before = earlier.lengths
+    ok_before = earlier.lengths  # kept sorted
     if len(ok_before) >= r and len(ok_recent) >= max(2, r // 2):
-        base = statistics.median(ok_before)
+        base = _median_of_sorted(ok_before)
         if base >= cfg.collapse_min_chars:
-            ratio = statistics.median(ok_recent) / base
+            ok_recent.sort()
+            ratio = _median_of_sorted(ok_recent) / base
             # value grows as the length shrinks: 1 - ratio, fired below the collapse ratio
             checks.append(("length_collapse", 1 - ratio, 1 - cfg.collapse_ratio))
     offered_before = earlier.offered
@@ -202,6 +210,10 @@ class DriftDetector:
         self._tracks: dict[str, OrderedDict[str, _Track]] = {}
 
     def observe(self, provider: str, model: str, sample: DriftSample) -> str | None:
+        return self.observe_judged(provider, model, sample)[0]
+
+    def observe_judged(self, provider: str, model: str, sample: DriftSample) -> tuple[str | None, Verdict]:
+        """`observe`, and the window's verdict after this answer (what `verdict` would look up again)."""
         key = model_key(model)
         tracks = self._tracks.get(provider)
         if tracks is None:
@@ -217,10 +229,10 @@ class DriftDetector:
         verdict = t.push(sample, self.settings)
         was = before is not None and before.drifting
         if verdict.drifting and not was:
-            return "detected"
+            return "detected", verdict
         if was and not verdict.drifting:
-            return "recovered"
-        return None
+            return "recovered", verdict
+        return None, verdict
 
     def verdict(self, provider: str, model: str) -> Verdict:
         tracks = self._tracks.get(provider)

@@ -56,6 +56,7 @@ class DriftManager:
         self.cooldown_s = cfg.drift.cooldown_s if cfg is not None else 300.0
         self.demoted_until: dict[str, float] = {}  # provider -> monotonic deadline
         self.drifting: dict[str, str] = {}  # provider -> its signals, as shown in notes
+        self._drift_signals: dict[str, dict[str, float]] = {}  # provider -> the signals `drifting` words
         self._last_action: dict[str, float] = {}
         self._tasks: set[asyncio.Task] = set()
 
@@ -82,8 +83,7 @@ class DriftManager:
 
     def _observe(self, provider: str, model: str, sample: DriftSample, action: str) -> None:
         model = model_key(model)  # a client's name, bounded: it is kept, logged and journaled
-        change = self.detector.observe(provider, model, sample)
-        verdict = self.detector.verdict(provider, model)
+        change, verdict = self.detector.observe_judged(provider, model, sample)
         if change == "recovered":
             self.demoted_until.pop(provider, None)
             self.drifting.pop(provider, None)
@@ -91,7 +91,12 @@ class DriftManager:
             log.info("drift: %s (%s) recovered", provider, model)
             return
         if verdict.drifting:
-            self.drifting[provider] = ", ".join(f"{k} {v:g}" for k, v in verdict.signals.items())
+            # While a provider drifts, every answer judges it again, nearly always with the same signals: their
+            # words are formatted only when the signals change.
+            words = self.drifting.get(provider)
+            if words is None or self._drift_signals.get(provider) != verdict.signals:
+                self.drifting[provider] = ", ".join(f"{k} {v:g}" for k, v in verdict.signals.items())
+                self._drift_signals[provider] = verdict.signals
         if change == "detected":
             self._emit(DriftDetected(provider=provider, model=model, score=verdict.score,
                                      signals=dict(verdict.signals), action=action))

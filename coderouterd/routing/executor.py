@@ -26,6 +26,8 @@ from collections.abc import Callable, Iterable
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Literal
 
+import orjson
+
 from ..providers.call import Call
 from ..providers.errors import BUDGET, BUDGET_FINAL, IDLE_TIMEOUT, OVERFLOW, TOTAL_TIMEOUT, UpstreamError
 from ..translate.answer_stats import client_limit, without_client_cut
@@ -288,8 +290,6 @@ class Exchange:
             body, omitted = omit_images(req.ingress, body, f"[image omitted: {provider.name} does not accept "
                                                            "images]")
             if omitted:
-                import orjson
-
                 raw = orjson.dumps(body)
                 self.record.note({"provider": provider.name, "moved": "none", "images_omitted": omitted,
                                   "why": f"{omitted} image(s) replaced by a text note: {provider.name} has "
@@ -601,8 +601,6 @@ class _Holding:
 def _last_turn_key(body: dict) -> int:
     """What was just asked (the last message or input item), for drift: the same answer to the same question is
     a loop, to different questions it is not. Only for answers drift watches (local providers)."""
-    import orjson
-
     turns = body.get("messages") or body.get("input")
     if isinstance(turns, list) and turns:
         try:

@@ -40,7 +40,7 @@ class RequestRecord:
     attempts in order, who served it with which model and usage, the outcome, timings, the race's outcome,
     panic, routing notes, affinity's ticket, tool-call repair and the drift sample of the answer."""
 
-    __slots__ = ("req", "runtime", "profile_name", "profile", "message_id", "plan", "skips", "attempts", "notes",
+    __slots__ = ("req", "runtime", "profile_name", "profile", "_message_id", "plan", "skips", "attempts", "notes",
                  "settles", "panic", "served_by", "model_used", "usage", "_status", "_error_class", "ttfb",
                  "upstream_wait_s", "race_outcome", "affinity", "repair_applied", "tools_repaired",
                  "repair_formats", "drift_sample", "answered_by", "guards")
@@ -50,7 +50,7 @@ class RequestRecord:
         self.runtime = runtime  # the configuration generation it was served under (prices, provider kinds)
         self.profile_name = profile_name
         self.profile = runtime.config.profiles[profile_name]
-        self.message_id = new_id("msg")  # the answer's id when coderouterd opens the stream itself
+        self._message_id: str | None = None  # see message_id
         self.plan: Plan | None = None
         self.skips: list[Skip] = []
         self.attempts: list[Attempt] = []
@@ -93,6 +93,15 @@ class RequestRecord:
     @property
     def request_id(self) -> str:
         return self.req.request_id
+
+    @property
+    def message_id(self) -> str:
+        """The answer's id when coderouterd opens the stream itself (a stream whose hold expired): made on first
+        use, so the requests that never need one (nearly all) never pay for it."""
+        mid = self._message_id
+        if mid is None:
+            mid = self._message_id = new_id("msg")
+        return mid
 
     def end(self, status: int, error_class: str | None) -> None:
         """The request's outcome: the status the client got (or was being sent) and its error class, None when

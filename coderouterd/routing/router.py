@@ -80,11 +80,19 @@ class Router:
         self._demand = demand
         # What "why no traffic" reads (routing/availability.py), besides the state, budget and demand above.
         self.last_probe = last_probe
+        self._sources: Sources | None = None  # built once (per last_probe), not on every plan
+        # Facts with the context windows servers report, per (provider, window) set: the same dict for every
+        # request until a window or the generation changes (no copy of the facts per request).
+        self._reported: tuple[Generation | None, dict[tuple[tuple[str, int], ...], dict[str, ProviderFacts]]] = (
+            None, {})
 
     @property
     def sources(self) -> Sources:
-        return Sources(routing=self.state, budget=self._budget, demand=lambda: self.demand,
-                       last_probe=self.last_probe)
+        s = self._sources
+        if s is None or s.last_probe is not self.last_probe:
+            s = self._sources = Sources(routing=self.state, budget=self._budget, demand=lambda: self.demand,
+                                        last_probe=self.last_probe)
+        return s
 
     def availability(self, provider: str, *, health_action: str = "exclude") -> Availability:
         """Can `provider` take traffic now, and if not, why: the one answer every view shows."""
@@ -205,16 +213,32 @@ class Router:
         facts = runtime.facts
         if self.servers is None:
             return facts
-        out = None
+        reported: list[tuple[str, int]] | None = None
         for name in names:
             f, provider = facts.get(name), runtime.providers.get(name)
             if f is None or provider is None or f.context_window:
                 continue
             window = self.servers.context_window(provider)
             if window:
-                out = out if out is not None else dict(facts)
-                out[name] = replace(f, context_window=window, window_reported=True)
-        return out if out is not None else facts
+                if reported is None:
+                    reported = []
+                reported.append((name, window))
+        if reported is None:
+            return facts
+        key = tuple(reported)
+        generation, known = self._reported
+        if generation is not runtime:
+            known = {}
+            self._reported = (runtime, known)
+        out = known.get(key)
+        if out is None:
+            out = dict(facts)
+            for name, window in reported:
+                out[name] = replace(facts[name], context_window=window, window_reported=True)
+            if len(known) >= 64:  # windows change rarely; a bound all the same
+                known.clear()
+            known[key] = out
+        return out
 
     def plan(self, profile_name: str, profile: ProfileConfig, runtime: Generation, req: ClientRequest,
              ticket: Ticket | None = None, counts: dict[str, int] | None = None) -> Plan:
