@@ -280,8 +280,11 @@ class RoutingState:
         self._held[provider] = reason
         self.set_health(provider, UNHEALTHY, reason, quiet=quiet)
 
-    def unhold(self, provider: str) -> None:
-        self._held.pop(provider, None)
+    def unhold(self, provider: str, reason: str = "self-healing let go without recovering it") -> None:
+        """Self-healing hands the provider back: its health is the breaker's count again (the hold made it
+        UNHEALTHY; left as it was, the word would stay stale until the next count change)."""
+        if self._held.pop(provider, None) is not None:
+            self._refresh_health(provider, reason)
 
     def _derived_health(self, provider: str) -> str:
         """Health as a view of the breaker's one count and self-healing's hold. A provider the ejection limit
