@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from ..keys.model import TeamKey
 
 
 @dataclass(slots=True)
@@ -22,6 +26,9 @@ class ClientRequest:
     # The ingress's own view when `body` is a translation of what the client sent (Responses: the
     # ResponsesRequest with the client's body and what is needed to answer it in its wire).
     native: object = None
+    # The team key that admitted it (coderouterd/keys), None for an operator key or an open loopback. Its name is
+    # what the journal, metrics and refusals carry; the secret never leaves the ingress.
+    key: TeamKey | None = None
 
     def session_key(self) -> str | None:
         return getattr(self.native, "session_key", None)
