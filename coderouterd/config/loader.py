@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+import stat
 import tomllib
 from dataclasses import dataclass
 from importlib import resources
@@ -18,6 +19,14 @@ from .schema import ConfigModel
 
 APP_NAME = "coderouter"
 EMBEDDED = "<embedded default>"
+
+# The most of a config file that is read. Real configs are a few KB; one with dozens of providers, processes and
+# profiles stays well under 100 KB. 1 MiB is ten times that and still nothing to parse, while a wrong path (a log
+# file, a device, a disk image) costs at most this much memory and never takes the daemon with it.
+MAX_CONFIG_BYTES = 1024 * 1024
+# How deeply the parsed values may nest. The schema's deepest key is four tables down ([providers.X.headers]);
+# anything past this is not a configuration, and refusing it here keeps validation from recursing on it.
+MAX_CONFIG_DEPTH = 32
 
 
 class ConfigError(Exception):
@@ -101,12 +110,41 @@ def parse_config_text(text: str, source: str) -> ConfigModel:
         data: dict[str, Any] = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
         raise ConfigError(f"{source}: invalid TOML: {e}") from None
+    except RecursionError:
+        # tomllib parses nested arrays and inline tables recursively: a few hundred `[` exhaust the stack.
+        raise ConfigError(f"{source}: invalid TOML: arrays or inline tables nested too deeply to parse (a "
+                          f"configuration nests at most {MAX_CONFIG_DEPTH} levels)") from None
+    deep = _too_deep(data)
+    if deep is not None:
+        raise ConfigError(f"{source}: invalid configuration:\n{deep}: nested more than {MAX_CONFIG_DEPTH} levels "
+                          "deep; no configuration key takes values nested like this") from None
     try:
         return _Settings(**data)
     except ValidationError as e:
         raise ConfigError(f"{source}: invalid configuration:\n{_format_validation_error(e, source)}") from None
     except SettingsError as e:
         raise ConfigError(_env_override_error(e)) from None
+    except RecursionError:
+        # What the file holds was bounded above: this is an environment override's JSON (pydantic-settings
+        # decodes CODEROUTER_*__* lists and tables with a recursive parser).
+        names = sorted(k for k in os.environ if k.upper().startswith("CODEROUTER_") and "__" in k)
+        raise ConfigError(f"environment override {', '.join(names) or 'CODEROUTER_*'}: a value nested too deeply "
+                          f"to read (a configuration nests at most {MAX_CONFIG_DEPTH} levels)") from None
+
+
+def _too_deep(data: dict[str, Any]) -> str | None:
+    """The key path of the first value nested deeper than MAX_CONFIG_DEPTH, or None. Iterative: the check must
+    not itself recurse on what it guards against."""
+    stack: list[tuple[object, str, int]] = [(data, "", 0)]
+    while stack:
+        value, where, depth = stack.pop()
+        if depth > MAX_CONFIG_DEPTH:
+            return where or "(top level)"
+        if isinstance(value, dict):
+            stack.extend((v, f"{where}.{k}" if where else str(k), depth + 1) for k, v in value.items())
+        elif isinstance(value, list):
+            stack.extend((v, f"{where}[{i}]", depth + 1) for i, v in enumerate(value))
+    return None
 
 
 def _env_override_error(err: SettingsError) -> str:
@@ -124,11 +162,41 @@ def load_config(cli_path: str | None = None) -> LoadedConfig:
     path = resolve_config_path(cli_path)
     if path == EMBEDDED:
         return LoadedConfig(parse_config_text(embedded_default_text(), EMBEDDED), EMBEDDED)
+    data = read_config_file(path)
+    return LoadedConfig(parse_config_text(decode_config_bytes(data, path), path), str(Path(path).resolve()))
+
+
+def read_config_file(path: str) -> bytes:
+    """The config file's bytes: a regular file (a symlink to one is fine) of at most MAX_CONFIG_BYTES, else a
+    ConfigError saying what it is. A config symlinked to /dev/zero once grew the daemon by 1 GB/s on reload."""
     try:
-        data = Path(path).read_bytes()
+        # O_NONBLOCK: opening a FIFO must not wait for a writer (and hang start-up, a reload or `config check`);
+        # fstat of what was opened then refuses anything but a regular file before a byte is read.
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError as e:
         raise ConfigError(f"{path}: cannot read config file: {e.strerror or e}") from None
-    return LoadedConfig(parse_config_text(decode_config_bytes(data, path), path), str(Path(path).resolve()))
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):
+        os.close(fd)
+        real = os.path.realpath(path)
+        what = ("a directory" if stat.S_ISDIR(st.st_mode) else "a device" if stat.S_ISCHR(st.st_mode)
+                or stat.S_ISBLK(st.st_mode) else "a FIFO" if stat.S_ISFIFO(st.st_mode) else "a socket"
+                if stat.S_ISSOCK(st.st_mode) else "a special file")
+        via = f" (a symlink to {real})" if real != os.path.abspath(path) else ""
+        raise ConfigError(f"{path}{via} is {what}, not a regular file: the config must be a plain TOML file")
+    with open(fd, "rb") as f:
+        too_big = (f"{path}: the config file is larger than {MAX_CONFIG_BYTES // 1024} KB; a configuration is a "
+                   "few KB of TOML: is this the right file?")
+        if st.st_size > MAX_CONFIG_BYTES:
+            raise ConfigError(too_big)
+        try:
+            # One byte more than the cap: a file that grew since fstat is refused, never read whole.
+            data = f.read(MAX_CONFIG_BYTES + 1)
+        except OSError as e:
+            raise ConfigError(f"{path}: cannot read config file: {e.strerror or e}") from None
+    if len(data) > MAX_CONFIG_BYTES:
+        raise ConfigError(too_big)
+    return data
 
 
 def decode_config_bytes(data: bytes, source: str) -> str:

@@ -187,11 +187,19 @@ def _processes(cfg: ConfigModel) -> list[tuple[str, ProcessConfig]]:
 
 
 def unstartable_processes(cfg: ConfigModel) -> dict[str, list[str]]:
-    """process -> why it cannot start (binary or -m/--model file missing), for --check and `config check`.
-    Reads the filesystem: not for the event loop."""
+    """process -> why it cannot start (binary or -m/--model file missing, or more memory than the whole
+    [models] memory_budget_mb: the scheduler never starts it), for --check and `config check`. Reads the
+    filesystem: not for the event loop."""
     out: dict[str, list[str]] = {}
+    budget = cfg.models.memory_budget_mb
     for name, p in _processes(cfg):
         problems = missing(list(p.command), p.cwd or None, p.env)
+        if budget > 0:
+            need = p.memory_mb or estimate_mb(list(p.command), p.cwd or None)
+            if need > budget:
+                how = "memory_mb" if p.memory_mb else "its estimated memory (model file + KV cache)"
+                problems.append(f"{how} {need:,.0f} MB exceeds [models] memory_budget_mb = {budget:,.0f}, so it "
+                                "is never started (raise the budget, or lower memory_mb or the context size)")
         if problems:
             out[name] = problems
     return out
