@@ -127,18 +127,31 @@ class BrowserGuard:
         o = origin.strip().lower().rstrip(b"/")
         return o if o in self._cors else None
 
-    def refusal(self, path: str, method: str, headers: list[tuple[bytes, bytes]]) -> tuple[Refusal | None, bytes | None]:
+    def refusal(self, path: str, method: str, headers: list[tuple[bytes, bytes]],
+                http_version: str = "1.1") -> tuple[Refusal | None, bytes | None]:
         """(why this request is refused, or None; the listed CORS origin it came from, or None)."""
         host = origin = fetch_site = ctype = None
         for k, v in headers:
+            # A second Host, Origin or Sec-Fetch-Site is a form no browser sends, and which one counts depends
+            # on who reads it (a proxy in front may have checked the other): refused, never guessed.
             if k == b"host":
+                if host is not None:
+                    return _ambiguous("Host"), None
                 host = v
             elif k == b"origin":
+                if origin is not None:
+                    return _ambiguous("Origin"), None
                 origin = v
             elif k == b"sec-fetch-site":
+                if fetch_site is not None:
+                    return _ambiguous("Sec-Fetch-Site"), None
                 fetch_site = v
             elif k == b"content-type":
                 ctype = v
+        if host is None and http_version != "1.0":
+            # RFC 9112 3.2: an HTTP/1.1 request without Host is malformed (only HTTP/1.0 may leave it out).
+            return Refusal(400, "an HTTP/1.1 request must carry a Host header", "invalid_request_error",
+                           "host"), None
         if not self.host_ok(host):
             shown = (host or b"").decode("latin-1")[:100]
             return Refusal(403, f"Host {shown!r} is not one of this coderouterd's names; a web page reached it "
@@ -153,7 +166,9 @@ class BrowserGuard:
                     return Refusal(403, f"cross-origin request from {origin.decode('latin-1')[:100]!r} refused: "
                                         "browsers may call this API only from origins listed in [server] "
                                         "cors_origins", "permission_error", "origin"), None
-        elif fetch_site in (b"cross-site", b"same-site"):
+        elif fetch_site is not None and fetch_site.strip().lower() in (b"cross-site", b"same-site"):
+            # Header values of Sec-Fetch-Site are tokens browsers send in lower case, but the check must not
+            # hinge on that: `CROSS-SITE` means the same.
             return Refusal(403, "cross-site browser request refused (Sec-Fetch-Site: "
                                 f"{fetch_site.decode('latin-1')}): list the page's origin in [server] cors_origins",
                            "permission_error", "origin"), None
@@ -176,6 +191,11 @@ class BrowserGuard:
                 (b"access-control-allow-methods", _ALLOW_METHODS),
                 (b"access-control-allow-headers", requested.strip() if requested else _ALLOW_HEADERS_DEFAULT),
                 (b"access-control-max-age", _PREFLIGHT_MAX_AGE), (b"content-length", b"0")]
+
+
+def _ambiguous(name: str) -> Refusal:
+    return Refusal(400, f"more than one {name} header: a request must carry exactly one", "invalid_request_error",
+                   "origin" if name != "Host" else "host")
 
 
 def is_json_type(ctype: bytes | None) -> bool:

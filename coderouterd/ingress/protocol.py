@@ -21,7 +21,9 @@ for header size (httptools accumulates an unterminated header without bound). So
   (except /healthz, which is served, so a supervisor still sees the daemon alive); beyond a reserve above it, a
   small health lane still answers /healthz (and 503 to anything else) and closes; beyond that, closed at once.
   Every connection over the cap must send its request head within `_OVER_CAP_HEAD_S`;
-- an HTTP/1.0 client gets a streamed response close-delimited (HTTP/1.0 has no chunked encoding).
+- an HTTP/1.0 client gets a streamed response close-delimited (HTTP/1.0 has no chunked encoding);
+- an absolute-form request target (`POST http://name/v1/messages`) whose name is not the Host header's is a 400:
+  uvicorn keeps only its path, so the app's Host check would never see the name the request was sent for.
 
 And two things per request that cost less here than in the app (bench/README.md, "Tail and big body"):
 
@@ -287,6 +289,10 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
             return
         if self._head_problem:
             return self._refuse(431, self._head_problem)
+        if not self.url.startswith(b"/"):  # rare (a client talking to us as to a proxy): the common case pays this
+            problem = target_problem(self.url, self.headers)
+            if problem is not None:
+                return self._refuse(400, problem)
         self._body_timer = self.loop.call_later(self.limits.body_timeout_s, self._body_timed_out)
         self._in_body = True
         self._frame_bytes = 0
@@ -347,7 +353,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         self._in_head = False
         self._cancel_timers()
         url = getattr(self, "url", None) or b""
-        path = url[:200].decode("latin-1", "replace")
+        path = _path_of(url)[:200].decode("latin-1", "replace")
         openai = path.startswith("/v1/chat")
         error_type = "invalid_request_error" if openai or status in (400, 431) else "timeout_error"
         body = error_body(path, status, message, error_type)
@@ -361,6 +367,43 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         if not self.transport.is_closing():
             self.transport.write(head + body)
             self.transport.close()
+
+
+def _split_target(url: bytes) -> tuple[bytes, bytes] | None:
+    """An absolute-form request target (`http://name:port/path?q`) as (authority, the rest), else None."""
+    scheme, sep, rest = url.partition(b"://")
+    if not sep or scheme.lower() not in (b"http", b"https"):
+        return None
+    end = len(rest)
+    for c in b"/?#":
+        i = rest.find(bytes((c,)))
+        if 0 <= i < end:
+            end = i
+    return rest[:end], rest[end:]
+
+
+def _path_of(url: bytes) -> bytes:
+    """The path part of a request target, absolute-form or not (for the error's shape)."""
+    split = _split_target(url)
+    return url if split is None else split[1]
+
+
+def target_problem(url: bytes, headers: list[tuple[bytes, bytes]]) -> str | None:
+    """Why an absolute-form target cannot be served, or None. `http://name/path` is what a client sends to a
+    proxy, and it names a host of its own: unless it is the one Host header's, which name the request is for
+    depends on who reads it (uvicorn keeps only the path, so the Host check would see the other name). Browsers
+    never send it to a server; the Host check (ingress/browsers.py) then reads the Host, which is the target's."""
+    split = _split_target(url)
+    if split is None:
+        return None  # `*` and the like: uvicorn's parser answers those
+    authority = split[0].strip().lower()
+    hosts = [v.strip().lower() for k, v in headers if k == b"host"]
+    if hosts == [authority]:
+        return None
+    named = authority.decode("latin-1")[:100]
+    given = ", ".join(repr(h.decode("latin-1")[:100]) for h in hosts) or "none"
+    return (f"the request target names host {named!r} but the Host header says {given}: send the path alone "
+            "(origin-form), with the Host header naming this server")
 
 
 def _over_capacity(app: ASGI3Application) -> ASGI3Application:
