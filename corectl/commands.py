@@ -10,6 +10,7 @@ from collections.abc import Callable
 
 from .api import DaemonAPI
 from .client import DEFAULT_TIMEOUT_S, CorectlError
+from .safe import clean, clean_tree
 
 
 def emit_json(data) -> None:
@@ -22,13 +23,14 @@ def emit_json(data) -> None:
 
 
 def echo(line: str) -> None:
-    sys.stdout.write(line + "\n")
+    # Lines of our own that may quote what a daemon or a client wrote: never a terminal escape (safe.py).
+    sys.stdout.write(clean(line, newlines=True) + "\n")
 
 
 def report_error(message: str, as_json: bool, payload: dict | None = None) -> None:
     if as_json:
         emit_json({"ok": False, "error": message, **(payload or {})})
-    sys.stderr.write(f"corectl: {message}\n")
+    sys.stderr.write(f"corectl: {clean(message, newlines=True)}\n")
 
 
 def run(as_json: bool, work: Callable[[], int | None]) -> int:
@@ -81,7 +83,7 @@ def profile_list(socket: str | None, as_json: bool) -> int:
         from .render import profiles_table
 
         out = _console()
-        out.print(profiles_table(data["profiles"], out.width))
+        out.print(profiles_table(clean_tree(data["profiles"]), out.width))
 
     return with_api(socket, as_json, work)
 

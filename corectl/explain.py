@@ -101,7 +101,9 @@ def render(trace: dict, source: str, out) -> None:
 
     from .history import local_time
     from .render import _kv, fit_table, money
+    from .safe import clean_tree
 
+    trace = clean_tree(trace)  # the model, upstream error text, notes: a client's text, never a terminal's
     title = Text.assemble(("Request ", "bold"), (trace["request_id"], "bold cyan"))
     title.append("  (from coderouterd's memory)" if source == "memory" else
                  "  (from the journal: planning notes are not recorded there)", style="dim")

@@ -216,7 +216,9 @@ def audit_line(rec: dict) -> str:
             continue
         value = v if isinstance(v, str) else orjson.dumps(v).decode()
         fields.append(f"{k}={value}")
-    return f"{shown}  {rec.get('kind', '?'):<18} {' '.join(fields)}"
+    from .safe import clean
+
+    return clean(f"{shown}  {rec.get('kind', '?'):<18} {' '.join(fields)}")
 
 
 def audit_tail(state_dir: str | None, socket: str | None, n: int, follow: bool, kinds: list[str] | None,
@@ -306,7 +308,9 @@ def journal_table(rows: list[dict], width: int = 10_000, *, now: float | None = 
     from rich.text import Text
 
     from .render import fit_table, latency, money
+    from .safe import clean_tree
 
+    rows = clean_tree(rows)  # rows any client (and, shared, any instance) wrote: never a terminal escape
     right = {"justify": "right", "no_wrap": True}
     # The request id is never folded (it is pasted into `corectl explain`); the route wraps between steps.
     columns = [("Time", {"no_wrap": True}, 0), ("Request", {"no_wrap": True}, 0), ("Profile", {"no_wrap": True}, 5),
@@ -510,7 +514,9 @@ def replay_compare(state_dir: str | None, socket: str | None, a: str, b: str, *,
             emit_json(result)
             return 0
         out = _console()
-        out.print(compare_table(result))
+        from .safe import clean_tree
+
+        out.print(compare_table(clean_tree(result)))
         if result["small_sample"]:
             out.print(Text(f"small sample: {result['a']['requests']} vs {result['b']['requests']} requests; "
                            "treat the figures as a hint", style="yellow"))

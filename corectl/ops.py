@@ -21,9 +21,9 @@ FOLLOW_POLL_S = 0.25
 
 def _console(stderr: bool = False):
     if stderr:
-        from rich.console import Console
+        from .render import SafeConsole
 
-        return Console(stderr=True, highlight=False)
+        return SafeConsole(stderr=True)
     from .render import console
 
     return console()
@@ -37,7 +37,9 @@ def providers(socket: str | None, as_json: bool) -> int:
         if as_json:
             emit_json(answer)
             return
-        rows = [p.model_dump(exclude_unset=True) for p in answer.providers]
+        from .safe import clean_tree
+
+        rows = clean_tree([p.model_dump(exclude_unset=True) for p in answer.providers])
         out = _console()
         out.print(providers_table(rows, answer.stats_window_s, out.width))
         from .render import key_problems, traffic_lines
@@ -243,10 +245,12 @@ def models_list(socket: str | None, provider: str | None, as_json: bool) -> int:
         with _spinner("Asking the backends for their models…"):
             data = api.models(provider)
         out = _console()
-        out.print(models_table([e.model_dump(exclude_unset=True) for e in data.providers], out.width))
+        from .safe import clean_tree
+
+        out.print(models_table(clean_tree([e.model_dump(exclude_unset=True) for e in data.providers]), out.width))
         if data.resident and data.resident.get("processes"):
             out.print()
-            out.print(resident_table(data.resident, out.width))
+            out.print(resident_table(clean_tree(data.resident), out.width))
 
     return with_api(socket, as_json, work, timeout=60.0)
 

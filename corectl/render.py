@@ -4,22 +4,40 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
-from rich.console import Console
+from rich.console import Console, ConsoleOptions, RenderableType
+from rich.segment import Segment
 from rich.table import Table
 from rich.text import Text
+
+from .safe import clean, clean_tree, escape_controls
 
 _BREAKER_STYLE = {"closed": "green", "open": "bold red", "half_open": "yellow"}
 _HEALTH_STYLE = {"HEALTHY": "green", "DEGRADED": "yellow", "UNHEALTHY": "bold red"}
 
 
-def console() -> Console:
+class SafeConsole(Console):
+    """The console every human view prints through: it interprets nothing in the text it prints (markup and
+    emoji codes off: a client's `[link=...]` is printed as written), and a control character still in a text
+    segment (a view that forgot to clean its data: see safe.py) is escaped on the way out. Rich's own cursor
+    and style codes are control segments or added around the text, and pass."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        kwargs.setdefault("highlight", False)
+        super().__init__(markup=False, emoji=False, **kwargs)
+
+    def render(self, renderable: RenderableType, options: ConsoleOptions | None = None) -> Iterable[Segment]:
+        for seg in super().render(renderable, options):
+            yield seg if seg.control is not None else Segment(escape_controls(seg.text), seg.style)
+
+
+def console(**kwargs: Any) -> Console:
     # Piped output (scripts, `| less`) has no terminal width; Rich would assume 80 columns and fold URLs.
-    c = Console(highlight=False)
-    if not c.is_terminal and "COLUMNS" not in os.environ:
-        c = Console(highlight=False, width=140)
+    c = SafeConsole(**kwargs)
+    if not c.is_terminal and "COLUMNS" not in os.environ and "width" not in kwargs:
+        c = SafeConsole(width=140, **kwargs)
     return c
 
 
@@ -56,7 +74,7 @@ def fit_table(width: int, columns: Sequence[Column], rows: Sequence[Sequence[Any
     return t
 
 
-_MEASURE = Console(width=10_000, highlight=False)
+_MEASURE = Console(width=10_000, highlight=False, markup=False, emoji=False)  # as SafeConsole reads cells
 
 
 def _sizes(columns: Sequence[Column], rows: Sequence[Sequence[Any]]) -> tuple[list[int], list[int]]:
@@ -172,6 +190,8 @@ def _kv(rows: list[tuple[str, str | Text]]) -> Table:
 
 
 def status(data: dict, out: Console) -> None:
+    reload_error = data.get("last_reload_error")  # our own message, over several lines: kept as lines
+    data = clean_tree(data)
     header = Text.assemble(("coderouterd ", "bold"), (data["version"], "bold cyan"),
                            f"  pid {data['pid']}  up {duration(data['uptime_s'])}")
     out.print(header)
@@ -185,8 +205,8 @@ def status(data: dict, out: Console) -> None:
         ("profile", profile),
     ]
     if data.get("last_reload_error"):
-        rows.append(("reload", Text("last reload failed, previous config kept:\n" + data["last_reload_error"],
-                                    style="bold red")))
+        rows.append(("reload", Text("last reload failed, previous config kept:\n"
+                                    + clean(str(reload_error), newlines=True), style="bold red")))
     spend = spend_line(data.get("budget"))
     if spend is not None:
         rows.append(("spend", spend))
@@ -509,6 +529,7 @@ def profiles_table(profiles: list[dict], width: int = 10_000) -> Table:
 
 
 def profile_detail(data: dict, out: Console) -> None:
+    data = clean_tree(data)
     s = data["settings"]
     tags = [tag for tag, on in (("active", data["active"]), ("default", data["default"])) if on]
     title = Text(data["name"], style="bold")

@@ -97,6 +97,10 @@ def view(data: dict, error: str | None = None, *, width: int = 10_000, height: i
         repair_cell,
         spend_line,
     )
+    from .safe import clean, clean_tree
+
+    data = clean_tree(data)  # request ids, routes and names: a client's text, never a terminal's
+    error = clean(error) if error else error
 
     def ms(v):
         return latency(v / 1000.0) if v is not None else "-"
@@ -244,9 +248,9 @@ def _simple_box():
 
 def _lines(parts: list, width: int) -> int:
     """How many terminal lines these renderables take at `width`."""
-    from rich.console import Console
+    from .render import SafeConsole
 
-    c = Console(width=min(width, 1000), highlight=False, color_system=None)
+    c = SafeConsole(width=min(width, 1000), color_system=None)  # measures as the live console prints
     return sum(len(c.render_lines(p, c.options, pad=False)) for p in parts)
 
 
@@ -319,10 +323,11 @@ def top(socket: str | None, interval: float, as_json: bool) -> int:
         client.close()
         emit_json(data)
         return 0
-    from rich.console import Console
     from rich.live import Live
 
-    console = Console(highlight=False)
+    from .render import SafeConsole
+
+    console = SafeConsole()
     if not console.is_terminal:
         client.close()
         console.print(view(data, width=console.width))  # piped: one frame, like `top -n 1`
