@@ -119,9 +119,10 @@ class DashboardApp:
         server = self.daemon.runtime.config.server
         if not server.dashboard:
             raise Answer(404, "the dashboard is off ([server] dashboard = false)")
-        if sum(1 for k, _v in scope["headers"] if k == b"host") > 1:
-            # Which one counts would depend on who reads it (the dict below keeps the last): never guessed.
-            raise Answer(400, "more than one Host header: a request must carry exactly one")
+        for name in (b"host", b"origin"):
+            if sum(1 for k, _v in scope["headers"] if k == name) > 1:
+                # Which one counts would depend on who reads it (the dict below keeps the last): never guessed.
+                raise Answer(400, f"more than one {name.decode().title()} header: a request must carry exactly one")
         headers = _headers(scope)
         port = (scope.get("server") or (None, self.daemon.listen[1]))[1]
         allowed = allowed_hosts(self.daemon.listen[0], port)

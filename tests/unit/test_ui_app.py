@@ -130,3 +130,13 @@ def test_a_record_that_does_not_fit_the_model_is_not_blamed_on_the_caller(tmp_pa
     # Raised out of the app, the ASGI server answers a bare 500 (tests/e2e/test_dashboard_http.py's server).
     with pytest.raises(ValidationError):
         _call(DashboardApp(d), "/ui/api/requests")
+
+
+@pytest.mark.parametrize("extra", [[(b"host", b"attacker.example:8088")], [(b"host", b"127.0.0.1:8088")],
+                                   [(b"origin", b"http://127.0.0.1:8088"), (b"origin", b"http://evil.example")]])
+def test_a_second_host_or_origin_is_a_400_before_anything_is_read(tmp_path, extra):
+    """Issue 41, N14: which one would count depends on who reads it; the dashboard never guesses."""
+    d = _daemon(tmp_path, telemetry=_Untouchable())
+    d.recent = _Untouchable()
+    status, _headers, body = _call(DashboardApp(d), "/ui/api/requests", headers=extra)
+    assert status == 400 and b"more than one" in body and b"a request must carry exactly one" in body
