@@ -64,14 +64,16 @@ def default_config_path() -> Path:
 
 
 def resolve_config_path(cli_path: str | None) -> str:
-    """--config, else $CODEROUTER_CONFIG, else the per-OS config file if it exists, else the embedded default."""
+    """--config, else $CODEROUTER_CONFIG, else the per-OS config file if there is one, else the embedded default."""
     if cli_path:
         return cli_path
     env = os.environ.get("CODEROUTER_CONFIG")
     if env:
         return env
     p = default_config_path()
-    return str(p) if p.is_file() else EMBEDDED
+    # Something other than a file there (a device, a FIFO, a dangling symlink) is named and refused by the
+    # loader, never silently replaced by the embedded default.
+    return str(p) if p.exists() or p.is_symlink() else EMBEDDED
 
 
 def embedded_default_text() -> str:

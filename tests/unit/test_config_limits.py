@@ -203,3 +203,16 @@ def test_config_check_names_a_process_over_the_memory_budget(capsys, tmp_path):
 def test_a_process_within_the_budget_or_without_one_is_fine(capsys, tmp_path, memory_mb, budget):
     cfg = _with_process(tmp_path, memory_mb, budget)
     assert commands.config_check(cfg, False) == 0, capsys.readouterr()
+
+
+def test_a_device_at_the_default_path_is_named_not_replaced_by_the_embedded_default(tmp_path, monkeypatch):
+    from coderouterd.config import loader
+
+    default = tmp_path / "coderouter" / "config.toml"
+    default.parent.mkdir()
+    default.symlink_to("/dev/zero")
+    monkeypatch.setattr(loader, "default_config_path", lambda: default)
+    with pytest.raises(ConfigError, match=r"\(a symlink to /dev/zero\) is a device"):
+        load_config(None)
+    default.unlink()
+    assert load_config(None).is_embedded  # nothing there: the embedded default, as before
