@@ -30,7 +30,12 @@ class SafeConsole(Console):
 
     def render(self, renderable: RenderableType, options: ConsoleOptions | None = None) -> Iterable[Segment]:
         for seg in super().render(renderable, options):
-            yield seg if seg.control is not None else Segment(escape_controls(seg.text), seg.style)
+            if seg.control is None:
+                text = escape_controls(seg.text)
+                if text != seg.text:
+                    yield Segment(text, seg.style)
+                    continue
+            yield seg
 
 
 def console(**kwargs: Any) -> Console:
