@@ -163,3 +163,58 @@ def _corectl_env(args: list[str], sock: str, extra: dict[str, str]) -> subproces
     env = {**_clean_env(), "CODEROUTER_SOCKET": sock, **extra}
     return subprocess.run([sys.executable, "-m", "corectl", *args], cwd=ROOT, env=env, capture_output=True,
                           text=True, timeout=60)
+
+
+# -- N15: nesting, and a process the memory budget can never hold -------------------------------------------------
+
+DEEP = "[server]\napi_keys = " + "[" * 5000 + "]" * 5000 + "\n"  # in place of the [server] line
+
+
+def test_a_deeply_nested_config_is_a_clear_error_at_start_in_config_check_and_on_reload(daemons, tmp_path):
+    bad = tmp_path / "deep.toml"
+    bad.write_text(_config("http://127.0.0.1:9").replace("{PORT}", "8088").replace("[server]\n", DEEP))
+    want = "invalid TOML: arrays or inline tables nested too deeply to parse"
+    r = subprocess.run([sys.executable, "-m", "coderouterd", "--config", str(bad)], cwd=ROOT, env=_clean_env(),
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and want in r.stderr and "RecursionError" not in r.stderr, r.stderr
+    r = corectl("config", "check", str(bad))
+    assert r.returncode == 1 and want in r.stderr and "Traceback" not in r.stderr, r.stderr
+    with FakeServer("openai", name="local") as fake:
+        text = _config(fake.url)
+        d = DaemonProcess(text, tmp_path / "d")
+        daemons.append(d)
+        d.start()
+        sock = str(d.state_dir / "coderouterd.sock")
+        good = text.replace("{PORT}", str(d.port))
+        write_atomic(d.config_path, good.replace("[server]\n", DEEP))
+        err = wait_for(lambda: (admin_get(sock) or {}).get("last_reload_error"), 8.0, "the reload error")
+        assert want in err
+        assert httpx.post(d.url + "/v1/chat/completions", json=CHAT, timeout=10).status_code == 200
+
+
+def test_config_check_and_daemon_check_name_a_process_over_the_memory_budget(tmp_path):
+    binary = tmp_path / "server"
+    binary.write_text("#!/bin/sh\nsleep 60\n")
+    binary.chmod(0o755)
+    cfg = tmp_path / "p.toml"
+    cfg.write_text(f"""
+[models]
+memory_budget_mb = 8000
+
+[providers.big]
+base_url = "http://127.0.0.1:9/v1"
+process = {{ command = ["{binary}"], memory_mb = 12000 }}
+
+[providers.small]
+base_url = "http://127.0.0.1:9/v1"
+process = {{ command = ["{binary}"], memory_mb = 4000 }}
+
+[profiles.default]
+providers = ["big", "small"]
+""")
+    want = "process big cannot start: memory_mb 12,000 MB exceeds [models] memory_budget_mb = 8,000"
+    r = corectl("config", "check", str(cfg))
+    assert r.returncode == 1 and want in r.stdout and "process small" not in r.stdout, r.stdout
+    r = subprocess.run([sys.executable, "-m", "coderouterd", "--config", str(cfg), "--check"], cwd=ROOT,
+                       env=_clean_env(), capture_output=True, text=True, timeout=60)
+    assert r.returncode == 1 and want in r.stderr, r.stderr
