@@ -14,6 +14,9 @@ import stat
 from pathlib import Path
 
 ENV_FILE_NAME = "env"
+# KEY=VALUE lines of API keys: a few hundred bytes. A file past this is not one (the config file's cap, the same
+# reasoning: loader.MAX_CONFIG_BYTES).
+MAX_ENV_FILE_BYTES = 1024 * 1024
 
 
 class EnvFileError(Exception):
@@ -69,7 +72,11 @@ def read_env_file(path: Path | None = None) -> dict[str, str]:
             raise EnvFileError(f"{path} holds API keys but other users may read it (mode "
                                f"{stat.S_IMODE(st.st_mode):03o}); fix it with: chmod 600 {path}")
         try:
-            text = f.read().decode("utf-8")
+            data = f.read(MAX_ENV_FILE_BYTES + 1)  # never more than the cap, whatever fstat said
+            if len(data) > MAX_ENV_FILE_BYTES:
+                raise EnvFileError(f"{path} is larger than {MAX_ENV_FILE_BYTES // 1024} KB; it must hold only "
+                                   "KEY=VALUE lines")
+            text = data.decode("utf-8")
         except (OSError, UnicodeDecodeError) as e:
             raise EnvFileError(f"{path}: cannot read: {getattr(e, 'strerror', None) or e}") from None
     return parse_env_text(text, str(path))

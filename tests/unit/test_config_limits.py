@@ -216,3 +216,16 @@ def test_a_device_at_the_default_path_is_named_not_replaced_by_the_embedded_defa
         load_config(None)
     default.unlink()
     assert load_config(None).is_embedded  # nothing there: the embedded default, as before
+
+
+def test_the_env_file_is_capped_too(tmp_path):
+    from coderouterd.config.envfile import MAX_ENV_FILE_BYTES, EnvFileError, read_env_file
+
+    env = tmp_path / "env"
+    with open(env, "wb") as f:
+        f.truncate(MAX_ENV_FILE_BYTES + 1)
+    env.chmod(0o600)
+    with pytest.raises(EnvFileError, match="larger than 1024 KB"):
+        read_env_file(env)
+    env.write_text("A=1\n")
+    assert read_env_file(env) == {"A": "1"}
