@@ -85,7 +85,7 @@ PROTOCOL_METHODS = {
 # Fields of the protocol it reads or writes (timeout_keep_alive and app are written; timeout_keep_alive_task,
 # set by on_response_complete only when the connection goes idle, tells an idle keep-alive from a pipelined one).
 PROTOCOL_FIELDS = {"timeout_keep_alive", "connections", "app", "loop", "cycle", "url", "scope", "transport",
-                   "flow", "parser", "pipeline", "timeout_keep_alive_task"}
+                   "flow", "parser", "pipeline", "timeout_keep_alive_task", "headers"}
 # Fields of the response cycle that _Cycle and _CloseDelimitedCycle read or write.
 CYCLE_FIELDS = {"scope", "transport", "flow", "message_event", "on_response", "disconnected", "keep_alive",
                 "more_body", "response_started", "response_complete", "chunked_encoding"}
