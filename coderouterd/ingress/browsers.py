@@ -127,8 +127,7 @@ class BrowserGuard:
         o = origin.strip().lower().rstrip(b"/")
         return o if o in self._cors else None
 
-    def refusal(self, path: str, method: str, headers: list[tuple[bytes, bytes]],
-                http_version: str = "1.1") -> tuple[Refusal | None, bytes | None]:
+    def refusal(self, path: str, method: str, headers: list[tuple[bytes, bytes]]) -> tuple[Refusal | None, bytes | None]:
         """(why this request is refused, or None; the listed CORS origin it came from, or None)."""
         host = origin = fetch_site = ctype = None
         for k, v in headers:
@@ -148,10 +147,6 @@ class BrowserGuard:
                 fetch_site = v
             elif k == b"content-type":
                 ctype = v
-        if host is None and http_version != "1.0":
-            # RFC 9112 3.2: an HTTP/1.1 request without Host is malformed (only HTTP/1.0 may leave it out).
-            return Refusal(400, "an HTTP/1.1 request must carry a Host header", "invalid_request_error",
-                           "host"), None
         if not self.host_ok(host):
             shown = (host or b"").decode("latin-1")[:100]
             return Refusal(403, f"Host {shown!r} is not one of this coderouterd's names; a web page reached it "
@@ -194,8 +189,9 @@ class BrowserGuard:
 
 
 def _ambiguous(name: str) -> Refusal:
+    # Its own metric label: not a browser's request (none sends this), and no valid key makes it less ambiguous.
     return Refusal(400, f"more than one {name} header: a request must carry exactly one", "invalid_request_error",
-                   "origin" if name != "Host" else "host")
+                   "ambiguous")
 
 
 def is_json_type(ctype: bytes | None) -> bool:

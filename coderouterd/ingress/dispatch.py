@@ -163,7 +163,7 @@ class ProxyApp:
             # /healthz stays open to any prober (it reads nothing and spends nothing); /ui checks Host itself and
             # may be opened from a link on another site (a navigation, which reads nothing it was not shown).
             guard = self.browser_guard(scope)
-            refused, cors_origin = guard.refusal(path, method, scope["headers"], scope.get("http_version", "1.1"))
+            refused, cors_origin = guard.refusal(path, method, scope["headers"])
             if refused is not None:
                 refusals = self.daemon.browser_refused
                 refusals[refused.reason] = refusals.get(refused.reason, 0) + 1

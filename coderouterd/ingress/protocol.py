@@ -23,7 +23,8 @@ for header size (httptools accumulates an unterminated header without bound). So
   Every connection over the cap must send its request head within `_OVER_CAP_HEAD_S`;
 - an HTTP/1.0 client gets a streamed response close-delimited (HTTP/1.0 has no chunked encoding);
 - an absolute-form request target (`POST http://name/v1/messages`) whose name is not the Host header's is a 400:
-  uvicorn keeps only its path, so the app's Host check would never see the name the request was sent for.
+  uvicorn keeps only its path, so the app's Host check would never see the name the request was sent for; so is
+  an HTTP/1.1 request without Host (except /healthz).
 
 And two things per request that cost less here than in the app (bench/README.md, "Tail and big body"):
 
@@ -289,10 +290,21 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
             return
         if self._head_problem:
             return self._refuse(431, self._head_problem)
-        if not self.url.startswith(b"/"):  # rare (a client talking to us as to a proxy): the common case pays this
-            problem = target_problem(self.url, self.headers)
+        # The Host forms the app cannot see (ingress/browsers.py checks the rest): an absolute-form target, and no
+        # Host at all. Clients send Host first, so the common request pays a prefix test and one comparison.
+        url = self.url
+        if not url.startswith(b"/"):
+            problem = target_problem(url, self.headers)
             if problem is not None:
                 return self._refuse(400, problem)
+        else:
+            for name, _value in self.headers:
+                if name == b"host":
+                    break
+            else:
+                problem = host_missing(self.parser.get_http_version(), url)
+                if problem is not None:
+                    return self._refuse(400, problem)
         self._body_timer = self.loop.call_later(self.limits.body_timeout_s, self._body_timed_out)
         self._in_body = True
         self._frame_bytes = 0
@@ -404,6 +416,14 @@ def target_problem(url: bytes, headers: list[tuple[bytes, bytes]]) -> str | None
     given = ", ".join(repr(h.decode("latin-1")[:100]) for h in hosts) or "none"
     return (f"the request target names host {named!r} but the Host header says {given}: send the path alone "
             "(origin-form), with the Host header naming this server")
+
+
+def host_missing(http_version: str, url: bytes) -> str | None:
+    """Why a request without a Host header is refused, or None. RFC 9112 3.2: an HTTP/1.1 request must carry one
+    (every browser and SDK does); only HTTP/1.0 may leave it out. /healthz stays open to any prober."""
+    if http_version == "1.0" or url == b"/healthz" or url.startswith(b"/healthz?"):
+        return None
+    return "an HTTP/1.1 request must carry a Host header"
 
 
 def _over_capacity(app: ASGI3Application) -> ASGI3Application:

@@ -146,6 +146,7 @@ def test_a_duplicated_host_is_a_400_in_the_callers_shape(env, order):
     up.reset()
     own, foreign = f"host: 127.0.0.1:{d.port}", f"host: rebound.test:{d.port}"
     hosts = {"own-first": [own, foreign], "foreign-first": [foreign, own], "same-twice": [own, own]}[order]
+    before = _refused(d).get("ambiguous", 0)
     for path, body in _bodies().items():
         status, doc = _raw(d, f"POST {path} HTTP/1.1", [*hosts, "content-type: application/json"], body)
         assert status == 400 and _shape_ok(path, doc), (path, doc)
@@ -153,6 +154,7 @@ def test_a_duplicated_host_is_a_400_in_the_callers_shape(env, order):
     status, _doc = _raw(d, "GET /ui HTTP/1.1", hosts)
     assert status == 400  # the dashboard's own Host check refuses it too
     assert _posts(up) == 0
+    assert _refused(d)["ambiguous"] == before + 2  # counted apart from a browser's refusals
 
 
 def test_an_absolute_form_target_naming_another_host_is_a_400(env):
@@ -213,5 +215,6 @@ def test_no_host_on_http11_is_a_400_and_http10_without_it_is_served(env):
     status, doc = _raw(d, "POST /v1/chat/completions HTTP/1.0", ["content-type: application/json"],
                        _bodies()["/v1/chat/completions"])
     assert status == 200 and doc["choices"]
-    # Liveness stays open to any prober, Host or not.
+    # Liveness stays open to any prober, Host or not; the dashboard is not.
     assert _raw(d, "GET /healthz HTTP/1.1", [])[0] == 200
+    assert _raw(d, "GET /ui HTTP/1.1", [])[0] == 400

@@ -1,11 +1,12 @@
-"""Issue 41, N14: an absolute-form request target (what a client sends to a proxy) names a host of its own; the
-protocol refuses it unless it is the one Host header's (ingress/protocol.py: uvicorn keeps only the path)."""
+"""Issue 41, N14: the Host forms only the protocol sees (ingress/protocol.py: uvicorn keeps only the target's
+path). An absolute-form target (what a client sends to a proxy) names a host of its own: refused unless it is the
+one Host header's. An HTTP/1.1 request without Host is refused; HTTP/1.0 may leave it out."""
 
 from __future__ import annotations
 
 import pytest
 
-from coderouterd.ingress.protocol import _path_of, target_problem
+from coderouterd.ingress.protocol import _path_of, host_missing, target_problem
 
 HOST = [(b"host", b"127.0.0.1:8088")]
 
@@ -44,3 +45,12 @@ def test_the_refusal_names_both_names():
                                            (b"/v1/messages", b"/v1/messages"), (b"http://evil.test", b"")])
 def test_the_error_shape_follows_the_targets_path(url, path):
     assert _path_of(url) == path
+
+
+@pytest.mark.parametrize(("version", "url", "refused"), [
+    ("1.1", b"/v1/messages", True), ("1.1", b"/", True), ("1.1", b"/ui", True),
+    ("1.0", b"/v1/messages", False), ("1.1", b"/healthz", False), ("1.1", b"/healthz?x=1", False),
+])
+def test_no_host_is_refused_on_http11_but_healthz_and_http10(version, url, refused):
+    problem = host_missing(version, url)
+    assert (problem == "an HTTP/1.1 request must carry a Host header") if refused else problem is None
