@@ -146,3 +146,78 @@ def test_an_allowance_never_refuses_a_request_that_fits(pg_dsn):
         spent, reserved, cap = c.execute("SELECT spent, reserved, cap FROM cr_ledger WHERE budget = '*'").fetchone()
     assert spent == ledger.to_nano(0.9) and reserved == 0 and cap == ledger.to_nano(1.0)
     assert wait_for(lambda: _open_rows(pg_dsn) == set(), 5)
+
+
+DAEMON = """
+[server]
+port = {PORT}
+
+[state]
+backend = "postgres"
+dsn_env = "CR_TEST_DSN"
+instance = "solo"
+heartbeat_s = 0.5
+ship_interval_s = 0.2
+shared_timeout_ms = 500
+
+[budget]
+global_monthly_usd = 50.0
+
+[providers.paid]
+kind = "openai"
+base_url = "@URL@/v1"
+model = "m"
+paid = true
+cost = { input = 3.0, output = 15.0 }
+monthly_budget_usd = 20.0
+
+[profiles.default]
+providers = ["paid"]
+"""
+
+
+def test_a_client_gone_mid_stream_on_shared_state(tmp_path, pg_dsn):
+    """The daemon on PostgreSQL: a client leaves a slow paid stream. The shipped journal row names the provider
+    with the estimated tokens (marked), the ledger charged them, and the only open hold left is the allowance."""
+    import openai
+
+    from tests.fakes.runner import FakeServer
+    from tests.support.daemon import DaemonProcess
+
+    with FakeServer("openai", name="paid", models=["m"], behaviour="slow_stream;n=400;delay=0.02") as up:
+        d = DaemonProcess(DAEMON.replace("@URL@", up.url), tmp_path / "solo", env={"CR_TEST_DSN": pg_dsn}).start()
+        try:
+            client = openai.OpenAI(base_url=d.url + "/v1", api_key="unused", max_retries=0)
+            stream = client.chat.completions.create(model="m", max_tokens=4000, stream=True,
+                                                    messages=[{"role": "user", "content": "write at length"}])
+            request_id = stream.response.headers["x-request-id"]
+            seen = 0
+            for chunk in stream:
+                if chunk.choices and chunk.choices[0].delta.content:
+                    seen += 1
+                    if seen >= 20:
+                        break
+            stream.close()
+
+            def shipped():
+                with psycopg.connect(pg_dsn) as c:
+                    return c.execute("SELECT provider, input_tokens, output_tokens, usage_estimated, cost_usd,"
+                                     " error_class FROM cr_journal WHERE request_id = %s", (request_id,)).fetchone()
+
+            assert wait_for(lambda: shipped() is not None, 30)
+            provider, tin, tout, estimated, cost, error_class = shipped()
+            assert (provider, estimated, error_class) == ("paid", 1, "client_disconnected")
+            assert tin > 0 and 20 <= tout < 800 and cost > 0
+
+            def charged():
+                with psycopg.connect(pg_dsn) as c:
+                    return dict(c.execute("SELECT budget, spent FROM cr_ledger").fetchall())
+
+            assert wait_for(lambda: charged().get("paid", 0) == ledger.to_nano(cost), 30), (charged(), cost)
+            assert charged()["*"] == charged()["paid"]
+            # What is still open in the ledger is this instance's allowance (its id says so), no request's hold.
+            assert wait_for(lambda: all(rid.rsplit(":", 1)[-1].startswith("a") for rid in _open_rows(pg_dsn)), 10), \
+                _open_rows(pg_dsn)
+        finally:
+            d.stop()
+    assert wait_for(lambda: _open_rows(pg_dsn) == set(), 10)  # a clean stop gives the allowance back

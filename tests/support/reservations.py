@@ -13,7 +13,7 @@ import asyncio
 from coderouterd.config.loader import parse_config_text
 from coderouterd.guards.apply import BudgetHooks
 from coderouterd.providers.errors import http_error
-from tests.support.routing import FakeSink, Routing, chain_config, fail, gated, hang, ok
+from tests.support.routing import FakeCall, FakeSink, Routing, chain_config, fail, gated, hang, ok
 
 PAID = 'paid = true\ncost = { input = 1.0, output = 100.0 }\nmonthly_budget_usd = 5.0\n'
 OVER = 'paid = true\ncost = { input = 1.0, output = 100.0 }\nmonthly_budget_usd = 0.0001\n'
@@ -34,6 +34,7 @@ ENDINGS: dict[str, tuple[tuple[str, ...], str, dict]] = {
     "race_served": (("a", "b"), 'mode = "race"\nrace_width = 2', STREAM),
     "race_client_gone_while_launching": (("a", "b"), 'mode = "race"\nrace_width = 2', STREAM),
     "race_same_tick": (("a", "b"), 'mode = "race"\nrace_width = 2', BODY),
+    "garbled_usage": (("a",), "", BODY),  # the upstream's usage cannot be priced: settled at the estimate
 }
 
 
@@ -54,6 +55,16 @@ async def end_request(name: str, budget) -> tuple:
         r.ups.script("a", ok(SSE) if body.get("stream") else ok())
         r.ups.script("b", hang())
         return await r.serve(body, ingress="openai")
+    if name == "garbled_usage":
+        # Unpriceable usage, and our own code tripping over it after the answer: an exception path that must
+        # still settle (the request itself fails on our error; the daemon answers such a one with a 500).
+        r.ups.call_class = GarbledUsageCall
+        ex, sink = r.exchange(body, ingress="openai")
+        try:
+            await ex.run()
+        except TypeError:
+            pass
+        return ex, sink
     if name == "refused":
         return await r.serve(body, ingress="openai")
     if name == "failed_over":
@@ -115,3 +126,10 @@ async def end_request(name: str, budget) -> tuple:
         await task
         return ex, sink
     raise AssertionError(name)
+
+
+class GarbledUsageCall(FakeCall):
+    async def result(self) -> bytes:
+        body = await super().result()
+        self.strategy.usage = {"input_tokens": "a great many", "output_tokens": {"n": 2}}
+        return body
