@@ -253,6 +253,7 @@ class SharedBudget:
         """Give an allowance back (what is left of it; draws not settled yet are charged against it or, once it is
         gone, without a hold: cr_settle_draw)."""
         provider = a.provider
+        a.done = True  # no request's: `in_flight` never counts it, while its give-back is on its way
         if self.allowances.get(provider) is a:
             self.allowances.pop(provider, None)
             left = a.amount - self._drawn.pop(provider, 0)
@@ -402,6 +403,7 @@ class SharedBudget:
         # The ledger granted a reservation this request had stopped waiting for (it went on with the offline
         # share, was refused, or its client left): give the hold back now rather than when its lease runs out.
         if refused is None:
+            res.done = True  # nobody's any more: only its give-back is left to do
             self.held[res.rid] = res
             self._queue_settle(res, 0)
 

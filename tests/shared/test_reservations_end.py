@@ -72,7 +72,8 @@ def test_no_reservation_outlives_its_request(pg_dsn, name):
         reserved = dict(c.execute("SELECT budget, reserved FROM cr_ledger").fetchall())
         spent = dict(c.execute("SELECT budget, spent FROM cr_ledger").fetchall())
     assert set(reserved.values()) <= {0}, reserved
-    if name in ("served", "served_stream", "skipped", "failed_over", "race_served", "race_same_tick", "client_gone"):
+    if name in ("served", "served_stream", "skipped", "failed_over", "race_served", "race_same_tick", "client_gone",
+                "broke_mid_stream", "garbled_usage"):
         assert spent["*"] > 0, spent  # settled with its cost
     if name == "client_gone":
         assert ex.record.usage_estimated and ex.record.answered_by == "a"

@@ -12,8 +12,8 @@ import asyncio
 
 from coderouterd.config.loader import parse_config_text
 from coderouterd.guards.apply import BudgetHooks
-from coderouterd.providers.errors import http_error
-from tests.support.routing import FakeCall, FakeSink, Routing, chain_config, fail, gated, hang, ok
+from coderouterd.providers.errors import DISCONNECT, UpstreamError, http_error
+from tests.support.routing import FakeCall, FakeSink, Routing, chain_config, fail, gated, hang, midstream, ok
 
 PAID = 'paid = true\ncost = { input = 1.0, output = 100.0 }\nmonthly_budget_usd = 5.0\n'
 OVER = 'paid = true\ncost = { input = 1.0, output = 100.0 }\nmonthly_budget_usd = 0.0001\n'
@@ -34,6 +34,7 @@ ENDINGS: dict[str, tuple[tuple[str, ...], str, dict]] = {
     "race_served": (("a", "b"), 'mode = "race"\nrace_width = 2', STREAM),
     "race_client_gone_while_launching": (("a", "b"), 'mode = "race"\nrace_width = 2', STREAM),
     "race_same_tick": (("a", "b"), 'mode = "race"\nrace_width = 2', BODY),
+    "broke_mid_stream": (("a",), "", STREAM),  # the upstream broke after content: the client got an error event
     "garbled_usage": (("a",), "", BODY),  # the upstream's usage cannot be priced: settled at the estimate
 }
 
@@ -65,6 +66,9 @@ async def end_request(name: str, budget) -> tuple:
         except TypeError:
             pass
         return ex, sink
+    if name == "broke_mid_stream":
+        r.ups.script("a", midstream(SSE, UpstreamError(DISCONNECT, message="upstream went away", after_content=True)))
+        return await r.serve(body, ingress="openai")
     if name == "refused":
         return await r.serve(body, ingress="openai")
     if name == "failed_over":

@@ -9,6 +9,7 @@ import asyncio
 import pytest
 
 from coderouterd.guards.budget import Budget
+from coderouterd.providers.errors import DISCONNECT
 from coderouterd.routing.attempts import Outcome
 from coderouterd.state.store import Store
 from tests.support.reservations import ENDINGS, end_request, providers_cfg
@@ -43,6 +44,9 @@ def test_no_reservation_outlives_its_request(tmp_path, name):
     if name == "race_client_gone_while_launching":
         assert {a.outcome for a in record.attempts} == {Outcome.CANCELLED}
         assert len(record.attempts) == 2
+    if name == "broke_mid_stream":
+        assert record.status == 200 and record.error_class == DISCONNECT and record.answered_by == "a"
+        assert record.usage_estimated and record.usage["output_tokens"] >= 1 and budget.spent("a") > 0
     if name == "client_gone":
         # The upstream's content had been produced: it is billed (our estimate), and the record names it.
         assert record.answered_by == "a" and record.usage_estimated
