@@ -377,6 +377,8 @@ class SharedBudget:
             "allowances_usd": {p: {"held": ledger.to_usd(a.amount), "drawn": ledger.to_usd(self._drawn.get(p, 0))}
                                for p, a in self.allowances.items()},
             "settles_queued": self._settles.qsize() if self._settles is not None else 0,
+            # Requests' reservations held now (allowances aside): 0 when nothing is in flight (issue 41).
+            "reservations_in_flight": len(self.in_flight()),
             "granted": self.granted, "refused": self.refused, "fallbacks": self.fallbacks,
         }
         return snap
