@@ -112,21 +112,24 @@ class Produced:
         return self.reported and self.reported_at >= self.chars
 
     def openai(self, obj: dict) -> None:
-        """A chat.completion chunk (an OpenAI-wire upstream)."""
-        for ch in obj.get("choices") or ():
-            if (ch.get("index") or 0) != 0:
-                continue
-            d = ch.get("delta")
-            if not d:
-                continue
-            for key in ("content", "reasoning_content", "reasoning"):
-                v = d.get(key)
-                if isinstance(v, str):
+        """A chat.completion chunk (an OpenAI-wire upstream). On every streamed event: the common case (a text
+        delta) is one lookup past the delta."""
+        choices = obj.get("choices")
+        if choices:
+            ch = choices[0]
+            d = ch.get("delta") if (ch.get("index") or 0) == 0 else None
+            if d:
+                v = d.get("content")
+                if v.__class__ is str:
                     self.chars += len(v)
-            for tc in d.get("tool_calls") or ():
-                args = (tc.get("function") or {}).get("arguments") if isinstance(tc, dict) else None
-                if isinstance(args, str):
-                    self.chars += len(args)
+                else:
+                    v = d.get("reasoning_content") or d.get("reasoning")
+                    if v.__class__ is str:
+                        self.chars += len(v)
+                    for tc in d.get("tool_calls") or ():
+                        args = (tc.get("function") or {}).get("arguments") if tc.__class__ is dict else None
+                        if args.__class__ is str:
+                            self.chars += len(args)
         if obj.get("usage"):
             self.reported = True
             self.reported_at = self.chars
@@ -135,10 +138,12 @@ class Produced:
         """A Messages stream event (an Anthropic-wire upstream)."""
         etype = name or obj.get("type")
         if etype == "content_block_delta":
-            d = obj.get("delta") or {}
-            for key in ("text", "partial_json", "thinking"):
-                v = d.get(key)
-                if isinstance(v, str):
+            d = obj.get("delta")
+            if d:
+                v = d.get("text")
+                if v is None:
+                    v = d.get("partial_json") or d.get("thinking")
+                if v.__class__ is str:
                     self.chars += len(v)
         elif etype == "message_start":
             if (obj.get("message") or {}).get("usage"):
