@@ -122,7 +122,9 @@ def render(trace: dict, source: str, out) -> None:
     u = trace.get("usage") or {}
     tokens = (f"in {u.get('input_tokens') or 0:,}, out {u.get('output_tokens') or 0:,}, cache read "
               f"{u.get('cache_read_input_tokens') or 0:,}, cache write {u.get('cache_creation_input_tokens') or 0:,}; "
-              f"cost {money(trace.get('cost_usd'))}")
+              f"cost {money(trace.get('cost_usd'))}"
+              + ("  (estimated: the stream was cut before the upstream reported its usage)"
+                 if trace.get("usage_estimated") else ""))
     profile = (trace.get("profile") or "-") + (f" ({trace['mode']})" if trace.get("mode") else "")
     rows: list[tuple[str, str | Text]] = [
         ("time", local_time(trace["ts"]) if trace.get("ts") else "-"),

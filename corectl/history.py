@@ -326,7 +326,9 @@ def journal_table(rows: list[dict], width: int = 10_000, *, now: float | None = 
                       r.get("provider") or Text("-", style="red"),
                       Text(str(status), style="red" if status >= 400 else "green"),
                       _ms(r.get("latency_ms"), latency), _ms(r.get("ttfb_ms"), latency),
-                      f"{r.get('input_tokens') or 0:,}/{r.get('output_tokens') or 0:,}", money(r.get("cost_usd")),
+                      # "~": an estimate (a stream cut before the upstream reported its usage; issue 41)
+                      f"{'~' if r.get('usage_estimated') else ''}{r.get('input_tokens') or 0:,}/"
+                      f"{r.get('output_tokens') or 0:,}", money(r.get("cost_usd")),
                       route_text(r.get("attempts") or []) + (" (stream)" if r.get("streaming") else "")])
     title = f"Journal (last {len(rows)} requests{', all instances' if shared else ''})"
     return fit_table(width, columns, cells, title=title, title_justify="left",

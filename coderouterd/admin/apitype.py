@@ -258,6 +258,7 @@ class Trace(Answer):
     latency_ms: float | None = None
     ttfb_ms: float | None = None
     usage: dict[str, Any] | None = None
+    usage_estimated: bool = False  # some of `usage` is our estimate (a stream cut before the upstream reported it)
     cost_usd: float | None = None
     guards: list[dict[str, Any]] = []  # guards that fired: guard, action (warn | inject | break), detail
     dashboard_url: str | None = None  # this trace on the dashboard (/ui#/requests/ID); None when it is off

@@ -133,6 +133,7 @@ class PostgresBackend:
         self.shared_budget = SharedBudget(local, self.db, instance=self.instance, lease_s=self.cfg.lease_s,
                                           tasks=self._tasks, live_instances=self.instances.live_count,
                                           publish=self._publish, poll_s=self.cfg.poll_s, boot=self.boot)
+        self.instances.held = self.shared_budget.held_ids  # the heartbeat renews what the budget still holds
         return self.shared_budget
 
     def attach_routing(self, routing: RoutingState) -> None:

@@ -16,7 +16,12 @@ lease. Before the first contact there is no allowance: paid providers with a cap
 has answered once. Uncapped budgets need no allowance (their rows are a report of who spent what).
 
 Every instance re-reads the ledger every `poll_s` (and after its own settles), which is what `allowed()` and the
-status answer from; the reservation itself is the only check that counts."""
+status answer from; the reservation itself is the only check that counts.
+
+No hold outlives what it was taken for (issue 41): the heartbeat renews only the ids in `held` (the requests'
+reservations until their settle reaches the ledger, and the allowances), never "every open row of this process",
+so a hold nobody here knows of any more runs out with its lease. An allowance never refuses a request that would
+fit: a refusal by a budget this instance holds an allowance on gives the allowance back and asks once more."""
 
 from __future__ import annotations
 
@@ -100,6 +105,9 @@ class SharedBudget:
         # for it, so what that tend takes is given back before the stop's drain, not after it.
         self._tending = asyncio.Lock()
         self._drawn: dict[str, int] = {}
+        # Every hold this process has in the ledger under its own id (a request's reservation until its settle
+        # reached the ledger, an allowance until it is given back): what the heartbeat renews, and nothing else.
+        self.held: dict[str, SharedReservation] = {}
         self.offline_since: float | None = None
         self.refused = 0
         self.granted = 0
@@ -204,15 +212,62 @@ class SharedBudget:
             except Unavailable:
                 self.fallbacks += 1
             else:
+                if refused is not None and self._holds_allowance_on(refused):
+                    refused = await self._reserve_without_allowances(res, refused)
                 if refused is not None:
                     self.refused += 1
                     self._refused(refused)
                     return None
                 self.granted += 1
+                self.held[res.rid] = res
                 self._booked(budgets, reserved=amount)
                 return res
         # A new id: should the ledger's late answer grant the first one, that one is given back by its own id.
         return self._draw(replace(res, rid=f"{res.rid}d"))
+
+    def _holds_allowance_on(self, budget: str) -> bool:
+        return any(any(b == budget for b, _ in a.budgets) for a in self.allowances.values())
+
+    async def _reserve_without_allowances(self, res: SharedReservation, refused: str) -> str | None:
+        """The ledger refused `res` on a budget that this instance's own allowances hold part of: an allowance
+        is kept for the ledger's outages and must never refuse a request that fits. They are given back and the
+        reservation asked again, in one round trip; the next refresh takes smaller ones if anything is left.
+        Returns the refusing budget, or None when granted."""
+        mine = [a for a in self.allowances.values() if any(b == refused for b, _ in a.budgets)]
+        for a in mine:
+            self._retire(a)
+        try:
+            again = await self.db.bounded(lambda c: self._give_back_and_reserve(mine, res, c),
+                                          late=lambda answer: self._late(res, answer))
+        except Unavailable:
+            return refused  # the allowances' give-back is queued already; this request stays refused
+        return again
+
+    async def _give_back_and_reserve(self, given: list[SharedReservation], res: SharedReservation,
+                                     conn: Conn) -> str | None:
+        for a in given:
+            await ledger.settle(conn, rid=a.rid, instance=self.instance, period=a.period, budgets=a.budgets, actual=0)
+        return await self._reserve_row(res, conn)
+
+    def _retire(self, a: SharedReservation) -> None:
+        """Give an allowance back (what is left of it; draws not settled yet are charged against it or, once it is
+        gone, without a hold: cr_settle_draw)."""
+        provider = a.provider
+        a.done = True  # no request's: `in_flight` never counts it, while its give-back is on its way
+        if self.allowances.get(provider) is a:
+            self.allowances.pop(provider, None)
+            left = a.amount - self._drawn.pop(provider, 0)
+            self._booked(a.budgets, reserved=-max(left, 0))
+        self._queue_settle(a, 0)
+
+    def in_flight(self) -> list[SharedReservation]:
+        """The requests' reservations this process holds in the ledger now (allowances aside)."""
+        allowances = {a.rid for a in self.allowances.values()}
+        return [r for rid, r in self.held.items() if rid not in allowances and not r.done]
+
+    def held_ids(self) -> list[str]:
+        """What the heartbeat renews: the ids of every hold this process still has a use for."""
+        return list(self.held)
 
     async def release_allowances(self) -> None:
         """A clean stop: the allowances go back now, not when their lease runs out (and no new one is taken)."""
@@ -226,10 +281,8 @@ class SharedBudget:
             log.warning("shared budget: an allowance being taken did not finish before the stop")
         else:
             self._tending.release()
-        for provider, a in list(self.allowances.items()):
-            self.allowances.pop(provider, None)
-            self._drawn.pop(provider, None)
-            self._queue_settle(a, 0)
+        for a in list(self.allowances.values()):
+            self._retire(a)
 
     def settle(self, res: Reservation | SharedReservation, actual_usd: float) -> dict | None:
         """Queue the settle; returns its record, which the request's journal row keeps (the shipper applies it
@@ -324,6 +377,8 @@ class SharedBudget:
             "allowances_usd": {p: {"held": ledger.to_usd(a.amount), "drawn": ledger.to_usd(self._drawn.get(p, 0))}
                                for p, a in self.allowances.items()},
             "settles_queued": self._settles.qsize() if self._settles is not None else 0,
+            # Requests' reservations held now (allowances aside): 0 when nothing is in flight (issue 41).
+            "reservations_in_flight": len(self.in_flight()),
             "granted": self.granted, "refused": self.refused, "fallbacks": self.fallbacks,
         }
         return snap
@@ -348,8 +403,10 @@ class SharedBudget:
 
     def _late(self, res: SharedReservation, refused: str | None) -> None:
         # The ledger granted a reservation this request had stopped waiting for (it went on with the offline
-        # share): give the hold back now rather than when its lease runs out.
+        # share, was refused, or its client left): give the hold back now rather than when its lease runs out.
         if refused is None:
+            res.done = True  # nobody's any more: only its give-back is left to do
+            self.held[res.rid] = res
             self._queue_settle(res, 0)
 
     def _left(self, provider: str) -> int:
@@ -401,24 +458,28 @@ class SharedBudget:
                 left = current.amount - self._drawn.get(provider, 0)
                 if current.period == period and left * 2 >= current.amount and current.amount <= 2 * target + 1:
                     continue
-                # Give back what is left of it; draws not settled yet are charged against it or, once it is
-                # gone, without a hold (cr_settle_draw).
-                self.allowances.pop(provider, None)
-                self._drawn.pop(provider, None)
-                self._booked(current.budgets, reserved=-left)
-                self._queue_settle(current, 0)
+                self._retire(current)
             if target <= 0:
                 continue
             res = SharedReservation(provider, ledger.to_usd(target), True,
                                     rid=f"{self.instance}:{self._boot}:a{next(self._ids)}", period=period,
                                     budgets=self._keys(provider), amount=target)
+            # Held (renewed) from before the statement is sent: should its answer be lost (the statement done, the
+            # connection gone) the id is still ours, and is given back below rather than kept by nobody.
+            self.held[res.rid] = res
             try:
                 refused = await self.db.run(partial(self._reserve_row, res))
             except Unavailable:
+                self._queue_settle(res, 0)  # taken or not: a settle of an id with no hold charges nothing
                 return
-            if refused is None and self._stopping:
+            except BaseException:
+                self._queue_settle(res, 0)  # cancelled (a stop) while the ledger answered
+                raise
+            if refused is not None:
+                self.held.pop(res.rid, None)
+            elif self._stopping:
                 self._queue_settle(res, 0)  # taken while the stop gave the others back: this one goes too
-            elif refused is None:
+            else:
                 self.allowances[provider] = res
                 self._drawn[provider] = 0
                 self._booked(res.budgets, reserved=res.amount)
@@ -435,6 +496,7 @@ class SharedBudget:
                 try:
                     await self.db.run(partial(self._settle_one, res, actual))
                     delay = 0.05
+                    self.held.pop(res.rid, None)  # settled in the ledger: nothing left to renew
                     break
                 except Unavailable:
                     # Kept in order and retried: the money was spent, the ledger must hear of it.

@@ -103,4 +103,11 @@ class BudgetHooks:
             return None
         if usage is None:
             return self.budget.cancel(reservation)
-        return self.budget.settle(reservation, cost_usd(usage, provider.cfg.cost))
+        try:
+            actual = cost_usd(usage, provider.cfg.cost)
+        except (TypeError, ValueError, OverflowError):
+            # Usage the upstream garbled (a string, an object, an infinite count): charged at the worst case it was
+            # reserved for. Raising here would leave the reservation held for good (issue 41).
+            log.warning("%s reported usage that cannot be priced; charged its reserved estimate", provider.name)
+            actual = reservation.estimate_usd
+        return self.budget.settle(reservation, actual)

@@ -96,6 +96,9 @@ class Budget:
         self._billable: dict[str, bool] = {}
         self._reserved: dict[str, float] = {}
         self._reserved_global = 0.0
+        # Reservations taken and not yet settled or cancelled: each belongs to one attempt in flight (issue 41: a
+        # reservation outliving its request lowers what is left for everyone until a restart).
+        self.outstanding = 0
         self._month = ""
         self._month_start = math.inf
         self._month_end = -math.inf
@@ -253,6 +256,7 @@ class Budget:
                 return None
             self._reserved_global += est
         self._reserved[provider] = self._reserved.get(provider, 0.0) + est
+        self.outstanding += 1
         return Reservation(provider=provider, estimate_usd=est, billable=billable)
 
     def settle(self, reservation: Reservation, actual_usd: float) -> None:
@@ -274,6 +278,7 @@ class Budget:
 
     def _release(self, reservation: Reservation) -> None:
         reservation.done = True
+        self.outstanding -= 1
         name = reservation.provider
         left = self._reserved.get(name, 0.0) - reservation.estimate_usd
         if left > _EPS:

@@ -19,8 +19,9 @@ if TYPE_CHECKING:
 
 def request_cost(record: RequestRecord) -> float:
     """What the answer cost in USD, priced with the provider's costs in the configuration it was served under
-    (0 when nobody served it or the provider is free)."""
-    provider = record.served_by
+    (0 when nobody served it or the provider is free). A stream cut before its end cost what its provider
+    produced until then (`record.cut`), and is priced the same way."""
+    provider = record.served_by or record.answered_by
     if provider is None:
         return 0.0
     cost = record.runtime.providers[provider].cfg.cost
@@ -57,7 +58,7 @@ class RequestRecorder:
             overhead_ms=round(max(0.0, latency_s - record.upstream_wait_s) * 1000, 3),
             session_key=_clip_opt(req.session_key()),
             **_affinity_fields(record.affinity),
-            tool_repair=record.repair_applied, settles=record.settles,
+            tool_repair=record.repair_applied, settles=record.settles, usage_estimated=record.usage_estimated,
         ))
         if record.tools_repaired and provider is not None:
             publish(ToolRepaired(request_id=req.request_id, provider=provider,

@@ -43,6 +43,7 @@ def trace_from_row(row: dict) -> dict:
         "usage": {"input_tokens": row.get("input_tokens"), "output_tokens": row.get("output_tokens"),
                   "cache_read_input_tokens": row.get("cache_read_tokens"),
                   "cache_creation_input_tokens": row.get("cache_write_tokens")},
+        "usage_estimated": bool(row.get("usage_estimated")),
         "cost_usd": row.get("cost_usd"),
         # The journal keeps a guard's stop as the error class, not its detail.
         "guards": [{"guard": "tool_loop", "action": "break"}] if row.get("error_class") == "tool_loop" else [],

@@ -144,6 +144,7 @@ class ResponsesToChat(_ResponsesStrategy):
                 err = obj["error"] if isinstance(obj["error"], dict) else {"message": str(obj["error"])}
                 message = str(err.get("message", "upstream error"))
                 raise UpstreamError(stream_error_reason(message), message=message, after_content=self.delivered)
+            self.produced.openai(obj)
             if self.answer is not None:
                 observe_openai(self.answer, obj)
             if self.repair is not None:
@@ -290,6 +291,7 @@ class ResponsesPassthrough(_ResponsesStrategy):
                 err = obj.get("error") if isinstance(obj.get("error"), dict) else obj
                 raise UpstreamError(STREAM_ERROR, message=str(err.get("message", "upstream error")),
                                     after_content=self.delivered)
+            self.produced.responses(etype, obj)
             if etype == "response.output_item.added":
                 self.started_content = True
             if etype in ("response.completed", "response.incomplete", "response.failed"):

@@ -10,7 +10,7 @@ from typing import Any, Required, TypedDict, Unpack
 import orjson
 
 from ..translate.answer_observe import observe_anthropic, observe_openai
-from ..translate.answer_stats import AnswerStats, DriftSample
+from ..translate.answer_stats import AnswerStats, DriftSample, Produced
 from ..translate.anthropic_answer_to_openai import AnthropicStreamToOpenAI, anthropic_response_to_openai
 from ..translate.anthropic_request_to_openai import force_named_tool_as_required, request_to_openai
 from ..translate.openai_answer_to_anthropic import (
@@ -152,6 +152,8 @@ class Strategy(ABC):
         self.named_tool_choice = named_tool_choice
         # Figures about the answer for drift detection (local providers only: a hosted API does not drift).
         self.answer = AnswerStats() if observe else None
+        # What the upstream produced so far: a stream cut before its end is still billed (routing/executor.py).
+        self.produced = Produced()
         self.skip_prologue = skip_prologue
         self.client_body = client_body
         self.usage = {}
@@ -280,6 +282,7 @@ class OpenAIPassthrough(Strategy):
                 err = obj["error"]
                 message = err.get("message", err) if isinstance(err, dict) else err
                 raise _stream_error(message, after_content=self.started_content)
+            self.produced.openai(obj)
             if self.answer is not None:
                 observe_openai(self.answer, obj)
             chunks = self.repair.feed(obj) if self.repair is not None else None
@@ -396,6 +399,7 @@ class AnthropicPassthrough(Strategy):
             problem = check_messages_event(name, obj)
             if problem:
                 raise _wrong_shape(problem, after_content=self.started_content)
+            self.produced.anthropic(name, obj)
             if name == "message_delta":
                 self._stop_reason_seen = True
             elif self.signatures is not None and _may_sign(name, data):
@@ -515,6 +519,7 @@ class AnthropicToOpenAIUpstream(Strategy):
                 self.raw_usage = obj["usage"]
             if "timings" in obj:
                 self.timings = obj["timings"]
+            self.produced.openai(obj)
             if self.answer is not None:
                 observe_openai(self.answer, obj)
             if self.repair is not None:
@@ -588,6 +593,7 @@ class AnthropicUpstreamAsChat(Strategy):
                 err = obj.get("error") or {}
                 raise _stream_error(err.get("message", "upstream error"),
                                     error_type=err.get("type"), after_content=self._after_content())
+            self.produced.anthropic(etype, obj)
             if self.answer is not None or self.repair is not None:
                 obj = obj if "type" in obj else {**obj, "type": etype}
                 if self.answer is not None:

@@ -30,7 +30,7 @@ import orjson
 
 from ..providers.call import Call
 from ..providers.errors import BUDGET, BUDGET_FINAL, IDLE_TIMEOUT, OVERFLOW, TOTAL_TIMEOUT, UpstreamError
-from ..translate.answer_stats import client_limit, without_client_cut
+from ..translate.answer_stats import client_limit, cut_usage, without_client_cut
 from ..translate.images import omit_images
 from ..translate.tool_repair import repair_tools_for
 from ..wire.errors import error_kind
@@ -251,31 +251,52 @@ class Exchange:
         self._record(slot, outcome, reason, message=message)
 
     def _close_slot(self, slot: Slot) -> None:
-        if slot.begun:
-            slot.begun = False
-            demand = self.router.demand
-            if demand is not None:
-                demand.end(slot.name)
         call = slot.call
-        if slot.placement is not None and call is not None:
-            self.router.finish_placement(self.record.affinity, slot.placement, slot.provider, ok=slot.ok,
-                                         strategy=call.strategy, request_id=self.req.request_id)
-            slot.placement = None
-        if call is not None:
-            call.close()
-            self.record.waited_upstream(call.wait_s)
-            slot.call = None
-        if not slot.done:  # e.g. a race participant dropped without a verdict
-            slot.done = True
-            self.router.release(slot.name, slot.admission)
-        if slot.reservation is not None:
-            usage = slot.bill
-            if usage is None and call is not None and (slot.ok or call.strategy.started_content):
-                usage = call.strategy.usage
+        try:
+            if slot.begun:
+                slot.begun = False
+                demand = self.router.demand
+                if demand is not None:
+                    demand.end(slot.name)
+            if slot.placement is not None and call is not None:
+                self.router.finish_placement(self.record.affinity, slot.placement, slot.provider, ok=slot.ok,
+                                             strategy=call.strategy, request_id=self.req.request_id)
+                slot.placement = None
+            if call is not None:
+                call.close()
+                self.record.waited_upstream(call.wait_s)
+                slot.call = None
+            if not slot.done:  # e.g. a race participant dropped without a verdict
+                slot.done = True
+                self.router.release(slot.name, slot.admission)
+        finally:
+            # Whatever failed above, the reservation is settled: one left open lowers what is left of the cap for
+            # every request after it (issue 41).
+            self._settle_slot(slot, call)
+
+    def _settle_slot(self, slot: Slot, call: Call | None) -> None:
+        """Settle the attempt's reservation with what it cost. A stream cut before its end (the client left, the
+        upstream broke) was billed for what the upstream produced: the upstream's count where it covers it, else
+        our estimate; when that attempt is what ended the request, the record (the journal) says so too."""
+        usage = slot.bill
+        if usage is None and call is not None:
+            st = call.strategy
+            if slot.ok:
+                usage = st.usage
+            elif st.started_content or st.produced.chars:
+                usage, estimated = cut_usage(st.produced, st.usage or {},
+                                             slot.provider.estimate_tokens(call.request_chars or len(self.req.raw)))
+                record = self.record
+                if record.status and record.served_by is None and record.answered_by in (None, slot.name):
+                    record.cut(slot.name, usage, estimated)
+        if slot.reservation is None:
+            return
+        try:
             settled = self.router.settle(slot.reservation, slot.provider, usage)
-            if settled is not None:
-                self.record.settled(settled)
+        finally:
             slot.reservation = None
+        if settled is not None:
+            self.record.settled(settled)
 
     def new_call(self, slot: Slot, model: str) -> Call:
         """An attempt at the slot's provider, translating between the client's wire and the provider's as needed.

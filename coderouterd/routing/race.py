@@ -50,16 +50,22 @@ async def run_race(ex: Steps, candidates: list[str], errors: list) -> list[str] 
             if slot is None:
                 continue
             launched += 1
+            # From its admission until it runs, the participant is held here: a client leaving while its model is
+            # resolved, or our own error, gives back its reservation and trial slot (issue 41: a reservation
+            # taken for an attempt never made stayed held, and renewed, for the life of the process).
             try:
                 model = await slot.provider.resolve_model(ex.req.model)
+                if not ex.record.model_used:
+                    ex.record.chose_model(model)
+                call = ex.new_call(slot, model)
             except UpstreamError as e:
                 with ex.holding(slot):
                     ex.failed(slot, e)
                 errors.append(e)
                 return
-            if not ex.record.model_used:
-                ex.record.chose_model(model)
-            call = ex.new_call(slot, model)
+            except BaseException:
+                with ex.holding(slot):
+                    raise
             running[asyncio.ensure_future(_until_useful(ex, call))] = slot
             return
 
@@ -74,14 +80,26 @@ async def run_race(ex: Steps, candidates: list[str], errors: list) -> list[str] 
         running.clear()
         return tasks
 
-    await launch()
-    if delay <= 0:
-        while pending and launched < width:
-            await launch()
-    next_launch = time.monotonic() + delay
-    winner = None
+    winner: tuple[asyncio.Task, Slot] | None = None
+
+    def drop_winner(*, cancelled: bool) -> None:
+        # A winner found in the same tick as our own error or the client leaving: it is let go too.
+        nonlocal winner
+        if winner is not None:
+            with ex.holding(winner[1]):
+                ex.lost(winner[1], cancelled=cancelled)
+            winner = None
+
     race_started = time.monotonic()
+    next_launch = 0.0
     try:
+        # The first launches are inside the guard too: a client leaving while the second participant's budget is
+        # reserved (a round trip to a shared ledger) must drop the first, already running.
+        await launch()
+        if delay <= 0:
+            while pending and launched < width:
+                await launch()
+        next_launch = time.monotonic() + delay
         while running and winner is None:
             timeout = None
             if pending and launched < width:
@@ -93,10 +111,12 @@ async def run_race(ex: Steps, candidates: list[str], errors: list) -> list[str] 
                 ping = ex.server.ping_interval_s
                 timeout = ping if timeout is None else min(timeout, ping)
             done, _ = await asyncio.wait(tuple(running), timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
-            for task in done:
+            # Finishers first: a participant that produced useful output wins even if another failed in the same
+            # tick with an error that would end the request.
+            for task in sorted(done, key=lambda t: t.cancelled() or t.exception() is not None):
                 slot = running.pop(task)
-                e = task.exception()
-                if e is None:
+                e = None if task.cancelled() else task.exception()
+                if e is None and not task.cancelled():
                     if winner is None:
                         winner = (task, slot)
                     else:  # a second finisher in the same tick: it lost too
@@ -105,12 +125,12 @@ async def run_race(ex: Steps, candidates: list[str], errors: list) -> list[str] 
                     continue
                 if not isinstance(e, UpstreamError):
                     with ex.holding(slot):
-                        raise e
+                        raise e if e is not None else asyncio.CancelledError()
                 with ex.holding(slot):
                     ex.failed(slot, e)
                 errors.append(e)
                 others = [s.name for s in running.values()] + pending
-                if not ex.committed and ex.ends_request(e, others):
+                if winner is None and not ex.committed and ex.ends_request(e, others):
                     await _reap(drop_all(cancelled=False))
                     await ex.send_failure(e)
                     return None
@@ -128,9 +148,11 @@ async def run_race(ex: Steps, candidates: list[str], errors: list) -> list[str] 
                 else:
                     await ex.ping()
     except (asyncio.CancelledError, ClientGone):
+        drop_winner(cancelled=True)
         await _reap(drop_all(cancelled=True))
         raise
     except Exception:  # our own error in one participant: the others are dropped, nothing is left holding
+        drop_winner(cancelled=False)
         await _reap(drop_all(cancelled=False))
         raise
 

@@ -41,7 +41,7 @@ class RequestRecord:
     panic, routing notes, affinity's ticket, tool-call repair and the drift sample of the answer."""
 
     __slots__ = ("req", "runtime", "profile_name", "profile", "_message_id", "plan", "skips", "attempts", "notes",
-                 "settles", "panic", "served_by", "model_used", "usage", "_status", "_error_class", "ttfb",
+                 "settles", "panic", "served_by", "model_used", "usage", "usage_estimated", "_status", "_error_class", "ttfb",
                  "upstream_wait_s", "race_outcome", "affinity", "repair_applied", "tools_repaired",
                  "repair_formats", "drift_sample", "answered_by", "guards")
 
@@ -63,6 +63,8 @@ class RequestRecord:
         self.answered_by: str | None = None
         self.model_used: str | None = None
         self.usage: dict = {}
+        # Some of `usage` is our estimate, not the upstream's count (a stream cut before the upstream reported it).
+        self.usage_estimated = False
         self._status = 0  # 0 until `end`
         self._error_class: str | None = None
         self.ttfb: float | None = None
@@ -189,6 +191,15 @@ class RequestRecord:
         self.repair_formats = strategy.repair_formats
         self.end(200, None)
 
+    def cut(self, provider: str, usage: dict, estimated: bool) -> None:
+        """The request ended (the client left, the upstream broke) while `provider` was streaming its answer: what
+        it produced until then was billed, and is the request's usage; `estimated` when the upstream had not
+        reported all of it. The provider is named as the one that answered, not as a success."""
+        if self.answered_by is None:
+            self.answered_by = provider
+        self.usage = usage
+        self.usage_estimated = estimated
+
     def ended_by_last_attempt(self) -> None:
         """The last attempt's own error answer ends the request: its provider answered, and is named for it."""
         if self.attempts:
@@ -239,7 +250,7 @@ class RequestRecord:
             "status": self._status, "error_class": self._error_class, "race_outcome": self.race_outcome,
             "latency_ms": round(latency_s * 1000, 3),
             "ttfb_ms": round(self.ttfb * 1000, 3) if self.ttfb is not None else None,
-            "usage": dict(self.usage), "cost_usd": cost_usd,
+            "usage": dict(self.usage), "usage_estimated": self.usage_estimated, "cost_usd": cost_usd,
             "notes": list(getattr(req.native, "notes", ())),
             "affinity": self.affinity.note() if self.affinity is not None else None,
             "guards": list(self.guards),

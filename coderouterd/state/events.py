@@ -72,6 +72,8 @@ class RequestFinished(Event):
     tool_repair: bool = False
     # Settles of shared-ledger reservations ({rid, period, budgets, actual}); empty with the local ledger.
     settles: list[dict] = field(default_factory=list)
+    # Some of the tokens above are our estimate (a stream cut before the upstream reported its usage).
+    usage_estimated: bool = False
 
     @property
     def audited(self) -> bool:  # type: ignore[override]

@@ -44,6 +44,9 @@ JOURNAL_COLUMNS: tuple[str, ...] = (
     "slot",
     "predicted_tokens",
     "cache_bust",
+    # 1 when some of the row's tokens are our estimate, not the upstream's count: a stream cut before the upstream
+    # reported its usage (the client left, the upstream broke); its spend was settled with that estimate.
+    "usage_estimated",
 )
 
 JOURNAL_DDL = (
@@ -73,6 +76,7 @@ JOURNAL_AFFINITY_DDL = (
 # ledger gets every settle the journal has even when the instance died before its own settle reached it.
 STORED_COLUMNS: tuple[str, ...] = (*JOURNAL_COLUMNS, "settles")
 JOURNAL_SETTLES_DDL = ("ALTER TABLE journal ADD COLUMN settles TEXT",)
+JOURNAL_USAGE_ESTIMATED_DDL = ("ALTER TABLE journal ADD COLUMN usage_estimated INTEGER NOT NULL DEFAULT 0",)
 # A request's outcome as a filter: the same split as replay.is_error (an HTTP error, or a status-less failure).
 _ERROR_SQL = "(COALESCE(status, 0) >= 400 OR (COALESCE(status, 0) = 0 AND COALESCE(error_class, '') != ''))"
 OUTCOMES: dict[str, str] = {
@@ -114,6 +118,7 @@ def row_from_event(ev: RequestFinished) -> tuple:
         ev.slot,
         ev.predicted_tokens,
         ev.cache_bust,
+        1 if ev.usage_estimated else 0,
         orjson.dumps(ev.settles).decode() if ev.settles else None,
     )
 
@@ -136,6 +141,7 @@ def decode_row(raw: Sequence[Any]) -> dict[str, Any]:
     except orjson.JSONDecodeError:
         row["attempts"] = []
     row["streaming"] = bool(row["streaming"])
+    row["usage_estimated"] = bool(row["usage_estimated"])
     return row
 
 

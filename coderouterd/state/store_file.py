@@ -18,6 +18,7 @@ from coderouterd.state.journal import (
     JOURNAL_AFFINITY_DDL,
     JOURNAL_DDL,
     JOURNAL_SETTLES_DDL,
+    JOURNAL_USAGE_ESTIMATED_DDL,
 )
 
 # The store's logger: these lines were the store's before this module was split from it, and log readers
@@ -35,6 +36,7 @@ MIGRATIONS: list[tuple[str, ...]] = [
     ("ALTER TABLE journal ADD COLUMN session_key TEXT",),
     JOURNAL_AFFINITY_DDL,
     JOURNAL_SETTLES_DDL,
+    JOURNAL_USAGE_ESTIMATED_DDL,
 ]
 
 KEEP_CORRUPT_COPIES = 3

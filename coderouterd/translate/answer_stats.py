@@ -90,3 +90,85 @@ class AnswerStats:
         return DriftSample(length=self.length, repetition=self.repetition(),
                            digest=hash((prompt_key, text)) if text else 0,
                            tools_offered=tools_offered, tool_called=self.tool_called, length_stop=self.length_stop)
+
+
+class Produced:
+    """What an upstream has produced so far, for a stream cut before its end (the client left, the upstream broke):
+    the characters of its content (text, reasoning, tool arguments) and where in them the upstream last reported
+    its usage. A paid upstream bills what it generated whether or not the stream finished (issue 41), so a cut
+    stream is settled and journaled with the upstream's own count where it covers everything produced, and with
+    an estimate (chars / 4) of what came after its last report otherwise."""
+
+    __slots__ = ("chars", "reported", "reported_at")
+
+    def __init__(self) -> None:
+        self.chars = 0
+        self.reported = False  # the upstream reported usage at all
+        self.reported_at = -1  # `chars` when it last did
+
+    @property
+    def covered(self) -> bool:
+        """The upstream's last usage report came after the last content it produced (continuous usage)."""
+        return self.reported and self.reported_at >= self.chars
+
+    def openai(self, obj: dict) -> None:
+        """A chat.completion chunk (an OpenAI-wire upstream). On every streamed event: the common case (a text
+        delta) is one lookup past the delta."""
+        choices = obj.get("choices")
+        if choices:
+            ch = choices[0]
+            d = ch.get("delta") if (ch.get("index") or 0) == 0 else None
+            if d:
+                v = d.get("content")
+                if v.__class__ is str:
+                    self.chars += len(v)
+                else:
+                    v = d.get("reasoning_content") or d.get("reasoning")
+                    if v.__class__ is str:
+                        self.chars += len(v)
+                    for tc in d.get("tool_calls") or ():
+                        args = (tc.get("function") or {}).get("arguments") if tc.__class__ is dict else None
+                        if args.__class__ is str:
+                            self.chars += len(args)
+        if obj.get("usage"):
+            self.reported = True
+            self.reported_at = self.chars
+
+    def anthropic(self, name: str | None, obj: dict) -> None:
+        """A Messages stream event (an Anthropic-wire upstream)."""
+        etype = name or obj.get("type")
+        if etype == "content_block_delta":
+            d = obj.get("delta")
+            if d:
+                v = d.get("text")
+                if v is None:
+                    v = d.get("partial_json") or d.get("thinking")
+                if v.__class__ is str:
+                    self.chars += len(v)
+        elif etype == "message_start":
+            if (obj.get("message") or {}).get("usage"):
+                self.reported = True
+                self.reported_at = self.chars
+        elif etype == "message_delta" and obj.get("usage"):
+            self.reported = True
+            self.reported_at = self.chars
+
+    def responses(self, etype: str | None, obj: dict) -> None:
+        """A Responses stream event: every `*.delta` carries produced text (output, reasoning, arguments)."""
+        if etype and etype.endswith(".delta"):
+            v = obj.get("delta")
+            if isinstance(v, str):
+                self.chars += len(v)
+
+
+def cut_usage(produced: Produced, usage: dict, input_estimate: int) -> tuple[dict, bool]:
+    """The usage to settle and journal for a stream cut before its end, and whether any of it is our estimate.
+    `usage`: what the upstream reported (Anthropic's shape), `input_estimate`: the prompt's tokens by our
+    estimate, used only when the upstream reported none."""
+    if produced.covered and usage.get("output_tokens"):
+        return dict(usage), False
+    out = dict(usage) if produced.reported else {}
+    if not any(out.get(k) for k in ("input_tokens", "cache_read_input_tokens", "cache_creation_input_tokens")):
+        out["input_tokens"] = max(int(input_estimate), 0)
+    out["output_tokens"] = max(int(out.get("output_tokens") or 0), -(-produced.chars // 4), 1)
+    return out, True

@@ -32,7 +32,9 @@ BEHAVIOURS = frozenset({
 ERROR_BEHAVIOURS = frozenset({"500", "503_loading", "429", "401", "404_model", "400", "overflow", "529", "oom"})
 GLOBAL_BEHAVIOURS = frozenset({"503_loading", "hang", "401", "redirect", "endless_error"})
 NUMERIC_PARAMS = frozenset({"delay", "chunk_delay", "linger", "retry_after", "n_prompt", "n_ctx", "tokens", "max", "split",
-                            "parallel", "n", "after", "think_tags", "text", "reason", "mb", "status", "size"})
+                            "parallel", "n", "after", "think_tags", "text", "reason", "mb", "status", "size",
+                            "usage_each"})
+# `usage_each=1` (OpenAI fake, streams): every chunk carries the usage so far, as vLLM's continuous_usage_stats.
 # `tool`/`cmd`: call that tool with {"cmd": cmd} (a shell tool such as Codex's exec_command).
 # `end` (cut_mid_block): how the body ends, "chunked" (the chunked terminator) or "close" (no framing: the
 # connection closes, which is a clean end of an unframed HTTP/1.1 body).
@@ -391,7 +393,8 @@ class FakeBase:
             if state.record:
                 state.requests.append({"method": request.method, "path": request.path,
                                        "query": request.query_string,
-                                       "headers": {k.lower(): v for k, v in headers.items()}, "json": body})
+                                       "headers": {k.lower(): v for k, v in headers.items()}, "json": body,
+                                       "prompt_tokens": estimate_tokens(raw)})  # what its usage reports
             state.paths[request.path] += 1
             if "x-api-key" in headers:
                 state.saw_api_key = True

@@ -8,6 +8,7 @@ Options: ``reasoning_field`` (delta field for reasoning, default ``reasoning_con
 import asyncio
 import time
 
+import orjson
 from aiohttp import web
 
 from .behaviour import (
@@ -189,6 +190,16 @@ class OpenAIFake(FakeBase):
             usage["completion_tokens_details"] = {"reasoning_tokens": len(plan.reasoning)}
         return usage
 
+    @staticmethod
+    def _with_running_usage(frames: list[bytes], prompt: int) -> list[bytes]:
+        """Each chunk with the usage so far (vLLM's continuous_usage_stats): one completion token per chunk."""
+        out = []
+        for i, frame in enumerate(frames):
+            obj = orjson.loads(frame[len(b"data: "):].strip())
+            obj["usage"] = {"prompt_tokens": prompt, "completion_tokens": i, "total_tokens": prompt + i}
+            out.append(b"data: " + dumps(obj) + b"\n\n")
+        return out
+
     def _chunk(self, model: str, delta: dict, finish: str | None = None) -> bytes:
         return b"data: " + dumps({
             "id": self.completion_id, "object": "chat.completion.chunk", "created": self.created,
@@ -232,6 +243,8 @@ class OpenAIFake(FakeBase):
         resp = web.StreamResponse(status=200, headers=SSE_HEADERS)
         await resp.prepare(call.request)
         frames = self._cached_frames(call, plan, model, field)
+        if call.behaviour.flag("usage_each"):
+            frames = self._with_running_usage(frames, call.prompt_tokens)
         if plan.fail == "disconnect":
             await write_frames(resp, frames, plan.delay)
             call.close_connection()

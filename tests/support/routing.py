@@ -10,6 +10,7 @@ translation strategy the executor chose, so what the executor reads from it (`st
     hang()                      open() never returns (until cancelled)
     slow(0.05, b"x")            open() waits, then answers like ok()
     midstream(b"a", err)        streams b"a" then raises err (after content)
+    gated(event, err=None)      open() waits for the event, then raises err or answers like ok()
 """
 
 from __future__ import annotations
@@ -31,10 +32,11 @@ from coderouterd.runtime import build_runtime
 
 @dataclass
 class Script:
-    kind: str  # ok | fail | boom | hang | slow | midstream
+    kind: str  # ok | fail | boom | hang | slow | midstream | gated
     chunks: tuple[bytes, ...] = ()
     error: BaseException | None = None
     delay: float = 0.0
+    gate: asyncio.Event | None = None
 
 
 def ok(*chunks: bytes) -> Script:
@@ -55,6 +57,10 @@ def hang() -> Script:
 
 def slow(delay: float, *chunks: bytes) -> Script:
     return Script("slow", chunks or (b'{"ok":true}',), delay=delay)
+
+
+def gated(gate: asyncio.Event, e: BaseException | None = None) -> Script:
+    return Script("gated", (b'{"ok":true}',), error=e, gate=gate)
 
 
 def midstream(chunk: bytes, e: UpstreamError) -> Script:
@@ -107,6 +113,11 @@ class FakeCall:
             await asyncio.Event().wait()
         if s.kind == "slow":
             await asyncio.sleep(s.delay)
+        if s.kind == "gated":
+            assert s.gate is not None
+            await s.gate.wait()
+            if s.error is not None:
+                raise s.error
         self.ttfb = time.monotonic() - self.started
 
     async def result(self) -> bytes:

@@ -1,5 +1,6 @@
-"""Instances know each other: a heartbeat row each, which also renews this instance's reservation leases and
-reclaims the leases of peers that stopped renewing theirs. The heartbeat is also how a database that went
+"""Instances know each other: a heartbeat row each, which also renews the leases of the holds this instance still
+has a use for (by id) and reclaims the leases that ran out (peers that stopped renewing, holds nobody tracks). The
+heartbeat is also how a database that went
 down is noticed to be back (the request path does not try it while it is down)."""
 
 from __future__ import annotations
@@ -51,6 +52,8 @@ class Instances:
         self.db = db
         self.instance = instance
         self.prefix = f"{instance}:{boot}:"  # this process's reservation ids (SharedBudget makes them so)
+        # The ids of the holds to renew (SharedBudget.held_ids), set once the budget exists; none before.
+        self.held: Callable[[], list[str]] = list
         self.heartbeat_s = heartbeat_s
         self.lease_s = lease_s
         self.version = version
@@ -65,10 +68,11 @@ class Instances:
     async def beat_once(self) -> None:
         within = self.heartbeat_s * MISSED_BEATS
         info = self._info()
+        ids = self.held()
 
         async def work(conn: Conn) -> tuple[int, list[dict[str, Any]]]:
             await beat(conn, instance=self.instance, pid=os.getpid(), version=self.version, info=info)
-            await ledger.renew(conn, instance=self.instance, prefix=self.prefix, lease_s=self.lease_s)
+            await ledger.renew(conn, instance=self.instance, ids=ids, lease_s=self.lease_s)
             n = await ledger.reclaim(conn)
             return n, await live(conn, within_s=within)
 

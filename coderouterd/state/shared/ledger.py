@@ -99,13 +99,17 @@ async def reclaim(conn: Conn) -> int:
     return int(await scalar(cur))
 
 
-async def renew(conn: Conn, *, instance: str, prefix: str, lease_s: float) -> int:
-    """Extend this process's open reservations: a long stream keeps its hold while the process lives. Only ids
-    under `prefix` (instance and boot): a restarted instance must not keep its killed predecessor's holds alive."""
+async def renew(conn: Conn, *, instance: str, ids: list[str], lease_s: float) -> int:
+    """Extend the leases of the holds this process still has a use for (a long stream keeps its hold while the
+    process lives). By id, never "every open row of this instance": a hold its process lost track of (a bug, an
+    answer lost with its connection) would be renewed for as long as the process lives, lowering what is left
+    for everyone; not renewed, it runs out with its lease and a peer (or this instance) reclaims it."""
+    if not ids:
+        return 0
     cur = await conn.execute(
         "UPDATE cr_reservation SET lease_until = now() + make_interval(secs => %s)"
-        " WHERE instance = %s AND starts_with(id, %s) AND settled_at IS NULL AND reclaimed_at IS NULL",
-        (float(lease_s), instance, prefix))
+        " WHERE instance = %s AND id = ANY(%s) AND settled_at IS NULL AND reclaimed_at IS NULL",
+        (float(lease_s), instance, ids))
     return cur.rowcount
 
 

@@ -25,7 +25,7 @@ _JOURNAL_TYPES = {
     "ts": "double precision", "status": "integer", "latency_ms": "double precision", "ttfb_ms": "double precision",
     "input_tokens": "bigint", "output_tokens": "bigint", "cache_read_tokens": "bigint",
     "cache_write_tokens": "bigint", "cost_usd": "double precision", "streaming": "integer",
-    "fallback_count": "integer", "slot": "integer", "predicted_tokens": "bigint",
+    "fallback_count": "integer", "slot": "integer", "predicted_tokens": "bigint", "usage_estimated": "integer",
 }
 
 
@@ -33,9 +33,11 @@ def journal_column_type(name: str) -> str:
     return _JOURNAL_TYPES.get(name, "text")
 
 
+# The journal's columns as schema v1 created them; later ones are added by their own migration.
+_JOURNAL_V1 = JOURNAL_COLUMNS[:JOURNAL_COLUMNS.index("cache_bust") + 1]
 _JOURNAL_DDL = (
     "CREATE TABLE cr_journal (instance text NOT NULL, seq bigint NOT NULL, "
-    + ", ".join(f"{c} {journal_column_type(c)}" for c in JOURNAL_COLUMNS)
+    + ", ".join(f"{c} {journal_column_type(c)}" for c in _JOURNAL_V1)
     + ", PRIMARY KEY (instance, seq))"
 )
 
@@ -191,6 +193,8 @@ MIGRATIONS: list[tuple[int, tuple[str, ...]]] = [
         "CREATE INDEX cr_journal_ts ON cr_journal (ts)",
         "CREATE INDEX cr_journal_provider_ts ON cr_journal (provider, ts)",
     )),
+    # Issue 41: a stream cut before the upstream reported its usage is journaled with our estimate, marked.
+    (2, ("ALTER TABLE cr_journal ADD COLUMN usage_estimated integer NOT NULL DEFAULT 0",)),
 ]
 
 LATEST = MIGRATIONS[-1][0]
