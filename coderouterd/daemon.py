@@ -14,6 +14,7 @@ from .after_response import AfterResponse
 from .cluster.backend import build as build_backend
 from .config import ConfigError, LoadedConfig, load_config, state_dir
 from .guards.apply import BudgetHooks, apply_tool_loop, warn_tool_loop
+from .guards.key_limits import KeyGuard
 from .health.ram_watch import RamWatch
 from .observe.finish import RequestFinisher
 from .observe.metrics_http import LazyMetrics
@@ -82,6 +83,8 @@ class Daemon:
         # The shared ledger's with [state] backend = "postgres"; reads its month from the store on first use (once
         # startup() has opened the store and configured it).
         self.budget: Budget | SharedBudget = self.shared.budget(t.store, t.publish)
+        # Team keys' rpm, tpm and concurrency: this instance's windows, or leases across instances (postgres).
+        self.key_guard = KeyGuard(self.shared.key_limits(), t.publish)
         self.active_profile = loaded.model.server.default_profile
         self.listen = (loaded.model.server.host, loaded.model.server.port)
         self.last_reload_error: str | None = None
@@ -364,6 +367,8 @@ class Daemon:
 
     async def guard_request(self, ex: Exchange) -> bool:
         """Guards that act before routing. True when a guard already answered the request."""
+        if ex.req.key is not None and await self.key_guard.admit(ex):
+            return True
         return await apply_tool_loop(ex, self.telemetry.publish)
 
     def guard_after_answer(self, ex: Exchange) -> None:

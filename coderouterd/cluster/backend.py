@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 if TYPE_CHECKING:
     from ..config.schema import StateConfig
     from ..guards.budget import Budget
+    from ..keys.limits import KeyLimits
     from ..routing.state import RoutingState
     from ..state.events import Event
     from ..state.memory import MemoryStore
@@ -26,6 +27,7 @@ if TYPE_CHECKING:
     from ..tasks import TaskSet
     from .breakers import SharedBreakers
     from .budget import SharedBudget
+    from .key_limits import SharedKeyLimits
 
 log = logging.getLogger("coderouterd.shared")
 
@@ -47,6 +49,9 @@ class StateBackend(Protocol):
     def attach_routing(self, routing: RoutingState) -> None:
         """Share the routing state's breakers (or not)."""
 
+    def key_limits(self) -> KeyLimits | SharedKeyLimits:
+        """Team keys' rate limits: this instance's own windows, or leases held across instances."""
+
     def status(self) -> dict[str, Any] | None: ...
 
 
@@ -66,6 +71,11 @@ class LocalBackend:
 
     def attach_routing(self, routing: RoutingState) -> None:
         return None
+
+    def key_limits(self) -> KeyLimits | SharedKeyLimits:
+        from ..keys.limits import KeyLimits
+
+        return KeyLimits()
 
     def status(self) -> dict[str, Any] | None:
         return None
@@ -115,6 +125,7 @@ class PostgresBackend:
         self.instances = Instances(self.db, instance=self.instance, heartbeat_s=state_cfg.heartbeat_s,
                                    lease_s=state_cfg.lease_s, version=version, info=info, boot=self.boot)
         self.shared_budget: SharedBudget | None = None
+        self.shared_key_limits: SharedKeyLimits | None = None
         self.breakers: SharedBreakers | None = None
         self.shipper: Shipper | None = None
         self.schema: tuple[int, int] | None = None
@@ -134,6 +145,13 @@ class PostgresBackend:
                                           tasks=self._tasks, live_instances=self.instances.live_count,
                                           publish=self._publish, poll_s=self.cfg.poll_s, boot=self.boot)
         return self.shared_budget
+
+    def key_limits(self) -> KeyLimits | SharedKeyLimits:
+        from .key_limits import SharedKeyLimits
+
+        self.shared_key_limits = SharedKeyLimits(self.db, instance=self.instance, lease_s=self.cfg.lease_s,
+                                                 tasks=self._tasks, live_instances=self.instances.live_count)
+        return self.shared_key_limits
 
     def attach_routing(self, routing: RoutingState) -> None:
         from .breakers import SharedBreakers
@@ -185,6 +203,8 @@ class PostgresBackend:
             await self.shared_budget.start()
         if self.breakers is not None:
             await self.breakers.start()
+        if self.shared_key_limits is not None:
+            self.shared_key_limits.start()
         if self._journal_db is not None:
             from ..state.shared.shipper import Shipper
 
@@ -199,6 +219,8 @@ class PostgresBackend:
         if self.shared_budget is not None:
             await self.shared_budget.release_allowances()
             await self.shared_budget.drain(2.0)
+        if self.shared_key_limits is not None and self.ready.is_set():
+            await self.shared_key_limits.stop()
         if self.ready.is_set():
             if self.shipper is not None:
                 await self.shipper.ship_once(final=True)

@@ -313,6 +313,8 @@ class ProxyApp:
                       before_upstream=after.while_waiting)
         record = ex.record
         if await daemon.guard_request(ex):
+            if req.limits is not None:  # admitted under its key's limits, then answered by another guard
+                daemon.key_guard.release(req, None)
             after.defer(daemon.finish, record)
             return
         task = asyncio.current_task()
@@ -346,6 +348,8 @@ class ProxyApp:
         finally:
             if hook is not None:
                 hook(None)
+            if req.limits is not None:  # its key's slot is free the moment it ends, not when bookkeeping runs
+                daemon.key_guard.release(req, record.usage)
         after.defer(daemon.guard_after_answer, ex)
         after.defer(daemon.finish, record)
         if not r.headers_sent and record.error_class == CLIENT_DISCONNECTED:

@@ -345,6 +345,22 @@ class PersistenceFault(Event):
     recovered: bool = False
 
 
+@dataclass(slots=True)
+class KeyRateLimited(Event):
+    """A team key's request refused for its rpm, tpm or concurrency. Every refusal is an event (metrics count
+    them); the audit log keeps at most one line per key per minute (state/audit.py), with how many it stands for."""
+
+    kind: ClassVar[str] = "key_rate_limited"
+    audited: ClassVar[bool] = True
+
+    key: str  # the key's name, never its secret
+    limit: str  # rpm | tpm | concurrency
+    allowed: int
+    retry_after_s: float
+    request_id: str = ""
+    message: str = ""
+
+
 EVENT_TYPES: dict[str, type[Event]] = {
     cls.kind: cls
     for cls in (
@@ -369,6 +385,7 @@ EVENT_TYPES: dict[str, type[Event]] = {
         RecoveryProbe,
         DaemonLifecycle,
         PersistenceFault,
+        KeyRateLimited,
     )
 }
 
