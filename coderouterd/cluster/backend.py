@@ -19,6 +19,8 @@ if TYPE_CHECKING:
     from ..config.schema import StateConfig
     from ..guards.budget import Budget
     from ..keys.limits import KeyLimits
+    from ..keys.registry import KeyRegistry
+    from ..keys.service import KeyStorage
     from ..routing.state import RoutingState
     from ..state.events import Event
     from ..state.memory import MemoryStore
@@ -28,6 +30,7 @@ if TYPE_CHECKING:
     from .breakers import SharedBreakers
     from .budget import SharedBudget
     from .key_limits import SharedKeyLimits
+    from .keys import SharedKeyStorage
 
 log = logging.getLogger("coderouterd.shared")
 
@@ -51,6 +54,9 @@ class StateBackend(Protocol):
 
     def key_limits(self) -> KeyLimits | SharedKeyLimits:
         """Team keys' rate limits: this instance's own windows, or leases held across instances."""
+
+    def key_storage(self, store: Store | MemoryStore, registry: KeyRegistry) -> KeyStorage:
+        """Where team keys live: the local store, or the shared database (every instance sees them)."""
 
     def status(self) -> dict[str, Any] | None: ...
 
@@ -76,6 +82,11 @@ class LocalBackend:
         from ..keys.limits import KeyLimits
 
         return KeyLimits()
+
+    def key_storage(self, store: Store | MemoryStore, registry: KeyRegistry) -> KeyStorage:
+        from ..keys.local import LocalKeyStorage
+
+        return LocalKeyStorage(store, registry)
 
     def status(self) -> dict[str, Any] | None:
         return None
@@ -128,6 +139,7 @@ class PostgresBackend:
         self.shared_key_limits: SharedKeyLimits | None = None
         self.breakers: SharedBreakers | None = None
         self.shipper: Shipper | None = None
+        self.keys: SharedKeyStorage | None = None
         self.schema: tuple[int, int] | None = None
         self.ready = asyncio.Event()
         self._first_try = asyncio.Event()  # the first connect-and-migrate has succeeded or failed
@@ -152,6 +164,12 @@ class PostgresBackend:
         self.shared_key_limits = SharedKeyLimits(self.db, instance=self.instance, lease_s=self.cfg.lease_s,
                                                  tasks=self._tasks, live_instances=self.instances.live_count)
         return self.shared_key_limits
+
+    def key_storage(self, store: Store | MemoryStore, registry: KeyRegistry) -> KeyStorage:
+        from .keys import SharedKeyStorage
+
+        self.keys = SharedKeyStorage(self.db, store, registry, tasks=self._tasks)
+        return self.keys
 
     def attach_routing(self, routing: RoutingState) -> None:
         from .breakers import SharedBreakers
@@ -205,6 +223,8 @@ class PostgresBackend:
             await self.breakers.start()
         if self.shared_key_limits is not None:
             self.shared_key_limits.start()
+        if self.keys is not None:
+            await self.keys.start()
         if self._journal_db is not None:
             from ..state.shared.shipper import Shipper
 
@@ -250,6 +270,8 @@ class PostgresBackend:
             out["breakers"] = self.breakers.status()
         if self.shared_budget is not None:
             out["budget"] = self.shared_budget.snapshot().get("shared")
+        if self.keys is not None:
+            out["keys"] = self.keys.status()
         return out
 
 

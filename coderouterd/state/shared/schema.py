@@ -257,9 +257,18 @@ MIGRATIONS: list[tuple[int, tuple[str, ...]]] = [
         "CREATE INDEX cr_journal_ts ON cr_journal (ts)",
         "CREATE INDEX cr_journal_provider_ts ON cr_journal (provider, ts)",
     )),
-    # Team keys' rate limits (issue 41). A parallel branch adds the keys' own table: whichever merges second
-    # takes the next number.
+    # Team keys (issue 41, cluster/keys.py): a record per key (never a secret: HMAC digests only), a version
+    # from one sequence (what instances poll), last use on its own (written behind, never a version bump), and
+    # the hash key every instance hashes secrets with.
     (2, (
+        "CREATE SEQUENCE cr_key_version",
+        "CREATE TABLE cr_key (name text PRIMARY KEY, version bigint NOT NULL, record jsonb NOT NULL,"
+        " last_used double precision, expiry_noted boolean NOT NULL DEFAULT false,"
+        " updated_at timestamptz NOT NULL DEFAULT now())",
+        "CREATE TABLE cr_key_meta (id integer PRIMARY KEY CHECK (id = 1), hash_key text NOT NULL)",
+    )),
+    # Team keys' rate limits across instances (issue 41, cluster/key_limits.py).
+    (3, (
         "CREATE TABLE cr_rate_grant (id bigserial PRIMARY KEY, key text NOT NULL, kind text NOT NULL,"
         " instance text NOT NULL, amount bigint NOT NULL, granted_at timestamptz NOT NULL DEFAULT now())",
         "CREATE INDEX cr_rate_grant_window ON cr_rate_grant (key, kind, granted_at)",
