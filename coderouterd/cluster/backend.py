@@ -270,6 +270,8 @@ class PostgresBackend:
             out["breakers"] = self.breakers.status()
         if self.shared_budget is not None:
             out["budget"] = self.shared_budget.snapshot().get("shared")
+        if self.shared_key_limits is not None:
+            out["key_limits"] = self.shared_key_limits.status()
         if self.keys is not None:
             out["keys"] = self.keys.status()
         return out

@@ -167,6 +167,14 @@ class SharedKeyLimits:
     def usage(self, key: TeamKey) -> dict:
         return self.local.usage(key)
 
+    def status(self) -> dict:
+        """What `corectl status` shows of the shared limits: round trips the request path waited for, refusals
+        while the database could not be asked, chunks and slots held now."""
+        return {"asked": self.asked, "refused_offline": self.refused_offline,
+                "chunks": {f"{k}/{'rpm' if kind == 'r' else 'tpm'}": c.left for (k, kind), c in self.chunks.items()
+                           if not c.returned},
+                "slots": {k: {"held": s.held, "busy": s.busy} for k, s in self.slots.items()}}
+
     # -- rpm / tpm chunks -----------------------------------------------------------------------------------
 
     async def _take(self, key: TeamKey, kind: str, limit: int, need: int) -> Chunk | Refusal:
