@@ -49,6 +49,10 @@ SLOT_LINGER_S = 2.0
 TEND_EVERY_S = 1.0
 # What a refusal asks a client to wait when the database cannot be asked (it is down or slow).
 OFFLINE_RETRY_S = 2.0
+# After the database refused a key's chunk, this instance refuses that key by itself for this long at most (or
+# until the wait the database gave is over): a client hammering a spent window costs the database one round trip
+# a second per instance, not one per request.
+REFUSED_MEMO_S = 1.0
 
 
 @dataclass(slots=True, eq=False)
@@ -90,6 +94,8 @@ class SharedKeyLimits:
         self._live = live_instances
         self.clock = clock
         self.chunks: dict[tuple[str, str], Chunk] = {}
+        # (key, kind) -> (refuse by ourselves until, the database's wait ends at), both on this instance's clock
+        self._refused_until: dict[tuple[str, str], tuple[float, float]] = {}
         self.slots: dict[str, KeySlots] = {}
         self._started = False
         self.asked = 0  # round trips the request path waited for (bench, status)
@@ -182,6 +188,11 @@ class SharedKeyLimits:
         if chunk is not None:
             chunk.left -= need
             return chunk
+        memo = self._refused_until.get((key.name, kind))
+        if memo is not None:
+            if self.clock() < memo[0]:
+                return self._refused(key, RPM if kind == "r" else TPM, limit, max(memo[1] - self.clock(), 1.0))
+            del self._refused_until[(key.name, kind)]
         live = max(int(self._live() or 1), 1)
         want = max(need, limit // (live * CHUNK_DIV))
         self.asked += 1
@@ -194,7 +205,12 @@ class SharedKeyLimits:
             self.refused_offline += 1
             return self._offline(key, RPM if kind == "r" else TPM)
         if not granted:
-            return self._refused(key, RPM if kind == "r" else TPM, limit, float(wait or 0.0) or 1.0)
+            wait_s = float(wait or 0.0) or 1.0
+            now = self.clock()
+            if len(self._refused_until) > 10_000:  # keys are few; a bound all the same
+                self._refused_until.clear()
+            self._refused_until[(key.name, kind)] = (now + min(wait_s, REFUSED_MEMO_S), now + wait_s)
+            return self._refused(key, RPM if kind == "r" else TPM, limit, wait_s)
         old = self.chunks.get((key.name, kind))
         if old is not None:
             self._tasks.spawn(self._give_back_chunk(old), name="shared-key-chunk-back")
