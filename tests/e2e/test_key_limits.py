@@ -118,6 +118,11 @@ def test_rpm_429_in_anthropic_and_openai_shapes_with_the_headers_their_clients_r
     assert o["x-ratelimit-limit-tokens"] == "100000"
     assert caught_o.value.code == "rate_limit_exceeded"
     assert "anthropic-ratelimit-requests-limit" not in o
+    # And the Responses wire (Codex): its error shape, OpenAI's headers.
+    r = httpx.post(d.url + "/v1/responses", headers={"authorization": f"Bearer {secret}"}, timeout=30,
+                   json={"model": "fake-model", "input": "hi"})
+    assert r.status_code == 429 and r.headers["x-ratelimit-limit-requests"] == "3"
+    assert "alice" in r.json()["error"]["message"] and secret not in r.text
 
     # Another key is not held by alice's window; the upstream saw only what was admitted.
     bob = _create(d, "bob", rpm=1)
