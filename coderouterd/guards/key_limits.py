@@ -36,6 +36,8 @@ class Limiter(Protocol):
 
     def release(self, adm: Admission, actual_tokens: int | None) -> None: ...
 
+    def usage(self, key: TeamKey) -> dict: ...
+
 
 def _reset_duration(seconds: float) -> str:
     """OpenAI's reset format: "1s", "6m0s", "20ms"."""
@@ -121,3 +123,7 @@ class KeyGuard:
         adm = req.limits
         if isinstance(adm, Admission):
             self.limiter.release(adm, used_tokens(usage))
+
+    def usage(self, key: TeamKey) -> dict:
+        """The key's rate now against its limits on this instance (status, the dashboard's Keys view)."""
+        return self.limiter.usage(key)
