@@ -108,13 +108,6 @@ class KeyGate:
         return KeyRefusal(401, f"key {key.name!r} expired at {iso(key.expires_at)}; ask the router's operator to "
                                "extend it (`corectl keys update --expires`)", "expired", key.name), None
 
-    def key_is_valid(self, headers: dict[str, str], api_keys: list[str]) -> bool:
-        """Whether the request carries a key that would be admitted (the Host check's question, browsers.py)."""
-        if not self.required(api_keys):
-            return False
-        refusal, _key = self.admit(headers, api_keys)
-        return refusal is None
-
     async def refuse(self, r: Responder, refusal: KeyRefusal, source: str, path: str) -> None:
         """Answer a refusal in the caller's shape. An authentication failure (401) counts against its source,
         which waits its delay first; a 403 (a valid key outside its scope) does not: it is no guess."""
