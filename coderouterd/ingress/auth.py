@@ -121,12 +121,17 @@ class KeyGate:
         folded = self.refusals.record(refusal.reason, refusal.key, source)
         if folded is not None:
             self._publish(AuthRefused(reason=refusal.reason, source=source, key=refusal.key, status=refusal.status,
-                                      path=path[:100], repeats=folded))
+                                      path=_printable(path[:100]), repeats=folded))
         if delay > 0:
             import asyncio
 
             await asyncio.sleep(delay)
         await r.error(refusal.status, refusal.message, error_type=refusal.error_type)
+
+
+def _printable(text: str) -> str:
+    """A client-supplied path as the audit log keeps it: no control character reaches a terminal that shows it."""
+    return text if text.isprintable() else "".join(c if c.isprintable() else "?" for c in text)
 
 
 def source_of(scope: Mapping[str, Any]) -> str:
