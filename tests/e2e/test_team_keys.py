@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import time
+from datetime import UTC, datetime
 from pathlib import Path
 
 import anthropic
@@ -297,3 +298,26 @@ def test_beyond_loopback_a_valid_key_passes_the_host_check_and_every_report_says
             assert "other machines: served only with a valid API key" in d.log()
         finally:
             d.stop()
+
+
+def test_an_expiry_writes_one_audit_line(env):
+    d, _up = env
+    soon = datetime.fromtimestamp(time.time() + 2, UTC).isoformat(timespec="seconds")
+    ivan = create(d, "ivan", "--expires", soon)
+    assert say(d, ivan)
+    audit = d.state_dir / "audit.jsonl"
+
+    def expired() -> list[dict]:
+        try:
+            recs = [orjson.loads(x) for x in audit.read_bytes().splitlines()]
+        except FileNotFoundError:
+            return []
+        return [r for r in recs if r["kind"] == "key" and r["action"] == "expired"]
+
+    assert wait_for(lambda: expired(), 30), "no audit line for the expiry"
+    with pytest.raises(anthropic.AuthenticationError) as ea:
+        say(d, ivan)
+    assert "'ivan' expired at" in str(ea.value)
+    time.sleep(2.5)  # more than two rounds of the expiry scan: still one line
+    lines = expired()
+    assert len(lines) == 1 and lines[0]["name"] == "ivan" and lines[0]["detail"]["expired_at"].startswith(soon[:16])

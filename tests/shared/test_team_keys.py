@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import time
+from datetime import UTC, datetime
 
 import httpx
 import orjson
@@ -106,6 +107,24 @@ def test_keys_are_shared_by_every_instance(tmp_path, pg_dsn):
             env = {**os.environ, **c.env, "CODEROUTER_SOCKET": str(c.state_dir / "coderouterd.sock")}
             again = cli.corectl(["keys", "create", "bob"], env=env)
             assert again.returncode == 1 and "exists" in again.stderr
+
+            # An expiry is recorded once, by one instance, in one audit log.
+            soon = datetime.fromtimestamp(time.time() + 2, UTC).isoformat(timespec="seconds")
+            _corectl(c, "keys", "create", "ivan", "--expires", soon)
+
+            def expired_lines() -> int:
+                n = 0
+                for d in ds:
+                    try:
+                        recs = [orjson.loads(x) for x in (d.state_dir / "audit.jsonl").read_bytes().splitlines()]
+                    except FileNotFoundError:
+                        continue
+                    n += sum(1 for r in recs if r["kind"] == "key" and r["action"] == "expired" and r["name"] == "ivan")
+                return n
+
+            assert wait_for(lambda: expired_lines() >= 1, 30)
+            time.sleep(2.5)  # more than two rounds of every instance's expiry scan
+            assert expired_lines() == 1
 
             # Nothing in the shared database holds a secret in clear.
             with psycopg.connect(pg_dsn) as conn:
