@@ -305,7 +305,7 @@ def audit_tail(
         "--kind", metavar="K", help="Only records of this kind (repeatable): process, health_transition, "
                                     "breaker_transition, fallback_used, guard_fired, budget_warning, budget_blocked, "
                                     "config_reloaded, config_rejected, profile_switched, recovery_probe, daemon, "
-                                    "persistence_fault, request_finished.")] = None,
+                                    "persistence_fault, request_finished, key, auth_refused, auth_throttled.")] = None,
     since: SinceOpt = None,
     state_dir: StateDirOpt = None,
     json_out: JsonOpt = False,
