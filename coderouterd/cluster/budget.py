@@ -37,7 +37,7 @@ from datetime import UTC, datetime
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
-from ..guards.budget import GLOBAL, KEY_PREFIX, Budget, Reservation, budget_words, key_budget
+from ..guards.budget import GLOBAL, KEY_PREFIX, Budget, Reservation, budget_words, key_budget, zero_words
 from ..state.events import BudgetBlocked, BudgetWarning, Event
 from ..state.shared import ledger
 from ..state.shared.db import Database, Unavailable
@@ -195,11 +195,15 @@ class SharedBudget:
         return True
 
     async def reserve(self, provider: str, estimate_usd: float, *, key: str | None = None,
-                      key_cap: float = 0.0) -> Reservation | SharedReservation | None:
+                      key_cap: float | None = None) -> Reservation | SharedReservation | None:
         """A SharedReservation (a provider that bills: the local Budget's own Reservation otherwise), or None
-        when a cap would be exceeded. `key`: the team key that admitted the request (its budget applies too)."""
+        when a cap would be exceeded. `key`: the team key that admitted the request (its budget applies too:
+        `key_cap` None = none, 0 = free providers only)."""
         if not self.local.is_billable(provider):
             return self.local.reserve(provider, estimate_usd)
+        if key is not None and key_cap is not None and key_cap <= 0:
+            self.refused += 1
+            return None
         period, _ = self.local.period()
         amount = ledger.to_nano(estimate_usd, up=True)
         budgets = self._keys(provider)
@@ -323,17 +327,19 @@ class SharedBudget:
         return None
 
     def too_dear(self, provider: str, estimate_usd: float, *, key: str | None = None,
-                 key_cap: float = 0.0) -> str | None:
+                 key_cap: float | None = None) -> str | None:
         """Budget.too_dear over the shared ledger's rows (settled spend only): a request that cannot fit what is
         left of a shared cap before it resets, whatever else is in flight. None when it would fit."""
         if not self.local.is_billable(provider):
             return None
+        if key is not None and key_cap is not None and key_cap <= 0:
+            return zero_words(key)
         est = ledger.to_nano(estimate_usd, up=True)
         _, end = self.local.period()
         resets = datetime.fromtimestamp(end, UTC).strftime("%Y-%m-%d %H:%M UTC")
         budgets = self._keys(provider)
         if key is not None:
-            budgets.append((key_budget(key), ledger.to_nano(key_cap)))
+            budgets.append((key_budget(key), ledger.to_nano(key_cap or 0.0)))
         for budget, known_cap in budgets:
             row = self.rows.get(budget)
             if row is None or row.cap <= 0 or row.spent + est <= row.cap:
@@ -390,8 +396,8 @@ class SharedBudget:
         return sorted([(provider, ledger.to_nano(self.local.cap(provider))),
                        (GLOBAL, ledger.to_nano(self.local.cap(GLOBAL)))])
 
-    def _key_row(self, key: str, key_cap: float) -> tuple[str, int]:
-        cap = ledger.to_nano(key_cap)
+    def _key_row(self, key: str, key_cap: float | None) -> tuple[str, int]:
+        cap = ledger.to_nano(key_cap or 0.0)  # a row's 0 is "no cap" (a zero budget never reaches the ledger)
         known = self._key_caps.get(key)
         self._key_caps[key] = cap
         if known is None and cap > 0 and self._settles is not None:

@@ -91,14 +91,14 @@ class BudgetHooks:
         if key is None:
             res = self.budget.reserve(provider.name, est)
         else:  # the key's own budget applies too (its spend is kept even without a cap)
-            res = self.budget.reserve(provider.name, est, key=key.name, key_cap=key.monthly_usd or 0.0)
+            res = self.budget.reserve(provider.name, est, key=key.name, key_cap=key.monthly_usd)
         if isawaitable(res):
             res = await res
         if res is None:
             if key is None:
                 final = self.budget.too_dear(provider.name, est)
             else:
-                final = self.budget.too_dear(provider.name, est, key=key.name, key_cap=key.monthly_usd or 0.0)
+                final = self.budget.too_dear(provider.name, est, key=key.name, key_cap=key.monthly_usd)
             if final is not None:  # this request cannot fit before the reset, whatever else is in flight
                 raise UpstreamError(BUDGET, message=final, error_type=BUDGET_FINAL)
             whose = f"team key {key.name!r} or {provider.name}" if key is not None else provider.name

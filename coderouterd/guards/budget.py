@@ -88,6 +88,11 @@ def budget_words(budget: str) -> str:
     return repr(budget)
 
 
+def zero_words(key: str) -> str:
+    """A key whose monthly budget is 0: it may use free providers only (retrying cannot change that)."""
+    return f"the team key {key!r} has a monthly budget of 0 USD: it may use free providers only"
+
+
 def _month_bounds(ts: float) -> tuple[str, float, float]:
     dt = datetime.fromtimestamp(ts, UTC)
     start = datetime(dt.year, dt.month, 1, tzinfo=UTC)
@@ -198,18 +203,20 @@ class Budget:
         return f"the {name} monthly budget is spent ({spent:.2f} of {cap:.2f} USD); it resets {resets}"
 
     def too_dear(self, provider: str, estimate_usd: float, *, key: str | None = None,
-                 key_cap: float = 0.0) -> str | None:
+                 key_cap: float | None = None) -> str | None:
         """Why a request estimated at `estimate_usd` cannot fit what is left of a cap before it resets, counting
         settled spend only (others' reservations clear in seconds): retrying the same request cannot help, so
         the client must be told, not asked to come back. None when it would fit an idle ledger. `key`: the team
-        key that admitted the request, whose own cap (`key_cap`, 0 = none) applies too."""
+        key that admitted the request, whose own cap (`key_cap`: None = none, 0 = free providers only) applies too."""
         self._roll()
         if not self._billable.get(provider, False):
             return None
         est = _usd(estimate_usd)
         over = self._over(provider, est, with_reserved=False)
-        if over is None and key is not None and self._key_over(key, _usd(key_cap), est, with_reserved=False):
+        if over is None and key is not None and self._key_over(key, key_cap, est, with_reserved=False):
             over = key_budget(key)
+            if _usd(key_cap) <= 0:
+                return zero_words(key)
         if over is None:
             return None
         cap, spent = self._cap_and_spent(over, key_cap)
@@ -275,10 +282,11 @@ class Budget:
     # -- reservations ---------------------------------------------------------------------------------------
 
     def reserve(self, provider: str, estimate_usd: float, *, key: str | None = None,
-                key_cap: float = 0.0) -> Reservation | None:
+                key_cap: float | None = None) -> Reservation | None:
         """Hold `estimate_usd` against the caps, or None when that would exceed one. No await may come
         between the check and the booking: this is what keeps concurrent requests under the cap. `key`: the
-        team key that admitted the request; its budget (`key_cap`, 0 = uncapped, spend still kept) applies too."""
+        team key that admitted the request; its budget (`key_cap`: None = none, its spend still kept; 0 = free
+        providers only) applies too."""
         self._roll()
         est = _usd(estimate_usd)
         billable = self._billable.get(provider, False)
@@ -288,7 +296,7 @@ class Budget:
                 self._refused(provider, over, est)
                 return None
             if key is not None:
-                if self._key_over(key, _usd(key_cap), est, with_reserved=True):
+                if self._key_over(key, key_cap, est, with_reserved=True):
                     return None
                 self._key_reserved[key] = self._key_reserved.get(key, 0.0) + est
             self._reserved_global += est
@@ -364,9 +372,10 @@ class Budget:
                 return GLOBAL
         return None
 
-    def _key_over(self, key: str, cap: float, extra: float, *, with_reserved: bool) -> bool:
-        if cap <= 0:
+    def _key_over(self, key: str, cap: float | None, extra: float, *, with_reserved: bool) -> bool:
+        if cap is None:
             return False
+        cap = _usd(cap)
         used = self._key_spent.get(key, 0.0) + (self._key_reserved.get(key, 0.0) if with_reserved else 0.0)
         return used >= cap - _EPS or used + extra > cap + _EPS
 
@@ -378,11 +387,11 @@ class Budget:
             return
         self._notify_blocked(over)
 
-    def _cap_and_spent(self, key: str, key_cap: float = 0.0) -> tuple[float, float]:
+    def _cap_and_spent(self, key: str, key_cap: float | None = None) -> tuple[float, float]:
         if key == GLOBAL:
             return self._global_cap, self._spent_global
         if key.startswith(KEY_PREFIX):
-            return _usd(key_cap), self._key_spent.get(key[len(KEY_PREFIX):], 0.0)
+            return _usd(key_cap or 0.0), self._key_spent.get(key[len(KEY_PREFIX):], 0.0)
         return self._caps.get(key, 0.0), self._spent.get(key, 0.0)
 
     def _check_thresholds(self, key: str) -> None:

@@ -159,16 +159,20 @@ def test_a_key_budget_holds_across_three_instances_with_zero_overspend(pg_dsn):
                 await sb.refresh()
             # A request dearer than what is left of the key's budget is told so, naming the key, cap and spend.
             why = insts[0][1].too_dear("paid", 0.2, key="erin", key_cap=1.0)
-            return served, why
+            # A key whose budget is 0 may use free providers only: refused without asking the ledger.
+            zero = await insts[1][1].reserve("paid", 0.01, key="intern", key_cap=0.0)
+            zero_why = insts[1][1].too_dear("paid", 0.01, key="intern", key_cap=0.0)
+            return served, why, zero, zero_why
         finally:
             await _close(insts)
 
-    served, why = asyncio.run(go())
+    served, why, zero, zero_why = asyncio.run(go())
     spent, reserved, cap = _rows(pg_dsn)["key:erin"]
     assert cap == ledger.to_nano(1.0)
     assert spent == served * ledger.to_nano(0.03) <= cap  # 0 overspend
     assert served >= 30  # and the cap is used (33 fit; allowances hold a little back)
     assert why is not None and "team key 'erin'" in why and f"{spent / 1e9:.2f} of 1.00 USD" in why
+    assert zero is None and "free providers only" in zero_why
     # The key's spend counted toward the global budget too.
     assert _rows(pg_dsn)["*"][0] == spent
 

@@ -279,3 +279,16 @@ def test_a_key_spend_survives_a_restart(tmp_path):
         assert budget2.reserve("claude", 1.0, key="alice", key_cap=2.0) is None  # 1.25 + 1.0 > 2.0
     finally:
         again.close()
+
+
+def test_a_key_with_a_zero_budget_may_use_free_providers_only(tmp_path):
+    budget = _budget(Store(tmp_path / "s.db"))
+    assert budget.reserve("claude", 0.01, key="intern", key_cap=0.0) is None
+    why = budget.too_dear("claude", 0.01, key="intern", key_cap=0.0)
+    assert why is not None and "team key 'intern'" in why and "free providers only" in why
+    assert budget.reserve("local", 0.0, key="intern", key_cap=0.0) is not None
+    # None is no budget of its own: only the other caps apply, and its spend is still kept.
+    res = budget.reserve("claude", 0.01, key="lead", key_cap=None)
+    assert res is not None
+    budget.settle(res, 0.02)
+    assert budget.key_spent("lead") == pytest.approx(0.02)
