@@ -330,10 +330,12 @@ class SharedKeyLimits:
                        f"{max(1, int(wait + 0.999))} s", requests=requests, tokens=tokens)
 
     def _offline(self, key: TeamKey, limit: str) -> Refusal:
-        return Refusal(key.name, limit, 0, OFFLINE_RETRY_S,
-                       f"team key '{key.name}' has limits shared by every instance, and the shared database cannot "
-                       f"be asked now: this instance has used what it held of them; retry in "
-                       f"{int(OFFLINE_RETRY_S)} s")
+        allowed = {RPM: key.rpm, TPM: key.tpm, CONCURRENCY: key.concurrency}[limit] or 0
+        refusal = self._refused(key, limit, allowed, OFFLINE_RETRY_S)  # its headers: none left, until the retry
+        refusal.message = (f"team key '{key.name}' has limits shared by every instance, and the shared database "
+                           f"cannot be asked now: this instance has used what it held of them; retry in "
+                           f"{int(OFFLINE_RETRY_S)} s")
+        return refusal
 
     # -- background -----------------------------------------------------------------------------------------
 

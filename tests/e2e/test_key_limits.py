@@ -215,5 +215,11 @@ def test_a_key_over_its_budget_gets_the_final_refusal_naming_key_cap_and_spend(t
             assert up.count("/v1/chat/completions") == 0  # refused before any upstream call
             # Another key's budget is its own.
             assert _ask_openai(_openai(d, frank)).choices
+            # A key with a budget of 0 may use free providers only; this profile has none.
+            intern = _create(d, "gina", monthly_usd=0)
+            with pytest.raises(anthropic.APIStatusError) as zero:
+                _ask_anthropic(_anthropic(d, intern))
+            assert zero.value.response.headers.get("x-should-retry") == "false"
+            assert "team key 'gina'" in zero.value.message and "free providers only" in zero.value.message
         finally:
             d.stop()
