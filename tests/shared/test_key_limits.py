@@ -229,3 +229,35 @@ def test_database_unreachable_each_instance_spends_only_what_it_holds(pg_dsn):
     assert spent_blind > 0  # the allowances served while the database was away
     assert spent == (3 + spent_blind) * ledger.to_nano(0.01) <= cap
     assert reserved == 0  # every allowance given back at the stop
+
+
+def test_an_offline_key_settle_in_the_journal_reaches_the_ledger_once(pg_dsn):
+    """An offline request of a key settles in two parts (its provider's, its key's); the journal row keeps both
+    (`more`), and the shipper applying the row again changes nothing."""
+    async def go():
+        insts = [await _instance(pg_dsn, "solo", live=1)]
+        limits, sb, tasks, db = insts[0]
+        try:
+            res = await sb.reserve("paid", 0.01, key="gail", key_cap=5.0)  # the key is seen: its allowance
+            sb.settle(res, 0.01)
+            await sb.drain(5)
+            await sb.refresh()
+            db.up = False
+            blind = await sb.reserve("paid", 0.02, key="gail", key_cap=5.0)
+            assert blind is not None and blind.offline and blind.parent and blind.key_parent
+            record = sb.settle(blind, 0.02)
+            db.up = True
+            await sb.drain(5)
+            async with await psycopg.AsyncConnection.connect(pg_dsn, autocommit=True) as c:
+                await ledger.apply_many(c, "solo", [record])  # the shipper's backstop: a no-op now
+            return record
+        finally:
+            await _close(insts)
+
+    record = asyncio.run(go())
+    assert [b for b, _ in record["budgets"]] == ["*", "paid"]
+    assert [b for b, _ in record["more"][0]["budgets"]] == ["key:gail"]
+    rows = _rows(pg_dsn)
+    assert rows["key:gail"][0] == ledger.to_nano(0.03)  # 0.01 online + 0.02 blind, each once
+    assert rows["*"][0] == ledger.to_nano(0.03)
+    assert rows["key:gail"][1] == 0 and rows["*"][1] == 0  # every hold given back at the stop
