@@ -18,6 +18,9 @@ from typing import TYPE_CHECKING, Any, Protocol
 if TYPE_CHECKING:
     from ..config.schema import StateConfig
     from ..guards.budget import Budget
+    from ..keys.limits import KeyLimits
+    from ..keys.registry import KeyRegistry
+    from ..keys.service import KeyStorage
     from ..routing.state import RoutingState
     from ..state.events import Event
     from ..state.memory import MemoryStore
@@ -26,6 +29,8 @@ if TYPE_CHECKING:
     from ..tasks import TaskSet
     from .breakers import SharedBreakers
     from .budget import SharedBudget
+    from .key_limits import SharedKeyLimits
+    from .keys import SharedKeyStorage
 
 log = logging.getLogger("coderouterd.shared")
 
@@ -47,6 +52,12 @@ class StateBackend(Protocol):
     def attach_routing(self, routing: RoutingState) -> None:
         """Share the routing state's breakers (or not)."""
 
+    def key_limits(self) -> KeyLimits | SharedKeyLimits:
+        """Team keys' rate limits: this instance's own windows, or leases held across instances."""
+
+    def key_storage(self, store: Store | MemoryStore, registry: KeyRegistry) -> KeyStorage:
+        """Where team keys live: the local store, or the shared database (every instance sees them)."""
+
     def status(self) -> dict[str, Any] | None: ...
 
 
@@ -66,6 +77,16 @@ class LocalBackend:
 
     def attach_routing(self, routing: RoutingState) -> None:
         return None
+
+    def key_limits(self) -> KeyLimits | SharedKeyLimits:
+        from ..keys.limits import KeyLimits
+
+        return KeyLimits()
+
+    def key_storage(self, store: Store | MemoryStore, registry: KeyRegistry) -> KeyStorage:
+        from ..keys.local import LocalKeyStorage
+
+        return LocalKeyStorage(store, registry)
 
     def status(self) -> dict[str, Any] | None:
         return None
@@ -115,8 +136,10 @@ class PostgresBackend:
         self.instances = Instances(self.db, instance=self.instance, heartbeat_s=state_cfg.heartbeat_s,
                                    lease_s=state_cfg.lease_s, version=version, info=info, boot=self.boot)
         self.shared_budget: SharedBudget | None = None
+        self.shared_key_limits: SharedKeyLimits | None = None
         self.breakers: SharedBreakers | None = None
         self.shipper: Shipper | None = None
+        self.keys: SharedKeyStorage | None = None
         self.schema: tuple[int, int] | None = None
         self.ready = asyncio.Event()
         self._first_try = asyncio.Event()  # the first connect-and-migrate has succeeded or failed
@@ -135,6 +158,19 @@ class PostgresBackend:
                                           publish=self._publish, poll_s=self.cfg.poll_s, boot=self.boot)
         self.instances.held = self.shared_budget.held_ids  # the heartbeat renews what the budget still holds
         return self.shared_budget
+
+    def key_limits(self) -> KeyLimits | SharedKeyLimits:
+        from .key_limits import SharedKeyLimits
+
+        self.shared_key_limits = SharedKeyLimits(self.db, instance=self.instance, lease_s=self.cfg.lease_s,
+                                                 tasks=self._tasks, live_instances=self.instances.live_count)
+        return self.shared_key_limits
+
+    def key_storage(self, store: Store | MemoryStore, registry: KeyRegistry) -> KeyStorage:
+        from .keys import SharedKeyStorage
+
+        self.keys = SharedKeyStorage(self.db, store, registry, tasks=self._tasks)
+        return self.keys
 
     def attach_routing(self, routing: RoutingState) -> None:
         from .breakers import SharedBreakers
@@ -186,6 +222,10 @@ class PostgresBackend:
             await self.shared_budget.start()
         if self.breakers is not None:
             await self.breakers.start()
+        if self.shared_key_limits is not None:
+            self.shared_key_limits.start()
+        if self.keys is not None:
+            await self.keys.start()
         if self._journal_db is not None:
             from ..state.shared.shipper import Shipper
 
@@ -200,6 +240,8 @@ class PostgresBackend:
         if self.shared_budget is not None:
             await self.shared_budget.release_allowances()
             await self.shared_budget.drain(2.0)
+        if self.shared_key_limits is not None and self.ready.is_set():
+            await self.shared_key_limits.stop()
         if self.ready.is_set():
             if self.shipper is not None:
                 await self.shipper.ship_once(final=True)
@@ -229,6 +271,10 @@ class PostgresBackend:
             out["breakers"] = self.breakers.status()
         if self.shared_budget is not None:
             out["budget"] = self.shared_budget.snapshot().get("shared")
+        if self.shared_key_limits is not None:
+            out["key_limits"] = self.shared_key_limits.status()
+        if self.keys is not None:
+            out["keys"] = self.keys.status()
         return out
 
 

@@ -15,6 +15,12 @@ it when the ledger answers again (`cr_settle_draw`); an allowance whose instance
 lease. Before the first contact there is no allowance: paid providers with a cap are refused until the ledger
 has answered once. Uncapped budgets need no allowance (their rows are a report of who spent what).
 
+A team key's budget is one more row ("key:<name>") in the same reservation: a request must fit its key's, its
+provider's and the global cap at once. Offline, a key with a cap has an allowance of its own, taken the same way
+once the key has been seen (before that, its paid requests are refused until the ledger answers, like a capped
+provider before the first contact); an offline request of a key draws from both allowances, and its settle is
+split in two (the provider's part, the key's part), each against its own allowance.
+
 Every instance re-reads the ledger every `poll_s` (and after its own settles), which is what `allowed()` and the
 status answer from; the reservation itself is the only check that counts.
 
@@ -36,7 +42,7 @@ from datetime import UTC, datetime
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
-from ..guards.budget import GLOBAL, Budget, Reservation
+from ..guards.budget import GLOBAL, KEY_PREFIX, Budget, Reservation, budget_words, key_budget, zero_words
 from ..state.events import BudgetBlocked, BudgetWarning, Event
 from ..state.shared import ledger
 from ..state.shared.db import Database, Unavailable
@@ -73,6 +79,8 @@ class SharedReservation:
     offline: bool = False  # not held in the ledger by its own row (the ledger did not answer in time)
     parent: str = ""  # offline: the allowance it was drawn from ("" = an uncapped budget, nothing to draw from)
     done: bool = False
+    key: str | None = None  # the team key whose budget ("key:<name>") is among `budgets`
+    key_parent: str = ""  # offline: the key's allowance it was drawn from
 
 
 class SharedBudget:
@@ -98,8 +106,11 @@ class SharedBudget:
         self._notified: dict[str, set[str]] = {"warned": set(), "blocked": set()}
         self._notified_period = ""
         self.poll_s = poll_s
-        # provider -> this instance's allowance (a reservation held in advance), and the estimates drawn from it.
+        # provider (or "key:<name>") -> this instance's allowance (a reservation held in advance), and the estimates
+        # drawn from it.
         self.allowances: dict[str, SharedReservation] = {}
+        # Team keys seen by this instance, with their cap (nano-USD): those with a cap get an allowance.
+        self._key_caps: dict[str, int] = {}
         self._stopping = False
         # Held while allowances are being tended (a reservation may be on its way to the ledger): a stop waits
         # for it, so what that tend takes is given back before the stop's drain, not after it.
@@ -191,16 +202,25 @@ class SharedBudget:
                 return False
         return True
 
-    async def reserve(self, provider: str, estimate_usd: float) -> Reservation | SharedReservation | None:
+    async def reserve(self, provider: str, estimate_usd: float, *, key: str | None = None,
+                      key_cap: float | None = None) -> Reservation | SharedReservation | None:
         """A SharedReservation (a provider that bills: the local Budget's own Reservation otherwise), or None
-        when a cap would be exceeded."""
+        when a cap would be exceeded. `key`: the team key that admitted the request (its budget applies too:
+        `key_cap` None = none, 0 = free providers only)."""
         if not self.local.is_billable(provider):
             return self.local.reserve(provider, estimate_usd)
+        if key is not None and key_cap is not None and key_cap <= 0:
+            self.refused += 1
+            return None
         period, _ = self.local.period()
         amount = ledger.to_nano(estimate_usd, up=True)
         budgets = self._keys(provider)
+        if key is not None:
+            budgets = sorted([*budgets, self._key_row(key, key_cap)])
         res = SharedReservation(provider, estimate_usd, True, rid=f"{self.instance}:{self._boot}:{next(self._ids)}",
-                                period=period, budgets=budgets, amount=amount)
+                                period=period, budgets=budgets, amount=amount, key=key)
+        if key is not None and self.offline_since is None:
+            await self._key_cap_changed(key, period)
         if self.offline_since is None:
             try:
                 refused = await self.db.bounded(
@@ -297,12 +317,37 @@ class SharedBudget:
         # Our own move, on the cached rows at once: an allowance draw leaves the allowance's hold, a reservation
         # its own; an uncapped offline request held nothing.
         held = res.amount if (not res.offline or res.parent) else 0
+        if res.offline and res.key is not None:
+            # Drawn from two allowances (or none): each part settles against its own.
+            records = []
+            for part in self._offline_parts(res):
+                held = part.amount if part.parent else 0
+                self._booked(part.budgets, reserved=-held, spent=actual)
+                self._queue_settle(part, actual)
+                records.append(self._record(part, actual))
+            first = records[0]
+            if len(records) > 1:
+                first["more"] = records[1:]
+            return first
         self._booked(res.budgets, reserved=-held, spent=actual)
         self._queue_settle(res, actual)
+        return self._record(res, actual)
+
+    @staticmethod
+    def _record(res: SharedReservation, actual: int) -> dict:
         record = {"rid": res.rid, "period": res.period, "budgets": [list(b) for b in res.budgets], "actual": actual}
         if res.parent:
             record.update(parent=res.parent, est=res.amount)
         return record
+
+    @staticmethod
+    def _offline_parts(res: SharedReservation) -> list[SharedReservation]:
+        """An offline request of a team key as two settles: its provider's and the global budget against the
+        provider's allowance, its key's budget against the key's."""
+        mine = [b for b in res.budgets if not b[0].startswith(KEY_PREFIX)]
+        keys = [b for b in res.budgets if b[0].startswith(KEY_PREFIX)]
+        return [replace(res, budgets=mine, key=None, key_parent=""),
+                replace(res, rid=f"{res.rid}k", budgets=keys, parent=res.key_parent, key=None, key_parent="")]
 
     def cancel(self, res: Reservation | SharedReservation) -> dict | None:
         if isinstance(res, SharedReservation):
@@ -334,19 +379,27 @@ class SharedBudget:
                         f"{ledger.to_usd(row.cap):.2f} USD); it resets {resets}")
         return None
 
-    def too_dear(self, provider: str, estimate_usd: float) -> str | None:
+    def too_dear(self, provider: str, estimate_usd: float, *, key: str | None = None,
+                 key_cap: float | None = None) -> str | None:
         """Budget.too_dear over the shared ledger's rows (settled spend only): a request that cannot fit what is
         left of a shared cap before it resets, whatever else is in flight. None when it would fit."""
         if not self.local.is_billable(provider):
             return None
+        if key is not None and key_cap is not None and key_cap <= 0:
+            return zero_words(key)
         est = ledger.to_nano(estimate_usd, up=True)
         _, end = self.local.period()
         resets = datetime.fromtimestamp(end, UTC).strftime("%Y-%m-%d %H:%M UTC")
-        for budget, _cap in self._keys(provider):
+        budgets = self._keys(provider)
+        if key is not None:
+            budgets.append((key_budget(key), ledger.to_nano(key_cap or 0.0)))
+        for budget, known_cap in budgets:
             row = self.rows.get(budget)
             if row is None or row.cap <= 0 or row.spent + est <= row.cap:
                 continue
-            name = "global" if budget == GLOBAL else repr(budget)
+            if budget.startswith(KEY_PREFIX) and row.cap != known_cap:
+                continue  # the key's cap changed and the row has not caught up: the reservation decides
+            name = budget_words(budget)
             spent, cap = ledger.to_usd(row.spent), ledger.to_usd(row.cap)
             if row.spent >= row.cap:
                 return f"the {name} monthly budget (shared) is spent ({spent:.2f} of {cap:.2f} USD); it resets {resets}"
@@ -371,6 +424,9 @@ class SharedBudget:
             entry.update(spent=spent, cap=cap, reserved=ledger.to_usd(row.reserved),
                          ratio=spent / cap if cap > 0 else None,
                          blocked=row.cap > 0 and row.spent + row.reserved >= row.cap)
+        snap["keys"] = {b[len(KEY_PREFIX):]: {"spent": ledger.to_usd(r.spent), "cap": ledger.to_usd(r.cap),
+                                              "reserved": ledger.to_usd(r.reserved)}
+                        for b, r in sorted(self.rows.items()) if b.startswith(KEY_PREFIX)}
         snap["shared"] = {
             "ledger_read_at": self.rows_at,
             "offline_since": self.offline_since,
@@ -395,6 +451,28 @@ class SharedBudget:
         return sorted([(provider, ledger.to_nano(self.local.cap(provider))),
                        (GLOBAL, ledger.to_nano(self.local.cap(GLOBAL)))])
 
+    def _key_row(self, key: str, key_cap: float | None) -> tuple[str, int]:
+        cap = ledger.to_nano(key_cap or 0.0)  # a row's 0 is "no cap" (a zero budget never reaches the ledger)
+        known = self._key_caps.get(key)
+        self._key_caps[key] = cap
+        if known is None and cap > 0 and self._settles is not None:
+            # A key seen for the first time: its allowance now, not at the next poll (the ledger may go away).
+            self._tasks.spawn(self._tend_allowances(), name="shared-budget-key-allowance")
+        return key_budget(key), cap
+
+    async def _key_cap_changed(self, key: str, period: str) -> None:
+        """A key's cap changed (keys update) since its row was made: the row takes the new cap before this
+        reservation is guarded by it. The reservation creates a missing row itself."""
+        budget, cap = key_budget(key), self._key_caps.get(key, 0)
+        row = self.rows.get(budget)
+        if row is None or row.cap == cap:
+            return
+        try:
+            await self.db.bounded(lambda c: ledger.set_caps(c, period=period, caps={budget: cap}))
+        except Unavailable:
+            return
+        self.rows[budget] = ledger.Row(budget, cap, row.spent, row.reserved)
+
     def _booked(self, budgets: list[tuple[str, int]], *, reserved: int = 0, spent: int = 0) -> None:
         # Our own moves, applied to the cached rows at once: `allowed()` need not wait for the next read.
         for budget, cap in budgets:
@@ -416,21 +494,33 @@ class SharedBudget:
         return a.amount - self._drawn.get(provider, 0)
 
     def _draw(self, res: SharedReservation) -> SharedReservation | None:
-        """The ledger did not answer in time: hold the request against this instance's allowance."""
+        """The ledger did not answer in time: hold the request against this instance's allowance (and, for a
+        team key with a cap, against the key's allowance too)."""
         res.offline = True
-        if not any(cap > 0 for _, cap in res.budgets):
-            return res  # nothing capped: nothing to protect, the settle charges the cost when it can
-        if self._left(res.provider) < res.amount:
+        mine = any(cap > 0 for b, cap in res.budgets if not b.startswith(KEY_PREFIX))
+        holder = key_budget(res.key) if res.key is not None else ""
+        keyed = any(cap > 0 for b, cap in res.budgets if b == holder)
+        if (mine and self._left(res.provider) < res.amount) or (keyed and self._left(holder) < res.amount):
             self.refused += 1
             return None
-        self._drawn[res.provider] = self._drawn.get(res.provider, 0) + res.amount
-        res.parent = self.allowances[res.provider].rid
-        return res
+        if mine:
+            self._drawn[res.provider] = self._drawn.get(res.provider, 0) + res.amount
+            res.parent = self.allowances[res.provider].rid
+        if keyed:
+            self._drawn[holder] = self._drawn.get(holder, 0) + res.amount
+            res.key_parent = self.allowances[holder].rid
+        return res  # nothing capped: nothing to protect, the settle charges the cost when it can
+
+    def _holder_budgets(self, holder: str) -> list[tuple[str, int]]:
+        """What an allowance holds: a provider's and the global budget, or one team key's budget."""
+        if holder.startswith(KEY_PREFIX):
+            return [(holder, self._key_caps.get(holder[len(KEY_PREFIX):], 0))]
+        return self._keys(holder)
 
     def _allowance_target(self, provider: str) -> int:
         live = max(int(self._live() or 1), 1)
         target = None
-        for budget, cap in self._keys(provider):
+        for budget, cap in self._holder_budgets(provider):
             if cap <= 0:
                 continue
             row = self.rows.get(budget)
@@ -447,10 +537,11 @@ class SharedBudget:
 
     async def _tend_allowances_now(self) -> None:
         period, _ = self.local.period()
-        for provider in self._billable_names():
+        holders = self._billable_names() + [key_budget(k) for k, cap in sorted(self._key_caps.items()) if cap > 0]
+        for provider in holders:
             if self._stopping:
                 return
-            if not any(cap > 0 for _, cap in self._keys(provider)):
+            if not any(cap > 0 for _, cap in self._holder_budgets(provider)):
                 continue
             target = self._allowance_target(provider)
             current = self.allowances.get(provider)
@@ -463,7 +554,7 @@ class SharedBudget:
                 continue
             res = SharedReservation(provider, ledger.to_usd(target), True,
                                     rid=f"{self.instance}:{self._boot}:a{next(self._ids)}", period=period,
-                                    budgets=self._keys(provider), amount=target)
+                                    budgets=self._holder_budgets(provider), amount=target)
             # Held (renewed) from before the statement is sent: should its answer be lost (the statement done, the
             # connection gone) the id is still ours, and is given back below rather than kept by nobody.
             self.held[res.rid] = res

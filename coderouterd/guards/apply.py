@@ -87,14 +87,22 @@ class BudgetHooks:
             return None
         max_tokens = req.body.get("max_tokens") or req.body.get("max_completion_tokens") or 4096
         est = Budget.estimate(cfg, provider.estimate_tokens(len(req.raw)), int(max_tokens))
-        res = self.budget.reserve(provider.name, est)
+        key = req.key
+        if key is None:
+            res = self.budget.reserve(provider.name, est)
+        else:  # the key's own budget applies too (its spend is kept even without a cap)
+            res = self.budget.reserve(provider.name, est, key=key.name, key_cap=key.monthly_usd)
         if isawaitable(res):
             res = await res
         if res is None:
-            final = self.budget.too_dear(provider.name, est)
+            if key is None:
+                final = self.budget.too_dear(provider.name, est)
+            else:
+                final = self.budget.too_dear(provider.name, est, key=key.name, key_cap=key.monthly_usd)
             if final is not None:  # this request cannot fit before the reset, whatever else is in flight
                 raise UpstreamError(BUDGET, message=final, error_type=BUDGET_FINAL)
-            raise UpstreamError(BUDGET, message=f"monthly budget for {provider.name} would be exceeded")
+            whose = f"team key {key.name!r} or {provider.name}" if key is not None else provider.name
+            raise UpstreamError(BUDGET, message=f"monthly budget for {whose} would be exceeded")
         return res
 
     def settle(self, reservation, provider: Provider, usage: dict | None) -> dict | None:

@@ -8,8 +8,12 @@ awaits inside, which makes check-and-reserve atomic without a lock.
 Only providers declared `paid` with a non-zero price are ever blocked, and only their spend counts
 toward the global cap: the spend of free providers is recorded for reporting, never charged.
 
-Store layout (namespace "budget"): "<YYYY-MM>:<provider>" and "<YYYY-MM>:*" hold the settled USD
-of that month as a number; "<YYYY-MM>/notices" remembers which warnings were already published, so
+A request admitted by a team key (keys/model.py) also counts toward the key's own budget ("key:<name>"): it must
+fit every budget that applies, the key's, its provider's and the global one, and the key's spend is kept (capped
+or not) so it survives restarts like the others. Only billable spend counts toward a key, as toward the global cap.
+
+Store layout (namespace "budget"): "<YYYY-MM>:<provider>", "<YYYY-MM>:*" and "<YYYY-MM>:key:<name>" hold the settled
+USD of that month as a number; "<YYYY-MM>/notices" remembers which warnings were already published, so
 a restart does not repeat them.
 """
 
@@ -29,6 +33,8 @@ log = logging.getLogger(__name__)
 
 NAMESPACE = "budget"
 GLOBAL = "*"
+# A team key's budget: "key:<name>" (in the store, the shared ledger and refusals' words).
+KEY_PREFIX = "key:"
 # Sums of float prices drift by ~1e-16; a cap filled exactly must not read as overshot.
 _EPS = 1e-9
 _PER = 1_000_000.0
@@ -40,6 +46,7 @@ class Reservation:
     estimate_usd: float
     billable: bool
     done: bool = False
+    key: str | None = None  # the team key whose budget it also holds (only when billable)
 
 
 def _price(cost: Any, name: str) -> float:
@@ -66,6 +73,24 @@ def _usd(value: Any) -> float:
 def _small(usd: float) -> str:
     """An amount that may be a fraction of a cent, readable: 0.05, 0.0012, 3.2e-05."""
     return f"{usd:.2f}" if usd >= 0.1 else f"{usd:.2g}"
+
+
+def key_budget(name: str) -> str:
+    return KEY_PREFIX + name
+
+
+def budget_words(budget: str) -> str:
+    """How a refusal names a budget: "global", "'provider'", "team key 'alice'"."""
+    if budget == GLOBAL:
+        return "global"
+    if budget.startswith(KEY_PREFIX):
+        return f"team key {budget[len(KEY_PREFIX):]!r}"
+    return repr(budget)
+
+
+def zero_words(key: str) -> str:
+    """A key whose monthly budget is 0: it may use free providers only (retrying cannot change that)."""
+    return f"the team key {key!r} has a monthly budget of 0 USD: it may use free providers only"
 
 
 def _month_bounds(ts: float) -> tuple[str, float, float]:
@@ -106,6 +131,9 @@ class Budget:
         self._spent_global = 0.0
         self._warned: set[str] = set()
         self._blocked: set[str] = set()
+        # Team keys' settled spend this month and their outstanding reservations, by key name.
+        self._key_spent: dict[str, float] = {}
+        self._key_reserved: dict[str, float] = {}
 
     # -- configuration --------------------------------------------------------------------------------------
 
@@ -173,23 +201,29 @@ class Budget:
         if key is None:
             return None
         cap, spent = self._cap_and_spent(key)
-        name = "global" if key == GLOBAL else repr(key)
+        name = budget_words(key)
         resets = datetime.fromtimestamp(self._month_end, UTC).strftime("%Y-%m-%d %H:%M UTC")
         return f"the {name} monthly budget is spent ({spent:.2f} of {cap:.2f} USD); it resets {resets}"
 
-    def too_dear(self, provider: str, estimate_usd: float) -> str | None:
+    def too_dear(self, provider: str, estimate_usd: float, *, key: str | None = None,
+                 key_cap: float | None = None) -> str | None:
         """Why a request estimated at `estimate_usd` cannot fit what is left of a cap before it resets, counting
         settled spend only (others' reservations clear in seconds): retrying the same request cannot help, so
-        the client must be told, not asked to come back. None when it would fit an idle ledger."""
+        the client must be told, not asked to come back. None when it would fit an idle ledger. `key`: the team
+        key that admitted the request, whose own cap (`key_cap`: None = none, 0 = free providers only) applies too."""
         self._roll()
         if not self._billable.get(provider, False):
             return None
         est = _usd(estimate_usd)
-        key = self._over(provider, est, with_reserved=False)
-        if key is None:
+        over = self._over(provider, est, with_reserved=False)
+        if over is None and key is not None and self._key_over(key, key_cap, est, with_reserved=False):
+            over = key_budget(key)
+            if _usd(key_cap) <= 0:
+                return zero_words(key)
+        if over is None:
             return None
-        cap, spent = self._cap_and_spent(key)
-        name = "global" if key == GLOBAL else repr(key)
+        cap, spent = self._cap_and_spent(over, key_cap)
+        name = budget_words(over)
         resets = datetime.fromtimestamp(self._month_end, UTC).strftime("%Y-%m-%d %H:%M UTC")
         if spent >= cap - _EPS:
             return f"the {name} monthly budget is spent ({spent:.2f} of {cap:.2f} USD); it resets {resets}"
@@ -202,6 +236,11 @@ class Budget:
         if provider is None:
             return self._spent_global
         return self._spent.get(provider, 0.0)
+
+    def key_spent(self, key: str) -> float:
+        """A team key's settled spend this month (USD)."""
+        self._roll()
+        return self._key_spent.get(key, 0.0)
 
     def snapshot(self) -> dict:
         self._roll()
@@ -229,6 +268,8 @@ class Budget:
                 "blocked": cap > 0 and self._spent_global + self._reserved_global >= cap - _EPS,
             },
             "providers": providers,
+            "keys": {k: {"spent": self._key_spent.get(k, 0.0), "reserved": self._key_reserved.get(k, 0.0)}
+                     for k in sorted({*self._key_spent, *self._key_reserved})},
         }
 
     @staticmethod
@@ -243,9 +284,12 @@ class Budget:
 
     # -- reservations ---------------------------------------------------------------------------------------
 
-    def reserve(self, provider: str, estimate_usd: float) -> Reservation | None:
+    def reserve(self, provider: str, estimate_usd: float, *, key: str | None = None,
+                key_cap: float | None = None) -> Reservation | None:
         """Hold `estimate_usd` against the caps, or None when that would exceed one. No await may come
-        between the check and the booking: this is what keeps concurrent requests under the cap."""
+        between the check and the booking: this is what keeps concurrent requests under the cap. `key`: the
+        team key that admitted the request; its budget (`key_cap`: None = none, its spend still kept; 0 = free
+        providers only) applies too."""
         self._roll()
         est = _usd(estimate_usd)
         billable = self._billable.get(provider, False)
@@ -254,17 +298,22 @@ class Budget:
             if over is not None:
                 self._refused(provider, over, est)
                 return None
+            if key is not None:
+                if self._key_over(key, key_cap, est, with_reserved=True):
+                    return None
+                self._key_reserved[key] = self._key_reserved.get(key, 0.0) + est
             self._reserved_global += est
         self._reserved[provider] = self._reserved.get(provider, 0.0) + est
         self.outstanding += 1
-        return Reservation(provider=provider, estimate_usd=est, billable=billable)
+        return Reservation(provider=provider, estimate_usd=est, billable=billable,
+                           key=key if billable else None)
 
     def settle(self, reservation: Reservation, actual_usd: float) -> None:
         """Replace the held estimate with the actual cost; settling twice is a no-op."""
         if reservation.done:
             return
         self._release(reservation)
-        self._add(reservation.provider, _usd(actual_usd), reservation.billable)
+        self._add(reservation.provider, _usd(actual_usd), reservation.billable, reservation.key)
 
     def cancel(self, reservation: Reservation) -> None:
         if not reservation.done:
@@ -289,12 +338,22 @@ class Budget:
             self._reserved_global = max(self._reserved_global - reservation.estimate_usd, 0.0)
             if self._reserved_global <= _EPS:
                 self._reserved_global = 0.0
+        key = reservation.key
+        if key is not None:
+            held = self._key_reserved.get(key, 0.0) - reservation.estimate_usd
+            if held > _EPS:
+                self._key_reserved[key] = held
+            else:
+                self._key_reserved.pop(key, None)
 
-    def _add(self, provider: str, actual: float, counts_globally: bool) -> None:
+    def _add(self, provider: str, actual: float, counts_globally: bool, key: str | None = None) -> None:
         self._roll()
         if actual <= 0:
             return
         month = self._month
+        if key is not None and counts_globally:
+            spent = self._key_spent[key] = self._key_spent.get(key, 0.0) + actual
+            self._store.set(NAMESPACE, f"{month}:{key_budget(key)}", spent)
         total = self._spent.get(provider, 0.0) + actual
         self._spent[provider] = total
         self._store.set(NAMESPACE, f"{month}:{provider}", total)
@@ -318,6 +377,13 @@ class Budget:
                 return GLOBAL
         return None
 
+    def _key_over(self, key: str, cap: float | None, extra: float, *, with_reserved: bool) -> bool:
+        if cap is None:
+            return False
+        cap = _usd(cap)
+        used = self._key_spent.get(key, 0.0) + (self._key_reserved.get(key, 0.0) if with_reserved else 0.0)
+        return used >= cap - _EPS or used + extra > cap + _EPS
+
     def _refused(self, provider: str, over: str, extra: float) -> None:
         # A refusal caused only by other requests' in-flight reservations is momentary congestion;
         # the once-a-month audit event is kept for the cap really being spent.
@@ -326,9 +392,11 @@ class Budget:
             return
         self._notify_blocked(over)
 
-    def _cap_and_spent(self, key: str) -> tuple[float, float]:
+    def _cap_and_spent(self, key: str, key_cap: float | None = None) -> tuple[float, float]:
         if key == GLOBAL:
             return self._global_cap, self._spent_global
+        if key.startswith(KEY_PREFIX):
+            return _usd(key_cap or 0.0), self._key_spent.get(key[len(KEY_PREFIX):], 0.0)
         return self._caps.get(key, 0.0), self._spent.get(key, 0.0)
 
     def _check_thresholds(self, key: str) -> None:
@@ -375,11 +443,15 @@ class Budget:
         self._spent_global = 0.0
         self._warned = set()
         self._blocked = set()
+        self._key_spent = {}
         prefix = f"{self._month}:"
         for key, value in self._store.items(NAMESPACE).items():
             if key.startswith(prefix):
                 name = key[len(prefix):]
-                if name == GLOBAL:
+                if name.startswith(KEY_PREFIX):
+                    if _usd(value) > 0:
+                        self._key_spent[name[len(KEY_PREFIX):]] = _usd(value)
+                elif name == GLOBAL:
                     self._spent_global = _usd(value)
                 elif _usd(value) > 0:
                     self._spent[name] = _usd(value)

@@ -29,6 +29,8 @@ class ClientRequest:
     # The team key that admitted it (coderouterd/keys), None for an operator key or an open loopback. Its name is
     # what the journal, metrics and refusals carry; the secret never leaves the ingress.
     key: TeamKey | None = None
+    # What the key's rate limits booked for this request (keys/limits.py's Admission), given back when it ends.
+    limits: object = None
 
     def session_key(self) -> str | None:
         return getattr(self.native, "session_key", None)

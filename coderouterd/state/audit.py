@@ -25,6 +25,9 @@ from coderouterd.state.events import Event, PersistenceFault
 log = logging.getLogger(__name__)
 
 AUDIT_FILE = "audit.jsonl"
+# Rate-limit refusals are written at most once per key per this many seconds (a client retrying in a loop must not
+# fill the log); the line written says how many refusals it stands for.
+RATE_LIMIT_LINE_EVERY_S = 60.0
 _ROTATED = re.compile(re.escape(AUDIT_FILE) + r"\.(\d+)$")
 
 
@@ -60,11 +63,16 @@ class AuditLog:
         self._size = 0
         # Lines not yet on disk (only non-empty while the disk is failing).
         self._buffer: list[bytes] = []
+        # key name -> (when its last rate-limit line was written, refusals since then not written)
+        self._rate_lines: dict[str, tuple[float, int]] = {}
 
     def sink(self, events: list[Event]) -> None:
         for ev in events:
             if ev.audited:
-                self._buffer.append(orjson.dumps(audit_record(ev), default=str) + b"\n")
+                record = audit_record(ev)
+                if ev.kind == "key_rate_limited" and not self._rate_line_due(record, ev.ts):
+                    continue
+                self._buffer.append(orjson.dumps(record, default=str) + b"\n")
         if not self._buffer:
             return
         if len(self._buffer) > self.max_buffer:
@@ -82,6 +90,21 @@ class AuditLog:
 
     def close(self) -> None:
         self._close()
+
+    def _rate_line_due(self, record: dict[str, Any], ts: float) -> bool:
+        """One rate-limit line per key per RATE_LIMIT_LINE_EVERY_S (by the events' own times): the first refusal
+        of a burst is written, the next ones are counted into the line written after the minute."""
+        key = str(record.get("key"))
+        last = self._rate_lines.get(key)
+        if last is not None and ts - last[0] < RATE_LIMIT_LINE_EVERY_S:
+            self._rate_lines[key] = (last[0], last[1] + 1)
+            return False
+        if last is not None and last[1]:
+            record["refusals_since_last_line"] = last[1]
+        if len(self._rate_lines) > 10_000:  # keys are few; a bound all the same
+            self._rate_lines.clear()
+        self._rate_lines[key] = (ts, 0)
+        return True
 
     def _write_buffer(self) -> None:
         self._ensure_open()

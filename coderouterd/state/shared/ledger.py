@@ -64,8 +64,16 @@ async def settle_draw(conn: Conn, *, rid: str, parent: str, instance: str, perio
     return bool(await scalar(cur))
 
 
+def _flat(records: list[dict]) -> list[dict]:
+    """A record with "more" (an offline team-key request: its key's part settles against the key's allowance)
+    stands for itself and those."""
+    return [x for r in records for x in (r, *(r.get("more") or ()))]
+
+
 async def apply(conn: Conn, instance: str, record: dict) -> bool:
     """A settle as the journal keeps it (budget.py's record), applied again: the shipper's backstop."""
+    for more in record.get("more") or ():
+        await apply(conn, instance, more)
     budgets = [(str(b), int(c)) for b, c in record["budgets"]]
     if record.get("parent"):
         return await settle_draw(conn, rid=record["rid"], parent=record["parent"], instance=instance,
@@ -78,7 +86,7 @@ async def apply(conn: Conn, instance: str, record: dict) -> bool:
 async def apply_many(conn: Conn, instance: str, records: list[dict]) -> None:
     """`apply` for a batch, pipelined (executemany): one round trip's wait for the lot, not one per settle."""
     plain, draws = [], []
-    for r in records:
+    for r in _flat(records):
         budgets = sorted((str(b), int(c)) for b, c in r["budgets"])
         names, caps = [b for b, _ in budgets], [c for _, c in budgets]
         if r.get("parent"):

@@ -170,6 +170,72 @@ BEGIN
 END $$
 """
 
+# Team keys' rate limits across instances (cluster/key_limits.py). A grant is a chunk of a key's rpm or tpm that an
+# instance may use for `p_life` seconds from the grant; it counts toward the key's window for 60 s after its use-life
+# ends (so whenever within its life a slot was used, it is counted for the whole minute after that), and its unused
+# part is given back when its life is over. Grants of one key and kind are serialised by an advisory lock; the
+# check and the insert are one statement's work, so no two instances can both take the last of a window.
+# Returns (granted, grant id, seconds until `p_min` would fit when nothing was granted).
+_RATE_TAKE = """
+CREATE FUNCTION cr_rate_take(p_key text, p_kind text, p_instance text, p_limit bigint, p_want bigint, p_min bigint,
+                             p_span double precision, OUT granted bigint, OUT grant_id bigint,
+                             OUT wait_s double precision)
+LANGUAGE plpgsql AS $$
+DECLARE
+  used bigint;
+  freed bigint := 0;
+  g record;
+BEGIN
+  granted := 0; grant_id := NULL; wait_s := 0;
+  PERFORM pg_advisory_xact_lock(hashtext('cr_rate/' || p_kind || '/' || p_key));
+  DELETE FROM cr_rate_grant WHERE key = p_key AND kind = p_kind AND granted_at < now() - make_interval(secs => p_span * 2);
+  SELECT coalesce(sum(amount), 0) INTO used FROM cr_rate_grant
+   WHERE key = p_key AND kind = p_kind AND granted_at > now() - make_interval(secs => p_span);
+  IF used + p_min <= p_limit THEN
+    granted := least(p_want, p_limit - used);
+    INSERT INTO cr_rate_grant (key, kind, instance, amount) VALUES (p_key, p_kind, p_instance, granted)
+      RETURNING id INTO grant_id;
+    RETURN;
+  END IF;
+  FOR g IN SELECT amount, granted_at FROM cr_rate_grant
+            WHERE key = p_key AND kind = p_kind AND granted_at > now() - make_interval(secs => p_span)
+            ORDER BY granted_at LOOP
+    freed := freed + g.amount;
+    IF used - freed + p_min <= p_limit THEN
+      wait_s := greatest(extract(epoch FROM g.granted_at + make_interval(secs => p_span) - now()), 0);
+      RETURN;
+    END IF;
+  END LOOP;
+  wait_s := p_span;
+END $$
+"""
+
+# Requests in flight of a key across instances: each instance holds slots under a lease (renewed by its loop); a
+# holder whose lease ran out (a dead instance) counts for nothing. Returns whether `p_n` more were granted.
+_SLOT_TAKE = """
+CREATE FUNCTION cr_slot_take(p_key text, p_instance text, p_limit integer, p_n integer, p_lease_s double precision)
+  RETURNS boolean
+LANGUAGE plpgsql AS $$
+DECLARE
+  busy bigint;
+BEGIN
+  PERFORM pg_advisory_xact_lock(hashtext('cr_slot/' || p_key));
+  SELECT coalesce(sum(held), 0) INTO busy FROM cr_key_slot
+   WHERE key = p_key AND instance <> p_instance AND lease_until > now();
+  SELECT busy + coalesce(sum(CASE WHEN lease_until > now() THEN held ELSE 0 END), 0) INTO busy FROM cr_key_slot
+   WHERE key = p_key AND instance = p_instance;
+  IF busy + p_n > p_limit THEN
+    RETURN false;
+  END IF;
+  INSERT INTO cr_key_slot (key, instance, held, lease_until)
+    VALUES (p_key, p_instance, p_n, now() + make_interval(secs => p_lease_s))
+    ON CONFLICT (key, instance) DO UPDATE
+      SET held = CASE WHEN cr_key_slot.lease_until > now() THEN cr_key_slot.held ELSE 0 END + p_n,
+          lease_until = now() + make_interval(secs => p_lease_s);
+  RETURN true;
+END $$
+"""
+
 MIGRATIONS: list[tuple[int, tuple[str, ...]]] = [
     (1, (
         "CREATE TABLE cr_instance (instance text PRIMARY KEY, host text, pid integer, version text,"
@@ -195,6 +261,25 @@ MIGRATIONS: list[tuple[int, tuple[str, ...]]] = [
     )),
     # Issue 41: a stream cut before the upstream reported its usage is journaled with our estimate, marked.
     (2, ("ALTER TABLE cr_journal ADD COLUMN usage_estimated integer NOT NULL DEFAULT 0",)),
+    # Team keys (issue 41, cluster/keys.py): a record per key (never a secret: HMAC digests only), a version
+    # from one sequence (what instances poll), last use on its own (written behind, never a version bump), and
+    # the hash key every instance hashes secrets with.
+    (3, (
+        "CREATE SEQUENCE cr_key_version",
+        "CREATE TABLE cr_key (name text PRIMARY KEY, version bigint NOT NULL, record jsonb NOT NULL,"
+        " last_used double precision, expiry_noted boolean NOT NULL DEFAULT false,"
+        " updated_at timestamptz NOT NULL DEFAULT now())",
+        "CREATE TABLE cr_key_meta (id integer PRIMARY KEY CHECK (id = 1), hash_key text NOT NULL)",
+    )),
+    # Team keys' rate limits across instances (issue 41, cluster/key_limits.py).
+    (4, (
+        "CREATE TABLE cr_rate_grant (id bigserial PRIMARY KEY, key text NOT NULL, kind text NOT NULL,"
+        " instance text NOT NULL, amount bigint NOT NULL, granted_at timestamptz NOT NULL DEFAULT now())",
+        "CREATE INDEX cr_rate_grant_window ON cr_rate_grant (key, kind, granted_at)",
+        "CREATE TABLE cr_key_slot (key text NOT NULL, instance text NOT NULL, held integer NOT NULL,"
+        " lease_until timestamptz NOT NULL, PRIMARY KEY (key, instance))",
+        _RATE_TAKE, _SLOT_TAKE,
+    )),
 ]
 
 LATEST = MIGRATIONS[-1][0]
