@@ -531,6 +531,16 @@ def keys_revoke(ctx: typer.Context, name: KeyNameArg, json_out: JsonOpt = False)
     _exit(keys.revoke(socket, name, as_json))
 
 
+@keys_app.command("delete")
+def keys_delete(ctx: typer.Context, name: KeyNameArg, json_out: JsonOpt = False) -> None:
+    """Forget a revoked key for good (its name can then be reused). When no key is left, requests need no key
+    again."""
+    from . import keys
+
+    socket, as_json = _opts(ctx, json_out)
+    _exit(keys.delete(socket, name, as_json))
+
+
 def run(argv: list[str] | None = None) -> int:
     try:
         app(args=argv, prog_name="corectl")

@@ -175,6 +175,22 @@ class SharedKeyStorage:
         self._cache([*(r for r in self.registry.records() if r.name != rec.name), saved])
         return saved
 
+    async def delete(self, rec: KeyRecord) -> None:
+        async def remove(conn: Conn) -> bool:
+            cur = await conn.execute("DELETE FROM cr_key WHERE name = %s AND version = %s RETURNING 1",
+                                     (rec.name, rec.version))
+            return await cur.fetchone() is not None
+
+        try:
+            gone = await self.db.run(remove, timeout_s=5.0)
+        except Unavailable as e:
+            raise KeyProblem(503, f"the shared database ({self.db.where}) is unreachable ({e}); keys cannot be "
+                                  "changed until it is back") from None
+        if not gone:
+            self._tasks.spawn(self._refresh_quietly(), name="shared-keys-refresh")
+            raise KeyProblem(409, f"key {rec.name!r} was changed on another instance meanwhile; look again and retry")
+        self._cache([r for r in self.registry.records() if r.name != rec.name])
+
     async def _refresh_quietly(self) -> None:
         try:
             await self.db.run(self._force_reload, timeout_s=5.0)
