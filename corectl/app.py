@@ -442,7 +442,7 @@ def top(
     _exit(top_mod.top(socket, interval, as_json))
 
 
-KeyNameArg = Annotated[str, typer.Argument(metavar="NAME", help="The key's name (1 to 32 letters, digits, '.', '_', "
+KeyNameArg = Annotated[str, typer.Argument(help="The key's name (1 to 32 letters, digits, '.', '_', "
                                                                  "'-').")]
 MonthlyOpt = Annotated[str | None, typer.Option("--monthly-usd", metavar="X",
                                                help="The key's own monthly budget in USD ('none' removes it).")]
