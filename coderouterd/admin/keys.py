@@ -89,4 +89,13 @@ def key_routes(daemon: Daemon) -> APIRouter:
             raise _problem(e) from None
         return {"ok": True, "record": service.public(rec, service.now())}
 
+    @r.post("/v1/keys/{name}/delete", response_model=apitype.KeyDeleteAnswer, **ANSWER)
+    async def delete_key(name: str):
+        service = daemon.key_service
+        try:
+            await service.delete(name)
+        except KeyProblem as e:
+            raise _problem(e) from None
+        return {"ok": True, "name": name, "required": daemon.keys.required}
+
     return r
