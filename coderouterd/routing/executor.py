@@ -113,7 +113,8 @@ class Exchange:
         errors: list[UpstreamError] = []
         names = list(plan.candidates)
         self._demand_starts(plan.skips)
-        if self._starts and self.profile.on_demand_start == "wait" and not self.background:
+        # "wait" holds for background requests too: it says the data stays here, or that the remote costs.
+        if self._starts and self.profile.on_demand_start == "wait":
             ahead = self._starts_ahead(names)
             if ahead and await self._wait_started(ahead, errors):
                 return
