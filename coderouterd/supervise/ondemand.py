@@ -241,8 +241,8 @@ class OnDemand:
             return None
         self.policy.touch(name)
         turn = Turn(name, background, self.policy.clock())
-        if not self._turns.get(name) and name != self._target and name not in self.effects.holding():
-            self.effects.coming(name)
+        # Routing hears it is coming when its swap begins (`_start`), not now: a turn may wait, or be released
+        # before its swap, and a provider said to be coming makes other requests wait for it.
         self._turns.setdefault(name, []).append(turn)
         if not background:
             self._unwaited.setdefault(name, turn.since)

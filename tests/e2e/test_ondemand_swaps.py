@@ -21,6 +21,7 @@ import pytest
 
 from tests.e2e.test_ondemand import status
 from tests.fakes.runner import free_port
+from tests.support.cli import corectl
 from tests.support.config import daemon_config, upstream
 from tests.support.daemon import ROOT, DaemonProcess
 from tests.support.sse import event_names
@@ -68,21 +69,24 @@ class Trace:
         self.results: list[tuple[str, int, str]] = []  # (model, status, body)
         self._lock = threading.Lock()
 
-    def call(self, who: str, turn: int, background: bool) -> None:
-        model = "claude-haiku-4-5" if background else "claude-sonnet-4-5"
+    def call(self, who: str, turn: int, background: bool, on_b: bool | None = None) -> None:
+        """One request: on model B (routed by its *haiku* model name) for a background call unless `on_b` says
+        otherwise; a background call carries no tools."""
+        on_b = background if on_b is None else on_b
+        model = "claude-haiku-4-5" if on_b else "claude-sonnet-4-5"
         content = f"{who} {'title' if background else 'turn'} {turn}: " + "lorem ipsum " * 20
         body = {"model": model, "max_tokens": 16, "stream": True, "messages": [{"role": "user", "content": content}]}
         if not background:
             body["tools"] = TOOLS
         with self._lock:
-            self.sent.append((time.monotonic(), "B" if background else "A"))
+            self.sent.append((time.monotonic(), "B" if on_b else "A"))
         try:
             r = httpx.post(self.url + "/v1/messages", json=body, timeout=300)
             got = (r.status_code, r.text)
         except httpx.HTTPError as e:  # a client-side failure is a failed request too
             got = (0, repr(e))
         with self._lock:
-            self.results.append(("B" if background else "A", *got))
+            self.results.append(("B" if on_b else "A", *got))
 
     def run(self) -> None:
         with ThreadPoolExecutor(10) as pool:
@@ -133,5 +137,35 @@ def test_the_agents_trace_is_served_whole_with_a_swap_per_change_of_the_demanded
         # The first start fills an empty budget; every later one is a swap.
         assert len(starts) - 1 <= changes, (len(starts), changes)
         assert len(starts) <= 22
+        st = status(d)
+        assert st["models"]["swaps"] == len(starts) - 1 and st["models"]["waiting"] == 0
+        # The load time each model showed, learned from its own starts: at least the start delay of the fake.
+        assert st["processes"]["coder"]["load_s"] >= 1.5 and st["processes"]["small"]["load_s"] >= 1.5
+        models = corectl(["--socket", str(d.state_dir / "coderouterd.sock"), "models", "list"],
+                         env={**d.env, "COLUMNS": "200"})
+        assert "Load" in models.stdout and "Waiting" in models.stdout, models.stdout + models.stderr
+    finally:
+        d.stop()
+
+
+def test_conversations_a_user_waits_for_on_both_models_take_turns_and_are_all_served(tmp_path):
+    # Both models wanted in the foreground at once (a sub-agent on B with tools): the busy one is kept while the
+    # other's requests are held (swap_hold_s), then they are served together; no request fails, never both run.
+    cfg, log = agents_config(tmp_path, models={"swap_hold_s": 1.0, "min_resident_s": 1.0})
+    d = DaemonProcess(cfg, tmp_path).start()
+    try:
+        assert wait_for(lambda: status(d).get("models") is not None, 20)
+        trace = Trace(d.url)
+        with ThreadPoolExecutor(4) as pool:
+            jobs = [pool.submit(lambda who=who, b=b, n=n: [trace.call(who, i, False, on_b=b) for i in range(n)])
+                    for who, b, n in (("orchestrator", False, 10), ("sub-agent", False, 10), ("explorer", True, 3))]
+            # The explorer sub-agent runs on model B with tools: a foreground request for the other model.
+            for f in jobs:
+                f.result()
+        starts = log.read_text().splitlines() if log.exists() else []
+        print(f"\nforeground on both: {len(trace.results)} requests, {trace.changes()} changes, {len(starts)} starts")
+        assert trace.failures() == [] and len(trace.results) == 23
+        assert len(starts) - 1 <= trace.changes(), (len(starts), trace.changes())
+        assert all(line.endswith("others_alive=[]") for line in starts), starts
     finally:
         d.stop()
