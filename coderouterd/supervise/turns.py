@@ -10,7 +10,8 @@ The rules (README: Several local models, "Swaps only when they pay"):
   brought it in finishes by serving what waited for it.
 - A model serving requests is stopped for a foreground want only once that want's oldest request has been held
   `hold_s`: meanwhile the resident model keeps serving, and the requests for the other are gathered and served
-  together by one swap. A background want never stops a model with requests in flight or promised.
+  together by one swap. A background want never stops a model with requests in flight or promised, nor one
+  used within the last `hold_s` (idle only between two tool calls of an agent).
 - A model that became ready less than the policy's minimum residency ago is not stopped for another.
 """
 
@@ -101,6 +102,10 @@ def _blocked(w: Want, victims: list[str], policy: ResidencyPolicy, *, starting: 
             if w.rank != FOREGROUND:
                 return Hold(None, f"{v} is serving {r.in_flight} request(s): a background request never stops it")
             until = max(until, w.since + hold_s)
+        elif w.rank != FOREGROUND:
+            # Idle only for a moment (an agent between two tool calls): likely wanted again soon. A lighter
+            # request waits until it has been idle for the hold too.
+            until = max(until, r.last_used + hold_s)
         until = max(until, policy.resident_until(v))
     if until > now:
         return Hold(until, f"held to save a swap until {until - now:.1f}s from now")

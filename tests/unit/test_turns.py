@@ -48,7 +48,10 @@ def test_a_background_want_never_stops_a_busy_model_however_long_it_waited():
     assert decide(w, p, holding={"a"}, starting=set(), hold_s=5, now=clock.t + 10_000) == Hold(
         None, "a is serving 1 request(s): a background request never stops it")
     p.end("a")
-    assert decide(w, p, holding={"a"}, starting=set(), hold_s=5, now=clock.t) == Go("b", ["a"])
+    # Idle for a moment only (an agent between two tool calls): the background want waits for the hold too.
+    d = decide(w, p, holding={"a"}, starting=set(), hold_s=5, now=clock.t)
+    assert isinstance(d, Hold) and d.until == clock.t + 5
+    assert decide(w, p, holding={"a"}, starting=set(), hold_s=5, now=clock.t + 5) == Go("b", ["a"])
 
 
 def test_a_model_some_requests_were_promised_is_kept_until_they_begin():
@@ -182,7 +185,12 @@ async def _background():
     clock.t += 10_000
     await kick(sch)
     assert not title.ready.done() and fx.state["a"] == "ready"
-    sch.end("prov-a")  # idle now: the title's turn
+    sch.end("prov-a")  # idle now, but only just: a is likely wanted again
+    clock.t += 4
+    await kick(sch)
+    assert not title.ready.done()
+    clock.t += 1  # idle for the hold: the title's turn
+    await kick(sch)
     assert await title.ready and fx.state == {"a": "stopped", "b": "ready"}
     await sch.close()
 
