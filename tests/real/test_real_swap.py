@@ -118,7 +118,8 @@ profile = "fast"
         trace = Trace(d.url)
         trace.run()
         starts = log.read_text().splitlines() if log.exists() else []
-        print(json.dumps({"requests": len(trace.results), "changes": trace.changes(), "starts": len(starts)}))
+        print(json.dumps({"requests": len(trace.results), "changes": trace.changes(), "starts": len(starts),
+                          "failed": len(trace.failures())}))
         assert trace.failures() == [] and len(trace.results) == 17
         assert all(line.endswith("others_alive=[]") for line in starts), starts
         assert len(starts) - 1 <= trace.changes() and len(starts) <= 22
