@@ -67,6 +67,7 @@ class Trace:
         self.url = url
         self.sent: list[tuple[float, str]] = []  # (when, model demanded), in sending order
         self.results: list[tuple[str, int, str]] = []  # (model, status, body)
+        self.ttft: list[float] = []  # seconds to the first content of each request served
         self._lock = threading.Lock()
 
     def call(self, who: str, turn: int, background: bool, on_b: bool | None = None) -> None:
@@ -80,13 +81,22 @@ class Trace:
             body["tools"] = TOOLS
         with self._lock:
             self.sent.append((time.monotonic(), "B" if on_b else "A"))
+        sent = time.monotonic()
+        first: float | None = None  # the first content the client saw (bench/real_llama.py's time to first token)
         try:
-            r = httpx.post(self.url + "/v1/messages", json=body, timeout=300)
-            got = (r.status_code, r.text)
+            with httpx.stream("POST", self.url + "/v1/messages", json=body, timeout=300) as r:
+                lines = []
+                for line in r.iter_lines():
+                    if first is None and '"content_block_delta"' in line:
+                        first = time.monotonic() - sent
+                    lines.append(line)
+                got = (r.status_code, "\n".join(lines))
         except httpx.HTTPError as e:  # a client-side failure is a failed request too
             got = (0, repr(e))
         with self._lock:
             self.results.append(("B" if on_b else "A", *got))
+            if first is not None and got[0] == 200:
+                self.ttft.append(first)
 
     def run(self) -> None:
         with ThreadPoolExecutor(10) as pool:

@@ -5,12 +5,11 @@ Small in tokens: the point is the processes, not the model."""
 from __future__ import annotations
 
 import json
-import sys
 
 import httpx
 import pytest
 
-from bench.real_llama import SWAP_SUITE, swap
+from bench.real_llama import AGENTS, SWAP_SUITE, agents, swap
 from tests.support.daemon import DaemonProcess, admin_get, free_port
 from tests.support.real_llama import paths, server_argv
 from tests.support.wait import wait_for
@@ -68,60 +67,10 @@ providers = ["llama"]
 
 def test_the_agents_trace_on_two_real_servers_with_a_budget_for_one_is_served_whole(tmp_path):
     # Issue 44's trace on real llama-servers, each load made slow by 2 s before the server starts (a start delay in
-    # the process command): every request served, at most one swap per change of the demanded model.
-    from coderouterd.supervise.memory import estimate_mb
-    from tests.e2e.test_ondemand_swaps import Trace
-
-    p = paths()
-    ports = [free_port(), free_port()]
-    log = tmp_path / "starts.log"
-    argvs = [server_argv(p["LLAMA_SERVER"], p["LLAMA_MODEL"], port, slots=4, ctx_per_slot=1024 + 128 * i)
-             for i, port in enumerate(ports)]
-    budget = round(estimate_mb(argvs[1]) * 1.5, 1)
-    slow = ["sh", "-c", 'sleep 2; exec "$0" "$@"']
-    wrap = [sys.executable, "-m", "tests.support.exclusive", str(log), ",".join(map(str, ports)), "--", *slow]
-    procs = [{"command": wrap + argv, "ready_url": f"http://127.0.0.1:{port}/health", "start": "on_demand",
-              "start_timeout_s": 120} for port, argv in zip(ports, argvs, strict=True)]
-    cfg = f"""
-[server]
-port = {{PORT}}
-ping_interval_s = 1
-
-[models]
-memory_budget_mb = {budget}
-
-[providers.coder]
-kind = "openai"
-base_url = "http://127.0.0.1:{ports[0]}/v1"
-model = "smollm2"
-process = {{ command = {json.dumps(procs[0]["command"])}, ready_url = "{procs[0]["ready_url"]}", start = "on_demand", start_timeout_s = 120 }}
-
-[providers.small]
-kind = "openai"
-base_url = "http://127.0.0.1:{ports[1]}/v1"
-model = "smollm2"
-process = {{ command = {json.dumps(procs[1]["command"])}, ready_url = "{procs[1]["ready_url"]}", start = "on_demand", start_timeout_s = 120 }}
-
-[profiles.default]
-providers = ["coder"]
-
-[profiles.fast]
-providers = ["small"]
-
-[[routes]]
-model = "*haiku*"
-profile = "fast"
-"""
-    d = DaemonProcess(cfg, tmp_path).start()
-    try:
-        assert wait_for(lambda: (admin_get(d.state_dir / "coderouterd.sock") or {}).get("models") is not None, 30)
-        trace = Trace(d.url)
-        trace.run()
-        starts = log.read_text().splitlines() if log.exists() else []
-        print(json.dumps({"requests": len(trace.results), "changes": trace.changes(), "starts": len(starts),
-                          "failed": len(trace.failures())}))
-        assert trace.failures() == [] and len(trace.results) == 17
-        assert all(line.endswith("others_alive=[]") for line in starts), starts
-        assert len(starts) - 1 <= trace.changes() and len(starts) <= 22
-    finally:
-        d.stop()
+    # the process command): every request served, at most one swap per change of the demanded model, never both.
+    paths()
+    got = agents(AGENTS, tmp_path)
+    print(json.dumps(got))
+    assert got["failed"] == 0 and got["requests"] == 17, got
+    assert got["starts_with_other_alive"] == [], got
+    assert got["starts"] - 1 <= got["changes"] and got["starts"] <= 22, got
