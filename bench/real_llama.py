@@ -5,6 +5,7 @@ itself (with its RAM prompt cache). Same run, same machine.
 
     .venv/bin/python bench/real_llama.py [--scenario within|twice|three|all|suite] [--restart]
     .venv/bin/python bench/real_llama.py --warm [--scenario three|three-suite|warm-suite]
+    .venv/bin/python bench/real_llama.py --scenario agents
 
 Reuse is what the server reports it took from cache (`timings.cache_n`, relayed as cached tokens) against
 the best any slot assignment could give: for each request, the longest token prefix it shares with any
@@ -94,6 +95,10 @@ SCENARIOS = {"within": [WITHIN], "twice": [TWICE], "three": [THREE, THREE_NO_TOO
 SWAP = Scenario("swap", slots=1, ctx=2048, sessions=2, turns=4, background_sessions=0)
 SWAP_SUITE = Scenario("swap-suite", slots=1, ctx=1024, sessions=2, turns=3, background_sessions=0, shape=TINY)
 SCENARIOS.update({"swap": [SWAP], "swap-suite": [SWAP_SUITE]})
+# Issue 44's agents trace: an orchestrator and two sub-agents on one model, five background calls on another, sent
+# concurrently, two servers with a budget for one, each load made slow (a start delay in the process command).
+AGENTS = Scenario("agents", slots=4, ctx=1024, sessions=3, turns=4, background_sessions=0)
+SCENARIOS["agents"] = [AGENTS]
 
 
 def order(sc: Scenario) -> list[tuple[Session, str]]:
@@ -411,6 +416,75 @@ def swap_config(sc: Scenario, ports: tuple[int, int], starts_log: Path, state: P
             .replace("@MODEL@", MODEL).replace("@BUDGET@", str(budget)).replace("@IDLE@", str(idle_stop_s)))
 
 
+AGENTS_CONFIG = """
+[server]
+port = {PORT}
+ping_interval_s = 1
+
+[models]
+memory_budget_mb = @BUDGET@
+swap_hold_s = @HOLD@
+min_resident_s = @RESIDENT@
+
+[providers.coder]
+kind = "openai"
+base_url = "http://127.0.0.1:@PA@/v1"
+model = "@MODEL@"
+process = { command = @ARGV_A@, ready_url = "http://127.0.0.1:@PA@/health", start = "on_demand", start_timeout_s = 120 }
+
+[providers.small]
+kind = "openai"
+base_url = "http://127.0.0.1:@PB@/v1"
+model = "@MODEL@"
+process = { command = @ARGV_B@, ready_url = "http://127.0.0.1:@PB@/health", start = "on_demand", start_timeout_s = 120 }
+
+[profiles.default]
+providers = ["coder"]
+
+[profiles.fast]
+providers = ["small"]
+
+[[routes]]
+model = "*haiku*"
+profile = "fast"
+"""
+
+
+def agents(sc: Scenario, tmp: Path, *, hold_s: float = 5.0, min_resident_s: float = 5.0,
+           start_delay_s: float = 2.0) -> dict:
+    """The agents trace (tests/e2e/test_ondemand_swaps.py's Trace) on two real servers with a budget for one, each
+    start held `start_delay_s` before the server runs. Counts requests, failures, starts (each read from the
+    process table as it happens: tests/support/exclusive.py), changes of the demanded model, time to first token."""
+    from coderouterd.supervise.memory import estimate_mb
+    from tests.e2e.test_ondemand_swaps import Trace
+
+    p = paths()
+    ports = (free_port(), free_port())
+    log = tmp / "starts.log"
+    tmp.mkdir(parents=True, exist_ok=True)
+    argvs = [server_argv(p["LLAMA_SERVER"], p["LLAMA_MODEL"], port, slots=sc.slots, ctx_per_slot=sc.ctx + 128 * i)
+             for i, port in enumerate(ports)]
+    budget = round(estimate_mb(argvs[1]) * 1.5, 1)
+    slow = ["sh", "-c", f'sleep {start_delay_s:g}; exec "$0" "$@"']
+    wrap = [sys.executable, "-m", "tests.support.exclusive", str(log), ",".join(map(str, ports)), "--", *slow]
+    cfg = (AGENTS_CONFIG.replace("@PA@", str(ports[0])).replace("@PB@", str(ports[1]))
+           .replace("@ARGV_A@", json.dumps(wrap + argvs[0])).replace("@ARGV_B@", json.dumps(wrap + argvs[1]))
+           .replace("@MODEL@", MODEL).replace("@BUDGET@", str(budget)).replace("@HOLD@", f"{hold_s:g}")
+           .replace("@RESIDENT@", f"{min_resident_s:g}"))
+    d = DaemonProcess(cfg, tmp).start()
+    try:
+        trace = Trace(d.url)
+        trace.run()
+    finally:
+        d.stop()
+    starts = log.read_text().splitlines() if log.exists() else []
+    ttft = sorted(trace.ttft)
+    return {"requests": len(trace.results), "failed": len(trace.failures()), "changes": trace.changes(),
+            "starts": len(starts), "starts_with_other_alive": [s for s in starts if not s.endswith("=[]")],
+            "ttft_p50_s": round(statistics.median(ttft), 3) if ttft else None,
+            "ttft_p95_s": round(ttft[max(0, int(len(ttft) * 0.95 + 0.5) - 1)], 3) if ttft else None}
+
+
 def _ready_times(audit: Path) -> dict[str, list[float]]:
     """process -> wall-clock times it became ready, from the audit log's process events."""
     from datetime import datetime
@@ -607,6 +681,13 @@ def run(scenarios: list[Scenario], restart: bool) -> list[dict]:
         with tempfile.TemporaryDirectory(prefix=f"crreal-{sc.name}-") as t:
             tmp = Path(t)
             t0 = time.monotonic()
+            if sc.name == "agents":
+                for label, hold, resident in (("swap_hold_s 5, min_resident_s 5 (defaults)", 5.0, 5.0),
+                                              ("swap_hold_s 0, min_resident_s 0", 0.0, 0.0)):
+                    r = agents(sc, tmp / f"h{hold:g}", hold_s=hold, min_resident_s=resident)
+                    rows.append({"scenario": sc.name, "run": label, **r})
+                print(f"# {sc.name}: {time.monotonic() - t0:.0f} s", file=sys.stderr)
+                continue
             if sc.name.startswith("swap"):
                 base = swap(sc, tmp / "both", budget=False)
                 rows.append({"scenario": sc.name, "run": "both resident (no budget): never swaps", **base})
@@ -656,6 +737,15 @@ def main() -> None:
         print_warm_table(run_warm(SCENARIOS[args.scenario if args.scenario.startswith(("three", "warm")) else "three"]))
         return
     rows = run(SCENARIOS[args.scenario], args.restart)
+    if args.scenario == "agents":
+        cols = ["scenario", "run", "requests", "failed", "changes", "starts", "starts_with_other_alive",
+                "ttft_p50_s", "ttft_p95_s"]
+        print("| " + " | ".join(cols) + " |")
+        print("|" + "---|" * len(cols))
+        for r in rows:
+            print("| " + " | ".join(str(len(r[c]) if isinstance(r.get(c), list) else r.get(c, "")) for c in cols)
+                  + " |")
+        return
     if args.scenario.startswith("swap"):
         cols = ["scenario", "run", "requests", "errors", "starts", "starts_with_other_alive", "prompt_tokens",
                 "processed_tokens", "returning_processed", "returning_new", "returning_ratio", "warm_ttft_p50_s",

@@ -283,16 +283,19 @@ def models_table(entries: list[dict], width: int = 10_000):
 
 
 def resident_table(resident: dict, width: int = 10_000):
-    """Managed local models: resident or not against the memory budget, idle time to the stop, last stop."""
+    """Managed local models: resident or not against the memory budget, the load time learned from its starts,
+    requests waiting for their turn, idle time to the stop, last stop."""
     from .render import budget_line, fit_table, idle_cell, memory_cell
 
     procs = resident.get("processes") or {}
     columns = [("Process", {"no_wrap": True, "style": "bold"}, 0), ("Serves", {}, 3), ("State", {"no_wrap": True}, 0),
                ("Start", {"no_wrap": True}, 4), ("Memory", {"justify": "right", "no_wrap": True}, 0),
+               ("Load", {"justify": "right", "no_wrap": True}, 5), ("Waiting", {"justify": "right", "no_wrap": True}, 5),
                ("Idle stop", {"justify": "right", "no_wrap": True}, 2), ("Last stop", {"no_wrap": True}, 1)]
     rows = [[name, ", ".join(p.get("providers") or []), ("resident " if p.get("resident") else "") +
-             (p.get("state") or "?"), p.get("start") or "always", memory_cell(p), idle_cell(p),
-             p.get("last_stop_reason") or "-"] for name, p in procs.items()]
+             (p.get("state") or "?"), p.get("start") or "always", memory_cell(p),
+             f"{p['load_s']:.1f} s" if p.get("load_s") is not None else "-", str(p.get("waiting") or 0),
+             idle_cell(p), p.get("last_stop_reason") or "-"] for name, p in procs.items()]
     held = {"memory_held_mb": resident.get("memory_held_mb"), "memory_budget_mb": resident.get("memory_budget_mb"),
             "resident": [n for n, p in procs.items() if p.get("resident")]}
     return fit_table(width, columns, rows, title=budget_line(held), title_justify="left", title_style="bold")

@@ -342,6 +342,8 @@ class ProcessNow(Answer):
     pinned: bool = False
     start: str = "always"  # always | on_demand
     idle_stop_in_s: float | None = None  # until its idle stop, if nothing uses it
+    waiting: int = 0  # requests held for their turn at it (it is stopped, or being swapped in)
+    load_s: float | None = None  # its load time, learned from its own starts
     last_stop_reason: str | None = None  # idle, room for X, manual, reload, crash, shutdown
 
 

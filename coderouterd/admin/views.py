@@ -145,6 +145,7 @@ def models_memory(daemon: Daemon) -> dict | None:
              if pp.slots is not None and pp.slots.saved}
     return {"memory_budget_mb": snap["memory_budget_mb"], "memory_held_mb": snap["memory_held_mb"],
             "resident": sorted(n for n, p in snap["processes"].items() if p["resident"]),
+            "swaps": snap.get("swaps", 0), "waiting": sum(p.get("waiting", 0) for p in snap["processes"].values()),
             "saved_lanes": saved, "saved_bytes": daemon.affinity.warm.disk_bytes}
 
 

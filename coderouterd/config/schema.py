@@ -365,6 +365,12 @@ class ModelsConfig(_Strict):
     # What the managed processes may hold together, in MB (0 = no limit). Starting one that would exceed it
     # first stops the least recently used unpinned ones.
     memory_budget_mb: float = Field(0.0, ge=0, le=100_000_000)
+    # Swaps only when they pay. A request for a stopped model may be held this long while the resident one is
+    # busy, so that the requests for each are gathered and served together by one swap (background requests,
+    # no tools, never stop a busy model). A model started for requests stays at least min_resident_s before it
+    # is stopped for another or for idleness (hysteresis against A B A B).
+    swap_hold_s: float = seconds(5.0, zero_ok=True)
+    min_resident_s: float = seconds(5.0, zero_ok=True)
 
 
 class HealthConfig(_Strict):

@@ -250,6 +250,13 @@ class _ScrapeTimeCollector:
                                  "nothing uses it", labels=["process"])
         last = GaugeMetricFamily("coderouter_process_last_stop", "The reason of the last stop (value 1)",
                                  labels=["process", "reason"])
+        waiting = GaugeMetricFamily("coderouter_process_waiting_requests", "Requests held for their turn at a "
+                                    "stopped model (swap_hold_s, a busy model, a load under way)",
+                                    labels=["process"])
+        load = GaugeMetricFamily("coderouter_process_load_seconds", "Load time learned from its own starts",
+                                 labels=["process"])
+        swaps = CounterMetricFamily("coderouter_models_swaps", "Starts that stopped another model to make room")
+        swaps.add_metric([], snap.get("swaps", 0))
         sup = procs.supervisor.snapshot()
         for name, p in snap["processes"].items():
             resident.add_metric([name], 1.0 if p["resident"] else 0.0)
@@ -259,7 +266,10 @@ class _ScrapeTimeCollector:
             reason = (sup.get(name) or {}).get("last_stop_reason")
             if reason:
                 last.add_metric([name, reason], 1.0)
-        yield from (budget, held, resident, mem, idle, last)
+            waiting.add_metric([name], p.get("waiting", 0))
+            if p.get("load_s") is not None:
+                load.add_metric([name], p["load_s"])
+        yield from (budget, held, resident, mem, idle, last, waiting, load, swaps)
 
 def _availability(daemon: MetricsSource) -> GaugeMetricFamily:
     """Whether each provider can take traffic (1) or not (0), labelled with why as a short code (the words are in

@@ -29,15 +29,38 @@ if TYPE_CHECKING:
     from .request import ClientRequest
 
 
+class ProcessTurn(Protocol):
+    """A request's turn at a stopped process (supervise/ondemand.py's Turn)."""
+
+    @property
+    def ready(self) -> asyncio.Future[bool]:
+        """Resolves True when admitted, False when the process could not start (or the turn was released)."""
+        ...
+
+    def waiting(self) -> bool:
+        """Still waiting for its turn."""
+        ...
+
+    def admitted(self) -> bool:
+        """The process is up and kept for this request until it begins (or releases the turn)."""
+        ...
+
+
 class ProcessDemand(Protocol):
     """What an exchange asks of the on-demand scheduler of managed processes (supervise/ondemand.py)."""
 
-    def demand(self, provider: str) -> asyncio.Task[bool] | None:
-        """Start the provider's stopped process for a request; the start to wait for, or None (cannot)."""
+    def demand(self, provider: str, *, background: bool = False) -> ProcessTurn | None:
+        """A turn at the provider's stopped process for a request (background: it never stops a busy model), to
+        wait for; None when a request cannot start it."""
         ...
 
-    def begin(self, provider: str) -> bool:
-        """Count a request in flight on the provider's process; False when the process is being stopped."""
+    def begin(self, provider: str, turn: ProcessTurn | None = None) -> bool:
+        """Count a request in flight on the provider's process (using its admitted turn, if any); False when the
+        process is being stopped."""
+        ...
+
+    def release(self, turn: ProcessTurn) -> None:
+        """The request is done with its turn (served, or gone)."""
         ...
 
     def end(self, provider: str) -> None:

@@ -44,7 +44,7 @@ from .steps import Slot
 from .waiting import pinging, wait_for_restart
 
 if TYPE_CHECKING:
-    from .exchange_router import CallFactory, ExchangeRouter
+    from .exchange_router import CallFactory, ExchangeRouter, ProcessTurn
     from .generation import Generation
 
 
@@ -74,7 +74,8 @@ class Exchange:
         self.budget_final: dict[str, str] = {}  # provider -> why its budget refused this request until the reset
         self.committed = False
         self._panicked: list[Skip] = []  # the transient skips panic mode overrode
-        self._starts: dict[str, asyncio.Future[bool]] = {}  # provider -> its process started on demand for us
+        # provider -> our turn for its process, started on demand (supervise/ondemand.py): released when done
+        self._starts: dict[str, ProcessTurn] = {}
 
     def _record(self, slot: Slot, outcome: Outcome, reason: str, status: int | None = None,
                 message: str = "") -> None:
@@ -83,6 +84,25 @@ class Exchange:
     # -- main loop ------------------------------------------------------------------------------------------
 
     async def run(self) -> None:
+        try:
+            await self._run()
+        finally:
+            self._release_turns()
+
+    def _release_turns(self) -> None:
+        demand = self.router.demand
+        if demand is not None:
+            for turn in self._starts.values():
+                demand.release(turn)
+        self._starts.clear()
+
+    @property
+    def background(self) -> bool:
+        """A background request (no tools: a title, a summary, a topic check): it never stops a busy model, and
+        is served by a model that is up whenever its profile allows one (README: Several local models)."""
+        return not self.req.has_tools()
+
+    async def _run(self) -> None:
         record = self.record
         ticket = self.router.ticket(self.req)
         record.set_affinity(ticket)
@@ -93,6 +113,7 @@ class Exchange:
         errors: list[UpstreamError] = []
         names = list(plan.candidates)
         self._demand_starts(plan.skips)
+        # "wait" holds for background requests too: it says the data stays here, or that the remote costs.
         if self._starts and self.profile.on_demand_start == "wait":
             ahead = self._starts_ahead(names)
             if ahead and await self._wait_started(ahead, errors):
@@ -164,9 +185,9 @@ class Exchange:
             return
         for s in skips:
             if s.reason in ("not_ready", "cannot_start") and s.provider not in self._starts:
-                start = demand.demand(s.provider)
-                if start is not None:
-                    self._starts[s.provider] = start
+                turn = demand.demand(s.provider, background=self.background)
+                if turn is not None:
+                    self._starts[s.provider] = turn
 
     def _starts_ahead(self, names: list[str]) -> list[str]:
         """Providers being started for us that come before the first candidate in the chain's order."""
@@ -175,24 +196,37 @@ class Exchange:
         return [p for p in self._starts if p in chain and chain.index(p) < first]
 
     async def _wait_started(self, providers: list[str], errors: list[UpstreamError]) -> bool:
-        """Wait for the processes started for this request (a streaming client gets its 200 and pings
-        meanwhile), then try each that came up. True when the client has been answered."""
-        for _ in range(3):  # a process taken away again (swapped out) before we reached it is started again
-            waiting = {p: self._starts.pop(p) for p in providers if p in self._starts}
+        """Wait for our turn at the processes started for this request (a streaming client gets its 200 and pings
+        meanwhile), then try each that came up. A process is kept for a turn it admitted until the request begins
+        there, so one try is enough; a turn taken again (a stop by hand got there first) is waited for again,
+        within the request's deadline: its providers' first-byte timeout. True when the client has been
+        answered."""
+        deadline = self.req.started + max(
+            (self.runtime.providers[p].cfg.timeouts.first_byte for p in providers if p in self.runtime.providers),
+            default=0.0)
+        while True:
+            waiting = {p: t for p, t in self._starts.items() if p in providers and t.waiting()}
             if not waiting:
                 return False
-            started = time.monotonic()
-            # Shielded: this request giving up (client gone) must not cancel a start others may wait for.
-            await pinging(self, asyncio.gather(*(asyncio.shield(f) for f in waiting.values()),
-                                               return_exceptions=True), next(iter(waiting)))
-            up = [p for p, f in waiting.items() if f.done() and not f.cancelled() and f.result() is True]
-            if not up:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                self.record.note({"provider": next(iter(waiting)), "moved": "none",
+                                  "why": "its turn did not come within its first-byte timeout"})
                 return False
+            started = time.monotonic()
+            try:
+                await pinging(self, asyncio.wait([t.ready for t in waiting.values()],
+                                                 return_when=asyncio.FIRST_COMPLETED), next(iter(waiting)), left)
+            except TimeoutError:
+                continue  # the deadline check above says so
+            up = [p for p, t in waiting.items() if t.admitted()]
+            if not up:
+                if all(not t.waiting() for t in waiting.values()):
+                    return False  # could not start: routing says why
+                continue
             self.record.waited_for(up, time.monotonic() - started)
             if await self.try_in_order(up, errors):
                 return True
-            providers = up  # those refused as stopping again (open_slot demanded them anew) get another round
-        return False
 
     # -- one attempt ----------------------------------------------------------------------------------------
 
@@ -224,15 +258,20 @@ class Exchange:
             raise
         demand = self.router.demand
         if demand is not None:
-            if not demand.begin(name):
-                # Its process is being stopped (idle, or to make room): not its failure; started again for us.
+            turn = self._starts.get(name)
+            if not demand.begin(name, turn):
+                # Its process is being stopped (idle, or to make room): not its failure; we take a turn for its
+                # next start, and are served then.
                 self.router.release(name, admission)
                 self.router.settle(slot.reservation, provider, None)
                 self.record.skipped(Skip(name, "not_ready", f"{name}'s managed process is stopping",
                                          overridable=False))
-                start = demand.demand(name)
-                if start is not None:
-                    self._starts[name] = start
+                if turn is not None:
+                    demand.release(turn)
+                    del self._starts[name]
+                turn = demand.demand(name, background=self.background)
+                if turn is not None:
+                    self._starts[name] = turn
                 return None
             slot.begun = True
         return slot

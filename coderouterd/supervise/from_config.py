@@ -13,7 +13,7 @@ from ..affinity.slot_save import slot_dir, with_slot_save_path
 from ..config import state_dir
 from ..tasks import TaskSet
 from . import memory
-from .ondemand import OnDemand, Settings, StartFailed
+from .ondemand import OnDemand, Rules, Settings, StartFailed
 from .registry import Supervisor
 from .residency import Resident
 from .spec import ExternalProcessError, ProcessSpec, ProcessState
@@ -58,9 +58,13 @@ def residents_from_config(cfg: ConfigModel, estimates: dict[str, float]) -> dict
         if found is None or found[0] in out:
             continue
         name, p = found
+        served = [q for q, c in cfg.providers.items() if (f := cfg.process_for(q)) is not None and f[0] == name]
+        # A stop to make room waits for the requests in flight as long as their own timeouts let them run.
+        drain = max(cfg.providers[q].timeouts.total for q in served)
         out[name] = (Resident(name, memory_mb=p.memory_mb or estimates.get(name, 0.0), pinned=p.pinned,
                               idle_stop_s=p.idle_stop_s),
-                     Settings(on_demand=p.start == "on_demand", stop_timeout_s=p.stop_timeout_s))
+                     Settings(on_demand=p.start == "on_demand", stop_timeout_s=p.stop_timeout_s,
+                              room_drain_s=drain))
     return out
 
 
@@ -154,7 +158,8 @@ class Processes:
     async def configure(self, cfg: ConfigModel) -> None:
         """The scheduler's view of the configured processes; memory estimates are read off the loop."""
         estimates = await asyncio.to_thread(estimate_memory, cfg)
-        self.scheduler.configure(cfg.models.memory_budget_mb, residents_from_config(cfg, estimates))
+        self.scheduler.configure(cfg.models.memory_budget_mb, residents_from_config(cfg, estimates),
+                                 Rules(hold_s=cfg.models.swap_hold_s, min_resident_s=cfg.models.min_resident_s))
 
     @staticmethod
     def autostarted(cfg: ConfigModel) -> list[tuple[list[str], float]]:

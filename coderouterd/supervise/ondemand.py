@@ -1,11 +1,16 @@
-"""Local models on demand, within a memory budget: the scheduler that starts a stopped process for the request
-that needs it, makes room by stopping the least recently used ones first, and stops idle ones.
+"""Local models on demand, within a memory budget: the scheduler that starts a stopped process for the requests
+that need it, makes room by stopping others, and stops idle ones.
 
-The decisions are residency.py's (pure); this module sequences them and acts through a small `Effects`
-interface (start and wait for readiness, stop, say what routing should know), so it is tested with a fake one,
-without processes. One start-with-room-making at a time: two swaps deciding at once could each count memory
-the other is about to free. Requests for a process that is ready never take that lock: they are served while
-another model is being swapped in.
+A request that needs a stopped process takes a `Turn` (`demand`) and waits for it. One dispatcher decides whose
+turn it is (turns.py, pure: collate, never for a lighter request, minimum residency) and runs one swap at a
+time: two swaps deciding at once could each count memory the other is about to free. When the process comes
+up, every turn waiting for it is admitted: the process is kept for them until each has begun its request (or
+given up), so a swap that has started always serves what it was started for. Requests for a process that is
+ready never wait: they are served while another model is being swapped in.
+
+The memory arithmetic is residency.py's (pure); this module sequences the decisions and acts through a small
+`Effects` interface (start and wait for readiness, stop, say what routing should know), so it is tested with a
+fake one, without processes.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ from typing import Any, Protocol
 
 from ..tasks import TaskSet
 from .residency import NoRoom, ResidencyPolicy, Resident
+from .turns import Go, Refuse, Want, decide
 
 log = logging.getLogger("coderouterd.supervise")
 
@@ -74,31 +80,77 @@ class Settings:
 
     on_demand: bool = False
     stop_timeout_s: float = 10.0
+    # How long a stop to make room waits for the requests in flight to end (their own timeouts bound them):
+    # a request is never cut because another model was wanted. 0: stop_timeout_s, as other stops.
+    room_drain_s: float = 0.0
+
+
+@dataclass
+class Rules:
+    """[models] swap_hold_s and min_resident_s (README: Several local models)."""
+
+    hold_s: float = 5.0
+    min_resident_s: float = 5.0
+
+
+WAITING, ADMITTED, USED, GONE = "waiting", "admitted", "used", "gone"
+
+
+class Turn:
+    """One request's place in the queue for a stopped process. `ready` resolves True when the process is up and
+    kept for this request (admitted: it must `begin` or be released), False when it could not start."""
+
+    __slots__ = ("name", "background", "since", "ready", "state")
+
+    def __init__(self, name: str, background: bool, since: float) -> None:
+        self.name = name
+        self.background = background
+        self.since = since
+        self.ready: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+        self.state = WAITING
+
+    def waiting(self) -> bool:
+        return self.state == WAITING
+
+    def admitted(self) -> bool:
+        return self.state == ADMITTED
 
 
 class OnDemand:
     def __init__(self, effects: Effects, *, clock: Callable[[], float], process_of: Callable[[str], str | None],
-                 budget_mb: float = 0.0) -> None:
+                 budget_mb: float = 0.0, rules: Rules | None = None) -> None:
         """`process_of(provider)`: the managed process serving a provider, or None."""
         self.effects = effects
-        self.policy = ResidencyPolicy(budget_mb, clock=clock)
+        self.rules = rules or Rules()
+        self.policy = ResidencyPolicy(budget_mb, clock=clock, min_resident_s=self.rules.min_resident_s)
         self._process_of = process_of
         self._settings: dict[str, Settings] = {}
         self._swap = asyncio.Lock()
-        self._starts: dict[str, asyncio.Task[bool]] = {}
+        self._turns: dict[str, list[Turn]] = {}  # process -> turns waiting for it, oldest first
+        self._unwaited: dict[str, float] = {}  # process -> since when a start is wanted that nobody waits for
+        self._swapping: asyncio.Task[None] | None = None
+        self._target: str | None = None  # what the running swap brings in
+        self._kick = asyncio.Event()
+        self._dispatcher: asyncio.Task[None] | None = None
         self._stopping: dict[str, asyncio.Future[None]] = {}
         self._ours: set[str] = set()  # stopped (or being stopped) by the scheduler: a request starts them again
         self._drained: dict[str, asyncio.Event] = {}
         self._wake = asyncio.Event()
         self._tasks = TaskSet()
         self._idle_task: asyncio.Task[None] | None = None
+        self.swaps = 0  # starts that stopped another process to make room (the count the tests and bench read)
 
     # -- configuration --------------------------------------------------------------------------------------
 
-    def configure(self, budget_mb: float, processes: dict[str, tuple[Resident, Settings]]) -> None:
+    def configure(self, budget_mb: float, processes: dict[str, tuple[Resident, Settings]],
+                  rules: Rules | None = None) -> None:
+        if rules is not None:
+            self.rules = rules
+            self.policy.min_resident_s = rules.min_resident_s
         self.policy.configure([r for r, _ in processes.values()], budget_mb)
         self._settings = {n: s for n, (_, s) in processes.items()}
         self._wake.set()
+        self._kick.set()
 
     @property
     def budget_mb(self) -> float:
@@ -110,13 +162,22 @@ class OnDemand:
 
     # -- the request path -----------------------------------------------------------------------------------
 
-    def begin(self, provider: str) -> bool:
-        """A request is about to be sent to this provider. False: its process is being stopped (the request
-        must treat it as not ready)."""
+    def begin(self, provider: str, turn: object = None) -> bool:
+        """A request is about to be sent to this provider (with the turn it waited for, if any). False: its process
+        is being stopped (the request must treat it as not ready, and may take a turn)."""
         name = self.process_of(provider)
         if name is None:
             return True
-        ok = self.policy.begin(name)
+        r = self.policy.residents.get(name)
+        if isinstance(turn, Turn) and turn.name == name and turn.state == ADMITTED and r is not None:
+            # Kept for it since it came up: never refused, even if a stop by hand is waiting for it.
+            turn.state = USED
+            r.admitted = max(0, r.admitted - 1)
+            r.in_flight += 1
+            r.last_used = self.policy.clock()
+            ok = True
+        else:
+            ok = self.policy.begin(name)
         if ok:
             self._wake.set()  # its idle deadline moved
         return ok
@@ -126,11 +187,38 @@ class OnDemand:
         if name is None:
             return
         self.policy.end(name)
-        if self.policy.in_flight(name) == 0:
+        self._check_drained(name)
+        self._wake.set()
+        self._kick.set()
+
+    def release(self, turn: object) -> None:
+        """The request is done with its turn (served, elsewhere or by it, or gone). Idempotent."""
+        if not isinstance(turn, Turn):
+            return
+        state, turn.state = turn.state, GONE
+        if state == WAITING:
+            waiting = self._turns.get(turn.name)
+            if waiting is not None and turn in waiting:
+                waiting.remove(turn)
+                if not waiting:
+                    del self._turns[turn.name]
+            if not turn.ready.done():
+                turn.ready.set_result(False)
+        elif state == ADMITTED:
+            r = self.policy.residents.get(turn.name)
+            if r is not None:
+                r.admitted = max(0, r.admitted - 1)
+                self._check_drained(turn.name)
+        else:
+            return
+        self._wake.set()
+        self._kick.set()
+
+    def _check_drained(self, name: str) -> None:
+        if not self.policy.busy(name):
             ev = self._drained.get(name)
             if ev is not None:
                 ev.set()
-        self._wake.set()
 
     def can_start(self, provider: str) -> bool:
         """A request may start the provider's process: it is stopped (or being stopped by us), and on demand or
@@ -138,70 +226,171 @@ class OnDemand:
         name = self.process_of(provider)
         if name is None:
             return False
-        if name in self._starts:
+        if name == self._target or name in self._turns:
             return True
         if name in self._stopping and name in self._ours:
             return True
         return self.effects.stopped(name) and (self._settings[name].on_demand or name in self._ours)
 
-    def demand(self, provider: str) -> asyncio.Task[bool] | None:
-        """Start the provider's process for a request, in the background (one start per process, whoever asks).
-        Returns the start (True once ready, False if it failed: routing then says why), or None when this
-        provider cannot be started by a request."""
+    def demand(self, provider: str, *, background: bool = False) -> Turn | None:
+        """A request needs the provider's stopped process: its turn, to wait for (`Turn.ready`), or None when this
+        provider cannot be started by a request. A start nobody waits for any more (released while it was
+        still waiting, `unwaited`) still happens when it stops no busy model."""
         name = self.process_of(provider)
         if name is None or not self.can_start(provider):
             return None
         self.policy.touch(name)
-        task = self._starts.get(name)
-        if task is None:
-            self.effects.coming(name)
-            task = asyncio.get_running_loop().create_task(self._start_logged(name), name=f"on-demand:{name}")
-            self._starts[name] = task
-            task.add_done_callback(self._start_done)
-        return task
+        turn = Turn(name, background, self.policy.clock())
+        # Routing hears it is coming when its swap begins (`_start`), not now: a turn may wait, or be released
+        # before its swap, and a provider said to be coming makes other requests wait for it.
+        self._turns.setdefault(name, []).append(turn)
+        if not background:
+            self._unwaited.setdefault(name, turn.since)
+        self._kick.set()
+        self._run_dispatcher()
+        return turn
 
-    def _start_done(self, task: asyncio.Task[bool]) -> None:
-        for name, t in list(self._starts.items()):
-            if t is task:
-                del self._starts[name]
+    # -- whose turn -----------------------------------------------------------------------------------------
 
-    async def _start_logged(self, name: str) -> bool:
+    def _run_dispatcher(self) -> None:
+        if self._dispatcher is None or self._dispatcher.done():
+            self._dispatcher = asyncio.get_running_loop().create_task(self._dispatch(), name="on-demand turns")
+
+    def wants(self) -> list[Want]:
+        out = []
+        for name in set(self._turns) | set(self._unwaited):
+            turns = self._turns.get(name) or []
+            since = min([t.since for t in turns] or [self._unwaited.get(name, self.policy.clock())])
+            out.append(Want(name, since, foreground=sum(not t.background for t in turns),
+                            background=sum(t.background for t in turns)))
+        return out
+
+    async def _dispatch(self) -> None:
+        clock = self.policy.clock
+        while True:
+            self._kick.clear()
+            until: float | None = None
+            try:
+                self._admit_ready()
+                if self._swapping is None and (self._turns or self._unwaited):
+                    until = self._decide()
+            except Exception:  # a bug here must not leave every waiting request hanging until its deadline
+                log.exception("on-demand turn decision failed")
+                until = clock() + 1.0
+            # A process may come up by other means (a start by hand, the supervisor's restart): look again now
+            # and then while anything waits, besides every kick.
+            timeout = 1.0 if self._turns else None
+            if until is not None:
+                timeout = max(0.01, min(timeout or 1.0, until - clock()))
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(timeout):
+                    await self._kick.wait()
+
+    def _decide(self) -> float | None:
+        holding = set(self.effects.holding())
+        for name in [n for n in self._unwaited if n in holding]:
+            del self._unwaited[name]  # up (or coming up) by other means: nothing left to start
+        d = decide(self.wants(), self.policy, holding=holding, starting=holding - set(self.effects.ready()),
+                   fixed=self.effects.external(), hold_s=self.rules.hold_s, now=self.policy.clock())
+        if isinstance(d, Refuse):
+            self._unwaited.pop(d.target, None)
+            self.effects.cannot_start(d.target, d.why)
+            self._settle(d.target, False)
+            self._kick.set()
+            return None
+        if isinstance(d, Go):
+            self._unwaited.pop(d.target, None)
+            self._target = d.target
+            self._swapping = asyncio.get_running_loop().create_task(self._swap_in(d.target, d.victims),
+                                                                    name=f"on-demand:{d.target}")
+            return None
+        return d.until
+
+    def _admit_ready(self) -> None:
+        """Every turn waiting for a process that is ready (and not being stopped) is admitted: kept for it."""
+        if not self._turns:
+            return
+        ready = set(self.effects.ready())
+        for name in list(self._turns):
+            r = self.policy.residents.get(name)
+            if name in ready and r is not None and not r.draining and name != self._target:
+                self._unwaited.pop(name, None)
+                self._settle(name, True)
+
+    def _settle(self, name: str, ok: bool) -> None:
+        r = self.policy.residents.get(name)
+        for t in self._turns.pop(name, []):
+            if t.state != WAITING:
+                continue
+            if ok and r is not None:
+                t.state = ADMITTED
+                r.admitted += 1
+            else:
+                t.state = GONE
+            if not t.ready.done():
+                t.ready.set_result(ok)
+
+    async def _swap_in(self, name: str, victims: list[str]) -> None:
+        ok = False
         try:
-            await self.ensure(name)
-            return True
+            await self._start(name, victims, wait=True, coming=True)
+            ok = True
         except StartFailed as e:
             log.warning("%s: not started on demand: %s", name, e)
-            return False
         except Exception:  # the requests waiting on it get "not started", never our exception
             log.exception("%s: on-demand start failed", name)
-            return False
+        finally:
+            self._target = None
+            self._swapping = None
+            if ok and name in self.effects.ready():
+                self._settle(name, True)
+            elif not ok:
+                self._settle(name, False)
+            self._kick.set()
 
     # -- starting and stopping ------------------------------------------------------------------------------
 
     async def ensure(self, name: str, *, wait: bool = True) -> None:
-        """Start `name` (making room first) and (`wait`) wait until it is ready. Raises StartFailed. Not waiting
-        (a start by hand) frees the next swap sooner; the starting process still counts against the budget."""
+        """Start `name` by hand (making room first: least recently used, idle ones first, whatever the turn rules
+        say) and (`wait`) wait until it is ready. Raises StartFailed. Not waiting frees the next swap sooner; the
+        starting process still counts against the budget."""
         await self._stopped(name)
         if name in self.effects.ready():
             return
+        await self._start(name, None, wait=wait)
+        self._kick.set()
+
+    async def _start(self, name: str, victims: list[str] | None, *, wait: bool, coming: bool = False) -> None:
+        """Stop `victims` (None: chosen now), then start `name`. One at a time: under the swap lock. `coming`:
+        routing is told requests may wait for it (a start for requests, not by hand)."""
         async with self._swap:
             await self._stopped(name)
             if name in self.effects.ready():
                 return
             try:
-                victims = self.policy.victims(name, self.effects.holding(), fixed=self.effects.external())
+                chosen = self.policy.victims(name, self.effects.holding(), fixed=self.effects.external())
             except NoRoom as e:
                 self.effects.cannot_start(name, str(e))
                 raise StartFailed(str(e)) from None
-            if victims:
-                log.info("%s: stopping %s to make room (budget %.0f MB)", name, ", ".join(victims),
+            if victims is not None:
+                # The dispatcher's choice, unless something changed since (a stop by hand): never fewer than
+                # the budget needs now.
+                chosen = list(dict.fromkeys([*victims, *chosen]))
+                chosen = [v for v in chosen if v in self.effects.holding()]
+            if chosen:
+                log.info("%s: stopping %s to make room (budget %.0f MB)", name, ", ".join(chosen),
                          self.policy.budget_mb)
-                await asyncio.gather(*(self._stop(v, room_for(name)) for v in victims))
+                await asyncio.gather(*(self._stop(v, room_for(name)) for v in chosen))
+                self.swaps += 1
             self._ours.discard(name)
             self.policy.touch(name)
+            if coming:
+                self.effects.coming(name)
+            began = self.policy.clock()
             why = await self.effects.start(name, wait)
-            if wait:
-                self.policy.touch(name)  # idle time counts from readiness, not from the start's decision
+            if wait and why is None:
+                # Idle time and minimum residency count from readiness, not from the start's decision.
+                self.policy.started(name, self.policy.clock() - began)
                 self._wake.set()
             elif why is None:
                 self._tasks.spawn(self._touch_when_ready(name), name=f"ready:{name}")
@@ -211,8 +400,9 @@ class OnDemand:
 
     async def _touch_when_ready(self, name: str) -> None:
         await self.effects.wait_ready(name)
-        self.policy.touch(name)
+        self.policy.started(name, None)
         self._wake.set()
+        self._kick.set()
 
     async def _stopped(self, name: str) -> None:
         """A stop of this process under way (idle, room, by hand) ends before it is started again."""
@@ -239,7 +429,7 @@ class OnDemand:
             self._ours.discard(name)
         self.effects.leaving(name, reason)
         try:
-            await self._wait_drained(name)
+            await self._wait_drained(name, room=reason.startswith("room for "))
             await self.effects.stop(name, reason)
         finally:
             self.policy.drained(name)
@@ -247,11 +437,12 @@ class OnDemand:
             fut.set_result(None)
             self._wake.set()
 
-    async def _wait_drained(self, name: str) -> None:
-        if self.policy.in_flight(name) == 0:
+    async def _wait_drained(self, name: str, *, room: bool = False) -> None:
+        if not self.policy.busy(name):
             return
         ev = self._drained[name] = asyncio.Event()
-        timeout = self._settings.get(name, Settings()).stop_timeout_s
+        settings = self._settings.get(name, Settings())
+        timeout = max(settings.stop_timeout_s, settings.room_drain_s) if room else settings.stop_timeout_s
         try:
             async with asyncio.timeout(timeout):
                 await ev.wait()
@@ -288,7 +479,8 @@ class OnDemand:
                     await self._wake.wait()
 
     def _idle_ready(self) -> set[str]:
-        return set(self.effects.ready()) - set(self.effects.external()) - set(self._stopping) - set(self._starts)
+        busy = {self._target} if self._target else set()
+        return set(self.effects.ready()) - set(self.effects.external()) - set(self._stopping) - busy
 
     async def _idle_stop(self, name: str) -> None:
         try:
@@ -302,9 +494,12 @@ class OnDemand:
         if self._idle_task is not None:
             self._idle_task.cancel()
             await asyncio.gather(self._idle_task, return_exceptions=True)
-        for t in list(self._starts.values()):
-            t.cancel()
-        await asyncio.gather(*self._starts.values(), return_exceptions=True)
+        for t in (self._dispatcher, self._swapping):
+            if t is not None:
+                t.cancel()
+                await asyncio.gather(t, return_exceptions=True)
+        for name in list(self._turns):
+            self._settle(name, False)
         await self._tasks.close()
 
     # -- what can be seen -----------------------------------------------------------------------------------
@@ -317,7 +512,11 @@ class OnDemand:
             procs[name] = {"resident": name in holding, "memory_mb": r.memory_mb, "pinned": r.pinned,
                            "start": "on_demand" if s.on_demand else "always", "idle_stop_s": r.idle_stop_s,
                            "idle_stop_in_s": self.policy.idle_left(name) if name in holding else None,
-                           "in_flight": r.in_flight, "starting_on_demand": name in self._starts,
-                           "stopping": name in self._stopping}
+                           "in_flight": r.in_flight, "starting_on_demand": name == self._target,
+                           "stopping": name in self._stopping, "waiting": len(self._turns.get(name) or ()),
+                           "admitted": r.admitted, "load_s": r.load_s,
+                           "resident_for_s": None if r.ready_at is None or name not in holding
+                           else max(0.0, self.policy.clock() - r.ready_at)}
         return {"memory_budget_mb": self.policy.budget_mb, "memory_held_mb": self.policy.held_mb(holding),
-                "processes": procs}
+                "swap_hold_s": self.rules.hold_s, "min_resident_s": self.rules.min_resident_s,
+                "swaps": self.swaps, "processes": procs}

@@ -25,14 +25,20 @@ class Resident:
     pinned: bool = False
     idle_stop_s: float = 0.0  # 0: never stopped for idleness
     in_flight: int = 0  # requests being served by it now
+    admitted: int = 0  # requests whose turn it is (it came up for them) that have not begun yet: kept for them
     last_used: float = 0.0  # clock time of the last request's start or end
     draining: bool = False  # chosen to stop: takes no new request
+    ready_at: float | None = None  # clock time it last became ready by a start of ours (minimum residency)
+    load_s: float | None = None  # learned from its own starts: decision to ready, smoothed
 
 
 class ResidencyPolicy:
-    def __init__(self, budget_mb: float = 0.0, *, clock: Callable[[], float]) -> None:
+    def __init__(self, budget_mb: float = 0.0, *, clock: Callable[[], float], min_resident_s: float = 0.0) -> None:
         self.budget_mb = budget_mb
         self.clock = clock
+        # A model started by us is not stopped again (idle, room) sooner than this after it became ready: the
+        # hysteresis against A B A B (a stop by hand, a reload or shutdown ignore it).
+        self.min_resident_s = min_resident_s
         self.residents: dict[str, Resident] = {}
 
     # -- configuration ------------------------------------------------------------------------------------
@@ -44,7 +50,9 @@ class ResidencyPolicy:
         for r in residents:
             prev = old.get(r.name)
             if prev is not None:
-                r.in_flight, r.last_used, r.draining = prev.in_flight, prev.last_used, prev.draining
+                r.in_flight, r.admitted, r.last_used, r.draining = (prev.in_flight, prev.admitted, prev.last_used,
+                                                                    prev.draining)
+                r.ready_at, r.load_s = prev.ready_at, prev.load_s
             self.residents[r.name] = r
         self.budget_mb = budget_mb
 
@@ -68,6 +76,30 @@ class ResidencyPolicy:
         r.in_flight = max(0, r.in_flight - 1)
         r.last_used = self.clock()
 
+    def started(self, name: str, load_s: float | None) -> None:
+        """It became ready after a start of ours that took `load_s` (None: not measured, e.g. not waited for).
+        The load time learned is smoothed (half the last, half what was known): one slow cold start from disk
+        does not define it, two do."""
+        r = self.residents.get(name)
+        if r is None:
+            return
+        now = self.clock()
+        r.ready_at = r.last_used = now
+        if load_s is not None and load_s >= 0:
+            r.load_s = load_s if r.load_s is None else 0.5 * r.load_s + 0.5 * load_s
+
+    def resident_until(self, name: str) -> float:
+        """When its minimum residency ends (a time already past when it has none)."""
+        r = self.residents.get(name)
+        if r is None or r.ready_at is None:
+            return float("-inf")
+        return r.ready_at + self.min_resident_s
+
+    def busy(self, name: str) -> bool:
+        """Requests are in flight on it, or were promised it (admitted) and have not begun yet."""
+        r = self.residents.get(name)
+        return r is not None and (r.in_flight > 0 or r.admitted > 0)
+
     def touch(self, name: str) -> None:
         """A request wants this process (it is being started for it): it is the most recently used."""
         r = self.residents.get(name)
@@ -80,9 +112,10 @@ class ResidencyPolicy:
         return sum(r.memory_mb for n, r in self.residents.items() if n in holding)
 
     def victims(self, name: str, holding: Collection[str], fixed: Collection[str] = ()) -> list[str]:
-        """What must stop before `name` starts, least recently used first (ties: the bigger first, as it frees
-        more). Empty when it fits, or when there is no budget. `fixed`: holding but not ours to stop (adopted
-        by URL), treated like pinned ones. Raises NoRoom when nothing would make it fit."""
+        """What must stop before `name` starts: idle ones before busy ones, then least recently used first (ties:
+        the bigger first, as it frees more). Empty when it fits, or when there is no budget. `fixed`: holding but
+        not ours to stop (adopted by URL), treated like pinned ones. Raises NoRoom when nothing would make it
+        fit."""
         want = self.residents.get(name)
         if self.budget_mb <= 0 or want is None or name in holding:
             return []
@@ -95,7 +128,7 @@ class ResidencyPolicy:
             return []
         others = [r for n, r in self.residents.items() if n in holding and n != name]
         candidates = sorted((r for r in others if not r.pinned and r.name not in fixed),
-                            key=lambda r: (r.last_used, -r.memory_mb))
+                            key=lambda r: (r.in_flight > 0 or r.admitted > 0, r.last_used, -r.memory_mb))
         chosen: list[str] = []
         for r in candidates:
             if held + need <= self.budget_mb:
@@ -129,9 +162,9 @@ class ResidencyPolicy:
     def idle_deadline(self, name: str) -> float | None:
         """When this process is due for an idle stop if nothing uses it (None: never, or busy now)."""
         r = self.residents.get(name)
-        if r is None or r.idle_stop_s <= 0 or r.in_flight or r.draining:
+        if r is None or r.idle_stop_s <= 0 or r.in_flight or r.admitted or r.draining:
             return None
-        return r.last_used + r.idle_stop_s
+        return max(r.last_used + r.idle_stop_s, self.resident_until(name))
 
     def idle_due(self, ready: Collection[str]) -> list[str]:
         """Ready processes whose idle time is up, now."""

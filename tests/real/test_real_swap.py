@@ -9,7 +9,7 @@ import json
 import httpx
 import pytest
 
-from bench.real_llama import SWAP_SUITE, swap
+from bench.real_llama import AGENTS, SWAP_SUITE, agents, swap
 from tests.support.daemon import DaemonProcess, admin_get, free_port
 from tests.support.real_llama import paths, server_argv
 from tests.support.wait import wait_for
@@ -63,3 +63,14 @@ providers = ["llama"]
         assert llama().get("state") == "ready"
     finally:
         d.stop()
+
+
+def test_the_agents_trace_on_two_real_servers_with_a_budget_for_one_is_served_whole(tmp_path):
+    # Issue 44's trace on real llama-servers, each load made slow by 2 s before the server starts (a start delay in
+    # the process command): every request served, at most one swap per change of the demanded model, never both.
+    paths()
+    got = agents(AGENTS, tmp_path)
+    print(json.dumps(got))
+    assert got["failed"] == 0 and got["requests"] == 17, got
+    assert got["starts_with_other_alive"] == [], got
+    assert got["starts"] - 1 <= got["changes"] and got["starts"] <= 22, got

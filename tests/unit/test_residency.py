@@ -18,7 +18,7 @@ from coderouterd.supervise.memory import (
     model_path,
     read_gguf_metadata,
 )
-from coderouterd.supervise.ondemand import IDLE, OnDemand, Settings, room_for
+from coderouterd.supervise.ondemand import IDLE, OnDemand, Rules, Settings, room_for
 from coderouterd.supervise.residency import NoRoom, ResidencyPolicy, Resident
 
 
@@ -185,13 +185,27 @@ class FakeEffects:
         self.log.append(("cannot_start", name, reason))
 
 
-def scheduler(budget, residents, on_demand=("a", "b", "c"), stop_timeout_s=10.0):
+def scheduler(budget, residents, on_demand=("a", "b", "c"), stop_timeout_s=10.0, hold_s=0.0, min_resident_s=0.0):
     fx = FakeEffects([r.name for r in residents])
     clock = Clock()
     sch = OnDemand(fx, clock=clock, process_of=lambda p: p.removeprefix("prov-"), budget_mb=budget)
     sch.configure(budget, {r.name: (r, Settings(on_demand=r.name in on_demand, stop_timeout_s=stop_timeout_s))
-                           for r in residents})
+                           for r in residents}, Rules(hold_s=hold_s, min_resident_s=min_resident_s))
     return sch, fx, clock
+
+
+async def started(sch, provider, *, background=False) -> bool:
+    """A request's turn at a stopped process: True once the process came up for it. The turn is released at once
+    (the request went elsewhere): nothing keeps the process for it."""
+    turn = sch.demand(provider, background=background)
+    ok = await turn.ready
+    sch.release(turn)
+    return ok
+
+
+async def settle(n=30):
+    for _ in range(n):
+        await asyncio.sleep(0)
 
 
 def test_demand_starts_once_for_every_request_that_asks():
@@ -201,10 +215,11 @@ def test_demand_starts_once_for_every_request_that_asks():
 async def _test_demand_starts_once_for_every_request_that_asks():
     sch, fx, _ = scheduler(0, [Resident("a", 1)])
     t1, t2 = sch.demand("prov-a"), sch.demand("prov-a")
-    assert t1 is t2 and await t1 is True
-    assert fx.log == [("coming", "a"), ("start", "a")]
+    assert await t1.ready is True and await t2.ready is True
+    assert fx.log[0] == ("coming", "a") and fx.log.count(("start", "a")) == 1
     assert sch.demand("prov-a") is None  # ready now: nothing to start
     assert sch.demand("prov-unknown") is None
+    await sch.close()
 
 
 def test_swap_stops_the_other_before_starting_never_both():
@@ -213,14 +228,17 @@ def test_swap_stops_the_other_before_starting_never_both():
 
 async def _test_swap_stops_the_other_before_starting_never_both():
     sch, fx, clock = scheduler(6000, [Resident("a", 4000), Resident("b", 4000)])
-    assert await sch.demand("prov-a")
+    assert await started(sch, "prov-a")
     clock.t += 1
-    assert await sch.demand("prov-b")
-    assert fx.log[-3:] == [("leaving", "a", room_for("b")), ("stop", "a", room_for("b")), ("start", "b")]
+    assert await started(sch, "prov-b")
+    assert [e for e in fx.log if e[0] != "coming"][-3:] == [("leaving", "a", room_for("b")),
+                                                           ("stop", "a", room_for("b")), ("start", "b")]
     assert fx.max_held_together == 1
     clock.t += 1
-    assert await sch.demand("prov-a")  # stopped for room: started again by the next request, b making room
+    assert await started(sch, "prov-a")  # stopped for room: started again by the next request, b making room
     assert fx.max_held_together == 1 and fx.state == {"a": "ready", "b": "stopped"}
+    assert sch.swaps == 2
+    await sch.close()
 
 
 def test_requests_in_flight_finish_before_the_stop():
@@ -229,16 +247,16 @@ def test_requests_in_flight_finish_before_the_stop():
 
 async def _test_requests_in_flight_finish_before_the_stop():
     sch, fx, clock = scheduler(6000, [Resident("a", 4000), Resident("b", 4000)])
-    assert await sch.demand("prov-a")
+    assert await started(sch, "prov-a")
     assert sch.begin("prov-a")
-    swap = sch.demand("prov-b")
-    for _ in range(5):
-        await asyncio.sleep(0)
+    swap = sch.demand("prov-b")  # hold_s = 0: a foreground request stops a busy model at once
+    await settle()
     assert ("stop", "a", room_for("b")) not in fx.log and fx.state["a"] == "ready"
     assert sch.begin("prov-a") is False  # draining: no new request goes there
     sch.end("prov-a")
-    assert await swap
+    assert await swap.ready
     assert fx.state == {"a": "stopped", "b": "ready"}
+    await sch.close()
 
 
 def test_a_request_stuck_in_flight_is_bounded_by_the_stop_timeout():
@@ -247,10 +265,11 @@ def test_a_request_stuck_in_flight_is_bounded_by_the_stop_timeout():
 
 async def _test_a_request_stuck_in_flight_is_bounded_by_the_stop_timeout():
     sch, fx, _ = scheduler(6000, [Resident("a", 4000), Resident("b", 4000)], stop_timeout_s=0.05)
-    assert await sch.demand("prov-a")
+    assert await started(sch, "prov-a")
     assert sch.begin("prov-a")
-    assert await asyncio.wait_for(sch.demand("prov-b"), 30)
+    assert await asyncio.wait_for(started(sch, "prov-b"), 30)
     assert fx.state == {"a": "stopped", "b": "ready"}
+    await sch.close()
 
 
 def test_ready_processes_are_served_while_a_swap_waits():
@@ -259,16 +278,16 @@ def test_ready_processes_are_served_while_a_swap_waits():
 
 async def _test_ready_processes_are_served_while_a_swap_waits():
     sch, fx, _ = scheduler(9000, [Resident("a", 4000), Resident("b", 4000), Resident("c", 4000)])
-    assert await sch.demand("prov-a") and await sch.demand("prov-b")
+    assert await started(sch, "prov-a") and await started(sch, "prov-b")
     fx.gates["c"] = asyncio.Event()
     swap = sch.demand("prov-c")
-    for _ in range(5):
-        await asyncio.sleep(0)
+    await settle()
     assert fx.state["c"] == "starting" and sch._swap.locked()
     assert sch.begin("prov-b")  # b kept (a was older): served at once, no lock involved
     sch.end("prov-b")
     fx.gates["c"].set()
-    assert await swap
+    assert await swap.ready
+    await sch.close()
 
 
 def test_no_room_is_said_to_routing_and_fails_the_start():
@@ -278,9 +297,10 @@ def test_no_room_is_said_to_routing_and_fails_the_start():
 async def _test_no_room_is_said_to_routing_and_fails_the_start():
     sch, fx, _ = scheduler(5000, [Resident("a", 4000, pinned=True), Resident("b", 4000)], on_demand=("b",))
     await sch.ensure("a")
-    assert await sch.demand("prov-b") is False
+    assert await started(sch, "prov-b") is False
     assert fx.log[-1][0:2] == ("cannot_start", "b") and "pinned a" in fx.log[-1][2]
     assert fx.state["a"] == "ready"
+    await sch.close()
 
 
 def test_a_fatal_start_is_said_and_not_restarted_by_requests():
@@ -290,9 +310,10 @@ def test_a_fatal_start_is_said_and_not_restarted_by_requests():
 async def _test_a_fatal_start_is_said_and_not_restarted_by_requests():
     sch, fx, _ = scheduler(0, [Resident("a", 1)])
     fx.fail["a"] = "model file 'x.gguf' not found"
-    assert await sch.demand("prov-a") is False
+    assert await started(sch, "prov-a") is False
     assert fx.log[-1] == ("cannot_start", "a", "model file 'x.gguf' not found")
     assert sch.demand("prov-a") is None  # fatal: only `corectl start` brings it back
+    await sch.close()
 
 
 def test_an_always_process_stopped_by_hand_stays_stopped_one_stopped_for_idleness_does_not():
@@ -306,7 +327,8 @@ async def _test_an_always_process_stopped_by_hand_stays_stopped_one_stopped_for_
     assert sch.demand("prov-a") is None
     await sch.ensure("a")
     await sch.stop("a", IDLE)
-    assert await sch.demand("prov-a") is True
+    assert await started(sch, "prov-a") is True
+    await sch.close()
 
 
 def test_idle_stop_then_on_demand_start():
@@ -315,7 +337,7 @@ def test_idle_stop_then_on_demand_start():
 
 async def _test_idle_stop_then_on_demand_start():
     sch, fx, clock = scheduler(0, [Resident("a", 1, idle_stop_s=30)])
-    assert await sch.demand("prov-a")
+    assert await started(sch, "prov-a")
     sch.start_idle_watch()
     try:
         clock.t += 31
@@ -325,7 +347,7 @@ async def _test_idle_stop_then_on_demand_start():
                 break
             await asyncio.sleep(0)
         assert ("stop", "a", IDLE) in fx.log and fx.state["a"] == "stopped"
-        assert await sch.demand("prov-a") is True and fx.state["a"] == "ready"
+        assert await started(sch, "prov-a") is True and fx.state["a"] == "ready"
     finally:
         await sch.close()
 
@@ -336,18 +358,21 @@ def test_a_request_for_a_process_being_stopped_waits_for_the_stop_then_starts_it
 
 async def _test_a_request_for_a_process_being_stopped_waits_for_the_stop_then_starts_it():
     sch, fx, clock = scheduler(6000, [Resident("a", 4000), Resident("b", 4000)])
-    assert await sch.demand("prov-a")
+    assert await started(sch, "prov-a")
     assert sch.begin("prov-a")
     swap = sch.demand("prov-b")
     for _ in range(20):
         if "a" in sch._stopping:
             break
         await asyncio.sleep(0)
-    back = sch.demand("prov-a")  # a is draining for b: the request may start it again after
+    back = sch.demand("prov-a")  # a is draining for b: the request takes a turn at a's next start
     assert back is not None
     sch.end("prov-a")
-    assert await swap and await back
+    assert await swap.ready
+    sch.release(swap)  # b's request begun and ended: a's turn comes
+    assert await back.ready
     assert fx.state == {"a": "ready", "b": "stopped"} and fx.max_held_together == 1
+    await sch.close()
 
 
 def test_snapshot_shows_budget_held_and_idle_time():
@@ -481,4 +506,5 @@ async def _error_during_start():
         raise RuntimeError("supervisor is shut down")
 
     fx.start = broken
-    assert await sch.demand("prov-a") is False
+    assert await started(sch, "prov-a") is False
+    await sch.close()
