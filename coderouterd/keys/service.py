@@ -98,6 +98,7 @@ class KeyService:
         return saved, secret
 
     async def update(self, name: str, changes: dict[str, Any]) -> KeyRecord:
+        await self._catch_up(name)
         rec = self._live(name)
         key = _settings(rec.key, changes)
         noted = rec.expiry_noted and key.expires_at == rec.key.expires_at
@@ -111,6 +112,7 @@ class KeyService:
     async def rotate(self, name: str, grace_s: float) -> tuple[KeyRecord, str]:
         if not 0 <= grace_s <= MAX_GRACE_S:
             raise KeyProblem(400, f"grace: 0 to {MAX_GRACE_S:.0f} seconds")
+        await self._catch_up(name)
         rec = self._live(name)
         hasher = self._hasher()
         now = self._clock()
@@ -127,6 +129,7 @@ class KeyService:
         return saved, secret
 
     async def revoke(self, name: str) -> KeyRecord:
+        await self._catch_up(name)
         rec = self.registry.get(name)
         if rec is None:
             raise self._unknown(name)
@@ -142,6 +145,7 @@ class KeyService:
     async def delete(self, name: str) -> None:
         """Forget a revoked key for good (its name may then be reused; journal rows keep the name). Once no key is
         left at all, keys are no longer required."""
+        await self._catch_up(name)
         rec = self.registry.get(name)
         if rec is None:
             raise self._unknown(name)
@@ -176,6 +180,19 @@ class KeyService:
         if hasher is None:  # the shared database was never reached: its hash key is not known here yet
             raise KeyProblem(503, "the key store is not reachable yet; try again once it is")
         return hasher
+
+    async def _catch_up(self, name: str) -> None:
+        """Before a change: this key as the store has it now, not as the last poll saw it. A change made on another
+        instance a moment ago (within the poll interval) is the base of this one, not a 409 for the operator."""
+        fresh = await self.storage.fresh()
+        if fresh is None:
+            return
+        for r in fresh:
+            if r.name == name:
+                self.registry.put(r)
+                return
+        if self.registry.get(name) is not None:  # deleted elsewhere since the last poll
+            self.registry.replace([r for r in self.registry.records() if r.name != name])
 
     def _live(self, name: str) -> KeyRecord:
         rec = self.registry.get(name)
