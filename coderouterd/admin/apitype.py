@@ -241,6 +241,7 @@ class Trace(Answer):
     request_id: str
     ts: float | None = None
     ingress: str | None = None
+    key: str | None = None  # the team key that admitted it (its name); None: no team key
     stream: bool | None = None
     model_requested: str | None = None
     model_used: str | None = None
@@ -303,6 +304,7 @@ class RequestBrief(Answer):
     latency_ms: float | None = None
     ttfb_ms: float | None = None
     cost_usd: float | None = None
+    key_name: str | None = None  # the team key's name
 
 
 class HistoryRequestsAnswer(Answer):

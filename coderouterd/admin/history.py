@@ -38,7 +38,7 @@ MAX_REQUESTS = 500
 # A request as the list shows it: metadata only (no attempts, no session key; the trace has the route).
 _BRIEF = ("ts", "request_id", "ingress", "profile", "provider", "model_requested", "model_used", "status",
           "error_class", "latency_ms", "ttfb_ms", "input_tokens", "output_tokens", "cache_read_tokens",
-          "cache_write_tokens", "cost_usd", "streaming", "fallback_count", "cache_bust")
+          "cache_write_tokens", "cost_usd", "streaming", "fallback_count", "cache_bust", "key_name")
 
 
 def journal(daemon: Daemon) -> JournalReader | None:
@@ -100,7 +100,7 @@ def _brief_from_trace(t: dict[str, Any]) -> dict[str, Any]:
             "latency_ms": t.get("latency_ms"), "ttfb_ms": t.get("ttfb_ms"), "input_tokens": u.get("input_tokens"),
             "output_tokens": u.get("output_tokens"), "cache_read_tokens": u.get("cache_read_input_tokens"),
             "cache_write_tokens": u.get("cache_creation_input_tokens"), "cost_usd": t.get("cost_usd"),
-            "streaming": t.get("stream"), "fallback_count": None,
+            "streaming": t.get("stream"), "fallback_count": None, "key_name": t.get("key"),
             "cache_bust": (aff.get("cache_bust") or {}).get("segment")}
 
 

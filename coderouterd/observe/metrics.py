@@ -20,6 +20,7 @@ from ..state.events import (
     RequestFinished,
     moved_past,
 )
+from ..state.refusals import is_refusal, reason_of
 
 if TYPE_CHECKING:
     from ..affinity.service import Affinity
@@ -71,11 +72,13 @@ class MetricsSource(Protocol):
 
 
 class Metrics:
+    # `key`: the team key's name on requests, tokens, cost and refusals; "" for a request no team key came with
+    # (Prometheus reads an empty label as an absent one, so queries written before keys existed still match).
     def __init__(self, daemon: MetricsSource) -> None:
         self.daemon = daemon
         r = self.registry = CollectorRegistry()
         self.requests = Counter("coderouter_requests_total", "Requests served", ["ingress", "profile", "provider",
-                                                                                "status"], registry=r)
+                                                                                "status", "key"], registry=r)
         self.attempts = Counter("coderouter_attempts_total", "Upstream attempts by outcome and reason",
                                 ["provider", "outcome", "reason"], registry=r)
         self.failovers = Counter("coderouter_failovers_total", "Requests that moved past a failed provider",
@@ -86,9 +89,12 @@ class Metrics:
                               ["provider"], buckets=_LATENCY_BUCKETS, registry=r)
         self.overhead = Histogram("coderouter_overhead_seconds", "Router overhead: latency minus upstream wait",
                                   ["ingress"], buckets=_OVERHEAD_BUCKETS, registry=r)
-        self.tokens = Counter("coderouter_tokens_total", "Tokens by kind", ["provider", "kind"], registry=r)
-        self.cost = Counter("coderouter_cost_usd_total", "Spend in USD from declared prices", ["provider"],
+        self.tokens = Counter("coderouter_tokens_total", "Tokens by kind", ["provider", "kind", "key"], registry=r)
+        self.cost = Counter("coderouter_cost_usd_total", "Spend in USD from declared prices", ["provider", "key"],
                             registry=r)
+        self.refusals = Counter("coderouter_refusals_total", "Requests refused before a provider served them: a "
+                                "team key's refusal (key_*), a spent budget, a 401/403, the router's own 429",
+                                ["key", "reason"], registry=r)
         self.breaker = Gauge("coderouter_breaker_state", "Circuit breaker: 0 closed, 1 half-open, 2 open",
                              ["provider"], registry=r)
         self.health = Gauge("coderouter_health_state", "Health: 0 healthy, 1 degraded, 2 unhealthy", ["provider"],
@@ -107,7 +113,8 @@ class Metrics:
         attempts: Counter_ = Counter_()
         failovers: Counter_ = Counter_()
         tokens: Counter_ = Counter_()
-        cost: dict[str, float] = {}
+        refusals: Counter_ = Counter_()
+        cost: dict[tuple[str, str], float] = {}
         # The histograms' labelled children, looked up once per batch: `labels()` (a lock, a validation) cost more
         # than the observation itself, three times per request.
         latency: dict[tuple[str, str], Any] = {}
@@ -118,7 +125,8 @@ class Metrics:
             if kind == _REQUEST:
                 prov = ev.provider or "none"
                 ingress = ev.ingress
-                requests[(ingress, ev.profile, prov, str(ev.status))] += 1
+                key = ev.key_name or ""
+                requests[(ingress, ev.profile, prov, str(ev.status), key)] += 1
                 child = latency.get((ingress, prov))
                 if child is None:
                     child = latency[(ingress, prov)] = self.latency.labels(ingress, prov)
@@ -140,9 +148,11 @@ class Metrics:
                     for k, v in (("input", ev.input_tokens), ("output", ev.output_tokens),
                                  ("cache_read", ev.cache_read_tokens), ("cache_write", ev.cache_write_tokens)):
                         if v:
-                            tokens[(prov, k)] += v
+                            tokens[(prov, k, key)] += v
                     if ev.cost_usd:
-                        cost[prov] = cost.get(prov, 0.0) + ev.cost_usd
+                        cost[(prov, key)] = cost.get((prov, key), 0.0) + ev.cost_usd
+                elif ev.status >= 400 and is_refusal(None, ev.status, ev.error_class, ev.attempts):
+                    refusals[(key, reason_of(ev.status, ev.error_class))] += 1
             elif kind == _BREAKER:
                 self.breaker.labels(ev.provider).set(_BREAKER_VALUE.get(str(ev.new), 0))
             elif kind == _HEALTH:
@@ -155,10 +165,10 @@ class Metrics:
                 self.cache_busts.labels(ev.provider, ev.cause).inc()
         # The requests counter moves last: a scrape runs on the loop while this runs in the writer thread, so a
         # scraper that sees a batch's requests must also see that batch's attempts, failovers, tokens and cost.
-        for prov, usd in cost.items():
-            self.cost.labels(prov).inc(usd)
+        for labels, usd in cost.items():
+            self.cost.labels(*labels).inc(usd)
         for metric, counts in ((self.attempts, attempts), (self.failovers, failovers), (self.tokens, tokens),
-                               (self.requests, requests)):
+                               (self.refusals, refusals), (self.requests, requests)):
             for labels, n in counts.items():
                 metric.labels(*labels).inc(n)
 

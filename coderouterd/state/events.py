@@ -72,6 +72,8 @@ class RequestFinished(Event):
     tool_repair: bool = False
     # Settles of shared-ledger reservations ({rid, period, budgets, actual}); empty with the local ledger.
     settles: list[dict] = field(default_factory=list)
+    # The team key that admitted it (its name, never the secret); None: an operator key or open loopback.
+    key_name: str | None = None
 
     @property
     def audited(self) -> bool:  # type: ignore[override]

@@ -44,6 +44,7 @@ JOURNAL_COLUMNS: tuple[str, ...] = (
     "slot",
     "predicted_tokens",
     "cache_bust",
+    "key_name",
 )
 
 JOURNAL_DDL = (
@@ -73,6 +74,12 @@ JOURNAL_AFFINITY_DDL = (
 # ledger gets every settle the journal has even when the instance died before its own settle reached it.
 STORED_COLUMNS: tuple[str, ...] = (*JOURNAL_COLUMNS, "settles")
 JOURNAL_SETTLES_DDL = ("ALTER TABLE journal ADD COLUMN settles TEXT",)
+# Who spent what (issue 41): the name of the team key a request came with (never its secret), and the index that
+# `corectl usage --by key` and `journal --key` read by.
+JOURNAL_KEY_DDL = (
+    "ALTER TABLE journal ADD COLUMN key_name TEXT",
+    "CREATE INDEX IF NOT EXISTS journal_key_ts ON journal(key_name, ts)",
+)
 # A request's outcome as a filter: the same split as replay.is_error (an HTTP error, or a status-less failure).
 _ERROR_SQL = "(COALESCE(status, 0) >= 400 OR (COALESCE(status, 0) = 0 AND COALESCE(error_class, '') != ''))"
 OUTCOMES: dict[str, str] = {
@@ -114,6 +121,7 @@ def row_from_event(ev: RequestFinished) -> tuple:
         ev.slot,
         ev.predicted_tokens,
         ev.cache_bust,
+        ev.key_name,
         orjson.dumps(ev.settles).decode() if ev.settles else None,
     )
 

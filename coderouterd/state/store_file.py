@@ -17,6 +17,7 @@ from coderouterd import private_fs
 from coderouterd.state.journal import (
     JOURNAL_AFFINITY_DDL,
     JOURNAL_DDL,
+    JOURNAL_KEY_DDL,
     JOURNAL_SETTLES_DDL,
 )
 
@@ -35,6 +36,7 @@ MIGRATIONS: list[tuple[str, ...]] = [
     ("ALTER TABLE journal ADD COLUMN session_key TEXT",),
     JOURNAL_AFFINITY_DDL,
     JOURNAL_SETTLES_DDL,
+    JOURNAL_KEY_DDL,
 ]
 
 KEEP_CORRUPT_COPIES = 3

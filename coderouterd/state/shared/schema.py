@@ -191,6 +191,12 @@ MIGRATIONS: list[tuple[int, tuple[str, ...]]] = [
         "CREATE INDEX cr_journal_ts ON cr_journal (ts)",
         "CREATE INDEX cr_journal_provider_ts ON cr_journal (provider, ts)",
     )),
+    # Who spent what (issue 41): the team key's name on each row. v1's table is made from the current
+    # JOURNAL_COLUMNS, so a database created by this version has the column already: IF NOT EXISTS.
+    (2, (
+        "ALTER TABLE cr_journal ADD COLUMN IF NOT EXISTS key_name text",
+        "CREATE INDEX IF NOT EXISTS cr_journal_key_ts ON cr_journal (key_name, ts)",
+    )),
 ]
 
 LATEST = MIGRATIONS[-1][0]
