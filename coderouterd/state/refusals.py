@@ -45,10 +45,12 @@ def refusal_event(*, request_id: str, ingress: str, status: int, reason: str, ke
     above for a team key's refusal); `key_name` the key's name when it is known (never the secret; None for a
     missing or unknown key). `model` is the client's string: clip it (ids.clip) before handing it in. `ts`:
     when it was refused (default: now)."""
-    return RequestFinished(request_id=request_id, ingress=ingress, profile=profile, provider=None,
-                           model_requested=model, status=status, error_class=reason, latency_ms=latency_ms,
-                           streaming=streaming, key_name=key_name,
-                           **({"ts": ts} if ts is not None else {}))
+    ev = RequestFinished(request_id=request_id, ingress=ingress, profile=profile, provider=None,
+                         model_requested=model, status=status, error_class=reason, latency_ms=latency_ms,
+                         streaming=streaming, key_name=key_name)
+    if ts is not None:
+        ev.ts = ts
+    return ev
 
 
 def is_refusal(provider: str | None, status: int, error_class: str | None, attempts: list[Any]) -> bool:
