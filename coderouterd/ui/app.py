@@ -15,6 +15,8 @@ JSON writer; refusals are apitype.ErrorAnswer. The live feed's items have apityp
   GET /ui/api/profiles                  (ProfilesAnswer) each profile's effective order now, its skips and why, the active one
   GET /ui/api/spend                     (SpendAnswer) cost per day this month per provider, spent / reserved / cap
   GET /ui/api/trends?range=24h          (TrendsAnswer) latency and cache hit ratio per provider over time, latest cache-busts
+  GET /ui/api/keys?range=24h            (KeysAnswer) each team key: spend against its cap, requests and refusals over
+                                        time, its rate now against its limits, last use, expiry; what needs attention
   GET /ui/api/requests?profile=&provider=&outcome=&limit=&before=   (HistoryRequestsAnswer; before: epoch
                                         seconds, for paging)
   GET /ui/api/requests/{id}             (DashboardTrace) one request's decision trace (as `corectl explain`)
@@ -34,7 +36,7 @@ from urllib.parse import parse_qs, unquote
 import orjson
 from pydantic import BaseModel, ValidationError
 
-from ..admin import apitype, history, views
+from ..admin import apitype, history, key_usage, views
 from ..ingress.asgi import Receive, Scope, Send  # ASGI, as the proxy's dispatch calls us
 from ..ingress.browsers import BrowserGuard
 from ..ingress.guard import BodyTooLarge, read_body
@@ -58,6 +60,7 @@ _ASSETS = {
     "now.js": ("now.js", b"text/javascript; charset=utf-8"),
     "trends.js": ("trends.js", b"text/javascript; charset=utf-8"),
     "requests.js": ("requests.js", b"text/javascript; charset=utf-8"),
+    "keys.js": ("keys.js", b"text/javascript; charset=utf-8"),
     "ui.css": ("ui.css", b"text/css; charset=utf-8"),
     "uPlot.iife.min.js": ("vendor/uPlot.iife.min.js", b"text/javascript; charset=utf-8"),
     "uPlot.min.css": ("vendor/uPlot.min.css", b"text/css; charset=utf-8"),
@@ -65,6 +68,11 @@ _ASSETS = {
 }
 _MAX_LOGIN_BODY = 4096
 PING_S = 15.0  # a comment line on an idle feed: proxies and the browser keep the stream open, dead ones show
+
+
+def key_directory(d: Daemon) -> key_usage.KeyDirectory | None:
+    """The daemon's key registry, when this build has one (coderouterd/keys): the Keys view's caps, limits, expiry."""
+    return getattr(d, "keys", None)
 
 
 class Answer(Exception):
@@ -232,6 +240,13 @@ class DashboardApp:
             if rng not in history.RANGES:
                 raise Answer(400, f"unknown range {rng!r}; expected one of {', '.join(history.RANGES)}")
             data = await history.trends(d, rng)
+        elif name == "keys":
+            rng = query.get("range", history.DEFAULT_RANGE)
+            if rng not in history.RANGES:
+                raise Answer(400, f"unknown range {rng!r}; expected one of {', '.join(history.RANGES)}")
+            span, step = history.RANGES[rng]
+            data = await key_usage.keys_answer(history.journal(d), key_directory(d), span=span, step=step,
+                                               range_name=rng)
         elif name == "requests":
             try:
                 data = await history.requests(d, profile=query.get("profile") or None,
