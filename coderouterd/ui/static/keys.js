@@ -17,6 +17,7 @@ function spendCell(k) {
     bar.min = 0; bar.max = 1; bar.low = 0.8; bar.high = 0.99; bar.optimum = 0;
     bar.value = Math.min(1, k.ratio || 0);
     bar.title = fmt.pct(k.ratio);
+    bar.setAttribute("aria-label", `${k.name}: share of its monthly cap spent`);
     box.append(bar, " " + fmt.pct(k.ratio));
   } else box.append(el("span", " (no cap)", "dim"));
   return box;

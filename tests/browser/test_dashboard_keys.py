@@ -1,0 +1,118 @@
+"""The dashboard's Keys view in a real browser (issue 41): each team key's spend, requests and refusals as the
+journal has them, drawn over time; and the "needs attention" strip naming a key near its cap, one that is
+blocked and one about to expire. Read-only: nothing on the page changes a key."""
+
+from __future__ import annotations
+
+import time
+
+import httpx
+import pytest
+
+from tests.fakes.runner import FakeServer
+from tests.support.daemon import DaemonProcess
+
+from .conftest import axe_violations, config, seed_history
+
+LONG = 30_000  # ms: a ceiling for what the page waits for, never a measure of it
+KEY_ROW = '#keys-table tbody tr[data-key="{}"]'
+
+
+def seed_keys(state_dir, now: float) -> None:
+    """Rows of three team keys, written by the store's own journal sink as the daemon writes them."""
+    from coderouterd.state import RequestFinished, Store
+    from coderouterd.state.refusals import KEY_SCOPE, refusal_event
+
+    ok = [{"provider": "cloud", "outcome": "ok", "reason": "ok"}]
+    events = [RequestFinished(f"alice-{i}", "anthropic", "cloud", "cloud", ts=now - 3600 + i * 60, key_name="alice",
+                              cost_usd=0.5, input_tokens=1000, output_tokens=200, attempts=ok) for i in range(6)]
+    events += [RequestFinished(f"bob-{i}", "openai", "default", "cloud", ts=now - 7200 + i * 60, key_name="bob",
+                               cost_usd=0.1, input_tokens=100, output_tokens=20, attempts=ok) for i in range(2)]
+    events += [refusal_event(request_id=f"bob-no-{i}", ingress="openai", status=403, reason=KEY_SCOPE,
+                             key_name="bob", ts=now - 1800 + i) for i in range(3)]
+    store = Store(state_dir / "state.db")
+    store.open()
+    store.journal_sink()(events)
+    store.close()
+
+
+@pytest.fixture(scope="module")
+def keys_dash(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("ui_team_keys")
+    local = FakeServer("openai", name="local", models=["qwen3-coder"]).start()
+    cloud = FakeServer("anthropic", name="cloud").start()
+    d = DaemonProcess(config(local, cloud, []), tmp)
+    now = time.time()
+    seed_history(d.state_dir, now)
+    seed_keys(d.state_dir, now)
+    d.start()
+    try:
+        yield d
+    finally:
+        d.stop()
+        local.stop()
+        cloud.stop()
+
+
+def test_the_keys_view_shows_each_key_from_the_journal(page, keys_dash):
+    assert page.goto(keys_dash.url + "/ui#keys").status == 200
+    page.wait_for_selector(KEY_ROW.format("alice"), timeout=LONG)
+    alice = page.locator(KEY_ROW.format("alice")).inner_text()
+    assert "$3.00" in alice and "6" in alice
+    bob = page.locator(KEY_ROW.format("bob"))
+    assert "key_scope 3" in bob.inner_text() and "$0.20" in bob.inner_text()
+    # the chart draws each key's requests and refusals, the same numbers the endpoint answered
+    page.wait_for_function("() => window.coderouterDashboard.charts.keys !== undefined", timeout=LONG)
+    labels = page.evaluate("() => window.coderouterDashboard.charts.keys.series.map(s => s.label)")
+    assert {"alice", "alice refused", "bob", "bob refused"} <= set(labels)
+    drawn = page.evaluate("""() => { const u = window.coderouterDashboard.charts.keys;
+        const i = u.series.findIndex((s) => s.label === "bob refused");
+        return u.data[i].reduce((a, v) => a + (v || 0), 0); }""")
+    answered = httpx.get(keys_dash.url + "/ui/api/keys").json()
+    bob_answer = next(k for k in answered["keys"] if k["name"] == "bob")
+    assert drawn == sum(bob_answer["series"]["refusals"]) == 3
+    # the page changes nothing: no form, no button on a key's row
+    assert page.locator("#keys form, #keys-table button").count() == 0
+    assert page.errors == []
+
+
+def test_the_strip_names_a_key_near_its_cap_a_blocked_key_and_one_expiring(page, keys_dash):
+    now = time.time()
+
+    def with_caps(route):
+        """The registry's side of the answer (caps, expiry), as it would be with the keys configured."""
+        data = route.fetch().json()
+        data["attention"] = [
+            {"kind": "key_cap", "key": "alice", "text": "key alice has used 85% of its monthly cap (8.50 of 10.00 USD)"},
+            {"kind": "key_blocked", "key": "bob", "text": "key bob is blocked by its rpm limit"},
+            {"kind": "key_expiring", "key": "carol", "text": "key carol expires in 3 days"},
+        ]
+        for k in data["keys"]:
+            if k["name"] == "bob":
+                k["blocked"], k["blocked_by"] = True, "key_rpm"
+            if k["name"] == "alice":
+                k["cap_usd"], k["ratio"] = 3.5, k["spend_usd"] / 3.5
+        data["keys"].append({"name": "carol", "state": "active", "spend_usd": 0.0, "cap_usd": None, "ratio": None,
+                             "requests": 0, "refused": 0, "refusals": {}, "blocked": False,
+                             "series": {"requests": [0] * len(data["t"]), "refusals": [0] * len(data["t"])},
+                             "rate": {"rpm": 0, "rpm_limit": None, "tpm": 0, "tpm_limit": None},
+                             "expires_at": now + 3 * 86_400})
+        route.fulfill(json=data)
+
+    page.route("**/ui/api/keys*", with_caps)
+    assert page.goto(keys_dash.url + "/ui").status == 200
+    page.wait_for_selector("#attention-list li[data-kind=key_expiring]", timeout=LONG)
+    strip = {li.get_attribute("data-kind"): li for li in page.locator("#attention-list li").all()}
+    assert "85% of its monthly cap" in strip["key_cap"].inner_text()
+    assert strip["key_cap"].get_attribute("class") == "warn"
+    assert strip["key_blocked"].inner_text() == "key bob is blocked by its rpm limit"
+    assert strip["key_blocked"].get_attribute("class") == "bad"
+    assert strip["key_expiring"].locator("a").get_attribute("href") == "#keys"
+    assert "blocked" in page.locator(KEY_ROW.format("bob")).inner_text()
+    assert "$3.00 of $3.50" in page.locator(KEY_ROW.format("alice")).inner_text()
+    assert page.locator(KEY_ROW.format("alice") + " meter").get_attribute("value") == str(3.0 / 3.5)
+    assert "in 3.0 d" in page.locator(KEY_ROW.format("carol")).inner_text()
+    page.locator("#keys").scroll_into_view_if_needed()
+    assert axe_violations(page) == []
+    page.unroute_all(behavior="wait")
+    assert page.errors == []
