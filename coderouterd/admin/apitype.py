@@ -320,7 +320,7 @@ class KeyUsage(Answer):
     requests: int  # this month, refusals included
     refused: int
     refusals: dict[str, int] = {}  # this month, by reason
-    series: dict[str, list[int]]  # requests, refusals: one per bucket of the window (KeysAnswer.t)
+    series: dict[str, list[int]]  # requests, refusals: one per bucket of the window (KeyUsageAnswer.t)
     rate: dict[str, Any]  # rpm, tpm (the journal's last 60 s) and their limits, concurrency_limit
     blocked: bool
     blocked_by: str | None = None  # "its monthly cap", or the refusal reason of the last minute
@@ -329,7 +329,7 @@ class KeyUsage(Answer):
     revoked_at: float | None = None
 
 
-class KeysAnswer(Answer):
+class KeyUsageAnswer(Answer):
     month: str
     range: str
     t: list[float]

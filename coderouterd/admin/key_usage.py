@@ -63,7 +63,7 @@ def _limit(value: int | float | None) -> int | float | None:
 
 
 async def keys_answer(reader: JournalReader | None, directory: KeyDirectory | None, *, span: float, step: float,
-                      range_name: str, now: float | None = None) -> apitype.KeysAnswer:
+                      range_name: str, now: float | None = None) -> apitype.KeyUsageAnswer:
     now = time.time() if now is None else now
     month, start, end = month_window(None, now)
     t = buckets(now - span, now, step)  # aligned to the step, as the trends' charts are
@@ -77,7 +77,7 @@ async def keys_answer(reader: JournalReader | None, directory: KeyDirectory | No
     keys = [_key_row(name, known.get(name), used.get(name) or {}, series.get(name) or {}, minute.get(name) or {},
                      n, now) for name in names]
     attention = [a for k in keys for a in _attention(k, now)]
-    return apitype.KeysAnswer.model_validate({
+    return apitype.KeyUsageAnswer.model_validate({
         "month": month, "range": range_name, "t": t, "step_s": step,
         "keys": keys, "attention": attention, "journal": reader is not None, "registry": directory is not None,
         "now": now})

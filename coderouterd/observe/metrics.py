@@ -20,7 +20,7 @@ from ..state.events import (
     RequestFinished,
     moved_past,
 )
-from ..state.refusals import is_refusal, reason_of
+from ..state.refusals import UnnamedRefusal, is_refusal, reason_of
 
 if TYPE_CHECKING:
     from ..affinity.service import Affinity
@@ -32,6 +32,7 @@ if TYPE_CHECKING:
 # the restart counter stayed absent for the daemon's whole life.
 _REQUEST, _BREAKER, _HEALTH, _PROCESS, _GUARD = (RequestFinished.kind, BreakerTransition.kind, HealthTransition.kind,
                                                  ProcessEvent.kind, GuardFired.kind)
+_UNNAMED = UnnamedRefusal.kind
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 _OVERHEAD_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1)
 _BREAKER_VALUE = {"closed": 0, "half_open": 1, "open": 2}
@@ -163,6 +164,8 @@ class Metrics:
                 self.guards.labels(ev.guard, ev.action).inc()
             elif kind == "cache_bust":
                 self.cache_busts.labels(ev.provider, ev.cause).inc()
+            elif kind == _UNNAMED:
+                refusals[("", ev.reason)] += 1
         # The requests counter moves last: a scrape runs on the loop while this runs in the writer thread, so a
         # scraper that sees a batch's requests must also see that batch's attempts, failovers, tokens and cost.
         for labels, usd in cost.items():

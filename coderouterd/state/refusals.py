@@ -8,13 +8,18 @@ spent) or 403, or in a 429 that nothing was tried or skipped for (the router's o
 Its reason is its error class (its status, when it has none).
 
 Whoever refuses calls `refusal_event(...)` and publishes it on the bus (`daemon.telemetry.publish`): the row is
-written by the writer thread, like every other, and counted by the metrics sink in the same batch."""
+written by the writer thread, like every other, and counted by the metrics sink in the same batch.
+
+A refusal that names no key (none was sent, or one no key matches) is not journaled: it is nobody's usage, and
+anyone who can reach the port could fill the journal with them. It is counted all the same, on /metrics
+(`coderouter_refusals_total{key=""}`), from an `UnnamedRefusal` event, and audited by the key gate (bounded)."""
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, ClassVar
 
-from .events import RequestFinished
+from .events import Event, RequestFinished
 
 # The reasons a team key's refusal is journaled with (error_class). Others may be added: every `key_*` class
 # counts as a refusal.
@@ -51,6 +56,25 @@ def refusal_event(*, request_id: str, ingress: str, status: int, reason: str, ke
     if ts is not None:
         ev.ts = ts
     return ev
+
+
+@dataclass(slots=True)
+class UnnamedRefusal(Event):
+    """A refusal no key is named in (KEY_MISSING, KEY_UNKNOWN): counted by /metrics, never journaled."""
+
+    kind: ClassVar[str] = "unnamed_refusal"
+
+    reason: str
+
+
+# The key gate's words (ingress/auth.py KeyRefusal.reason) as journal reasons.
+_GATE_WORDS = {"no_key": KEY_MISSING, "unknown": KEY_UNKNOWN, "revoked": KEY_REVOKED, "expired": KEY_EXPIRED,
+               "scope": KEY_SCOPE}
+
+
+def gate_reason(word: str) -> str:
+    """A key refusal's reason as the journal and /metrics name it: `key_*`."""
+    return _GATE_WORDS.get(word) or (word if word.startswith(REFUSAL_PREFIX) else REFUSAL_PREFIX + word)
 
 
 def is_refusal(provider: str | None, status: int, error_class: str | None, attempts: list[Any]) -> bool:

@@ -15,7 +15,7 @@ JSON writer; refusals are apitype.ErrorAnswer. The live feed's items have apityp
   GET /ui/api/profiles                  (ProfilesAnswer) each profile's effective order now, its skips and why, the active one
   GET /ui/api/spend                     (SpendAnswer) cost per day this month per provider, spent / reserved / cap
   GET /ui/api/trends?range=24h          (TrendsAnswer) latency and cache hit ratio per provider over time, latest cache-busts
-  GET /ui/api/keys?range=24h            (KeysAnswer) each team key: spend against its cap, requests and refusals over
+  GET /ui/api/keys?range=24h            (KeyUsageAnswer) each team key: spend against its cap, requests and refusals over
                                         time, its rate now against its limits, last use, expiry; what needs attention
   GET /ui/api/requests?profile=&provider=&outcome=&limit=&before=   (HistoryRequestsAnswer; before: epoch
                                         seconds, for paging)
@@ -70,9 +70,9 @@ _MAX_LOGIN_BODY = 4096
 PING_S = 15.0  # a comment line on an idle feed: proxies and the browser keep the stream open, dead ones show
 
 
-def key_directory(d: Daemon) -> key_usage.KeyDirectory | None:
-    """The daemon's key registry, when this build has one (coderouterd/keys): the Keys view's caps, limits, expiry."""
-    return getattr(d, "keys", None)
+def key_directory(d: Daemon) -> key_usage.KeyDirectory:
+    """The daemon's key registry (coderouterd/keys): the Keys view's caps, limits and expiry."""
+    return d.keys
 
 
 class Answer(Exception):
