@@ -4,12 +4,15 @@ blocked and one about to expire. Read-only: nothing on the page changes a key.""
 
 from __future__ import annotations
 
+import os
 import time
+from datetime import UTC, datetime
 
 import httpx
 import pytest
 
 from tests.fakes.runner import FakeServer
+from tests.support import cli
 from tests.support.daemon import DaemonProcess
 
 from .conftest import axe_violations, config, seed_history
@@ -36,17 +39,32 @@ def seed_keys(state_dir, now: float) -> None:
     store.close()
 
 
+OPERATOR = "ui-team-lead-operator-key"
+
+
+def corectl(d: DaemonProcess, *args: str) -> None:
+    env = {**os.environ, "CODEROUTER_SOCKET": str(d.state_dir / "coderouterd.sock")}
+    r = cli.corectl(list(args), env=env)
+    assert r.returncode == 0, r.stderr
+
+
 @pytest.fixture(scope="module")
 def keys_dash(tmp_path_factory):
+    """The seeded journal's keys, created for real: alice at 86% of her cap, bob's cap spent, carol expiring in
+    three days (and an operator key for the page, since keys are now required)."""
     tmp = tmp_path_factory.mktemp("ui_team_keys")
     local = FakeServer("openai", name="local", models=["qwen3-coder"]).start()
     cloud = FakeServer("anthropic", name="cloud").start()
-    d = DaemonProcess(config(local, cloud, []), tmp)
+    d = DaemonProcess(config(local, cloud, [OPERATOR]), tmp)
     now = time.time()
     seed_history(d.state_dir, now)
     seed_keys(d.state_dir, now)
     d.start()
     try:
+        expires = datetime.fromtimestamp(now + 3 * 86_400 + 3600, UTC).isoformat(timespec="seconds")
+        corectl(d, "keys", "create", "alice", "--monthly-usd", "3.5")
+        corectl(d, "keys", "create", "bob", "--monthly-usd", "0.2")
+        corectl(d, "keys", "create", "carol", "--expires", expires)
         yield d
     finally:
         d.stop()
@@ -54,13 +72,29 @@ def keys_dash(tmp_path_factory):
         cloud.stop()
 
 
-def test_the_keys_view_shows_each_key_from_the_journal(page, keys_dash):
+@pytest.fixture
+def kpage(browser):
+    """A page that sends the operator key as a script would (Authorization: Bearer); errors collected."""
+    ctx = browser.new_context(viewport={"width": 1280, "height": 800},
+                              extra_http_headers={"authorization": f"Bearer {OPERATOR}"})
+    pg = ctx.new_page()
+    pg.errors = []
+    pg.on("console", lambda m: pg.errors.append(f"console.{m.type}: {m.text}") if m.type == "error" else None)
+    pg.on("pageerror", lambda e: pg.errors.append(f"pageerror: {e}"))
+    yield pg
+    ctx.close()
+
+
+def test_the_keys_view_shows_each_key_from_the_journal(kpage, keys_dash):
+    page = kpage
     assert page.goto(keys_dash.url + "/ui#keys").status == 200
     page.wait_for_selector(KEY_ROW.format("alice"), timeout=LONG)
     alice = page.locator(KEY_ROW.format("alice")).inner_text()
-    assert "$3.00" in alice and "6" in alice
+    assert "$3.00 of $3.50" in alice and "86%" in alice
+    assert page.locator(KEY_ROW.format("alice") + " meter").get_attribute("value") == str(3.0 / 3.5)
     bob = page.locator(KEY_ROW.format("bob"))
-    assert "key_scope 3" in bob.inner_text() and "$0.20" in bob.inner_text()
+    assert "key_scope 3" in bob.inner_text() and "$0.20" in bob.inner_text() and "blocked" in bob.inner_text()
+    assert "in 3.0 d" in page.locator(KEY_ROW.format("carol")).inner_text()
     # the chart draws each key's requests and refusals, the same numbers the endpoint answered
     page.wait_for_function("() => window.coderouterDashboard.charts.keys !== undefined", timeout=LONG)
     labels = page.evaluate("() => window.coderouterDashboard.charts.keys.series.map(s => s.label)")
@@ -68,7 +102,7 @@ def test_the_keys_view_shows_each_key_from_the_journal(page, keys_dash):
     drawn = page.evaluate("""() => { const u = window.coderouterDashboard.charts.keys;
         const i = u.series.findIndex((s) => s.label === "bob refused");
         return u.data[i].reduce((a, v) => a + (v || 0), 0); }""")
-    answered = httpx.get(keys_dash.url + "/ui/api/keys").json()
+    answered = httpx.get(keys_dash.url + "/ui/api/keys", headers={"authorization": f"Bearer {OPERATOR}"}).json()
     bob_answer = next(k for k in answered["keys"] if k["name"] == "bob")
     assert drawn == sum(bob_answer["series"]["refusals"]) == 3
     # the page changes nothing: no form, no button on a key's row
@@ -76,43 +110,17 @@ def test_the_keys_view_shows_each_key_from_the_journal(page, keys_dash):
     assert page.errors == []
 
 
-def test_the_strip_names_a_key_near_its_cap_a_blocked_key_and_one_expiring(page, keys_dash):
-    now = time.time()
-
-    def with_caps(route):
-        """The registry's side of the answer (caps, expiry), as it would be with the keys configured."""
-        data = route.fetch().json()
-        data["attention"] = [
-            {"kind": "key_cap", "key": "alice", "text": "key alice has used 85% of its monthly cap (8.50 of 10.00 USD)"},
-            {"kind": "key_blocked", "key": "bob", "text": "key bob is blocked by its rpm limit"},
-            {"kind": "key_expiring", "key": "carol", "text": "key carol expires in 3 days"},
-        ]
-        for k in data["keys"]:
-            if k["name"] == "bob":
-                k["blocked"], k["blocked_by"] = True, "key_rpm"
-            if k["name"] == "alice":
-                k["cap_usd"], k["ratio"] = 3.5, k["spend_usd"] / 3.5
-        data["keys"].append({"name": "carol", "state": "active", "spend_usd": 0.0, "cap_usd": None, "ratio": None,
-                             "requests": 0, "refused": 0, "refusals": {}, "blocked": False,
-                             "series": {"requests": [0] * len(data["t"]), "refusals": [0] * len(data["t"])},
-                             "rate": {"rpm": 0, "rpm_limit": None, "tpm": 0, "tpm_limit": None},
-                             "expires_at": now + 3 * 86_400})
-        route.fulfill(json=data)
-
-    page.route("**/ui/api/keys*", with_caps)
+def test_the_strip_names_a_key_near_its_cap_a_blocked_key_and_one_expiring(kpage, keys_dash):
+    page = kpage
     assert page.goto(keys_dash.url + "/ui").status == 200
     page.wait_for_selector("#attention-list li[data-kind=key_expiring]", timeout=LONG)
     strip = {li.get_attribute("data-kind"): li for li in page.locator("#attention-list li").all()}
-    assert "85% of its monthly cap" in strip["key_cap"].inner_text()
+    assert strip["key_cap"].inner_text() == "key alice has used 86% of its monthly cap (3.00 of 3.50 USD)"
     assert strip["key_cap"].get_attribute("class") == "warn"
-    assert strip["key_blocked"].inner_text() == "key bob is blocked by its rpm limit"
+    assert strip["key_blocked"].inner_text() == "key bob is blocked by its monthly cap (0.20 of 0.20 USD)"
     assert strip["key_blocked"].get_attribute("class") == "bad"
+    assert strip["key_expiring"].inner_text() == "key carol expires in 3 days"
     assert strip["key_expiring"].locator("a").get_attribute("href") == "#keys"
-    assert "blocked" in page.locator(KEY_ROW.format("bob")).inner_text()
-    assert "$3.00 of $3.50" in page.locator(KEY_ROW.format("alice")).inner_text()
-    assert page.locator(KEY_ROW.format("alice") + " meter").get_attribute("value") == str(3.0 / 3.5)
-    assert "in 3.0 d" in page.locator(KEY_ROW.format("carol")).inner_text()
     page.locator("#keys").scroll_into_view_if_needed()
     assert axe_violations(page) == []
-    page.unroute_all(behavior="wait")
     assert page.errors == []
