@@ -35,7 +35,7 @@ JSON_ROUTES = frozenset({"/v1/messages", "/v1/chat/completions", "/v1/responses"
 
 # What a listed browser origin may send in a preflighted request, and what it may read back.
 _ALLOW_METHODS = b"GET, POST, OPTIONS"
-_ALLOW_HEADERS_DEFAULT = (b"content-type, authorization, x-api-key, anthropic-version, anthropic-beta, "
+_ALLOW_HEADERS_DEFAULT = (b"content-type, authorization, x-api-key, x-goog-api-key, anthropic-version, anthropic-beta, "
                           b"x-coderouter-profile, x-request-id")
 _EXPOSE_HEADERS = (b"x-coderouter-profile, x-coderouter-attempts, x-coderouter-provider, x-request-id, "
                    b"request-id, retry-after")
@@ -228,5 +228,5 @@ def remote_access(host: str, allowed_hosts: list[str] | tuple[str, ...]) -> str:
         without = f"without a valid key: 401 when they use {', '.join(names)}, 403 under any other name (the Host check)"
     else:
         without = ("without a valid key: 403 (the Host check: the name they use is not in [server] allowed_hosts), "
-                   "whatever they send")
+                   "")
     return f"{served}; {without}"

@@ -7,7 +7,6 @@ secret under a hash key the router keeps (docs/decisions.md, "Team keys: a keyed
 from __future__ import annotations
 
 import hashlib
-import hmac
 import re
 import secrets
 
@@ -44,19 +43,36 @@ def display_prefix(secret: str) -> str:
     return secret[:PREFIX_CHARS]
 
 
-class Hasher:
-    """HMAC-SHA256 under the router's hash key: the digest a secret is stored and looked up by."""
+# HMAC's pads (RFC 2104), as translation tables over the key's bytes.
+_IPAD = bytes(x ^ 0x36 for x in range(256))
+_OPAD = bytes(x ^ 0x5C for x in range(256))
+_BLOCK = 64  # SHA-256's block size
 
-    __slots__ = ("_key",)
+
+class Hasher:
+    """HMAC-SHA256 under the router's hash key: the digest a secret is stored and looked up by.
+
+    The key's inner and outer SHA-256 states are computed once and copied per call: the same bytes as
+    `hmac.digest(key, msg, "sha256")` (tested), in about half its time (hmac.digest sets up an HMAC context per
+    call), which is most of what a team key adds to a request."""
+
+    __slots__ = ("_inner", "_outer")
 
     def __init__(self, key: bytes) -> None:
         if len(key) < 16:
             raise ValueError("a hash key has at least 16 bytes")
-        self._key = key
+        if len(key) > _BLOCK:
+            key = hashlib.sha256(key).digest()
+        key = key.ljust(_BLOCK, b"\0")
+        self._inner = hashlib.sha256(key.translate(_IPAD))
+        self._outer = hashlib.sha256(key.translate(_OPAD))
 
     def digest(self, secret: str) -> bytes:
-        # hmac.digest: the one-shot C implementation (no HMAC object per call), ~1 µs for a key-sized input.
-        return hmac.digest(self._key, secret.encode("utf-8", "surrogateescape"), hashlib.sha256)
+        inner = self._inner.copy()
+        inner.update(secret.encode("utf-8", "surrogateescape"))
+        outer = self._outer.copy()
+        outer.update(inner.digest())
+        return outer.digest()
 
     def hex(self, secret: str) -> str:
         return self.digest(secret).hex()

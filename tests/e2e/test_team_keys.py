@@ -243,3 +243,53 @@ def test_no_secret_is_left_in_clear_at_rest(env, tmp_path):
         for needle in (secret, secret[4:]):
             found = [str(p) for p, data in haystack if needle.encode() in data]
             assert not found, f"a secret in clear in {found}"
+
+
+def test_dashboard_login_takes_a_team_key_until_it_is_revoked(env):
+    d, _up = env
+    gina = create(d, "gina")
+    page = {"host": f"127.0.0.1:{d.port}", "origin": f"http://127.0.0.1:{d.port}"}
+    assert httpx.get(d.url + "/ui/api/now", timeout=10).status_code == 401
+    bad = httpx.post(d.url + "/ui/login", data={"key": "crk_wrong"}, headers=page, timeout=10)
+    assert bad.status_code == 401
+    r = httpx.post(d.url + "/ui/login", data={"key": gina}, headers=page, timeout=10)
+    assert r.status_code == 303
+    cookie = r.headers["set-cookie"].split(";")[0]
+    assert gina not in cookie and cookie.startswith("coderouter_ui=t.gina.")
+    assert httpx.get(d.url + "/ui/api/now", headers={"cookie": cookie}, timeout=10).status_code == 200
+    corectl(d, "keys", "revoke", "gina")
+    assert httpx.get(d.url + "/ui/api/now", headers={"cookie": cookie}, timeout=10).status_code == 401
+
+
+def test_beyond_loopback_a_valid_key_passes_the_host_check_and_every_report_says_so(tmp_path):
+    """N13: host = "0.0.0.0" with keys and no allowed_hosts refused every other machine, even with a valid key.
+    A request carrying a valid key is no rebound browser: it is served under whatever name the machine used."""
+    with FakeServer("openai", name="local", models=["qwen3"]) as up:
+        cfg = daemon_config(providers={"local": openai_at(up.url, model="qwen3")}, profiles={"default": warn("local")},
+                            server={"host": "0.0.0.0", "api_keys": [OPERATOR]})
+        d = DaemonProcess(cfg, tmp_path)
+        check = cli.run_module("coderouterd", ["--config", str(d.config_path), "--check"], env=d.env)
+        assert check.returncode == 0, check.stderr
+        assert "other machines: served only with a valid API key" in check.stdout
+        assert "without a valid key: 403" in check.stdout
+        d.start()
+        try:
+            remote = {"host": f"192.0.2.10:{d.port}"}  # the name another machine reaches it by
+            refused = httpx.post(d.url + "/v1/chat/completions", json=CHAT, headers=remote, timeout=20)
+            assert refused.status_code == 403 and refused.json()["error"]["type"] == "permission_error"
+            assert "valid API key" in refused.json()["error"]["message"]
+            wrong = httpx.post(d.url + "/v1/chat/completions", json=CHAT, timeout=20,
+                               headers={**remote, "authorization": "Bearer crk_not-a-key"})
+            assert wrong.status_code == 403
+            op = httpx.post(d.url + "/v1/chat/completions", json=CHAT, timeout=20,
+                            headers={**remote, "authorization": f"Bearer {OPERATOR}"})
+            assert op.status_code == 200
+            hal = create(d, "hal")
+            team = anthropic.Anthropic(base_url=d.url, api_key=hal, max_retries=0, default_headers=remote)
+            assert team.messages.create(model="qwen3", max_tokens=5, messages=USER).content
+            status = orjson.loads(corectl(d, "--json", "status").stdout)
+            assert "served only with a valid API key" in status["keys"]["remote_access"]
+            assert "served only with a valid API key" in corectl(d, "status").stdout
+            assert "other machines: served only with a valid API key" in d.log()
+        finally:
+            d.stop()

@@ -4,6 +4,7 @@ and a wrong secret take the same path), scope, expiry, rotation's grace, and the
 from __future__ import annotations
 
 import asyncio
+import hmac
 import re
 from dataclasses import replace
 
@@ -51,6 +52,9 @@ def test_secrets_are_long_random_and_recognisable():
 def test_keyed_hash_depends_on_the_hash_key_and_never_holds_the_secret():
     s = new_secret()
     a, b = Hasher(new_hash_key()), Hasher(new_hash_key())
+    for key in (new_hash_key(), b"k" * 16, b"long" * 40):  # exactly HMAC-SHA256, short and long keys alike
+        for msg in (s, "", "é\udcff"):
+            assert Hasher(key).digest(msg) == hmac.digest(key, msg.encode("utf-8", "surrogateescape"), "sha256")
     assert a.digest(s) == a.digest(s) and len(a.digest(s)) == 32
     assert a.digest(s) != b.digest(s)
     assert s not in a.hex(s) and s[4:12] not in a.hex(s)
