@@ -30,7 +30,10 @@ NEAR_CAP = 0.8  # a key this far into its monthly cap needs attention
 EXPIRING_S = 7 * 86_400.0  # a key expiring within this needs attention
 RATE_WINDOW_S = 60.0
 BLOCKED_RECENT_S = 300.0  # a key refused for its budget or rate this recently is blocked now
-_BLOCKING = (KEY_BUDGET, KEY_RPM, KEY_TPM, KEY_CONCURRENCY)
+# Refusal reasons that block a key now, and how the strip says it. `rate_limited` is the key guard's (the rate
+# limits' 429 before routing, guards/key_limits.py); the key_* ones are state/refusals.py's.
+_BLOCKING = {KEY_BUDGET: "its monthly budget", KEY_RPM: "its rpm limit", KEY_TPM: "its tpm limit",
+             KEY_CONCURRENCY: "its concurrency limit", "rate_limited": "its rate limits"}
 
 
 class KeyEntry(Protocol):
@@ -126,7 +129,7 @@ def _attention(k: dict[str, Any], now: float) -> list[dict[str, Any]]:
     name = k["name"]
     if k["blocked"]:
         why = k["blocked_by"]
-        words = why if why == "its monthly cap" else f"its {why.removeprefix('key_')} limit"
+        words = _BLOCKING.get(why, why)
         out.append({"kind": "key_blocked", "key": name,
                     "text": f"key {name} is blocked by {words}" + (
                         f" ({k['spend_usd']:.2f} of {k['cap_usd']:.2f} USD)" if why == "its monthly cap" else "")})

@@ -33,6 +33,8 @@ class _Entry:
 
 
 class _Directory:
+    required = False  # what the dashboard's gate reads of the registry: no team key required (loopback open)
+
     def __init__(self, *entries: _Entry) -> None:
         self.entries = list(entries)
 
@@ -55,6 +57,9 @@ def _events() -> list[RequestFinished]:
         _served("b1", NOW - 2 * HOUR, "bob", 0.5),
         refusal_event(request_id="b2", ingress="openai", status=429, reason=KEY_RPM, key_name="bob", ts=NOW - 20),
         refusal_event(request_id="b3", ingress="openai", status=429, reason=KEY_RPM, key_name="bob", ts=NOW - 5),
+        # dan: the key guard's own 429 (guards/key_limits.py: error class rate_limited, nothing tried)
+        RequestFinished("d1", "anthropic", "default", None, ts=NOW - 15, key_name="dan", status=429,
+                        error_class="rate_limited"),
         # carol: her cap is spent
         _served("c1", NOW - 3 * HOUR, "carol", 5.0),
         # a key the directory no longer has; an expired key's refusal
@@ -70,6 +75,7 @@ def _directory() -> _Directory:
         _Entry(TeamKey("alice", "crk_a", monthly_usd=10.0, rpm=30, tpm=10_000, concurrency=2)),
         _Entry(TeamKey("bob", "crk_b", monthly_usd=100.0, rpm=2)),
         _Entry(TeamKey("carol", "crk_c", monthly_usd=5.0)),
+        _Entry(TeamKey("dan", "crk_dan", rpm=1)),
         _Entry(TeamKey("dave", "crk_d", expires_at=NOW + 3 * DAY), last_used=NOW - 40 * DAY),
         _Entry(TeamKey("erin", "crk_e", expires_at=NOW - DAY)),
         _Entry(TeamKey("frank", "crk_f", expires_at=NOW + 30 * DAY, revoked_at=NOW - DAY)),
@@ -93,7 +99,7 @@ def _answer(journal, directory=None):
 def test_each_key_spend_against_its_cap_rate_now_and_limits(journal):
     a = _answer(journal, _directory())
     keys = {k.name: k for k in a.keys}
-    assert sorted(keys) == ["alice", "bob", "carol", "dave", "erin", "frank", "ghost", "gina"]
+    assert sorted(keys) == ["alice", "bob", "carol", "dan", "dave", "erin", "frank", "ghost", "gina"]
     alice = keys["alice"]
     assert (alice.spend_usd, alice.cap_usd, alice.ratio) == (pytest.approx(8.5), 10.0, pytest.approx(0.85))
     assert alice.rate == {"rpm": 2, "rpm_limit": 30, "tpm": 3000, "tpm_limit": 10_000, "concurrency_limit": 2,
@@ -115,6 +121,7 @@ def test_the_attention_strip_names_near_cap_blocked_and_expiring_keys(journal):
         ("key_cap", "alice"): "key alice has used 85% of its monthly cap (8.50 of 10.00 USD)",
         ("key_blocked", "bob"): "key bob is blocked by its rpm limit",
         ("key_blocked", "carol"): "key carol is blocked by its monthly cap (5.00 of 5.00 USD)",
+        ("key_blocked", "dan"): "key dan is blocked by its rate limits",
         ("key_expiring", "dave"): "key dave expires in 3 days",
     }  # erin expired already, frank and gina are revoked: nothing to warn of
 
@@ -123,10 +130,10 @@ def test_without_a_directory_the_journal_alone_is_shown(journal):
     a = _answer(journal)
     assert not a.registry
     keys = {k.name: k for k in a.keys}
-    assert sorted(keys) == ["alice", "bob", "carol", "erin", "ghost"]
+    assert sorted(keys) == ["alice", "bob", "carol", "dan", "erin", "ghost"]
     assert keys["alice"].cap_usd is None and keys["alice"].state == "unknown"
     # blocked by its rate is still seen from the journal's refusals
-    assert [(x["kind"], x["key"]) for x in a.attention] == [("key_blocked", "bob")]
+    assert [(x["kind"], x["key"]) for x in a.attention] == [("key_blocked", "bob"), ("key_blocked", "dan")]
 
 
 def test_no_journal_and_no_keys_is_an_empty_view():
