@@ -30,7 +30,7 @@ def usage(state_dir: str | None, socket: str | None, by: str, month: str | None,
             raise CorectlError(f"--month: {e}", code=2) from None
         sdir = _state_dir_or_fail(state_dir, socket)
         journal = journal_for(sdir, socket, local=local, instance=instance)
-        out = usage_by_key(journal, month, now=now)
+        out = usage_by_key(journal, month, now=now, keys=key_names(socket))
         if as_json:
             emit_json({"by": by, "journal": journal.where, **out})
             return 0
@@ -44,6 +44,18 @@ def usage(state_dir: str | None, socket: str | None, by: str, month: str | None,
         return 0
 
     return run_reading(as_json, work)
+
+
+def key_names(socket: str | None) -> list[str]:
+    """Every key the running daemon knows (those never used too: one entry per key); none when it is not running
+    (the journal still names every key that made a request)."""
+    from .api import DaemonAPI
+
+    try:
+        with DaemonAPI(socket, timeout=3.0) as api:
+            return [k.name for k in api.keys().keys]
+    except CorectlError:
+        return []
 
 
 def usage_table(out: dict[str, Any], width: int = 10_000) -> Table:

@@ -59,6 +59,7 @@ def test_requests_and_refusals_are_counted_per_key_everywhere(team):
     alice = create(d, "alice", "--monthly-usd", "10", "--profiles", "default")
     bob = create(d, "bob", "--profiles", "coding")
     carol = create(d, "carol")
+    create(d, "dave")  # never used: listed all the same, with nothing spent
     assert corectl(d, "keys", "revoke", "carol").returncode == 0
 
     claude = anthropic.Anthropic(base_url=d.url, api_key=alice, max_retries=0, timeout=20)
@@ -83,7 +84,8 @@ def test_requests_and_refusals_are_counted_per_key_everywhere(team):
     usage = wait_for(all_journaled)
     assert usage, _usage(d)
     by = {e["name"]: e for e in usage["keys"]}
-    assert sorted(by) == ["alice", "bob", "carol"]
+    assert sorted(by) == ["alice", "bob", "carol", "dave"]
+    assert (by["dave"]["requests"], by["dave"]["last_used"]) == (0, None)
     assert by["alice"]["requests"] == 2 and by["alice"]["refusals"] == {}
     assert by["alice"]["input_tokens"] > 0 and by["alice"]["output_tokens"] > 0 and by["alice"]["spend_usd"] > 0
     assert by["bob"]["requests"] == 2 and by["bob"]["refusals"] == {"key_scope": 1}
