@@ -24,6 +24,7 @@ from ..state.usage import month_window
 from . import apitype
 
 if TYPE_CHECKING:
+    from ..daemon import Daemon  # layer-ok: the composition root, handed in; annotation only
     from ..state.journal_reader import JournalReader
 
 NEAR_CAP = 0.8  # a key this far into its monthly cap needs attention
@@ -50,6 +51,17 @@ class KeyDirectory(Protocol):
     """What this view reads of the key registry: every key (revoked and expired ones too)."""
 
     def records(self) -> Sequence[KeyEntry]: ...
+
+
+async def daemon_keys(d: Daemon, range_name: str) -> apitype.KeyUsageAnswer:
+    """The view for a daemon: its journal (history.journal) and its key registry, over one of history.RANGES
+    (ValueError for another)."""
+    from .history import RANGES, journal
+
+    if range_name not in RANGES:
+        raise ValueError(f"unknown range {range_name!r}; expected one of {', '.join(RANGES)}")
+    span, step = RANGES[range_name]
+    return await keys_answer(journal(d), d.keys, span=span, step=step, range_name=range_name)
 
 
 def _read(reader: JournalReader, start: float, end: float, since: float, now: float,

@@ -22,7 +22,7 @@ from ..providers.models_control import (
     unload_model,
 )
 from ..supervise import ExternalProcessError
-from . import apitype, history, views
+from . import apitype, history, key_usage, views
 from .errors import ANSWER, REFUSALS, AdminError, AdminRoute
 
 if TYPE_CHECKING:
@@ -219,6 +219,13 @@ def ops_routes(daemon: Daemon) -> APIRouter:
             raise AdminError(400, f"unknown range {range!r}; expected one of {', '.join(history.RANGES)}",
                              valid=list(history.RANGES))
         return await history.trends(daemon, range)
+
+    @r.get("/v1/history/keys", response_model=apitype.KeyUsageAnswer, **ANSWER)
+    async def history_keys(range: str = Query(history.DEFAULT_RANGE)):
+        try:
+            return await key_usage.daemon_keys(daemon, range)
+        except ValueError as e:
+            raise AdminError(400, str(e), valid=list(history.RANGES)) from None
 
     @r.get("/v1/history/requests", response_model=apitype.HistoryRequestsAnswer, **ANSWER)
     async def history_requests(profile: str | None = None, provider: str | None = None,

@@ -70,11 +70,6 @@ _MAX_LOGIN_BODY = 4096
 PING_S = 15.0  # a comment line on an idle feed: proxies and the browser keep the stream open, dead ones show
 
 
-def key_directory(d: Daemon) -> key_usage.KeyDirectory:
-    """The daemon's key registry (coderouterd/keys): the Keys view's caps, limits and expiry."""
-    return d.keys
-
-
 class Answer(Exception):
     """An early answer (a refusal) from inside a handler."""
 
@@ -244,12 +239,10 @@ class DashboardApp:
                 raise Answer(400, f"unknown range {rng!r}; expected one of {', '.join(history.RANGES)}")
             data = await history.trends(d, rng)
         elif name == "keys":
-            rng = query.get("range", history.DEFAULT_RANGE)
-            if rng not in history.RANGES:
-                raise Answer(400, f"unknown range {rng!r}; expected one of {', '.join(history.RANGES)}")
-            span, step = history.RANGES[rng]
-            data = await key_usage.keys_answer(history.journal(d), key_directory(d), span=span, step=step,
-                                               range_name=rng)
+            try:
+                data = await key_usage.daemon_keys(d, query.get("range", history.DEFAULT_RANGE))
+            except ValueError as e:
+                raise Answer(400, str(e)) from None
         elif name == "requests":
             try:
                 data = await history.requests(d, profile=query.get("profile") or None,

@@ -116,6 +116,12 @@ def test_requests_and_refusals_are_counted_per_key_everywhere(team):
     keys = {k["name"]: k for k in view["keys"]}
     assert keys["alice"]["cap_usd"] == 10.0 and keys["alice"]["spend_usd"] == pytest.approx(by["alice"]["spend_usd"])
     assert keys["carol"]["state"] == "revoked" and view["registry"] is True
+    # the same view on the admin socket, for scripts
+    with httpx.Client(transport=httpx.HTTPTransport(uds=str(d.state_dir / "coderouterd.sock")),
+                      base_url="http://coderouterd", timeout=10) as admin:
+        admin_view = admin.get("/v1/history/keys", params={"range": "1h"}).json()
+        assert admin.get("/v1/history/keys", params={"range": "2y"}).status_code == 400
+    assert {k["name"]: k["spend_usd"] for k in admin_view["keys"]} == {n: k["spend_usd"] for n, k in keys.items()}
 
     # never a secret at rest: the journal holds names only
     db = (d.state_dir / "state.db").read_bytes() + b"".join(
