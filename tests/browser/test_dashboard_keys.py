@@ -105,6 +105,11 @@ def test_the_keys_view_shows_each_key_from_the_journal(kpage, keys_dash):
     answered = httpx.get(keys_dash.url + "/ui/api/keys", headers={"authorization": f"Bearer {OPERATOR}"}).json()
     bob_answer = next(k for k in answered["keys"] if k["name"] == "bob")
     assert drawn == sum(bob_answer["series"]["refusals"]) == 3
+    # a refused request's trace names its key, as `corectl explain` does
+    page.goto(keys_dash.url + "/ui#/requests/bob-no-1")
+    page.wait_for_selector("#trace[open]", timeout=LONG)
+    assert "key\tbob" in page.locator("#trace-kv").inner_text()
+    page.goto(keys_dash.url + "/ui#keys")
     # the page changes nothing: no form, no button on a key's row
     assert page.locator("#keys form, #keys-table button").count() == 0
     assert page.errors == []

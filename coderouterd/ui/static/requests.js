@@ -153,6 +153,7 @@ export async function openTrace(id) {
   const add = (k, v, cls) => { const tr = document.createElement("tr"); tr.append(el("th", k), el("td", v, cls)); kv.push(tr); };
   add("time", fmt.time(t.ts));
   add("ingress", (t.ingress || "–") + (t.stream ? " (streaming)" : ""));
+  add("key", t.key || "– (no team key)", t.key ? "" : "dim");
   let model = t.model_requested || "–";
   if (t.served_by && t.model_used && t.model_used !== t.model_requested) model += " → " + t.model_used;
   add("model", model);
