@@ -34,7 +34,9 @@ BLOCKED_RECENT_S = 300.0  # a key refused for its budget or rate this recently i
 # Refusal reasons that block a key now, and how the strip says it. `rate_limited` is the key guard's (the rate
 # limits' 429 before routing, guards/key_limits.py); the key_* ones are state/refusals.py's.
 _BLOCKING = {KEY_BUDGET: "its monthly budget", KEY_RPM: "its rpm limit", KEY_TPM: "its tpm limit",
-             KEY_CONCURRENCY: "its concurrency limit", "rate_limited": "its rate limits"}
+             KEY_CONCURRENCY: "its concurrency limit", "rate_limited": "its rate limits",
+             # a budget refusal in routing (402): the key's own budget, a provider's or the global cap
+             "billing_error": "a spent budget (its own, a provider's or the global cap)"}
 
 
 class KeyEntry(Protocol):

@@ -60,6 +60,10 @@ def _events() -> list[RequestFinished]:
         # dan: the key guard's own 429 (guards/key_limits.py: error class rate_limited, nothing tried)
         RequestFinished("d1", "anthropic", "default", None, ts=NOW - 15, key_name="dan", status=429,
                         error_class="rate_limited"),
+        # ed: a budget refusal in routing (every provider skipped for budget: 402 billing_error)
+        RequestFinished("x1", "anthropic", "default", None, ts=NOW - 12, key_name="ed", status=402,
+                        error_class="billing_error", attempts=[{"provider": "cloud", "outcome": "skipped",
+                                                                "reason": "budget"}]),
         # carol: her cap is spent
         _served("c1", NOW - 3 * HOUR, "carol", 5.0),
         # a key the directory no longer has; an expired key's refusal
@@ -99,7 +103,7 @@ def _answer(journal, directory=None):
 def test_each_key_spend_against_its_cap_rate_now_and_limits(journal):
     a = _answer(journal, _directory())
     keys = {k.name: k for k in a.keys}
-    assert sorted(keys) == ["alice", "bob", "carol", "dan", "dave", "erin", "frank", "ghost", "gina"]
+    assert sorted(keys) == ["alice", "bob", "carol", "dan", "dave", "ed", "erin", "frank", "ghost", "gina"]
     alice = keys["alice"]
     assert (alice.spend_usd, alice.cap_usd, alice.ratio) == (pytest.approx(8.5), 10.0, pytest.approx(0.85))
     assert alice.rate == {"rpm": 2, "rpm_limit": 30, "tpm": 3000, "tpm_limit": 10_000, "concurrency_limit": 2,
@@ -122,6 +126,7 @@ def test_the_attention_strip_names_near_cap_blocked_and_expiring_keys(journal):
         ("key_blocked", "bob"): "key bob is blocked by its rpm limit",
         ("key_blocked", "carol"): "key carol is blocked by its monthly cap (5.00 of 5.00 USD)",
         ("key_blocked", "dan"): "key dan is blocked by its rate limits",
+        ("key_blocked", "ed"): "key ed is blocked by a spent budget (its own, a provider's or the global cap)",
         ("key_expiring", "dave"): "key dave expires in 3 days",
     }  # erin expired already, frank and gina are revoked: nothing to warn of
 
@@ -130,10 +135,11 @@ def test_without_a_directory_the_journal_alone_is_shown(journal):
     a = _answer(journal)
     assert not a.registry
     keys = {k.name: k for k in a.keys}
-    assert sorted(keys) == ["alice", "bob", "carol", "dan", "erin", "ghost"]
+    assert sorted(keys) == ["alice", "bob", "carol", "dan", "ed", "erin", "ghost"]
     assert keys["alice"].cap_usd is None and keys["alice"].state == "unknown"
     # blocked by its rate is still seen from the journal's refusals
-    assert [(x["kind"], x["key"]) for x in a.attention] == [("key_blocked", "bob"), ("key_blocked", "dan")]
+    assert [(x["kind"], x["key"]) for x in a.attention] == [("key_blocked", "bob"), ("key_blocked", "dan"),
+                                                             ("key_blocked", "ed")]
 
 
 def test_no_journal_and_no_keys_is_an_empty_view():
