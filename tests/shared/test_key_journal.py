@@ -58,13 +58,14 @@ def test_a_shared_database_of_the_previous_schema_gains_the_key_column(pg_dsn, t
                   + ", ".join(f"{col} {journal_column_type(col)}" for col in old_columns)
                   + ", PRIMARY KEY (instance, seq))")
         c.execute("INSERT INTO cr_journal (instance, seq, ts, request_id, status) VALUES ('old', 1, 1.0, 'r-old', 200)")
-        c.execute("INSERT INTO cr_schema (version) VALUES (1)")
+        # the version before the key column's (its migration is the last one): every other column is there
+        c.execute("INSERT INTO cr_schema (version) VALUES (%s)", (LATEST - 1,))
 
     async def up() -> tuple[int, int]:
         async with await psycopg.AsyncConnection.connect(pg_dsn, autocommit=True) as c:
             return await migrate(c)
 
-    assert asyncio.run(up()) == (1, LATEST)
+    assert asyncio.run(up()) == (LATEST - 1, LATEST)
     east = _journal(tmp_path / "east.db", _month_events()[:2])
     _ship(pg_dsn, {"east": east.path})
     shared = PostgresJournal(pg_dsn)
