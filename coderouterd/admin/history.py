@@ -118,7 +118,7 @@ def _matches(b: dict[str, Any], profile: str | None, provider: str | None, outco
 
 async def requests(daemon: Daemon, *, profile: str | None = None, provider: str | None = None,
                    outcome: str | None = None, limit: int = 50,
-                   before: float | None = None) -> apitype.HistoryRequestsAnswer:
+                   before: float | None = None, key: str | None = None) -> apitype.HistoryRequestsAnswer:
     """The last requests, newest first, filtered by profile, provider and outcome (ok | error | fallback);
     with `before` (epoch seconds), the ones older than it: the next page of a list whose oldest is `before`."""
     if outcome is not None and outcome not in OUTCOMES:
@@ -127,7 +127,7 @@ async def requests(daemon: Daemon, *, profile: str | None = None, provider: str 
     reader = journal(daemon)
     if reader is not None:
         rows = await asyncio.to_thread(reader.rows, provider=provider, profile=profile, outcome=outcome,
-                                       limit=limit, until=before)
+                                       limit=limit, until=before, key=key)
         rows.reverse()
         return apitype.HistoryRequestsAnswer.model_validate({"source": "journal",
                                                              "requests": [_brief(r) for r in rows]})
@@ -137,7 +137,7 @@ async def requests(daemon: Daemon, *, profile: str | None = None, provider: str 
             b = _brief_from_trace(daemon.recent[rid])
             if before is not None and (b["ts"] or 0) >= before:
                 continue
-            if _matches(b, profile, provider, outcome):
+            if _matches(b, profile, provider, outcome) and (key is None or (b["key_name"] or "-") == key):
                 out.append(b)
                 if len(out) >= limit:
                     break

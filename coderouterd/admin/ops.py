@@ -229,10 +229,11 @@ def ops_routes(daemon: Daemon) -> APIRouter:
 
     @r.get("/v1/history/requests", response_model=apitype.HistoryRequestsAnswer, **ANSWER)
     async def history_requests(profile: str | None = None, provider: str | None = None,
-                               outcome: str | None = None,
+                               outcome: str | None = None, key: str | None = None,
                                limit: int = Query(DEFAULT_REQUESTS, ge=1, le=history.MAX_REQUESTS)):
         try:
-            return await history.requests(daemon, profile=profile, provider=provider, outcome=outcome, limit=limit)
+            return await history.requests(daemon, profile=profile, provider=provider, outcome=outcome, limit=limit,
+                                          key=key)
         except ValueError as e:
             raise AdminError(400, str(e)) from None
 

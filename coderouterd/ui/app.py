@@ -17,7 +17,7 @@ JSON writer; refusals are apitype.ErrorAnswer. The live feed's items have apityp
   GET /ui/api/trends?range=24h          (TrendsAnswer) latency and cache hit ratio per provider over time, latest cache-busts
   GET /ui/api/keys?range=24h            (KeyUsageAnswer) each team key: spend against its cap, requests and refusals over
                                         time, its rate now against its limits, last use, expiry; what needs attention
-  GET /ui/api/requests?profile=&provider=&outcome=&limit=&before=   (HistoryRequestsAnswer; before: epoch
+  GET /ui/api/requests?profile=&provider=&outcome=&key=&limit=&before=   (HistoryRequestsAnswer; before: epoch
                                         seconds, for paging)
   GET /ui/api/requests/{id}             (DashboardTrace) one request's decision trace (as `corectl explain`)
   GET /ui/api/events                    the live feed (server-sent events, feed.py)
@@ -248,6 +248,7 @@ class DashboardApp:
                 data = await history.requests(d, profile=query.get("profile") or None,
                                               provider=query.get("provider") or None,
                                               outcome=query.get("outcome") or None,
+                                              key=query.get("key") or None,
                                               limit=int(query.get("limit") or 100),
                                               before=float(query["before"]) if query.get("before") else None)
             except ValidationError:

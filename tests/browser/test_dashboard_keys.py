@@ -105,6 +105,12 @@ def test_the_keys_view_shows_each_key_from_the_journal(kpage, keys_dash):
     answered = httpx.get(keys_dash.url + "/ui/api/keys", headers={"authorization": f"Bearer {OPERATOR}"}).json()
     bob_answer = next(k for k in answered["keys"] if k["name"] == "bob")
     assert drawn == sum(bob_answer["series"]["refusals"]) == 3
+    # a key's row opens its requests: the list filtered by the key
+    page.locator(KEY_ROW.format("alice")).click()
+    page.wait_for_function("""() => { const ids = [...document.querySelectorAll('#requests-table tbody tr')]
+        .map((r) => r.dataset.requestId); return ids.length === 6 && ids.every((i) => i.startsWith('alice-')); }""",
+                           timeout=LONG)
+    assert page.locator("#filters select[name=key]").input_value() == "alice"
     # a refused request's trace names its key, as `corectl explain` does
     page.goto(keys_dash.url + "/ui#/requests/bob-no-1")
     page.wait_for_selector("#trace[open]", timeout=LONG)

@@ -50,6 +50,18 @@ export function renderKeys(a) {
       [refusals || "–", refusals ? "bad" : "dim"], rate,
       k.last_used ? fmt.time(k.last_used) : el("span", "never", "dim"), expiryCell(k)]);
     tr.dataset.key = k.name;
+    // A key's row opens its requests: the Requests list, filtered by it.
+    tr.tabIndex = 0;
+    tr.classList.add("opens");
+    const open = () => {
+      const sel = $("#filters").elements.key;
+      if (![...sel.options].some((o) => o.value === k.name)) sel.append(new Option(k.name, k.name));
+      sel.value = k.name;
+      sel.dispatchEvent(new Event("change", { bubbles: true }));
+      $("#requests").scrollIntoView();
+    };
+    tr.addEventListener("click", open);
+    tr.addEventListener("keydown", (ev) => { if (ev.key === "Enter") { ev.preventDefault(); open(); } });
     if (k.blocked) tr.classList.add("blocked");
     return tr;
   }));

@@ -113,7 +113,7 @@ let oldest = null;  // the oldest listed request's time: the next page starts be
 export async function refreshRequests(more) {
   const form = $("#filters");
   const q = new URLSearchParams();
-  for (const k of ["profile", "provider", "outcome"]) {
+  for (const k of ["profile", "provider", "outcome", "key"]) {
     const v = form.elements[k].value;
     if (v) q.set(k, v);
   }
@@ -132,6 +132,7 @@ export async function refreshRequests(more) {
   $("#requests-count").textContent = `${tbody.rows.length} shown, newest first`;
   addOptions(form.elements.profile, state.profiles);
   addOptions(form.elements.provider, state.providers);
+  addOptions(form.elements.key, new Set((state.keys ? state.keys.keys : []).map((k) => k.name)));
   return r;
 }
 
