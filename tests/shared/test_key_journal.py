@@ -1,11 +1,15 @@
 """Who spent what on the shared journal (real PostgreSQL): each shipped row keeps its team key's name, a shared
 database of the previous schema gains the column without losing a row, and `--key` and the per-key month sums read
-the same from PostgreSQL as from this machine's SQLite journal, over every instance's rows."""
+the same from PostgreSQL as from this machine's SQLite journal, over every instance's rows; with three real
+instances, `corectl usage --by key` sums a key's requests and refusals across them."""
 
 from __future__ import annotations
 
 import asyncio
+import os
 
+import httpx
+import orjson
 import psycopg
 import pytest
 
@@ -15,6 +19,10 @@ from coderouterd.state.shared.journal_read import PostgresJournal
 from coderouterd.state.shared.schema import LATEST, journal_column_type, migrate
 from coderouterd.state.shared.shipper import read_local, ship
 from coderouterd.state.usage import usage_by_key
+from tests.fakes.runner import FakeServer
+from tests.shared.test_team_keys import _corectl, _daemon, _status
+from tests.support import cli
+from tests.support.wait import wait_for
 from tests.unit.test_key_usage import _journal, _month_events
 
 
@@ -73,3 +81,50 @@ def test_a_shared_database_of_the_previous_schema_gains_the_key_column(pg_dsn, t
                                                                           ("a2", "alice")]
     with psycopg.connect(pg_dsn) as c:
         assert c.execute("SELECT 1 FROM pg_indexes WHERE indexname = 'cr_journal_key_ts'").fetchone() == (1,)
+
+
+def test_three_instances_usage_by_key_reads_every_instance(tmp_path, pg_dsn):
+    """Three real daemons on one PostgreSQL: a key's requests served by each are shipped to the shared journal,
+    and `corectl --json usage --by key` (the shared journal, as the config says) sums them across instances;
+    `--local` keeps to one machine's."""
+    chat = {"model": "m", "max_tokens": 3, "messages": [{"role": "user", "content": "hi"}]}
+    with FakeServer("openai", name="local", models=["m"]) as up:
+        ds = [_daemon(tmp_path, n, up.url, pg_dsn) for n in ("a", "b", "c")]
+        try:
+            for d in ds:
+                d.start()
+            assert wait_for(lambda: all(_status(d)["shared"]["up"] for d in ds), 30)
+            secret = _corectl(ds[0], "keys", "create", "alice")["key"]
+            other = _corectl(ds[0], "keys", "create", "bob", "--profiles", "nope")["key"]
+            for d in ds:
+                assert wait_for(lambda d=d: _status(d)["keys"]["counts"]["active"] == 2, 30)
+            for i, d in enumerate(ds):  # alice: 1 on a, 2 on b, 3 on c; bob refused once on each (scope)
+                for _ in range(i + 1):
+                    r = httpx.post(d.url + "/v1/chat/completions", json=chat, timeout=30,
+                                   headers={"authorization": f"Bearer {secret}"})
+                    assert r.status_code == 200, r.text
+                r = httpx.post(d.url + "/v1/chat/completions", json=chat, timeout=30,
+                               headers={"authorization": f"Bearer {other}"})
+                assert r.status_code == 403 and "bob" in r.text
+
+            def shared_usage() -> dict | None:
+                u = _corectl(ds[0], "usage", "--by", "key")
+                by = {e["name"]: e for e in u["keys"]}
+                return by if by.get("alice", {}).get("requests") == 6 and by.get("bob", {}).get("refused") == 3 \
+                    else None
+
+            by = wait_for(shared_usage, 30)
+            assert by, _corectl(ds[0], "usage", "--by", "key")
+            assert by["bob"]["refusals"] == {"key_scope": 3} and by["alice"]["input_tokens"] > 0
+            env = {**os.environ, **ds[2].env, "CODEROUTER_SOCKET": str(ds[2].state_dir / "coderouterd.sock")}
+            local = orjson.loads(cli.corectl(["--json", "usage", "--local"], env=env).stdout)
+            assert {e["name"]: e["requests"] for e in local["keys"]} == {"alice": 3, "bob": 1}
+            # the shared database holds the key's name on each row, never its secret
+            with psycopg.connect(pg_dsn) as c:
+                rows = c.execute("SELECT key_name, count(*) FROM cr_journal GROUP BY 1 ORDER BY 1").fetchall()
+                assert ("alice", 6) in rows and ("bob", 3) in rows
+                assert not c.execute("SELECT 1 FROM cr_journal WHERE attempts LIKE %s OR key_name LIKE %s",
+                                     (f"%{secret}%", "crk_%")).fetchall()
+        finally:
+            for d in ds:
+                d.stop()
