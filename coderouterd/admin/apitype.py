@@ -339,6 +339,7 @@ class KeyUsageAnswer(Answer):
     journal: bool
     registry: bool  # false: no key directory was handed in (caps, limits and expiry unknown)
     now: float
+    source: str = "local"  # which journal: local, shared, or local while the shared one cannot be read
 
 
 class HistoryRequestsAnswer(Answer):

@@ -3,7 +3,9 @@ against its cap, requests and refusals over time, its rate now against its limit
 keys that need attention (over 80% of the cap, blocked, expiring within 7 days).
 
 Built from the journal first (spend, requests, refusals, the rate of the last 60 s): it holds every key that ever
-made a request, whichever instance served it. What the journal cannot know -- a key's cap, limits, expiry, a key
+made a request. With `[state] backend = "postgres"` that is the shared journal, every instance's rows (a key's cap
+holds across instances, so its spend must too); while the shared database cannot be read, this machine's journal,
+and the answer says so (`source`). What the journal cannot know -- a key's cap, limits, expiry, a key
 not used yet -- comes from the key directory the daemon hands in (the key registry, coderouterd/keys), read through
 the narrow `KeyDirectory` protocol; without one, the view shows the journal's figures alone.
 
@@ -18,6 +20,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 from ..keys.model import TeamKey
+from ..state.journal_reader import JournalUnreadable
 from ..state.refusals import KEY_BUDGET, KEY_CONCURRENCY, KEY_RPM, KEY_TPM
 from ..state.trends import buckets
 from ..state.usage import month_window
@@ -63,7 +66,23 @@ async def daemon_keys(d: Daemon, range_name: str) -> apitype.KeyUsageAnswer:
     if range_name not in RANGES:
         raise ValueError(f"unknown range {range_name!r}; expected one of {', '.join(RANGES)}")
     span, step = RANGES[range_name]
-    return await keys_answer(journal(d), d.keys, span=span, step=step, range_name=range_name)
+    return await keys_answer(journal(d), d.keys, span=span, step=step, range_name=range_name,
+                             shared=shared_journal(d))
+
+
+def shared_journal(d: Daemon) -> JournalReader | None:
+    """The shared journal with `[state] backend = "postgres"` (None otherwise, or without a DSN to read it with)."""
+    state = d.runtime.config.state
+    if state.backend != "postgres":
+        return None
+    from ..state.shared.dsn import DsnMissing, redact, resolve
+    from ..state.shared.journal_read import PostgresJournal
+
+    try:
+        dsn = resolve(state)
+    except DsnMissing:
+        return None
+    return PostgresJournal(dsn, where=redact(dsn))
 
 
 def _read(reader: JournalReader, start: float, end: float, since: float, now: float,
@@ -80,14 +99,25 @@ def _limit(value: int | float | None) -> int | float | None:
 
 
 async def keys_answer(reader: JournalReader | None, directory: KeyDirectory | None, *, span: float, step: float,
-                      range_name: str, now: float | None = None) -> apitype.KeyUsageAnswer:
+                      range_name: str, now: float | None = None,
+                      shared: JournalReader | None = None) -> apitype.KeyUsageAnswer:
+    """`reader`: this machine's journal; `shared`: the shared one, read first when there is one."""
     now = time.time() if now is None else now
     month, start, end = month_window(None, now)
     t = buckets(now - span, now, step)  # aligned to the step, as the trends' charts are
-    if reader is not None:
+    source = "none"
+    used: dict = {}
+    series: dict = {}
+    minute: dict = {}
+    if shared is not None:
+        try:
+            used, series, minute = await asyncio.to_thread(_read, shared, start, end, t[0], now, step)
+            source = "shared"
+        except JournalUnreadable:
+            source = "local: the shared journal cannot be read"
+    if source != "shared" and reader is not None:
         used, series, minute = await asyncio.to_thread(_read, reader, start, end, t[0], now, step)
-    else:
-        used, series, minute = {}, {}, {}
+        source = "local" if source == "none" else source
     known: dict[str, KeyEntry] = {e.key.name: e for e in directory.records()} if directory is not None else {}
     n = len(t)
     names = sorted({k for k in used if k is not None} | set(known) | {k for k in series if k is not None})
@@ -96,8 +126,8 @@ async def keys_answer(reader: JournalReader | None, directory: KeyDirectory | No
     attention = [a for k in keys for a in _attention(k, now)]
     return apitype.KeyUsageAnswer.model_validate({
         "month": month, "range": range_name, "t": t, "step_s": step,
-        "keys": keys, "attention": attention, "journal": reader is not None, "registry": directory is not None,
-        "now": now})
+        "keys": keys, "attention": attention, "journal": reader is not None or shared is not None,
+        "registry": directory is not None, "now": now, "source": source})
 
 
 def _key_row(name: str, entry: KeyEntry | None, month: dict[str, Any], series: dict[int, tuple[int, int, float]],

@@ -116,6 +116,11 @@ def test_three_instances_usage_by_key_reads_every_instance(tmp_path, pg_dsn):
             by = wait_for(shared_usage, 30)
             assert by, _corectl(ds[0], "usage", "--by", "key")
             assert by["bob"]["refusals"] == {"key_scope": 3} and by["alice"]["input_tokens"] > 0
+            # the dashboard's Keys view on any instance reads the shared journal too (a key's cap is the team's)
+            view = httpx.get(ds[0].url + "/ui/api/keys", headers={"authorization": f"Bearer {secret}"},
+                             timeout=10).json()
+            assert view["source"] == "shared"
+            assert {k["name"]: k["requests"] for k in view["keys"]} == {"alice": 6, "bob": 3}
             env = {**os.environ, **ds[2].env, "CODEROUTER_SOCKET": str(ds[2].state_dir / "coderouterd.sock")}
             local = orjson.loads(cli.corectl(["--json", "usage", "--local"], env=env).stdout)
             assert {e["name"]: e["requests"] for e in local["keys"]} == {"alice": 3, "bob": 1}

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from types import SimpleNamespace
 
 import orjson
 import pytest
@@ -14,7 +15,7 @@ import pytest
 from coderouterd.admin.key_usage import keys_answer
 from coderouterd.keys.model import TeamKey
 from coderouterd.state.events import RequestFinished
-from coderouterd.state.journal_reader import SqliteJournal
+from coderouterd.state.journal_reader import JournalUnreadable, SqliteJournal
 from coderouterd.state.refusals import KEY_EXPIRED, KEY_RPM, refusal_event
 from coderouterd.state.store import Store
 from coderouterd.ui.app import DashboardApp
@@ -154,6 +155,7 @@ def test_the_endpoint_answers_the_view_and_refuses_a_bad_range(tmp_path):
     store.close()
     d = _daemon(tmp_path)
     d.keys = _Directory(_Entry(TeamKey("zed", "crk_z", monthly_usd=1.0)))
+    d.runtime.config.state = SimpleNamespace(backend="sqlite")
     status, _h, body = _call(DashboardApp(d), "/ui/api/keys", query=b"range=30d")
     assert status == 200, body
     data = orjson.loads(body)
@@ -162,3 +164,29 @@ def test_the_endpoint_answers_the_view_and_refuses_a_bad_range(tmp_path):
     assert b"crk_" not in body  # not even a secret's display prefix is part of the view
     status, _h, body = _call(DashboardApp(d), "/ui/api/keys", query=b"range=2y")
     assert status == 400 and "unknown range" in orjson.loads(body)["error"]
+
+
+class _Down(SqliteJournal):
+    """A shared journal whose database does not answer."""
+
+    def _run(self, sql, args):
+        raise JournalUnreadable("postgresql://x@db/cr", "connection refused", shared=True)
+
+    def usage_by_key(self, since, until):
+        raise JournalUnreadable("postgresql://x@db/cr", "connection refused", shared=True)
+
+
+def test_the_shared_journal_is_read_first_and_this_machines_while_it_cannot_be(journal, tmp_path):
+    # the shared journal has every instance's rows: here, another instance's alone
+    other = tmp_path / "other.db"
+    store = Store(other, flush_interval_s=60, journal_retention_days=36_500)
+    store.open()
+    store.journal_sink()([_served("z1", NOW - 60, "zoe", 4.0)])
+    store.close()
+    shared = asyncio.run(keys_answer(journal, None, span=DAY, step=1800.0, range_name="24h", now=NOW,
+                                     shared=SqliteJournal(other)))
+    assert shared.source == "shared" and [k.name for k in shared.keys] == ["zoe"]
+    down = asyncio.run(keys_answer(journal, None, span=DAY, step=1800.0, range_name="24h", now=NOW,
+                                   shared=_Down(other)))
+    assert down.source == "local: the shared journal cannot be read"
+    assert "alice" in [k.name for k in down.keys]
