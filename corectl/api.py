@@ -177,6 +177,10 @@ class DaemonAPI:
         return self._post(m.KeySecretAnswer, f"/v1/keys/{quote(name, safe='')}/rotate",
                           m.KeyRotateRequest(grace_s=float(grace_s)))
 
+    def key_delete(self, name: str):
+        path = f"/v1/keys/{quote(name, safe='')}/delete"
+        return _typed(_models().KeyDeleteAnswer, "POST", path, self.transport.call("POST", path, {}))
+
     def key_revoke(self, name: str):
         path = f"/v1/keys/{quote(name, safe='')}/revoke"
         return _typed(_models().KeyAnswer, "POST", path, self.transport.call("POST", path, {}))

@@ -307,7 +307,7 @@ def audit_tail(
         "--kind", metavar="K", help="Only records of this kind (repeatable): process, health_transition, "
                                     "breaker_transition, fallback_used, guard_fired, budget_warning, budget_blocked, "
                                     "config_reloaded, config_rejected, profile_switched, recovery_probe, daemon, "
-                                    "persistence_fault, request_finished.")] = None,
+                                    "persistence_fault, request_finished, key, auth_refused, auth_throttled.")] = None,
     since: SinceOpt = None,
     state_dir: StateDirOpt = None,
     json_out: JsonOpt = False,
@@ -466,7 +466,7 @@ def top(
     _exit(top_mod.top(socket, interval, as_json))
 
 
-KeyNameArg = Annotated[str, typer.Argument(metavar="NAME", help="The key's name (1 to 32 letters, digits, '.', '_', "
+KeyNameArg = Annotated[str, typer.Argument(help="The key's name (1 to 32 letters, digits, '.', '_', "
                                                                  "'-').")]
 MonthlyOpt = Annotated[str | None, typer.Option("--monthly-usd", metavar="X",
                                                help="The key's own monthly budget in USD ('none' removes it).")]
@@ -553,6 +553,16 @@ def keys_revoke(ctx: typer.Context, name: KeyNameArg, json_out: JsonOpt = False)
 
     socket, as_json = _opts(ctx, json_out)
     _exit(keys.revoke(socket, name, as_json))
+
+
+@keys_app.command("delete")
+def keys_delete(ctx: typer.Context, name: KeyNameArg, json_out: JsonOpt = False) -> None:
+    """Forget a revoked key for good (its name can then be reused). When no key is left, requests need no key
+    again."""
+    from . import keys
+
+    socket, as_json = _opts(ctx, json_out)
+    _exit(keys.delete(socket, name, as_json))
 
 
 def run(argv: list[str] | None = None) -> int:

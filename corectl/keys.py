@@ -185,6 +185,18 @@ def revoke(socket: str | None, name: str, as_json: bool) -> int:
     return with_api(socket, as_json, work)
 
 
+def delete(socket: str | None, name: str, as_json: bool) -> int:
+    def work(api: DaemonAPI) -> None:
+        data = api.key_delete(name)
+        if as_json:
+            emit_json(data)
+            return
+        echo(f"Deleted key {clean(name)}." + ("" if data.required else
+                                              " No key is left: requests need no key again (loopback is open)."))
+
+    return with_api(socket, as_json, work)
+
+
 # -- rendering ----------------------------------------------------------------------------------------------------
 
 def _when(ts: float | None) -> str:

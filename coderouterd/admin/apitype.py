@@ -474,3 +474,9 @@ class KeySecretAnswer(Answer):
 class KeyAnswer(Answer):
     ok: bool
     record: KeyInfo
+
+
+class KeyDeleteAnswer(Answer):
+    ok: bool
+    name: str
+    required: bool  # whether keys are still required (False: none left, loopback open again)

@@ -35,10 +35,10 @@ def _problem(e: KeyProblem) -> AdminError:
 
 def key_routes(daemon: Daemon) -> APIRouter:
     r = APIRouter(route_class=AdminRoute, responses=REFUSALS)
-    service = daemon.key_service
 
     @r.get("/v1/keys", response_model=apitype.KeysAnswer, **ANSWER)
     async def list_keys():
+        service = daemon.key_service
         try:
             items = await service.listing()
         except KeyProblem as e:
@@ -47,6 +47,7 @@ def key_routes(daemon: Daemon) -> APIRouter:
 
     @r.get("/v1/keys/{name}", response_model=apitype.KeyAnswer, **ANSWER)
     async def show_key(name: str):
+        service = daemon.key_service
         try:
             return {"ok": True, "record": await service.show(name)}
         except KeyProblem as e:
@@ -54,6 +55,7 @@ def key_routes(daemon: Daemon) -> APIRouter:
 
     @r.post("/v1/keys", response_model=apitype.KeySecretAnswer, **ANSWER)
     async def create_key(body: apitype.KeyCreateRequest):
+        service = daemon.key_service
         try:
             rec, secret = await service.create(body.name, _settings(body))
         except KeyProblem as e:
@@ -62,6 +64,7 @@ def key_routes(daemon: Daemon) -> APIRouter:
 
     @r.post("/v1/keys/{name}/update", response_model=apitype.KeyAnswer, **ANSWER)
     async def update_key(name: str, body: apitype.KeySettings):
+        service = daemon.key_service
         try:
             rec = await service.update(name, _settings(body))
         except KeyProblem as e:
@@ -70,6 +73,7 @@ def key_routes(daemon: Daemon) -> APIRouter:
 
     @r.post("/v1/keys/{name}/rotate", response_model=apitype.KeySecretAnswer, **ANSWER)
     async def rotate_key(name: str, body: apitype.KeyRotateRequest):
+        service = daemon.key_service
         try:
             rec, secret = await service.rotate(name, float(body.grace_s))
         except KeyProblem as e:
@@ -78,10 +82,20 @@ def key_routes(daemon: Daemon) -> APIRouter:
 
     @r.post("/v1/keys/{name}/revoke", response_model=apitype.KeyAnswer, **ANSWER)
     async def revoke_key(name: str):
+        service = daemon.key_service
         try:
             rec = await service.revoke(name)
         except KeyProblem as e:
             raise _problem(e) from None
         return {"ok": True, "record": service.public(rec, service.now())}
+
+    @r.post("/v1/keys/{name}/delete", response_model=apitype.KeyDeleteAnswer, **ANSWER)
+    async def delete_key(name: str):
+        service = daemon.key_service
+        try:
+            await service.delete(name)
+        except KeyProblem as e:
+            raise _problem(e) from None
+        return {"ok": True, "name": name, "required": daemon.keys.required}
 
     return r

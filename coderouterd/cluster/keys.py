@@ -90,10 +90,10 @@ class SharedKeyStorage:
         cur = await conn.execute("SELECT hash_key FROM cr_key_meta WHERE id = 1")
         row = await cur.fetchone()
         assert row is not None
-        self.registry.set_hash_key(bytes.fromhex(row[0]))
-        self.hash_key_hex = row[0]
         self._seen = None
-        await self._reload(conn)
+        # The hash key and the records change together (no await between): a database recreated since the cache
+        # was written has another hash key, and its records only match it.
+        await self._reload(conn, hash_key=row[0])
         self.joined = True
 
     async def _poll_loop(self) -> None:
@@ -118,9 +118,12 @@ class SharedKeyStorage:
         await self.db.run(check, timeout_s=max(self.poll_s * 2, 1.0))
         self.last_poll = time.time()
 
-    async def _reload(self, conn: Conn) -> None:
+    async def _reload(self, conn: Conn, *, hash_key: str | None = None) -> None:
         cur = await conn.execute(_SELECT)
         rows = await cur.fetchall()
+        if hash_key is not None:
+            self.registry.set_hash_key(bytes.fromhex(hash_key))
+            self.hash_key_hex = hash_key
         records = [_record(row) for row in rows]
         top = max((r.version for r in records), default=0)
         self._seen = (top, len(records))
@@ -171,6 +174,22 @@ class SharedKeyStorage:
         saved = replace(rec, version=version)
         self._cache([*(r for r in self.registry.records() if r.name != rec.name), saved])
         return saved
+
+    async def delete(self, rec: KeyRecord) -> None:
+        async def remove(conn: Conn) -> bool:
+            cur = await conn.execute("DELETE FROM cr_key WHERE name = %s AND version = %s RETURNING 1",
+                                     (rec.name, rec.version))
+            return await cur.fetchone() is not None
+
+        try:
+            gone = await self.db.run(remove, timeout_s=5.0)
+        except Unavailable as e:
+            raise KeyProblem(503, f"the shared database ({self.db.where}) is unreachable ({e}); keys cannot be "
+                                  "changed until it is back") from None
+        if not gone:
+            self._tasks.spawn(self._refresh_quietly(), name="shared-keys-refresh")
+            raise KeyProblem(409, f"key {rec.name!r} was changed on another instance meanwhile; look again and retry")
+        self._cache([r for r in self.registry.records() if r.name != rec.name])
 
     async def _refresh_quietly(self) -> None:
         try:

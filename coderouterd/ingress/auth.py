@@ -108,13 +108,6 @@ class KeyGate:
         return KeyRefusal(401, f"key {key.name!r} expired at {iso(key.expires_at)}; ask the router's operator to "
                                "extend it (`corectl keys update --expires`)", "expired", key.name), None
 
-    def key_is_valid(self, headers: dict[str, str], api_keys: list[str]) -> bool:
-        """Whether the request carries a key that would be admitted (the Host check's question, browsers.py)."""
-        if not self.required(api_keys):
-            return False
-        refusal, _key = self.admit(headers, api_keys)
-        return refusal is None
-
     async def refuse(self, r: Responder, refusal: KeyRefusal, source: str, path: str) -> None:
         """Answer a refusal in the caller's shape. An authentication failure (401) counts against its source,
         which waits its delay first; a 403 (a valid key outside its scope) does not: it is no guess."""
@@ -128,12 +121,17 @@ class KeyGate:
         folded = self.refusals.record(refusal.reason, refusal.key, source)
         if folded is not None:
             self._publish(AuthRefused(reason=refusal.reason, source=source, key=refusal.key, status=refusal.status,
-                                      path=path[:100], repeats=folded))
+                                      path=_printable(path[:100]), repeats=folded))
         if delay > 0:
             import asyncio
 
             await asyncio.sleep(delay)
         await r.error(refusal.status, refusal.message, error_type=refusal.error_type)
+
+
+def _printable(text: str) -> str:
+    """A client-supplied path as the audit log keeps it: no control character reaches a terminal that shows it."""
+    return text if text.isprintable() else "".join(c if c.isprintable() else "?" for c in text)
 
 
 def source_of(scope: Mapping[str, Any]) -> str:

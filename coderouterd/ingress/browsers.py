@@ -223,10 +223,9 @@ def remote_access(host: str, allowed_hosts: list[str] | tuple[str, ...]) -> str:
     served = ("other machines: served only with a valid API key ([server] api_keys, or a team key from "
               "`corectl keys create`), under whatever host name they use")
     if "*" in allowed_hosts:
-        without = "without a valid key: 401"
+        without = "without a key: 401"
     elif names:
-        without = f"without a valid key: 401 when they use {', '.join(names)}, 403 under any other name (the Host check)"
+        without = f"without a key: 401 when they use {', '.join(names)}, 403 under any other name (the Host check)"
     else:
-        without = ("without a valid key: 403 (the Host check: the name they use is not in [server] allowed_hosts), "
-                   "")
-    return f"{served}; {without}"
+        without = "without a key: 403 (the Host check: the name they use is not in [server] allowed_hosts)"
+    return f"{served}; a wrong key: 401; {without}"

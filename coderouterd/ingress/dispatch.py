@@ -17,7 +17,7 @@ from ..routing.request import ClientRequest
 from ..runtime import UnknownProfile
 from ..state.refusals import UnnamedRefusal, gate_reason, refusal_event
 from .asgi import App
-from .auth import KEY_HEADERS, KeyRefusal, scope_refusal, source_of
+from .auth import KEY_HEADERS, KeyRefusal, presented_key, scope_refusal, source_of
 from .browsers import BrowserGuard, with_cors
 from .guard import BodyTooLarge, ClientLeft, answer_internal_error, describe_exception, read_body
 from .protocol import DISCONNECT_HOOK
@@ -165,10 +165,14 @@ class ProxyApp:
             # may be opened from a link on another site (a navigation, which reads nothing it was not shown).
             guard = self.browser_guard(scope)
             refused, cors_origin = guard.refusal(path, method, scope["headers"])
-            if refused is not None and refused.reason == "host" and self._key_opens_host(scope):
+            if refused is not None and refused.reason == "host":
                 # A request carrying a valid key is no browser being rebound (the page would have to know the
-                # secret): served under any Host name (docs/decisions.md, "N13").
-                refused, cors_origin = guard.refusal(path, method, scope["headers"], host_checked=False)
+                # secret): served under any Host name (docs/decisions.md, "N13"). A wrong key is refused as such.
+                opened = await self._key_for_foreign_host(scope, send, path)
+                if opened is None:
+                    return None
+                if opened:
+                    refused, cors_origin = guard.refusal(path, method, scope["headers"], host_checked=False)
             if refused is not None:
                 refusals = self.daemon.browser_refused
                 refusals[refused.reason] = refusals.get(refused.reason, 0) + 1
@@ -215,10 +219,25 @@ class ProxyApp:
             app = self._dashboard = self._make_dashboard()
         await app(scope, receive, send)
 
-    def _key_opens_host(self, scope: Scope) -> bool:
-        """Whether an unknown Host is let through because the request carries a valid key (only on the refusal
-        path: a request with a known Host never pays for it)."""
-        return self.daemon.key_gate.key_is_valid(_headers(scope), self.daemon.runtime.config.server.api_keys)
+    async def _key_for_foreign_host(self, scope: Scope, send: Send, path: str) -> bool | None:
+        """A Host that is not one of ours, when keys are required: True when the request carries a valid key (it
+        goes on), None after a wrong key was refused (401, counted against its source like any other), False
+        when it carries none (the Host refusal stands). Only the refusal path pays for this."""
+        gate = self.daemon.key_gate
+        api_keys = self.daemon.runtime.config.server.api_keys
+        if not gate.required(api_keys):
+            return False
+        headers = _headers(scope)
+        if not presented_key(headers):
+            return False
+        refusal, _key = gate.admit(headers, api_keys)
+        if refusal is None:
+            return True
+        wire = _caller_wire(path, scope)
+        rid = new_id("req")
+        await gate.refuse(Responder(send, wire, rid), refusal, source_of(scope), path)
+        self._journal_refusal(rid, wire, refusal)
+        return None
 
     async def _read_json(self, scope: Scope, receive: Receive, r: Responder, runtime: Runtime) -> tuple[Any, bytes]:
         """The request body parsed (any JSON value, `null` included: Any until validated) and its bytes, or _SENT

@@ -58,6 +58,9 @@ class LocalKeyStorage:
         self.store.set(NS_KEYS, rec.name, rec.to_dict())
         return rec
 
+    async def delete(self, rec: KeyRecord) -> None:
+        self.store.delete(NS_KEYS, rec.name)
+
     async def fresh(self) -> list[KeyRecord] | None:
         return None
 

@@ -48,6 +48,10 @@ class KeyStorage(Protocol):
         KeyProblem(409) if it changed meanwhile). Returns what was written (with its new version)."""
         ...
 
+    async def delete(self, rec: KeyRecord) -> None:
+        """Remove a revoked key's record (refused with KeyProblem(409) if it changed meanwhile)."""
+        ...
+
     async def fresh(self) -> list[KeyRecord] | None:
         """The newest records for a listing (None: the registry is as fresh as it gets)."""
         ...
@@ -134,6 +138,19 @@ class KeyService:
         self.registry.put(saved)
         self._publish(KeyChanged(name=name, action="revoked", prefix=rec.key.prefix))
         return saved
+
+    async def delete(self, name: str) -> None:
+        """Forget a revoked key for good (its name may then be reused; journal rows keep the name). Once no key is
+        left at all, keys are no longer required."""
+        rec = self.registry.get(name)
+        if rec is None:
+            raise self._unknown(name)
+        if rec.key.revoked_at is None:
+            raise KeyProblem(409, f"key {name!r} is not revoked; revoke it first (`corectl keys revoke {name}`)")
+        await self.storage.delete(rec)
+        self.registry.replace([r for r in self.registry.records() if r.name != name])
+        self._seen.pop(name, None)
+        self._publish(KeyChanged(name=name, action="deleted", prefix=rec.key.prefix))
 
     async def listing(self) -> list[dict[str, Any]]:
         fresh = await self.storage.fresh()

@@ -8,7 +8,8 @@ sources are untouched). An episode starts when a source first crosses FREE and e
 below 1; its start writes one audit line.
 
 The tables are bounded (MAX_SOURCES): past that, sources whose score has decayed are dropped, then the oldest.
-Pure and clock-injected."""
+An IPv6 source counts as its /64 (one host usually holds a whole /64, and could otherwise change address per
+guess). Pure and clock-injected."""
 
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ MAX_DELAY_S = 2.0
 HALF_LIFE_S = 60.0
 MAX_SOURCES = 4096
 REFUSAL_EVERY_S = 60.0  # one audit line per (reason, key, source) per this long
+REFUSAL_LINES_PER_MINUTE = 60  # and at most this many refusal lines a minute in all (many sources at once)
 
 
 class FailureThrottle:
@@ -41,6 +43,7 @@ class FailureThrottle:
     def failed(self, source: str) -> tuple[float, int | None]:
         """A refusal from `source`: (seconds to wait before answering it, the failure count when this starts
         an episode, else None)."""
+        source = source_key(source)
         now = self._clock()
         score, episode = self._decayed(source, now)
         score += 1.0
@@ -61,7 +64,7 @@ class FailureThrottle:
         return min(MAX_DELAY_S, BASE_DELAY_S * 2.0 ** (score - FREE - 1.0))
 
     def delay(self, source: str) -> float:
-        return self.delay_for(self._decayed(source, self._clock())[0])
+        return self.delay_for(self._decayed(source_key(source), self._clock())[0])
 
     def _prune(self, now: float) -> None:
         for source in [s for s in self._scores if self._decayed(s, now)[0] < 1.0]:
@@ -73,22 +76,44 @@ class FailureThrottle:
         return len(self._scores)
 
 
+def source_key(source: str) -> str:
+    """What a source is counted as: its address, or its /64 for IPv6."""
+    if ":" not in source:
+        return source
+    import ipaddress
+
+    try:
+        return str(ipaddress.IPv6Network(f"{source}/64", strict=False))
+    except ValueError:
+        return source
+
+
 class RefusalLog:
-    """Which refusals get an audit line: the first of each (reason, key, source) in REFUSAL_EVERY_S; the ones in
-    between are counted and reported on the next line."""
+    """Which refusals get an audit line: the first of each (reason, key, source) in REFUSAL_EVERY_S, and no more
+    than REFUSAL_LINES_PER_MINUTE in all; the ones in between are counted and reported on the next line."""
 
     def __init__(self, *, clock: Callable[[], float] = time.monotonic) -> None:
         self._clock = clock
         self._last: dict[tuple[str, str, str], tuple[float, int]] = {}  # -> (when recorded, folded since)
+        self._minute = (float("-inf"), 0)  # (start of the current minute, lines written in it)
+        self.folded_over_cap = 0  # refusals past the overall cap, reported on the next line written
 
     def record(self, reason: str, key: str | None, source: str) -> int | None:
         """None: fold this one into the next line. Else: record it, with this many folded before it."""
         now = self._clock()
-        k = (reason, key or "", source)
+        k = (reason, key or "", source_key(source))
         last = self._last.get(k)
         if last is not None and now - last[0] < REFUSAL_EVERY_S:
             self._last[k] = (last[0], last[1] + 1)
             return None
+        start, lines = self._minute
+        if now - start >= 60.0:
+            start, lines = now, 0
+        if lines >= REFUSAL_LINES_PER_MINUTE:
+            self._minute = (start, lines)
+            self.folded_over_cap += 1
+            return None
+        self._minute = (start, lines + 1)
         self._last.pop(k, None)
         self._last[k] = (now, 0)
         if len(self._last) > MAX_SOURCES:
@@ -96,4 +121,5 @@ class RefusalLog:
                 del self._last[old]
             while len(self._last) > MAX_SOURCES:
                 del self._last[next(iter(self._last))]
-        return last[1] if last is not None else 0
+        over, self.folded_over_cap = self.folded_over_cap, 0
+        return (last[1] if last is not None else 0) + over

@@ -356,7 +356,7 @@ class KeyChanged(Event):
     audited: ClassVar[bool] = True
 
     name: str
-    action: str  # created | updated | rotated | revoked | expired
+    action: str  # created | updated | rotated | revoked | expired | deleted
     prefix: str = ""
     detail: dict = field(default_factory=dict)
     source: str = "corectl"

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import time
+from datetime import UTC, datetime
 from pathlib import Path
 
 import anthropic
@@ -128,6 +129,9 @@ def test_keys_become_required_once_one_exists_on_every_route(env):
     assert status["keys"]["team_keys_required"] is True and status["keys"]["counts"]["revoked"] == 1
     human = corectl(d, "status").stdout
     assert "required on every request" in human and "other machines cannot connect" in human
+    # Deleting the last (revoked) key: nothing is required any more, as before the first key.
+    assert corectl(d, "keys", "delete", "alice").returncode == 0
+    assert httpx.post(d.url + "/v1/chat/completions", json=CHAT, timeout=20).status_code == 200
 
 
 def test_scope_expiry_update_and_rotation(env_op):
@@ -271,7 +275,7 @@ def test_beyond_loopback_a_valid_key_passes_the_host_check_and_every_report_says
         check = cli.run_module("coderouterd", ["--config", str(d.config_path), "--check"], env=d.env)
         assert check.returncode == 0, check.stderr
         assert "other machines: served only with a valid API key" in check.stdout
-        assert "without a valid key: 403" in check.stdout
+        assert "a wrong key: 401; without a key: 403" in check.stdout
         d.start()
         try:
             remote = {"host": f"192.0.2.10:{d.port}"}  # the name another machine reaches it by
@@ -280,7 +284,11 @@ def test_beyond_loopback_a_valid_key_passes_the_host_check_and_every_report_says
             assert "valid API key" in refused.json()["error"]["message"]
             wrong = httpx.post(d.url + "/v1/chat/completions", json=CHAT, timeout=20,
                                headers={**remote, "authorization": "Bearer crk_not-a-key"})
-            assert wrong.status_code == 403
+            assert wrong.status_code == 401  # refused as a wrong key (and counted against its source)
+            # A rebinding page could add a header, but not a valid key: what it may read stays closed.
+            for p in ("/", "/metrics", "/v1/models"):
+                r = httpx.get(d.url + p, headers={**remote, "x-api-key": "crk_guess"}, timeout=10)
+                assert r.status_code in (401, 403), p
             op = httpx.post(d.url + "/v1/chat/completions", json=CHAT, timeout=20,
                             headers={**remote, "authorization": f"Bearer {OPERATOR}"})
             assert op.status_code == 200
@@ -293,3 +301,25 @@ def test_beyond_loopback_a_valid_key_passes_the_host_check_and_every_report_says
             assert "other machines: served only with a valid API key" in d.log()
         finally:
             d.stop()
+
+
+def test_an_expiry_writes_one_audit_line(env):
+    d, _up = env
+    soon = datetime.fromtimestamp(time.time() + 2, UTC).isoformat(timespec="seconds")
+    ivan = create(d, "ivan", "--expires", soon)
+    audit = d.state_dir / "audit.jsonl"
+
+    def expired() -> list[dict]:
+        try:
+            recs = [orjson.loads(x) for x in audit.read_bytes().splitlines()]
+        except FileNotFoundError:
+            return []
+        return [r for r in recs if r["kind"] == "key" and r["action"] == "expired"]
+
+    assert wait_for(lambda: expired(), 30), "no audit line for the expiry"
+    with pytest.raises(anthropic.AuthenticationError) as ea:
+        say(d, ivan)
+    assert "'ivan' expired at" in str(ea.value)
+    time.sleep(2.5)  # more than two rounds of the expiry scan: still one line
+    lines = expired()
+    assert len(lines) == 1 and lines[0]["name"] == "ivan" and lines[0]["detail"]["expired_at"].startswith(soon[:16])

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import time
+from datetime import UTC, datetime
 
 import httpx
 import orjson
@@ -107,11 +108,35 @@ def test_keys_are_shared_by_every_instance(tmp_path, pg_dsn):
             again = cli.corectl(["keys", "create", "bob"], env=env)
             assert again.returncode == 1 and "exists" in again.stderr
 
+            # An expiry is recorded once, by one instance, in one audit log.
+            soon = datetime.fromtimestamp(time.time() + 2, UTC).isoformat(timespec="seconds")
+            _corectl(c, "keys", "create", "ivan", "--expires", soon)
+
+            def expired_lines() -> int:
+                n = 0
+                for d in ds:
+                    try:
+                        recs = [orjson.loads(x) for x in (d.state_dir / "audit.jsonl").read_bytes().splitlines()]
+                    except FileNotFoundError:
+                        continue
+                    n += sum(1 for r in recs if r["kind"] == "key" and r["action"] == "expired" and r["name"] == "ivan")
+                return n
+
+            assert wait_for(lambda: expired_lines() >= 1, 30)
+            time.sleep(2.5)  # more than two rounds of every instance's expiry scan
+            assert expired_lines() == 1
+
+            # Deleted on a (once revoked): gone from c's list too.
+            _corectl(a, "keys", "revoke", "bob")
+            _corectl(a, "keys", "delete", "bob")
+            assert wait_for(lambda: "bob" not in [k["name"] for k in _corectl(c, "keys", "list")["keys"]], 30)
+            assert wait_for(lambda: _code(c, r1["key"]) == 401, 30)
+
             # Nothing in the shared database holds a secret in clear.
             with psycopg.connect(pg_dsn) as conn:
                 dump = orjson.dumps([list(map(str, row)) for table in ("cr_key", "cr_key_meta", "cr_journal")
                                      for row in conn.execute(f"SELECT * FROM {table}").fetchall()]).decode()
-                assert "alice" in dump and "bob" in dump
+                assert "alice" in dump
                 for s in (secret, new, r1["key"]):
                     assert s not in dump and s[4:] not in dump
         finally:

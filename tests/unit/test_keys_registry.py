@@ -268,6 +268,14 @@ def test_create_update_rotate_revoke(svc):
     with pytest.raises(KeyProblem) as e:
         asyncio.run(service.show("nobody"))
     assert e.value.status == 404
+    with pytest.raises(KeyProblem) as e:
+        asyncio.run(service.delete("alice"))  # active again: revoke first
+    assert e.value.status == 409
+    asyncio.run(service.revoke("alice"))
+    asyncio.run(service.delete("alice"))
+    assert store.get(NS_KEYS, "alice") is None and r.get("alice") is None
+    assert not r.required  # none left: the door is as it was before the first key
+    assert events[-1].action == "deleted"
 
 
 def test_expiry_is_recorded_once_and_extending_rearms_it(svc):

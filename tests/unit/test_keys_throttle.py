@@ -9,8 +9,10 @@ from coderouterd.keys.throttle import (
     MAX_DELAY_S,
     MAX_SOURCES,
     REFUSAL_EVERY_S,
+    REFUSAL_LINES_PER_MINUTE,
     FailureThrottle,
     RefusalLog,
+    source_key,
 )
 
 
@@ -69,3 +71,22 @@ def test_refusal_lines_are_folded_per_minute():
     assert log.record("unknown", None, "b") == 0
     clock.t += REFUSAL_EVERY_S
     assert log.record("unknown", None, "a") == 5  # the folded ones, counted on the next line
+
+
+def test_many_sources_at_once_write_a_bounded_number_of_lines():
+    clock = Clock()
+    log = RefusalLog(clock=clock)
+    written = [log.record("unknown", None, f"10.0.{i // 250}.{i % 250}") for i in range(1000)]
+    assert sum(1 for w in written if w is not None) == REFUSAL_LINES_PER_MINUTE
+    clock.t += 60
+    assert log.record("unknown", None, "192.0.2.1") == 1000 - REFUSAL_LINES_PER_MINUTE  # the rest, counted
+
+
+def test_an_ipv6_source_counts_as_its_64():
+    clock = Clock()
+    th = FailureThrottle(clock=clock)
+    for i in range(20):
+        th.failed(f"2001:db8:1:2::{i:x}")  # a new address per guess, one /64
+    assert th.delay("2001:db8:1:2::ffff") == MAX_DELAY_S
+    assert th.delay("2001:db8:1:3::1") == 0.0
+    assert source_key("2001:db8:1:2:aa::1") == "2001:db8:1:2::/64" and source_key("10.0.0.1") == "10.0.0.1"
