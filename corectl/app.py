@@ -206,6 +206,8 @@ ProfileFilter = Annotated[str | None, typer.Option("--profile", metavar="NAME", 
 InstanceOpt = Annotated[str | None, typer.Option("--instance", metavar="NAME",
                                                  help="Only this instance's rows (the shared journal).")]
 LocalOpt = Annotated[bool, typer.Option("--local", help="This machine's journal, not the shared one.")]
+KeyFilter = Annotated[str | None, typer.Option("--key", metavar="NAME",
+                                               help="Only this team key's requests (- : those without one).")]
 
 
 @app.command()
@@ -323,6 +325,7 @@ def journal_tail(
     lines: Annotated[int, typer.Option("-n", "--lines", min=1, help="How many of the last requests.")] = 20,
     provider: ProviderFilter = None,
     profile: ProfileFilter = None,
+    key: KeyFilter = None,
     instance: InstanceOpt = None,
     local: LocalOpt = False,
     state_dir: StateDirOpt = None,
@@ -332,7 +335,8 @@ def journal_tail(
     from . import history
 
     socket, as_json = _opts(ctx, json_out)
-    _exit(history.journal_tail(state_dir, socket, lines, provider, profile, as_json, instance=instance, local=local))
+    _exit(history.journal_tail(state_dir, socket, lines, provider, profile, as_json, instance=instance, local=local,
+                               key=key))
 
 
 @journal_app.command("export")
@@ -345,6 +349,7 @@ def journal_export(
     profile: ProfileFilter = None,
     output: Annotated[str | None, typer.Option("-o", "--output", metavar="FILE",
                                                help="Write to FILE instead of stdout.")] = None,
+    key: KeyFilter = None,
     instance: InstanceOpt = None,
     local: LocalOpt = False,
     state_dir: StateDirOpt = None,
@@ -355,7 +360,26 @@ def journal_export(
 
     socket, as_json = _opts(ctx, json_out)
     _exit(history.journal_export(state_dir, socket, fmt, since, until, provider, profile, output, as_json,
-                                 instance=instance, local=local))
+                                 instance=instance, local=local, key=key))
+
+
+@app.command()
+def usage(
+    ctx: typer.Context,
+    by: Annotated[str, typer.Option("--by", metavar="key", help="What to sum by: key (each team key).")] = "key",
+    month: Annotated[str | None, typer.Option("--month", metavar="YYYY-MM",
+                                              help="A calendar month, UTC (default: this one).")] = None,
+    instance: InstanceOpt = None,
+    local: LocalOpt = False,
+    state_dir: StateDirOpt = None,
+    json_out: JsonOpt = False,
+) -> None:
+    """Who spent what: per team key, requests, input/output/cached tokens, spend, refusals by reason and last use,
+    summed from the journal (works with the daemon stopped)."""
+    from . import usage as usage_mod
+
+    socket, as_json = _opts(ctx, json_out)
+    _exit(usage_mod.usage(state_dir, socket, by, month, as_json, instance=instance, local=local))
 
 
 @replay_app.command("compare")

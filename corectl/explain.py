@@ -129,6 +129,7 @@ def render(trace: dict, source: str, out) -> None:
     rows: list[tuple[str, str | Text]] = [
         ("time", local_time(trace["ts"]) if trace.get("ts") else "-"),
         ("ingress", f"{trace.get('ingress') or '-'}{' (streaming)' if trace.get('stream') else ''}"),
+        ("key", trace.get("key") or "- (no team key)"),
         ("model", model),
         ("profile", profile),
     ]

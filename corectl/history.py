@@ -284,12 +284,12 @@ def route_text(attempts: list[dict]) -> str:
 
 
 def journal_tail(state_dir: str | None, socket: str | None, n: int, provider: str | None, profile: str | None,
-                 as_json: bool, *, instance: str | None = None, local: bool = False) -> int:
+                 as_json: bool, *, instance: str | None = None, local: bool = False, key: str | None = None) -> int:
     def work() -> int:
         sdir = _state_dir_or_fail(state_dir, socket)
         journal = journal_for(sdir, socket, local=local, instance=instance)
         _check_filters(sdir, socket, provider, profile, journal)
-        rows = journal.rows(provider=provider, profile=profile, limit=n)
+        rows = journal.rows(provider=provider, profile=profile, limit=n, key=key)
         if as_json:
             emit_json({"state_dir": str(sdir), "journal": journal.where, "rows": rows})
             return 0
@@ -318,11 +318,15 @@ def journal_table(rows: list[dict], width: int = 10_000, *, now: float | None = 
                ("Tokens in/out", right, 3), ("Cost", right, 1), ("Route", {}, 6)]
     if shared:  # the shared journal: which instance served each row
         columns.insert(1, ("Instance", {"no_wrap": True}, 0))  # which machine: kept whatever else goes
+    keyed = any(r.get("key_name") for r in rows)
+    if keyed:  # team keys in use: whose request each row was
+        columns.insert(len(columns) - 8, ("Key", {"no_wrap": True}, 5))
     cells = []
     for r in rows:
         status = r.get("status") or 0
         cells.append([short_time(r["ts"], now), *([r.get("instance") or ""] if shared else []),
-                      r.get("request_id") or "", r.get("profile") or "",
+                      r.get("request_id") or "", *([r.get("key_name") or "-"] if keyed else []),
+                      r.get("profile") or "",
                       r.get("provider") or Text("-", style="red"),
                       Text(str(status), style="red" if status >= 400 else "green"),
                       _ms(r.get("latency_ms"), latency), _ms(r.get("ttfb_ms"), latency),
@@ -349,7 +353,7 @@ def _ms(value: float | None, fmt: Callable[[float | None], str]) -> str:
 
 def journal_export(state_dir: str | None, socket: str | None, fmt: str, since: str | None, until: str | None,
                    provider: str | None, profile: str | None, output: str | None, as_json: bool, *,
-                   instance: str | None = None, local: bool = False) -> int:
+                   instance: str | None = None, local: bool = False, key: str | None = None) -> int:
     def work() -> int:
         from coderouterd.state import export_rows
 
@@ -360,7 +364,7 @@ def journal_export(state_dir: str | None, socket: str | None, fmt: str, since: s
         sdir = _state_dir_or_fail(state_dir, socket)
         journal = journal_for(sdir, socket, local=local, instance=instance)
         _check_filters(sdir, socket, provider, profile, journal)
-        rows = journal.rows(since=since_ts, until=until_ts, provider=provider, profile=profile)
+        rows = journal.rows(since=since_ts, until=until_ts, provider=provider, profile=profile, key=key)
         text = export_rows(rows, fmt)
         if output is None or output == "-":
             sys.stdout.write(text)

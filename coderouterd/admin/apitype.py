@@ -243,6 +243,7 @@ class Trace(Answer):
     request_id: str
     ts: float | None = None
     ingress: str | None = None
+    key: str | None = None  # the team key that admitted it (its name); None: no team key
     stream: bool | None = None
     model_requested: str | None = None
     model_used: str | None = None
@@ -306,6 +307,40 @@ class RequestBrief(Answer):
     latency_ms: float | None = None
     ttfb_ms: float | None = None
     cost_usd: float | None = None
+    key_name: str | None = None  # the team key's name
+
+
+class KeyUsage(Answer):
+    """One team key in the dashboard's Keys view (admin/key_usage.py)."""
+
+    name: str
+    state: str  # active | expired | revoked | unknown (in the journal, not in the key directory)
+    spend_usd: float  # this month (UTC), from the journal
+    cap_usd: float | None = None  # its monthly budget; None: none of its own
+    ratio: float | None = None
+    requests: int  # this month, refusals included
+    refused: int
+    refusals: dict[str, int] = {}  # this month, by reason
+    series: dict[str, list[int]]  # requests, refusals: one per bucket of the window (KeyUsageAnswer.t)
+    rate: dict[str, Any]  # rpm, tpm (the journal's last 60 s) and their limits, concurrency_limit
+    blocked: bool
+    blocked_by: str | None = None  # "its monthly cap", or the refusal reason of the last minute
+    last_used: float | None = None
+    expires_at: float | None = None
+    revoked_at: float | None = None
+
+
+class KeyUsageAnswer(Answer):
+    month: str
+    range: str
+    t: list[float]
+    step_s: float
+    keys: list[KeyUsage]
+    attention: list[dict[str, Any]]  # kind (key_cap | key_blocked | key_expiring), key, text
+    journal: bool
+    registry: bool  # false: no key directory was handed in (caps, limits and expiry unknown)
+    now: float
+    source: str = "local"  # which journal: local, shared, or local while the shared one cannot be read
 
 
 class HistoryRequestsAnswer(Answer):

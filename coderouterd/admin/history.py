@@ -38,7 +38,7 @@ MAX_REQUESTS = 500
 # A request as the list shows it: metadata only (no attempts, no session key; the trace has the route).
 _BRIEF = ("ts", "request_id", "ingress", "profile", "provider", "model_requested", "model_used", "status",
           "error_class", "latency_ms", "ttfb_ms", "input_tokens", "output_tokens", "cache_read_tokens",
-          "cache_write_tokens", "cost_usd", "streaming", "fallback_count", "cache_bust")
+          "cache_write_tokens", "cost_usd", "streaming", "fallback_count", "cache_bust", "key_name")
 
 
 def journal(daemon: Daemon) -> JournalReader | None:
@@ -100,7 +100,7 @@ def _brief_from_trace(t: dict[str, Any]) -> dict[str, Any]:
             "latency_ms": t.get("latency_ms"), "ttfb_ms": t.get("ttfb_ms"), "input_tokens": u.get("input_tokens"),
             "output_tokens": u.get("output_tokens"), "cache_read_tokens": u.get("cache_read_input_tokens"),
             "cache_write_tokens": u.get("cache_creation_input_tokens"), "cost_usd": t.get("cost_usd"),
-            "streaming": t.get("stream"), "fallback_count": None,
+            "streaming": t.get("stream"), "fallback_count": None, "key_name": t.get("key"),
             "cache_bust": (aff.get("cache_bust") or {}).get("segment")}
 
 
@@ -118,7 +118,7 @@ def _matches(b: dict[str, Any], profile: str | None, provider: str | None, outco
 
 async def requests(daemon: Daemon, *, profile: str | None = None, provider: str | None = None,
                    outcome: str | None = None, limit: int = 50,
-                   before: float | None = None) -> apitype.HistoryRequestsAnswer:
+                   before: float | None = None, key: str | None = None) -> apitype.HistoryRequestsAnswer:
     """The last requests, newest first, filtered by profile, provider and outcome (ok | error | fallback);
     with `before` (epoch seconds), the ones older than it: the next page of a list whose oldest is `before`."""
     if outcome is not None and outcome not in OUTCOMES:
@@ -127,7 +127,7 @@ async def requests(daemon: Daemon, *, profile: str | None = None, provider: str 
     reader = journal(daemon)
     if reader is not None:
         rows = await asyncio.to_thread(reader.rows, provider=provider, profile=profile, outcome=outcome,
-                                       limit=limit, until=before)
+                                       limit=limit, until=before, key=key)
         rows.reverse()
         return apitype.HistoryRequestsAnswer.model_validate({"source": "journal",
                                                              "requests": [_brief(r) for r in rows]})
@@ -137,7 +137,7 @@ async def requests(daemon: Daemon, *, profile: str | None = None, provider: str 
             b = _brief_from_trace(daemon.recent[rid])
             if before is not None and (b["ts"] or 0) >= before:
                 continue
-            if _matches(b, profile, provider, outcome):
+            if _matches(b, profile, provider, outcome) and (key is None or (b["key_name"] or "-") == key):
                 out.append(b)
                 if len(out) >= limit:
                     break

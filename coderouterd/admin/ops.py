@@ -22,7 +22,7 @@ from ..providers.models_control import (
     unload_model,
 )
 from ..supervise import ExternalProcessError
-from . import apitype, history, views
+from . import apitype, history, key_usage, views
 from .errors import ANSWER, REFUSALS, AdminError, AdminRoute
 
 if TYPE_CHECKING:
@@ -220,12 +220,20 @@ def ops_routes(daemon: Daemon) -> APIRouter:
                              valid=list(history.RANGES))
         return await history.trends(daemon, range)
 
+    @r.get("/v1/history/keys", response_model=apitype.KeyUsageAnswer, **ANSWER)
+    async def history_keys(range: str = Query(history.DEFAULT_RANGE)):
+        try:
+            return await key_usage.daemon_keys(daemon, range)
+        except ValueError as e:
+            raise AdminError(400, str(e), valid=list(history.RANGES)) from None
+
     @r.get("/v1/history/requests", response_model=apitype.HistoryRequestsAnswer, **ANSWER)
     async def history_requests(profile: str | None = None, provider: str | None = None,
-                               outcome: str | None = None,
+                               outcome: str | None = None, key: str | None = None,
                                limit: int = Query(DEFAULT_REQUESTS, ge=1, le=history.MAX_REQUESTS)):
         try:
-            return await history.requests(daemon, profile=profile, provider=provider, outcome=outcome, limit=limit)
+            return await history.requests(daemon, profile=profile, provider=provider, outcome=outcome, limit=limit,
+                                          key=key)
         except ValueError as e:
             raise AdminError(400, str(e)) from None
 

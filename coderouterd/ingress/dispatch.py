@@ -11,12 +11,13 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from ..ids import client_request_id, new_id
+from ..ids import client_request_id, clip, new_id
 from ..routing.record import CLIENT_DISCONNECTED, INTERNAL_ERROR
 from ..routing.request import ClientRequest
 from ..runtime import UnknownProfile
+from ..state.refusals import UnnamedRefusal, gate_reason, refusal_event
 from .asgi import App
-from .auth import KEY_HEADERS, presented_key, scope_refusal, source_of
+from .auth import KEY_HEADERS, KeyRefusal, presented_key, scope_refusal, source_of
 from .browsers import BrowserGuard, with_cors
 from .guard import BodyTooLarge, ClientLeft, answer_internal_error, describe_exception, read_body
 from .protocol import DISCONNECT_HOOK
@@ -232,7 +233,10 @@ class ProxyApp:
         refusal, _key = gate.admit(headers, api_keys)
         if refusal is None:
             return True
-        await gate.refuse(Responder(send, _caller_wire(path, scope), new_id("req")), refusal, source_of(scope), path)
+        wire = _caller_wire(path, scope)
+        rid = new_id("req")
+        await gate.refuse(Responder(send, wire, rid), refusal, source_of(scope), path)
+        self._journal_refusal(rid, wire, refusal)
         return None
 
     async def _read_json(self, scope: Scope, receive: Receive, r: Responder, runtime: Runtime) -> tuple[Any, bytes]:
@@ -275,6 +279,7 @@ class ProxyApp:
             refusal, key = gate.admit(headers, api_keys)
             if refusal is not None:
                 await gate.refuse(r, refusal, source_of(scope), scope["path"])
+                self._journal_refusal(rid, ingress, refusal)
                 return None
             # The client's key opened this door and is nobody else's: it never goes upstream, even to a provider
             # with forward_client_key (that is for a client holding the upstream's own key).
@@ -312,11 +317,24 @@ class ProxyApp:
             refusal = scope_refusal(key, profile, model)
             if refusal is not None:
                 await gate.refuse(r, refusal, source_of(scope), scope["path"])
+                self._journal_refusal(rid, ingress, refusal, model=model, profile=profile)
                 return None
         req = ClientRequest(ingress=ingress, body=body, raw=raw, headers=headers,
                             stream=bool(body.get("stream")) and not count_tokens, model=model, request_id=rid,
                             native=native, key=key)
         return req, r, profile
+
+    def _journal_refusal(self, rid: str, ingress: str, refusal: KeyRefusal, *, model: str = "",
+                         profile: str = "") -> None:
+        """Who spent what counts refusals too (state/refusals.py): one naming a key is journaled with it; one that
+        names none only counted (anyone reaching the port could fill the journal with those)."""
+        reason = gate_reason(refusal.reason)
+        publish = self.daemon.telemetry.publish
+        if refusal.key is None:
+            publish(UnnamedRefusal(reason=reason))
+            return
+        publish(refusal_event(request_id=rid, ingress=ingress, status=refusal.status, reason=reason,
+                              key_name=refusal.key, model=clip(model), profile=profile))
 
     async def proxy(self, scope: Scope, receive: Receive, send: Send, ingress: str) -> None:
         # Counted from the first byte to the last: `coderouter_requests_in_flight` answers "is anything stuck?".

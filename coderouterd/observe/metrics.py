@@ -20,6 +20,7 @@ from ..state.events import (
     RequestFinished,
     moved_past,
 )
+from ..state.refusals import UnnamedRefusal, is_refusal, reason_of
 
 if TYPE_CHECKING:
     from ..affinity.service import Affinity
@@ -31,6 +32,7 @@ if TYPE_CHECKING:
 # the restart counter stayed absent for the daemon's whole life.
 _REQUEST, _BREAKER, _HEALTH, _PROCESS, _GUARD = (RequestFinished.kind, BreakerTransition.kind, HealthTransition.kind,
                                                  ProcessEvent.kind, GuardFired.kind)
+_UNNAMED = UnnamedRefusal.kind
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 _OVERHEAD_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1)
 _BREAKER_VALUE = {"closed": 0, "half_open": 1, "open": 2}
@@ -71,11 +73,13 @@ class MetricsSource(Protocol):
 
 
 class Metrics:
+    # `key`: the team key's name on requests, tokens, cost and refusals; "" for a request no team key came with
+    # (Prometheus reads an empty label as an absent one, so queries written before keys existed still match).
     def __init__(self, daemon: MetricsSource) -> None:
         self.daemon = daemon
         r = self.registry = CollectorRegistry()
         self.requests = Counter("coderouter_requests_total", "Requests served", ["ingress", "profile", "provider",
-                                                                                "status"], registry=r)
+                                                                                "status", "key"], registry=r)
         self.attempts = Counter("coderouter_attempts_total", "Upstream attempts by outcome and reason",
                                 ["provider", "outcome", "reason"], registry=r)
         self.failovers = Counter("coderouter_failovers_total", "Requests that moved past a failed provider",
@@ -86,9 +90,12 @@ class Metrics:
                               ["provider"], buckets=_LATENCY_BUCKETS, registry=r)
         self.overhead = Histogram("coderouter_overhead_seconds", "Router overhead: latency minus upstream wait",
                                   ["ingress"], buckets=_OVERHEAD_BUCKETS, registry=r)
-        self.tokens = Counter("coderouter_tokens_total", "Tokens by kind", ["provider", "kind"], registry=r)
-        self.cost = Counter("coderouter_cost_usd_total", "Spend in USD from declared prices", ["provider"],
+        self.tokens = Counter("coderouter_tokens_total", "Tokens by kind", ["provider", "kind", "key"], registry=r)
+        self.cost = Counter("coderouter_cost_usd_total", "Spend in USD from declared prices", ["provider", "key"],
                             registry=r)
+        self.refusals = Counter("coderouter_refusals_total", "Requests refused before a provider served them: a "
+                                "team key's refusal (key_*), a spent budget, a 401/403, the router's own 429",
+                                ["key", "reason"], registry=r)
         self.breaker = Gauge("coderouter_breaker_state", "Circuit breaker: 0 closed, 1 half-open, 2 open",
                              ["provider"], registry=r)
         self.health = Gauge("coderouter_health_state", "Health: 0 healthy, 1 degraded, 2 unhealthy", ["provider"],
@@ -107,7 +114,8 @@ class Metrics:
         attempts: Counter_ = Counter_()
         failovers: Counter_ = Counter_()
         tokens: Counter_ = Counter_()
-        cost: dict[str, float] = {}
+        refusals: Counter_ = Counter_()
+        cost: dict[tuple[str, str], float] = {}
         # The histograms' labelled children, looked up once per batch: `labels()` (a lock, a validation) cost more
         # than the observation itself, three times per request.
         latency: dict[tuple[str, str], Any] = {}
@@ -118,7 +126,8 @@ class Metrics:
             if kind == _REQUEST:
                 prov = ev.provider or "none"
                 ingress = ev.ingress
-                requests[(ingress, ev.profile, prov, str(ev.status))] += 1
+                key = ev.key_name or ""
+                requests[(ingress, ev.profile, prov, str(ev.status), key)] += 1
                 child = latency.get((ingress, prov))
                 if child is None:
                     child = latency[(ingress, prov)] = self.latency.labels(ingress, prov)
@@ -140,9 +149,11 @@ class Metrics:
                     for k, v in (("input", ev.input_tokens), ("output", ev.output_tokens),
                                  ("cache_read", ev.cache_read_tokens), ("cache_write", ev.cache_write_tokens)):
                         if v:
-                            tokens[(prov, k)] += v
+                            tokens[(prov, k, key)] += v
                     if ev.cost_usd:
-                        cost[prov] = cost.get(prov, 0.0) + ev.cost_usd
+                        cost[(prov, key)] = cost.get((prov, key), 0.0) + ev.cost_usd
+                elif ev.status >= 400 and is_refusal(None, ev.status, ev.error_class, ev.attempts):
+                    refusals[(key, reason_of(ev.status, ev.error_class))] += 1
             elif kind == _BREAKER:
                 self.breaker.labels(ev.provider).set(_BREAKER_VALUE.get(str(ev.new), 0))
             elif kind == _HEALTH:
@@ -153,12 +164,14 @@ class Metrics:
                 self.guards.labels(ev.guard, ev.action).inc()
             elif kind == "cache_bust":
                 self.cache_busts.labels(ev.provider, ev.cause).inc()
+            elif kind == _UNNAMED:
+                refusals[("", ev.reason)] += 1
         # The requests counter moves last: a scrape runs on the loop while this runs in the writer thread, so a
         # scraper that sees a batch's requests must also see that batch's attempts, failovers, tokens and cost.
-        for prov, usd in cost.items():
-            self.cost.labels(prov).inc(usd)
+        for labels, usd in cost.items():
+            self.cost.labels(*labels).inc(usd)
         for metric, counts in ((self.attempts, attempts), (self.failovers, failovers), (self.tokens, tokens),
-                               (self.requests, requests)):
+                               (self.refusals, refusals), (self.requests, requests)):
             for labels, n in counts.items():
                 metric.labels(*labels).inc(n)
 

@@ -59,6 +59,7 @@ class RequestRecorder:
             session_key=_clip_opt(req.session_key()),
             **_affinity_fields(record.affinity),
             tool_repair=record.repair_applied, settles=record.settles, usage_estimated=record.usage_estimated,
+            key_name=req.key.name if req.key is not None else None,
         ))
         if record.tools_repaired and provider is not None:
             publish(ToolRepaired(request_id=req.request_id, provider=provider,

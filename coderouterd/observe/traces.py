@@ -29,7 +29,7 @@ def trace_from_row(row: dict) -> dict:
     """The journal row in the shape of a decision trace; what the journal does not keep is None."""
     steps = row.get("attempts") or []
     return {
-        "request_id": row["request_id"], "ts": row["ts"], "ingress": row.get("ingress"),
+        "request_id": row["request_id"], "ts": row["ts"], "ingress": row.get("ingress"), "key": row.get("key_name"),
         "stream": row.get("streaming"), "model_requested": row.get("model_requested"),
         "model_used": row.get("model_used"), "profile": row.get("profile"), "mode": None,
         "candidates": None, "effective_order": None, "order_notes": None,

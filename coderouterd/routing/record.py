@@ -236,6 +236,7 @@ class RequestRecord:
         req = self.req
         return {
             "request_id": req.request_id, "ts": req.wall_started, "ingress": req.ingress,
+            "key": req.key.name if req.key is not None else None,  # the team key's name, never its secret
             # The model of the attempt that served it: a request nobody served used no model (the last one
             # tried is in its attempt, not named as the request's).
             "stream": req.stream, "model_requested": req.model,

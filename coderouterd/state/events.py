@@ -74,6 +74,8 @@ class RequestFinished(Event):
     settles: list[dict] = field(default_factory=list)
     # Some of the tokens above are our estimate (a stream cut before the upstream reported its usage).
     usage_estimated: bool = False
+    # The team key that admitted it (its name, never the secret); None: an operator key or open loopback.
+    key_name: str | None = None
 
     @property
     def audited(self) -> bool:  # type: ignore[override]

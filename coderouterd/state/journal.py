@@ -47,6 +47,7 @@ JOURNAL_COLUMNS: tuple[str, ...] = (
     # 1 when some of the row's tokens are our estimate, not the upstream's count: a stream cut before the upstream
     # reported its usage (the client left, the upstream broke); its spend was settled with that estimate.
     "usage_estimated",
+    "key_name",
 )
 
 JOURNAL_DDL = (
@@ -77,6 +78,12 @@ JOURNAL_AFFINITY_DDL = (
 STORED_COLUMNS: tuple[str, ...] = (*JOURNAL_COLUMNS, "settles")
 JOURNAL_SETTLES_DDL = ("ALTER TABLE journal ADD COLUMN settles TEXT",)
 JOURNAL_USAGE_ESTIMATED_DDL = ("ALTER TABLE journal ADD COLUMN usage_estimated INTEGER NOT NULL DEFAULT 0",)
+# Who spent what (issue 41): the name of the team key a request came with (never its secret), and the index that
+# `corectl usage --by key` and `journal --key` read by.
+JOURNAL_KEY_DDL = (
+    "ALTER TABLE journal ADD COLUMN key_name TEXT",
+    "CREATE INDEX IF NOT EXISTS journal_key_ts ON journal(key_name, ts)",
+)
 # A request's outcome as a filter: the same split as replay.is_error (an HTTP error, or a status-less failure).
 _ERROR_SQL = "(COALESCE(status, 0) >= 400 OR (COALESCE(status, 0) = 0 AND COALESCE(error_class, '') != ''))"
 OUTCOMES: dict[str, str] = {
@@ -119,6 +126,7 @@ def row_from_event(ev: RequestFinished) -> tuple:
         ev.predicted_tokens,
         ev.cache_bust,
         1 if ev.usage_estimated else 0,
+        ev.key_name,
         orjson.dumps(ev.settles).decode() if ev.settles else None,
     )
 

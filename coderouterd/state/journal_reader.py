@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from coderouterd.state.journal import JOURNAL_COLUMNS, OUTCOMES, decode_row, epoch
+from coderouterd.state.refusals import REASON_SQL, REFUSAL_SQL
 
 # A trend reads at most this many of the newest rows in its window: bounded time and memory whatever the load.
 MAX_SERIES_ROWS = 50_000
@@ -35,6 +36,8 @@ _COLS = ", ".join(JOURNAL_COLUMNS)
 # One statement runner for the length of a connection: (sql with ? placeholders, arguments) -> every row.
 Execute = Callable[[str, Sequence[object]], list[tuple[Any, ...]]]
 TimeArg = datetime | float | int | None
+# `--key -`: the requests no team key came with (an operator key, open loopback).
+NO_KEY = "-"
 
 
 class JournalUnreadable(Exception):
@@ -79,6 +82,10 @@ class JournalReader(ABC):
         """The UTC day index of a row from a start (the one ? argument): floor((ts - start) / 86400)."""
         return "CAST(FLOOR((ts - ?) / 86400) AS INTEGER)"
 
+    def _bucket(self) -> str:
+        """A row's bucket index from a start, by a step (two ? arguments: start, step)."""
+        return "CAST(FLOOR((ts - ?) / ?) AS INTEGER)"
+
     def _unreadable(self, detail: str) -> JournalUnreadable:
         """What a backend's driver error becomes (`detail`: the driver's one line, never a password)."""
         return JournalUnreadable(self.where, detail, shared=self.shared)
@@ -101,9 +108,11 @@ class JournalReader(ABC):
         return f"SELECT {', '.join((*self._lead, _COLS))} FROM {self._table}"
 
     def rows(self, since: TimeArg = None, until: TimeArg = None, provider: str | None = None,
-             profile: str | None = None, limit: int | None = None, outcome: str | None = None) -> list[dict[str, Any]]:
+             profile: str | None = None, limit: int | None = None, outcome: str | None = None,
+             key: str | None = None) -> list[dict[str, Any]]:
         """Rows oldest first; with `limit`, the newest `limit` rows (still oldest first).
 
+        `key`: a team key's name, or NO_KEY for the requests that came without one.
         `since` is inclusive, `until` exclusive; both accept a datetime (naive = UTC) or epoch seconds.
         `outcome`: one of OUTCOMES (ok, error, fallback); errors as replay.is_error counts them.
         """
@@ -117,6 +126,11 @@ class JournalReader(ABC):
                 args.append(value)
         if outcome is not None:
             where.append(OUTCOMES[outcome])
+        if key == NO_KEY:
+            where.append("key_name IS NULL")
+        elif key is not None:
+            where.append("key_name = ?")
+            args.append(key)
         sql = self._select()
         if where:
             sql += " WHERE " + " AND ".join(where)
@@ -166,6 +180,53 @@ class JournalReader(ABC):
                 out.setdefault(provider, {})[int(day)] = float(cost or 0.0)
         return out
 
+    # -- who spent what (issue 41) ----------------------------------------------------------------------------
+
+    def usage_by_key(self, since: float, until: float) -> dict[str | None, dict[str, Any]]:
+        """key name (None: no team key) -> requests (refusals included), refused, input/output/cached tokens
+        (cache reads; cache writes apart), spend_usd, refusals {reason: n} and last_used (the key's newest row before
+        `until`, earlier months included: a past month's report stays what it was), summed by the database."""
+        scope = self._scope()
+        extra = "".join(f" AND {c} = ?" for c, _ in scope)
+        sargs = tuple(v for _, v in scope)
+        out: dict[str | None, dict[str, Any]] = {}
+        with self._session() as execute:
+            for name, n, refused, i, o, cr, cw, usd in execute(
+                    f"SELECT key_name, COUNT(*), SUM(CASE WHEN {REFUSAL_SQL} THEN 1 ELSE 0 END), SUM(input_tokens),"
+                    " SUM(output_tokens), SUM(cache_read_tokens), SUM(cache_write_tokens), SUM(cost_usd)"
+                    f" FROM {self._table} WHERE ts >= ? AND ts < ?{extra} GROUP BY key_name",
+                    (since, until, *sargs)):
+                out[name] = {"name": name, "requests": int(n), "refused": int(refused or 0),
+                             "input_tokens": int(i or 0), "output_tokens": int(o or 0),
+                             "cached_tokens": int(cr or 0), "cache_write_tokens": int(cw or 0),
+                             "spend_usd": float(usd or 0.0), "refusals": {}, "last_used": None}
+            for name, reason, n in execute(
+                    f"SELECT key_name, {REASON_SQL}, COUNT(*) FROM {self._table}"
+                    f" WHERE ts >= ? AND ts < ?{extra} AND {REFUSAL_SQL} GROUP BY 1, 2", (since, until, *sargs)):
+                if name in out:
+                    out[name]["refusals"][str(reason)] = int(n)
+            for name, last in execute(f"SELECT key_name, MAX(ts) FROM {self._table} WHERE ts < ?{extra}"
+                                      " GROUP BY key_name", (until, *sargs)):
+                if name in out:
+                    out[name]["last_used"] = float(last) if last is not None else None
+                else:  # no row in the window: still say when the key was last used
+                    out[name] = {"name": name, "requests": 0, "refused": 0, "input_tokens": 0, "output_tokens": 0,
+                                 "cached_tokens": 0, "cache_write_tokens": 0, "spend_usd": 0.0, "refusals": {},
+                                 "last_used": float(last) if last is not None else None}
+        return out
+
+    def key_series(self, since: float, until: float, step: float) -> dict[str | None, dict[int, tuple[int, int, float]]]:
+        """key name -> {bucket index from `since` by `step`: (requests, refusals, spend USD)} over [since, until)."""
+        scope = self._scope()
+        extra = "".join(f" AND {c} = ?" for c, _ in scope)
+        raw = self._run(f"SELECT key_name, {self._bucket()}, COUNT(*), SUM(CASE WHEN {REFUSAL_SQL} THEN 1 ELSE 0 END),"
+                        f" SUM(cost_usd) FROM {self._table} WHERE ts >= ? AND ts < ?{extra} GROUP BY 1, 2",
+                        (since, step, since, until, *(v for _, v in scope)))
+        out: dict[str | None, dict[int, tuple[int, int, float]]] = {}
+        for name, bucket, n, refused, usd in raw:
+            out.setdefault(name, {})[int(bucket)] = (int(n), int(refused or 0), float(usd or 0.0))
+        return out
+
     def cache_busts(self, *, limit: int = MAX_BUSTS) -> list[dict[str, Any]]:
         """The newest cache-busts the journal recorded, newest first, with the segment that changed."""
         scope = self._scope()
@@ -192,6 +253,9 @@ class SqliteJournal(JournalReader):
     def _day(self) -> str:
         # SQLite has no FLOOR before 3.35; every row is at or after the start, so truncation is the floor.
         return "CAST((ts - ?) / 86400 AS INTEGER)"
+
+    def _bucket(self) -> str:
+        return "CAST((ts - ?) / ? AS INTEGER)"
 
     @contextmanager
     def _session(self) -> Iterator[Execute]:
@@ -225,7 +289,7 @@ def _nothing(sql: str, args: Sequence[object]) -> list[tuple[Any, ...]]:
 
 def journal_rows(db_path: str | Path, since: TimeArg = None, until: TimeArg = None, provider: str | None = None,
                  profile: str | None = None, limit: int | None = None,
-                 outcome: str | None = None) -> list[dict[str, Any]]:
+                 outcome: str | None = None, key: str | None = None) -> list[dict[str, Any]]:
     """SqliteJournal(db_path).rows(...): the shorthand tests, bench/ and scripts read a state.db with."""
     return SqliteJournal(db_path).rows(since=since, until=until, provider=provider, profile=profile, limit=limit,
-                                       outcome=outcome)
+                                       outcome=outcome, key=key)

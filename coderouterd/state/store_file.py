@@ -17,6 +17,7 @@ from coderouterd import private_fs
 from coderouterd.state.journal import (
     JOURNAL_AFFINITY_DDL,
     JOURNAL_DDL,
+    JOURNAL_KEY_DDL,
     JOURNAL_SETTLES_DDL,
     JOURNAL_USAGE_ESTIMATED_DDL,
 )
@@ -37,6 +38,7 @@ MIGRATIONS: list[tuple[str, ...]] = [
     JOURNAL_AFFINITY_DDL,
     JOURNAL_SETTLES_DDL,
     JOURNAL_USAGE_ESTIMATED_DDL,
+    JOURNAL_KEY_DDL,
 ]
 
 KEEP_CORRUPT_COPIES = 3

@@ -15,7 +15,9 @@ JSON writer; refusals are apitype.ErrorAnswer. The live feed's items have apityp
   GET /ui/api/profiles                  (ProfilesAnswer) each profile's effective order now, its skips and why, the active one
   GET /ui/api/spend                     (SpendAnswer) cost per day this month per provider, spent / reserved / cap
   GET /ui/api/trends?range=24h          (TrendsAnswer) latency and cache hit ratio per provider over time, latest cache-busts
-  GET /ui/api/requests?profile=&provider=&outcome=&limit=&before=   (HistoryRequestsAnswer; before: epoch
+  GET /ui/api/keys?range=24h            (KeyUsageAnswer) each team key: spend against its cap, requests and refusals over
+                                        time, its rate now against its limits, last use, expiry; what needs attention
+  GET /ui/api/requests?profile=&provider=&outcome=&key=&limit=&before=   (HistoryRequestsAnswer; before: epoch
                                         seconds, for paging)
   GET /ui/api/requests/{id}             (DashboardTrace) one request's decision trace (as `corectl explain`)
   GET /ui/api/events                    the live feed (server-sent events, feed.py)
@@ -34,7 +36,7 @@ from urllib.parse import parse_qs, unquote
 import orjson
 from pydantic import BaseModel, ValidationError
 
-from ..admin import apitype, history, views
+from ..admin import apitype, history, key_usage, views
 from ..ingress.asgi import Receive, Scope, Send  # ASGI, as the proxy's dispatch calls us
 from ..ingress.browsers import BrowserGuard
 from ..ingress.guard import BodyTooLarge, read_body
@@ -58,6 +60,7 @@ _ASSETS = {
     "now.js": ("now.js", b"text/javascript; charset=utf-8"),
     "trends.js": ("trends.js", b"text/javascript; charset=utf-8"),
     "requests.js": ("requests.js", b"text/javascript; charset=utf-8"),
+    "keys.js": ("keys.js", b"text/javascript; charset=utf-8"),
     "ui.css": ("ui.css", b"text/css; charset=utf-8"),
     "uPlot.iife.min.js": ("vendor/uPlot.iife.min.js", b"text/javascript; charset=utf-8"),
     "uPlot.min.css": ("vendor/uPlot.min.css", b"text/css; charset=utf-8"),
@@ -239,11 +242,17 @@ class DashboardApp:
             if rng not in history.RANGES:
                 raise Answer(400, f"unknown range {rng!r}; expected one of {', '.join(history.RANGES)}")
             data = await history.trends(d, rng)
+        elif name == "keys":
+            try:
+                data = await key_usage.daemon_keys(d, query.get("range", history.DEFAULT_RANGE))
+            except ValueError as e:
+                raise Answer(400, str(e)) from None
         elif name == "requests":
             try:
                 data = await history.requests(d, profile=query.get("profile") or None,
                                               provider=query.get("provider") or None,
                                               outcome=query.get("outcome") or None,
+                                              key=query.get("key") or None,
                                               limit=int(query.get("limit") or 100),
                                               before=float(query["before"]) if query.get("before") else None)
             except ValidationError:

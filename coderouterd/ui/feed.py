@@ -45,7 +45,7 @@ _FIELDS: dict[str, tuple[str, ...]] = {
     RequestFinished.kind: ("request_id", "ingress", "profile", "provider", "model_requested", "model_used",
                            "status", "error_class", "latency_ms", "ttfb_ms", "input_tokens", "output_tokens",
                            "cache_read_tokens", "cache_write_tokens", "cost_usd", "streaming", "fallback_count",
-                           "race_outcome", "cache_bust"),
+                           "race_outcome", "cache_bust", "key_name"),
     BreakerTransition.kind: ("provider", "old", "new", "reason"),
     HealthTransition.kind: ("provider", "old", "new", "reason"),
     CacheBust.kind: ("request_id", "provider", "segment", "cause", "expected_tokens", "cached_tokens"),

@@ -280,6 +280,12 @@ MIGRATIONS: list[tuple[int, tuple[str, ...]]] = [
         " lease_until timestamptz NOT NULL, PRIMARY KEY (key, instance))",
         _RATE_TAKE, _SLOT_TAKE,
     )),
+    # Who spent what (issue 41): the team key's name on each row (IF NOT EXISTS: harmless where a database was
+    # made by a build that had the column in v1).
+    (5, (
+        "ALTER TABLE cr_journal ADD COLUMN IF NOT EXISTS key_name text",
+        "CREATE INDEX IF NOT EXISTS cr_journal_key_ts ON cr_journal (key_name, ts)",
+    )),
 ]
 
 LATEST = MIGRATIONS[-1][0]

@@ -1,8 +1,9 @@
 // The dashboard's page: reads /ui/api/* (the admin API's view-models as JSON) and the live feed, draws with uPlot.
 // Read-only. One module per view: now.js (attention, providers, processes, profiles), trends.js (spend,
-// latency, cache, tokens), requests.js (live feed, list, trace); core.js holds what they share.
+// latency, cache, tokens), keys.js (team keys), requests.js (live feed, list, trace); core.js holds what they share.
 import { $, onReachability, resizeCharts, state } from "./core.js";
 import { refreshNow, refreshProfiles, renderAttention } from "./now.js";
+import { refreshKeys } from "./keys.js";
 import { backfill, closeTrace, connectLive, refreshRequests, route } from "./requests.js";
 import { refreshSpend, refreshTrends } from "./trends.js";
 
@@ -16,7 +17,7 @@ function scheduleRefresh() {
   if (refreshTimer) return;
   refreshTimer = setTimeout(() => {
     refreshTimer = null;
-    refreshSpend(); refreshRequests(); refreshNow();
+    refreshSpend(); refreshRequests(); refreshNow(); refreshKeys();
   }, 250);
 }
 
@@ -33,7 +34,7 @@ function every(ms, fn) {
 async function start() {
   $("#trace-close").addEventListener("click", closeTrace);
   $("#trace").addEventListener("close", closeTrace);
-  $("#range").addEventListener("change", (ev) => { state.range = ev.target.value; refreshTrends(); });
+  $("#range").addEventListener("change", (ev) => { state.range = ev.target.value; refreshTrends(); refreshKeys(); });
   $("#filters").addEventListener("change", (ev) => { if (ev.target.name !== "id") refreshRequests(); });
   $("#filters").addEventListener("submit", (ev) => {
     ev.preventDefault();
@@ -48,16 +49,18 @@ async function start() {
   matchMedia("(prefers-color-scheme: dark)").addEventListener("change", () => { refreshTrends(); refreshSpend(); });
   refreshSpend();
   refreshProfiles();
+  refreshKeys();
   connectLive(onItem);
   const [, , listed] = await Promise.all([refreshTrends(), refreshNow(), refreshRequests()]);
   backfill(listed ? listed.requests.slice(0, 30) : [], state.now ? state.now.events : []);
   route();
   every(NOW_EVERY_MS, refreshNow);
   every(PROFILES_EVERY_MS, refreshProfiles);
-  every(HISTORY_EVERY_MS, () => { refreshTrends(); refreshSpend(); });
+  every(HISTORY_EVERY_MS, () => { refreshTrends(); refreshSpend(); refreshKeys(); });
   document.addEventListener("visibilitychange", () => {
     if (document.visibilityState === "visible") {
       connectLive(onItem); refreshNow(); refreshProfiles(); refreshTrends(); refreshSpend(); refreshRequests();
+      refreshKeys();
     } else if (state.events) {
       // A hidden tab leaves the live feed: the daemon does nothing for a page nobody looks at.
       state.events.close();

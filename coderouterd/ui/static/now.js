@@ -207,9 +207,12 @@ export function renderAttention() {
     }
     if (now.store && now.store.healthy === false) add("store", `state: ${now.store.problem}`, "#now");
   }
+  // Team keys (keys.js): near their cap, blocked, expiring soon.
+  for (const a of state.keyAttention || []) add(a.kind, a.text, "#keys");
   const ul = $("#attention-list");
   ul.replaceChildren(...items.map((it) => {
-    const li = el("li", null, it.kind === "budget" && it.text.includes("near") ? "warn" : "bad");
+    const warn = (it.kind === "budget" && it.text.includes("near")) || it.kind === "key_cap" || it.kind === "key_expiring";
+    const li = el("li", null, warn ? "warn" : "bad");
     li.dataset.kind = it.kind;
     const a = el("a", it.text);
     a.href = it.href;

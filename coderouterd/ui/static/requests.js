@@ -113,7 +113,7 @@ let oldest = null;  // the oldest listed request's time: the next page starts be
 export async function refreshRequests(more) {
   const form = $("#filters");
   const q = new URLSearchParams();
-  for (const k of ["profile", "provider", "outcome"]) {
+  for (const k of ["profile", "provider", "outcome", "key"]) {
     const v = form.elements[k].value;
     if (v) q.set(k, v);
   }
@@ -132,6 +132,7 @@ export async function refreshRequests(more) {
   $("#requests-count").textContent = `${tbody.rows.length} shown, newest first`;
   addOptions(form.elements.profile, state.profiles);
   addOptions(form.elements.provider, state.providers);
+  addOptions(form.elements.key, new Set((state.keys ? state.keys.keys : []).map((k) => k.name)));
   return r;
 }
 
@@ -153,6 +154,7 @@ export async function openTrace(id) {
   const add = (k, v, cls) => { const tr = document.createElement("tr"); tr.append(el("th", k), el("td", v, cls)); kv.push(tr); };
   add("time", fmt.time(t.ts));
   add("ingress", (t.ingress || "–") + (t.stream ? " (streaming)" : ""));
+  add("key", t.key || "– (no team key)", t.key ? "" : "dim");
   let model = t.model_requested || "–";
   if (t.served_by && t.model_used && t.model_used !== t.model_requested) model += " → " + t.model_used;
   add("model", model);
