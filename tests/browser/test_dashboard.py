@@ -189,7 +189,7 @@ def test_with_keys_no_key_is_refused_and_the_login_form_lets_the_browser_in(page
         assert "qwen3-coder" not in r.text and "providers" not in r.text
     page.fill('input[name="key"]', "not-the-key")
     page.click('button[type="submit"]')
-    assert "not one of" in page.locator("#message").inner_text()
+    assert "not valid for this coderouterd" in page.locator("#message").inner_text()
     page.fill('input[name="key"]', keyed.keys[0])
     page.click('button[type="submit"]')
     page.wait_for_selector(PROVIDER_ROW.format("cloud"), timeout=10_000)
