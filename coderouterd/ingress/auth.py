@@ -6,9 +6,10 @@ import hmac
 
 
 def presented_key(headers: dict[str, str]) -> str:
-    """The key a caller sent: x-api-key, else Authorization: Bearer. Surrounding whitespace is not part of a key
+    """The key a caller sent: x-api-key, else x-goog-api-key (the Gemini API's; its `?key=` arrives as this
+    header too, ingress/gemini.py), else Authorization: Bearer. Surrounding whitespace is not part of a key
     (config refuses keys that have it)."""
-    given = (headers.get("x-api-key") or "").strip()
+    given = (headers.get("x-api-key") or headers.get("x-goog-api-key") or "").strip()
     auth = headers.get("authorization") or ""
     if auth.lower().startswith("bearer "):
         given = given or auth[7:].strip()

@@ -18,6 +18,7 @@ from ..runtime import UnknownProfile
 from .asgi import App
 from .auth import key_accepted, presented_key
 from .browsers import BrowserGuard, with_cors
+from .gemini import GeminiResponder, admit_gemini, is_gemini
 from .guard import BodyTooLarge, ClientLeft, answer_internal_error, describe_exception, read_body
 from .protocol import DISCONNECT_HOOK
 from .responder import ClientGone, Responder
@@ -167,12 +168,17 @@ class ProxyApp:
             if refused is not None:
                 refusals = self.daemon.browser_refused
                 refusals[refused.reason] = refusals.get(refused.reason, 0) + 1
-                r = Responder(send, _caller_wire(path, scope), new_id("req"))
+                r = GeminiResponder(send, new_id("req")) if is_gemini(path, scope) else \
+                    Responder(send, _caller_wire(path, scope), new_id("req"))
                 return await r.error(refused.status, refused.message, error_type=refused.error_type)
             if cors_origin is not None:
                 if method == "OPTIONS":
                     return await _preflight(send, cors_origin, scope)
                 send = with_cors(send, cors_origin)
+        if path.startswith(("/v1beta/", "/v1/models")) and is_gemini(path, scope):
+            from .gemini import serve as serve_gemini
+
+            return await serve_gemini(self, scope, receive, send)
         if method == "POST":
             if path == "/v1/messages":
                 return await self.proxy(scope, receive, send, "anthropic")
@@ -248,7 +254,13 @@ class ProxyApp:
         Returns (request, responder, profile), or None after an error in the caller's shape was sent."""
         headers = _headers(scope)
         rid = client_request_id(headers.get("x-request-id"))
-        r = ResponsesResponder(send, rid) if ingress == "responses" else Responder(send, ingress, rid)
+        r: Responder
+        if ingress == "responses":
+            r = ResponsesResponder(send, rid)
+        elif ingress == "gemini":
+            r = GeminiResponder(send, rid, sse=b"alt=sse" in scope.get("query_string", b""))
+        else:
+            r = Responder(send, ingress, rid)
         if not self._authorized(headers):
             await r.error(401, "missing or invalid API key for this coderouterd", error_type="authentication_error")
             return None
@@ -257,10 +269,12 @@ class ProxyApp:
             # with forward_client_key (that is for a client holding the upstream's own key).
             headers.pop("x-api-key", None)
             headers.pop("authorization", None)
+            headers.pop("x-goog-api-key", None)
         body, raw = await self._read_json(scope, receive, r, runtime)
         if body is _SENT:
             return None
         native = None
+        gemini = None
         param = None
         if ingress == "anthropic":
             problem = validate_anthropic(body, count_tokens=count_tokens, raw=raw)
@@ -274,6 +288,12 @@ class ProxyApp:
                 assert isinstance(r, ResponsesResponder)  # ingress == "responses" made it one, above
                 r.rq = native
                 body = native.chat
+        elif ingress == "gemini":
+            gemini, problem, param = admit_gemini(body, raw, scope, count_tokens=count_tokens)
+            if gemini is not None:
+                assert isinstance(r, GeminiResponder)  # ingress == "gemini" made it one, above
+                r.rq = gemini
+                body = gemini.chat
         else:
             problem = validate_openai(body, raw=raw)
         if problem:
@@ -287,7 +307,7 @@ class ProxyApp:
             return None
         req = ClientRequest(ingress=ingress, body=body, raw=raw, headers=headers,
                             stream=bool(body.get("stream")) and not count_tokens, model=model, request_id=rid,
-                            native=native)
+                            native=native or gemini)
         return req, r, profile
 
     async def proxy(self, scope: Scope, receive: Receive, send: Send, ingress: str) -> None:
