@@ -33,11 +33,12 @@ ERROR_BEHAVIOURS = frozenset({"500", "503_loading", "429", "401", "404_model", "
 GLOBAL_BEHAVIOURS = frozenset({"503_loading", "hang", "401", "redirect", "endless_error"})
 NUMERIC_PARAMS = frozenset({"delay", "chunk_delay", "linger", "retry_after", "n_prompt", "n_ctx", "tokens", "max", "split",
                             "parallel", "n", "after", "think_tags", "text", "reason", "mb", "status", "size"})
-# `tool`/`cmd`: call that tool with {"cmd": cmd} (a shell tool such as Codex's exec_command).
+# `tool`/`cmd`: call that tool with {"cmd": cmd} (a shell tool such as Codex's exec_command); `args`: with these
+# arguments instead, a JSON object written without ";" or "=" (Gemini CLI's read_file: {"file_path":"notes.txt"}).
 # `end` (cut_mid_block): how the body ends, "chunked" (the chunked terminator) or "close" (no framing: the
 # connection closes, which is a clean end of an unframed HTTP/1.1 body).
 # `to`, `ctype`, `hex`: misbehave.py's redirect target, and the raw answer's content type and bytes.
-TEXT_PARAMS = frozenset({"field", "tool", "cmd", "format", "end", "to", "ctype", "hex"})
+TEXT_PARAMS = frozenset({"field", "tool", "cmd", "args", "format", "end", "to", "ctype", "hex"})
 
 # Fixed tool-call arguments: quotes, a backslash escape, non-ASCII and a multi-byte symbol, so that any
 # fragment boundary falls inside an escape or a character somewhere and reassembly can be checked byte-exact.
@@ -188,6 +189,8 @@ def make_plan(b: Behaviour, server_name: str, tool_names: list[str], *, split_de
         split = b.integer("split", split_default) if ("split" in b.params or split_default) else None
         names = [b.get("tool")] if b.get("tool") else (tool_names or ["Bash", "Read"])
         args = [dumps({"cmd": b.get("cmd")}).decode()] if b.get("cmd") else [TOOL_ARGUMENTS, TOOL_ARGUMENTS_2]
+        if b.get("args"):
+            args = [b.get("args") or "{}"]
         count = max(1, b.integer("parallel", 1))
         for i in range(count):
             arguments = args[i % len(args)]
