@@ -16,7 +16,7 @@ import orjson
 
 from ..ids import new_id
 from ..routing.request import ClientRequest
-from ..translate.gemini_request import GeminiRequest, GeminiRequestError, translate_request
+from ..translate.gemini_request import GeminiRequest, GeminiRequestError, camel_keys, translate_request
 from ..translate.openai_request_to_anthropic import openai_request_to_anthropic
 from .responder import Responder
 from .validate import depth_problem
@@ -166,10 +166,14 @@ def admit_gemini(body: Any, raw: bytes, scope: Scope, *,
     """(translated request, None, None), or (None, problem, param) for a 400 naming the field."""
     path = scope["path"]
     model = model_path(path).rpartition(":")[0]
+    if type(body) is dict:
+        problem = depth_problem(body, raw)
+        if problem:
+            return None, problem, "request body"
+        body = camel_keys(body, raw)
     if count_tokens and isinstance(body, dict) and isinstance(body.get("generateContentRequest"), dict):
         body = body["generateContentRequest"]  # the long form: a whole generateContent request to count
-    problem = depth_problem(body, raw) if type(body) is dict else None
-    problem = problem or validate_gemini(body, model, count_tokens=count_tokens)
+    problem = validate_gemini(body, model, count_tokens=count_tokens)
     if problem:
         return None, problem, problem.split(":")[0]
     method = path.rpartition(":")[2]

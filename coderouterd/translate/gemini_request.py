@@ -78,6 +78,74 @@ class GeminiRequest:
         return self.names.get(upstream, upstream)
 
 
+# -- field names ------------------------------------------------------------------------------------------------
+# The Gemini API reads proto JSON, which takes a field by its lowerCamel name or its proto name: google-genai writes
+# nested messages in snake_case ({"inlineData": {"mime_type": ...}}, "thinkingConfig": {"include_thoughts": true}).
+# Both become lowerCamel before anything reads the body, except inside the values that are the client's own data
+# (call arguments, function results, JSON Schemas, property names).
+
+_FREE = object()  # a value that is data: its keys are kept as they are
+
+
+class _Map:
+    """A map from the client's own names (a schema's `properties`) to messages of one kind."""
+
+    __slots__ = ("spec",)
+
+    def __init__(self, spec: dict) -> None:
+        self.spec = spec
+
+
+_SCHEMA_SPEC: dict = {}
+_SCHEMA_SPEC.update({"properties": _Map(_SCHEMA_SPEC), "items": _SCHEMA_SPEC, "anyOf": _SCHEMA_SPEC,
+                     "default": _FREE, "example": _FREE, "enum": _FREE})
+_MEDIA_SPEC: dict = {"inlineData": {}, "fileData": {}}
+_PART_SPEC: dict = {**_MEDIA_SPEC, "functionCall": {"args": _FREE},
+                    "functionResponse": {"response": _FREE, "parts": _MEDIA_SPEC}}
+_CONTENT_SPEC: dict = {"parts": _PART_SPEC}
+_BODY_SPEC: dict = {
+    "contents": _CONTENT_SPEC, "systemInstruction": _CONTENT_SPEC,
+    "tools": {"functionDeclarations": {"parameters": _SCHEMA_SPEC, "parametersJsonSchema": _FREE,
+                                       "response": _SCHEMA_SPEC, "responseJsonSchema": _FREE}},
+    "generationConfig": {"responseSchema": _SCHEMA_SPEC, "responseJsonSchema": _FREE},
+    "generateContentRequest": {},  # countTokens' long form: filled below with the body's own spec
+}
+_BODY_SPEC["generateContentRequest"] = _BODY_SPEC
+_SNAKE_KEY = re.compile(rb'"[a-z][a-z0-9]*_[a-z0-9_]+"\s*:')
+
+
+def _camel(key: str) -> str:
+    head, *rest = key.split("_")
+    return head + "".join(p[:1].upper() + p[1:] for p in rest)
+
+
+def _walk(value: object, spec: object) -> object:
+    if spec is _FREE:
+        return value
+    if isinstance(value, list):
+        return [_walk(v, spec) for v in value]
+    if not isinstance(value, dict):
+        return value
+    if isinstance(spec, _Map):
+        return {k: _walk(v, spec.spec) for k, v in value.items()}
+    assert isinstance(spec, dict)
+    out = {}
+    for k, v in value.items():
+        key = _camel(k) if "_" in k else k
+        out[key] = _walk(v, spec.get(key, {}))
+    return out
+
+
+def camel_keys(body: dict, raw: bytes) -> dict:
+    """The body with every field name lowerCamel (see above). Most clients write camelCase already: a body whose
+    bytes hold no snake_case key at all is returned as it is, unwalked."""
+    if not _SNAKE_KEY.search(raw):
+        return body
+    walked = _walk(body, _BODY_SPEC)
+    assert isinstance(walked, dict)
+    return walked
+
+
 def _upstream_name(name: str, taken: dict[str, str]) -> str:
     if _NAME_OK.match(name):
         return name
