@@ -49,7 +49,8 @@ def status_name(status: int) -> str:
 
 def error_body(status: int, message: str, *, reason: str | None = None, extra: dict | None = None) -> dict:
     """`{"error": {"code", "message", "status"}}`, with an ErrorInfo detail when there is a machine reason."""
-    err: dict = {"code": 503 if status == 529 else status, "message": message, "status": status_name(status)}
+    status = 503 if status == 529 else status
+    err: dict = {"code": status, "message": message, "status": status_name(status)}
     if reason or extra:
         info: dict = {"@type": "type.googleapis.com/google.rpc.ErrorInfo", "reason": reason or "",
                       "domain": "coderouter"}
