@@ -9,7 +9,7 @@ translate/gemini_*.py and providers/gemini_strategies.py; this module only wires
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 from urllib.parse import parse_qs
 
 import orjson
@@ -23,8 +23,21 @@ from .validate import depth_problem
 from .validate_gemini import validate_gemini
 
 if TYPE_CHECKING:
+    from ..runtime import Runtime
     from .asgi import Receive, Scope, Send
-    from .dispatch import ProxyApp
+
+
+class ProxyApp(Protocol):
+    """What this module uses of the proxy (ingress/dispatch.py's ProxyApp, which routes the Gemini paths here)."""
+
+    daemon: Any
+
+    def _authorized(self, headers: dict[str, str]) -> bool: ...
+
+    async def _admit(self, scope: Scope, receive: Receive, send: Send, ingress: str, runtime: Runtime, *,
+                     count_tokens: bool = False) -> tuple[ClientRequest, Responder, str] | None: ...
+
+    async def proxy(self, scope: Scope, receive: Receive, send: Send, ingress: str) -> None: ...
 
 PREFIXES = ("/v1beta/", "/v1/")
 # HTTP status -> google.rpc status name, as Google's APIs pair them. 529 is Anthropic's: a Gemini client gets 503.
