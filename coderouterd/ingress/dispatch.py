@@ -19,6 +19,7 @@ from .asgi import App
 from .auth import key_accepted, presented_key
 from .browsers import BrowserGuard, with_cors
 from .gemini import GeminiResponder, admit_gemini, is_gemini
+from .gemini import serve as serve_gemini
 from .guard import BodyTooLarge, ClientLeft, answer_internal_error, describe_exception, read_body
 from .protocol import DISCONNECT_HOOK
 from .responder import ClientGone, Responder
@@ -176,8 +177,6 @@ class ProxyApp:
                     return await _preflight(send, cors_origin, scope)
                 send = with_cors(send, cors_origin)
         if path.startswith(("/v1beta/", "/v1/models")) and is_gemini(path, scope):
-            from .gemini import serve as serve_gemini
-
             return await serve_gemini(self, scope, receive, send)
         if method == "POST":
             if path == "/v1/messages":
