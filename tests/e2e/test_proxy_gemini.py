@@ -38,10 +38,12 @@ def env(tmp_path_factory):
             FakeServer("anthropic", name="cloud") as cloud, \
             FakeServer("openai", name="limited", behaviour="429;retry_after=7") as limited:
         config = daemon_config(
-            server={"stream_hold_s": 0.3, "api_keys": [KEY]}, state={"flush_interval_s": 0.1}, breaker=NO_BREAKER,
+            server={"stream_hold_s": 0.3, "api_keys": [KEY], "max_body_mb": 1}, state={"flush_interval_s": 0.1},
+            breaker=NO_BREAKER,
             providers={"local": openai_at(local.url), "cloud": anthropic_at(cloud.url, model="claude-sonnet-5"),
                        "limited": openai_at(limited.url)},
-            profiles={"default": warn("local"), "cloud": warn("cloud"), "limited": warn("limited")},
+            profiles={"default": warn("local"), "cloud": warn("cloud"), "limited": warn("limited"),
+                      "guarded": warn("local", tool_loop={"action": "break", "threshold": 3})},
             routes=[{"model": "gemini-2.5-pro", "profile": "cloud"}])
         with running(config, tmp) as d:
             yield {"daemon": d, "local": local, "cloud": cloud, "limited": limited}
@@ -332,3 +334,44 @@ def test_journal_metrics_and_trace(env):
     with httpx.Client(transport=httpx.HTTPTransport(uds=str(sock)), base_url="http://coderouterd") as c:
         trace = c.get(f"/v1/requests/{rid}").json()
     assert any("googleSearch" in n for n in trace["notes"])
+
+
+def test_tool_loop_guard_breaks_in_googles_shape(env):
+    """The same call with the same result three times: the guard answers itself, as a Gemini 400."""
+    call = {"functionCall": {"name": "Bash", "args": {"command": "ls"}}}
+    result = {"functionResponse": {"name": "Bash", "response": {"output": "a"}}}
+    contents = [{"role": "user", "parts": [{"text": "go"}]}]
+    for _ in range(3):
+        contents += [{"role": "model", "parts": [call]}, {"role": "user", "parts": [result]}]
+    generations = env["local"].count("/v1/chat/completions")
+    r = httpx.post(env["daemon"].url + "/v1beta/models/m:generateContent",
+                   json={"contents": contents, "tools": [{"functionDeclarations": [{"name": "Bash"}]}]},
+                   headers={"x-goog-api-key": KEY, "x-coderouter-profile": "guarded"}, timeout=20)
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert err["status"] == "INVALID_ARGUMENT" and "Bash" in err["message"]
+    assert env["local"].count("/v1/chat/completions") == generations  # never sent upstream
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_tool_call_written_as_text_is_repaired(env, stream):
+    env["local"].set_behaviour("text_tools;format=hermes;split=3")
+    client = _client(env)
+    config = types.GenerateContentConfig(tools=[BASH], automatic_function_calling=NO_AFC)
+    if stream:
+        chunks = list(client.models.generate_content_stream(model="m", contents="run it", config=config))
+        calls = [fc for c in chunks for fc in c.function_calls or ()]
+        text = "".join(c.text or "" for c in chunks)
+    else:
+        r = client.models.generate_content(model="m", contents="run it", config=config)
+        calls, text = r.function_calls, r.text or ""
+    assert [(c.name, c.args) for c in calls] == [("Bash", {"command": "echo repaired-ok"})]
+    assert "<tool_call>" not in text
+
+
+def test_body_limit_in_googles_shape(env):
+    big = {"contents": [{"parts": [{"text": "x" * (1_100_000)}]}]}
+    r = httpx.post(env["daemon"].url + "/v1beta/models/m:generateContent", json=big,
+                   headers={"x-goog-api-key": KEY}, timeout=20)
+    assert r.status_code == 413 and r.json()["error"]["status"] == "INVALID_ARGUMENT"
+    assert "1 MB" in r.json()["error"]["message"]
