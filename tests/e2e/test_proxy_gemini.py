@@ -38,7 +38,8 @@ def env(tmp_path_factory):
             FakeServer("anthropic", name="cloud") as cloud, \
             FakeServer("openai", name="limited", behaviour="429;retry_after=7") as limited:
         config = daemon_config(
-            server={"stream_hold_s": 0.3, "api_keys": [KEY], "max_body_mb": 1}, state={"flush_interval_s": 0.1},
+            server={"stream_hold_s": 0.3, "ping_interval_s": 0.2, "api_keys": [KEY], "max_body_mb": 1},
+            state={"flush_interval_s": 0.1},
             breaker=NO_BREAKER,
             providers={"local": openai_at(local.url), "cloud": anthropic_at(cloud.url, model="claude-sonnet-5"),
                        "limited": openai_at(limited.url)},
@@ -375,3 +376,16 @@ def test_body_limit_in_googles_shape(env):
                    headers={"x-goog-api-key": KEY}, timeout=20)
     assert r.status_code == 413 and r.json()["error"]["status"] == "INVALID_ARGUMENT"
     assert "1 MB" in r.json()["error"]["message"]
+
+
+def test_keep_alive_while_the_upstream_is_silent(env):
+    """Past the stream hold, blank lines keep the stream alive (a `: ping` comment would break both SDKs)."""
+    env["local"].set_behaviour("slow_first_byte;delay=1.2")
+    url = env["daemon"].url + f"/v1beta/models/m:streamGenerateContent?alt=sse&key={KEY}"
+    with httpx.stream("POST", url, json={"contents": [{"parts": [{"text": "hi"}]}]}, timeout=20) as r:
+        raw = b"".join(r.iter_raw())
+    head, _, rest = raw.partition(b"data: ")
+    assert head and set(head) == {ord("\n")}, raw[:80]  # pings came first, and only blank lines
+    env["local"].set_behaviour("slow_first_byte;delay=1.2")
+    chunks = list(_client(env).models.generate_content_stream(model="m", contents="hi"))
+    assert "".join(c.text or "" for c in chunks) == "Hello from local"
