@@ -42,9 +42,11 @@ def env(tmp_path_factory):
             state={"flush_interval_s": 0.1},
             breaker=NO_BREAKER,
             providers={"local": openai_at(local.url), "cloud": anthropic_at(cloud.url, model="claude-sonnet-5"),
-                       "limited": openai_at(limited.url)},
+                       "limited": openai_at(limited.url),
+                       "blind": openai_at(local.url, capabilities={"vision": False})},
             profiles={"default": warn("local"), "cloud": warn("cloud"), "limited": warn("limited"),
-                      "guarded": warn("local", tool_loop={"action": "break", "threshold": 3})},
+                      "guarded": warn("local", tool_loop={"action": "break", "threshold": 3}),
+                      "blind": warn("blind")},
             routes=[{"model": "gemini-2.5-pro", "profile": "cloud"}])
         with running(config, tmp) as d:
             yield {"daemon": d, "local": local, "cloud": cloud, "limited": limited}
@@ -74,7 +76,7 @@ def _new_client(env, profile: str | None, version: str, key: str) -> genai.Clien
 
 
 def _fake(env, profile: str) -> FakeServer:
-    return env["local"] if profile == "default" else env["cloud"]
+    return env["cloud"] if profile == "cloud" else env["local"]
 
 
 def _greeting(profile: str) -> str:
@@ -389,3 +391,27 @@ def test_keep_alive_while_the_upstream_is_silent(env):
     env["local"].set_behaviour("slow_first_byte;delay=1.2")
     chunks = list(_client(env).models.generate_content_stream(model="m", contents="hi"))
     assert "".join(c.text or "" for c in chunks) == "Hello from local"
+
+
+PNG = bytes.fromhex("89504e470d0a1a0a0000000d49484452000000010000000108060000001f15c4890000000d4944415478da63f8cf"
+                    "c0f01f0005000201a5f9d0d70000000049454e44ae426082")
+
+
+@pytest.mark.parametrize("profile", ["default", "cloud", "blind"])
+def test_images_follow_the_same_rules(env, profile):
+    """inlineData images reach an image-taking upstream as its own image part, and become a text note for a
+    provider with capabilities.vision = false (as on every ingress)."""
+    contents = [types.Content(role="user", parts=[types.Part(text="what is this?"),
+                                                  types.Part(inline_data=types.Blob(mime_type="image/png",
+                                                                                    data=PNG))])]
+    r = _client(env, profile).models.generate_content(model="m", contents=contents)
+    assert r.text
+    up = _fake(env, profile).requests[-1]["json"]
+    content = up["messages"][0]["content"]
+    if profile == "default":
+        assert content[1]["image_url"]["url"].startswith("data:image/png;base64,iVBOR")
+    elif profile == "cloud":
+        assert content[1] == {"type": "image", "source": {"type": "base64", "media_type": "image/png",
+                                                          "data": content[1]["source"]["data"]}}
+    else:
+        assert content[1] == {"type": "text", "text": "[image omitted: blind does not accept images]"}
