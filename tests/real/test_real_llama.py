@@ -424,8 +424,12 @@ def test_gemini_cli_says_hi_through_the_real_model(env, tmp_path):
     home = tmp_path / "home"
     (home / ".gemini").mkdir(parents=True)
     # Gemini CLI's own system prompt and tools run to ~10k tokens: the prompt is replaced (GEMINI_SYSTEM_MD) and
-    # one tool kept, so the request (~500 tokens) fits a slot of this small model.
-    settings = {**SETTINGS, "model": {"name": MODEL}, "tools": {"core": ["read_file"]}}
+    # one tool kept, so the request (~500 tokens) fits a slot of this small model. It sends temperature 1 and no
+    # output limit: greedy decoding and a cap (its own modelConfigs) keep this 135M model from rambling to the
+    # end of its window, which took minutes on this machine.
+    settings = {**SETTINGS, "model": {"name": MODEL}, "tools": {"core": ["read_file"]},
+                "modelConfigs": {"customOverrides": [{"match": {"model": MODEL}, "modelConfig": {
+                    "generateContentConfig": {"temperature": 0, "maxOutputTokens": 128}}}]}}
     (home / ".gemini" / "settings.json").write_text(json.dumps(settings))
     system = tmp_path / "system.md"
     system.write_text("You are a helpful assistant. Answer in one short sentence.\n")
