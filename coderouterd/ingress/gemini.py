@@ -73,6 +73,11 @@ def error_body(status: int, message: str, *, reason: str | None = None, extra: d
     return {"error": err}
 
 
+def is_gemini_call(path: str) -> bool:
+    """A Gemini API path by its shape alone: under /v1beta/, or a `models/{m}:method` call under /v1/."""
+    return path.startswith("/v1beta/") or (path.startswith("/v1/models/") and ":" in path)
+
+
 def is_gemini(path: str, scope: Scope) -> bool:
     """Whether a request is the Gemini API's: anything under /v1beta/, and under /v1/ a `models/{m}:method` call,
     or a model list asked for with Google's key (the OpenAI and Anthropic lists share /v1/models)."""

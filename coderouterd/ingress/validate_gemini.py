@@ -50,11 +50,11 @@ def _part_problem(part: object, where: str, *, nested: bool = False) -> str | No
         return problem
     for key, fields in (("inlineData", _INLINE), ("fileData", _FILE), ("functionCall", _CALL),
                         ("functionResponse", _RESPONSE)):
-        if key in part:
+        if part.get(key) is not None:  # null is absent, as in proto JSON
             problem = check_fields(part[key], fields, f"{where}.{key}.")
             if problem:
                 return problem
-    if "functionResponse" in part and not nested:
+    if part.get("functionResponse") is not None and not nested:
         for k, inner in enumerate(part["functionResponse"].get("parts") or ()):
             problem = _part_problem(inner, f"{where}.functionResponse.parts[{k}]", nested=True)
             if problem:
@@ -90,13 +90,11 @@ def validate_gemini(body: object, model: str, *, count_tokens: bool = False) -> 
     if problem:
         return problem
     contents = body.get("contents")
-    if contents is None:
-        if count_tokens:
-            return None  # countTokens may count a system instruction or tools alone
+    if contents is None and not count_tokens:  # countTokens may count a system instruction or tools alone
         return "contents: field required (an array of contents)"
-    if not isinstance(contents, list):
+    if contents is not None and not isinstance(contents, list):
         return f"contents: expected an array, got {_type_name(contents)}"
-    for i, content in enumerate(contents):
+    for i, content in enumerate(contents or ()):
         problem = _content_problem(content, f"contents[{i}]")
         if problem:
             return problem

@@ -204,7 +204,7 @@ def _function_tools(tools: list, names: dict[str, str], dropped: list[str]) -> l
             fn["parameters"] = params
             out.append({"type": "function", "function": fn})
         for kind in _TOOL_KINDS_DROPPED:
-            if kind in tool:
+            if tool.get(kind) is not None:
                 dropped.append(kind)
     return out
 
@@ -234,11 +234,16 @@ def _data_url(mime: str, data: str) -> str:
     return f"data:{mime};base64,{data}"
 
 
+def _is_media(part: dict) -> bool:
+    # A key holding null is absent, as in proto JSON (and as the validation reads it).
+    return part.get("inlineData") is not None or part.get("fileData") is not None
+
+
 def _media_part(part: dict) -> dict:
     """An inlineData / fileData part: an image as an image_url part (the same part every other ingress's images
     become, so `capabilities.vision = false` replaces it with a note the same way); other media as a note,
     never a refusal (Gemini CLI's read_file sends PDFs and audio this way, and a refused turn ends the session)."""
-    if "inlineData" in part:
+    if part.get("inlineData") is not None:
         blob = part["inlineData"]
         mime = str(blob.get("mimeType") or "")
         if mime.startswith("image/"):
@@ -287,7 +292,7 @@ class _Conversation:
         reasoning: list[str] = []
         calls: list[dict] = []
         for j, part in enumerate(parts):
-            if "functionCall" in part:
+            if part.get("functionCall") is not None:
                 fc = part["functionCall"]
                 name = fc["name"]
                 call_id = fc.get("id") or f"call_g{i}_{j}"
@@ -331,16 +336,16 @@ class _Conversation:
         rest: list[dict] = []
         media_after_tools: list[dict] = []
         for part in parts:
-            if "functionResponse" in part:
+            if part.get("functionResponse") is not None:
                 fr = part["functionResponse"]
                 tools.append({"role": "tool", "tool_call_id": self._answer(fr),
                               "content": _response_text(fr.get("response"))})
                 # Gemini 3's multimodal function responses: the media follow as user content (tool messages
                 # are text-only in chat).
                 for inner in fr.get("parts") or ():
-                    if isinstance(inner, dict) and ("inlineData" in inner or "fileData" in inner):
+                    if isinstance(inner, dict) and _is_media(inner):
                         media_after_tools.append(_media_part(inner))
-            elif "inlineData" in part or "fileData" in part:
+            elif _is_media(part):
                 rest.append(_media_part(part))
             elif isinstance(part.get("text"), str) and part.get("thought") is not True:
                 rest.append({"type": "text", "text": part["text"]})
