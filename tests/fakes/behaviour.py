@@ -33,11 +33,12 @@ ERROR_BEHAVIOURS = frozenset({"500", "503_loading", "429", "401", "404_model", "
 GLOBAL_BEHAVIOURS = frozenset({"503_loading", "hang", "401", "redirect", "endless_error"})
 NUMERIC_PARAMS = frozenset({"delay", "chunk_delay", "linger", "retry_after", "n_prompt", "n_ctx", "tokens", "max", "split",
                             "parallel", "n", "after", "think_tags", "text", "reason", "mb", "status", "size"})
-# `tool`/`cmd`: call that tool with {"cmd": cmd} (a shell tool such as Codex's exec_command); `args`: with these
-# arguments instead, a JSON object written without ";" or "=" (Gemini CLI's read_file: {"file_path":"notes.txt"}).
+# `tool`/`cmd`: call that tool with {"cmd": cmd} (a shell tool such as Codex's exec_command).
 # `end` (cut_mid_block): how the body ends, "chunked" (the chunked terminator) or "close" (no framing: the
 # connection closes, which is a clean end of an unframed HTTP/1.1 body).
 # `to`, `ctype`, `hex`: misbehave.py's redirect target, and the raw answer's content type and bytes.
+# `args` (tools): the call's arguments instead, a JSON object written without ";" or "=" (Gemini CLI's read_file:
+# {"file_path":"notes.txt"}).
 TEXT_PARAMS = frozenset({"field", "tool", "cmd", "args", "format", "end", "to", "ctype", "hex"})
 
 # Fixed tool-call arguments: quotes, a backslash escape, non-ASCII and a multi-byte symbol, so that any
