@@ -98,6 +98,8 @@ def test_gemini_cli_tool_round_trip(env, tmp_path, profile):
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert out.get("response") == "Tool said: the secret word is pineapple", proc.stdout[-2000:]
     assert out["stats"]["tools"]["byName"]["read_file"]["success"] == 1
-    first_tools = fake.requests[-2]["json"]["tools"]
-    names = [t["function"]["name"] if "function" in t else t["name"] for t in first_tools]
+    path = "/v1/chat/completions" if profile == "default" else "/v1/messages"
+    turns = [r["json"] for r in fake.requests if r["path"] == path]
+    assert len(turns) == 2  # the call, then the answer with the file's text (health probes aside)
+    names = [t["function"]["name"] if "function" in t else t["name"] for t in turns[0]["tools"]]
     assert "read_file" in names
