@@ -158,6 +158,8 @@ class GeminiToAnthropic(_GeminiStrategy, AnthropicUpstreamAsChat):
     def events(self, events: list[tuple[str | None, str]]) -> bytes:
         out: list[dict] = []
         chunks, stopped = self._chat_chunks(events)
+        u = self.a2o.usage  # message_start's counts, once it came
+        self.tr.prompt_hint = u["input_tokens"] + u["cache_read_input_tokens"] + u["cache_creation_input_tokens"]
         for chunk in chunks:
             self.tr.feed(chunk, out)
         if stopped:

@@ -136,9 +136,12 @@ class ChatStreamToGemini:
         self._finished = False
         self._pieces = 0  # deltas so far: the running output count until the upstream says its own
         self._thought_chars = 0
+        # The prompt's size before the upstream's final usage, when its stream said it at the start (Anthropic's
+        # message_start): every chunk then carries it, as Gemini's own do.
+        self.prompt_hint = 0
 
     def _usage(self) -> dict:
-        return gemini_usage(self.chat_usage, output=self._pieces,
+        return gemini_usage(self.chat_usage, prompt=self.prompt_hint, output=self._pieces,
                             thoughts=(self._thought_chars + 3) // 4 if self._thought_chars else 0)
 
     def _text(self, out: list[dict], kind: str, piece: str) -> None:

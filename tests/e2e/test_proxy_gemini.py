@@ -115,6 +115,8 @@ def test_stream(env, profile, version):
     counts = [c.usage_metadata.candidates_token_count or 0 for c in chunks]
     assert counts == sorted(counts) and counts[-1] > 0  # cumulative on each chunk
     assert chunks[-1].usage_metadata.prompt_token_count > 0
+    if profile == "cloud":  # the Anthropic stream says the prompt's size at its start: every chunk carries it
+        assert {c.usage_metadata.prompt_token_count for c in chunks} == {chunks[-1].usage_metadata.prompt_token_count}
 
 
 @pytest.mark.parametrize("version", VERSIONS)
