@@ -199,7 +199,7 @@ def admit_gemini(body: Any, raw: bytes, scope: Scope, *,
     stream = method == "streamGenerateContent"
     sse = (_query(scope).get("alt") or [""])[0] == "sse"
     try:
-        rq = translate_request(body, model, stream=stream, sse=sse)
+        rq = translate_request(body, model, stream=stream, sse=sse, raw=raw)
     except GeminiRequestError as e:
         return None, e.message, e.param
     rq.raw = raw

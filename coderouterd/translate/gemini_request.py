@@ -184,7 +184,38 @@ def gemini_schema(schema: object) -> object:
     return out
 
 
-def _function_tools(tools: list, names: dict[str, str], dropped: list[str]) -> list[dict]:
+# Gemini's type names, which its clients also write inside JSON Schemas (Gemini CLI's routing classifier sends
+# `responseJsonSchema: {"type": "OBJECT", ...}`, which the Gemini API accepts and a grammar builder does not).
+_GEMINI_TYPES = frozenset({"OBJECT", "STRING", "INTEGER", "NUMBER", "BOOLEAN", "ARRAY", "NULL"})
+_UPPER_TYPE = re.compile(rb'"(?:OBJECT|STRING|INTEGER|NUMBER|BOOLEAN|ARRAY|NULL)"')
+_SUBSCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions")
+_SUBSCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems")
+_SUBSCHEMAS = ("items", "additionalProperties", "not", "contains")
+
+
+def json_schema_types(schema: object) -> object:
+    """A JSON Schema with Gemini's upper-case type names lower-cased (nothing else changes)."""
+    if not isinstance(schema, dict):
+        return schema
+    out = dict(schema)
+    t = out.get("type")
+    if isinstance(t, str) and t in _GEMINI_TYPES:
+        out["type"] = t.lower()
+    elif isinstance(t, list):
+        out["type"] = [x.lower() if isinstance(x, str) and x in _GEMINI_TYPES else x for x in t]
+    for key in _SUBSCHEMA_MAPS:
+        if isinstance(out.get(key), dict):
+            out[key] = {k: json_schema_types(v) for k, v in out[key].items()}
+    for key in _SUBSCHEMA_LISTS:
+        if isinstance(out.get(key), list):
+            out[key] = [json_schema_types(v) for v in out[key]]
+    for key in _SUBSCHEMAS:
+        if isinstance(out.get(key), dict):
+            out[key] = json_schema_types(out[key])
+    return out
+
+
+def _function_tools(tools: list, names: dict[str, str], dropped: list[str], upper: bool) -> list[dict]:
     out: list[dict] = []
     for tool in tools:
         for decl in tool.get("functionDeclarations") or ():
@@ -197,6 +228,8 @@ def _function_tools(tools: list, names: dict[str, str], dropped: list[str]) -> l
                 fn["description"] = decl["description"]
             if isinstance(decl.get("parametersJsonSchema"), dict):
                 params = decl["parametersJsonSchema"]
+                if upper:
+                    params = json_schema_types(params)
             elif isinstance(decl.get("parameters"), dict):
                 params = gemini_schema(decl["parameters"])
             else:
@@ -377,8 +410,10 @@ def _effort(thinking: dict) -> str | None:
     return "low" if budget <= 1024 else "medium" if budget <= 8192 else "high"
 
 
-def translate_request(body: dict, model: str, *, stream: bool, sse: bool) -> GeminiRequest:
-    """The Gemini body (already validated) as a chat-completions body plus the context to answer it."""
+def translate_request(body: dict, model: str, *, stream: bool, sse: bool, raw: bytes | None = None) -> GeminiRequest:
+    """The Gemini body (already validated) as a chat-completions body plus the context to answer it. `raw`: its
+    bytes, to skip looking for upper-case type names in JSON Schemas when there are none."""
+    upper = raw is None or _UPPER_TYPE.search(raw) is not None
     gen = body.get("generationConfig") or {}
     count = gen.get("candidateCount")
     if count is not None and count != 1:
@@ -386,7 +421,7 @@ def translate_request(body: dict, model: str, *, stream: bool, sse: bool) -> Gem
                                  f"candidateCount {count} is not supported by coderouterd: only 1 candidate")
     names: dict[str, str] = {}
     dropped: list[str] = []
-    tools = _function_tools(body.get("tools") or [], names, dropped)
+    tools = _function_tools(body.get("tools") or [], names, dropped, upper)
     conv = _Conversation(names)
     for i, content in enumerate(body.get("contents") or ()):
         if content.get("role") == "model":
@@ -420,6 +455,9 @@ def translate_request(body: dict, model: str, *, stream: bool, sse: bool) -> Gem
     if json_mode:
         if isinstance(gen.get("responseJsonSchema"), dict):
             json_schema = gen["responseJsonSchema"]
+            if upper:
+                schema_ = json_schema_types(json_schema)
+                json_schema = schema_ if isinstance(schema_, dict) else json_schema
         elif isinstance(gen.get("responseSchema"), dict):
             schema = gemini_schema(gen["responseSchema"])
             json_schema = schema if isinstance(schema, dict) else None

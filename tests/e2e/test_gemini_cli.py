@@ -56,10 +56,11 @@ def env(tmp_path_factory):
             yield {"daemon": d, "default": local, "cloud": cloud}
 
 
-def gemini_p(env, tmp_path: Path, profile: str, prompt: str) -> tuple[subprocess.CompletedProcess, dict]:
+def gemini_p(env, tmp_path: Path, profile: str, prompt: str,
+             settings: dict | None = None) -> tuple[subprocess.CompletedProcess, dict]:
     home = tmp_path / "home"
     (home / ".gemini").mkdir(parents=True, exist_ok=True)
-    (home / ".gemini" / "settings.json").write_text(json.dumps(SETTINGS))
+    (home / ".gemini" / "settings.json").write_text(json.dumps(SETTINGS if settings is None else settings))
     work = tmp_path / "work"
     work.mkdir(exist_ok=True)
     (work / "notes.txt").write_text("the secret word is pineapple\n")
@@ -103,3 +104,26 @@ def test_gemini_cli_tool_round_trip(env, tmp_path, profile):
     assert len(turns) == 2  # the call, then the answer with the file's text (health probes aside)
     names = [t["function"]["name"] if "function" in t else t["name"] for t in turns[0]["tools"]]
     assert "read_file" in names
+
+
+@pytest.mark.parametrize("profile", ["default", "cloud"])
+def test_gemini_cli_auto_model_asks_its_classifier_through_structured_output(env, tmp_path, profile):
+    """Without a model setting the CLI's `auto` model asks its routing classifier first, for JSON by a schema
+    written with Gemini's upper-case types: structured output on a chat upstream, a forced tool on an Anthropic
+    one. The classifier reads the answer (no "[Routing] ... failed" fallback) and the turn goes on."""
+    fake = env[profile]
+    fake.reset()
+    settings = {k: v for k, v in SETTINGS.items() if k != "model"}
+    proc, out = gemini_p(env, tmp_path, profile, "say hi", settings)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert out.get("response") == "Hello from " + ("local" if profile == "default" else "cloud"), proc.stdout[-2000:]
+    assert "[Routing]" not in proc.stderr, proc.stderr[-2000:]
+    path = "/v1/chat/completions" if profile == "default" else "/v1/messages"
+    classifier, turn = [r["json"] for r in fake.requests if r["path"] == path]
+    if profile == "default":
+        schema = classifier["response_format"]["json_schema"]["schema"]
+        assert schema["type"] == "object" and schema["properties"]["complexity_score"]["type"] == "integer"
+    else:
+        assert classifier["tool_choice"] == {"type": "tool", "name": "structured_output"}
+        assert classifier["tools"][0]["input_schema"]["type"] == "object"
+    assert turn["model"] != classifier["model"] or profile == "cloud"  # the classifier's choice was used

@@ -192,19 +192,25 @@ def test_structured_output(env, profile):
     """Gemini CLI's routing classifier asks for JSON by schema: structured output on a chat upstream, a forced
     tool on an Anthropic one, whose arguments come back as the answer's text."""
     fake = _fake(env, profile)
-    schema = {"type": "object", "properties": {"cmd": {"type": "string"}}, "required": ["cmd"]}
-    if profile == "cloud":
-        fake.set_behaviour('tools;tool=structured_output;args={"cmd":"ls"}')
+    schema = {"type": "object", "properties": {"cmd": {"type": "string", "enum": ["ls", "pwd"]}}, "required": ["cmd"]}
     config = types.GenerateContentConfig(response_mime_type="application/json", response_json_schema=schema)
-    r = _client(env, profile).models.generate_content(model="m", contents="classify", config=config)
-    up = fake.requests[-1]["json"]
-    if profile == "default":
-        assert up["response_format"] == {"type": "json_schema", "json_schema": {"name": "response", "schema": schema}}
-        assert r.text == "Hello from local"
-    else:
-        assert up["tool_choice"] == {"type": "tool", "name": "structured_output"}
-        assert up["tools"][0]["input_schema"] == schema
-        assert orjson.loads(r.text) == {"cmd": "ls"} and r.function_calls is None
+    for stream in (False, True):
+        if stream:
+            chunks = list(_client(env, profile).models.generate_content_stream(model="m", contents="classify",
+                                                                              config=config))
+            text = "".join(c.text or "" for c in chunks)
+        else:
+            r = _client(env, profile).models.generate_content(model="m", contents="classify", config=config)
+            text = r.text
+            assert r.function_calls is None
+        up = fake.requests[-1]["json"]
+        if profile == "default":
+            assert up["response_format"] == {"type": "json_schema",
+                                             "json_schema": {"name": "response", "schema": schema}}
+        else:
+            assert up["tool_choice"] == {"type": "tool", "name": "structured_output"}
+            assert up["tools"][0]["input_schema"] == schema
+        assert orjson.loads(text) == {"cmd": "ls"}  # the fakes answer a schema as a constrained server does
 
 
 def test_routes_by_model_name(env):

@@ -241,6 +241,51 @@ def make_plan(b: Behaviour, server_name: str, tool_names: list[str], *, split_de
     return plan
 
 
+def schema_instance(schema: object) -> object:
+    """The smallest value a JSON Schema accepts, roughly as a grammar-constrained server would write it: the first
+    enum value, required properties only, one item where items are required. Enough for a client that parses the
+    answer (Gemini CLI's routing classifier); not a validator."""
+    if not isinstance(schema, dict):
+        return {}
+    if isinstance(schema.get("enum"), list) and schema["enum"]:
+        return schema["enum"][0]
+    if "const" in schema:
+        return schema["const"]
+    for key in ("anyOf", "oneOf"):
+        if isinstance(schema.get(key), list) and schema[key]:
+            return schema_instance(schema[key][0])
+    t = schema.get("type")
+    t = t[0] if isinstance(t, list) and t else t
+    if t == "object" or (t is None and isinstance(schema.get("properties"), dict)):
+        props = schema.get("properties") if isinstance(schema.get("properties"), dict) else {}
+        required = schema.get("required") if isinstance(schema.get("required"), list) else list(props)
+        return {k: schema_instance(props.get(k)) for k in required if isinstance(k, str)}
+    if t == "array":
+        return [schema_instance(schema.get("items"))] * max(1, int(schema.get("minItems") or 0))
+    if t in ("integer", "number"):
+        low = schema.get("minimum")
+        return low if isinstance(low, (int, float)) else 1
+    if t == "boolean":
+        return True
+    if t == "null":
+        return None
+    return "fake"
+
+
+def structured(plan: Plan, b: Behaviour, schema: object, *, tool: str | None = None, id_prefix: str = "") -> None:
+    """An answer asked for by schema (a plain `ok` answer only): the schema's smallest instance as the text, or
+    as the call of the forced `tool`."""
+    if b.name != "ok":
+        return
+    value = dumps(schema_instance(schema)).decode()
+    if tool is None:
+        plan.content = [value]
+        return
+    plan.content = []
+    plan.tool_calls = [ToolCall(f"{id_prefix}{next_id():08d}", tool, value, split_text(value, 3))]
+    plan.finish = "tool_calls"
+
+
 class FakeState:
     """Everything a fake records, plus the behaviour selection. Mutated only on the server's loop thread,
     read from test threads (plain attribute reads/appends are atomic under the GIL)."""

@@ -157,6 +157,28 @@ def test_thinking_and_json_output():
     assert plain_json.chat["response_format"] == {"type": "json_object"} and plain_json.json_schema is None
 
 
+def test_upper_case_types_inside_json_schemas_are_lowered():
+    """Gemini CLI's classifier writes Gemini's type names in responseJsonSchema; its tools may too."""
+    schema = {"type": "OBJECT", "properties": {"score": {"type": "INTEGER", "description": "STRING"},
+                                               "tags": {"type": "ARRAY", "items": {"type": "STRING"}},
+                                               "any": {"anyOf": [{"type": "NULL"}, {"type": "BOOLEAN"}]}},
+              "required": ["score"]}
+    body = {"contents": [], "tools": [{"functionDeclarations": [{"name": "f", "parametersJsonSchema": schema}]}],
+            "generationConfig": {"responseMimeType": "application/json", "responseJsonSchema": schema}}
+    rq = translate_request(body, "m", stream=False, sse=True, raw=orjson.dumps(body))
+    lowered = {"type": "object", "properties": {"score": {"type": "integer", "description": "STRING"},
+                                                "tags": {"type": "array", "items": {"type": "string"}},
+                                                "any": {"anyOf": [{"type": "null"}, {"type": "boolean"}]}},
+               "required": ["score"]}
+    assert rq.json_schema == lowered and rq.chat["tools"][0]["function"]["parameters"] == lowered
+    plain = {"contents": [], "tools": [{"functionDeclarations": [{"name": "f", "parametersJsonSchema": {
+        "type": "object"}}]}]}
+    params = {"type": "object"}
+    plain["tools"][0]["functionDeclarations"][0]["parametersJsonSchema"] = params
+    out = translate_request(plain, "m", stream=False, sse=True, raw=orjson.dumps(plain))
+    assert out.chat["tools"][0]["function"]["parameters"] is params  # nothing to lower: not copied
+
+
 def test_snake_case_field_names_become_camel_but_data_keeps_its_keys():
     body = {"contents": [{"role": "user", "parts": [{"inline_data": {"mime_type": "image/png", "data": "x"}}]},
                          {"role": "model", "parts": [{"function_call": {"name": "f", "args": {"file_path": "a"}}}]}],
