@@ -241,11 +241,11 @@ def make_plan(b: Behaviour, server_name: str, tool_names: list[str], *, split_de
     return plan
 
 
-def schema_instance(schema: object) -> object:
+def schema_instance(schema: object, depth: int = 0) -> object:
     """The smallest value a JSON Schema accepts, roughly as a grammar-constrained server would write it: the first
     enum value, required properties only, one item where items are required. Enough for a client that parses the
     answer (Gemini CLI's routing classifier); not a validator."""
-    if not isinstance(schema, dict):
+    if not isinstance(schema, dict) or depth > 50:  # hostile schemas (the fuzz tests) stay cheap
         return {}
     if isinstance(schema.get("enum"), list) and schema["enum"]:
         return schema["enum"][0]
@@ -253,15 +253,16 @@ def schema_instance(schema: object) -> object:
         return schema["const"]
     for key in ("anyOf", "oneOf"):
         if isinstance(schema.get(key), list) and schema[key]:
-            return schema_instance(schema[key][0])
+            return schema_instance(schema[key][0], depth + 1)
     t = schema.get("type")
     t = t[0] if isinstance(t, list) and t else t
     if t == "object" or (t is None and isinstance(schema.get("properties"), dict)):
         props = schema.get("properties") if isinstance(schema.get("properties"), dict) else {}
         required = schema.get("required") if isinstance(schema.get("required"), list) else list(props)
-        return {k: schema_instance(props.get(k)) for k in required if isinstance(k, str)}
+        return {k: schema_instance(props.get(k), depth + 1) for k in required if isinstance(k, str)}
     if t == "array":
-        return [schema_instance(schema.get("items"))] * max(1, int(schema.get("minItems") or 0))
+        n = schema.get("minItems")
+        return [schema_instance(schema.get("items"), depth + 1)] * (min(n, 3) if type(n) is int and n > 1 else 1)
     if t in ("integer", "number"):
         low = schema.get("minimum")
         return low if isinstance(low, (int, float)) else 1
