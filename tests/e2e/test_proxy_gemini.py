@@ -4,6 +4,7 @@ Anthropic one: text, streams, countTokens, function calling both ways, and error
 
 from __future__ import annotations
 
+import os
 import sqlite3
 import time
 
@@ -15,6 +16,7 @@ from google.genai import errors, types
 
 from tests.fakes.behaviour import TOOL_ARGUMENTS
 from tests.fakes.runner import FakeServer
+from tests.support.cli import corectl
 from tests.support.config import NO_BREAKER, anthropic_at, daemon_config, openai_at, warn
 from tests.support.daemon import running
 from tests.support.metrics import scrape, total
@@ -345,6 +347,10 @@ def test_journal_metrics_and_trace(env):
     with httpx.Client(transport=httpx.HTTPTransport(uds=str(sock)), base_url="http://coderouterd") as c:
         trace = c.get(f"/v1/requests/{rid}").json()
     assert any("googleSearch" in n for n in trace["notes"])
+    shown = corectl(["explain", rid], env={**{k: v for k, v in os.environ.items() if not k.startswith("CODEROUTER_")},
+                                          "COLUMNS": "220", "CODEROUTER_SOCKET": str(sock)})
+    assert shown.returncode == 0, shown.stderr
+    assert "gemini" in shown.stdout and "googleSearch" in shown.stdout, shown.stdout
 
 
 def test_tool_loop_guard_breaks_in_googles_shape(env):
