@@ -416,7 +416,7 @@ def translate_request(body: dict, model: str, *, stream: bool, sse: bool, raw: b
     upper = raw is None or _UPPER_TYPE.search(raw) is not None
     gen = body.get("generationConfig") or {}
     count = gen.get("candidateCount")
-    if count is not None and count != 1:
+    if count is not None and count not in (0, 1):  # 0 is proto3's "unset"
         raise GeminiRequestError("generationConfig.candidateCount",
                                  f"candidateCount {count} is not supported by coderouterd: only 1 candidate")
     names: dict[str, str] = {}
