@@ -34,7 +34,6 @@ _LOOPBACK_NAMES = ("localhost", "127.0.0.1", "[::1]")
 JSON_ROUTES = frozenset({"/v1/messages", "/v1/chat/completions", "/v1/responses", "/v1/messages/count_tokens"})
 
 
-
 def _gemini_call(path: str) -> bool:
     """A Gemini API call (`/v1beta/models/{model}:generateContent`, ...): its body is JSON too."""
     return path.startswith(("/v1beta/", "/v1/models/")) and ":" in path
@@ -42,8 +41,8 @@ def _gemini_call(path: str) -> bool:
 
 # What a listed browser origin may send in a preflighted request, and what it may read back.
 _ALLOW_METHODS = b"GET, POST, OPTIONS"
-_ALLOW_HEADERS_DEFAULT = (b"content-type, authorization, x-api-key, x-goog-api-key, anthropic-version, anthropic-beta, "
-                          b"x-coderouter-profile, x-request-id")
+_ALLOW_HEADERS_DEFAULT = (b"content-type, authorization, x-api-key, x-goog-api-key, anthropic-version, "
+                          b"anthropic-beta, x-coderouter-profile, x-request-id")
 _EXPOSE_HEADERS = (b"x-coderouter-profile, x-coderouter-attempts, x-coderouter-provider, x-request-id, "
                    b"request-id, retry-after")
 _PREFLIGHT_MAX_AGE = b"600"
