@@ -141,6 +141,8 @@ def render(trace: dict, source: str, out) -> None:
     for note in trace.get("order_notes") or []:
         moved = f" (moved {note['moved']})" if note.get("moved") not in (None, "none") else ""
         rows.append(("note", f"{note.get('provider', '?')}: {note.get('why', '')}{moved}"))
+    for text in trace.get("notes") or []:  # what the ingress's translation left out (hosted tools, ...)
+        rows.append(("note", str(text)))
     rows.append(("result", result))
     for g in trace.get("guards") or []:
         rows.append(("guard", Text(guard_line(g), style="bold red" if g.get("action") == "break" else "yellow")))

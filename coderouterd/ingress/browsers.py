@@ -33,6 +33,12 @@ _LOOPBACK_NAMES = ("localhost", "127.0.0.1", "[::1]")
 # Routes whose POST body is JSON (the 415 check).
 JSON_ROUTES = frozenset({"/v1/messages", "/v1/chat/completions", "/v1/responses", "/v1/messages/count_tokens"})
 
+
+def _gemini_call(path: str) -> bool:
+    """A Gemini API call (`/v1beta/models/{model}:generateContent`, ...): its body is JSON too."""
+    return path.startswith(("/v1beta/", "/v1/models/")) and ":" in path
+
+
 # What a listed browser origin may send in a preflighted request, and what it may read back.
 _ALLOW_METHODS = b"GET, POST, OPTIONS"
 _ALLOW_HEADERS_DEFAULT = (b"content-type, authorization, x-api-key, x-goog-api-key, anthropic-version, anthropic-beta, "
@@ -170,7 +176,7 @@ class BrowserGuard:
             return Refusal(403, "cross-site browser request refused (Sec-Fetch-Site: "
                                 f"{fetch_site.decode('latin-1')}): list the page's origin in [server] cors_origins",
                            "permission_error", "origin"), None
-        if method == "POST" and path in JSON_ROUTES and not is_json_type(ctype):
+        if method == "POST" and (path in JSON_ROUTES or _gemini_call(path)) and not is_json_type(ctype):
             shown = ctype.decode("latin-1")[:100] if ctype else "none"
             return Refusal(415, f"request body must be declared as JSON (content-type: application/json); got "
                                 f"{shown}", "invalid_request_error", "content_type"), listed

@@ -19,7 +19,10 @@ from ..state.refusals import UnnamedRefusal, gate_reason, refusal_event
 from .asgi import App
 from .auth import KEY_HEADERS, KeyRefusal, presented_key, scope_refusal, source_of
 from .browsers import BrowserGuard, with_cors
+from .gemini import GeminiResponder, admit_gemini, is_gemini
+from .gemini import serve as serve_gemini
 from .guard import BodyTooLarge, ClientLeft, answer_internal_error, describe_exception, read_body
+from .model_list import model_ids
 from .protocol import DISCONNECT_HOOK
 from .responder import ClientGone, Responder
 from .responses import ResponsesResponder, admit_responses
@@ -27,6 +30,7 @@ from .validate import depth_problem, validate_anthropic, validate_openai
 
 if TYPE_CHECKING:
     from ..daemon import Daemon  # layer-ok: the composition root, handed in; annotation only
+    from ..keys.model import TeamKey
     from ..routing.executor import Exchange
     from ..routing.record import RequestRecord
     from ..runtime import Runtime
@@ -176,12 +180,15 @@ class ProxyApp:
             if refused is not None:
                 refusals = self.daemon.browser_refused
                 refusals[refused.reason] = refusals.get(refused.reason, 0) + 1
-                r = Responder(send, _caller_wire(path, scope), new_id("req"))
+                r = GeminiResponder(send, new_id("req")) if is_gemini(path, scope) else \
+                    Responder(send, _caller_wire(path, scope), new_id("req"))
                 return await r.error(refused.status, refused.message, error_type=refused.error_type)
             if cors_origin is not None:
                 if method == "OPTIONS":
                     return await _preflight(send, cors_origin, scope)
                 send = with_cors(send, cors_origin)
+        if path.startswith(("/v1beta/", "/v1/models")) and is_gemini(path, scope):
+            return await serve_gemini(self, scope, receive, send)
         if method == "POST":
             if path == "/v1/messages":
                 return await self.proxy(scope, receive, send, "anthropic")
@@ -271,7 +278,13 @@ class ProxyApp:
         Returns (request, responder, profile), or None after an error in the caller's shape was sent."""
         headers = _headers(scope)
         rid = client_request_id(headers.get("x-request-id"))
-        r = ResponsesResponder(send, rid) if ingress == "responses" else Responder(send, ingress, rid)
+        r: Responder
+        if ingress == "responses":
+            r = ResponsesResponder(send, rid)
+        elif ingress == "gemini":
+            r = GeminiResponder(send, rid, sse=b"alt=sse" in scope.get("query_string", b""))
+        else:
+            r = Responder(send, ingress, rid)
         gate = self.daemon.key_gate
         api_keys = runtime.config.server.api_keys
         key = None
@@ -289,6 +302,7 @@ class ProxyApp:
         if body is _SENT:
             return None
         native = None
+        gemini = None
         param = None
         if ingress == "anthropic":
             problem = validate_anthropic(body, count_tokens=count_tokens, raw=raw)
@@ -302,6 +316,12 @@ class ProxyApp:
                 assert isinstance(r, ResponsesResponder)  # ingress == "responses" made it one, above
                 r.rq = native
                 body = native.chat
+        elif ingress == "gemini":
+            gemini, problem, param = admit_gemini(body, raw, scope, count_tokens=count_tokens)
+            if gemini is not None:
+                assert isinstance(r, GeminiResponder)  # ingress == "gemini" made it one, above
+                r.rq = gemini
+                body = gemini.chat
         else:
             problem = validate_openai(body, raw=raw)
         if problem:
@@ -321,8 +341,21 @@ class ProxyApp:
                 return None
         req = ClientRequest(ingress=ingress, body=body, raw=raw, headers=headers,
                             stream=bool(body.get("stream")) and not count_tokens, model=model, request_id=rid,
-                            native=native, key=key)
+                            native=native or gemini, key=key)
         return req, r, profile
+
+    async def admit_key(self, scope: Scope, headers: dict[str, str], r: Responder) -> tuple[bool, TeamKey | None]:
+        """The key check of a route that reads but does not spend (the model lists): (admitted, the team key that
+        admitted it). A refusal was answered in `r`'s shape when not admitted."""
+        gate = self.daemon.key_gate
+        api_keys = self.daemon.runtime.config.server.api_keys
+        if not (api_keys or gate.registry.required):
+            return True, None
+        refusal, key = gate.admit(headers, api_keys)
+        if refusal is not None:
+            await gate.refuse(r, refusal, source_of(scope), scope["path"])
+            return False, None
+        return True, key
 
     def _journal_refusal(self, rid: str, ingress: str, refusal: KeyRefusal, *, model: str = "",
                          profile: str = "") -> None:
@@ -418,22 +451,10 @@ class ProxyApp:
         runtime = self.daemon.runtime
         anthropic = "anthropic-version" in headers
         r = Responder(send, "anthropic" if anthropic else "openai", new_id("req"))
-        gate = self.daemon.key_gate
-        api_keys = runtime.config.server.api_keys
-        key = None
-        if api_keys or gate.registry.required:
-            refusal, key = gate.admit(headers, api_keys)
-            if refusal is not None:
-                await gate.refuse(r, refusal, source_of(scope), scope["path"])
-                return
-        ids: list[tuple[str, str]] = []
-        for name, p in runtime.providers.items():
-            ids.append((p.cfg.model or name, name))
-        ids += [(f"profile:{n}", n) for n in runtime.profile_names]
-        if key is not None and (key.profiles or key.models):
-            # A scoped key lists what it may ask for: its models, and its profiles by name.
-            ids = [(i, src) for i, src in ids
-                   if (key.allows_profile(src) if i.startswith("profile:") else key.allows_model(i))]
+        admitted, key = await self.admit_key(scope, headers, r)
+        if not admitted:
+            return
+        ids = model_ids(runtime, key)
         now = int(time.time())
         if anthropic:
             data = [{"type": "model", "id": i, "display_name": f"{i} (coderouter {src})",

@@ -9,8 +9,12 @@ from __future__ import annotations
 import traceback
 from typing import TYPE_CHECKING
 
+import orjson
+
 from ..ids import new_id
 from .errors import anthropic_error_body, openai_error_body
+from .gemini import error_body as gemini_error_body
+from .gemini import is_gemini_call
 
 if TYPE_CHECKING:
     from .asgi import Receive, Scope, Send
@@ -64,6 +68,8 @@ def caller_ingress(path: str) -> str:
 
 
 def error_body(path: str, status: int, message: str, error_type: str) -> bytes:
+    if is_gemini_call(path):  # Google's shape (ingress/gemini.py)
+        return orjson.dumps(gemini_error_body(status, message))
     if caller_ingress(path) == "openai":
         return openai_error_body(status, message, error_type=error_type)
     return anthropic_error_body(status, message, error_type=error_type, request_id=new_id("req"))

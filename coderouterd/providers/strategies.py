@@ -646,8 +646,8 @@ def strategy_for(ingress: str, upstream_wire: str) -> type[Strategy]:
     """By (client wire, upstream wire) for the chat ingresses; callers go through their provider's adapter
     (`adapter.strategy_for`), which takes Responses clients to responses_strategies.py (built on this module,
     so this module does not import it)."""
-    if ingress == "responses":
-        raise ValueError("Responses clients: responses_strategies.responses_strategy_for")
+    if ingress in ("responses", "gemini"):
+        raise ValueError(f"{ingress} clients: {ingress}_strategies.{ingress}_strategy_for")
     if ingress == "anthropic":
         return AnthropicPassthrough if upstream_wire == "anthropic" else AnthropicToOpenAIUpstream
     return OpenAIToAnthropicUpstream if upstream_wire == "anthropic" else OpenAIPassthrough

@@ -12,7 +12,7 @@ if TYPE_CHECKING:
 
 @dataclass(slots=True)
 class ClientRequest:
-    ingress: str  # "anthropic" | "openai" | "responses" (body: its chat translation, see `native`)
+    ingress: str  # "anthropic" | "openai" | "responses" | "gemini" (the last two: body is their chat translation)
     body: dict
     raw: bytes
     headers: dict[str, str]
@@ -45,6 +45,10 @@ class ClientRequest:
         if self.ingress == "responses":
             # Codex's tool descriptions mention images; only a real input_image part counts.
             return b'"input_image"' in self.raw and _chat_has_image(self.body.get("messages") or [])
+        if self.ingress == "gemini":
+            # raw: the client's Gemini body, or the chat body once a guard rewrote it
+            return (b'"inlineData"' in self.raw or b'"fileData"' in self.raw or b'"image_url"' in self.raw) \
+                and _chat_has_image(self.body.get("messages") or [])
         return b'"image_url"' in self.raw
 
     def thinking_requested(self) -> bool:

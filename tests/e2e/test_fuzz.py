@@ -52,7 +52,7 @@ def test_hostile_bodies_never_get_a_5xx(daemon, ingress):
     assert d.proc.poll() is None
 
 
-@pytest.mark.parametrize("ingress", ["responses", "chat"])
+@pytest.mark.parametrize("ingress", ["responses", "chat", "gemini"])
 def test_every_place_given_every_type_never_gets_a_5xx(daemon, ingress):
     """Typed cases: each place of a Codex-shaped body (tool outputs as content parts, namespaced and custom
     tools, arguments) holding each JSON type, through a chat upstream and through an Anthropic one (where the

@@ -26,6 +26,7 @@ from .behaviour import (
     json_response,
     make_plan,
     next_id,
+    structured,
     write_frames,
 )
 
@@ -171,6 +172,11 @@ class AnthropicFake(FakeBase):
         plan = make_plan(call.behaviour, self.name, anthropic_tool_names(body), split_default=3,
                          tool_result=last_tool_result(body),
                          id_prefix="toolu_fake")
+        choice = body.get("tool_choice")
+        if isinstance(choice, dict) and choice.get("type") == "tool":  # a forced tool is called, with its schema
+            schema = next((t.get("input_schema") for t in body.get("tools") or () if isinstance(t, dict)
+                           and t.get("name") == choice.get("name")), None)
+            structured(plan, call.behaviour, schema, tool=str(choice.get("name")), id_prefix="toolu_fake")
         if body.get("stream"):
             return await self._stream(call, plan, model)
         return await self._complete(call, plan, model)

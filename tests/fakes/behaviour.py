@@ -39,7 +39,9 @@ NUMERIC_PARAMS = frozenset({"delay", "chunk_delay", "linger", "retry_after", "n_
 # `end` (cut_mid_block): how the body ends, "chunked" (the chunked terminator) or "close" (no framing: the
 # connection closes, which is a clean end of an unframed HTTP/1.1 body).
 # `to`, `ctype`, `hex`: misbehave.py's redirect target, and the raw answer's content type and bytes.
-TEXT_PARAMS = frozenset({"field", "tool", "cmd", "format", "end", "to", "ctype", "hex"})
+# `args` (tools): the call's arguments instead, a JSON object written without ";" or "=" (Gemini CLI's read_file:
+# {"file_path":"notes.txt"}).
+TEXT_PARAMS = frozenset({"field", "tool", "cmd", "args", "format", "end", "to", "ctype", "hex"})
 
 # Fixed tool-call arguments: quotes, a backslash escape, non-ASCII and a multi-byte symbol, so that any
 # fragment boundary falls inside an escape or a character somewhere and reassembly can be checked byte-exact.
@@ -190,6 +192,8 @@ def make_plan(b: Behaviour, server_name: str, tool_names: list[str], *, split_de
         split = b.integer("split", split_default) if ("split" in b.params or split_default) else None
         names = [b.get("tool")] if b.get("tool") else (tool_names or ["Bash", "Read"])
         args = [dumps({"cmd": b.get("cmd")}).decode()] if b.get("cmd") else [TOOL_ARGUMENTS, TOOL_ARGUMENTS_2]
+        if b.get("args"):
+            args = [b.get("args") or "{}"]
         count = max(1, b.integer("parallel", 1))
         for i in range(count):
             arguments = args[i % len(args)]
@@ -237,6 +241,52 @@ def make_plan(b: Behaviour, server_name: str, tool_names: list[str], *, split_de
     if plan.fail:
         plan.content = plan.content[:max(0, b.integer("after", 2))]
     return plan
+
+
+def schema_instance(schema: object, depth: int = 0) -> object:
+    """The smallest value a JSON Schema accepts, roughly as a grammar-constrained server would write it: the first
+    enum value, required properties only, one item where items are required. Enough for a client that parses the
+    answer (Gemini CLI's routing classifier); not a validator."""
+    if not isinstance(schema, dict) or depth > 50:  # hostile schemas (the fuzz tests) stay cheap
+        return {}
+    if isinstance(schema.get("enum"), list) and schema["enum"]:
+        return schema["enum"][0]
+    if "const" in schema:
+        return schema["const"]
+    for key in ("anyOf", "oneOf"):
+        if isinstance(schema.get(key), list) and schema[key]:
+            return schema_instance(schema[key][0], depth + 1)
+    t = schema.get("type")
+    t = t[0] if isinstance(t, list) and t else t
+    if t == "object" or (t is None and isinstance(schema.get("properties"), dict)):
+        props = schema.get("properties") if isinstance(schema.get("properties"), dict) else {}
+        required = schema.get("required") if isinstance(schema.get("required"), list) else list(props)
+        return {k: schema_instance(props.get(k), depth + 1) for k in required if isinstance(k, str)}
+    if t == "array":
+        n = schema.get("minItems")
+        return [schema_instance(schema.get("items"), depth + 1)] * (min(n, 3) if type(n) is int and n > 1 else 1)
+    if t in ("integer", "number"):
+        low = schema.get("minimum")
+        return low if isinstance(low, (int, float)) else 1
+    if t == "boolean":
+        return True
+    if t == "null":
+        return None
+    return "fake"
+
+
+def structured(plan: Plan, b: Behaviour, schema: object, *, tool: str | None = None, id_prefix: str = "") -> None:
+    """An answer asked for by schema (a plain `ok` answer only): the schema's smallest instance as the text, or
+    as the call of the forced `tool`."""
+    if b.name != "ok":
+        return
+    value = dumps(schema_instance(schema)).decode()
+    if tool is None:
+        plan.content = [value]
+        return
+    plan.content = []
+    plan.tool_calls = [ToolCall(f"{id_prefix}{next_id():08d}", tool, value, split_text(value, 3))]
+    plan.finish = "tool_calls"
 
 
 class FakeState:

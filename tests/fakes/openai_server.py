@@ -18,6 +18,7 @@ from .behaviour import (
     dumps,
     json_response,
     make_plan,
+    structured,
     write_frames,
 )
 from .responses_render import response_body, response_frames
@@ -157,6 +158,9 @@ class OpenAIFake(FakeBase):
         await self.before_generation(model)
         plan = make_plan(call.behaviour, self.name, tool_names(body), split_default=self.tool_split,
                          id_prefix="call_", tool_result=last_tool_result(body))
+        fmt = body.get("response_format")
+        if isinstance(fmt, dict) and fmt.get("type") == "json_schema" and isinstance(fmt.get("json_schema"), dict):
+            structured(plan, call.behaviour, fmt["json_schema"].get("schema"))  # as a grammar-constrained server
         field = plan.reasoning_field or self.reasoning_field
         if body.get("stream"):
             opts = body.get("stream_options")

@@ -413,3 +413,33 @@ def _wait_ready(env: Env, old_pid: int, timeout: float = 60) -> None:
             return
         time.sleep(0.1)
     raise AssertionError(f"llama-server not restarted: {env.process()}")
+
+
+def test_gemini_cli_says_hi_through_the_real_model(env, tmp_path):
+    from tests.e2e.test_gemini_cli import GEMINI, SETTINGS, _skip_reason
+
+    reason = _skip_reason()
+    if reason:
+        pytest.skip(reason)
+    home = tmp_path / "home"
+    (home / ".gemini").mkdir(parents=True)
+    # Gemini CLI's own system prompt and tools run to ~10k tokens: the prompt is replaced (GEMINI_SYSTEM_MD) and
+    # one tool kept, so the request (~500 tokens) fits a slot of this small model. It sends temperature 1 and no
+    # output limit: greedy decoding and a cap (its own modelConfigs) keep this 135M model from rambling to the
+    # end of its window, which took minutes on this machine.
+    settings = {**SETTINGS, "model": {"name": MODEL}, "tools": {"core": ["read_file"]},
+                "modelConfigs": {"customOverrides": [{"match": {"model": MODEL}, "modelConfig": {
+                    "generateContentConfig": {"temperature": 0, "maxOutputTokens": 128}}}]}}
+    (home / ".gemini" / "settings.json").write_text(json.dumps(settings))
+    system = tmp_path / "system.md"
+    system.write_text("You are a helpful assistant. Answer in one short sentence.\n")
+    child = {"PATH": os.environ.get("PATH", ""), "HOME": str(home), "TMPDIR": str(tmp_path),
+             "GOOGLE_GEMINI_BASE_URL": env.d.url, "GEMINI_API_KEY": "k", "GEMINI_SYSTEM_MD": str(system),
+             "NO_BROWSER": "true", "GEMINI_CLI_NO_RELAUNCH": "true", "GEMINI_TELEMETRY_ENABLED": "false",
+             "NO_COLOR": "1"}
+    r = subprocess.run([str(GEMINI), "-p", "say hi", "--output-format", "json"], env=child, cwd=tmp_path,
+                       capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+    out = json.loads(r.stdout)
+    assert out.get("response", "").strip(), out
+    assert out["stats"]["models"][MODEL]["tokens"]["prompt"] > 0  # the server's own count, as usageMetadata

@@ -100,11 +100,42 @@ RESPONSES_BASE = {  # what Codex CLI sends (store=false: the whole conversation 
     "text": {"verbosity": "low"},
 }
 
+GEMINI_BASE = {  # what Gemini CLI sends (the model is in the path), with the shapes google-genai adds
+    "contents": [
+        {"role": "user", "parts": [{"text": "list files"},
+                                   {"inlineData": {"mimeType": "image/png", "data": "AAAA"}},
+                                   {"fileData": {"mimeType": "application/pdf", "fileUri": "https://x/a.pdf"}}]},
+        {"role": "model", "parts": [{"text": "plan", "thought": True, "thoughtSignature": "c2ln"},
+                                    {"functionCall": {"name": "read_file", "args": {"file_path": "a"}}},
+                                    {"functionCall": {"name": "ls", "args": {"dir": {"deep": [1]}}, "id": "c2"}}]},
+        {"role": "user", "parts": [{"functionResponse": {"name": "read_file", "response": {"output": "x"}}},
+                                   {"functionResponse": {"name": "ls", "id": "c2", "response": {"error": "no"},
+                                                         "parts": [{"inlineData": {"mimeType": "image/png",
+                                                                                   "data": "AAAA"}}]}}]},
+    ],
+    "systemInstruction": {"role": "user", "parts": [{"text": "You are Gemini CLI."}]},
+    "tools": [{"functionDeclarations": [
+        {"name": "read_file", "description": "read", "parameters": {
+            "type": "OBJECT", "properties": {"file_path": {"type": "STRING", "nullable": True, "minLength": "1"}},
+            "required": ["file_path"]}},
+        {"name": "mcp.ls", "parametersJsonSchema": {"type": "object", "properties": {"dir": {}}}}]},
+        {"googleSearch": {}}],
+    "toolConfig": {"functionCallingConfig": {"mode": "AUTO", "allowedFunctionNames": ["read_file", "mcp.ls"]}},
+    "generationConfig": {"temperature": 1, "topP": 0.95, "topK": 64, "maxOutputTokens": 64,
+                         "stopSequences": ["END"], "candidateCount": 1,
+                         "thinkingConfig": {"includeThoughts": True, "thinking_budget": 512},
+                         "responseMimeType": "application/json",
+                         "responseSchema": {"type": "OBJECT", "properties": {"a": {"type": "ARRAY",
+                                                                                "items": {"type": "STRING"}}}}},
+}
+
 INGRESSES = {
     "messages": ("/v1/messages", "anthropic", ANTHROPIC_BASE),
     "count_tokens": ("/v1/messages/count_tokens", "anthropic", ANTHROPIC_BASE),
     "chat": ("/v1/chat/completions", "openai", OPENAI_BASE),
     "responses": ("/v1/responses", "openai", RESPONSES_BASE),
+    "gemini": ("/v1beta/models/gemini-2.5-pro:generateContent", "gemini", GEMINI_BASE),
+    "gemini_count": ("/v1/models/gemini-2.5-pro:countTokens", "gemini", GEMINI_BASE),
 }
 
 _scalars = st.one_of(
@@ -219,7 +250,11 @@ def check_response(status: int, headers, content: bytes, shape: str) -> str | No
         data = orjson.loads(content)
     except orjson.JSONDecodeError:
         return f"{status} not JSON: {content[:200]!r}"
-    if shape == "anthropic":
+    if shape == "gemini":  # Google's shape: {"error": {"code", "message", "status"}}
+        err = data.get("error") if isinstance(data, dict) else None
+        ok = isinstance(err, dict) and err.get("code") == status and isinstance(err.get("message"), str) \
+            and isinstance(err.get("status"), str)
+    elif shape == "anthropic":
         ok = isinstance(data, dict) and data.get("type") == "error" and isinstance(data.get("error"), dict) \
             and isinstance(data["error"].get("type"), str) and isinstance(data["error"].get("message"), str)
     else:

@@ -175,6 +175,10 @@ class UpstreamAdapter(ABC):
             from ..responses_strategies import responses_strategy_for
 
             cls = responses_strategy_for(self.wire, self.cfg.serves_responses)
+        elif ingress == "gemini":
+            from ..gemini_strategies import gemini_strategy_for
+
+            cls = gemini_strategy_for(self.wire)
         else:
             from ..strategies import strategy_for
 
