@@ -280,6 +280,25 @@ class ValgrindDaemon:
         stop(self.proc)
         self._ack.close()
 
+    def admin_get(self, path: str, timeout: float = 600.0) -> int:
+        """GET on the admin socket with valgrind's patience (corectl waits 15 s; the admin app's first answer under
+        valgrind loads it, which can take longer). The HTTP status."""
+        import http.client
+        import socket
+
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.settimeout(timeout)
+        sock.connect(str(self.socket))
+        conn = http.client.HTTPConnection("coderouterd", timeout=timeout)
+        conn.sock = sock
+        try:
+            conn.request("GET", path)
+            resp = conn.getresponse()
+            resp.read()
+            return resp.status
+        finally:
+            conn.close()
+
     def create_key(self) -> str:
         """A team key made through corectl, as an operator would; the secret it prints once."""
         import json
@@ -318,9 +337,23 @@ def make_clients(url: str, key: str | None) -> dict[str, object]:
 SETTLE_S = 1.5
 
 
+def refuse_without_key(url: str) -> None:
+    """Keys on means required: a request without the key must get a 401, or the comparison is void."""
+    import openai
+
+    try:
+        openai.OpenAI(base_url=f"{url}/v1", api_key="not-a-key", max_retries=0, timeout=120).chat.completions.create(
+            model="bench-model", max_tokens=16, messages=[{"role": "user", "content": "hello"}])
+    except openai.AuthenticationError:
+        return
+    raise RuntimeError("keys on, yet a request without a key was served")
+
+
 def measure(d: ValgrindDaemon, scenarios: list[str], n: int, warmup: int, idle_s: float,
             key: str | None) -> Run:
     clients = make_clients(d.url, key)
+    if key is not None:
+        refuse_without_key(d.url)
     for s in scenarios:  # imports, pools, caches, the first journal rows: not what a request costs
         for _ in range(warmup):
             clients[s]()  # type: ignore[operator]
@@ -454,6 +487,8 @@ def main(argv: list[str] | None = None) -> int:
                 d = ValgrindDaemon(trees[name], cfg, lib, tmp / f"run-{rep}-{name.replace(' ', '_')}")
                 try:
                     d.wait_ready()
+                    if args.keys:  # both sides: the admin app loaded, so only the key differs
+                        d.admin_get("/v1/keys")
                     key = d.create_key() if name == "keys on" else None
                     run = measure(d, scenarios, args.n, args.warmup, args.idle, key)
                 finally:
