@@ -27,7 +27,9 @@ the memory sampler) run about 1.2 M instructions a second while idle. Under valg
 ~60 ms of wall time instead of ~1 ms, so inside a window that background is ~5% of the count, and it follows the
 machine's load (a slower run counts more of it). Idle windows (no requests) before and after the scenarios
 measure its rate; the "net" figure subtracts rate x the window's wall time, and is the one compared. "raw" is
-printed too. The repeats' spread is what remains of the noise.
+printed too, and a cross-check that fits one background rate over every run of both sides (raw = count + rate x
+wall; the idle windows' rate runs a little above what a busy loop's timers cost). The repeats' spread is what
+remains of the noise.
 
 --base: another checkout (a directory), or a git revision checked out into a temporary worktree (removed at the
 end). --keys: this tree twice, once with no team key (loopback open) and once with one key created by
@@ -396,6 +398,35 @@ def fmt_m(v: float) -> str:
     return f"{v / 1e6:.4f} M"
 
 
+def fit_common_background(points: dict[str, list[tuple[float, float]]]) -> tuple[float, dict[str, float]] | None:
+    """Least squares over every run of every side: raw = a[side] + b x wall (wall: the window's seconds per
+    request). b is the timers' background, common to both sides (the same timers); a[side] is the count at zero
+    wall time. None when the runs' wall times do not vary enough to tell b."""
+    sxx = sxy = 0.0
+    for pts in points.values():
+        wm = statistics.fmean(w for w, _ in pts)
+        rm = statistics.fmean(r for _, r in pts)
+        sxx += sum((w - wm) ** 2 for w, _ in pts)
+        sxy += sum((w - wm) * (r - rm) for w, r in pts)
+    if sxx <= 1e-9:
+        return None
+    slope = sxy / sxx
+    return slope, {side: statistics.fmean(r for _, r in pts) - slope * statistics.fmean(w for w, _ in pts)
+                   for side, pts in points.items()}
+
+
+def fitted_lines(runs: dict[str, list[Run]], a: str, b: str, scenarios: list[str]) -> list[str]:
+    out = []
+    for s in scenarios:
+        fit = fit_common_background({side: [(r.window_s[s] / r.n, r.raw[s]) for r in runs[side]] for side in (a, b)})
+        if fit is None:
+            continue
+        slope, icpt = fit
+        out.append(f"  {s}: {a} {fmt_m(icpt[a])}, {b} {fmt_m(icpt[b])}, ratio {icpt[b] / icpt[a]:.4f} "
+                   f"(background fitted at {slope / 1e6:.2f} M instructions/s)")
+    return out
+
+
 def compare_rows(runs: dict[str, list[Run]], a: str, b: str, scenarios: list[str], net: bool) -> list[list[str]]:
     """One row per scenario: the median over runs of each side, the spread of each, B/A and its change."""
     rows = []
@@ -422,6 +453,9 @@ def report(sides: list[tuple[str, str]], runs: dict[str, list[Run]], scenarios: 
         "",
         "raw (the background of the window's wall time included):",
         table(compare_rows(runs, a, b, scenarios, net=False), header),
+        "",
+        "cross-check, one background rate fitted over every run of both sides (raw = count + rate x wall):",
+        *fitted_lines(runs, a, b, scenarios),
         "",
         f"{a}: {a_label}",
         f"{b}: {b_label}",

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.instructions import instructions, parse_annotate_ir, parse_summary
+from bench.instructions import fit_common_background, instructions, parse_annotate_ir, parse_summary
 
 CACHEGRIND_CACHE_SIM = """\
 desc: I1 cache:         32768 B, 64 B, 8-way associative
@@ -119,3 +119,19 @@ def test_cg_annotate_program_totals() -> None:
     assert parse_annotate_ir("1,290,334,112  PROGRAM TOTALS\n") == 1290334112
     with pytest.raises(ValueError):
         parse_annotate_ir("Ir\n--\n")
+
+
+def test_common_background_fit_recovers_each_sides_count() -> None:
+    # Two sides with the same 0.8 M/s background and 1.60 M vs 1.64 M per request, at varied wall times.
+    pts = {"base": [(w, 1.60e6 + 0.8e6 * w) for w in (0.064, 0.181, 0.120)],
+           "this": [(w, 1.64e6 + 0.8e6 * w) for w in (0.211, 0.072)]}
+    fit = fit_common_background(pts)
+    assert fit is not None
+    slope, icpt = fit
+    assert slope == pytest.approx(0.8e6)
+    assert icpt["base"] == pytest.approx(1.60e6)
+    assert icpt["this"] == pytest.approx(1.64e6)
+
+
+def test_common_background_fit_needs_varied_wall_times() -> None:
+    assert fit_common_background({"a": [(0.1, 5.0), (0.1, 6.0)], "b": [(0.2, 7.0)]}) is None
