@@ -26,10 +26,11 @@ Background. The daemon's timers (uvicorn's 0.1 s tick, the 1 s loops of probes, 
 the memory sampler) run about 1.2 M instructions a second while idle. Under valgrind a small request takes
 ~60 ms of wall time instead of ~1 ms, so inside a window that background is ~5% of the count, and it follows the
 machine's load (a slower run counts more of it). Idle windows (no requests) before and after the scenarios
-measure its rate; the "net" figure subtracts rate x the window's wall time, and is the one compared. "raw" is
-printed too, and a cross-check that fits one background rate over every run of both sides (raw = count + rate x
-wall; the idle windows' rate runs a little above what a busy loop's timers cost). The repeats' spread is what
-remains of the noise.
+measure its rate. The compared figure fits one background rate over every run of both sides (raw = count + rate
+x wall time: the same timers on both sides) and subtracts it per run; the idle windows' own rate is printed as a
+cross-check (it over-subtracts slow runs: a busy loop's timers fire less often than an idle one's: on this tree
+against itself it showed +1.8% and +2.9%, the fit +0.1% and -1.0%), and so is the raw count. The repeats'
+spread is what remains of the noise.
 
 --base: another checkout (a directory), or a git revision checked out into a temporary worktree (removed at the
 end). --keys: this tree twice, once with no team key (loopback open) and once with one key created by
@@ -52,6 +53,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -415,24 +417,22 @@ def fit_common_background(points: dict[str, list[tuple[float, float]]]) -> tuple
                    for side, pts in points.items()}
 
 
-def fitted_lines(runs: dict[str, list[Run]], a: str, b: str, scenarios: list[str]) -> list[str]:
-    out = []
+def fitted_slopes(runs: dict[str, list[Run]], a: str, b: str, scenarios: list[str]) -> dict[str, float | None]:
+    """Per scenario, the background rate fitted over every run of both sides (None: wall times too alike)."""
+    out: dict[str, float | None] = {}
     for s in scenarios:
         fit = fit_common_background({side: [(r.window_s[s] / r.n, r.raw[s]) for r in runs[side]] for side in (a, b)})
-        if fit is None:
-            continue
-        slope, icpt = fit
-        out.append(f"  {s}: {a} {fmt_m(icpt[a])}, {b} {fmt_m(icpt[b])}, ratio {icpt[b] / icpt[a]:.4f} "
-                   f"(background fitted at {slope / 1e6:.2f} M instructions/s)")
+        out[s] = fit[0] if fit else None
     return out
 
 
-def compare_rows(runs: dict[str, list[Run]], a: str, b: str, scenarios: list[str], net: bool) -> list[list[str]]:
+def compare_rows(runs: dict[str, list[Run]], a: str, b: str, scenarios: list[str],
+                 value: Callable[[Run, str], float]) -> list[list[str]]:
     """One row per scenario: the median over runs of each side, the spread of each, B/A and its change."""
     rows = []
     for s in scenarios:
-        av = [r.net(s) if net else r.raw[s] for r in runs[a]]
-        bv = [r.net(s) if net else r.raw[s] for r in runs[b]]
+        av = [value(r, s) for r in runs[a]]
+        bv = [value(r, s) for r in runs[b]]
         ma, mb = statistics.median(av), statistics.median(bv)
         rows.append([SCENARIOS[s], fmt_m(ma), spread(av), fmt_m(mb), spread(bv), f"{mb / ma:.4f}",
                      f"{(mb / ma - 1) * 100:+.2f}%"])
@@ -447,15 +447,24 @@ def report(sides: list[tuple[str, str]], runs: dict[str, list[Run]], scenarios: 
     header = ["scenario", a, "spread", b, "spread", "ratio", "change"]
     idle = {name: statistics.median([r.idle_per_s for r in rs]) for name, rs in runs.items()}
     wall = {name: statistics.median([w for r in rs for w in r.wall_per_request.values()]) for name, rs in runs.items()}
+    slopes = fitted_slopes(runs, a, b, scenarios)
+
+    def fitted(r: Run, s: str) -> float:
+        slope = slopes[s]
+        return r.net(s) if slope is None else r.raw[s] - slope * r.window_s[s] / r.n
+
     return "\n".join([
-        "instructions per small request, net of the idle background:",
-        table(compare_rows(runs, a, b, scenarios, net=True), header),
+        "instructions per small request, less one background rate fitted over every run of both sides "
+        "(raw = count + rate x wall time; rate " + ", ".join(
+            f"{s} {'-' if v is None else f'{v / 1e6:.2f} M/s'}" for s, v in slopes.items()) + "):",
+        table(compare_rows(runs, a, b, scenarios, fitted), header),
+        "",
+        "cross-check, less each run's idle rate x its wall time (over-subtracts a slow run: a busy loop's timers "
+        "fire less often than an idle one's):",
+        table(compare_rows(runs, a, b, scenarios, Run.net), header),
         "",
         "raw (the background of the window's wall time included):",
-        table(compare_rows(runs, a, b, scenarios, net=False), header),
-        "",
-        "cross-check, one background rate fitted over every run of both sides (raw = count + rate x wall):",
-        *fitted_lines(runs, a, b, scenarios),
+        table(compare_rows(runs, a, b, scenarios, lambda r, s: r.raw[s]), header),
         "",
         f"{a}: {a_label}",
         f"{b}: {b_label}",
@@ -463,9 +472,9 @@ def report(sides: list[tuple[str, str]], runs: dict[str, list[Run]], scenarios: 
         f"small non-streaming request, median of {args.repeats} daemon runs per side (alternating sides; spread = "
         f"half the range over the median); per run: {args.warmup} warm-up requests per scenario, then per scenario "
         f"a window of {args.n} sequential requests on one keep-alive connection (official SDKs: openai, "
-        f"anthropic; max_tokens 16, \"hello\"), counters dumped before the window and 1.5 s after its last request (the record's tail); fake upstreams "
-        f"(tests/fakes) on loopback, outside valgrind; state enabled (SQLite); PYTHONHASHSEED=0; Python "
-        f"{sys.version.split()[0]}; wall time per request under valgrind "
+        f"anthropic; max_tokens 16, \"hello\"), counters dumped before the window and {SETTLE_S:g} s after its last "
+        f"request (the record's tail); fake upstreams (tests/fakes) on loopback, outside valgrind; state enabled "
+        f"(SQLite); PYTHONHASHSEED=0; Python {sys.version.split()[0]}; wall time per request under valgrind "
         + ", ".join(f"{k} {v * 1000:.0f} ms" for k, v in wall.items())
         + f"; idle background ({args.idle:g} s windows before and after the scenarios) "
         + ", ".join(f"{k} {v / 1e6:.2f} M instructions/s" for k, v in idle.items())
