@@ -55,9 +55,11 @@ def main(argv: list[str] | None = None) -> int:
     no_key = missing_keys(loaded.model.providers)
     server = loaded.model.server
     if args.check:
+        from .ingress.browsers import remote_access
         from .supervise.memory import uncounted_processes, unstartable_processes
 
         print(f"coderouterd: configuration OK ({loaded.path})")
+        print(f"coderouterd: {remote_access(server.host, server.allowed_hosts)}")
         for name, problem in no_key.items():
             print(f"coderouterd: provider {name}: {problem} (see {_env_hint()})", file=sys.stderr)
         for note in loaded.model.unused_settings():

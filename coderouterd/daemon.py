@@ -15,6 +15,9 @@ from .cluster.backend import build as build_backend
 from .config import ConfigError, LoadedConfig, load_config, state_dir
 from .guards.apply import BudgetHooks, apply_tool_loop, warn_tool_loop
 from .health.ram_watch import RamWatch
+from .ingress.auth import KeyGate
+from .keys.registry import KeyRegistry
+from .keys.service import KeyService
 from .observe.finish import RequestFinisher
 from .observe.metrics_http import LazyMetrics
 from .observe.request_record import RequestRecorder
@@ -82,6 +85,11 @@ class Daemon:
         # The shared ledger's with [state] backend = "postgres"; reads its month from the store on first use (once
         # startup() has opened the store and configured it).
         self.budget: Budget | SharedBudget = self.shared.budget(t.store, t.publish)
+        # Team keys (issue 41): the registry requests are checked against, filled from the store at startup (and
+        # kept fresh from the shared database with [state] backend = "postgres").
+        self.keys = KeyRegistry()
+        self.key_gate = KeyGate(self.keys, t.publish)
+        self.key_service = KeyService(self.keys, self.shared.key_storage(t.store, self.keys), t.publish)
         self.active_profile = loaded.model.server.default_profile
         self.listen = (loaded.model.server.host, loaded.model.server.port)
         self.last_reload_error: str | None = None
@@ -134,7 +142,10 @@ class Daemon:
             await self._start_processes(cfg)
         t.publish(DaemonLifecycle(event="start", pid=self.pid, version=self.version))
         self._configure_budget(cfg)
+        self.key_service.storage.load()
+        self._log_access(cfg)
         await self.shared.start()
+        self.tasks.spawn(self.key_service.run(), name="keys")
         self._background = self.tasks.spawn(self._start_background(), name="start-background")
         self.started = True
 
@@ -189,6 +200,16 @@ class Daemon:
         from .interpreter import settle
 
         settle()
+
+    def _log_access(self, cfg: ConfigModel) -> None:
+        """Who may call, said once at start: team keys required or not, and what other machines get (N13)."""
+        from .ingress.browsers import remote_access
+
+        counts = self.keys.counts()
+        if self.keys.required:
+            log.info("team keys: %d active, %d expired, %d revoked; every request needs a key (loopback included)",
+                     counts["active"], counts["expired"], counts["revoked"])
+        log.info("%s", remote_access(cfg.server.host, cfg.server.allowed_hosts))
 
     def _shared_info(self) -> dict:
         """What this instance's heartbeat row says about it, beyond its name and pid."""

@@ -151,3 +151,36 @@ class DaemonAPI:
         query = "&".join(f"{k}={quote(v, safe='')}" for k, v in filters.items() if v)
         return self._get(_models().HistoryRequestsAnswer, f"/v1/history/requests?limit={int(limit)}"
                          + (f"&{query}" if query else ""))
+
+    # -- team keys ----------------------------------------------------------------------------------------------
+
+    def keys(self):
+        return self._get(_models().KeysAnswer, "/v1/keys")
+
+    def key(self, name: str):
+        return self._get(_models().KeyAnswer, f"/v1/keys/{quote(name, safe='')}")
+
+    def key_create(self, name: str, settings: dict):
+        m = _models()
+        body = m.KeyCreateRequest.model_validate({"name": name, **settings})
+        return _typed(m.KeySecretAnswer, "POST", "/v1/keys",
+                      self.transport.call("POST", "/v1/keys", body.model_dump(exclude_unset=True)))
+
+    def key_update(self, name: str, settings: dict):
+        m = _models()
+        path = f"/v1/keys/{quote(name, safe='')}/update"
+        body = m.KeySettings.model_validate(settings)
+        return _typed(m.KeyAnswer, "POST", path, self.transport.call("POST", path, body.model_dump(exclude_unset=True)))
+
+    def key_rotate(self, name: str, grace_s: float):
+        m = _models()
+        return self._post(m.KeySecretAnswer, f"/v1/keys/{quote(name, safe='')}/rotate",
+                          m.KeyRotateRequest(grace_s=float(grace_s)))
+
+    def key_delete(self, name: str):
+        path = f"/v1/keys/{quote(name, safe='')}/delete"
+        return _typed(_models().KeyDeleteAnswer, "POST", path, self.transport.call("POST", path, {}))
+
+    def key_revoke(self, name: str):
+        path = f"/v1/keys/{quote(name, safe='')}/revoke"
+        return _typed(_models().KeyAnswer, "POST", path, self.transport.call("POST", path, {}))

@@ -79,6 +79,9 @@ app.add_typer(models_app, name="models")
 app.add_typer(audit_app, name="audit")
 app.add_typer(journal_app, name="journal")
 app.add_typer(replay_app, name="replay")
+keys_app = typer.Typer(help="Team keys: a key of their own for each user, with a budget, rate limits, a scope and an "
+                            "expiry. Once any key exists, every request needs one.", no_args_is_help=True)
+app.add_typer(keys_app, name="keys")
 
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON.")]
 _TIME_HELP = ("T is an ISO date/time (2025-06-01, 2025-06-01T14:30; no zone = local time) or an age like "
@@ -302,7 +305,7 @@ def audit_tail(
         "--kind", metavar="K", help="Only records of this kind (repeatable): process, health_transition, "
                                     "breaker_transition, fallback_used, guard_fired, budget_warning, budget_blocked, "
                                     "config_reloaded, config_rejected, profile_switched, recovery_probe, daemon, "
-                                    "persistence_fault, request_finished.")] = None,
+                                    "persistence_fault, request_finished, key, auth_refused, auth_throttled.")] = None,
     since: SinceOpt = None,
     state_dir: StateDirOpt = None,
     json_out: JsonOpt = False,
@@ -437,6 +440,105 @@ def top(
 
     socket, as_json = _opts(ctx, json_out)
     _exit(top_mod.top(socket, interval, as_json))
+
+
+KeyNameArg = Annotated[str, typer.Argument(help="The key's name (1 to 32 letters, digits, '.', '_', "
+                                                                 "'-').")]
+MonthlyOpt = Annotated[str | None, typer.Option("--monthly-usd", metavar="X",
+                                               help="The key's own monthly budget in USD ('none' removes it).")]
+RpmOpt = Annotated[str | None, typer.Option("--rpm", metavar="N",
+                                           help="At most N requests in any 60 s ('none' removes the limit).")]
+TpmOpt = Annotated[str | None, typer.Option("--tpm", metavar="N", help="At most N input + output tokens in any 60 s "
+                                                                      "('none' removes the limit).")]
+ConcurrencyOpt = Annotated[str | None, typer.Option("--concurrency", metavar="N",
+                                                   help="At most N requests in flight; more get 429 "
+                                                        "('none' removes the limit).")]
+ProfilesOpt = Annotated[str | None, typer.Option("--profiles", metavar="P,...",
+                                                help="Only these profiles ('none': any).")]
+ModelsOpt = Annotated[str | None, typer.Option("--models", metavar="GLOB,...",
+                                              help="Only requested models matching these globs, e.g. 'qwen*,"
+                                                   "claude-haiku-*' ('none': any).")]
+ExpiresOpt = Annotated[str | None, typer.Option("--expires", metavar="WHEN",
+                                               help="ISO-8601 date (the end of that day, UTC) or date-time "
+                                                    "(2026-12-31T18:00Z; no zone = UTC); 'never' removes it.")]
+NoteOpt = Annotated[str | None, typer.Option("--note", metavar="TEXT", help="Free text: whose key, what for.")]
+
+
+@keys_app.command("create")
+def keys_create(ctx: typer.Context, name: KeyNameArg, monthly_usd: MonthlyOpt = None, rpm: RpmOpt = None,
+                tpm: TpmOpt = None, concurrency: ConcurrencyOpt = None, profiles: ProfilesOpt = None,
+                models: ModelsOpt = None, expires: ExpiresOpt = None, note: NoteOpt = None,
+                json_out: JsonOpt = False) -> None:
+    """Make a key and print its secret, once (with --json: the object's `key` field)."""
+    from . import keys
+
+    socket, as_json = _opts(ctx, json_out)
+    _exit(keys.run_settings(as_json, lambda: keys.settings_from(monthly_usd, rpm, tpm, concurrency, profiles,
+                                                                 models, expires, note),
+                            lambda s: keys.create(socket, name, s, as_json)))
+
+
+@keys_app.command("list")
+def keys_list(ctx: typer.Context, json_out: JsonOpt = False) -> None:
+    """Every key: state, limits, scope, expiry, last use (never a secret)."""
+    from . import keys
+
+    _exit(keys.listing(*_opts(ctx, json_out)))
+
+
+@keys_app.command("show")
+def keys_show(ctx: typer.Context, name: KeyNameArg, json_out: JsonOpt = False) -> None:
+    """One key in full."""
+    from . import keys
+
+    socket, as_json = _opts(ctx, json_out)
+    _exit(keys.show(socket, name, as_json))
+
+
+@keys_app.command("update")
+def keys_update(ctx: typer.Context, name: KeyNameArg, monthly_usd: MonthlyOpt = None, rpm: RpmOpt = None,
+                tpm: TpmOpt = None, concurrency: ConcurrencyOpt = None, profiles: ProfilesOpt = None,
+                models: ModelsOpt = None, expires: ExpiresOpt = None, note: NoteOpt = None,
+                json_out: JsonOpt = False) -> None:
+    """Change a key's limits, scope, expiry or note; options left out stay as they are. Takes effect on every
+    instance within 2 s."""
+    from . import keys
+
+    socket, as_json = _opts(ctx, json_out)
+    _exit(keys.run_settings(as_json, lambda: keys.settings_from(monthly_usd, rpm, tpm, concurrency, profiles,
+                                                                 models, expires, note),
+                            lambda s: keys.update(socket, name, s, as_json)))
+
+
+@keys_app.command("rotate")
+def keys_rotate(ctx: typer.Context, name: KeyNameArg,
+                grace: Annotated[float, typer.Option("--grace", metavar="SECONDS", min=0, max=30 * 86400,
+                                                     help="How long the old secret keeps working.")] = 0.0,
+                json_out: JsonOpt = False) -> None:
+    """Give a key a new secret (printed once); the old one works until --grace ends (at once by default)."""
+    from . import keys
+
+    socket, as_json = _opts(ctx, json_out)
+    _exit(keys.rotate(socket, name, grace, as_json))
+
+
+@keys_app.command("revoke")
+def keys_revoke(ctx: typer.Context, name: KeyNameArg, json_out: JsonOpt = False) -> None:
+    """Stop a key for good, on every instance within 2 s. Its name stays in the journal and the list."""
+    from . import keys
+
+    socket, as_json = _opts(ctx, json_out)
+    _exit(keys.revoke(socket, name, as_json))
+
+
+@keys_app.command("delete")
+def keys_delete(ctx: typer.Context, name: KeyNameArg, json_out: JsonOpt = False) -> None:
+    """Forget a revoked key for good (its name can then be reused). When no key is left, requests need no key
+    again."""
+    from . import keys
+
+    socket, as_json = _opts(ctx, json_out)
+    _exit(keys.delete(socket, name, as_json))
 
 
 def run(argv: list[str] | None = None) -> int:

@@ -198,6 +198,10 @@ def status(data: dict, out: Console) -> None:
     shared = shared_line(data.get("shared"))
     if shared is not None:
         rows.append(("shared state", shared))
+    if data.get("keys"):
+        from .keys_render import status_line
+
+        rows.append(("keys", status_line(data["keys"])))
     out.print(_kv(rows))
     store = data.get("store") or {}
     if store and not store.get("healthy", True):

@@ -106,6 +106,7 @@ def daemon_routes(daemon: Daemon, socket_path: Path) -> APIRouter:
 
 
 def create_admin_app(daemon: Daemon, socket_path: Path) -> FastAPI:
+    from .keys import key_routes
     from .ops import ops_routes
 
     app = FastAPI(title="coderouterd admin API", version=str(API_VERSION), openapi_url="/openapi.json",
@@ -113,4 +114,5 @@ def create_admin_app(daemon: Daemon, socket_path: Path) -> FastAPI:
     install(app)
     app.include_router(daemon_routes(daemon, socket_path))
     app.include_router(ops_routes(daemon))
+    app.include_router(key_routes(daemon))
     return app

@@ -130,6 +130,8 @@ class Status(Answer):
     budget: dict[str, Any] | None = None
     # [state] backend = "postgres": where, up or not, the live instances, journal lag (None: this machine only)
     shared: dict[str, Any] | None = None
+    # Keys: required or not, how many team keys, what other machines get (None: an older daemon)
+    keys: dict[str, Any] | None = None
 
 
 class ProfilesAnswer(Answer):
@@ -367,3 +369,79 @@ class DashboardNow(Answer):
 class DashboardTrace(Answer):
     trace: Trace
     source: str  # "memory" (the full trace) or "journal"
+
+
+# -- team keys (corectl keys ...) ----------------------------------------------------------------------------
+
+class KeySettings(ApiRequest):
+    """The limits and scope of a team key. In an update, a field left out stays as it is and null clears it."""
+
+    monthly_usd: Annotated[float, Field(strict=False, ge=0, le=1e9)] | None = Field(
+        None, description="the key's own monthly budget in USD (null: none)")
+    rpm: Annotated[int, Field(strict=True, ge=1, le=10**9)] | None = Field(
+        None, description="requests in any 60-second window (null: no limit)")
+    tpm: Annotated[int, Field(strict=True, ge=1, le=10**9)] | None = Field(
+        None, description="input + output tokens in any 60-second window (null: no limit)")
+    concurrency: Annotated[int, Field(strict=True, ge=1, le=10**9)] | None = Field(
+        None, description="requests in flight at once (null: no limit)")
+    profiles: list[Name] | None = Field(None, description="profiles the key may use (null or []: any)")
+    models: list[Name] | None = Field(None, description="fnmatch globs over the requested model (null or []: any)")
+    expires: str | None = Field(None, description="ISO-8601 date or date-time the key stops working (null: never)")
+    note: str | None = Field(None, description="free text for the operator")
+
+    def changes(self) -> dict[str, Any]:
+        """The settings this body sets (explicitly, null included), `expires` still as text."""
+        return {name: getattr(self, name) for name in self.model_fields_set}
+
+
+class KeyCreateRequest(KeySettings):
+    name: Name = Field(description="the key's name: 1 to 32 letters, digits, '.', '_' or '-'")
+
+
+class KeyRotateRequest(ApiRequest):
+    grace_s: Annotated[float, Field(strict=False, ge=0, le=30 * 86400)] = Field(
+        0, description="seconds the old secret keeps working")
+
+
+class KeyInfo(Answer):
+    name: str
+    prefix: str
+    state: str  # active | expired | revoked
+    scope: str
+    monthly_usd: float | None = None
+    rpm: int | None = None
+    tpm: int | None = None
+    concurrency: int | None = None
+    profiles: list[str] = []
+    models: list[str] = []
+    expires_at: float | None = None
+    note: str = ""
+    created_at: float = 0.0
+    revoked_at: float | None = None
+    last_used: float | None = None
+    previous_secret_until: float | None = None
+
+
+class KeysAnswer(Answer):
+    required: bool
+    counts: dict[str, int]
+    keys: list[KeyInfo]
+
+
+class KeySecretAnswer(Answer):
+    """create and rotate: the secret, shown this once."""
+
+    ok: bool
+    key: str
+    record: KeyInfo
+
+
+class KeyAnswer(Answer):
+    ok: bool
+    record: KeyInfo
+
+
+class KeyDeleteAnswer(Answer):
+    ok: bool
+    name: str
+    required: bool  # whether keys are still required (False: none left, loopback open again)

@@ -169,7 +169,19 @@ def status(daemon: Daemon) -> dict:
         "budget": budget(daemon),
         "memory": daemon.ram_watch.snapshot(),
         "shared": shared(daemon),
+        "keys": keys(daemon),
     }
+
+
+def keys(daemon: Daemon) -> dict:
+    """Team and operator keys (`corectl keys`): required or not, how many, what other machines get (N13)."""
+    from ..ingress.browsers import remote_access
+
+    server = daemon.runtime.config.server
+    return {"required": daemon.keys.required or bool(server.api_keys), "team_keys_required": daemon.keys.required,
+            "counts": daemon.keys.counts(), "operator_keys": len(server.api_keys),
+            "storage": daemon.key_service.storage.kind, "refused": daemon.key_gate.refused,
+            "remote_access": remote_access(daemon.listen[0], server.allowed_hosts)}
 
 
 def shared(daemon) -> dict | None:

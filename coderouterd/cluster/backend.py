@@ -18,6 +18,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 if TYPE_CHECKING:
     from ..config.schema import StateConfig
     from ..guards.budget import Budget
+    from ..keys.registry import KeyRegistry
+    from ..keys.service import KeyStorage
     from ..routing.state import RoutingState
     from ..state.events import Event
     from ..state.memory import MemoryStore
@@ -26,6 +28,7 @@ if TYPE_CHECKING:
     from ..tasks import TaskSet
     from .breakers import SharedBreakers
     from .budget import SharedBudget
+    from .keys import SharedKeyStorage
 
 log = logging.getLogger("coderouterd.shared")
 
@@ -47,6 +50,9 @@ class StateBackend(Protocol):
     def attach_routing(self, routing: RoutingState) -> None:
         """Share the routing state's breakers (or not)."""
 
+    def key_storage(self, store: Store | MemoryStore, registry: KeyRegistry) -> KeyStorage:
+        """Where team keys live: the local store, or the shared database (every instance sees them)."""
+
     def status(self) -> dict[str, Any] | None: ...
 
 
@@ -66,6 +72,11 @@ class LocalBackend:
 
     def attach_routing(self, routing: RoutingState) -> None:
         return None
+
+    def key_storage(self, store: Store | MemoryStore, registry: KeyRegistry) -> KeyStorage:
+        from ..keys.local import LocalKeyStorage
+
+        return LocalKeyStorage(store, registry)
 
     def status(self) -> dict[str, Any] | None:
         return None
@@ -117,6 +128,7 @@ class PostgresBackend:
         self.shared_budget: SharedBudget | None = None
         self.breakers: SharedBreakers | None = None
         self.shipper: Shipper | None = None
+        self.keys: SharedKeyStorage | None = None
         self.schema: tuple[int, int] | None = None
         self.ready = asyncio.Event()
         self._first_try = asyncio.Event()  # the first connect-and-migrate has succeeded or failed
@@ -134,6 +146,12 @@ class PostgresBackend:
                                           tasks=self._tasks, live_instances=self.instances.live_count,
                                           publish=self._publish, poll_s=self.cfg.poll_s, boot=self.boot)
         return self.shared_budget
+
+    def key_storage(self, store: Store | MemoryStore, registry: KeyRegistry) -> KeyStorage:
+        from .keys import SharedKeyStorage
+
+        self.keys = SharedKeyStorage(self.db, store, registry, tasks=self._tasks)
+        return self.keys
 
     def attach_routing(self, routing: RoutingState) -> None:
         from .breakers import SharedBreakers
@@ -185,6 +203,8 @@ class PostgresBackend:
             await self.shared_budget.start()
         if self.breakers is not None:
             await self.breakers.start()
+        if self.keys is not None:
+            await self.keys.start()
         if self._journal_db is not None:
             from ..state.shared.shipper import Shipper
 
@@ -228,6 +248,8 @@ class PostgresBackend:
             out["breakers"] = self.breakers.status()
         if self.shared_budget is not None:
             out["budget"] = self.shared_budget.snapshot().get("shared")
+        if self.keys is not None:
+            out["keys"] = self.keys.status()
         return out
 
 

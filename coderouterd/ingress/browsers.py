@@ -35,7 +35,7 @@ JSON_ROUTES = frozenset({"/v1/messages", "/v1/chat/completions", "/v1/responses"
 
 # What a listed browser origin may send in a preflighted request, and what it may read back.
 _ALLOW_METHODS = b"GET, POST, OPTIONS"
-_ALLOW_HEADERS_DEFAULT = (b"content-type, authorization, x-api-key, anthropic-version, anthropic-beta, "
+_ALLOW_HEADERS_DEFAULT = (b"content-type, authorization, x-api-key, x-goog-api-key, anthropic-version, anthropic-beta, "
                           b"x-coderouter-profile, x-request-id")
 _EXPOSE_HEADERS = (b"x-coderouter-profile, x-coderouter-attempts, x-coderouter-provider, x-request-id, "
                    b"request-id, retry-after")
@@ -127,8 +127,10 @@ class BrowserGuard:
         o = origin.strip().lower().rstrip(b"/")
         return o if o in self._cors else None
 
-    def refusal(self, path: str, method: str, headers: list[tuple[bytes, bytes]]) -> tuple[Refusal | None, bytes | None]:
-        """(why this request is refused, or None; the listed CORS origin it came from, or None)."""
+    def refusal(self, path: str, method: str, headers: list[tuple[bytes, bytes]], *,
+                host_checked: bool = True) -> tuple[Refusal | None, bytes | None]:
+        """(why this request is refused, or None; the listed CORS origin it came from, or None). `host_checked`
+        False: the Host was vouched for otherwise (the request carries a valid key, dispatch.py)."""
         host = origin = fetch_site = ctype = None
         for k, v in headers:
             if k == b"host":
@@ -139,11 +141,12 @@ class BrowserGuard:
                 fetch_site = v
             elif k == b"content-type":
                 ctype = v
-        if not self.host_ok(host):
+        if host_checked and not self.host_ok(host):
             shown = (host or b"").decode("latin-1")[:100]
             return Refusal(403, f"Host {shown!r} is not one of this coderouterd's names; a web page reached it "
                                 f"through DNS rebinding, or the daemon is behind a name it was not told about: "
-                                f"add that name to [server] allowed_hosts", "permission_error", "host"), None
+                                f"send a valid API key (requests with one are served under any name), or add "
+                                f"that name to [server] allowed_hosts", "permission_error", "host"), None
         listed = None
         if origin is not None:
             o = origin.strip().lower().rstrip(b"/")
@@ -196,3 +199,33 @@ def with_cors(send: Send, origin: bytes) -> Send:
         return send(message)
 
     return wrapped
+
+
+def _loopback_host(host: str) -> bool:
+    import ipaddress
+
+    h = host.strip("[]")
+    if h == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(h).is_loopback
+    except ValueError:
+        return False
+
+
+def remote_access(host: str, allowed_hosts: list[str] | tuple[str, ...]) -> str:
+    """What another machine gets from this daemon, in words (`coderouterd --check`, the start-up log and
+    `corectl status` say it). Binding beyond loopback needs [server] api_keys (config), so a key is always
+    required there."""
+    if _loopback_host(host):
+        return f"other machines cannot connect (listening on {host}: this machine only)"
+    names = [h for h in allowed_hosts if h != "*"]
+    served = ("other machines: served only with a valid API key ([server] api_keys, or a team key from "
+              "`corectl keys create`), under whatever host name they use")
+    if "*" in allowed_hosts:
+        without = "without a key: 401"
+    elif names:
+        without = f"without a key: 401 when they use {', '.join(names)}, 403 under any other name (the Host check)"
+    else:
+        without = "without a key: 403 (the Host check: the name they use is not in [server] allowed_hosts)"
+    return f"{served}; a wrong key: 401; {without}"

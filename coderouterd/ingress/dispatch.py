@@ -16,7 +16,7 @@ from ..routing.record import CLIENT_DISCONNECTED, INTERNAL_ERROR
 from ..routing.request import ClientRequest
 from ..runtime import UnknownProfile
 from .asgi import App
-from .auth import key_accepted, presented_key
+from .auth import KEY_HEADERS, presented_key, scope_refusal, source_of
 from .browsers import BrowserGuard, with_cors
 from .guard import BodyTooLarge, ClientLeft, answer_internal_error, describe_exception, read_body
 from .protocol import DISCONNECT_HOOK
@@ -164,6 +164,14 @@ class ProxyApp:
             # may be opened from a link on another site (a navigation, which reads nothing it was not shown).
             guard = self.browser_guard(scope)
             refused, cors_origin = guard.refusal(path, method, scope["headers"])
+            if refused is not None and refused.reason == "host":
+                # A request carrying a valid key is no browser being rebound (the page would have to know the
+                # secret): served under any Host name (docs/decisions.md, "N13"). A wrong key is refused as such.
+                opened = await self._key_for_foreign_host(scope, send, path)
+                if opened is None:
+                    return None
+                if opened:
+                    refused, cors_origin = guard.refusal(path, method, scope["headers"], host_checked=False)
             if refused is not None:
                 refusals = self.daemon.browser_refused
                 refusals[refused.reason] = refusals.get(refused.reason, 0) + 1
@@ -210,11 +218,22 @@ class ProxyApp:
             app = self._dashboard = self._make_dashboard()
         await app(scope, receive, send)
 
-    def _authorized(self, headers: dict[str, str]) -> bool:
-        keys = self.daemon.runtime.config.server.api_keys
-        if not keys:
+    async def _key_for_foreign_host(self, scope: Scope, send: Send, path: str) -> bool | None:
+        """A Host that is not one of ours, when keys are required: True when the request carries a valid key (it
+        goes on), None after a wrong key was refused (401, counted against its source like any other), False
+        when it carries none (the Host refusal stands). Only the refusal path pays for this."""
+        gate = self.daemon.key_gate
+        api_keys = self.daemon.runtime.config.server.api_keys
+        if not gate.required(api_keys):
+            return False
+        headers = _headers(scope)
+        if not presented_key(headers):
+            return False
+        refusal, _key = gate.admit(headers, api_keys)
+        if refusal is None:
             return True
-        return key_accepted(presented_key(headers), keys)
+        await gate.refuse(Responder(send, _caller_wire(path, scope), new_id("req")), refusal, source_of(scope), path)
+        return None
 
     async def _read_json(self, scope: Scope, receive: Receive, r: Responder, runtime: Runtime) -> tuple[Any, bytes]:
         """The request body parsed (any JSON value, `null` included: Any until validated) and its bytes, or _SENT
@@ -249,14 +268,18 @@ class ProxyApp:
         headers = _headers(scope)
         rid = client_request_id(headers.get("x-request-id"))
         r = ResponsesResponder(send, rid) if ingress == "responses" else Responder(send, ingress, rid)
-        if not self._authorized(headers):
-            await r.error(401, "missing or invalid API key for this coderouterd", error_type="authentication_error")
-            return None
-        if runtime.config.server.api_keys:
+        gate = self.daemon.key_gate
+        api_keys = runtime.config.server.api_keys
+        key = None
+        if api_keys or gate.registry.required:
+            refusal, key = gate.admit(headers, api_keys)
+            if refusal is not None:
+                await gate.refuse(r, refusal, source_of(scope), scope["path"])
+                return None
             # The client's key opened this door and is nobody else's: it never goes upstream, even to a provider
             # with forward_client_key (that is for a client holding the upstream's own key).
-            headers.pop("x-api-key", None)
-            headers.pop("authorization", None)
+            for h in KEY_HEADERS:
+                headers.pop(h, None)
         body, raw = await self._read_json(scope, receive, r, runtime)
         if body is _SENT:
             return None
@@ -285,9 +308,14 @@ class ProxyApp:
         except UnknownProfile as e:
             await r.error(400, str(e), error_type="invalid_request_error", extra={"valid_profiles": e.valid})
             return None
+        if key is not None and (key.profiles or key.models):
+            refusal = scope_refusal(key, profile, model)
+            if refusal is not None:
+                await gate.refuse(r, refusal, source_of(scope), scope["path"])
+                return None
         req = ClientRequest(ingress=ingress, body=body, raw=raw, headers=headers,
                             stream=bool(body.get("stream")) and not count_tokens, model=model, request_id=rid,
-                            native=native)
+                            native=native, key=key)
         return req, r, profile
 
     async def proxy(self, scope: Scope, receive: Receive, send: Send, ingress: str) -> None:
@@ -368,13 +396,22 @@ class ProxyApp:
         runtime = self.daemon.runtime
         anthropic = "anthropic-version" in headers
         r = Responder(send, "anthropic" if anthropic else "openai", new_id("req"))
-        if not self._authorized(headers):
-            await r.error(401, "missing or invalid API key for this coderouterd", error_type="authentication_error")
-            return
+        gate = self.daemon.key_gate
+        api_keys = runtime.config.server.api_keys
+        key = None
+        if api_keys or gate.registry.required:
+            refusal, key = gate.admit(headers, api_keys)
+            if refusal is not None:
+                await gate.refuse(r, refusal, source_of(scope), scope["path"])
+                return
         ids: list[tuple[str, str]] = []
         for name, p in runtime.providers.items():
             ids.append((p.cfg.model or name, name))
         ids += [(f"profile:{n}", n) for n in runtime.profile_names]
+        if key is not None and (key.profiles or key.models):
+            # A scoped key lists what it may ask for: its models, and its profiles by name.
+            ids = [(i, src) for i, src in ids
+                   if (key.allows_profile(src) if i.startswith("profile:") else key.allows_model(i))]
         now = int(time.time())
         if anthropic:
             data = [{"type": "model", "id": i, "display_name": f"{i} (coderouter {src})",

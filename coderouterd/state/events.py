@@ -345,6 +345,49 @@ class PersistenceFault(Event):
     recovered: bool = False
 
 
+@dataclass(slots=True)
+class KeyChanged(Event):
+    """A team key was created, updated, rotated, revoked, or reached its expiry (issue 41). Names the key, never
+    its secret; `detail` says what changed (settings, the rotation's grace)."""
+
+    kind: ClassVar[str] = "key"
+    audited: ClassVar[bool] = True
+
+    name: str
+    action: str  # created | updated | rotated | revoked | expired | deleted
+    prefix: str = ""
+    detail: dict = field(default_factory=dict)
+    source: str = "corectl"
+
+
+@dataclass(slots=True)
+class AuthRefused(Event):
+    """A request refused for its key (401 or 403). Bounded by keys/throttle.py: at most one line per (reason,
+    key, source) a minute. `key` is a team key's name when one was recognised, never what was presented."""
+
+    kind: ClassVar[str] = "auth_refused"
+    audited: ClassVar[bool] = True
+
+    reason: str  # no_key | unknown | revoked | expired | scope
+    source: str
+    key: str | None = None
+    status: int = 401
+    path: str = ""
+    repeats: int = 0  # refusals of the same kind folded into this line since the previous one
+
+
+@dataclass(slots=True)
+class AuthThrottled(Event):
+    """One source kept failing authentication and is being slowed down: one line per episode."""
+
+    kind: ClassVar[str] = "auth_throttled"
+    audited: ClassVar[bool] = True
+
+    source: str
+    failures: int
+    delay_s: float
+
+
 EVENT_TYPES: dict[str, type[Event]] = {
     cls.kind: cls
     for cls in (
@@ -369,6 +412,9 @@ EVENT_TYPES: dict[str, type[Event]] = {
         RecoveryProbe,
         DaemonLifecycle,
         PersistenceFault,
+        KeyChanged,
+        AuthRefused,
+        AuthThrottled,
     )
 }
 

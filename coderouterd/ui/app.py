@@ -137,9 +137,10 @@ class DashboardApp:
         if path.startswith("/ui/static/"):
             # The page's own code and styles (the login page needs them too): no data in them, so no key.
             return await self._asset(send, path[len("/ui/static/"):], headers, head)
-        if not self.auth.authorized(headers, server.api_keys):
+        if not self.auth.authorized(headers, server.api_keys, self.daemon.keys):
             if api:
-                raise Answer(401, "the dashboard needs one of the server's api_keys (log in at /ui)")
+                raise Answer(401, "the dashboard needs a key: one of the server's api_keys or a team key "
+                                  "(log in at /ui)")
             return await self._login_page(send, 401, "")
         if path in ("/ui", "/ui/"):
             return await self._asset_page(send, "index.html", headers, head)
@@ -184,7 +185,8 @@ class DashboardApp:
 
     async def _login(self, scope: Scope, receive: Receive, send: Send, method: str, headers: dict[str, str],
                      allowed: frozenset[str], keys: list[str]) -> None:
-        if method == "GET" or not keys:
+        team = self.daemon.keys
+        if method == "GET" or not (keys or team.required):
             # Nothing to log in to (no keys), or a bookmark of the form's target: the page.
             return await _send(send, 303, b"", b"text/plain", [(b"location", b"/ui")])
         if method != "POST":
@@ -196,9 +198,10 @@ class DashboardApp:
         except BodyTooLarge:
             raise Answer(413, "the login form is larger than any key") from None
         key = (parse_qs(body.decode("latin-1")).get("key") or [""])[0]
-        cookie = self.auth.login(key, keys)
+        cookie = self.auth.login(key, keys, team)
         if cookie is None:
-            return await self._login_page(send, 401, "That key is not one of this coderouterd's api_keys.")
+            return await self._login_page(send, 401, "That key is not valid for this coderouterd (an operator "
+                                                     "api_key or a team key that is active).")
         await _send(send, 303, b"", b"text/plain", [(b"location", b"/ui"), (b"set-cookie", cookie.encode())])
 
     # -- data ------------------------------------------------------------------------------------------------

@@ -6,9 +6,11 @@ Pure functions over a request's headers and the listening address, so they are t
   as Host. Only the names this daemon is reached by on this machine are accepted (localhost, 127.0.0.1, [::1]
   and the configured listen address, each with the port the request came in on); anything else, or no Host at
   all, is refused before any data is read.
-- Key: with `server.api_keys` set, a browser proves it holds one through a cookie set by the login form. The
-  cookie holds an HMAC of the key under a secret drawn at start-up, never the key itself: it is worthless
-  after a restart and stops working as soon as its key is removed from the config. HttpOnly (no script reads
+- Key: with `server.api_keys` set or any team key (`corectl keys`), a browser proves it holds one through a
+  cookie set by the login form. The cookie holds an HMAC of the key under a secret drawn at start-up, never the
+  key itself: it is worthless after a restart and stops working as soon as its key is removed from the config.
+  A team key's cookie is `t.NAME.MAC`, the MAC over its name and its stored digest: it stops working when the
+  key is revoked, expires or is rotated. HttpOnly (no script reads
   it), SameSite=Strict (no other site's page sends it), Path=/ui. Scripts may send the key as the proxy's
   clients do (x-api-key or Authorization: Bearer).
 """
@@ -18,9 +20,15 @@ from __future__ import annotations
 import hashlib
 import hmac
 import os
+import time
+from typing import TYPE_CHECKING
 
 from ..ingress.auth import key_accepted, presented_key
 from ..ingress.browsers import BrowserGuard, host_names
+from ..keys.registry import Check
+
+if TYPE_CHECKING:
+    from ..keys.registry import KeyRegistry
 
 COOKIE = "coderouter_ui"
 
@@ -76,22 +84,41 @@ class UiAuth:
     def token(self, key: str) -> str:
         return hmac.new(self._secret, key.encode(), hashlib.sha256).hexdigest()
 
-    def authorized(self, headers: dict[str, str], keys: list[str]) -> bool:
-        """No keys configured: open (the Host check still applies). Otherwise the cookie or a key header."""
-        if not keys:
+    def team_token(self, name: str, digest: str) -> str:
+        return hmac.new(self._secret, f"team:{name}:{digest}".encode(), hashlib.sha256).hexdigest()
+
+    def authorized(self, headers: dict[str, str], keys: list[str], team: KeyRegistry | None = None) -> bool:
+        """No keys configured and no team key: open (the Host check still applies). Otherwise the cookie or a
+        key header (an operator key, or any valid team key)."""
+        if not keys and (team is None or not team.required):
             return True
         given = cookie_value(headers)
         if given:
+            if given.startswith("t.") and team is not None:
+                name, _sep, mac = given[2:].rpartition(".")
+                rec = team.get(name)
+                if rec is not None and hmac.compare_digest(mac.encode(), self.team_token(name, rec.digest).encode()):
+                    return team.verify_name_digest(name, rec.digest) is not None
             # Every configured key's token is compared, so a cookie for a key since removed fails.
-            if any(hmac.compare_digest(given.encode(), self.token(k).encode()) for k in keys):
+            elif any(hmac.compare_digest(given.encode(), self.token(k).encode()) for k in keys):
                 return True
-        return key_accepted(presented_key(headers), keys)
+        presented = presented_key(headers)
+        if keys and key_accepted(presented, keys):
+            return True
+        return team is not None and team.required and team.check(presented, time.time())[0] is Check.OK
 
-    def login(self, key: str, keys: list[str]) -> str | None:
-        """The Set-Cookie value for a correct key, else None."""
-        if not keys or not key_accepted(key.strip(), keys):
+    def login(self, key: str, keys: list[str], team: KeyRegistry | None = None) -> str | None:
+        """The Set-Cookie value for a correct key (an operator key or a valid team key), else None."""
+        key = key.strip()
+        if keys and key_accepted(key, keys):
+            return f"{COOKIE}={self.token(key)}; Path=/ui; HttpOnly; SameSite=Strict"
+        if team is None or not team.required:
             return None
-        return f"{COOKIE}={self.token(key.strip())}; Path=/ui; HttpOnly; SameSite=Strict"
+        verdict, k = team.check(key, time.time())
+        rec = team.get(k.name) if verdict is Check.OK and k is not None else None
+        if rec is None:
+            return None
+        return f"{COOKIE}=t.{rec.name}.{self.team_token(rec.name, rec.digest)}; Path=/ui; HttpOnly; SameSite=Strict"
 
 
 def origin_allowed(headers: dict[str, str], allowed: frozenset[str]) -> bool:

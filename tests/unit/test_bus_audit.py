@@ -150,7 +150,8 @@ def test_queue_is_bounded():
 
 
 def test_every_event_type_serialises_to_json():
-    assert len(EVENT_TYPES) == 21  # attempt_failed was never produced: removed (issue 12)
+    # attempt_failed was never produced: removed (issue 12); key, auth_refused, auth_throttled: issue 41
+    assert len(EVENT_TYPES) == 24
     ev = GuardFired("r1", "loop", "block", {"repeats": 5})
     d = orjson.loads(orjson.dumps(ev.to_dict()))
     assert d["kind"] == "guard_fired" and d["detail"] == {"repeats": 5} and d["request_id"] == "r1"

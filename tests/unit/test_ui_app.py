@@ -12,6 +12,7 @@ import pytest
 from pydantic import ValidationError
 
 from coderouterd.after_response import AfterResponse
+from coderouterd.keys.registry import KeyRegistry
 from coderouterd.ui.app import DashboardApp
 from coderouterd.ui.feed import LiveFeed
 
@@ -30,7 +31,7 @@ def _daemon(tmp_path, *, keys=(), journal_bytes: bytes | None = None, telemetry=
         runtime=SimpleNamespace(config=SimpleNamespace(server=server)), listen=("127.0.0.1", 8088),
         telemetry=telemetry or SimpleNamespace(enabled=True, journal_path=db),
         budget=SimpleNamespace(snapshot=dict), recent=OrderedDict(), live=LiveFeed(),
-        after_response=AfterResponse(delay_s=60))
+        after_response=AfterResponse(delay_s=60), keys=KeyRegistry())
 
 
 def _call(app, path: str, *, host: str = "127.0.0.1:8088", method: str = "GET", query: bytes = b"",

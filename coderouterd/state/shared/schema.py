@@ -191,6 +191,16 @@ MIGRATIONS: list[tuple[int, tuple[str, ...]]] = [
         "CREATE INDEX cr_journal_ts ON cr_journal (ts)",
         "CREATE INDEX cr_journal_provider_ts ON cr_journal (provider, ts)",
     )),
+    # Team keys (issue 41, cluster/keys.py): a record per key (never a secret: HMAC digests only), a version
+    # from one sequence (what instances poll), last use on its own (written behind, never a version bump), and
+    # the hash key every instance hashes secrets with.
+    (2, (
+        "CREATE SEQUENCE cr_key_version",
+        "CREATE TABLE cr_key (name text PRIMARY KEY, version bigint NOT NULL, record jsonb NOT NULL,"
+        " last_used double precision, expiry_noted boolean NOT NULL DEFAULT false,"
+        " updated_at timestamptz NOT NULL DEFAULT now())",
+        "CREATE TABLE cr_key_meta (id integer PRIMARY KEY CHECK (id = 1), hash_key text NOT NULL)",
+    )),
 ]
 
 LATEST = MIGRATIONS[-1][0]
