@@ -5,14 +5,12 @@ from __future__ import annotations
 
 from typing import Any
 
+from . import safe
+
 
 def clean(value: Any) -> str:
-    """`value` as text with every control or format character (ESC, BEL, CR, bidi overrides...) shown as an escape
-    instead of acting on the terminal."""
-    s = str(value)
-    if s.isprintable():
-        return s
-    return "".join(ch if ch.isprintable() else ch.encode("unicode_escape").decode("ascii") for ch in s)
+    """`value` as text, neutralised as everything corectl renders of a request (corectl/safe.py)."""
+    return safe.clean(str(value))
 
 
 def status_line(k: dict[str, Any]):

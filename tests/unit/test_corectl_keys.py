@@ -28,7 +28,7 @@ def test_settings_from_options():
 def test_control_characters_are_shown_not_obeyed():
     assert clean("alice") == "alice"
     assert clean("x\x1b[2J\x07y\u202e") == "x\\x1b[2J\\x07y\\u202e"
-    assert clean("a\nb") == "a\\nb"
+    assert clean("a\nb") == "a\\x0ab"
     rec = {"name": "bob", "prefix": "crk_abcd", "state": "active", "scope": "models q\x1b]8;;http://x\x07*",
            "note": "\x1b[31mred", "monthly_usd": 5.0, "rpm": None, "tpm": None, "concurrency": 2,
            "expires_at": None, "created_at": 0.0, "last_used": None}
