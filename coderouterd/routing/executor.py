@@ -112,7 +112,7 @@ class Exchange:
         record.planned(plan)
         errors: list[UpstreamError] = []
         names = list(plan.candidates)
-        self._demand_starts(plan.skips)
+        self._demand_starts(plan.skips, ahead_of=names)
         # "wait" holds for background requests too: it says the data stays here, or that the remote costs.
         if self._starts and self.profile.on_demand_start == "wait":
             ahead = self._starts_ahead(names)
@@ -132,7 +132,8 @@ class Exchange:
             if await self.try_in_order(self._panic_order(), errors):
                 return
         # Failover first, then the local model started for this request: it is waited for only when nothing
-        # else served (on_demand_start = "failover", the default).
+        # else served (on_demand_start = "failover", the default). Those behind the candidates are wanted now.
+        self._demand_starts(plan.skips)
         if self._starts and await self._wait_started(list(self._starts), errors):
             return
         if await wait_for_restart(self, errors):
@@ -176,14 +177,20 @@ class Exchange:
 
     # -- a managed backend that is (re)starting --------------------------------------------------------------
 
-    def _demand_starts(self, skips: list[Skip]) -> None:
+    def _demand_starts(self, skips: list[Skip], ahead_of: list[str] | None = None) -> None:
         """Processes of this chain that are stopped and may be started by a request (on demand, or stopped when
         idle or for room) are started now, in the background: whether this request waits for them is decided
-        later (on_demand_start)."""
+        later (on_demand_start). `ahead_of`: only those before the first of these candidates in the chain's
+        order. One behind the provider that serves is wanted only once those ahead have failed: a turn for it
+        would stop the model serving this request (and again after it, as a start nobody waits for)."""
         demand = self.router.demand
         if demand is None:
             return
+        chain = list(self.profile.providers)
+        first = chain.index(ahead_of[0]) if ahead_of and ahead_of[0] in chain else len(chain)
         for s in skips:
+            if ahead_of is not None and s.provider in chain and chain.index(s.provider) >= first:
+                continue
             if s.reason in ("not_ready", "cannot_start") and s.provider not in self._starts:
                 turn = demand.demand(s.provider, background=self.background)
                 if turn is not None:

@@ -1,0 +1,74 @@
+"""A request takes a turn at a stopped model only when it would wait for it: never for a stopped provider that
+comes after the one that serves it (issue 44 section 2: that turn made the model serving the request the victim
+of a swap for a model nobody needed, under the request and again after it, as a start nobody waits for)."""
+
+from __future__ import annotations
+
+import asyncio
+
+from coderouterd.providers.errors import UpstreamError
+from coderouterd.routing.router import Router
+from tests.support.routing import Routing, chain_config, fail, ok
+
+TOOLS = [{"name": "read", "description": "read a file", "input_schema": {"type": "object", "properties": {}}}]
+
+
+class Demand:
+    """The scheduler's side the exchange sees: every turn asked for is recorded."""
+
+    def __init__(self) -> None:
+        self.demanded: list[str] = []
+        self.released = 0
+
+    def can_start(self, provider: str) -> bool:
+        return True
+
+    def demand(self, provider: str, *, background: bool = False):
+        self.demanded.append(provider)
+        fut = asyncio.get_running_loop().create_future()
+        fut.set_result(False)  # it could not start: the request is told why
+
+        class T:
+            ready = fut
+
+            def waiting(self) -> bool:
+                return False
+
+            def admitted(self) -> bool:
+                return False
+        return T()
+
+    def begin(self, provider: str, turn=None) -> bool:
+        return True
+
+    def release(self, turn) -> None:
+        self.released += 1
+
+    def end(self, provider: str) -> None:
+        pass
+
+
+def routing() -> tuple[Routing, Demand]:
+    r = Routing(chain_config("coder", "small"))
+    d = Demand()
+    r.router = Router(r.state, demand=lambda: d)  # type: ignore[arg-type,return-value]
+    r.state.mark_down(["small"])
+    return r, d
+
+
+BODY = {"model": "m", "max_tokens": 5, "tools": TOOLS, "messages": [{"role": "user", "content": "hi"}]}
+
+
+def test_a_request_served_by_the_first_provider_takes_no_turn_at_a_stopped_one_behind_it():
+    r, d = routing()
+    r.ups.script("coder", ok())
+    _, sink = asyncio.run(r.serve(BODY))
+    assert sink.status == 200
+    assert d.demanded == []
+
+
+def test_the_stopped_provider_behind_is_still_started_when_the_first_one_fails():
+    r, d = routing()
+    r.ups.script("coder", fail(UpstreamError("http_500", status=500)))
+    asyncio.run(r.serve(BODY))
+    assert d.demanded == ["small"] and d.released == 1
