@@ -329,7 +329,8 @@ class Exchange:
             st = call.strategy
             if slot.ok:
                 usage = st.usage
-            elif st.started_content or st.produced.chars:
+            elif st.started_content or st.produced.chars or st.produced.reported:
+                # (reported: the upstream counted the prompt it read before any content; it bills that too)
                 usage, estimated = cut_usage(st.produced, st.usage or {},
                                              slot.provider.estimate_tokens(call.request_chars or len(self.req.raw)))
                 record = self.record
