@@ -420,6 +420,10 @@ class Exchange:
             self.committed = True
             await self.sink.start_stream(self.record.route_headers(slot.name, serving=_serving(slot, "ok")))
         await self.sink.event(first)
+        # The client has this provider's output: nothing else will serve it. A turn still held at a stopped model
+        # (failed over while it was started) goes back now, not at the end of the stream: once that model is up
+        # it would be kept for this request, and no other swap could stop it, for as long as the stream lasts.
+        self._release_turns()
         await self._pump(call)
         # The upstream's whole answer, its usage included, is with the client now: the request succeeded. It is
         # recorded before the housekeeping below, because a client that closes right after [DONE] cancels this

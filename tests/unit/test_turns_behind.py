@@ -8,7 +8,7 @@ import asyncio
 
 from coderouterd.providers.errors import UpstreamError
 from coderouterd.routing.router import Router
-from tests.support.routing import Routing, chain_config, fail, ok
+from tests.support.routing import FakeSink, Routing, chain_config, fail, ok
 
 TOOLS = [{"name": "read", "description": "read a file", "input_schema": {"type": "object", "properties": {}}}]
 
@@ -72,3 +72,56 @@ def test_the_stopped_provider_behind_is_still_started_when_the_first_one_fails()
     r.ups.script("coder", fail(UpstreamError("http_500", status=500)))
     asyncio.run(r.serve(BODY))
     assert d.demanded == ["small"] and d.released == 1
+
+
+class Waiting:
+    """A turn still waiting for its model (the scheduler may admit it any time: the model is then kept for it)."""
+
+    def __init__(self) -> None:
+        self.ready = asyncio.get_running_loop().create_future()
+
+    def waiting(self) -> bool:
+        return not self.ready.done()
+
+    def admitted(self) -> bool:
+        return False
+
+
+class WaitingDemand(Demand):
+    def demand(self, provider: str, *, background: bool = False):
+        self.demanded.append(provider)
+        return Waiting()
+
+
+SSE = b'data: {"choices":[{"index":0,"delta":{"content":"hello there"}}]}\n\n'
+
+
+class Seen(FakeSink):
+    def __init__(self, d: Demand) -> None:
+        super().__init__(opens_stream_itself=False)
+        self.d = d
+        self.released_at_events: list[int] = []
+
+    async def event(self, data: bytes) -> None:
+        await super().event(data)
+        self.released_at_events.append(self.d.released)
+
+
+def test_a_turn_is_given_back_once_another_provider_streams_the_answer():
+    # The stopped local model ahead of the cloud: the request fails over to the cloud at once, and its turn at
+    # the local model must not stay pending (and, once the model is up, keep it promised) while the cloud streams.
+    r = Routing(chain_config("local", "cloud"))
+    d = WaitingDemand()
+    r.router = Router(r.state, demand=lambda: d)  # type: ignore[arg-type,return-value]
+    r.state.mark_down(["local"])
+    r.ups.script("cloud", ok(SSE, SSE, SSE))
+
+    async def go() -> Seen:
+        sink = Seen(d)
+        ex, _ = r.exchange({**BODY, "stream": True}, ingress="openai", sink=sink)
+        await ex.run()
+        return sink
+
+    sink = asyncio.run(go())
+    assert d.demanded == ["local"]
+    assert sink.released_at_events == [0, 1, 1] and d.released == 1  # given back after the first output
