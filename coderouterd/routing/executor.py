@@ -212,6 +212,13 @@ class Exchange:
             (self.runtime.providers[p].cfg.timeouts.first_byte for p in providers if p in self.runtime.providers),
             default=0.0)
         while True:
+            # Up and kept for us already (it came up while other providers were tried): tried at once.
+            up = [p for p, t in self._starts.items() if p in providers and t.admitted()]
+            if up:
+                self.record.waited_for(up, 0.0)
+                if await self._try_turns(up, errors):
+                    return True
+                continue
             waiting = {p: t for p, t in self._starts.items() if p in providers and t.waiting()}
             if not waiting:
                 return False
@@ -232,8 +239,21 @@ class Exchange:
                     return False  # could not start: routing says why
                 continue
             self.record.waited_for(up, time.monotonic() - started)
-            if await self.try_in_order(up, errors):
+            if await self._try_turns(up, errors):
                 return True
+
+    async def _try_turns(self, up: list[str], errors: list[UpstreamError]) -> bool:
+        """Try the providers whose turn came. A turn not used by its attempt (skipped before it began: a breaker,
+        a budget) is given back at once: its model is not kept for a request that will not come back to it."""
+        if await self.try_in_order(up, errors):
+            return True
+        demand = self.router.demand
+        if demand is not None:
+            for p in up:
+                turn = self._starts.get(p)
+                if turn is not None and turn.admitted():
+                    demand.release(turn)
+        return False
 
     # -- one attempt ----------------------------------------------------------------------------------------
 
