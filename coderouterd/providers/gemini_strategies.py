@@ -98,6 +98,7 @@ class GeminiToChat(_GeminiStrategy):
                 err = obj["error"] if isinstance(obj["error"], dict) else {"message": str(obj["error"])}
                 message = str(err.get("message", "upstream error"))
                 raise UpstreamError(stream_error_reason(message), message=message, after_content=self.delivered)
+            self.produced.openai(obj)  # a stream cut before its end is billed for it (routing/executor.py)
             if self.answer is not None:
                 observe_openai(self.answer, obj)
             if self.repair is not None:

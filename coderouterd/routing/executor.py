@@ -112,7 +112,7 @@ class Exchange:
         record.planned(plan)
         errors: list[UpstreamError] = []
         names = list(plan.candidates)
-        self._demand_starts(plan.skips)
+        self._demand_starts(plan.skips, ahead_of=names)
         # "wait" holds for background requests too: it says the data stays here, or that the remote costs.
         if self._starts and self.profile.on_demand_start == "wait":
             ahead = self._starts_ahead(names)
@@ -132,7 +132,8 @@ class Exchange:
             if await self.try_in_order(self._panic_order(), errors):
                 return
         # Failover first, then the local model started for this request: it is waited for only when nothing
-        # else served (on_demand_start = "failover", the default).
+        # else served (on_demand_start = "failover", the default). Those behind the candidates are wanted now.
+        self._demand_starts(plan.skips)
         if self._starts and await self._wait_started(list(self._starts), errors):
             return
         if await wait_for_restart(self, errors):
@@ -176,14 +177,20 @@ class Exchange:
 
     # -- a managed backend that is (re)starting --------------------------------------------------------------
 
-    def _demand_starts(self, skips: list[Skip]) -> None:
+    def _demand_starts(self, skips: list[Skip], ahead_of: list[str] | None = None) -> None:
         """Processes of this chain that are stopped and may be started by a request (on demand, or stopped when
         idle or for room) are started now, in the background: whether this request waits for them is decided
-        later (on_demand_start)."""
+        later (on_demand_start). `ahead_of`: only those before the first of these candidates in the chain's
+        order. One behind the provider that serves is wanted only once those ahead have failed: a turn for it
+        would stop the model serving this request (and again after it, as a start nobody waits for)."""
         demand = self.router.demand
         if demand is None:
             return
+        chain = list(self.profile.providers)
+        first = chain.index(ahead_of[0]) if ahead_of and ahead_of[0] in chain else len(chain)
         for s in skips:
+            if ahead_of is not None and s.provider in chain and chain.index(s.provider) >= first:
+                continue
             if s.reason in ("not_ready", "cannot_start") and s.provider not in self._starts:
                 turn = demand.demand(s.provider, background=self.background)
                 if turn is not None:
@@ -205,6 +212,13 @@ class Exchange:
             (self.runtime.providers[p].cfg.timeouts.first_byte for p in providers if p in self.runtime.providers),
             default=0.0)
         while True:
+            # Up and kept for us already (it came up while other providers were tried): tried at once.
+            up = [p for p, t in self._starts.items() if p in providers and t.admitted()]
+            if up:
+                self.record.waited_for(up, 0.0)
+                if await self._try_turns(up, errors):
+                    return True
+                continue
             waiting = {p: t for p, t in self._starts.items() if p in providers and t.waiting()}
             if not waiting:
                 return False
@@ -225,8 +239,21 @@ class Exchange:
                     return False  # could not start: routing says why
                 continue
             self.record.waited_for(up, time.monotonic() - started)
-            if await self.try_in_order(up, errors):
+            if await self._try_turns(up, errors):
                 return True
+
+    async def _try_turns(self, up: list[str], errors: list[UpstreamError]) -> bool:
+        """Try the providers whose turn came. A turn not used by its attempt (skipped before it began: a breaker,
+        a budget) is given back at once: its model is not kept for a request that will not come back to it."""
+        if await self.try_in_order(up, errors):
+            return True
+        demand = self.router.demand
+        if demand is not None:
+            for p in up:
+                turn = self._starts.get(p)
+                if turn is not None and turn.admitted():
+                    demand.release(turn)
+        return False
 
     # -- one attempt ----------------------------------------------------------------------------------------
 
@@ -322,7 +349,8 @@ class Exchange:
             st = call.strategy
             if slot.ok:
                 usage = st.usage
-            elif st.started_content or st.produced.chars:
+            elif st.started_content or st.produced.chars or st.produced.reported:
+                # (reported: the upstream counted the prompt it read before any content; it bills that too)
                 usage, estimated = cut_usage(st.produced, st.usage or {},
                                              slot.provider.estimate_tokens(call.request_chars or len(self.req.raw)))
                 record = self.record
@@ -412,6 +440,10 @@ class Exchange:
             self.committed = True
             await self.sink.start_stream(self.record.route_headers(slot.name, serving=_serving(slot, "ok")))
         await self.sink.event(first)
+        # The client has this provider's output: nothing else will serve it. A turn still held at a stopped model
+        # (failed over while it was started) goes back now, not at the end of the stream: once that model is up
+        # it would be kept for this request, and no other swap could stop it, for as long as the stream lasts.
+        self._release_turns()
         await self._pump(call)
         # The upstream's whole answer, its usage included, is with the client now: the request succeeded. It is
         # recorded before the housekeeping below, because a client that closes right after [DONE] cancels this

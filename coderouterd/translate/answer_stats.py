@@ -120,9 +120,9 @@ class Produced:
             d = ch.get("delta") if (ch.get("index") or 0) == 0 else None
             if d:
                 v = d.get("content")
-                if v.__class__ is str:
+                if v.__class__ is str and v:
                     self.chars += len(v)
-                else:
+                else:  # also beside an empty content: servers send "" with reasoning or tool calls
                     v = d.get("reasoning_content") or d.get("reasoning")
                     if v.__class__ is str:
                         self.chars += len(v)
