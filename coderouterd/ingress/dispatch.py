@@ -19,7 +19,7 @@ from ..state.refusals import UnnamedRefusal, gate_reason, refusal_event
 from .asgi import App
 from .auth import KEY_HEADERS, KeyRefusal, presented_key, scope_refusal, source_of
 from .browsers import BrowserGuard, with_cors
-from .gemini import GeminiResponder, admit_gemini, is_gemini
+from .gemini import GeminiResponder, admit_gemini, is_gemini, with_query_key
 from .gemini import serve as serve_gemini
 from .guard import BodyTooLarge, ClientLeft, answer_internal_error, describe_exception, read_body
 from .model_list import model_ids
@@ -234,15 +234,18 @@ class ProxyApp:
         api_keys = self.daemon.runtime.config.server.api_keys
         if not gate.required(api_keys):
             return False
-        headers = _headers(scope)
+        gemini = is_gemini(path, scope)
+        # A Gemini client may send its key as `?key=` (read as the header it stands for, as its routes do).
+        headers = _headers(with_query_key(scope) if gemini else scope)
         if not presented_key(headers):
             return False
         refusal, _key = gate.admit(headers, api_keys)
         if refusal is None:
             return True
-        wire = _caller_wire(path, scope)
+        wire = "gemini" if gemini else _caller_wire(path, scope)
         rid = new_id("req")
-        await gate.refuse(Responder(send, wire, rid), refusal, source_of(scope), path)
+        r = GeminiResponder(send, rid) if gemini else Responder(send, wire, rid)  # the caller's shape
+        await gate.refuse(r, refusal, source_of(scope), path)
         self._journal_refusal(rid, wire, refusal)
         return None
 
