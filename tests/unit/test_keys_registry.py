@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import hmac
 import re
+import time
 from dataclasses import replace
 
 import pytest
@@ -306,3 +307,31 @@ def test_last_use_is_written_behind_and_survives_a_reload(svc):
     r2 = KeyRegistry(clock=clock)
     LocalKeyStorage(store, r2).load()  # a restart: the same hash key, the same keys
     assert r2.check(secret, clock.t)[0] is Check.OK and r2.get("dave").last_used == clock.t
+
+
+def test_a_dashboard_login_with_a_rotated_away_secret_ends_with_its_grace():
+    """A cookie is as good as the secret it was made from: one from the previous secret (during a rotation's grace)
+    stops working when that secret does, and one from the current secret keeps working."""
+    from coderouterd.ui.guard import COOKIE, UiAuth
+
+    clock = Clock(time.time())
+    r = KeyRegistry(clock=clock)
+    r.set_hash_key(new_hash_key())
+    old, new = new_secret(), new_secret()
+    assert r.hasher is not None
+    rec = _record(r.hasher, "alice", new)
+    r.replace([replace(rec, prev_digest=r.hasher.hex(old), prev_until=clock.t + 60)])
+    auth = UiAuth(b"s" * 32)
+
+    def cookie(secret: str) -> dict[str, str]:
+        set_cookie = auth.login(secret, [], r)
+        assert set_cookie is not None
+        return {"cookie": set_cookie.split(";")[0]}
+
+    with_old, with_new = cookie(old), cookie(new)
+    assert auth.authorized(with_old, [], r) and auth.authorized(with_new, [], r)
+    clock.t += 61  # the grace is over: the old secret opens nothing, nor does what was made from it
+    assert r.check(old, clock.t)[0] is Check.UNKNOWN
+    assert not auth.authorized(with_old, [], r)
+    assert auth.authorized(with_new, [], r)
+    assert COOKIE in with_new["cookie"]
