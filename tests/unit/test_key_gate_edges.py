@@ -68,3 +68,10 @@ def test_a_gemini_key_in_the_query_opens_a_foreign_host_like_the_header_does():
     status, body = _call(ProxyApp(d), "GET", "/v1beta/models", [(b"host", FOREIGN)],
                          query=b"key=" + secret.encode())
     assert status == 200 and body["models"][0]["name"] == "models/profile:default", body
+
+
+def test_a_gemini_query_key_that_is_not_latin_1_is_a_wrong_key_not_a_crash():
+    d, _secret = _daemon([])
+    for host in (b"127.0.0.1:8088", FOREIGN):  # the Gemini route's own check, and the Host-refusal path's
+        status, body = _call(ProxyApp(d), "GET", "/v1beta/models", [(b"host", host)], query=b"key=%E2%82%AC")
+        assert status == 401 and body["error"]["status"] == "UNAUTHENTICATED", body
