@@ -77,6 +77,13 @@ class KeyRegistry:
         for fn in self._listeners:
             fn()
 
+    def close_until_loaded(self) -> None:
+        """Storage cannot tell yet whether any key exists (the shared database not reached, nothing cached): every
+        request needs a key meanwhile (an operator key; no team key can be checked before the hash key is known).
+        The first `replace` decides."""
+        if not self.loaded:
+            self.required = True
+
     def on_change(self, fn: Callable[[], None]) -> None:
         self._listeners.append(fn)
 

@@ -335,3 +335,25 @@ def test_a_dashboard_login_with_a_rotated_away_secret_ends_with_its_grace():
     assert not auth.authorized(with_old, [], r)
     assert auth.authorized(with_new, [], r)
     assert COOKIE in with_new["cookie"]
+
+
+def test_shared_keys_never_reached_and_none_cached_keep_the_door_closed():
+    """[state] backend = "postgres" on an instance that has never read the keys (a new machine, a state directory
+    wiped, a container's ephemeral one) while the database is away: whether keys exist is unknown, so requests need
+    a key (an operator key: no team key can be checked yet), as the budget refuses capped spend before the
+    ledger's first answer. Once the database has answered with no key at all, loopback is open again."""
+    from coderouterd.cluster.keys import SharedKeyStorage
+
+    r = KeyRegistry()
+    storage = SharedKeyStorage(object(), MemoryStore(), r, tasks=object())  # type: ignore[arg-type]
+    storage.load()  # nothing cached, the database not reached yet
+    gate = KeyGate(r, lambda e: None)
+    assert gate.required([])
+    refusal, _ = gate.admit({}, [])
+    assert refusal is not None and refusal.status == 401
+    refusal, _ = gate.admit({"x-api-key": new_secret()}, [])
+    assert refusal is not None and refusal.status == 401
+    refusal, key = gate.admit({"x-api-key": "op"}, ["op"])
+    assert refusal is None and key is None  # operator keys keep working meanwhile
+    r.replace([])  # the database answered: no key exists
+    assert not gate.required([])
