@@ -396,7 +396,7 @@ class ProxyApp:
         record = ex.record
         if await daemon.guard_request(ex):
             if req.limits is not None:  # admitted under its key's limits, then answered by another guard
-                daemon.key_guard.release(req, None)
+                daemon.key_guard.release(req, None, upstream=False)
             after.defer(daemon.finish, record)
             return
         task = asyncio.current_task()
@@ -431,7 +431,8 @@ class ProxyApp:
             if hook is not None:
                 hook(None)
             if req.limits is not None:  # its key's slot is free the moment it ends, not when bookkeeping runs
-                daemon.key_guard.release(req, record.usage)
+                # Every attempt at an upstream is recorded (served, failed or abandoned): none, no token used.
+                daemon.key_guard.release(req, record.usage, upstream=bool(record.attempts))
         after.defer(daemon.guard_after_answer, ex)
         after.defer(daemon.finish, record)
         if not r.headers_sent and record.error_class == CLIENT_DISCONNECTED:
