@@ -206,7 +206,7 @@ class ProxyApp:
             if path == "/v1/models":
                 return await self.models(scope, send)
             if path == "/metrics":
-                return await self.daemon.metrics_endpoint(scope, send)
+                return await self.metrics(scope, send)
         if (path == "/ui" or path.startswith("/ui/")) and self._make_dashboard is not None:
             # After every proxy route: the model requests never pay for this comparison.
             return await self.dashboard(scope, receive, send)
@@ -217,6 +217,18 @@ class ProxyApp:
             await r.error(405, f"method {method} not allowed on {path}", error_type="invalid_request_error")
         else:
             await r.error(404, f"no such endpoint: {method} {path}", error_type="not_found_error")
+
+    async def metrics(self, scope: Scope, send: Send) -> None:
+        """GET /metrics. It names every team key with its requests, spend and refusals: once team keys are required
+        it needs a valid key like every route, unless [metrics] bearer_token is set (then that token is the
+        scraper's, checked by the endpoint). Operator keys alone leave it as it was (the token protects it)."""
+        daemon = self.daemon
+        if daemon.key_gate.registry.required and not daemon.runtime.config.metrics.bearer_token:
+            r = Responder(send, _caller_wire(scope["path"], scope), new_id("req"))
+            admitted, _key = await self.admit_key(scope, _headers(scope), r)
+            if not admitted:
+                return
+        await daemon.metrics_endpoint(scope, send)
 
     async def dashboard(self, scope: Scope, receive: Receive, send: Send) -> None:
         """/ui: the read-only web dashboard, built (and its modules imported) on the first visit."""
