@@ -65,12 +65,16 @@ class SharedKeyStorage:
         """The keys last read from the database, from the local cache (nothing before the first join)."""
         cached = self.store.get(NS_CACHE, "snapshot")
         if not isinstance(cached, dict):
+            # Whether keys exist is unknown until the database answers: closed meanwhile, never open (the door a
+            # team's keys closed must not open because this instance has not read them yet).
+            self.registry.close_until_loaded()
             return
         try:
             key = bytes.fromhex(cached["hash_key"])
             records = [KeyRecord.from_dict(r, version=int(r.get("version", 0))) for r in cached["records"]]
         except (KeyError, TypeError, ValueError):
             log.warning("shared keys: the local cache is unreadable; waiting for the database")
+            self.registry.close_until_loaded()
             return
         self.registry.set_hash_key(key)
         self.hash_key_hex = key.hex()

@@ -118,11 +118,12 @@ class KeyGuard:
                             headers={"x-coderouter-profile": ex.profile_name, **rate_headers(got, req.ingress)})
         return True
 
-    def release(self, req: ClientRequest, usage: dict | None) -> None:
-        """The request ended (answered, failed or its client gone): its slot is free, its tokens settled."""
+    def release(self, req: ClientRequest, usage: dict | None, *, upstream: bool = True) -> None:
+        """The request ended (answered, failed or its client gone): its slot is free, its tokens settled.
+        `upstream` False: no upstream was asked (refused by a guard, every provider skipped): it used no token."""
         adm = req.limits
         if isinstance(adm, Admission):
-            self.limiter.release(adm, used_tokens(usage))
+            self.limiter.release(adm, used_tokens(usage) if upstream else 0)
 
     def usage(self, key: TeamKey) -> dict:
         """The key's rate now against its limits on this instance (status, the dashboard's Keys view)."""

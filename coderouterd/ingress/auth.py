@@ -111,6 +111,15 @@ class KeyGate:
     async def refuse(self, r: Responder, refusal: KeyRefusal, source: str, path: str) -> None:
         """Answer a refusal in the caller's shape. An authentication failure (401) counts against its source,
         which waits its delay first; a 403 (a valid key outside its scope) does not: it is no guess."""
+        await self._counted(refusal, source, path)
+        await r.error(refusal.status, refusal.message, error_type=refusal.error_type)
+
+    async def failed_elsewhere(self, source: str, path: str) -> None:
+        """A key refused outside the proxy's routes (the dashboard's login form and API, which answer in their
+        own way): counted against its source and audited like any 401, and returns after the source's delay."""
+        await self._counted(_UNKNOWN, source, path)
+
+    async def _counted(self, refusal: KeyRefusal, source: str, path: str) -> None:
         self.refused += 1
         if refusal.status == 401:
             delay, episode = self.throttle.failed(source)
@@ -126,7 +135,6 @@ class KeyGate:
             import asyncio
 
             await asyncio.sleep(delay)
-        await r.error(refusal.status, refusal.message, error_type=refusal.error_type)
 
 
 def _printable(text: str) -> str:

@@ -19,7 +19,7 @@ from ..state.refusals import UnnamedRefusal, gate_reason, refusal_event
 from .asgi import App
 from .auth import KEY_HEADERS, KeyRefusal, presented_key, scope_refusal, source_of
 from .browsers import BrowserGuard, with_cors
-from .gemini import GeminiResponder, admit_gemini, is_gemini
+from .gemini import GeminiResponder, admit_gemini, is_gemini, with_query_key
 from .gemini import serve as serve_gemini
 from .guard import BodyTooLarge, ClientLeft, answer_internal_error, describe_exception, read_body
 from .model_list import model_ids
@@ -206,7 +206,7 @@ class ProxyApp:
             if path == "/v1/models":
                 return await self.models(scope, send)
             if path == "/metrics":
-                return await self.daemon.metrics_endpoint(scope, send)
+                return await self.metrics(scope, send)
         if (path == "/ui" or path.startswith("/ui/")) and self._make_dashboard is not None:
             # After every proxy route: the model requests never pay for this comparison.
             return await self.dashboard(scope, receive, send)
@@ -217,6 +217,18 @@ class ProxyApp:
             await r.error(405, f"method {method} not allowed on {path}", error_type="invalid_request_error")
         else:
             await r.error(404, f"no such endpoint: {method} {path}", error_type="not_found_error")
+
+    async def metrics(self, scope: Scope, send: Send) -> None:
+        """GET /metrics. It names every team key with its requests, spend and refusals: once team keys are required
+        it needs a valid key like every route, unless [metrics] bearer_token is set (then that token is the
+        scraper's, checked by the endpoint). Operator keys alone leave it as it was (the token protects it)."""
+        daemon = self.daemon
+        if daemon.key_gate.registry.required and not daemon.runtime.config.metrics.bearer_token:
+            r = Responder(send, _caller_wire(scope["path"], scope), new_id("req"))
+            admitted, _key = await self.admit_key(scope, _headers(scope), r)
+            if not admitted:
+                return
+        await daemon.metrics_endpoint(scope, send)
 
     async def dashboard(self, scope: Scope, receive: Receive, send: Send) -> None:
         """/ui: the read-only web dashboard, built (and its modules imported) on the first visit."""
@@ -234,15 +246,18 @@ class ProxyApp:
         api_keys = self.daemon.runtime.config.server.api_keys
         if not gate.required(api_keys):
             return False
-        headers = _headers(scope)
+        gemini = is_gemini(path, scope)
+        # A Gemini client may send its key as `?key=` (read as the header it stands for, as its routes do).
+        headers = _headers(with_query_key(scope) if gemini else scope)
         if not presented_key(headers):
             return False
         refusal, _key = gate.admit(headers, api_keys)
         if refusal is None:
             return True
-        wire = _caller_wire(path, scope)
+        wire = "gemini" if gemini else _caller_wire(path, scope)
         rid = new_id("req")
-        await gate.refuse(Responder(send, wire, rid), refusal, source_of(scope), path)
+        r = GeminiResponder(send, rid) if gemini else Responder(send, wire, rid)  # the caller's shape
+        await gate.refuse(r, refusal, source_of(scope), path)
         self._journal_refusal(rid, wire, refusal)
         return None
 
@@ -393,7 +408,7 @@ class ProxyApp:
         record = ex.record
         if await daemon.guard_request(ex):
             if req.limits is not None:  # admitted under its key's limits, then answered by another guard
-                daemon.key_guard.release(req, None)
+                daemon.key_guard.release(req, None, upstream=False)
             after.defer(daemon.finish, record)
             return
         task = asyncio.current_task()
@@ -428,7 +443,8 @@ class ProxyApp:
             if hook is not None:
                 hook(None)
             if req.limits is not None:  # its key's slot is free the moment it ends, not when bookkeeping runs
-                daemon.key_guard.release(req, record.usage)
+                # Every attempt at an upstream is recorded (served, failed or abandoned): none, no token used.
+                daemon.key_guard.release(req, record.usage, upstream=bool(record.attempts))
         after.defer(daemon.guard_after_answer, ex)
         after.defer(daemon.finish, record)
         if not r.headers_sent and record.error_class == CLIENT_DISCONNECTED:

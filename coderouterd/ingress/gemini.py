@@ -102,7 +102,8 @@ def with_query_key(scope: Scope) -> Scope:
     key = (_query(scope).get("key") or [""])[0]
     if not key or any(k == b"x-goog-api-key" for k, _v in scope["headers"]):
         return scope
-    return {**scope, "headers": [*scope["headers"], (b"x-goog-api-key", key.encode("latin-1"))]}
+    # UTF-8: parse_qs decoded its %-escapes as UTF-8, and no valid key is outside ASCII (a wrong one is a 401).
+    return {**scope, "headers": [*scope["headers"], (b"x-goog-api-key", key.encode("utf-8", "surrogateescape"))]}
 
 
 def model_path(path: str) -> str:

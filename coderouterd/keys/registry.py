@@ -77,6 +77,13 @@ class KeyRegistry:
         for fn in self._listeners:
             fn()
 
+    def close_until_loaded(self) -> None:
+        """Storage cannot tell yet whether any key exists (the shared database not reached, nothing cached): every
+        request needs a key meanwhile (an operator key; no team key can be checked before the hash key is known).
+        The first `replace` decides."""
+        if not self.loaded:
+            self.required = True
+
     def on_change(self, fn: Callable[[], None]) -> None:
         self._listeners.append(fn)
 
@@ -127,13 +134,20 @@ class KeyRegistry:
         return Check.OK, key
 
     def verify_name_digest(self, name: str, digest_hex: str) -> TeamKey | None:
-        """The key named `name` if its current secret's digest is `digest_hex` and it may be used now (the
-        dashboard's cookie holds a MAC of these, never the secret)."""
+        """The key named `name` if `digest_hex` is its current secret's digest, or its previous one's while the
+        rotation's grace lasts, and it may be used now (the dashboard's cookie holds a MAC of these, never the
+        secret: it opens what the secret it was made from opens, no longer)."""
         rec = self._records.get(name)
-        if rec is None or not hmac.compare_digest(rec.digest, digest_hex):
+        if rec is None:
+            return None
+        now = self._clock()
+        current = hmac.compare_digest(rec.digest, digest_hex)
+        graced = rec.prev_digest is not None and rec.prev_until is not None and now < rec.prev_until \
+            and hmac.compare_digest(rec.prev_digest, digest_hex)
+        if not (current or graced):
             return None
         key = rec.key
-        if key.revoked_at is not None or key.expired(self._clock()):
+        if key.revoked_at is not None or key.expired(now):
             return None
         return key
 

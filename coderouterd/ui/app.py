@@ -38,6 +38,7 @@ from pydantic import BaseModel, ValidationError
 
 from ..admin import apitype, history, key_usage, views
 from ..ingress.asgi import Receive, Scope, Send  # ASGI, as the proxy's dispatch calls us
+from ..ingress.auth import presented_key, source_of
 from ..ingress.browsers import BrowserGuard
 from ..ingress.guard import BodyTooLarge, read_body
 from ..ingress.protocol import DISCONNECT_HOOK
@@ -145,6 +146,8 @@ class DashboardApp:
             # The page's own code and styles (the login page needs them too): no data in them, so no key.
             return await self._asset(send, path[len("/ui/static/"):], headers, head)
         if not self.auth.authorized(headers, server.api_keys, self.daemon.keys):
+            if presented_key(headers):  # a wrong key, not just a browser that has not logged in yet
+                await self.daemon.key_gate.failed_elsewhere(source_of(scope), path)
             if api:
                 raise Answer(401, "the dashboard needs a key: one of the server's api_keys or a team key "
                                   "(log in at /ui)")
@@ -207,6 +210,8 @@ class DashboardApp:
         key = (parse_qs(body.decode("latin-1")).get("key") or [""])[0]
         cookie = self.auth.login(key, keys, team)
         if cookie is None:
+            # Counted and slowed like a wrong key on the proxy's routes: the form is no way around the throttle.
+            await self.daemon.key_gate.failed_elsewhere(source_of(scope), "/ui/login")
             return await self._login_page(send, 401, "That key is not valid for this coderouterd (an operator "
                                                      "api_key or a team key that is active).")
         await _send(send, 303, b"", b"text/plain", [(b"location", b"/ui"), (b"set-cookie", cookie.encode())])

@@ -97,8 +97,10 @@ class UiAuth:
             if given.startswith("t.") and team is not None:
                 name, _sep, mac = given[2:].rpartition(".")
                 rec = team.get(name)
-                if rec is not None and hmac.compare_digest(mac.encode(), self.team_token(name, rec.digest).encode()):
-                    return team.verify_name_digest(name, rec.digest) is not None
+                # Made from the current secret, or from the previous one during a rotation's grace (login).
+                for digest in (rec.digest, rec.prev_digest) if rec is not None else ():
+                    if digest and hmac.compare_digest(mac.encode(), self.team_token(name, digest).encode()):
+                        return team.verify_name_digest(name, digest) is not None
             # Every configured key's token is compared, so a cookie for a key since removed fails.
             elif any(hmac.compare_digest(given.encode(), self.token(k).encode()) for k in keys):
                 return True
@@ -116,9 +118,12 @@ class UiAuth:
             return None
         verdict, k = team.check(key, time.time())
         rec = team.get(k.name) if verdict is Check.OK and k is not None else None
-        if rec is None:
+        if rec is None or team.hasher is None:
             return None
-        return f"{COOKIE}=t.{rec.name}.{self.team_token(rec.name, rec.digest)}; Path=/ui; HttpOnly; SameSite=Strict"
+        # Bound to the digest of the secret presented (the previous one during a rotation's grace): the cookie
+        # stops working when that secret does.
+        digest = team.hasher.hex(key)
+        return f"{COOKIE}=t.{rec.name}.{self.team_token(rec.name, digest)}; Path=/ui; HttpOnly; SameSite=Strict"
 
 
 def origin_allowed(headers: dict[str, str], allowed: frozenset[str]) -> bool:

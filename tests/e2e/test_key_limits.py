@@ -223,3 +223,17 @@ def test_a_key_over_its_budget_gets_the_final_refusal_naming_key_cap_and_spend(t
             assert "team key 'gina'" in zero.value.message and "free providers only" in zero.value.message
         finally:
             d.stop()
+
+
+def test_a_request_refused_before_any_upstream_leaves_nothing_in_the_key_s_tpm(daemon):
+    """tpm counts what was used: a request admitted under the key's limits and then refused before reaching any
+    upstream (here its budget of 0 USD allows free providers only, and the one provider is paid) used no token,
+    so it leaves no estimate in the window for the key's next requests."""
+    secret = _create(daemon, "frank", monthly_usd=0, tpm=2500)
+    client = _openai(daemon, secret)
+    for i in range(4):  # each is counted ~1000 tokens at admission (max_tokens 1000): 4 of them exceed 2500
+        with pytest.raises(openai.APIStatusError) as e:
+            _ask_openai(client, max_tokens=1000)
+        assert e.value.status_code != 429, (i, e.value.body)
+        assert "0 USD" in str(e.value.body), e.value.body  # the budget's refusal, every time
+    assert not [r for r in daemon.upstream.requests if r["method"] == "POST"]  # none reached the upstream

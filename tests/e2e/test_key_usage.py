@@ -103,7 +103,7 @@ def test_requests_and_refusals_are_counted_per_key_everywhere(team):
     assert r.returncode == 0 and "alice" in r.stdout and "key_scope 1" in r.stdout
 
     # /metrics: the key on requests, tokens, cost and refusals
-    s = scrape(d)
+    s = scrape(d, alice)  # team keys exist: /metrics is read with one
     assert total(s, "coderouter_requests_total", key="alice") == 2
     assert total(s, "coderouter_tokens_total", key="alice", kind="input") == by["alice"]["input_tokens"]
     assert total(s, "coderouter_cost_usd_total", key="alice") == pytest.approx(by["alice"]["spend_usd"])

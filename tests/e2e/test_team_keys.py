@@ -323,3 +323,16 @@ def test_an_expiry_writes_one_audit_line(env):
     time.sleep(2.5)  # more than two rounds of the expiry scan: still one line
     lines = expired()
     assert len(lines) == 1 and lines[0]["name"] == "ivan" and lines[0]["detail"]["expired_at"].startswith(soon[:16])
+
+
+def test_metrics_need_a_key_once_team_keys_exist(env):
+    """/metrics names every key with its requests, tokens, spend and refusals: once team keys are required it is
+    read with a valid key, like every other route ([metrics] bearer_token, when set, is the scraper's instead)."""
+    d, _up = env
+    assert httpx.get(d.url + "/metrics", timeout=10).status_code == 200  # no key yet: loopback open, as before
+    alice = create(d, "alice")
+    bare = httpx.get(d.url + "/metrics", timeout=10)
+    assert bare.status_code == 401 and "coderouter_" not in bare.text
+    assert httpx.get(d.url + "/metrics", headers={"authorization": "Bearer crk_guess"}, timeout=10).status_code == 401
+    ok = httpx.get(d.url + "/metrics", headers={"authorization": f"Bearer {alice}"}, timeout=10)
+    assert ok.status_code == 200 and "coderouter_requests_total" in ok.text

@@ -174,3 +174,33 @@ def test_a_restart_while_the_database_is_down_keeps_the_keys_it_knew(tmp_path):
                 d.stop()
     finally:
         pg.cleanup()
+
+
+def test_a_new_instance_that_cannot_read_the_keys_keeps_the_door_closed(tmp_path):
+    """An instance with nothing cached (a new machine, a wiped or ephemeral state directory) started while the
+    database is down does not know whether keys exist: it asks for one (loopback included) until the database
+    answers, then serves the team's keys like any instance."""
+    from tests.support.postgres import Postgres
+
+    pg = Postgres()
+    pg.start()
+    try:
+        dsn = pg.fresh_db("keys_new_instance")
+        with FakeServer("openai", name="local", models=["m"]) as up:
+            a = _daemon(tmp_path, "first", up.url, dsn).start()
+            try:
+                alice = _corectl(a, "keys", "create", "alice")["key"]
+            finally:
+                a.stop()
+            pg.stop()
+            b = _daemon(tmp_path, "newcomer", up.url, dsn).start()
+            try:
+                assert _status(b)["shared"]["up"] is False
+                assert _code(b, None) == 401  # before: 200, the team's keys unread and the door open
+                pg.start()
+                assert wait_for(lambda: _code(b, alice) == 200, 30)
+                assert _code(b, None) == 401
+            finally:
+                b.stop()
+    finally:
+        pg.cleanup()

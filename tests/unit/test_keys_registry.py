@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import hmac
 import re
+import time
 from dataclasses import replace
 
 import pytest
@@ -306,3 +307,53 @@ def test_last_use_is_written_behind_and_survives_a_reload(svc):
     r2 = KeyRegistry(clock=clock)
     LocalKeyStorage(store, r2).load()  # a restart: the same hash key, the same keys
     assert r2.check(secret, clock.t)[0] is Check.OK and r2.get("dave").last_used == clock.t
+
+
+def test_a_dashboard_login_with_a_rotated_away_secret_ends_with_its_grace():
+    """A cookie is as good as the secret it was made from: one from the previous secret (during a rotation's grace)
+    stops working when that secret does, and one from the current secret keeps working."""
+    from coderouterd.ui.guard import COOKIE, UiAuth
+
+    clock = Clock(time.time())
+    r = KeyRegistry(clock=clock)
+    r.set_hash_key(new_hash_key())
+    old, new = new_secret(), new_secret()
+    assert r.hasher is not None
+    rec = _record(r.hasher, "alice", new)
+    r.replace([replace(rec, prev_digest=r.hasher.hex(old), prev_until=clock.t + 60)])
+    auth = UiAuth(b"s" * 32)
+
+    def cookie(secret: str) -> dict[str, str]:
+        set_cookie = auth.login(secret, [], r)
+        assert set_cookie is not None
+        return {"cookie": set_cookie.split(";")[0]}
+
+    with_old, with_new = cookie(old), cookie(new)
+    assert auth.authorized(with_old, [], r) and auth.authorized(with_new, [], r)
+    clock.t += 61  # the grace is over: the old secret opens nothing, nor does what was made from it
+    assert r.check(old, clock.t)[0] is Check.UNKNOWN
+    assert not auth.authorized(with_old, [], r)
+    assert auth.authorized(with_new, [], r)
+    assert COOKIE in with_new["cookie"]
+
+
+def test_shared_keys_never_reached_and_none_cached_keep_the_door_closed():
+    """[state] backend = "postgres" on an instance that has never read the keys (a new machine, a state directory
+    wiped, a container's ephemeral one) while the database is away: whether keys exist is unknown, so requests need
+    a key (an operator key: no team key can be checked yet), as the budget refuses capped spend before the
+    ledger's first answer. Once the database has answered with no key at all, loopback is open again."""
+    from coderouterd.cluster.keys import SharedKeyStorage
+
+    r = KeyRegistry()
+    storage = SharedKeyStorage(object(), MemoryStore(), r, tasks=object())  # type: ignore[arg-type]
+    storage.load()  # nothing cached, the database not reached yet
+    gate = KeyGate(r, lambda e: None)
+    assert gate.required([])
+    refusal, _ = gate.admit({}, [])
+    assert refusal is not None and refusal.status == 401
+    refusal, _ = gate.admit({"x-api-key": new_secret()}, [])
+    assert refusal is not None and refusal.status == 401
+    refusal, key = gate.admit({"x-api-key": "op"}, ["op"])
+    assert refusal is None and key is None  # operator keys keep working meanwhile
+    r.replace([])  # the database answered: no key exists
+    assert not gate.required([])

@@ -141,3 +141,40 @@ def test_a_second_host_or_origin_is_a_400_before_anything_is_read(tmp_path, extr
     d.recent = _Untouchable()
     status, _headers, body = _call(DashboardApp(d), "/ui/api/requests", headers=extra)
     assert status == 400 and b"more than one" in body and b"a request must carry exactly one" in body
+
+
+def test_wrong_keys_at_the_login_form_or_the_api_are_slowed_and_audited_like_the_proxy_s(tmp_path):
+    """Repeated authentication failures from one source slow it down and write one audit line, whichever door
+    they knock at: the dashboard's login form and its API are no way around the proxy's throttle."""
+    from coderouterd.ingress.auth import KeyGate
+    from coderouterd.keys.throttle import FREE
+    from coderouterd.state.events import AuthThrottled
+
+    published: list = []
+    d = _daemon(tmp_path, keys=["op-key"])
+    d.key_gate = KeyGate(d.keys, published.append)
+    app = DashboardApp(d)
+
+    async def login(key: bytes) -> int:
+        sent: list = []
+        body = [{"type": "http.request", "body": b"key=" + key, "more_body": False}]
+
+        async def receive():
+            return body.pop(0) if body else {"type": "http.disconnect"}
+
+        async def send(message):
+            sent.append(message)
+
+        scope = {"type": "http", "method": "POST", "path": "/ui/login", "query_string": b"",
+                 "headers": [(b"host", b"127.0.0.1:8088"), (b"content-type", b"application/x-www-form-urlencoded")],
+                 "server": ("127.0.0.1", 8088), "client": ("127.0.0.9", 5555)}
+        await app(scope, receive, send)
+        return sent[0]["status"]
+
+    for _ in range(int(FREE) + 1):
+        assert asyncio.run(login(b"a-guess")) == 401
+    assert d.key_gate.throttle.delay("127.0.0.9") > 0
+    assert [e for e in published if isinstance(e, AuthThrottled)], published
+    status, _h, _b = _call(app, "/ui/api/spend", headers=[(b"x-api-key", b"another-guess")])
+    assert status == 401 and d.key_gate.refused == int(FREE) + 2
+    assert asyncio.run(login(b"op-key")) == 303  # the right key is let in at once, whatever its source's score
