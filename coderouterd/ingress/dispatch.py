@@ -406,7 +406,13 @@ class ProxyApp:
         ex = Exchange(req, r, runtime=runtime, router=daemon.router, profile=profile,
                       before_upstream=after.while_waiting)
         record = ex.record
-        if await daemon.guard_request(ex):
+        try:
+            answered = await daemon.guard_request(ex)
+        except BaseException:  # a guard that raised (or a cancellation) after the key's limits admitted it
+            if req.limits is not None:
+                daemon.key_guard.release(req, None, upstream=False)
+            raise
+        if answered:
             if req.limits is not None:  # admitted under its key's limits, then answered by another guard
                 daemon.key_guard.release(req, None, upstream=False)
             after.defer(daemon.finish, record)
