@@ -98,9 +98,9 @@ class Exchange:
 
     @property
     def background(self) -> bool:
-        """A background request (no tools: a title, a summary, a topic check): it never stops a busy model, and
-        is served by a model that is up whenever its profile allows one (README: Several local models)."""
-        return not self.req.has_tools()
+        """A background request (ClientRequest.is_background: a title, a topic check): it never stops a busy model,
+        and is served by a model that is up whenever its profile allows one (README: Several local models)."""
+        return self.req.is_background()
 
     async def _run(self) -> None:
         record = self.record

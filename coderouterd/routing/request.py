@@ -38,6 +38,18 @@ class ClientRequest:
     def has_tools(self) -> bool:
         return bool(self.body.get("tools"))
 
+    def is_background(self) -> bool:
+        """A side call nobody watches: no tools and no assistant turn yet (Claude Code's titles and topic checks,
+        a session's name). Anything with tools (an agent, a sub-agent) or a conversation under way (a chat client's
+        later turns, a compaction the user waits for) is foreground: the on-demand scheduler never stops a busy
+        model for a background request (supervise/turns.py), so a request a person waits on must not be one."""
+        if self.body.get("tools") or self.body.get("functions"):
+            return False
+        messages = self.body.get("messages")
+        if not isinstance(messages, list):
+            return True
+        return not any(type(m) is dict and m.get("role") == "assistant" for m in messages)
+
     def has_images(self) -> bool:
         # Cheap byte scan first: most requests carry no image at all.
         if self.ingress == "anthropic":

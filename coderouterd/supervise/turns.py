@@ -3,8 +3,8 @@ wants, the residency policy and the clock are handed in; ondemand.py acts on the
 
 The rules (README: Several local models, "Swaps only when they pay"):
 
-- Turns go in order: requests a user waits for (foreground) first, then background ones (no tools: titles,
-  summaries), then a start nobody waits for any more (a request failed over while it was decided); within each,
+- Turns go in order: requests a user waits for (foreground) first, then background ones (ClientRequest.is_background:
+  titles, topic checks), then a start nobody waits for any more (a request failed over while it was decided); within each,
   the longest waiting first. A later want may go ahead of one that is held only if it stops nothing.
 - A model some requests were promised (it came up for them) is never stopped before they begin: the swap that
   brought it in finishes by serving what waited for it.
