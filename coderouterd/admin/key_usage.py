@@ -90,7 +90,7 @@ def _read(reader: JournalReader, start: float, end: float, since: float, now: fl
     """Every journal read of the view, in one worker thread: the month, the window's series, the last minute."""
     month = reader.usage_by_key(start, end)
     series = reader.key_series(since, now, step)
-    minute = reader.usage_by_key(now - RATE_WINDOW_S, now + 1e-3)
+    minute = reader.usage_by_key(now - RATE_WINDOW_S, now + 1e-3, last_used=False)
     return month, series, minute
 
 

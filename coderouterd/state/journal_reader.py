@@ -182,10 +182,12 @@ class JournalReader(ABC):
 
     # -- who spent what (issue 41) ----------------------------------------------------------------------------
 
-    def usage_by_key(self, since: float, until: float) -> dict[str | None, dict[str, Any]]:
+    def usage_by_key(self, since: float, until: float, *, last_used: bool = True) -> dict[str | None, dict[str, Any]]:
         """key name (None: no team key) -> requests (refusals included), refused, input/output/cached tokens
         (cache reads; cache writes apart), spend_usd, refusals {reason: n} and last_used (the key's newest row before
-        `until`, earlier months included: a past month's report stays what it was), summed by the database."""
+        `until`, earlier months included: a past month's report stays what it was), summed by the database.
+        `last_used` False: leave it None and skip its read, which walks every row before `until` (the Keys view's
+        last-minute rate needs only the window's sums)."""
         scope = self._scope()
         extra = "".join(f" AND {c} = ?" for c, _ in scope)
         sargs = tuple(v for _, v in scope)
@@ -205,8 +207,9 @@ class JournalReader(ABC):
                     f" WHERE ts >= ? AND ts < ?{extra} AND {REFUSAL_SQL} GROUP BY 1, 2", (since, until, *sargs)):
                 if name in out:
                     out[name]["refusals"][str(reason)] = int(n)
-            for name, last in execute(f"SELECT key_name, MAX(ts) FROM {self._table} WHERE ts < ?{extra}"
-                                      " GROUP BY key_name", (until, *sargs)):
+            lasts = execute(f"SELECT key_name, MAX(ts) FROM {self._table} WHERE ts < ?{extra}"
+                            " GROUP BY key_name", (until, *sargs)) if last_used else ()
+            for name, last in lasts:
                 if name in out:
                     out[name]["last_used"] = float(last) if last is not None else None
                 else:  # no row in the window: still say when the key was last used
