@@ -32,10 +32,15 @@ def _number(option: str, text: str, kind: type) -> float | int | None:
     return value
 
 
-def _list(text: str) -> list[str] | None:
-    if text.strip().lower() in _CLEAR or not text.strip():
+def _list(option: str, text: str) -> list[str] | None:
+    """A comma list; 'none' (or another clearing word) lifts the scope. A value that names nothing ("", ",") is
+    refused rather than read as "anything": a typo must not widen a key's scope."""
+    if text.strip().lower() in _CLEAR:
         return None
-    return [p.strip() for p in text.split(",") if p.strip()]
+    items = [p.strip() for p in text.split(",") if p.strip()]
+    if not items:
+        raise CorectlError(f"{option}: names nothing; give a comma list, or 'none' to allow anything", code=2)
+    return items
 
 
 def settings_from(monthly_usd: str | None = None, rpm: str | None = None, tpm: str | None = None,
@@ -50,9 +55,9 @@ def settings_from(monthly_usd: str | None = None, rpm: str | None = None, tpm: s
         if value is not None:
             out[name] = _number(option, value, int)
     if profiles is not None:
-        out["profiles"] = _list(profiles)
+        out["profiles"] = _list("--profiles", profiles)
     if models is not None:
-        out["models"] = _list(models)
+        out["models"] = _list("--models", models)
     if expires is not None:
         out["expires"] = None if expires.strip().lower() in ("never", *_CLEAR) else expires.strip()
     if note is not None:

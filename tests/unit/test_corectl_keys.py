@@ -23,6 +23,10 @@ def test_settings_from_options():
     assert e.value.code == 2 and "--rpm" in str(e.value)
     with pytest.raises(CorectlError):
         settings_from(monthly_usd="nan")
+    for empty in ("", ",", " , "):  # a typo never widens a key's scope to "anything"
+        with pytest.raises(CorectlError) as e:
+            settings_from(models=empty)
+        assert e.value.code == 2 and "--models" in str(e.value)
 
 
 def test_control_characters_are_shown_not_obeyed():
