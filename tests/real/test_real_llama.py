@@ -316,6 +316,19 @@ def test_codex_exec_through_the_real_model(env, tmp_path):
              "CODEROUTER_KEY": "k", "NO_COLOR": "1"}
     r = subprocess.run([str(CODEX), "exec", "--skip-git-repo-check", "-o", str(out), "say hi"], env=child,
                        cwd=tmp_path, capture_output=True, text=True, timeout=240, stdin=subprocess.DEVNULL)
+    # The model decodes greedily, but Codex's prompt carries this run's working directory, so its answer differs
+    # from run to run; now and then SmolLM2 repeats itself until the slot is full. That answer still came through
+    # whole: streamed text, then the Responses wire's `incomplete` (max_output_tokens), which Codex reports in its
+    # own words and exits 1 on. Anything else is a failure of ours.
+    ran_out = "Incomplete response returned, reason: max_output_tokens" in r.stderr + r.stdout
+    if r.returncode != 0 and ran_out:
+        # Then the journal shows that answer served: a Responses request, 200, the model's tokens relayed.
+        def served() -> bool:
+            return any(row["ingress"] == "responses" and row["status"] == 200 and (row["output_tokens"] or 0) > 100
+                       for row in journal_rows(env.d.state_dir / "state.db"))
+
+        assert wait_for(served, 30), r.stdout[-2000:] + r.stderr[-3000:]
+        return
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
     assert out.exists() and out.read_text().strip()
 
