@@ -29,7 +29,7 @@ from ..translate.openai_request_to_anthropic import openai_request_to_anthropic
 from ..translate.tool_repair_wire import OpenAIStreamRepair
 from ..wire.answer_shapes import check_chat_chunk
 from .errors import DISCONNECT, UpstreamError, stream_error_reason
-from .strategies import AnthropicUpstreamAsChat, Strategy, StrategyOptions, _wrong_shape, openai_completion
+from .strategies import AnthropicUpstreamAsChat, Strategy, StrategyOptions, _wrong_shape
 
 
 class GeminiOptions(StrategyOptions, total=False):
@@ -60,23 +60,10 @@ class GeminiToChat(_GeminiStrategy):
     """Gemini client -> chat-completions upstream."""
 
     def request(self, raw: bytes, stream: bool) -> bytes:
-        body = dict(self.client_body)
-        body["model"] = self.model
-        body["stream"] = stream
-        if stream:
-            body["stream_options"] = {"include_usage": True}
-        if not self.named_tool_choice:
-            from ..translate.anthropic_request_to_openai import force_named_tool_as_required
-
-            body = force_named_tool_as_required(body)
-        return orjson.dumps(body)
+        return self._translated_chat_request(stream)
 
     def response(self, body: bytes) -> bytes:
-        completion = openai_completion(body)
-        self.raw_usage, self.timings = completion.get("usage"), completion.get("timings")
-        self.usage = anthropic_usage(completion.get("usage"), timings=completion.get("timings")) \
-            if completion.get("usage") else {}
-        self._repair_openai_body(completion)  # tool calls written as text become function calls
+        completion = self._translated_chat_completion(body)  # tool calls written as text become function calls
         return orjson.dumps(chat_completion_to_gemini(self.rq, completion, self.tr.model))
 
     def events(self, events: list[tuple[str | None, str]]) -> bytes:

@@ -30,7 +30,6 @@ from .strategies import (
     StrategyOptions,
     _loads_object,
     _wrong_shape,
-    openai_completion,
 )
 
 # The closing events of an answer with this much text leave one write each, encoded only when the one before is
@@ -107,23 +106,10 @@ class ResponsesToChat(_ResponsesStrategy):
     """Responses client -> chat-completions upstream."""
 
     def request(self, raw: bytes, stream: bool) -> bytes:
-        body = dict(self.client_body)
-        body["model"] = self.model
-        body["stream"] = stream
-        if stream:
-            body["stream_options"] = {"include_usage": True}
-        if not self.named_tool_choice:
-            from ..translate.anthropic_request_to_openai import force_named_tool_as_required
-
-            body = force_named_tool_as_required(body)
-        return orjson.dumps(body)
+        return self._translated_chat_request(stream)
 
     def response(self, body: bytes) -> bytes:
-        completion = openai_completion(body)
-        self.raw_usage, self.timings = completion.get("usage"), completion.get("timings")
-        self.usage = anthropic_usage(completion.get("usage"), timings=completion.get("timings")) \
-            if completion.get("usage") else {}
-        self._repair_openai_body(completion)  # tool calls written as text become function_call items
+        completion = self._translated_chat_completion(body)  # tool calls written as text become function_call items
         return orjson.dumps(chat_completion_to_response(self.rq, completion, self.tr.model))
 
     def events(self, events: list[tuple[str | None, str]]) -> bytes:

@@ -186,6 +186,28 @@ class Strategy(ABC):
         if self.repair_tools:
             self._repaired_whole = repair_openai_completion(resp, self.repair_tools)
 
+    def _translated_chat_request(self, stream: bool) -> bytes:
+        """For an ingress the router holds as its chat translation (Responses, Gemini), to a chat upstream: that
+        translation as it is, with the model, stream and usage options set."""
+        body = dict(self.client_body)
+        body["model"] = self.model
+        body["stream"] = stream
+        if stream:
+            body["stream_options"] = {"include_usage": True}
+        if not self.named_tool_choice:
+            body = force_named_tool_as_required(body)
+        return orjson.dumps(body)
+
+    def _translated_chat_completion(self, body: bytes) -> dict:
+        """A chat upstream's whole answer for such an ingress: parsed, its usage noted, tool calls the model wrote
+        as text repaired. The ingress renders it in its own wire."""
+        completion = openai_completion(body)
+        self.raw_usage, self.timings = completion.get("usage"), completion.get("timings")
+        self.usage = anthropic_usage(completion.get("usage"), timings=completion.get("timings")) \
+            if completion.get("usage") else {}
+        self._repair_openai_body(completion)
+        return completion
+
     def _repair_anthropic_body(self, resp: dict) -> None:
         if self.answer is not None:
             observe_anthropic(self.answer, resp)
