@@ -128,7 +128,7 @@ class KeyRegistry:
             return Check.UNKNOWN, None  # a rotated-away secret after its grace: as good as never issued
         if key.revoked_at is not None:
             return Check.REVOKED, key
-        if key.expires_at is not None and now >= key.expires_at:
+        if key.expired(now):
             return Check.EXPIRED, key
         self.used[key.name] = now
         return Check.OK, key

@@ -16,7 +16,6 @@ from typing import Any, Required, Unpack
 
 import orjson
 
-from ..translate.answer_observe import observe_openai
 from ..translate.gemini_answer import (
     ChatStreamToGemini,
     chat_completion_to_gemini,
@@ -24,12 +23,10 @@ from ..translate.gemini_answer import (
     json_tool_schema,
 )
 from ..translate.gemini_request import JSON_TOOL, GeminiRequest
-from ..translate.openai_answer_to_anthropic import anthropic_usage
 from ..translate.openai_request_to_anthropic import openai_request_to_anthropic
 from ..translate.tool_repair_wire import OpenAIStreamRepair
-from ..wire.answer_shapes import check_chat_chunk
-from .errors import DISCONNECT, UpstreamError, stream_error_reason
-from .strategies import AnthropicUpstreamAsChat, Strategy, StrategyOptions, _wrong_shape
+from .errors import DISCONNECT, UpstreamError
+from .strategies import AnthropicUpstreamAsChat, Strategy, StrategyOptions
 
 
 class GeminiOptions(StrategyOptions, total=False):
@@ -77,27 +74,7 @@ class GeminiToChat(_GeminiStrategy):
                 continue
             if not data:
                 continue
-            obj = orjson.loads(data)
-            problem = check_chat_chunk(obj)
-            if problem:
-                raise _wrong_shape(problem, after_content=self.delivered)
-            if "error" in obj and not obj.get("choices"):
-                err = obj["error"] if isinstance(obj["error"], dict) else {"message": str(obj["error"])}
-                message = str(err.get("message", "upstream error"))
-                raise UpstreamError(stream_error_reason(message), message=message, after_content=self.delivered)
-            self.produced.openai(obj)  # a stream cut before its end is billed for it (routing/executor.py)
-            if self.answer is not None:
-                observe_openai(self.answer, obj)
-            if self.repair is not None:
-                for chunk in self.repair.feed(obj):
-                    tr.feed(chunk, out)
-            else:
-                tr.feed(obj, out)
-            if obj.get("usage"):
-                self.raw_usage = obj["usage"]
-                self.usage = anthropic_usage(obj["usage"], timings=obj.get("timings"))
-            if "timings" in obj:
-                self.timings = obj["timings"]
+            self._translated_chat_chunk(data, out, tr.feed, after_content=self.delivered)
         self._sync()
         return encode_all(out)
 

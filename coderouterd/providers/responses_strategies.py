@@ -15,14 +15,12 @@ from typing import Any, Required, Unpack
 import orjson
 
 from ..allocator import released
-from ..translate.answer_observe import observe_openai
-from ..translate.openai_answer_to_anthropic import anthropic_usage
 from ..translate.responses_objects import chat_completion_to_response
 from ..translate.responses_request import ResponsesRequest
 from ..translate.responses_stream import ChatStreamToResponses, encode, encode_all
 from ..translate.tool_repair_wire import OpenAIStreamRepair
-from ..wire.answer_shapes import check_chat_chunk, check_response, check_responses_event
-from .errors import DISCONNECT, STREAM_ERROR, TOO_LARGE, UpstreamError, stream_error_reason
+from ..wire.answer_shapes import check_response, check_responses_event
+from .errors import DISCONNECT, STREAM_ERROR, TOO_LARGE, UpstreamError
 from .limits import MAX_ANSWER_BYTES, size_text
 from .strategies import (
     AnthropicUpstreamAsChat,
@@ -122,27 +120,7 @@ class ResponsesToChat(_ResponsesStrategy):
                 continue
             if not data:
                 continue
-            obj = orjson.loads(data)
-            problem = check_chat_chunk(obj)
-            if problem:
-                raise _wrong_shape(problem, after_content=self.delivered)
-            if "error" in obj and not obj.get("choices"):
-                err = obj["error"] if isinstance(obj["error"], dict) else {"message": str(obj["error"])}
-                message = str(err.get("message", "upstream error"))
-                raise UpstreamError(stream_error_reason(message), message=message, after_content=self.delivered)
-            self.produced.openai(obj)
-            if self.answer is not None:
-                observe_openai(self.answer, obj)
-            if self.repair is not None:
-                for chunk in self.repair.feed(obj):
-                    tr.feed(chunk, out)
-            else:
-                tr.feed(obj, out)
-            if obj.get("usage"):
-                self.raw_usage = obj["usage"]
-                self.usage = anthropic_usage(obj["usage"], timings=obj.get("timings"))
-            if "timings" in obj:
-                self.timings = obj["timings"]
+            self._translated_chat_chunk(data, out, tr.feed, after_content=self.delivered)
         self._sync()
         return encode_all(out)
 

@@ -4,7 +4,7 @@ client's wire. Same-wire pairs pass bytes through; the others translate incremen
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, Required, TypedDict, Unpack
 
 import orjson
@@ -207,6 +207,33 @@ class Strategy(ABC):
             if completion.get("usage") else {}
         self._repair_openai_body(completion)
         return completion
+
+    def _translated_chat_chunk(self, data: str, out: list, feed: Callable[[dict, list], object], *,
+                               after_content: bool) -> None:
+        """One chunk of a chat upstream's stream for such an ingress: its shape checked, an in-band error raised,
+        what it produced counted (a cut stream is billed for it), observed, repaired, handed to the ingress's
+        translator (`feed`), and its usage and timings noted."""
+        obj = orjson.loads(data)
+        problem = check_chat_chunk(obj)
+        if problem:
+            raise _wrong_shape(problem, after_content=after_content)
+        if "error" in obj and not obj.get("choices"):
+            err = obj["error"] if isinstance(obj["error"], dict) else {"message": str(obj["error"])}
+            message = str(err.get("message", "upstream error"))
+            raise UpstreamError(stream_error_reason(message), message=message, after_content=after_content)
+        self.produced.openai(obj)
+        if self.answer is not None:
+            observe_openai(self.answer, obj)
+        if self.repair is not None:
+            for chunk in self.repair.feed(obj):
+                feed(chunk, out)
+        else:
+            feed(obj, out)
+        if obj.get("usage"):
+            self.raw_usage = obj["usage"]
+            self.usage = anthropic_usage(obj["usage"], timings=obj.get("timings"))
+        if "timings" in obj:
+            self.timings = obj["timings"]
 
     def _repair_anthropic_body(self, resp: dict) -> None:
         if self.answer is not None:
