@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 PY = sys.executable
@@ -160,3 +161,54 @@ def edge_scenarios(claude: bytes) -> dict[str, tuple[str, bytes, dict[str, str]]
         f"b) Anthropic→OpenAI {kb} KB": ("/v1/messages", claude, ah),
         f"c) Anthropic passthrough {kb} KB": ("/v1/messages", claude, {**ah, "x-coderouter-profile": "pass"}),
     }
+
+
+def start_ingress_pair(tmp: Path, procs: list) -> tuple[str, Any]:
+    """The setup bench/responses.py and bench/gemini.py share: fast fakes (OpenAI and Anthropic, whole and in 20
+    chunks) on core 1, and coderouterd on core 0 with one profile each (default, stream, an, anstream). Every
+    process started goes into `procs` (the caller stops them). Returns the proxy's URL and the daemon's
+    psutil.Process (its CPU time per request)."""
+    import psutil
+
+    oa, oa_url = start_fake("openai", "ok", {1})
+    oas, oas_url = start_fake("openai", "chunks;n=20", {1})
+    an, an_url = start_fake("anthropic", "ok", {1})
+    ans, ans_url = start_fake("anthropic", "chunks;n=20", {1})
+    procs += [oa, oas, an, ans]
+    cfg = tmp / "bench.toml"
+    cfg.write_text(f"""
+[server]
+port = 0
+[providers.oa]
+base_url = "{oa_url}/v1"
+model = "bench-model"
+[providers.oastream]
+base_url = "{oas_url}/v1"
+model = "bench-model"
+[providers.an]
+kind = "anthropic"
+base_url = "{an_url}/v1"
+model = "bench-model"
+[providers.anstream]
+kind = "anthropic"
+base_url = "{ans_url}/v1"
+model = "bench-model"
+[profiles.default]
+providers = ["oa"]
+[profiles.stream]
+providers = ["oastream"]
+[profiles.an]
+providers = ["an"]
+[profiles.anstream]
+providers = ["anstream"]
+""")
+    port = free_port()
+    env = {**os.environ, "CODEROUTER_STATE_DIR": str(tmp / "state")}
+    d = subprocess.Popen([PY, "-m", "coderouterd", "--config", str(cfg), "--port", str(port),
+                          "--log-level", "warning"], cwd=ROOT, env=env)
+    procs.append(d)
+    pin(d.pid, {0})
+    proxy = f"http://127.0.0.1:{port}"
+    wait_healthz(proxy, d)
+    time.sleep(0.5)
+    return proxy, psutil.Process(d.pid)

@@ -17,14 +17,13 @@ import os
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import orjson
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.common import PY, ROOT, free_port, pct, pin, start_fake, stop, table, wait_healthz  # noqa: E402
+from bench.common import pct, pin, start_ingress_pair, stop, table  # noqa: E402
 from bench.proxy import latency, ms  # noqa: E402
 from coderouterd.translate.gemini_request import translate_request  # noqa: E402
 
@@ -71,50 +70,7 @@ def main() -> int:
     procs: list[subprocess.Popen] = []
     tmp = Path(tempfile.mkdtemp(prefix="crbench-gemini-"))
     try:
-        oa, oa_url = start_fake("openai", "ok", {1})
-        oas, oas_url = start_fake("openai", "chunks;n=20", {1})
-        an, an_url = start_fake("anthropic", "ok", {1})
-        ans, ans_url = start_fake("anthropic", "chunks;n=20", {1})
-        procs += [oa, oas, an, ans]
-        cfg = tmp / "bench.toml"
-        cfg.write_text(f"""
-[server]
-port = 0
-[providers.oa]
-base_url = "{oa_url}/v1"
-model = "bench-model"
-[providers.oastream]
-base_url = "{oas_url}/v1"
-model = "bench-model"
-[providers.an]
-kind = "anthropic"
-base_url = "{an_url}/v1"
-model = "bench-model"
-[providers.anstream]
-kind = "anthropic"
-base_url = "{ans_url}/v1"
-model = "bench-model"
-[profiles.default]
-providers = ["oa"]
-[profiles.stream]
-providers = ["oastream"]
-[profiles.an]
-providers = ["an"]
-[profiles.anstream]
-providers = ["anstream"]
-""")
-        port = free_port()
-        env = {**os.environ, "CODEROUTER_STATE_DIR": str(tmp / "state")}
-        d = subprocess.Popen([PY, "-m", "coderouterd", "--config", str(cfg), "--port", str(port),
-                              "--log-level", "warning"], cwd=ROOT, env=env)
-        procs.append(d)
-        pin(d.pid, {0})
-        proxy = f"http://127.0.0.1:{port}"
-        wait_healthz(proxy, d)
-        import psutil
-
-        daemon = psutil.Process(d.pid)
-        time.sleep(0.5)
+        proxy, daemon = start_ingress_pair(tmp, procs)
         rows = []
         cells = [(label, make, up) for up in ("openai", "anthropic")
                  for label, make in (("small", small_body), ("Gemini-CLI-sized", cli_body))]
