@@ -1,12 +1,14 @@
 """Team keys' limits held across 3 instances sharing one PostgreSQL (issue 41): the figures in bench/README.md.
 
-    .venv/bin/python bench/keys_cluster.py [cap] [rpm] [chunks]
+    .venv/bin/python bench/keys_cluster.py [cap] [rpm] [chunks] [revoke]
 
   cap     3 instances x 8 concurrent clients, all with one key whose monthly budget is $3 (a request costs exactly
           $0.06): requests served, the key's spend in the ledger against its cap.
   rpm     one key with rpm = 30, 3 instances x 4 clients sending as fast as they are let through for 130 s: the most
           requests served in any 60-second window (by the clients' send times), and how many requests waited for
           the database (a chunk taken) against those served from a chunk in hand.
+  revoke  a key revoked on one instance, 10 times: how long until each of the two others holds it as revoked
+          (issue 41: within 2 s), read from their status every 20 ms, then a request with it checked refused.
   chunks  the request path's cost of the shared rpm check in-process (SharedKeyLimits.admit over a pool,
           loopback TCP): served from a chunk in hand against a round trip per request (what chunks avoid).
 
@@ -131,6 +133,38 @@ def part_rpm(pg, tmp: Path, seconds: float = 130.0) -> list[list[str]]:
              str(asked)]]
 
 
+def part_revoke(pg, tmp: Path, rounds: int = 10) -> list[list[str]]:
+    import httpx
+
+    fake, url = start_fake("ok")
+    dsn = pg.fresh_db("keys_revoke")
+    c = Cluster(tmp / "revoke", dsn, url, cap=1000.0, timeout_ms=50)
+    body = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+    took: list[float] = []
+    try:
+        urls = [c.start(f"i{k}") for k in range(3)]
+        for n in range(rounds):
+            secret = admin(c, "i0", "POST", "/v1/keys", {"name": f"k{n}"})["key"]
+            wait_known(urls, secret)
+            admin(c, "i1", "POST", f"/v1/keys/k{n}/revoke")
+            t0 = time.monotonic()
+            # Read from each instance's own registry (its status), not by sending the revoked key: refused requests
+            # count against their source, and the failure throttle would delay the very answer being timed.
+            for name in ("i0", "i2"):
+                while admin(c, name, "GET", "/v1/status")["keys"]["counts"]["revoked"] < n + 1:
+                    if time.monotonic() - t0 > 30:
+                        raise RuntimeError(f"{name} still holds a key revoked 30 s ago as active")
+                    time.sleep(0.02)
+                took.append(time.monotonic() - t0)
+            assert httpx.post(urls[2] + "/v1/messages/count_tokens", json=body,
+                              headers={"x-api-key": secret}).status_code == 401
+    finally:
+        c.stop_all()
+        stop(fake)
+    return [[f"revoked on i1, {rounds} times", str(len(took)), f"{statistics.median(took):.2f} s",
+             f"{max(took):.2f} s", "2 s"]]
+
+
 def part_chunks(pg) -> list[list[str]]:
     from coderouterd.cluster import key_limits as kl
     from coderouterd.keys.model import TeamKey
@@ -178,7 +212,7 @@ def main() -> int:
     from tests.support.postgres import Postgres
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("parts", nargs="*", default=["cap", "rpm", "chunks"])
+    ap.add_argument("parts", nargs="*", default=["cap", "rpm", "chunks", "revoke"])
     args = ap.parse_args()
     pg = Postgres(tcp=True)
     pg.start()
@@ -190,6 +224,8 @@ def main() -> int:
         if "rpm" in args.parts:
             print(table(part_rpm(pg, tmp), ["key", "ran", "requests", "served", "most served in any 60 s",
                                             "bound (N + 1/instance)", "waited for the database"]))
+        if "revoke" in args.parts:
+            print(table(part_revoke(pg, tmp), ["change", "instances refusing", "median", "slowest", "target"]))
         if "chunks" in args.parts:
             print(table(part_chunks(pg), ["shared rpm check", "admits", "round trips", "p50", "p99"]))
     finally:
