@@ -234,7 +234,9 @@ class OpenAIFake(FakeBase):
     def _cached_frames(self, call: Call, plan: Plan, model: str, field: str) -> list[bytes]:
         if plan.tool_calls or call.behaviour.name == "text_tools":  # the answer depends on the request
             return self._body_frames(plan, model, field)
-        key = (call.behaviour.spec, model, field)
+        # Keyed by what the frames say, not only by behaviour: an answer built from the request (echo_tool_result)
+        # must never be served from another request's cache entry.
+        key = (call.behaviour.spec, model, field, tuple(plan.reasoning), tuple(plan.content))
         frames = self._frame_cache.get(key)
         if frames is None:
             if len(self._frame_cache) > 256:

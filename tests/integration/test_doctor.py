@@ -8,7 +8,8 @@ from typer.testing import CliRunner
 
 from coderouterd.config import parse_config_text
 from corectl.doctor import DoctorError, Limits, doctor_app, exit_code, run_doctor
-from tests.fakes.runner import FakeServer, free_port
+from tests.fakes.runner import FakeServer
+from tests.support.ports import dead_port
 
 FAST = Limits(probe=2.0, generation=5.0)
 
@@ -134,7 +135,7 @@ def test_configured_window_larger_than_real_needs_tuning():
 
 
 def test_unreachable_provider_exits_1_and_others_are_still_probed():
-    dead = f"http://127.0.0.1:{free_port()}/v1"
+    dead = f"http://127.0.0.1:{dead_port()}/v1"
     with FakeServer("openai", behaviour="tools", models=["m"], n_ctx=32768) as s:
         results = doctor(config(provider_toml("up", s.url + "/v1", model="m", context_window=32768),
                                 provider_toml("down", dead, model="m")))

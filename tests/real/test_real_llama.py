@@ -23,6 +23,7 @@ from coderouterd.state.journal_reader import journal_rows
 from tests.fakes.runner import FakeServer
 from tests.support import cli
 from tests.support.daemon import DaemonProcess, free_port
+from tests.support.ports import dead_port
 from tests.support.real_llama import paths, server_argv
 from tests.support.wait import wait_for
 
@@ -336,7 +337,7 @@ def test_codex_exec_through_the_real_model(env, tmp_path):
 def test_corectl_init_finds_the_real_server_and_its_config_serves(env, tmp_path):
     home = tmp_path / "home"
     home.mkdir()
-    closed = [free_port() for _ in range(3)]
+    closed = [dead_port() for _ in range(3)]
     ports = ["--backend-port", f"llamacpp={env.llama_url.rsplit(':', 1)[1]}", "--backend-port",
              f"lmstudio={closed[0]}", "--backend-port", f"ollama={closed[1]}", "--backend-port", f"vllm={closed[2]}"]
     child = {k: v for k, v in os.environ.items() if not k.startswith(("CODEROUTER_", "XDG_"))}
