@@ -147,6 +147,8 @@ class ManagedProcess:
         as the configured command), without starting anything: True when it is READY as ours. A recorded one that
         cannot be adopted is stopped. For every process at the daemon's start, on demand or not: a survivor
         holds memory whether or not anything asked for it (issue 43, D2)."""
+        if self._lookup is None or not await _maybe_await(self._lookup(self.name)):
+            return False  # nothing recorded: no actor is woken for a process nothing has asked for yet
         return bool(await self._call("adopt"))
 
     async def stop(self, reason: str = "manual") -> None:
