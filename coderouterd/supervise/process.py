@@ -305,11 +305,10 @@ class ManagedProcess:
             self._set_state(ProcessState.READY)
             self._emit(ProcessEventName.READY, self.pid, f"after {self._clock() - (self._started_mono or 0):.1f}s")
         elif msg.kind == "impostor" and self.state is ProcessState.STARTING:
-            pid = self.pid
             await self._terminate()
             # Not a crash to retry: the port is someone else's, and a restart would race them again. FATAL until
             # the operator frees it (corectl start); the reason is audited with the fatal event.
-            await self._go_fatal(f"refused as an impostor: {msg.value}; our pid {pid} stopped")
+            await self._go_fatal(f"refused as an impostor: {msg.value}; ours was stopped")
         elif msg.kind == "exited" and self.state in (ProcessState.STARTING, ProcessState.READY):
             await self._on_exit(msg.value)
         elif msg.kind == "start_timeout" and self.state is ProcessState.STARTING:

@@ -7,6 +7,8 @@ impostor a separate Python listener."""
 from __future__ import annotations
 
 import asyncio
+import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -14,7 +16,7 @@ import psutil
 import pytest
 
 from coderouterd.supervise import ProcessSpec, ProcessState
-from tests.integration.test_adopt import impostor, until_answers
+from tests.integration.test_adopt import IMPOSTOR, SYSTEM_PY, impostor, until_answers
 from tests.integration.test_supervise import Harness, free_port, wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -37,7 +39,23 @@ def held_server(port: int, gate: Path) -> ProcessSpec:
                        stop_timeout_s=3.0, start_timeout_s=60.0, max_restarts=3)
 
 
-def test_a_listener_that_took_the_port_after_our_spawn_is_refused_as_an_impostor(h: Harness, tmp_path: Path):
+def as_nobody() -> None:
+    os.setgid(65534)
+    os.setuid(65534)
+
+
+def another_users_impostor(h: Harness, port: int) -> subprocess.Popen:
+    return h.popen([SYSTEM_PY, "-c", IMPOSTOR, str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                   start_new_session=True, preexec_fn=as_nobody, cwd="/")
+
+
+@pytest.mark.parametrize("who", [
+    "another process",
+    pytest.param("another user", marks=pytest.mark.skipif(
+        os.getuid() != 0 or not os.access(SYSTEM_PY, os.X_OK),
+        reason="starting a listener as another user needs root (and a python anyone can run)")),
+])
+def test_a_listener_that_took_the_port_after_our_spawn_is_refused_as_an_impostor(h: Harness, tmp_path: Path, who):
     port = free_port()
     gate = tmp_path / "bind-now"
 
@@ -48,7 +66,8 @@ def test_a_listener_that_took_the_port_after_our_spawn_is_refused_as_an_impostor
         assert mp.state is ProcessState.STARTING and mp.pid is not None
         child = mp.pid
         h.track(child)
-        other = impostor(h, port)  # binds the port our child has not bound yet, and answers every probe
+        # Binds the port our child has not bound yet, and answers every probe.
+        other = impostor(h, port) if who == "another process" else another_users_impostor(h, port)
         await until_answers(port)
         assert not await mp.wait_ready(60)  # settles, and not in READY
         assert mp.state is ProcessState.FATAL and mp.pid is None, mp.snapshot()
@@ -62,6 +81,8 @@ def test_a_listener_that_took_the_port_after_our_spawn_is_refused_as_an_impostor
     other_pid, reason, child = asyncio.run(scenario())
     assert reason.startswith("refused as an impostor: "), reason
     assert f"port {port} is held by pid {other_pid}" in reason and "http.server" in reason, reason
+    if who == "another user":
+        assert "user nobody (uid 65534)" in reason or "uid 65534" in reason, reason
     assert f"not by the server we started (pid {child})" in reason, reason
     events = [e.event for e in h.events]
     assert "ready" not in events and "fatal" in events, h.events
