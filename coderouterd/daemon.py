@@ -168,10 +168,14 @@ class Daemon:
         processes.apply(cfg)
         self._wire_warm(cfg)
         await processes.configure(cfg)
+        # Before the proxy answers: a request must never start a model beside one a killed daemon left running.
+        adopted = await processes.adopt_leftovers()
         for providers, wait_s in Processes.autostarted(cfg):
-            self.routing.mark_down(providers, wait_s=wait_s)
+            if processes.resolve(providers[0]).name not in adopted:
+                self.routing.mark_down(providers, wait_s=wait_s)
         for providers in Processes.started_on_demand(cfg):
-            self.routing.mark_down(providers, state="stopped until a request needs it")
+            if processes.resolve(providers[0]).name not in adopted:
+                self.routing.mark_down(providers, state="stopped until a request needs it")
 
     def _process_event(self, name, event, pid, detail) -> None:
         if self.selfheal is not None:

@@ -444,7 +444,10 @@ class Exchange:
         # (failed over while it was started) goes back now, not at the end of the stream: once that model is up
         # it would be kept for this request, and no other swap could stop it, for as long as the stream lasts.
         self._release_turns()
-        await self._pump(call)
+        try:
+            await self._pump(call)
+        finally:
+            self.record.set_ttfb(call.ttfb)  # the first content may come after the first output (message_start)
         # The upstream's whole answer, its usage included, is with the client now: the request succeeded. It is
         # recorded before the housekeeping below, because a client that closes right after [DONE] cancels this
         # task there, and the journal must still get the usage the upstream reported.

@@ -161,6 +161,14 @@ class Processes:
         self.scheduler.configure(cfg.models.memory_budget_mb, residents_from_config(cfg, estimates),
                                  Rules(hold_s=cfg.models.swap_hold_s, min_resident_s=cfg.models.min_resident_s))
 
+    async def adopt_leftovers(self) -> set[str]:
+        """Servers a killed coderouterd left running are adopted before anything starts, and count against the
+        budget from then on (issue 43, D2). Returns the names of the processes adopted."""
+        adopted = await self.supervisor.adopt_leftovers()
+        for name, rss_mb in adopted.items():
+            self.scheduler.adopt_running(name, rss_mb)
+        return set(adopted)
+
     @staticmethod
     def autostarted(cfg: ConfigModel) -> list[tuple[list[str], float]]:
         """(providers, start timeout) of each process started with the daemon: requests may wait for it."""

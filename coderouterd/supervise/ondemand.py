@@ -160,6 +160,20 @@ class OnDemand:
         name = self._process_of(provider)
         return name if name in self._settings else None
 
+    def adopt_running(self, name: str, rss_mb: float | None) -> None:
+        """`name` was found running at the daemon's start and adopted (left by a coderouterd killed before it
+        could stop it; supervise/process.py `adopt`): it is resident like one we started, so the next swap stops it
+        first (issue 43, D2). It holds its configured (or estimated) memory, its measured rss when neither is
+        known, and counts as just used."""
+        r = self.policy.residents.get(name)
+        if r is None:
+            return
+        if not r.memory_mb and rss_mb:
+            r.memory_mb = rss_mb
+        r.last_used = self.policy.clock()
+        self._wake.set()  # its idle deadline starts now
+        self._kick.set()
+
     # -- the request path -----------------------------------------------------------------------------------
 
     def begin(self, provider: str, turn: object = None) -> bool:
