@@ -308,6 +308,7 @@ class RequestBrief(Answer):
     ttfb_ms: float | None = None
     cost_usd: float | None = None
     key_name: str | None = None  # the team key's name
+    reason: str = ""  # a short why from its skips and attempts ("fast http_500, paid skipped (budget)")
 
 
 class KeyUsage(Answer):
