@@ -83,8 +83,10 @@ async def trends(daemon: Daemon, range_name: str = DEFAULT_RANGE, now: float | N
         return reader.series_rows(since, now), reader.cache_busts()
 
     rows, busts = await asyncio.to_thread(read, reader) if reader is not None else ([], [])
+    # The oldest request in the window: the page opens at the last hour while nothing is older (issue 43, E9).
+    first = min((r["ts"] for r in rows if r.get("ts") is not None), default=None)
     return apitype.TrendsAnswer.model_validate({**provider_series(rows, since, now, step), "range": range_name,
-                                                "busts": busts, "journal": reader is not None})
+                                                "busts": busts, "journal": reader is not None, "first_ts": first})
 
 
 _MAX_WHY_PARTS = 3
@@ -175,11 +177,22 @@ async def trace(daemon: Daemon, request_id: str) -> apitype.DashboardTrace | Non
     journal's row read as a trace (source "journal"); None when neither has it."""
     t = daemon.recent.get(request_id)
     if t is not None:
-        return apitype.DashboardTrace.model_validate({"trace": t, "source": "memory"})
+        return apitype.DashboardTrace.model_validate({"trace": _order_as_run(t), "source": "memory"})
     reader = journal(daemon)
     if reader is None:
         return None
     row = await asyncio.to_thread(reader.row, request_id)
     if row is None:
         return None
-    return apitype.DashboardTrace.model_validate({"trace": trace_from_row(row), "source": "journal"})
+    return apitype.DashboardTrace.model_validate({"trace": _order_as_run(trace_from_row(row)), "source": "journal"})
+
+
+def _order_as_run(t: dict[str, Any]) -> dict[str, Any]:
+    """The trace with its order as it ran: a provider the plan listed and then skipped at its turn (the budget's
+    worst case over what was left, a start that could not happen) is in the Skipped table, not in the order
+    (issue 43, E11). The plan's own order stays as `planned_order`."""
+    order = t.get("effective_order")
+    skipped = {s.get("provider") for s in t.get("skips") or []}
+    if not order or not skipped & set(order):
+        return t
+    return {**t, "effective_order": [p for p in order if p not in skipped], "planned_order": list(order)}

@@ -4,7 +4,7 @@
 export const state = {
   charts: {}, sparks: new Map(), range: "24h", profiles: new Set(), providers: new Set(), dropped: 0,
   events: null, now: null, spend: null, reachable: true, unreachableSince: null, lastOk: null,
-  keys: null, keyAttention: [],
+  keys: null, keyAttention: [], rangeChosen: false,
 };
 // Tests and curious users read the charts' own data from here (window.coderouterDashboard.charts.spendDaily.data).
 window.coderouterDashboard = state;

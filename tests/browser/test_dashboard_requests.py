@@ -1,0 +1,124 @@
+"""The Requests table and the Live card under a keyboard and a running daemon (issue 43: E2, E10, E15, E17), on the
+bad-night scene (conftest.scene): a dead provider first in the default profile, so requests fall back and say why."""
+
+from __future__ import annotations
+
+import threading
+
+import httpx
+
+ROWS = "#requests-table tbody tr"
+LONG = 30_000  # ms: a ceiling for what the page waits for, never a measure of it
+
+
+def open_page(page, scene) -> None:
+    assert page.goto(scene.url).status == 200
+    page.wait_for_selector('#providers-table tbody tr[data-provider="local"]', timeout=LONG)
+    page.wait_for_selector("#live-state.on", timeout=LONG)
+    page.wait_for_function(f"() => document.querySelectorAll('{ROWS}').length === 50", timeout=LONG)
+
+
+def row_ids(page) -> list[str]:
+    return page.locator(ROWS).evaluate_all("rs => rs.map(r => r.dataset.requestId)")
+
+
+def focused_id(page) -> str | None:
+    return page.evaluate("() => document.activeElement && document.activeElement.dataset.requestId || null")
+
+
+def test_a_finished_request_keeps_the_focused_row_and_the_rows_paged_in(page, scene):
+    """E2: a finished request used to re-render the table: focus fell to the top of the page and the rows loaded
+    with "Older requests" were thrown away (100 back to 50)."""
+    open_page(page, scene)
+    page.locator("#requests-more").click()
+    page.wait_for_function(f"() => document.querySelectorAll('{ROWS}').length === 100", timeout=LONG)
+    target = row_ids(page)[60]
+    page.locator(f'{ROWS}[data-request-id="{target}"]').focus()
+    assert focused_id(page) == target
+    scene.request("default", "e2-finished-1")
+    page.wait_for_selector(f'{ROWS}[data-request-id="e2-finished-1"]', timeout=LONG)
+    ids = row_ids(page)
+    assert ids[0] == "e2-finished-1" and len(ids) == 101  # added on top; the paged rows stay
+    assert focused_id(page) == target  # the same row still has the keyboard
+    # And the keyboard goes on from there: Enter opens that row's trace.
+    page.keyboard.press("Enter")
+    page.wait_for_selector("#trace[open]")
+    assert page.locator("#trace-id").inner_text() == target
+    assert page.errors == []
+
+
+def test_the_focused_row_keeps_focus_without_paging_too(page, scene):
+    open_page(page, scene)
+    target = row_ids(page)[2]
+    page.locator(f'{ROWS}[data-request-id="{target}"]').focus()
+    scene.request("default", "e2-finished-2")
+    page.wait_for_selector(f'{ROWS}[data-request-id="e2-finished-2"]', timeout=LONG)
+    assert focused_id(page) == target
+    assert len(row_ids(page)) == 51  # the user is on a row: nothing is taken from under them
+    assert page.errors == []
+
+
+def test_each_request_says_why_and_the_list_filters_by_time(page, scene):
+    """E10: a reason column built from the attempts, and a time filter."""
+    scene.request("default", "e10-why-1")  # dead first: skipped (its breaker is open) or failed, local serves
+    open_page(page, scene)
+    row = page.locator(f'{ROWS}[data-request-id="e10-why-1"]')
+    why = row.locator("td.reason").inner_text()
+    assert why.startswith("dead ") and ("skipped" in why or "connect_error" in why), why
+    trace = httpx.get(scene.url + "/api/requests/e10-why-1").json()["trace"]
+    failed = [a for a in trace["attempts"] if a["outcome"] != "ok"]
+    for step in [*trace["skips"], *failed]:
+        assert step["provider"] in why
+    # The time filter: the last 15 minutes hold this request and none of the seeded ones from hours ago.
+    page.select_option('#filters select[name="since"]', "900")
+    page.wait_for_function(f"""() => {{
+        const rows = Array.from(document.querySelectorAll('{ROWS}'));
+        return rows.length > 0 && rows.length < 50 && rows.every(r => Number(r.dataset.ts) >= Date.now() / 1000 - 960);
+    }}""", timeout=LONG)
+    assert "e10-why-1" in row_ids(page)
+    assert page.errors == []
+
+
+def test_requests_in_flight_are_listed_with_their_provider_and_elapsed_time(page, scene):
+    """E15: not only a count: each request being served, the provider it is on, how long it has run."""
+    open_page(page, scene)
+    scene.local.script(["slow_first_byte;delay=8"])
+    done = threading.Event()
+
+    def send() -> None:
+        try:
+            httpx.post(scene.daemon.url + "/v1/chat/completions", timeout=60,
+                       headers={"x-coderouter-profile": "default", "x-request-id": "e15-slow-1"},
+                       json={"model": "m", "messages": [{"role": "user", "content": "take your time"}]})
+        finally:
+            done.set()
+
+    threading.Thread(target=send, daemon=True).start()
+    item = page.locator('#inflight-list li[data-request-id="e15-slow-1"]')
+    item.wait_for(timeout=LONG)
+    assert "on local" in item.inner_text()
+    first = item.locator(".elapsed").inner_text()
+    page.wait_for_function("""(first) => {
+        const e = document.querySelector('#inflight-list li[data-request-id="e15-slow-1"] .elapsed');
+        return e && e.textContent !== first;
+    }""", arg=first, timeout=LONG)  # it counts on while the request runs
+    assert done.wait(60)
+    item.wait_for(state="detached", timeout=LONG)  # gone once answered
+    assert page.errors == []
+
+
+def test_a_skip_link_is_the_first_tab_stop_and_attention_links_move_focus(page, scene):
+    """E17: 47 Tab stops came before the first request row; an attention link moved the view, not the focus."""
+    open_page(page, scene)
+    page.keyboard.press("Tab")
+    assert page.evaluate("() => document.activeElement.className") == "skip"
+    first = row_ids(page)[0]
+    page.keyboard.press("Enter")
+    page.wait_for_function("(id) => document.activeElement.dataset.requestId === id", arg=first, timeout=LONG)
+    # The attention strip's budget line links to the capped provider's row: the keyboard lands there.
+    link = page.locator('#attention-list li[data-kind="budget"] a').first
+    link.wait_for(timeout=LONG)
+    link.focus()
+    page.keyboard.press("Enter")
+    page.wait_for_function("() => document.activeElement.id === 'provider-capped'", timeout=LONG)
+    assert page.errors == []
