@@ -181,9 +181,6 @@ async def config_check(c: Ctx) -> dict[str, Any]:
 
 # -- history and the dashboard's own views ------------------------------------------------------------------
 
-RangeName = str
-
-
 def _range(range: str) -> str:
     if range not in history.RANGES:
         raise AdminError(400, f"unknown range {range!r}; expected one of {', '.join(history.RANGES)}",
@@ -195,11 +192,11 @@ async def history_spend(c: Ctx) -> apitype.SpendAnswer:
     return await history.spend(c.daemon)
 
 
-async def history_trends(c: Ctx, range: RangeName = history.DEFAULT_RANGE) -> apitype.TrendsAnswer:
+async def history_trends(c: Ctx, range: str = history.DEFAULT_RANGE) -> apitype.TrendsAnswer:
     return await history.trends(c.daemon, _range(range))
 
 
-async def history_keys(c: Ctx, range: RangeName = history.DEFAULT_RANGE) -> apitype.KeyUsageAnswer:
+async def history_keys(c: Ctx, range: str = history.DEFAULT_RANGE) -> apitype.KeyUsageAnswer:
     try:
         return await key_usage.daemon_keys(c.daemon, range)
     except ValidationError:
