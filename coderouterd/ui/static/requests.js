@@ -246,6 +246,8 @@ export async function openTrace(id) {
   add("profile", (t.profile || "–") + (t.mode ? ` (${t.mode})` : ""));
   if (t.candidates) add("chain", t.candidates.join(" > ") || "–");
   if (t.effective_order) add("order", t.effective_order.join(" > ") || "none available", t.effective_order.length ? "" : "bad");
+  // The plan listed more than ran: who was skipped at its turn is in the Skipped table, with why (E11).
+  if (t.planned_order) add("planned", t.planned_order.join(" > "), "dim");
   for (const n of t.order_notes || []) {
     add("note", `${n.provider || "?"}: ${n.why || ""}` + (n.moved && n.moved !== "none" ? ` (moved ${n.moved})` : ""));
   }
