@@ -128,3 +128,33 @@ def test_a_skip_link_is_the_first_tab_stop_and_attention_links_move_focus(page, 
     page.wait_for_timeout(100)  # the answer drawn
     assert page.evaluate("() => document.activeElement.id") == "provider-capped"
     assert page.errors == []
+
+
+def test_a_stopped_process_holds_no_memory_and_a_provider_counts_down_once(page, scene):
+    """E13: a stopped process still showed its memory. E12: two countdowns side by side."""
+    open_page(page, scene)
+    lazy = page.locator('#processes-table tbody tr[data-process="lazy"]')
+    lazy.wait_for(timeout=LONG)
+    answer = httpx.get(scene.url + "/api/now", timeout=10).json()["processes"]["lazy"]
+    assert answer["memory_mb"] == 100 and not answer["resident"]  # configured, not held
+    heads = page.locator("#processes-table thead th").all_inner_texts()
+    assert lazy.locator("td").nth(heads.index("Memory")).inner_text() == "–"
+    box = page.locator('#processes-table tbody tr[data-process="box"]')
+    box.filter(has_text="ready").wait_for(timeout=LONG)
+    assert box.locator("td").nth(heads.index("Memory")).inner_text().startswith("400 MB")  # a running one does
+    # E12: a provider whose breaker counts down to its next try while self-healing has a probe of its process
+    # due. That moment is short on a real daemon, so the page's own renderer draws the daemon's answer with it.
+    now = httpx.get(scene.url + "/api/now", timeout=10).json()
+    counted = page.evaluate("""async (now) => {
+        const view = await import("/ui/static/now.js");
+        const p = now.providers.find((x) => x.name === "box");
+        p.availability = { available: false, code: "breaker_open", why: "breaker open after 1 failure", retry_in_s: 30 };
+        const proc = now.processes.box;
+        proc.state = "starting";
+        proc.next_probe_at = now.daemon.started_at + now.daemon.uptime_s + 20;
+        view.renderNow(now);
+        const row = document.querySelector('#providers-table tbody tr[data-provider="box"]');
+        return [row.querySelectorAll('.countdown').length, row.querySelector('.countdown').textContent];
+    }""", now)
+    assert counted[0] == 1 and counted[1].startswith("next try in"), counted
+    assert page.errors == []
