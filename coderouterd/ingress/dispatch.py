@@ -448,7 +448,8 @@ class ProxyApp:
                 except ClientGone:
                     pass
         finally:
-            serving.pop(rid, None)
+            if serving.get(rid) is record:  # a client may reuse an id: only this request's own entry goes
+                del serving[rid]
             if hook is not None:
                 hook(None)
             if req.limits is not None:  # its key's slot is free the moment it ends, not when bookkeeping runs

@@ -6,6 +6,11 @@ from __future__ import annotations
 import threading
 
 import httpx
+import pytest
+
+from tests.fakes.runner import FakeServer
+from tests.support.config import daemon_config, openai_at
+from tests.support.daemon import DaemonProcess
 
 ROWS = "#requests-table tbody tr"
 LONG = 30_000  # ms: a ceiling for what the page waits for, never a measure of it
@@ -157,4 +162,43 @@ def test_a_stopped_process_holds_no_memory_and_a_provider_counts_down_once(page,
         return [row.querySelectorAll('.countdown').length, row.querySelector('.countdown').textContent];
     }""", now)
     assert counted[0] == 1 and counted[1].startswith("next try in"), counted
+    assert page.errors == []
+
+
+@pytest.fixture(scope="module")
+def young(tmp_path_factory):
+    """A daemon whose journal is minutes old: one request."""
+    local = FakeServer("openai", name="local", models=["qwen3-coder"]).start()
+    d = DaemonProcess(daemon_config(providers={"local": openai_at(local.url, model="qwen3-coder")},
+                                    profiles={"default": {"providers": ["local"]}}), tmp_path_factory.mktemp("young"))
+    d.start()
+    try:
+        r = httpx.post(d.url + "/v1/chat/completions", timeout=20, headers={"x-request-id": "young-1"},
+                       json={"model": "m", "messages": [{"role": "user", "content": "hi"}]})
+        assert r.status_code == 200, r.text
+        yield d
+    finally:
+        d.stop()
+        local.stop()
+
+
+def test_a_young_journal_opens_at_the_last_hour_and_its_lone_bucket_is_a_point(page, young):
+    """E9: at the default 24 hours a young journal looked empty, and a lone bucket was not drawn at all."""
+    assert page.goto(young.url + "/ui").status == 200
+    page.wait_for_function("() => document.querySelector('#range').value === '1h'", timeout=LONG)
+    page.wait_for_function("() => (window.coderouterDashboard.charts.total || {}).data", timeout=LONG)
+    assert page.locator(".range-label").first.inner_text() == "last hour"
+    drawn = page.evaluate("""() => {
+        const u = window.coderouterDashboard.charts.total;
+        const i = u.series.findIndex((s) => s.label === "local p50");
+        return [u.data[i].filter((v) => v !== null && v !== undefined).length,
+                u.series[i].points.filter(u, i, false, null)];
+    }""")
+    assert drawn[0] == 1 and drawn[1] is not None and len(drawn[1]) == 1, drawn  # one bucket, drawn as a point
+    # The user's own choice stays.
+    with page.expect_response(lambda r: "/ui/api/trends?range=24h" in r.url, timeout=LONG):
+        page.select_option("#range", "24h")
+    page.wait_for_function("() => document.querySelector('.range-label').textContent === 'last 24 hours'",
+                           timeout=LONG)
+    assert page.locator("#range").input_value() == "24h"
     assert page.errors == []

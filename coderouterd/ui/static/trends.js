@@ -1,6 +1,7 @@
 // Over time, from the journal: spend this month, latency, cache hit ratio, tokens, requests per minute and
 // generation speed per provider, and the window's totals.
 import { $, color, draw, el, fill, fmt, getJSON, opensTrace, row, state } from "./core.js";
+import { refreshKeys } from "./keys.js";
 import { setSparkData } from "./now.js";
 
 const RANGE_LABEL = { "1h": "last hour", "6h": "last 6 hours", "24h": "last 24 hours", "7d": "last 7 days", "30d": "last 30 days" };
@@ -146,6 +147,7 @@ export async function refreshTrends() {
       state.range = "1h";
       $("#range").value = "1h";
       renderTrends(s1);
+      refreshKeys();  // the Keys view shares the window
       return;
     }
     renderTrends(t);
