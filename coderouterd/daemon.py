@@ -103,6 +103,7 @@ class Daemon:
         self._recorder = RequestRecorder(t.publish)
         # ingress -> model requests being served now (the proxy counts them in and out on the event loop)
         self.in_flight: dict[str, int] = {"anthropic": 0, "openai": 0, "responses": 0, "gemini": 0}
+        self.requests_now: dict[str, RequestRecord] = {}  # request id -> its record while served (admin/inflight.py)
         # Requests refused at the edge as a browser's (ingress/browsers.py), by reason: shown in /metrics.
         self.browser_refused: dict[str, int] = {"host": 0, "origin": 0, "content_type": 0}
         self.health: HealthMonitor | None = None  # once the proxy listens (_start_background)

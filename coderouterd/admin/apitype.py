@@ -295,6 +295,7 @@ class TrendsAnswer(Answer):
     unserved: list[int] = []  # requests no provider served, per bucket (never drawn as a provider)
     busts: list[dict[str, Any]] = []  # newest first: ts, request_id, provider, profile, segment, cached_tokens
     journal: bool
+    first_ts: float | None = None  # the oldest request in the window (None: none in it)
 
 
 class RequestBrief(Answer):
@@ -308,6 +309,7 @@ class RequestBrief(Answer):
     ttfb_ms: float | None = None
     cost_usd: float | None = None
     key_name: str | None = None  # the team key's name
+    reason: str = ""  # a short why from its skips and attempts ("fast http_500, paid skipped (budget)")
 
 
 class KeyUsage(Answer):

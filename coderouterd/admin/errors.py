@@ -16,18 +16,12 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import Response
 
 from . import apitype
+from .context import AdminError
 from .version import API_VERSION, API_VERSION_HEADER
 
+__all__ = ["AdminError", "error_answer", "install"]
+
 log = logging.getLogger("coderouterd.admin")
-
-
-class AdminError(Exception):
-    """An answer for the client: HTTP status, message and extra JSON fields."""
-
-    def __init__(self, status: int, message: str, **extra) -> None:
-        super().__init__(message)
-        self.status = status
-        self.extra = extra
 
 
 class JSONAnswer(Response):

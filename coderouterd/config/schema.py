@@ -341,6 +341,7 @@ class DriftConfig(_Strict):
     repetition_rate: float = Field(0.6, gt=0, le=1)
     collapse_ratio: float = Field(0.2, gt=0, lt=1)
     length_stop_rate: float = Field(0.6, gt=0, le=1)
+    # Accepted so configs that set it still load; unused since errors stopped counting as drift (issue 43, E6).
     error_rate: float = Field(0.6, gt=0, le=1)
     cooldown_s: float = Field(300.0, ge=0)
 

@@ -86,7 +86,7 @@ function why(p, procs) {
   if (proc && proc.state !== "ready") {
     line(`process ${p.process}: ${proc.state}` + (proc.fatal_reason ? ` (${proc.fatal_reason})` : "") +
       (proc.last_exit ? `, ${proc.last_exit}` : ""), proc.state === "fatal" ? "bad" : "warn");
-    if (proc.next_probe_at) {
+    if (proc.next_probe_at && !box.querySelector(".countdown")) {  // one countdown per provider (E12)
       const d = line("");
       d.append(countdown(proc.next_probe_at - state.nowFetchedAt.daemon, null, "recovery probe in"));
     }
@@ -99,6 +99,13 @@ function why(p, procs) {
 }
 
 // -- render ----------------------------------------------------------------------------------------------------
+
+// What a process holds now: a stopped one holds nothing, whatever its configured size (issue 43, E13).
+function memoryOf(p) {
+  const stopped = ["stopped", "fatal", "exited"].includes(p.state) || (p.resident === false && p.state !== "ready");
+  if (!p.memory_mb || stopped) return "–";
+  return `${Math.round(p.memory_mb).toLocaleString()} MB${p.pinned ? " pinned" : ""}`;
+}
 
 let sparkData = null;
 export function setSparkData(s) { sparkData = s; }
@@ -141,7 +148,7 @@ export function renderNow(now) {
     const p = procs[n];
     const tr = row([el("strong", n), badge(p.state, p.state === "ready" ? "ok" : p.state === "fatal" ? "bad" : "warn"),
       [fmt.dur(p.uptime_s), "num"], [String(p.restarts_total ?? 0), "num"],
-      [p.memory_mb ? `${Math.round(p.memory_mb).toLocaleString()} MB${p.pinned ? " pinned" : ""}` : "–", "num"],
+      [memoryOf(p), "num"],
       p.idle_stop_in_s !== null && p.idle_stop_in_s !== undefined ? "in " + fmt.dur(p.idle_stop_in_s) : "–",
       p.last_stop_reason || "–",
       [(p.last_exit || "–") + (p.fatal_reason ? ` · ${p.fatal_reason}` : ""), p.state === "fatal" ? "bad" : ""],
@@ -203,7 +210,8 @@ export function renderAttention() {
       }
     }
     if (now.shared && now.shared.up === false) {
-      add("shared", `the shared database is unreachable` + (now.shared.problem ? `: ${now.shared.problem}` : ""), "#now");
+      const why = now.shared.meaning || now.shared.problem;  // the daemon's words for the driver's text (E16)
+      add("shared", `the shared database is unreachable` + (why ? `: ${why}` : ""), "#now");
     }
     if (now.store && now.store.healthy === false) add("store", `state: ${now.store.problem}`, "#now");
   }

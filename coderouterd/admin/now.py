@@ -12,8 +12,8 @@ import asyncio
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ..admin import apitype, views
 from ..supervise.spec import describe_exit
+from . import apitype, views
 
 if TYPE_CHECKING:  # the daemon hands itself in; this module reads it, never imports it at run time
     from ..daemon import Daemon  # layer-ok: the composition root, handed in; annotation only
