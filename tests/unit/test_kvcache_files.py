@@ -127,3 +127,26 @@ def test_saved_states_another_key_wrote_are_dropped():
     assert not t.saved
     t.forget_contents()
     assert t.choose("L", p).restore is None
+
+
+def test_a_file_is_refused_unless_its_size_is_its_sidecars():
+    """The attack's truncated file crashed the real llama-server on restore: it never reaches it."""
+    from coderouterd.kvcache.files import restore_problem
+
+    side = {"bytes": 1000, "tokens": 40}
+    assert restore_problem(side, 1000) is None
+    assert restore_problem(side, 600) == "truncated: 600 bytes, saved as 1000"
+    assert restore_problem(side, 1200) == "grown: 1200 bytes, saved as 1000"
+    assert restore_problem(side, None) == "the file is gone"
+    assert restore_problem(None, 1000) == "it has no sidecar"
+    assert restore_problem({"tokens": 40}, 1000) == "its sidecar gives no size"
+
+
+def test_a_budget_below_one_slot_file_is_named():
+    from coderouterd.kvcache.budget import too_small
+
+    assert too_small(100, "llama", 50 * 2**20, 2048) is None
+    note = too_small(10, "llama", 50 * 2**20, 2048)
+    assert note is not None and note.startswith("process llama: affinity.max_saved_mb = 10 is smaller than one")
+    assert "2,048 tokens, about 50 MB" in note and "written and deleted at once" in note
+    assert too_small(0, "llama", 0, 0) is None  # nothing known of its files: nothing said
