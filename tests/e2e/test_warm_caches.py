@@ -194,3 +194,42 @@ def test_a_disk_budget_below_one_slot_file_is_said_at_start_up_and_by_config_che
     d.config_path.write_text(d.config_path.read_text().replace("max_saved_mb = 100", "max_saved_mb = 2000"))
     ok = cli.corectl(["config", "check", str(d.config_path)], env=env)
     assert ok.returncode == 0 and "max_saved_mb" not in ok.stdout, ok.stdout
+
+
+def test_a_truncated_slot_file_is_refused_and_leaves_an_audit_line_and_a_cache_bust(tmp_path):
+    """Issue 43, D4: a restore that could not happen (the file cut after it was saved) is refused before the
+    server sees it, and the turn's cache bust names the slot file: in the audit log, `corectl explain`,
+    `corectl status` and /metrics."""
+    from coderouterd.state import read_audit
+
+    port = free_port()
+    config = _config(tmp_path, port, idle=0)
+    a = Session(64)
+    with running(config, tmp_path) as d:
+        _ready(d)
+        _turn(d, a)
+        _turn(d, a)
+    (name,) = _bins(d)  # saved before the server stopped
+    path = d.state_dir / "slots" / name
+    path.write_bytes(path.read_bytes()[:100])
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CODEROUTER_")}
+    with running(config, tmp_path) as d2:
+        _ready(d2)
+        r = httpx.post(d2.url + "/v1/messages", json=a.main_body(), timeout=60,
+                       headers={**a.headers, "anthropic-version": "2023-06-01"})
+        assert r.status_code == 200, r.text
+        assert r.json()["usage"]["cache_read_input_tokens"] == 0  # recomputed, and served
+        rid = r.headers["x-request-id"]
+        sock = str(d2.state_dir / "coderouterd.sock")
+        explained = cli.corectl(["--socket", sock, "explain", rid, "--json"], env=env)
+        aff = orjson.loads(explained.stdout)["trace"]["affinity"]
+        assert aff["slot_restore"]["outcome"] == "refused", aff
+        assert aff["slot_restore"]["problem"].startswith("truncated: 100 bytes, saved as ")
+        text = cli.corectl(["--socket", sock, "explain", rid], env={**env, "COLUMNS": "200"}).stdout
+        assert "slot restore" in text and "refused: truncated" in text, text
+        status = cli.corectl(["--socket", sock, "status"], env={**env, "COLUMNS": "200"}).stdout
+        assert "1 file(s) refused (truncated or gone)" in status, status
+        assert total(scrape(d2), "coderouter_slot_restores_unproven_total", provider="llama", why="refused") == 1
+    busts = [e for e in read_audit(d2.state_dir) if e["kind"] == "cache_bust"]
+    assert len(busts) == 1 and busts[0]["request_id"] == rid and busts[0]["cause"] == "slot file"
+    assert busts[0]["segment"].startswith("slot restore refused (truncated: 100 bytes")
