@@ -110,7 +110,7 @@ class Daemon:
         self.selfheal: SelfHealer | None = None  # likewise
         self.processes: Processes | None = None  # when any provider has a process block
         self._early_events: list[tuple] = []  # process events before self-healing exists (see _process_event)
-        self._served: dict[str, list[str]] = {}  # process -> the providers it serves (affinity/warm.py's saves)
+        self._served: dict[str, list[str]] = {}  # process -> the providers it serves (kvcache/'s saves)
         self.metrics = LazyMetrics(self)
         self.metrics_endpoint = self.metrics.endpoint  # GET /metrics (ingress dispatches it)
         self.repair_stats = RepairStats()
@@ -158,11 +158,12 @@ class Daemon:
         arrives first can start an on-demand model, and waits for an autostarted one instead of being tried at
         once and counted as a failure. Nothing is spawned here (start_background does, once self-healing, which
         receives the supervisor's events, exists; events before that are kept for it)."""
-        from .affinity.slot_save import ensure_slot_dir
-        from .supervise.from_config import Processes
+        from .kvcache.disk import ensure_slot_dir
+        from .supervise.from_config import Processes, slot_budget_notes
 
         if cfg.affinity.enabled and cfg.affinity.manage_slot_save:
             await asyncio.to_thread(ensure_slot_dir, state_dir(cfg))
+            self.affinity.kvcache.tell_budget(await asyncio.to_thread(slot_budget_notes, cfg))
         processes = self.processes = Processes(state_dir(cfg) / "logs", self.telemetry.store,
                                                on_event=self._process_event,
                                                before_stop=self.affinity.warm.before_stop, routing=self.routing)
@@ -332,8 +333,9 @@ class Daemon:
 
     def _wire_warm(self, cfg: ConfigModel) -> None:
         """Which providers' slot files live in coderouterd's slot directory (their server was given it), so
-        affinity/warm.py saves their slots before stops and when idle, and restores them after."""
-        from .affinity.slot_save import saves_to, slot_dir
+        kvcache/ saves their slots before stops and when idle, and restores them after."""
+        from .kvcache.disk import slot_dir
+        from .servers.llamacpp import saves_to
         from .supervise.from_config import specs_from_config
 
         directory = slot_dir(state_dir(cfg))

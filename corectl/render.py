@@ -488,7 +488,8 @@ def slot_cache_lines(providers: list[dict]) -> list[Text]:
     out = []
     for p in providers:
         w = ((p.get("cache") or {}).get("slots") or {}).get("warm")
-        if not w or not (w.get("saves") or w.get("restores") or w.get("save_failures") or w.get("restore_failures")):
+        if not w or not any(w.get(k) for k in ("saves", "restores", "save_failures", "restore_failures",
+                                                 "restores_refused", "restores_not_taken")):
             continue
         text = Text(f"{p['name']} slot caches: {w['saves']} saved ({size(w['save_bytes'])}, {w['save_s']:.2f} s), "
                     f"{w['restores']} restored ({size(w['restore_bytes'])}, {w['restore_s']:.2f} s), "
@@ -496,6 +497,15 @@ def slot_cache_lines(providers: list[dict]) -> list[Text]:
         failed = (w.get("save_failures") or 0) + (w.get("restore_failures") or 0)
         if failed:
             text.append(f"; {failed} refused or unanswered", style="yellow")
+        # Restores checked, not trusted (kvcache/): a file refused before the server saw it (its size is not its
+        # sidecar's, or it is gone), and restores the server accepted that the answer's cached tokens disproved.
+        if w.get("restores_refused"):
+            text.append(f"; {w['restores_refused']} file(s) refused (truncated or gone)", style="bold red")
+        if w.get("restores_not_taken"):
+            text.append(f"; {w['restores_not_taken']} restore(s) did not take", style="bold red")
+        if w.get("saves_discarded"):
+            text.append(f"; {w['saves_discarded']} save(s) deleted at once (max_saved_mb below one file)",
+                        style="yellow")
         out.append(text)
     return out
 

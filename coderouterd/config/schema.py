@@ -406,7 +406,7 @@ class AffinityConfig(_Strict):
     max_saved_slots: int = Field(8, ge=0, le=10_000)
     # A managed llama-server (a provider's `process`) gets --slot-save-path <state dir>/slots unless it sets one.
     manage_slot_save: bool = True
-    # Managed servers' slots survive stops and crashes (affinity/warm.py): a lane idle this long is saved in the
+    # Managed servers' slots survive stops and crashes (kvcache/cache.py): a lane idle this long is saved in the
     # background (0 = never; a kill -9 then loses every lane's cache), and every slot holding a lane's prefix is
     # saved before a planned stop, for at most save_before_stop_s (then the server stops anyway).
     save_idle_after_s: float = seconds(10.0, zero_ok=True)

@@ -9,8 +9,10 @@ import time
 from collections.abc import Collection
 from typing import TYPE_CHECKING, Any
 
-from ..affinity.slot_save import slot_dir, with_slot_save_path
 from ..config import state_dir
+from ..kvcache.budget import too_small
+from ..kvcache.disk import slot_dir
+from ..servers.llamacpp import saves_to, with_slot_save_path
 from ..tasks import TaskSet
 from . import memory
 from .ondemand import OnDemand, Rules, Settings, StartFailed
@@ -47,6 +49,24 @@ def specs_from_config(cfg: ConfigModel) -> dict[str, tuple[ProcessSpec, list[str
                                healthy_after_s=p.healthy_after_s or None, adopt=p.adopt)
             out[name] = (spec, [])
         out[name][1].append(provider)
+    return out
+
+
+def slot_budget_notes(cfg: ConfigModel) -> dict[str, str]:
+    """Managed llama-servers one of whose slot files, with the slot full, would not fit affinity.max_saved_mb:
+    every such save is written and deleted at once (issue 43, D5). For start-up and `config check`; reads the
+    models' headers (blocking: in a thread)."""
+    a = cfg.affinity
+    if not (a.enabled and a.manage_slot_save) or a.max_saved_slots <= 0:
+        return {}
+    directory = slot_dir(state_dir(cfg))
+    out = {}
+    for name, (spec, _) in specs_from_config(cfg).items():
+        if saves_to(spec.command, directory):
+            file_bytes, tokens = memory.slot_file_estimate(spec.command, spec.cwd)
+            note = too_small(a.max_saved_mb, name, file_bytes, tokens)
+            if note is not None:
+                out[name] = note
     return out
 
 
@@ -139,7 +159,7 @@ class SupervisorEffects:
 class Processes:
     def __init__(self, log_dir, store, on_event, before_stop=None, routing=None) -> None:
         """`before_stop(process, reason)`: awaited before each planned stop (prefix affinity saves the server's
-        slots there: affinity/warm.py)."""
+        slots there: kvcache/cache.py)."""
         self.store = store
         self.supervisor = Supervisor(log_dir=log_dir, on_event=on_event, record=self._record, lookup=self._lookup,
                                      before_stop=before_stop)

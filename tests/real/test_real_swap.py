@@ -25,7 +25,7 @@ def test_two_models_with_a_budget_for_one_never_run_together_and_no_client_sees_
     # Every start read the process table at its own moment: the other server was never alive then.
     assert got["starts"] == got["requests"] and got["starts_with_other_alive"] == [], got
     # After a swap away and back, the next turn processes at most its new tokens plus 10%: the slots were saved
-    # before the swap's stop (affinity/warm.py's before_stop, told "room for X") and restored after the start.
+    # before the swap's stop (kvcache/cache.py's before_stop, told "room for X") and restored after the start.
     assert got["returning_processed"] <= 1.10 * got["returning_new"], got
 
 
