@@ -131,17 +131,18 @@ def test_copilot_tool_round_trip(env, tmp_path, wire, profile):
     assert len(upstream_bodies(fake, profile)) == 2  # the call, then the answer with the file's text
 
 
-def test_copilot_chat_wire_sends_no_output_limit_and_a_profile_default_caps_it(env, tmp_path):
-    """On the chat wire Copilot names no max_tokens (a small local model then writes until its context is full);
-    `default_max_tokens` on the profile gives the request one."""
+@pytest.mark.parametrize("wire", ["chat", "responses"])
+def test_copilot_sends_no_output_limit_and_a_profile_default_gives_one(env, tmp_path, wire):
+    """On the chat and Responses wires Copilot names no output limit (a small local model then writes until its
+    context is full); `default_max_tokens` on the profile gives the request one."""
     fake = env["default"]
     fake.reset()
-    proc, _ = copilot_p(env, tmp_path / "plain", "chat", "default", "say hi")
+    proc, _ = copilot_p(env, tmp_path / "plain", wire, "default", "say hi")
     assert proc.returncode == 0, proc.stderr[-2000:]
     (plain,) = upstream_bodies(fake, "default")
     assert "max_tokens" not in plain and "max_completion_tokens" not in plain
     fake.reset()
-    proc, _ = copilot_p(env, tmp_path / "capped", "chat", "capped", "say hi")
+    proc, _ = copilot_p(env, tmp_path / "capped", wire, "capped", "say hi")
     assert proc.returncode == 0, proc.stderr[-2000:]
     (capped,) = upstream_bodies(fake, "default")
     assert capped["max_tokens"] == LIMIT
