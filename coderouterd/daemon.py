@@ -15,6 +15,7 @@ from .cluster.backend import build as build_backend
 from .config import ConfigError, LoadedConfig, load_config, state_dir
 from .guards.apply import BudgetHooks, apply_tool_loop, warn_tool_loop
 from .guards.key_limits import KeyGuard
+from .guards.output_limit import apply_default_max_tokens
 from .health.ram_watch import RamWatch
 from .ingress.auth import KeyGate
 from .keys.registry import KeyRegistry
@@ -395,6 +396,7 @@ class Daemon:
 
     async def guard_request(self, ex: Exchange) -> bool:
         """Guards that act before routing. True when a guard already answered the request."""
+        apply_default_max_tokens(ex)  # first: a key's token estimate reads the limit the request will carry
         if ex.req.key is not None and await self.key_guard.admit(ex):
             return True
         return await apply_tool_loop(ex, self.telemetry.publish)

@@ -108,9 +108,10 @@ def restore_text(r: dict):
 
 
 def guard_line(g: dict) -> str:
-    """A guard that fired on the request, as one line: a tool loop stopped (break), warned or injected."""
-    what = {"break": "stopped the request", "warn": "warned", "inject": "told the model"}.get(g.get("action") or "",
-                                                                                             g.get("action") or "?")
+    """A guard that fired on the request, as one line: a tool loop stopped (break), warned or injected; a
+    profile's default output limit set."""
+    actions = {"break": "stopped the request", "warn": "warned", "inject": "told the model", "default": "set"}
+    what = actions.get(g.get("action") or "", g.get("action") or "?")
     line = f"{g.get('guard', '?').replace('_', ' ')} {what}"
     return line + (f": {g['message']}" if g.get("message") else "")
 

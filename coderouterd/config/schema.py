@@ -301,6 +301,10 @@ class ProfileConfig(_Strict):
     # "failover": while it starts, the request goes to the next provider of the chain at once, and waits for
     # the start only when nothing after it can serve. "wait": the request waits for the local model.
     on_demand_start: Literal["failover", "wait"] = "failover"
+    # The output limit of a request that names none (guards/output_limit.py): Copilot CLI's chat and Responses
+    # requests carry no max_tokens, and a small local model that loops then writes until its context is full.
+    # None: the upstream's own default. Never lowers a limit the client asked for.
+    default_max_tokens: int | None = Field(None, ge=1, le=10_000_000)
 
 
 class RouteConfig(_Strict):

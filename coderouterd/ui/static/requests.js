@@ -256,7 +256,7 @@ export async function openTrace(id) {
     ` in ${fmt.ms(t.latency_ms)} (first byte ${fmt.ms(t.ttfb_ms)})` + (t.error_class ? `  error: ${t.error_class}` : ""),
   status >= 400 || !status ? "bad" : "ok");
   for (const g of t.guards || []) {
-    const what = { break: "stopped the request", warn: "warned", inject: "told the model" }[g.action] || g.action;
+    const what = { break: "stopped the request", warn: "warned", inject: "told the model", default: "set" }[g.action] || g.action;
     add("guard", `${String(g.guard).replace(/_/g, " ")} ${what}` + (g.message ? `: ${g.message}` : ""), g.action === "break" ? "bad" : "warn");
   }
   if (t.race_outcome) add("race", t.race_outcome);
