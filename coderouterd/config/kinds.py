@@ -8,3 +8,5 @@ from __future__ import annotations
 SERVES_RESPONSES = frozenset({"openai"})
 # Kinds whose backend is on this machine by definition (config `local` unset): memory, drift, tool repair.
 ALWAYS_LOCAL = frozenset({"ollama"})
+# Where a kind's API lives when the config gives no base_url (a hosted API with one public address).
+DEFAULT_BASE_URL = {"gemini": "https://generativelanguage.googleapis.com"}

@@ -244,6 +244,10 @@ class Strategy(ABC):
     def path(self) -> str:
         return "/chat/completions" if self.upstream_wire == "openai" else "/messages"
 
+    def url_path(self, stream: bool) -> str:
+        """The path under the adapter's api_base for this attempt (a wire whose URL says streaming overrides it)."""
+        return self.path()
+
     # What every strategy does (each subclass has its own, which the ABC enforces at construction): the upstream's request body from the client's, a whole
     # answer on the client's wire, a batch of the upstream's SSE events, and the end of the upstream's stream.
 
