@@ -30,15 +30,22 @@ from ..translate.gemini_answer_to_chat import (
     gemini_response_to_chat,
     usage_as_anthropic,
 )
-from ..translate.openai_answer_to_anthropic import OpenAIStreamToAnthropic, response_to_anthropic
+from ..translate.openai_answer_to_anthropic import response_to_anthropic
 from ..translate.responses_objects import chat_completion_to_response
 from ..translate.responses_stream import encode_all as encode_responses
 from ..translate.tool_repair_wire import OpenAIStreamRepair
 from ..translate.unsigned_thinking import UpstreamSignatures
-from ..wire.sse import DONE, encode_data, encode_event
+from ..wire.sse import DONE, encode_data
 from .errors import DISCONNECT, UpstreamError, stream_error_reason
 from .responses_strategies import _ResponsesStrategy
-from .strategies import Strategy, StrategyOptions, _loads_object, _not_an_answer, _wrong_shape
+from .strategies import (
+    AnthropicToOpenAIUpstream,
+    Strategy,
+    StrategyOptions,
+    _loads_object,
+    _not_an_answer,
+    _wrong_shape,
+)
 
 _EVENT_END = b"\r\n\r\n"  # Gemini's own SSE framing (and the Gemini ingress's)
 
@@ -228,17 +235,13 @@ class OpenAIToGemini(_GeminiAnswers):
         return b"".join(self._encode(self._closing_chunks())) + DONE
 
 
-class AnthropicToGemini(_GeminiAnswers):
-    """Anthropic Messages client -> Gemini upstream, through the chat form."""
+class AnthropicToGemini(_GeminiAnswers, AnthropicToOpenAIUpstream):
+    """Anthropic Messages client -> Gemini upstream, through the chat form (the chat -> Anthropic half is the
+    OpenAI upstream's)."""
 
-    def __init__(self, *, signatures: UpstreamSignatures | None = None, input_tokens: int = 0,
-                 **kw: Unpack[StrategyOptions]) -> None:
+    def __init__(self, *, signatures: UpstreamSignatures | None = None, **kw: Any) -> None:
         # `signatures`: Anthropic thinking signatures mean nothing to Gemini (its own travel in thoughtSignature).
         super().__init__(**kw)
-        self.warnings: list[str] = []
-        self.translator = OpenAIStreamToAnthropic(self.answer_model, input_tokens=input_tokens,
-                                                  stop_sequences=self.client_body.get("stop_sequences"))
-        self._started = False
 
     def request(self, raw: bytes, stream: bool) -> bytes:
         chat, self.warnings = request_to_openai(self.client_body, self.model, stream=stream)
@@ -258,15 +261,10 @@ class AnthropicToGemini(_GeminiAnswers):
 
     def _feed(self, chunks: list[dict], out: list[bytes]) -> None:
         for chunk in chunks:
-            out.extend(encode_event(e) for e in self.translator.feed(chunk))
+            out.extend(self._encode(self.translator.feed(chunk)))
 
     def events(self, events: list[tuple[str | None, str]]) -> bytes:
-        out: list[bytes] = []
-        if not self._started:
-            self._started = True
-            start = self.translator.start()
-            if not self.skip_prologue:
-                out.extend(encode_event(e) for e in start)
+        out = self._opening()
         for _name, data in events:
             if data:
                 self._feed(self._read_chunks(data, after_content=self.started_content)[1], out)
@@ -278,7 +276,7 @@ class AnthropicToGemini(_GeminiAnswers):
             raise self._cut()
         out: list[bytes] = []
         self._feed(self._closing_chunks(), out)
-        out.extend(encode_event(e) for e in self.translator.finish())
+        out.extend(self._encode(self.translator.finish()))
         self.done = True
         return b"".join(out)
 

@@ -546,13 +546,16 @@ class AnthropicToOpenAIUpstream(Strategy):
     def _encode(self, evs: list[dict]) -> list[bytes]:
         return [encode_event(e) for e in evs]
 
+    def _opening(self) -> list[bytes]:
+        """message_start and a ping before the first batch; none when the sink already sent its own."""
+        if self._started:
+            return []
+        self._started = True
+        start = self.translator.start()
+        return [] if self.skip_prologue else self._encode(start)
+
     def events(self, events: list[tuple[str | None, str]]) -> bytes:
-        out: list[bytes] = []
-        if not self._started:
-            self._started = True
-            start = self.translator.start()
-            if not self.skip_prologue:
-                out.extend(self._encode(start))
+        out: list[bytes] = self._opening()
         tr = self.translator
         for _name, data in events:
             if data == "[DONE]":

@@ -28,7 +28,17 @@ import os
 import orjson
 from aiohttp import web
 
-from .behaviour import Call, FakeBase, Plan, dumps, json_response, make_plan, next_id, structured, write_frames
+from .behaviour import (
+    Call,
+    FakeBase,
+    Plan,
+    dumps,
+    json_response,
+    make_plan,
+    next_id,
+    structured,
+    write_frames,
+)
 
 SSE_HEADERS = {"content-type": "text/event-stream", "cache-control": "no-cache"}
 SKIP_SIGNATURE = "skip_thought_signature_validator"
