@@ -158,6 +158,10 @@ class GeminiPassthrough(_GeminiAnswers):
         # Relayed bytes are not rewritten: no repair of text tool calls here (the parts are the client's answer).
         self.repair = None
         self.repair_tools = None
+        # Responses with nothing in them yet (an empty text part, usage alone) wait for the next one with content:
+        # relayed alone, they would commit the client to this upstream before it said anything, and an error
+        # right after could no longer fail over.
+        self._held_back: list[bytes] = []
 
     def request(self, raw: bytes, stream: bool) -> bytes:
         return self.rq.raw or orjson.dumps(self.rq.body)
@@ -186,15 +190,17 @@ class GeminiPassthrough(_GeminiAnswers):
             if not data:
                 continue
             obj, chunks = self._read_chunks(data, after_content=self.started_content)
-            out.append(b"data: " + self._renamed(data.encode(), obj) + _EVENT_END)
-            if chunks:
+            self._held_back.append(b"data: " + self._renamed(data.encode(), obj) + _EVENT_END)
+            if chunks or self.g2c.finish_reason:
                 self.started_content = True
+                out.extend(self._held_back)
+                self._held_back.clear()
         return b"".join(out)
 
     def eof(self) -> bytes:
         if self.g2c.finish_reason:
             self.done = True
-            return b""
+            return b"".join(self._held_back)
         raise self._cut()
 
 

@@ -283,6 +283,21 @@ def test_gemini_tool_round_trip_keeps_the_thought_signature(env):
     assert e.value.code == 400 and "missing a thought_signature" in e.value.message
 
 
+def test_gemini_array_stream_fails_over_before_content(env):
+    """streamGenerateContent without alt=sse is one JSON array to the client; an error the upstream streams before
+    any content (here after an empty first response, sent on its own) still fails over to the next provider."""
+    env["gem"].set_behaviour("error_mid_stream;after=0;chunk_delay=0.3")
+    r = httpx.post(env["daemon"].url + f"/v1beta/models/{MODEL}:streamGenerateContent",
+                   headers={"x-goog-api-key": "client-key", "x-coderouter-profile": "strict"},
+                   json={"contents": [{"role": "user", "parts": [{"text": "hi"}]}]}, timeout=20)
+    assert r.status_code == 200, r.text
+    answers = r.json()
+    assert isinstance(answers, list) and "".join(
+        p.get("text", "") for a in answers for p in a["candidates"][0]["content"]["parts"]) == "Hello from spare"
+    assert answers[-1]["candidates"][0]["finishReason"] == "STOP"
+    assert len(_generations(env["gem"])) == 1 and len(_generations(env["spare"])) == 1
+
+
 # -- errors ------------------------------------------------------------------------------------------------------
 
 
