@@ -82,7 +82,7 @@ def _genai(env, profile="default") -> genai.Client:
 
 
 def _generations(fake: FakeServer) -> list[dict]:
-    return [r for r in fake.requests if r["method"] == "POST" and ":" in r["path"]]
+    return [r for r in fake.requests if r["method"] == "POST" and "Content" in r["path"].rpartition(":")[2]]
 
 
 def _last_up(fake: FakeServer) -> dict:
@@ -122,6 +122,22 @@ def test_request_goes_to_googles_url_with_the_key_header(env):
     assert body["systemInstruction"] == {"parts": [{"text": "be brief"}]}
     assert body["contents"] == [{"role": "user", "parts": [{"text": "hi"}]}]
     assert body["generationConfig"]["maxOutputTokens"] == 64 and "model" not in body
+
+
+def test_token_counts_come_from_googles_count_tokens(env):
+    """Anthropic's count_tokens and the Gemini ingress's countTokens both ask the upstream's models.countTokens."""
+    n = _anthropic(env).messages.count_tokens(model=MODEL, messages=[{"role": "user", "content": "count me"}])
+    up = [r for r in env["gem"].requests if r["path"].endswith(":countTokens")][-1]
+    assert up["path"] == f"/v1beta/models/{MODEL}:countTokens" and up["headers"]["x-goog-api-key"] == GOOGLE_KEY
+    request = up["json"]["generateContentRequest"]
+    assert request["model"] == f"models/{MODEL}" and request["contents"] == [
+        {"role": "user", "parts": [{"text": "count me"}]}]
+    assert n.input_tokens == len(orjson.dumps(request)) // 4
+    counted = _genai(env).models.count_tokens(model=MODEL, contents="count me too")
+    assert counted.total_tokens == len(orjson.dumps(
+        [r for r in env["gem"].requests if r["path"].endswith(":countTokens")][-1]["json"]["generateContentRequest"]
+    )) // 4
+    assert _generations(env["gem"]) == []  # counted, not generated
 
 
 # -- Anthropic Messages clients -----------------------------------------------------------------------------------

@@ -110,6 +110,8 @@ class GeminiFake(FakeBase):
         self._signing_key = os.urandom(32)
 
     def setup_routes(self) -> None:
+        # countTokens first: it is no generation (it must not take a scripted behaviour).
+        self.route("POST", "/v1beta/models/{model}:countTokens", self.count_tokens)
         self.route("POST", "/v1beta/models/{call}", self.generate, generation=True)
         self.route("GET", "/v1beta/models", self.list_models)
         self.route("GET", "/v1beta/models/{name}", self.get_model)
@@ -213,18 +215,32 @@ class GeminiFake(FakeBase):
 
     # -- generation -----------------------------------------------------------------------------------
 
+    async def count_tokens(self, call: Call) -> web.StreamResponse:
+        """Either `contents`, or a whole `generateContentRequest` (which must name its model), never both."""
+        refused = self._key_refusal(call)
+        if refused:
+            return refused
+        body = call.body if isinstance(call.body, dict) else {}
+        request = body.get("generateContentRequest")
+        if ("contents" in body) == (request is not None):
+            return gemini_error(400, "Exactly one of contents or generateContentRequest must be set")
+        if request is not None and not (isinstance(request, dict) and str(request.get("model", "")).startswith(
+                "models/") and isinstance(request.get("contents"), list)):
+            return gemini_error(400, "* GenerateContentRequest.model: model is required, as models/{model}")
+        # The size of what is counted (the prompt's estimate the fake bills with for the same request).
+        counted = dumps(request if request is not None else body)
+        return json_response({"totalTokens": max(1, len(counted) // 4)})
+
     async def generate(self, call: Call) -> web.StreamResponse:
         refused = self._key_refusal(call)
         if refused:
             return refused
         model, _, method = call.request.match_info["call"].rpartition(":")
         body = call.body
-        if method not in ("generateContent", "streamGenerateContent", "countTokens"):
+        if method not in ("generateContent", "streamGenerateContent"):
             return gemini_error(404, f"Method not found: {method}")
         if not isinstance(body, dict) or not isinstance(body.get("contents"), list):
             return gemini_error(400, "* GenerateContentRequest.contents: contents is not specified")
-        if method == "countTokens":
-            return json_response({"totalTokens": call.prompt_tokens})
         refusal = self.signature_refusal(body)
         if refusal is not None:
             return gemini_error(400, refusal)

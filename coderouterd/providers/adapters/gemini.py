@@ -8,12 +8,17 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
+from urllib.parse import quote
+
+import orjson
 
 from ...servers import overflow as context_overflow
 from ..errors import OVERFLOW, UpstreamError, http_error, parse_retry_after
-from .base import UpstreamAdapter, error_message
+from ..limits import MAX_AUX_BYTES, read_capped
+from .base import CountedRequest, UpstreamAdapter, error_message
 
 if TYPE_CHECKING:
+    from ..provider import Provider
     from ..strategies import Strategy
 
 API = "/v1beta"
@@ -93,6 +98,23 @@ class GeminiAdapter(UpstreamAdapter):
 
     def classify_error(self, status: int, body: bytes, headers: Mapping[str, str]) -> UpstreamError:
         return gemini_http_error(status, body, headers)
+
+    async def count_tokens(self, provider: Provider, req: CountedRequest) -> tuple[int, str] | None:
+        """models.countTokens on the request as it would go up (the Anthropic form count_tokens reads, through
+        the same chat translation as a real request), with the model routing resolves."""
+        from ...translate.anthropic_request_to_openai import request_to_openai
+        from ...translate.chat_request_to_gemini import chat_to_gemini
+
+        model = (await provider.resolve_model(req.model)).removeprefix("models/")
+        chat, _ = request_to_openai(req.body, model, stream=False)
+        body = {"generateContentRequest": {"model": f"models/{model}", **chat_to_gemini(chat)}}
+        url = f"{self.generation_url}/{quote(model, safe='-._')}:countTokens"
+        async with provider.session().post(url, data=orjson.dumps(body), headers=self.headers(json=True)) as r:
+            if r.status == 200:
+                n = orjson.loads(await read_capped(r, MAX_AUX_BYTES, "token count")).get("totalTokens")
+                if isinstance(n, int):
+                    return n, f"exact:{provider.name}"
+        return None
 
     def strategy_for(self, ingress: str) -> type[Strategy]:
         cls = self._strategies.get(ingress)
