@@ -22,7 +22,7 @@ import orjson
 
 from ..translate.answer_observe import observe_openai
 from ..translate.anthropic_request_to_openai import request_to_openai
-from ..translate.chat_request_to_gemini import chat_to_gemini, thinking_config
+from ..translate.chat_request_to_gemini import CallSignatures, chat_to_gemini, thinking_config
 from ..translate.gemini_answer_to_chat import (
     GeminiStreamToChat,
     blocked,
@@ -92,11 +92,13 @@ class _GeminiAnswers(Strategy):
     one translator), usage, what was produced (a cut stream is billed for it), drift observation and repair."""
 
     upstream_wire = "gemini"
+    # The provider's memory of its calls' signatures (set on the class its adapter hands out: one per provider).
+    call_signatures: CallSignatures | None = None
 
     # `kw`: Any, as cooperative keywords are (the next class in the MRO takes what it takes).
     def __init__(self, **kw: Any) -> None:
         super().__init__(**kw)
-        self.g2c = GeminiStreamToChat(self.answer_model)
+        self.g2c = GeminiStreamToChat(self.answer_model, self.call_signatures)
         # Tool calls written as text are repaired on the chat chunks (the base would build an Anthropic-wire one).
         self.repair = OpenAIStreamRepair(self.repair_tools) if self.repair_tools else None
 
@@ -107,7 +109,7 @@ class _GeminiAnswers(Strategy):
         return method_path(self.model, stream)
 
     def _gemini_request(self, chat: dict) -> bytes:
-        return orjson.dumps(chat_to_gemini(chat))
+        return orjson.dumps(chat_to_gemini(chat, self.call_signatures))
 
     def _note_usage(self) -> None:
         meta = self.g2c.meta
@@ -137,7 +139,7 @@ class _GeminiAnswers(Strategy):
     def _completion(self, body: bytes) -> dict:
         """A whole Gemini answer as a chat completion (tool calls written as text repaired)."""
         resp = _response_object(_loads_object(body, "GenerateContentResponse"), body, after_content=False)
-        completion = gemini_response_to_chat(resp, self.answer_model)
+        completion = gemini_response_to_chat(resp, self.answer_model, self.call_signatures)
         self.usage = usage_as_anthropic(resp.get("usageMetadata"))
         self.raw_usage = completion.get("usage")
         self._repair_openai_body(completion)
@@ -251,7 +253,7 @@ class AnthropicToGemini(_GeminiAnswers, AnthropicToOpenAIUpstream):
 
     def request(self, raw: bytes, stream: bool) -> bytes:
         chat, self.warnings = request_to_openai(self.client_body, self.model, stream=stream)
-        body = chat_to_gemini(chat)
+        body = chat_to_gemini(chat, self.call_signatures)
         thinking = thinking_config(self.client_body.get("thinking"))
         if thinking is not None:
             body.setdefault("generationConfig", {})["thinkingConfig"] = thinking
@@ -315,8 +317,10 @@ class ResponsesToGemini(_ResponsesStrategy, _GeminiAnswers):
         return encode_responses(out)
 
 
-def gemini_upstream_strategy(ingress: str) -> type[Strategy]:
-    """The strategy for a client of `ingress` on a Gemini upstream."""
-    by_ingress: dict[str, type[Strategy]] = {"gemini": GeminiPassthrough, "anthropic": AnthropicToGemini,
-                                             "responses": ResponsesToGemini}
-    return by_ingress.get(ingress, OpenAIToGemini)
+def gemini_upstream_strategy(ingress: str, signatures: CallSignatures) -> type[Strategy]:
+    """The strategy for a client of `ingress` on a Gemini upstream whose calls' signatures `signatures` keeps
+    (bound to the class: the executor builds strategies from the class alone)."""
+    by_ingress: dict[str, type[_GeminiAnswers]] = {"gemini": GeminiPassthrough, "anthropic": AnthropicToGemini,
+                                                   "responses": ResponsesToGemini}
+    base = by_ingress.get(ingress, OpenAIToGemini)
+    return type(base.__name__, (base,), {"call_signatures": signatures, "__doc__": base.__doc__})

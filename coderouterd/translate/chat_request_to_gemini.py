@@ -10,17 +10,43 @@ The inverse of gemini_request.py (Gemini client -> chat), written the other way 
   the call they answer, the text as `{"output": ...}` (what Gemini CLI sends, and what gemini_request.py reads);
 - tool schemas go as `parametersJsonSchema` (full JSON Schema, no conversion to Gemini's OpenAPI subset);
 - a model turn that calls a function carries a `thoughtSignature` on its first call: Gemini 3 refuses a
-  function call without one. A call this daemon translated from another wire has no real signature, so it gets
-  the value Google documents for calls made elsewhere (`SKIP_SIGNATURE`).
+  function call without one. Clients of other wires never see signatures, so the ones the upstream gave are kept
+  here by call id (`CallSignatures`, filled by gemini_answer_to_chat.py) and put back; a call this daemon does not
+  remember (another model made it, or the memory was lost) gets the value Google documents for calls made
+  elsewhere (`SKIP_SIGNATURE`).
 """
 
 from __future__ import annotations
+
+from collections import OrderedDict
 
 from .tool_arguments import parse_tool_arguments
 
 # https://ai.google.dev/gemini-api/docs/thought-signatures: for function calls that did not come from a Gemini
 # model (history built elsewhere), this value in place of a signature skips its validation.
 SKIP_SIGNATURE = "skip_thought_signature_validator"
+
+# How many calls' signatures one provider remembers: a tool loop sends back the calls of its current turn only, so
+# this covers thousands of concurrent sessions (a signature is a few hundred bytes).
+_REMEMBERED = 4096
+
+
+class CallSignatures:
+    """The thoughtSignatures a Gemini upstream gave its function calls, by call id, the oldest forgotten first."""
+
+    def __init__(self, size: int = _REMEMBERED) -> None:
+        self.size = size
+        self._by_id: OrderedDict[str, str] = OrderedDict()
+
+    def remember(self, call_id: str, signature: str) -> None:
+        self._by_id[call_id] = signature
+        self._by_id.move_to_end(call_id)
+        while len(self._by_id) > self.size:
+            self._by_id.popitem(last=False)
+
+    def get(self, call_id: str) -> str | None:
+        return self._by_id.get(call_id)
+
 
 # chat reasoning_effort -> thinkingBudget (0: off). The budgets are Gemini 2.5's own tiers.
 _BUDGET = {"none": 0, "minimal": 512, "low": 1024, "medium": 8192, "high": 24576}
@@ -59,9 +85,10 @@ def _text(content: object) -> str:
 class _Turns:
     """Gemini `contents` under construction: consecutive parts of one role share a turn."""
 
-    def __init__(self) -> None:
+    def __init__(self, signatures: CallSignatures | None) -> None:
         self.contents: list[dict] = []
         self.call_names: dict[str, str] = {}  # chat tool_call id -> function name (functionResponse needs it)
+        self.signatures = signatures
 
     def add(self, role: str, parts: list[dict]) -> None:
         if not parts:
@@ -79,11 +106,15 @@ class _Turns:
             if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
                 continue
             call: dict = {"name": fn["name"], "args": parse_tool_arguments(fn.get("arguments"))}
+            part: dict = {"functionCall": call}
             if isinstance(tc.get("id"), str) and tc["id"]:
                 call["id"] = tc["id"]
                 self.call_names[tc["id"]] = fn["name"]
-            calls.append({"functionCall": call})
-        if calls:
+                signature = self.signatures.get(tc["id"]) if self.signatures is not None else None
+                if signature:
+                    part["thoughtSignature"] = signature
+            calls.append(part)
+        if calls and "thoughtSignature" not in calls[0]:
             calls[0]["thoughtSignature"] = SKIP_SIGNATURE
         self.add("model", parts + calls)
 
@@ -152,9 +183,10 @@ def _generation_config(chat: dict) -> dict:
     return gen
 
 
-def chat_to_gemini(chat: dict) -> dict:
-    """A chat-completions body as a Gemini generateContent body (the model goes in the URL, not the body)."""
-    turns = _Turns()
+def chat_to_gemini(chat: dict, signatures: CallSignatures | None = None) -> dict:
+    """A chat-completions body as a Gemini generateContent body (the model goes in the URL, not the body);
+    `signatures`: what the upstream signed its calls with, to send them back."""
+    turns = _Turns(signatures)
     system: list[str] = []
     for msg in chat.get("messages") or ():
         if not isinstance(msg, dict):

@@ -17,6 +17,7 @@ import orjson
 
 from ..ids import hex24
 from .anthropic_answer_to_openai import new_completion_id
+from .chat_request_to_gemini import CallSignatures
 
 # Gemini finishReason -> chat finish_reason. The safety family ends as a content filter; MALFORMED_FUNCTION_CALL
 # and the rest as a plain stop (there is no closer chat word).
@@ -80,8 +81,9 @@ class GeminiStreamToChat:
     """State machine for one answer: feed() each GenerateContentResponse, finish() at the end. Both return chat
     chunks (the usage, when known, rides on the last one as `include_usage` streams have it)."""
 
-    def __init__(self, model: str) -> None:
+    def __init__(self, model: str, signatures: CallSignatures | None = None) -> None:
         self.model = model
+        self.signatures = signatures  # where the calls' thoughtSignatures are kept for the next turn
         self.id = new_completion_id()
         self.created = int(time.time())
         self.calls = 0
@@ -109,8 +111,12 @@ class GeminiStreamToChat:
             fc = part.get("functionCall")
             if isinstance(fc, dict):
                 args = fc.get("args")
+                call_id = _call_id(fc)
+                signature = part.get("thoughtSignature")
+                if self.signatures is not None and isinstance(signature, str) and signature:
+                    self.signatures.remember(call_id, signature)
                 out.append(self._chunk({"tool_calls": [{
-                    "index": self.calls, "id": _call_id(fc), "type": "function",
+                    "index": self.calls, "id": call_id, "type": "function",
                     "function": {"name": str(fc.get("name") or ""),
                                  "arguments": orjson.dumps(args if isinstance(args, dict) else {}).decode()}}]}))
                 self.calls += 1
@@ -135,9 +141,9 @@ class GeminiStreamToChat:
         return [last]
 
 
-def gemini_response_to_chat(resp: dict, model: str) -> dict:
+def gemini_response_to_chat(resp: dict, model: str, signatures: CallSignatures | None = None) -> dict:
     """A whole GenerateContentResponse as a chat completion."""
-    tr = GeminiStreamToChat(model)
+    tr = GeminiStreamToChat(model, signatures)
     text: list[str] = []
     reasoning: list[str] = []
     calls: list[dict] = []

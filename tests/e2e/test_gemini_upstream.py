@@ -47,10 +47,14 @@ def env(tmp_path_factory):
             state={"flush_interval_s": 0.1},
             # One failure opens a breaker: a 400 that counted against the provider would show at once.
             breaker={"failures": 1, "recovery_s": 600},
+            # The tests that make the gem fake fail reach it under names of their own: each name has its own
+            # breaker, so no test leaves one open for another.
             providers={"gem": gemini_at(gem.url, paid=True, cost=PRICES), "spare": gemini_at(spare.url),
-                       "broken": gemini_at(broken.url), "limited": gemini_at(limited.url)},
-            profiles={"default": warn("gem"), "failover": warn("broken", "gem"), "strict": warn("gem", "spare"),
-                      "limited": warn("limited")})
+                       "broken": gemini_at(broken.url), "limited": gemini_at(limited.url),
+                       "fallback": gemini_at(gem.url), "picky": gemini_at(gem.url), "relay": gemini_at(gem.url),
+                       "cutter": gemini_at(gem.url)},
+            profiles={"default": warn("gem"), "failover": warn("broken", "fallback"), "strict": warn("picky", "spare"),
+                      "relay": warn("relay", "spare"), "cutter": warn("cutter"), "limited": warn("limited")})
         with running(config, tmp, env={KEY_ENV: GOOGLE_KEY}) as d:
             yield {"daemon": d, "gem": gem, "spare": spare, "broken": broken, "limited": limited}
 
@@ -178,9 +182,9 @@ def test_anthropic_tool_round_trip(env):
     model_turn = contents[1]
     assert model_turn["role"] == "model"
     fc_part = next(p for p in model_turn["parts"] if "functionCall" in p)
-    # A call translated from another wire has no Gemini signature: Google's documented placeholder goes instead.
-    assert fc_part["functionCall"]["name"] == "Bash" and fc_part["thoughtSignature"] == \
-        "skip_thought_signature_validator"
+    # The client never saw the call's signature; the daemon kept it by call id and sends back the upstream's own.
+    assert fc_part["functionCall"]["name"] == "Bash" and fc_part["functionCall"]["id"] == call.id
+    assert fc_part["thoughtSignature"] == env["gem"].fake.sign("Bash", orjson.loads(TOOL_ARGUMENTS))
     assert contents[2]["parts"][0]["functionResponse"]["name"] == "Bash"
     assert contents[2]["parts"][0]["functionResponse"]["response"] == {"output": "a.txt b.txt"}
 
@@ -220,6 +224,17 @@ def test_chat_tool_round_trip(env):
             "name": "Bash", "arguments": frags[0].function.arguments}}]},
         {"role": "tool", "tool_call_id": frags[0].id, "content": "out.log"}])
     assert r.choices[0].message.content == "Tool said: out.log"
+    signed = _last_up(env["gem"])["json"]["contents"][1]["parts"][0]
+    assert signed["thoughtSignature"] == env["gem"].fake.sign("Bash", orjson.loads(TOOL_ARGUMENTS))
+    # A call no Gemini model made here (another provider's, say): Google's documented placeholder goes instead.
+    r = client.chat.completions.create(model=MODEL, tools=tools, messages=[
+        {"role": "user", "content": "list"},
+        {"role": "assistant", "content": None, "tool_calls": [{"id": "call_elsewhere", "type": "function",
+                                                               "function": {"name": "Bash", "arguments": "{}"}}]},
+        {"role": "tool", "tool_call_id": "call_elsewhere", "content": "x"}])
+    assert r.choices[0].message.content == "Hello from gem"
+    assert _last_up(env["gem"])["json"]["contents"][1]["parts"][0]["thoughtSignature"] == \
+        "skip_thought_signature_validator"
 
 
 # -- Responses clients -------------------------------------------------------------------------------------------
@@ -304,7 +319,7 @@ def test_gemini_array_stream_fails_over_before_content(env):
     any content (here after an empty first response, sent on its own) still fails over to the next provider."""
     env["gem"].set_behaviour("error_mid_stream;after=0;chunk_delay=0.3")
     r = httpx.post(env["daemon"].url + f"/v1beta/models/{MODEL}:streamGenerateContent",
-                   headers={"x-goog-api-key": "client-key", "x-coderouter-profile": "strict"},
+                   headers={"x-goog-api-key": "client-key", "x-coderouter-profile": "relay"},
                    json={"contents": [{"role": "user", "parts": [{"text": "hi"}]}]}, timeout=20)
     assert r.status_code == 200, r.text
     answers = r.json()
@@ -350,14 +365,14 @@ def test_server_error_fails_over_and_bad_request_does_not(env):
     r2 = _openai(env, "strict").chat.completions.with_raw_response.create(
         model=MODEL, messages=[{"role": "user", "content": "hi"}])
     assert r2.parse().choices[0].message.content == GREETING
-    assert _generations(env["spare"]) == [] and r2.headers["x-coderouter-provider"] == "gem"
+    assert _generations(env["spare"]) == [] and r2.headers["x-coderouter-provider"] == "picky"
 
 
 def test_stream_cut_without_finish_reason_is_an_error_not_an_answer(env):
     env["gem"].set_behaviour("cut_mid_block")
     with pytest.raises(openai.APIError):
-        list(_openai(env).chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}],
-                                                  stream=True))
+        list(_openai(env, "cutter").chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}],
+                                                            stream=True))
 
 
 # -- accounting --------------------------------------------------------------------------------------------------

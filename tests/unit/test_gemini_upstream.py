@@ -21,7 +21,7 @@ from coderouterd.providers.gemini_upstream import (
     method_path,
 )
 from coderouterd.servers import by_name
-from coderouterd.translate.chat_request_to_gemini import SKIP_SIGNATURE, chat_to_gemini
+from coderouterd.translate.chat_request_to_gemini import SKIP_SIGNATURE, CallSignatures, chat_to_gemini
 from coderouterd.translate.gemini_answer_to_chat import (
     GeminiStreamToChat,
     gemini_response_to_chat,
@@ -63,8 +63,14 @@ def test_adapter_urls_key_header_and_model_names(monkeypatch):
     url, body = a.ping_request("gemini-2.5-flash")
     assert url == "https://g.example/v1beta/models/gemini-2.5-flash:generateContent"
     assert body["generationConfig"] == {"maxOutputTokens": 1}
-    assert a.strategy_for("gemini") is GeminiPassthrough and a.strategy_for("anthropic") is AnthropicToGemini
-    assert a.strategy_for("openai") is OpenAIToGemini and a.strategy_for("responses") is ResponsesToGemini
+    assert issubclass(a.strategy_for("gemini"), GeminiPassthrough)
+    assert issubclass(a.strategy_for("anthropic"), AnthropicToGemini)
+    assert issubclass(a.strategy_for("openai"), OpenAIToGemini)
+    assert issubclass(a.strategy_for("responses"), ResponsesToGemini)
+    # One memory of call signatures per provider, shared by its strategies; another provider has its own.
+    assert a.strategy_for("openai").call_signatures is a.strategy_for("anthropic").call_signatures is not None
+    other = adapter_for(ProviderConfig(kind="gemini", base_url="https://g.example", api_key_env="GEMINI_TEST_KEY"))
+    assert other.strategy_for("openai").call_signatures is not a.strategy_for("openai").call_signatures
 
 
 def test_method_paths():
@@ -160,6 +166,25 @@ def test_chat_request_as_gemini():
                                      "responseJsonSchema": {"type": "object"},
                                      "thinkingConfig": {"thinkingBudget": 8192, "includeThoughts": True}}
     assert "model" not in g
+
+
+def test_remembered_signatures_go_back_with_their_calls():
+    memory = CallSignatures(size=2)
+    tr = GeminiStreamToChat("m", memory)
+    tr.feed(_resp([{"functionCall": {"name": "f", "id": "g1", "args": {}}, "thoughtSignature": "c2lnMQ=="},
+                   {"functionCall": {"name": "f", "id": "g2", "args": {}}}], "STOP"))
+    assert memory.get("g1") == "c2lnMQ==" and memory.get("g2") is None
+
+    def turn(*ids: str) -> list[dict]:
+        chat = {"messages": [{"role": "user", "content": "x"}, {"role": "assistant", "content": None, "tool_calls": [
+            {"id": i, "type": "function", "function": {"name": "f", "arguments": "{}"}} for i in ids]}]}
+        return chat_to_gemini(chat, memory)["contents"][1]["parts"]
+
+    assert [p.get("thoughtSignature") for p in turn("g1", "g2")] == ["c2lnMQ==", None]
+    assert [p.get("thoughtSignature") for p in turn("x1", "g1")] == [SKIP_SIGNATURE, "c2lnMQ=="]
+    memory.remember("a", "1")
+    memory.remember("b", "2")
+    assert memory.get("g1") is None and memory.get("b") == "2"  # bounded: the oldest goes first
 
 
 @pytest.mark.parametrize(("choice", "mode"), [("auto", "AUTO"), ("none", "NONE"), ("required", "ANY"), (None, "AUTO")])

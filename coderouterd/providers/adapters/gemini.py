@@ -18,6 +18,7 @@ from ..limits import MAX_AUX_BYTES, read_capped
 from .base import CountedRequest, UpstreamAdapter, error_message
 
 if TYPE_CHECKING:
+    from ...translate.chat_request_to_gemini import CallSignatures
     from ..provider import Provider
     from ..strategies import Strategy
 
@@ -55,6 +56,7 @@ class GeminiAdapter(UpstreamAdapter):
     kind = "gemini"
     wire = "gemini"
     model_backend = "gemini"  # servers/gemini.py: the context window from models.get
+    _call_signatures: CallSignatures | None = None
 
     @property
     def api_base(self) -> str:
@@ -119,7 +121,11 @@ class GeminiAdapter(UpstreamAdapter):
     def strategy_for(self, ingress: str) -> type[Strategy]:
         cls = self._strategies.get(ingress)
         if cls is None:
+            from ...translate.chat_request_to_gemini import CallSignatures
             from ..gemini_upstream import gemini_upstream_strategy
 
-            cls = self._strategies[ingress] = gemini_upstream_strategy(ingress)
+            if self._call_signatures is None:
+                # The thoughtSignatures this provider's calls came with, for clients of wires that drop them.
+                self._call_signatures = CallSignatures()
+            cls = self._strategies[ingress] = gemini_upstream_strategy(ingress, self._call_signatures)
         return cls
