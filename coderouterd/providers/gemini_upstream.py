@@ -16,7 +16,6 @@ without a finish reason is a cut stream.
 from __future__ import annotations
 
 from typing import Any, Unpack
-from urllib.parse import quote
 
 import orjson
 
@@ -36,6 +35,7 @@ from ..translate.responses_stream import encode_all as encode_responses
 from ..translate.tool_repair_wire import OpenAIStreamRepair
 from ..translate.unsigned_thinking import UpstreamSignatures
 from ..wire.sse import DONE, encode_data
+from .adapters.gemini import method_path
 from .errors import DISCONNECT, UpstreamError, stream_error_reason
 from .responses_strategies import _ResponsesStrategy
 from .strategies import (
@@ -48,14 +48,6 @@ from .strategies import (
 )
 
 _EVENT_END = b"\r\n\r\n"  # Gemini's own SSE framing (and the Gemini ingress's)
-
-
-def method_path(model: str, stream: bool) -> str:
-    """The path under the API's origin for one generation with `model` (a "models/" prefix is the same model)."""
-    name = quote(model.removeprefix("models/"), safe="-._")
-    if stream:
-        return f"/v1beta/models/{name}:streamGenerateContent?alt=sse"
-    return f"/v1beta/models/{name}:generateContent"
 
 
 def _in_band_error(obj: dict, *, after_content: bool) -> UpstreamError | None:

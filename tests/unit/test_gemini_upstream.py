@@ -11,14 +11,13 @@ from pydantic import ValidationError
 
 from coderouterd.config.schema import ProviderConfig
 from coderouterd.providers.adapters import adapter_for
-from coderouterd.providers.adapters.gemini import gemini_http_error
+from coderouterd.providers.adapters.gemini import gemini_http_error, method_path
 from coderouterd.providers.errors import OVERFLOW
 from coderouterd.providers.gemini_upstream import (
     AnthropicToGemini,
     GeminiPassthrough,
     OpenAIToGemini,
     ResponsesToGemini,
-    method_path,
 )
 from coderouterd.servers import by_name
 from coderouterd.translate.chat_request_to_gemini import SKIP_SIGNATURE, CallSignatures, chat_to_gemini

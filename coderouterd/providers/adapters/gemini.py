@@ -26,6 +26,14 @@ API = "/v1beta"
 _DELAY = re.compile(r"^\s*(\d+(?:\.\d+)?)s\s*$")  # google.protobuf.Duration in JSON: "22s", "1.5s"
 
 
+def method_path(model: str, stream: bool) -> str:
+    """The path under the API's origin for one generation with `model` (a "models/" prefix is the same model)."""
+    name = quote(model.removeprefix("models/"), safe="-._")
+    if stream:
+        return f"{API}/models/{name}:streamGenerateContent?alt=sse"
+    return f"{API}/models/{name}:generateContent"
+
+
 def retry_delay(parsed: object) -> float | None:
     """The wait a Gemini error names in its google.rpc.RetryInfo detail (`retryDelay`), in seconds."""
     err = parsed.get("error") if isinstance(parsed, dict) else None
