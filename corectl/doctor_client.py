@@ -13,7 +13,7 @@ import httpx
 import orjson
 
 from coderouterd.providers.adapters import adapter_for, error_message
-from coderouterd.providers.adapters.gemini import method_path
+from coderouterd.servers.gemini import method_path
 from coderouterd.translate.chat_request_to_gemini import chat_to_gemini
 from coderouterd.translate.gemini_answer_to_chat import gemini_response_to_chat
 from coderouterd.translate.reasoning import CLOSE_TAG, OPEN_TAG, split_think_tags

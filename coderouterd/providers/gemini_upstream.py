@@ -19,6 +19,7 @@ from typing import Any, Unpack
 
 import orjson
 
+from ..servers.gemini import method_path
 from ..translate.answer_observe import observe_openai
 from ..translate.anthropic_request_to_openai import request_to_openai
 from ..translate.chat_request_to_gemini import CallSignatures, chat_to_gemini, thinking_config
@@ -35,7 +36,6 @@ from ..translate.responses_stream import encode_all as encode_responses
 from ..translate.tool_repair_wire import OpenAIStreamRepair
 from ..translate.unsigned_thinking import UpstreamSignatures
 from ..wire.sse import DONE, encode_data
-from .adapters.gemini import method_path
 from .errors import DISCONNECT, UpstreamError, stream_error_reason
 from .responses_strategies import _ResponsesStrategy
 from .strategies import (

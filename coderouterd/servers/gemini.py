@@ -15,6 +15,14 @@ from .base import Answers, Get, Post, ServerKind, Window, positive_int, wording
 API = "/v1beta"
 
 
+def method_path(model: str, stream: bool) -> str:
+    """The path under the API's origin for one generation with `model` (a "models/" prefix is the same model)."""
+    name = quote(model.removeprefix("models/"), safe="-._")
+    if stream:
+        return f"{API}/models/{name}:streamGenerateContent?alt=sse"
+    return f"{API}/models/{name}:generateContent"
+
+
 class Gemini(ServerKind):
     name = "gemini"
     label = "Gemini API"

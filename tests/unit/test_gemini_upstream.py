@@ -11,7 +11,7 @@ from pydantic import ValidationError
 
 from coderouterd.config.schema import ProviderConfig
 from coderouterd.providers.adapters import adapter_for
-from coderouterd.providers.adapters.gemini import gemini_http_error, method_path
+from coderouterd.providers.adapters.gemini import gemini_http_error
 from coderouterd.providers.errors import OVERFLOW
 from coderouterd.providers.gemini_upstream import (
     AnthropicToGemini,
@@ -20,6 +20,7 @@ from coderouterd.providers.gemini_upstream import (
     ResponsesToGemini,
 )
 from coderouterd.servers import by_name
+from coderouterd.servers.gemini import method_path
 from coderouterd.translate.chat_request_to_gemini import SKIP_SIGNATURE, CallSignatures, chat_to_gemini
 from coderouterd.translate.gemini_answer_to_chat import (
     GeminiStreamToChat,

@@ -13,6 +13,7 @@ from urllib.parse import quote
 import orjson
 
 from ...servers import overflow as context_overflow
+from ...servers.gemini import API, method_path
 from ..errors import OVERFLOW, UpstreamError, http_error, parse_retry_after
 from ..limits import MAX_AUX_BYTES, read_capped
 from .base import CountedRequest, UpstreamAdapter, error_message
@@ -22,16 +23,7 @@ if TYPE_CHECKING:
     from ..provider import Provider
     from ..strategies import Strategy
 
-API = "/v1beta"
 _DELAY = re.compile(r"^\s*(\d+(?:\.\d+)?)s\s*$")  # google.protobuf.Duration in JSON: "22s", "1.5s"
-
-
-def method_path(model: str, stream: bool) -> str:
-    """The path under the API's origin for one generation with `model` (a "models/" prefix is the same model)."""
-    name = quote(model.removeprefix("models/"), safe="-._")
-    if stream:
-        return f"{API}/models/{name}:streamGenerateContent?alt=sse"
-    return f"{API}/models/{name}:generateContent"
 
 
 def retry_delay(parsed: object) -> float | None:
@@ -102,7 +94,7 @@ class GeminiAdapter(UpstreamAdapter):
         return [n.removeprefix("models/") for n in names if isinstance(n, str) and n]
 
     def ping_request(self, model: str) -> tuple[str, dict]:
-        return (f"{self.generation_url}/{model}:generateContent",
+        return (self.api_base + method_path(model, False),
                 {"contents": [{"role": "user", "parts": [{"text": "ping"}]}],
                  "generationConfig": {"maxOutputTokens": 1}})
 
