@@ -19,7 +19,6 @@ Behaviours (see behaviour.py): ``429`` answers RESOURCE_EXHAUSTED with a google.
 ``error_mid_stream`` (an error event in the stream), ``cut_mid_block`` (the body ends without a finishReason).
 """
 
-import asyncio
 import base64
 import hashlib
 import hmac
@@ -37,6 +36,7 @@ from .behaviour import (
     make_plan,
     next_id,
     structured,
+    whole_answer_failure,
     write_frames,
 )
 
@@ -297,13 +297,9 @@ class GeminiFake(FakeBase):
         return out
 
     async def _whole(self, call: Call, plan: Plan, responses: list[dict]) -> web.StreamResponse:
-        if plan.fail in ("disconnect", "cut"):
-            call.close_connection()
-            return web.Response(status=200)
-        if plan.fail == "error":
-            return self.error_response(call, "529")
-        if plan.delay > 0:
-            await asyncio.sleep(plan.delay * plan.output_tokens)
+        failed = await whole_answer_failure(call, plan, lambda: self.error_response(call, "529"))
+        if failed is not None:
+            return failed
         last = responses[-1]
         parts = [p for r in responses for p in r["candidates"][0]["content"]["parts"]]
         whole = {**last, "candidates": [{**last["candidates"][0], "content": {"parts": parts, "role": "model"}}]}
