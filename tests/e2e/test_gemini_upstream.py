@@ -52,9 +52,10 @@ def env(tmp_path_factory):
             providers={"gem": gemini_at(gem.url, paid=True, cost=PRICES), "spare": gemini_at(spare.url),
                        "broken": gemini_at(broken.url), "limited": gemini_at(limited.url),
                        "fallback": gemini_at(gem.url), "picky": gemini_at(gem.url), "relay": gemini_at(gem.url),
-                       "cutter": gemini_at(gem.url)},
+                       "cutter": gemini_at(gem.url), "sleepy": gemini_at(gem.url, timeouts={"first_byte": 1})},
             profiles={"default": warn("gem"), "failover": warn("broken", "fallback"), "strict": warn("picky", "spare"),
-                      "relay": warn("relay", "spare"), "cutter": warn("cutter"), "limited": warn("limited")})
+                      "relay": warn("relay", "spare"), "cutter": warn("cutter"), "limited": warn("limited"),
+                      "sleepy": warn("sleepy", "spare")})
         with running(config, tmp, env={KEY_ENV: GOOGLE_KEY}) as d:
             yield {"daemon": d, "gem": gem, "spare": spare, "broken": broken, "limited": limited}
 
@@ -76,13 +77,14 @@ def _openai(env, profile="default") -> openai.OpenAI:
                          default_headers={"x-coderouter-profile": profile})
 
 
-def _genai(env, profile="default") -> genai.Client:
+def _genai(env, profile="default", version="v1beta") -> genai.Client:
+    """One client per setting, kept for the module (a collected genai.Client closes its connections)."""
     clients = env.setdefault("genai", {})
-    if profile not in clients:
-        clients[profile] = genai.Client(api_key="client-key", http_options=types.HttpOptions(
-            base_url=env["daemon"].url, api_version="v1beta", headers={"x-coderouter-profile": profile},
+    if (profile, version) not in clients:
+        clients[(profile, version)] = genai.Client(api_key="client-key", http_options=types.HttpOptions(
+            base_url=env["daemon"].url, api_version=version, headers={"x-coderouter-profile": profile},
             retry_options=types.HttpRetryOptions(attempts=1), timeout=20_000))
-    return clients[profile]
+    return clients[(profile, version)]
 
 
 def _generations(fake: FakeServer) -> list[dict]:
@@ -261,14 +263,16 @@ def test_responses_text_stream_and_tool_round_trip(env):
 # -- Gemini clients: the pass-through ------------------------------------------------------------------------------
 
 
-def test_gemini_text_and_stream_pass_through(env):
-    client = _genai(env)
+@pytest.mark.parametrize("version", ["v1beta", "v1"])
+def test_gemini_text_and_stream_pass_through(env, version):
+    client = _genai(env, version=version)
     r = client.models.generate_content(model=MODEL, contents="hi")
     assert r.text == GREETING and r.usage_metadata.cached_content_token_count == 5
     chunks = list(client.models.generate_content_stream(model=MODEL, contents="hi"))
     assert "".join(c.text or "" for c in chunks) == GREETING and len(chunks) == 3
     assert chunks[-1].candidates[0].finish_reason == types.FinishReason.STOP
-    assert _last_up(env["gem"])["query"] == "alt=sse"
+    up = _last_up(env["gem"])
+    assert up["query"] == "alt=sse" and up["path"].startswith("/v1beta/")  # the upstream's version, whatever the client's
 
 
 def test_gemini_body_goes_up_as_the_client_wrote_it(env):
@@ -366,6 +370,13 @@ def test_server_error_fails_over_and_bad_request_does_not(env):
         model=MODEL, messages=[{"role": "user", "content": "hi"}])
     assert r2.parse().choices[0].message.content == GREETING
     assert _generations(env["spare"]) == [] and r2.headers["x-coderouter-provider"] == "picky"
+
+
+def test_a_slow_upstream_times_out_and_fails_over(env):
+    env["gem"].set_behaviour("slow_first_byte;delay=30")  # far beyond the provider's first_byte of 1 s
+    chunks = list(_genai(env, "sleepy").models.generate_content_stream(model=MODEL, contents="hi"))
+    assert "".join(c.text or "" for c in chunks) == "Hello from spare"
+    assert len(_generations(env["gem"])) == 1 and len(_generations(env["spare"])) == 1
 
 
 def test_stream_cut_without_finish_reason_is_an_error_not_an_answer(env):
