@@ -213,12 +213,8 @@ class OpenAIToGemini(_GeminiAnswers):
         return orjson.dumps(self._completion(body))
 
     def _encode(self, chunks: list[dict]) -> list[bytes]:
-        out = []
-        for c in chunks:
-            if "usage" in c and not self.client_wants_usage:
-                c = {k: v for k, v in c.items() if k != "usage"}
-            out.append(encode_data(c))
-        return out
+        # The usage chunk only for a client that asked for it (stream_options.include_usage).
+        return [encode_data(c) for c in chunks if self.client_wants_usage or "usage" not in c]
 
     def events(self, events: list[tuple[str | None, str]]) -> bytes:
         out: list[bytes] = []

@@ -79,7 +79,7 @@ def _call_id(fc: dict) -> str:
 
 class GeminiStreamToChat:
     """State machine for one answer: feed() each GenerateContentResponse, finish() at the end. Both return chat
-    chunks (the usage, when known, rides on the last one as `include_usage` streams have it)."""
+    chunks."""
 
     def __init__(self, model: str, signatures: CallSignatures | None = None) -> None:
         self.model = model
@@ -133,12 +133,14 @@ class GeminiStreamToChat:
         return out
 
     def finish(self) -> list[dict]:
-        """The closing chunk: the finish reason, and the usage."""
-        last = self._chunk({}, chat_finish(self.finish_reason, self.calls > 0))
+        """The closing chunks: the finish reason, then the usage on a chunk of its own (`choices: []`), as chat
+        streams with `include_usage` end."""
+        out = [self._chunk({}, chat_finish(self.finish_reason, self.calls > 0))]
         usage = chat_usage(self.meta)
         if usage is not None:
-            last["usage"] = usage
-        return [last]
+            out.append({"id": self.id, "object": "chat.completion.chunk", "created": self.created,
+                        "model": self.model, "choices": [], "usage": usage})
+        return out
 
 
 def gemini_response_to_chat(resp: dict, model: str, signatures: CallSignatures | None = None) -> dict:

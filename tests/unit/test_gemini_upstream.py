@@ -250,15 +250,16 @@ def test_stream_as_chat_chunks():
     assert chunks[1]["choices"][0]["delta"] == {"content": "lo"}
     assert chunks[2]["choices"][0]["delta"]["tool_calls"] == [
         {"index": 0, "id": "g1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]
-    assert chunks[-1]["choices"][0]["finish_reason"] == "tool_calls"
-    assert chunks[-1]["usage"]["completion_tokens"] == 3 and chunks[-1]["usage"]["prompt_tokens"] == 10
+    assert chunks[-2]["choices"][0]["finish_reason"] == "tool_calls"
+    assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] == 3
+    assert chunks[-1]["usage"]["prompt_tokens"] == 10
     assert {c["id"] for c in chunks} == {chunks[0]["id"]} and all(c["model"] == "asked" for c in chunks)
 
 
 def test_blocked_prompt_finishes_as_a_content_filter():
     tr = GeminiStreamToChat("m")
     assert tr.feed({"promptFeedback": {"blockReason": "SAFETY"}, "usageMetadata": {"promptTokenCount": 3}}) == []
-    assert tr.finish()[-1]["choices"][0]["finish_reason"] == "content_filter"
+    assert tr.finish()[0]["choices"][0]["finish_reason"] == "content_filter"
 
 
 def test_usage_in_the_journals_shape():
