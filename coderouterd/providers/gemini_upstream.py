@@ -30,7 +30,7 @@ from ..translate.gemini_answer_to_chat import (
     gemini_response_to_chat,
     usage_as_anthropic,
 )
-from ..translate.openai_answer_to_anthropic import response_to_anthropic
+from ..translate.openai_answer_to_anthropic import OpenAIStreamToAnthropic, response_to_anthropic
 from ..translate.responses_objects import chat_completion_to_response
 from ..translate.responses_stream import encode_all as encode_responses
 from ..translate.tool_repair_wire import OpenAIStreamRepair
@@ -260,10 +260,15 @@ class AnthropicToGemini(_GeminiAnswers, AnthropicToOpenAIUpstream):
             out.extend(self._encode(self.translator.feed(chunk)))
 
     def events(self, events: list[tuple[str | None, str]]) -> bytes:
+        chunks = [c for _name, data in events if data
+                  for c in self._read_chunks(data, after_content=self.started_content)[1]]
+        if not self._started and self.g2c.meta:
+            # Gemini's first response already counts the prompt: message_start says it, as the Messages API does.
+            # (Nothing has been fed yet, so the translator is made again with it.)
+            self.translator = OpenAIStreamToAnthropic(
+                self.answer_model, input_tokens=usage_as_anthropic(self.g2c.meta)["input_tokens"])
         out = self._opening()
-        for _name, data in events:
-            if data:
-                self._feed(self._read_chunks(data, after_content=self.started_content)[1], out)
+        self._feed(chunks, out)
         self.started_content = self.translator.started_content
         return b"".join(out)
 

@@ -152,14 +152,17 @@ def test_token_counts_come_from_googles_count_tokens(env):
 def test_anthropic_stream(env):
     with _anthropic(env).messages.stream(model=MODEL, max_tokens=64,
                                          messages=[{"role": "user", "content": "hi"}]) as s:
-        text = "".join(s.text_stream)
+        events = list(s)
         final = s.get_final_message()
+    text = "".join(e.delta.text for e in events if e.type == "content_block_delta")
+    start = next(e for e in events if e.type == "message_start")
     assert text == GREETING and final.stop_reason == "end_turn"
     up = _last_up(env["gem"])
     assert up["path"].endswith(":streamGenerateContent") and up["query"] == "alt=sse"
     prompt = up["prompt_tokens"]
     assert final.usage.input_tokens == prompt - 5 and final.usage.cache_read_input_tokens == 5
     assert final.usage.output_tokens == 3
+    assert start.message.usage.input_tokens == prompt - 5  # said at the start, from Gemini's first response
 
 
 def test_anthropic_tool_round_trip(env):
