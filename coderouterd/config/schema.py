@@ -8,7 +8,7 @@ from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from .kinds import ALWAYS_LOCAL, DEFAULT_BASE_URL, SERVES_RESPONSES
+from .kinds import ALWAYS_LOCAL, DEFAULT_BASE_URL, KEYED_HOSTS, SERVES_RESPONSES
 
 # Every timeout and interval lies between 10 ms and one day: `inf`, `1e308` or a typo'd exponent would
 # otherwise reach asyncio timers and sleeps (an inf timeout turned each request into a 500, an inf flush
@@ -249,10 +249,10 @@ class ProviderConfig(_Strict):
     def _responses_only_openai(self):
         if self.serves_responses and self.kind not in SERVES_RESPONSES:
             raise ValueError('serves_responses needs kind = "openai" (the Responses API is an OpenAI wire)')
-        if self.kind == "gemini" and not self.api_key_env and \
-                (urlsplit(self.base_url).hostname or "").endswith(".googleapis.com"):
-            raise ValueError('kind = "gemini" at Google needs api_key_env (the environment variable holding the '
-                             'Gemini API key, sent as x-goog-api-key)')
+        keyed = KEYED_HOSTS.get(self.kind)
+        if keyed and not self.api_key_env and (urlsplit(self.base_url).hostname or "").endswith(keyed):
+            raise ValueError(f'kind = "{self.kind}" at {keyed.lstrip(".")} needs api_key_env (the environment '
+                             'variable holding its API key)')
         return self
 
     def is_local(self) -> bool:
