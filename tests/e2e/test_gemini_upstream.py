@@ -289,7 +289,11 @@ def test_gemini_body_goes_up_as_the_client_wrote_it(env):
                    headers={"x-goog-api-key": "client-key"}, timeout=20)
     assert r.status_code == 200, r.text
     assert r.json()["candidates"][0]["content"]["parts"][0]["text"] == "Hello"
-    assert _last_up(env["gem"])["json"] == body
+    up = _last_up(env["gem"])
+    assert up["json"] == body
+    # The relayed answer's usageMetadata is the journal's usage too.
+    row = _journal(env["daemon"], r.headers["x-request-id"])
+    assert row is not None and row[:5] == ("gem", 200, up["prompt_tokens"] - 5, 3, 5)
 
 
 def test_gemini_tool_round_trip_keeps_the_thought_signature(env):
