@@ -52,12 +52,18 @@ class CallSignatures:
 _BUDGET = {"none": 0, "minimal": 512, "low": 1024, "medium": 8192, "high": 24576}
 
 
+_IMAGE_TYPES = {"png": "image/png", "jpg": "image/jpeg", "jpeg": "image/jpeg", "webp": "image/webp",
+                "gif": "image/gif", "heic": "image/heic", "heif": "image/heif"}
+
+
 def _image(url: str) -> dict:
-    """An image_url part: a data URL inline, anything else by reference."""
+    """An image_url part: a data URL inline, anything else by reference (fileData needs a concrete MIME type:
+    the file name's, else JPEG)."""
     if url.startswith("data:") and ";base64," in url:
         head, _, data = url.partition(";base64,")
         return {"inlineData": {"mimeType": head[5:] or "image/png", "data": data}}
-    return {"fileData": {"mimeType": "image/*", "fileUri": url}}
+    ext = url.split("?", 1)[0].rpartition(".")[2].lower()
+    return {"fileData": {"mimeType": _IMAGE_TYPES.get(ext, "image/jpeg"), "fileUri": url}}
 
 
 def _parts(content: object) -> list[dict]:

@@ -196,6 +196,15 @@ def test_tool_choice_modes(choice, mode):
     assert chat_to_gemini(chat)["toolConfig"] == {"functionCallingConfig": {"mode": mode}}
 
 
+def test_images_by_reference_name_their_type():
+    g = chat_to_gemini({"messages": [{"role": "user", "content": [
+        {"type": "image_url", "image_url": {"url": "https://x.example/a.PNG?sig=1"}},
+        {"type": "image_url", "image_url": "https://x.example/photo"}]}]})
+    assert g["contents"][0]["parts"] == [
+        {"fileData": {"mimeType": "image/png", "fileUri": "https://x.example/a.PNG?sig=1"}},
+        {"fileData": {"mimeType": "image/jpeg", "fileUri": "https://x.example/photo"}}]
+
+
 def test_thinking_off_is_a_zero_budget():
     g = chat_to_gemini({"messages": [{"role": "user", "content": "x"}], "reasoning_effort": "none"})
     assert g["generationConfig"]["thinkingConfig"] == {"thinkingBudget": 0, "includeThoughts": False}
