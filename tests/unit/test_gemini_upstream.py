@@ -12,7 +12,7 @@ from pydantic import ValidationError
 from coderouterd.config.schema import ProviderConfig
 from coderouterd.providers.adapters import adapter_for
 from coderouterd.providers.adapters.gemini import gemini_http_error
-from coderouterd.providers.errors import OVERFLOW
+from coderouterd.providers.errors import OVERFLOW, UpstreamError
 from coderouterd.providers.gemini_upstream import (
     AnthropicToGemini,
     GeminiPassthrough,
@@ -27,6 +27,7 @@ from coderouterd.translate.gemini_answer_to_chat import (
     gemini_response_to_chat,
     usage_as_anthropic,
 )
+from coderouterd.translate.gemini_request import GeminiRequest
 
 
 def _error(status: int, code: str, message: str, *, details: list | None = None,
@@ -292,3 +293,49 @@ def test_context_window_from_models_get():
     assert w.tokens == 1048576 and w.firm and asked == ["/v1beta/models/gemini-2.5-pro"]
     assert asyncio.run(kind.window(get, "", {})).tokens is None  # clients choose the model: no one window
     assert kind.cached_tokens == "usageMetadata.cachedContentTokenCount"
+
+
+# -- the pass-through --------------------------------------------------------------------------------------------
+
+
+def _passthrough(answer_model: str = "asked") -> GeminiPassthrough:
+    rq = GeminiRequest(body={"contents": []}, chat={}, model="asked", stream=True, sse=True, response_id="r",
+                       raw=b'{"contents":[],"x_unknown":{"kept":true}}')
+    return GeminiPassthrough(native=rq, model="real", skip_prologue=False, client_body={}, answer_model=answer_model)
+
+
+def test_pass_through_relays_bytes_renaming_only_the_model():
+    st = _passthrough()
+    assert st.request(b"ignored", True) == b'{"contents":[],"x_unknown":{"kept":true}}'
+    assert st.url_path(True) == "/v1beta/models/real:streamGenerateContent?alt=sse"
+    first = ('{"candidates":[{"content":{"role":"model","parts":[{"functionCall":{"name":"f","args":{"a":1}},'
+             '"thoughtSignature":"c2ln","futureField":1}]},"index":0}],"modelVersion":"real",'
+             '"usageMetadata":{"promptTokenCount":9,"cachedContentTokenCount":4,"candidatesTokenCount":2,'
+             '"thoughtsTokenCount":3,"totalTokenCount":14}}')
+    last = '{"candidates":[{"content":{"role":"model","parts":[{"text":""}]},"finishReason":"STOP"}]}'
+    out = st.events([(None, first)]) + st.events([(None, last)])
+    assert out == (b"data: " + first.replace('"modelVersion":"real"', '"modelVersion":"asked"').encode() +
+                   b"\r\n\r\ndata: " + last.encode() + b"\r\n\r\n")
+    assert st.eof() == b"" and st.done
+    assert st.usage == {"input_tokens": 5, "output_tokens": 5, "cache_creation_input_tokens": 0,
+                        "cache_read_input_tokens": 4}
+
+
+def test_pass_through_holds_empty_responses_and_fails_on_an_error_event():
+    st = _passthrough()
+    empty = '{"candidates":[{"content":{"role":"model","parts":[{"text":""}]}}],"usageMetadata":{"promptTokenCount":1}}'
+    assert st.events([(None, empty)]) == b"" and not st.started_content  # nothing said yet: may still fail over
+    with pytest.raises(UpstreamError) as e:
+        st.events([(None, '{"error":{"code":503,"message":"The model is overloaded.","status":"UNAVAILABLE"}}')])
+    assert not e.value.after_content and e.value.failover and "overloaded" in e.value.message
+    cut = _passthrough()
+    cut.events([(None, '{"candidates":[{"content":{"role":"model","parts":[{"text":"Hi"}]}}]}')])
+    with pytest.raises(UpstreamError) as e:
+        cut.eof()  # the body ended without a finishReason
+    assert e.value.after_content
+
+
+def test_pass_through_refuses_what_is_no_response():
+    for data in ('{"candidates":"x"}', '[]', '{"something":"else"}'):
+        with pytest.raises(UpstreamError):
+            _passthrough().events([(None, data)])
