@@ -8,7 +8,7 @@ from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from .kinds import ALWAYS_LOCAL, SERVES_RESPONSES
+from .kinds import ALWAYS_LOCAL, DEFAULT_BASE_URL, KEYED_HOSTS, SERVES_RESPONSES
 
 # Every timeout and interval lies between 10 ms and one day: `inf`, `1e308` or a typo'd exponent would
 # otherwise reach asyncio timers and sleeps (an inf timeout turned each request into a 500, an inf flush
@@ -202,7 +202,7 @@ class ProcessConfig(_Strict):
 
 
 class ProviderConfig(_Strict):
-    kind: Literal["openai", "anthropic", "ollama"] = "openai"
+    kind: Literal["openai", "anthropic", "ollama", "gemini"] = "openai"
     base_url: str
     model: str = ""
     default_model: str = ""
@@ -230,6 +230,14 @@ class ProviderConfig(_Strict):
     # process block and base_url host.
     local: bool | None = None
 
+    @model_validator(mode="before")
+    @classmethod
+    def _default_base_url(cls, data: object) -> object:
+        """A hosted API's own address when base_url is left out (kind = "gemini")."""
+        if isinstance(data, dict) and "base_url" not in data and data.get("kind") in DEFAULT_BASE_URL:
+            return {**data, "base_url": DEFAULT_BASE_URL[data["kind"]]}
+        return data
+
     @field_validator("base_url")
     @classmethod
     def _url(cls, v: str) -> str:
@@ -241,6 +249,10 @@ class ProviderConfig(_Strict):
     def _responses_only_openai(self):
         if self.serves_responses and self.kind not in SERVES_RESPONSES:
             raise ValueError('serves_responses needs kind = "openai" (the Responses API is an OpenAI wire)')
+        keyed = KEYED_HOSTS.get(self.kind)
+        if keyed and not self.api_key_env and (urlsplit(self.base_url).hostname or "").endswith(keyed):
+            raise ValueError(f'kind = "{self.kind}" at {keyed.lstrip(".")} needs api_key_env (the environment '
+                             'variable holding its API key)')
         return self
 
     def is_local(self) -> bool:

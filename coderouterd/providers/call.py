@@ -69,7 +69,7 @@ class Call:
         p = self.provider
         headers = p.adapter.headers(client=self.client_headers, forward_client_key=p.cfg.forward_client_key,
                                     json=True, stream=self.stream)
-        return p.adapter.api_base + self.strategy.path(), headers
+        return p.adapter.api_base + self.strategy.url_path(self.stream), headers
 
     async def open(self) -> None:
         """Send the request and wait for the status line. Raises UpstreamError on any failure."""

@@ -8,7 +8,6 @@ With manual thinking on, a last assistant turn that called a tool must open with
 `clear_thinking` context edits need thinking on.
 """
 
-import asyncio
 import base64
 import hashlib
 import hmac
@@ -27,6 +26,7 @@ from .behaviour import (
     make_plan,
     next_id,
     structured,
+    whole_answer_failure,
     write_frames,
 )
 
@@ -265,13 +265,9 @@ class AnthropicFake(FakeBase):
         return web.Response(status=200)  # never sent: the connection is gone
 
     async def _complete(self, call: Call, plan: Plan, model: str) -> web.StreamResponse:
-        if plan.fail in ("disconnect", "cut"):
-            call.close_connection()
-            return web.Response(status=200)
-        if plan.fail == "error":
-            return self.error_response(call, "529")
-        if plan.delay > 0:
-            await asyncio.sleep(plan.delay * plan.output_tokens)
+        failed = await whole_answer_failure(call, plan, lambda: self.error_response(call, "529"))
+        if failed is not None:
+            return failed
         content: list[dict] = []
         if plan.reasoning:
             text = "".join(plan.reasoning)
