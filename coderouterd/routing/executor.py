@@ -611,7 +611,8 @@ class Exchange:
         if e.after_content and self.committed:
             await self._fail_committed(e)
         elif e.reason == OVERFLOW:
-            await self._reply(replies.overflow(e))
+            await self._reply(replies.overflow(e, ingress=self.req.ingress,
+                                               max_tokens=replies.requested_output(self.req.body)))
         else:
             await self._reply(replies.passed_on(e))
 

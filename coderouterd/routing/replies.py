@@ -32,13 +32,25 @@ def retry_after_value(seconds: float) -> str:
     return str(max(1, math.ceil(seconds)))
 
 
-def overflow(e: UpstreamError) -> Reply:
-    """Claude Code compacts on "prompt is too long" (and sizes it by the numbers); Codex reads the code. The
-    numbers are the server's: ones it did not give are said to be unknown, never estimated here."""
+def requested_output(body: dict) -> int:
+    """The output tokens a request asked for (0: it did not say), in the canonical body of any ingress (the
+    Responses and Gemini ingresses' bodies are their chat translations, which carry max_tokens)."""
+    for key in ("max_tokens", "max_completion_tokens"):
+        v = body.get(key)
+        if isinstance(v, int) and not isinstance(v, bool) and v > 0:
+            return v
+    return 0
+
+
+def overflow(e: UpstreamError, *, ingress: str = "anthropic", max_tokens: int = 0) -> Reply:
+    """In each wire's own words (servers/overflow.client_message): Claude Code compacts on "prompt is too long"
+    and lowers max_tokens on "input length and `max_tokens` exceed context limit: P + M > L"; Codex reads the
+    code. The numbers are the server's (and `max_tokens` the request's): ones it did not give are said to be
+    unknown, never estimated here."""
     n, m = e.overflow or (0, 0)
     # OpenAI-shaped clients (Codex) recognise the overflow by its code and compact their history.
-    return Reply(400, context_overflow.client_message(n, m, e.message), "invalid_request_error",
-                 code="context_length_exceeded")
+    return Reply(400, context_overflow.client_message(n, m, e.message, max_tokens=max_tokens, wire=ingress),
+                 "invalid_request_error", code="context_length_exceeded")
 
 
 def passed_on(e: UpstreamError) -> Reply:
