@@ -265,7 +265,7 @@ class Exchange:
         if admission is None:
             why = self.router.availability(name)
             self.record.skipped(Skip(name, "breaker_open", f"{name}: {why.words}" if not why.available else
-                                     f"{name}: its breaker refused the attempt"))
+                                     f"{name}: its breaker refused the attempt", retry_in_s=why.retry_in_s))
             return None
         slot = Slot(provider, admission, time.monotonic(), panic=panic)
         try:
@@ -624,6 +624,8 @@ class Exchange:
             why = router.cannot_start_reason(s.provider) if s.reason == "not_ready" else None
             if why is not None:
                 self.record.cannot_start(s.provider, why)
+            elif s.reason == "not_ready":
+                s.retry_in_s = router.start_eta(s.provider)  # a start under way: when to come back
         skips = self.record.skips
         args = {"ingress": self.req.ingress, "profile": self.profile_name, "summary": self.record.failure_summary()}
         if errors:

@@ -107,6 +107,23 @@ def cannot_start(reasons: list[str], *, ingress: str, profile: str) -> Reply:
                  _CANNOT_START_KIND[status], dict(NO_RETRY), code="backend_cannot_start")
 
 
+def _soonest_retry(skips: list[Skip]) -> dict[str, str] | None:
+    """Retry-After for a refusal that passes: the soonest time one of the skipped providers is known to take
+    traffic again (a breaker's reopening, a memory cooldown, a start's remaining time); None when nobody knows."""
+    known = [s.retry_in_s for s in skips if s.reason in _WAIT_SKIPS and s.retry_in_s is not None]
+    return {"retry-after": retry_after_value(min(known))} if known else None
+
+
+def _over_every_window(skips: list[Skip], ingress: str) -> Reply | None:
+    """Every provider was skipped because the prompt does not fit its window: the prompt is too long, said the
+    way the client's own API says it (Claude Code compacts on "prompt is too long: N tokens > M maximum")."""
+    if not skips or not all(s.reason == "context" and s.window and s.tokens for s in skips):
+        return None
+    widest = max(skips, key=lambda s: s.window)
+    return Reply(400, context_overflow.client_message(widest.tokens, widest.window, wire=ingress),
+                 "invalid_request_error", code="context_length_exceeded")
+
+
 def nothing_attempted(skips: list[Skip], *, ingress: str, profile: str, summary: str,
                       spent: dict[str, str] | None = None) -> Reply:
     """`spent`: provider → why its budget skip lasts until the cap resets (the others clear by themselves)."""
@@ -118,6 +135,11 @@ def nothing_attempted(skips: list[Skip], *, ingress: str, profile: str, summary:
         return budget_spent(list(dict.fromkeys(spent.values())), ingress=ingress, profile=profile)
     if any(s.reason in _WAIT_SKIPS for s in skips):
         return Reply(529 if ingress == "anthropic" else 503,
-                     f"no provider available in profile {profile!r}: {summary}", "overloaded_error")
+                     f"no provider available in profile {profile!r}: {summary}", "overloaded_error",
+                     _soonest_retry(skips))
+    too_long = _over_every_window(skips, ingress)
+    if too_long is not None:
+        return Reply(too_long.status, f"{too_long.message} (no provider of profile {profile!r} has room: {summary})",
+                     too_long.kind, code=too_long.code)
     return Reply(400, f"no provider in profile {profile!r} can serve this request: {summary}",
                  "invalid_request_error")
