@@ -100,7 +100,8 @@ def openai_type(status: int, kind: str | None = None, code: str | None = None) -
         chosen = (kind, by_status[1])  # type: ignore[assignment]  # kind is a str when it is in the set
     else:
         chosen = by_status
-    return chosen[0], code or chosen[1]
+    # The status's own code where the kind named none in the same type (a 405 or 408 invalid request).
+    return chosen[0], code or chosen[1] or (by_status[1] if chosen[0] == by_status[0] else None)
 
 
 def openai_error_body(status: int, message: str, *, error_type: str | None = None, param: str | None = None,
@@ -149,8 +150,15 @@ def gemini_http_status(status: int) -> int:
     return 503 if status == 529 else status
 
 
-def gemini_status(status: int) -> str:
+# Refusals no retry can help, said as Google says "not in a state to do this" (always with HTTP 400): Gemini CLI
+# retries 429 and 5xx answers on its own, whatever headers say, and stops at a 400.
+GEMINI_FINAL_REASONS = frozenset({"budget_exceeded", "backend_cannot_start"})
+
+
+def gemini_status(status: int, reason: str | None = None) -> str:
     status = gemini_http_status(status)
+    if status == 400 and reason in GEMINI_FINAL_REASONS:
+        return "FAILED_PRECONDITION"
     return GEMINI_STATUS.get(status, "INTERNAL" if status >= 500 else "INVALID_ARGUMENT")
 
 

@@ -58,7 +58,7 @@ _METHODS = ["generateContent", "streamGenerateContent", "countTokens"]
 def error_body(status: int, message: str, *, reason: str | None = None, extra: dict | None = None) -> dict:
     """`{"error": {"code", "message", "status"}}`, with an ErrorInfo detail when there is a machine reason."""
     status = gemini_http_status(status)
-    err: dict = {"code": status, "message": message, "status": gemini_status(status)}
+    err: dict = {"code": status, "message": message, "status": gemini_status(status, reason)}
     if reason or extra:
         info: dict = {"@type": "type.googleapis.com/google.rpc.ErrorInfo", "reason": reason or "",
                       "domain": "coderouter"}

@@ -80,8 +80,9 @@ def all_failed(errors: list[UpstreamError], *, ingress: str, profile: str, summa
 # Claude Code makes one attempt on a 402 `billing_error` and prints its message (529 was retried unseen);
 # Codex retries 402/403 five times and replaces a 429 `insufficient_quota` with its own words, but stops at
 # once on a 400 and prints the body. `x-should-retry: false` stops the Anthropic and OpenAI SDKs whatever the
-# status. Chat Completions clients are those SDKs: 402, as the Anthropic side.
-_SPENT_STATUS = {"anthropic": 402, "openai": 402, "responses": 400}
+# status. Chat Completions clients are those SDKs: 402, as the Anthropic side. Gemini CLI retries 429 and 5xx
+# whatever the headers say and stops at a 400: FAILED_PRECONDITION, Google's 400 for "not in a state to".
+_SPENT_STATUS = {"anthropic": 402, "openai": 402, "responses": 400, "gemini": 400}
 _SPENT_KIND = {402: "billing_error", 400: "invalid_request_error"}
 NO_RETRY = {"x-should-retry": "false"}
 
@@ -97,7 +98,7 @@ def budget_spent(spent: list[str], *, ingress: str, profile: str) -> Reply:
 # called it "usually temporary". Any status with `x-should-retry: false` is one attempt for Claude Code and the
 # Anthropic and OpenAI SDKs, and a 500 `api_error` says the fault is the server's; Codex retries any non-2xx
 # but a 400, which it prints and stops at (protocols.md), so the Responses wire gets a 400.
-_CANNOT_START_STATUS = {"anthropic": 500, "openai": 500, "responses": 400}
+_CANNOT_START_STATUS = {"anthropic": 500, "openai": 500, "responses": 400, "gemini": 400}
 _CANNOT_START_KIND = {500: "api_error", 400: "invalid_request_error"}
 
 
