@@ -153,3 +153,23 @@ def test_openai_and_gemini_wordings_of_each_case():
     assert client_message(9000, 8192, wire="gemini") == (
         "The input token count (9000) exceeds the maximum number of tokens allowed (8192).")
     assert "maxOutputTokens (2000)" in client_message(2778, 4096, max_tokens=2000, wire="gemini")
+
+
+def test_an_anthropic_upstream_s_two_overflows_are_overflows_with_their_numbers():
+    import orjson
+
+    from coderouterd.providers.adapters.anthropic import anthropic_http_error
+    from coderouterd.providers.errors import OVERFLOW
+
+    def err(message: str):
+        return anthropic_http_error(400, orjson.dumps({"type": "error", "error": {
+            "type": "invalid_request_error", "message": message}}), {})
+
+    room = err("input length and `max_tokens` exceed context limit: 188240 + 21333 > 200000, decrease input length "
+               "or `max_tokens` and try again")
+    assert (room.reason, room.overflow) == (OVERFLOW, (188240, 200000))
+    # Said again to an OpenAI client in its words, with the request's own max_tokens.
+    again = client_message(*room.overflow, max_tokens=21333, wire="openai")
+    assert "you requested 209573 tokens (188240 in the messages, 21333 in the completion)" in again
+    over = err("prompt is too long: 210000 tokens > 200000 maximum")
+    assert (over.reason, over.overflow) == (OVERFLOW, (210000, 200000))
