@@ -629,7 +629,7 @@ class Exchange:
         skips = self.record.skips
         args = {"ingress": self.req.ingress, "profile": self.profile_name, "summary": self.record.failure_summary()}
         if errors:
-            await self._reply(replies.all_failed(errors, **args))
+            await self._reply(replies.all_failed(errors, skips=skips, **args))
         else:
             spent = {s.provider: why for s in skips if s.reason == "budget"
                      and (why := self.budget_final.get(s.provider) or self.router.spent_cap(s.provider)) is not None}

@@ -59,9 +59,14 @@ def passed_on(e: UpstreamError) -> Reply:
     return Reply(e.status or 502, e.message, e.error_type, headers)
 
 
-def all_failed(errors: list[UpstreamError], *, ingress: str, profile: str, summary: str) -> Reply:
+def all_failed(errors: list[UpstreamError], *, ingress: str, profile: str, summary: str,
+               skips: list[Skip] | tuple[Skip, ...] = ()) -> Reply:
+    """`skips`: the providers not attempted; a known time one of them passes (a breaker's reopening) counts towards
+    an overload's Retry-After as an upstream's own retry-after does."""
     last = errors[-1]
     retry = [e.retry_after for e in errors if e.retry_after]
+    if all(e.status in OVERLOAD_STATUSES for e in errors):
+        retry += [s.retry_in_s for s in skips if s.reason in _WAIT_SKIPS and s.retry_in_s]
     headers = {"retry-after": retry_after_value(min(retry))} if retry else None
     message = f"all providers failed for profile {profile!r}: {summary}"
     if last.status == 429:

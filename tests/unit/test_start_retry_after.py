@@ -86,3 +86,15 @@ def test_the_reply_rounds_the_soonest_known_time_up_to_whole_seconds():
     r = nothing_attempted([Skip("a", "not_ready", "starting", overridable=False)], ingress="openai",
                           profile="default", summary="")
     assert r.status == 503 and r.headers is None  # nobody knows when: no time is invented
+
+
+def test_every_attempt_busy_takes_the_soonest_reopening_of_those_skipped():
+    from coderouterd.providers.errors import http_error
+    from coderouterd.routing.replies import all_failed
+
+    busy = http_error(503, "Loading model")
+    skipped = [Skip("b", "breaker_open", "breaker open", retry_in_s=9.4)]
+    r = all_failed([busy], ingress="openai", profile="default", summary="", skips=skipped)
+    assert (r.status, r.headers) == (503, {"retry-after": "10"})
+    r = all_failed([busy], ingress="anthropic", profile="default", summary="")
+    assert r.status == 529 and r.headers is None  # nobody said when
