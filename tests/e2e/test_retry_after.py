@@ -145,3 +145,25 @@ def test_key_refusals_say_when_to_retry_or_that_retrying_cannot_help(tmp_path):
             assert "retry-after" not in g.headers
         finally:
             d.stop()
+
+
+def test_a_model_still_starting_says_when_its_start_ends(tmp_path):
+    """A local model slower than its start window: a request waits the window out, then gets a 529/503 with the
+    time left in the start under way (its supervisor starts it again), never a bare "overloaded"."""
+    from tests.e2e.test_ondemand import config, fake_cmd, managed
+    from tests.fakes.runner import free_port
+    from tests.support.daemon import running
+
+    port = free_port()
+    window = 4
+    slow = managed(port, fake_cmd(port, start_delay=300), start_timeout_s=window, max_restarts=50)
+    with running(config({"local": slow}, {"default": ["local"]}), tmp_path) as d:
+        body = {"model": "m", "max_tokens": 5, "messages": USER}
+        r = httpx.post(d.url + "/v1/messages", json=body, timeout=60)
+        assert r.status_code == 529 and r.json()["error"]["type"] == "overloaded_error", r.text
+        assert "not ready" in r.json()["error"]["message"]
+        assert 1 <= _seconds(r.headers) <= window
+        o = httpx.post(d.url + "/v1/chat/completions", json=body, timeout=60)
+        assert o.status_code == 503 and o.json()["error"]["type"] == "server_error", o.text
+        assert o.json()["error"]["code"] == "server_is_overloaded"
+        assert 1 <= _seconds(o.headers) <= window
