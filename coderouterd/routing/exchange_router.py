@@ -155,6 +155,10 @@ class ExchangeRouter(Protocol):
     def coming_within(self, provider: str) -> float:
         ...
 
+    def start_eta(self, provider: str) -> float | None:
+        """Seconds until a process being started should be ready (None: not starting, or unknown)."""
+        ...
+
     async def wait_up(self, providers: list[str], timeout: float) -> list[str]:
         ...
 

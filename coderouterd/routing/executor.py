@@ -265,7 +265,7 @@ class Exchange:
         if admission is None:
             why = self.router.availability(name)
             self.record.skipped(Skip(name, "breaker_open", f"{name}: {why.words}" if not why.available else
-                                     f"{name}: its breaker refused the attempt"))
+                                     f"{name}: its breaker refused the attempt", retry_in_s=why.retry_in_s))
             return None
         slot = Slot(provider, admission, time.monotonic(), panic=panic)
         try:
@@ -614,7 +614,8 @@ class Exchange:
         if e.after_content and self.committed:
             await self._fail_committed(e)
         elif e.reason == OVERFLOW:
-            await self._reply(replies.overflow(e))
+            await self._reply(replies.overflow(e, ingress=self.req.ingress,
+                                               max_tokens=replies.requested_output(self.req.body)))
         else:
             await self._reply(replies.passed_on(e))
 
@@ -626,10 +627,12 @@ class Exchange:
             why = router.cannot_start_reason(s.provider) if s.reason == "not_ready" else None
             if why is not None:
                 self.record.cannot_start(s.provider, why)
+            elif s.reason == "not_ready":
+                s.retry_in_s = router.start_eta(s.provider)  # a start under way: when to come back
         skips = self.record.skips
         args = {"ingress": self.req.ingress, "profile": self.profile_name, "summary": self.record.failure_summary()}
         if errors:
-            await self._reply(replies.all_failed(errors, **args))
+            await self._reply(replies.all_failed(errors, skips=skips, **args))
         else:
             spent = {s.provider: why for s in skips if s.reason == "budget"
                      and (why := self.budget_final.get(s.provider) or self.router.spent_cap(s.provider)) is not None}

@@ -204,6 +204,14 @@ class Router:
     def coming_within(self, provider: str) -> float:
         return self.state.coming_within(provider)
 
+    def start_eta(self, provider: str) -> float | None:
+        """Seconds until the provider's process, being started, should be ready: by the load time learned from its
+        own starts, else the rest of its start window (when it has come up or failed, at the latest); None when
+        it is not starting (Retry-After on a 529/503 the start made)."""
+        demand = self.demand
+        learned = demand.start_eta(provider) if demand is not None else None
+        return learned if learned is not None else self.state.start_left(provider)
+
     async def wait_up(self, providers: list[str], timeout: float) -> list[str]:
         return await self.state.wait_up(providers, timeout)
 

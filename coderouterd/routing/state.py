@@ -64,6 +64,7 @@ class RoutingState:
         # provider -> how long a request may wait for its managed process to become ready (starting or
         # restarting); absent: it is not coming back on its own (stopped, fatal) or it is up.
         self._coming: dict[str, float] = {}
+        self._coming_until: dict[str, float] = {}  # clock time a start's window ends (Retry-After's upper bound)
         # provider -> why it is down, for the client ("process llama is fatal: `corectl restart llama`...")
         self._down_why: dict[str, str] = {}
         # provider -> why its managed process cannot start (fatal, a missing file, no room in the memory budget):
@@ -222,6 +223,7 @@ class RoutingState:
             self._down_why[p] = why
             if wait_s > 0:
                 self._coming[p] = wait_s
+                self._coming_until[p] = self.clock.now() + wait_s
                 self._cannot_start.pop(p, None)  # being started again: it may well come up this time
             else:
                 self._coming.pop(p, None)
@@ -253,6 +255,14 @@ class RoutingState:
     def coming_within(self, provider: str) -> float:
         """Seconds a request may wait for this down provider's process to be ready (0: not coming)."""
         return self._coming.get(provider, 0.0) if provider in self._down else 0.0
+
+    def start_left(self, provider: str) -> float | None:
+        """Seconds left in the start window of this down provider's process (None: not coming): when a start still
+        under way has either come up or failed, at the latest."""
+        until = self._coming_until.get(provider)
+        if until is None or provider not in self._down or provider not in self._coming:
+            return None
+        return max(0.0, until - self.clock.now())
 
     async def wait_up(self, providers: Iterable[str], timeout: float) -> list[str]:
         """Wait until one of `providers` is no longer down, or `timeout` passes, or none of them is coming any

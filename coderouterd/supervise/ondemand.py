@@ -139,6 +139,7 @@ class OnDemand:
         self._tasks = TaskSet()
         self._idle_task: asyncio.Task[None] | None = None
         self.swaps = 0  # starts that stopped another process to make room (the count the tests and bench read)
+        self._began: dict[str, float] = {}  # process -> when its latest start began (with load_s: its expected end)
 
     # -- configuration --------------------------------------------------------------------------------------
 
@@ -400,7 +401,7 @@ class OnDemand:
             self.policy.touch(name)
             if coming:
                 self.effects.coming(name)
-            began = self.policy.clock()
+            began = self._began[name] = self.policy.clock()
             why = await self.effects.start(name, wait)
             if wait and why is None:
                 # Idle time and minimum residency count from readiness, not from the start's decision.
@@ -517,6 +518,16 @@ class OnDemand:
         await self._tasks.close()
 
     # -- what can be seen -----------------------------------------------------------------------------------
+
+    def start_eta(self, provider: str) -> float | None:
+        """Seconds until the provider's process, being started, is expected ready by the load time learned from its
+        own starts (at least 0); None when it is not starting or no load time was learned yet."""
+        name = self._process_of(provider)
+        r = self.policy.residents.get(name) if name is not None else None
+        began = self._began.get(name) if name is not None else None
+        if r is None or r.load_s is None or began is None or name in self.effects.ready():
+            return None
+        return max(0.0, began + r.load_s - self.policy.clock())
 
     def snapshot(self) -> dict[str, Any]:
         holding = set(self.effects.holding())
