@@ -103,7 +103,7 @@ class RoutingView(Protocol):
     def is_down(self, provider: str) -> bool: ...
     def down_reason(self, provider: str) -> str: ...
     def cannot_start_reason(self, provider: str) -> str | None: ...
-    def coming_within(self, provider: str) -> float: ...  # > 0: its process is starting (or restarting)
+    def start_left(self, provider: str) -> float | None: ...  # not None: its process is starting (or restarting)
     def held_reason(self, provider: str) -> str | None: ...
     def breaker(self, provider: str) -> BreakerView: ...
 
@@ -160,7 +160,7 @@ def judge(provider: str, sources: Sources, *, health_action: str = "exclude") ->
         why = st.cannot_start_reason(provider)
         if why is not None:
             return Availability(provider, False, Code.CANNOT_START, why)
-        if st.coming_within(provider) > 0:  # being started (on demand or not): starting, no longer at rest
+        if st.start_left(provider) is not None:  # being started (on demand or not): starting, no longer at rest
             return Availability(provider, False, Code.STARTING, st.down_reason(provider))
         demand = sources.demand()
         if demand is not None and demand.can_start(provider):
