@@ -112,8 +112,8 @@ def find_any(method: str, path: str) -> Handler | None:
 
 # -- daemon: status, profiles, reload, config check ---------------------------------------------------------
 
-async def status(c: Ctx) -> dict[str, Any]:
-    return {**views.status(c.daemon), "admin_socket": str(c.admin_socket), "api_version": API_VERSION}
+async def status(c: Ctx) -> apitype.Status:
+    return views.status(c.daemon, admin_socket=str(c.admin_socket), api_version=API_VERSION)
 
 
 async def profiles(c: Ctx) -> apitype.ProfilesAnswer:
@@ -126,7 +126,6 @@ async def profile(c: Ctx, name: str) -> dict[str, Any]:
     prof = runtime.config.profiles.get(name)
     if prof is None:
         raise AdminError(404, str(UnknownProfile(name, runtime.profile_names)), valid_profiles=runtime.profile_names)
-    plan = d.router.effective_order(name, prof, runtime).explain()
     return {
         "name": name,
         "active": name == d.active_profile,
@@ -134,9 +133,7 @@ async def profile(c: Ctx, name: str) -> dict[str, Any]:
         # health_threshold is no longer used: the breaker's count is what takes a provider out, for every profile.
         "settings": {**prof.model_dump(exclude={"health_threshold"}),
                      "out_after_failures": runtime.config.breaker.failures},
-        "effective_order": plan["candidates"],
-        "skips": plan["skips"],
-        "order_notes": plan["order"],
+        **views.effective(d, name, prof),
         "providers": [_provider_brief(d, p) for p in prof.providers],
         "routes": [r.model for r in runtime.config.routes if r.profile == name],
     }
@@ -235,7 +232,7 @@ async def now(c: Ctx) -> apitype.DashboardNow:
     answer = await now_view.now(d)
     if answer.shared is not None:
         # The driver's text stays as `problem`; the page shows what it means (issue 43, E16).
-        answer.shared = {**answer.shared, "meaning": shared_words.meaning(answer.shared.get("problem"))}
+        answer.shared.meaning = shared_words.meaning(answer.shared.problem)
     return answer
 
 

@@ -19,7 +19,7 @@ from ..state.journal import OUTCOMES
 from ..state.journal_reader import JournalReader, SqliteJournal
 from ..state.replay import is_error
 from ..state.trends import month_days, provider_series
-from . import apitype, views
+from . import apitype
 
 if TYPE_CHECKING:  # the daemon hands itself in; history reads it, never imports it at run time
     from ..daemon import Daemon  # layer-ok: the composition root, handed in; annotation only
@@ -56,7 +56,7 @@ async def spend(daemon: Daemon, now: float | None = None) -> apitype.SpendAnswer
     per_day = await asyncio.to_thread(reader.daily_cost, start, end) if reader is not None else {}
     days = month_days(start, end)
     today = int((now - start) // 86_400)
-    ledger = views.budget(daemon)
+    ledger = daemon.budget.snapshot()  # the ledger alone: the skips views.budget adds are not charted
     booked = ledger.get("providers") or {}
     out: dict[str, dict[str, Any]] = {}
     for name in sorted(set(per_day) | set(booked)):

@@ -6,6 +6,7 @@ run on the daemon's loop, so they read the daemon's state without racing the pro
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Annotated, Any
 from urllib.parse import quote
 
@@ -27,6 +28,7 @@ from .context import AdminError, Ctx
 
 if TYPE_CHECKING:
     from ..daemon import Daemon  # layer-ok: the composition root, handed in; annotation only
+    from ..providers.provider import Provider
     from ..runtime import Runtime
 
 PROCESS_ACTIONS = ("start", "stop", "restart")
@@ -35,7 +37,7 @@ DEFAULT_REQUESTS = 50
 MAX_WAIT_S = 600.0
 
 
-def _provider(runtime: Runtime, name: str):
+def _provider(runtime: Runtime, name: str) -> Provider:
     p = runtime.providers.get(name)
     if p is None:
         valid = sorted(runtime.providers)
@@ -60,7 +62,7 @@ _BACKEND_ERRORS = (aiohttp.ClientError, OSError, TimeoutError, orjson.JSONDecode
                    BackendUnreachable)
 
 
-def _backend_problem(p, exc: BaseException) -> str:
+def _backend_problem(p: Provider, exc: BaseException) -> str:
     """What went wrong talking to provider `p`, naming its URL (the provider's name is the caller's prefix)."""
     url = p.cfg.base_url
     if isinstance(exc, UpstreamError) and exc.reason != "connect_error":
@@ -71,7 +73,7 @@ def _backend_problem(p, exc: BaseException) -> str:
     return f"cannot reach the backend at {url} ({detail})"
 
 
-def _unreachable(p, exc: BaseException) -> AdminError:
+def _unreachable(p: Provider, exc: BaseException) -> AdminError:
     return AdminError(502, f"{p.name}: {_backend_problem(p, exc)}", provider=p.name, base_url=p.cfg.base_url)
 
 
@@ -123,8 +125,17 @@ async def models(c: Ctx, provider: str | None = None) -> dict[str, Any]:
     stopped = _stopped_processes(daemon)
     names = [n for n in runtime.providers if n not in stopped]
     results = await asyncio.gather(*(list_models(runtime.providers[n]) for n in names), return_exceptions=True)
-    # A stopped managed process is not asked (it would only refuse the connection): what it is, is said.
-    out: list[dict] = [{"provider": n, "error": why, "models": []} for n, why in stopped.items()]
+    # A stopped managed process is not asked (it would only refuse the connection): what it is, is said. Stopped
+    # on demand or by hand is its rest, not an error (D6); only a process that cannot start is one.
+    out: list[dict] = []
+    for n, (why, word) in stopped.items():
+        model = runtime.providers[n].cfg.model
+        if word is None:
+            out.append({"provider": n, "error": why, "models": []})
+        else:
+            out.append({"provider": n, "models": [{"id": model, "loaded": False}] if model else [],
+                        "process_word": word})
+    running = _running_processes(daemon)
     for name, res in zip(names, results, strict=True):
         if isinstance(res, BaseException):
             if not isinstance(res, Exception):
@@ -132,25 +143,43 @@ async def models(c: Ctx, provider: str | None = None) -> dict[str, Any]:
             p = runtime.providers[name]
             problem = _backend_problem(p, res) if isinstance(res, _BACKEND_ERRORS) else str(res)
             out.append({"provider": name, "error": problem, "models": []})
+        elif name in running:
+            # A managed server that is ready holds the one model it was started with, whether or not its API says
+            # "loaded" (llama-server does not): resident, not "unknown".
+            listed = {**res, "models": [{**m, "loaded": True} if m.get("loaded") is None else m
+                                        for m in res.get("models") or []], "process_word": "resident"}
+            out.append(_with_window(daemon, runtime.providers[name], listed))
         else:
             out.append(_with_window(daemon, runtime.providers[name], res))
     return {"providers": out, "resident": _resident(daemon)}
 
 
-def _stopped_processes(daemon: Daemon) -> dict[str, str]:
+def _stopped_processes(daemon: Daemon) -> dict[str, tuple[str, str | None]]:
+    """provider -> (why its managed process is not running, its word: None when it cannot start)."""
     procs = daemon.processes
     if procs is None:
         return {}
-    out = {}
+    out: dict[str, tuple[str, str | None]] = {}
     for name, snap in procs.supervisor.snapshot().items():
         if snap["state"] not in ("stopped", "fatal"):
             continue
         for provider in snap["providers"]:
-            why = snap.get("fatal_reason") or ("the next request that needs it starts it"
-                                               if procs.scheduler.can_start(provider)
+            on_demand = procs.scheduler.can_start(provider)
+            why = snap.get("fatal_reason") or ("the next request that needs it starts it" if on_demand
                                                else f"`corectl start {name}` starts it")
-            out[provider] = f"managed process {name} is {snap['state']}: {why}"
+            word = None if snap["state"] == "fatal" else (
+                "stopped: starts on demand" if on_demand else f"stopped: `corectl start {name}` starts it")
+            out[provider] = (f"managed process {name} is {snap['state']}: {why}", word)
     return out
+
+
+def _running_processes(daemon: Daemon) -> set[str]:
+    """Providers whose managed process is ready: their model is resident."""
+    procs = daemon.processes
+    if procs is None:
+        return set()
+    return {p for snap in procs.supervisor.snapshot().values() if snap["state"] == "ready"
+            for p in snap["providers"]}
 
 
 def _resident(daemon: Daemon) -> dict | None:
@@ -165,13 +194,15 @@ def _resident(daemon: Daemon) -> dict | None:
     return snap
 
 
-def _with_window(daemon: Daemon, p, listed: dict) -> dict:
+def _with_window(daemon: Daemon, p: Provider, listed: dict[str, Any]) -> dict[str, Any]:
     """The context a request gets on this provider, next to its models (from config or its server)."""
     window = daemon.router.context_window(p)
     return {**listed, "context_window": window or None}
 
 
-async def _control(daemon: Daemon, body: apitype.ModelControlRequest, fn, *, check_memory: bool = False):
+async def _control(daemon: Daemon, body: apitype.ModelControlRequest,
+                   fn: Callable[[Provider, str], Awaitable[dict[str, Any]]], *,
+                   check_memory: bool = False) -> dict[str, Any]:
     name, model = body.provider, body.model
     p = _provider(daemon.runtime, name)
     try:
@@ -184,7 +215,7 @@ async def _control(daemon: Daemon, body: apitype.ModelControlRequest, fn, *, che
         raise AdminError(422, f"{name}: {e}", provider=name, model=model) from None
 
 
-async def _refuse_if_too_large(daemon: Daemon, p, name: str, model: str) -> None:
+async def _refuse_if_too_large(daemon: Daemon, p: Provider, name: str, model: str) -> None:
     listed = await list_models(p)
     size = next((m.get("size") for m in listed["models"] if m.get("id") == model), None)
     why = await daemon.ram_watch.check_fits(size if isinstance(size, int) else None)
@@ -222,7 +253,7 @@ async def request_trace(c: Ctx, request_id: str) -> dict[str, Any]:
     return {**trace, "dashboard_url": link} if link else trace
 
 
-def dashboard_url(daemon, request_id: str) -> str | None:
+def dashboard_url(daemon: Daemon, request_id: str) -> str | None:
     """The request's trace on the dashboard (`/ui#/requests/ID`), which `corectl explain` prints; None when the
     dashboard is off."""
     if not daemon.runtime.config.server.dashboard:

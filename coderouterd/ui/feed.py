@@ -29,6 +29,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, Protocol
 
+from ..admin.words import event_tone
 from ..state.audit import read_audit
 from ..state.events import (
     BreakerTransition,
@@ -101,7 +102,9 @@ def project_record(record: dict[str, Any]) -> dict | None:
 
 
 def _project(kind: str, ts: float, values: dict[str, Any]) -> dict:
-    out: dict = {"kind": kind, "ts": ts}
+    # tone: ok | warn | idle | bad, the daemon's reading of a state change (admin/words.py); None for other kinds
+    tone = event_tone(kind, values)
+    out: dict = {"kind": kind, "ts": ts, "tone": tone.value if tone is not None else None}
     for n, v in values.items():
         if isinstance(v, str):
             v = str(v)[:_MAX_STR]  # str(): a StrEnum arrives as its plain name

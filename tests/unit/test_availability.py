@@ -108,8 +108,10 @@ def test_a_managed_process_not_ready_stopped_on_demand_or_unable_to_start():
     r = Routing(chain_config("a"))
     r.state.mark_down(["a"], wait_s=60, state="starting", process="llama")
     a = r.router.availability("a")
-    assert (a.available, a.code, a.words) == (False, Code.NOT_READY,
+    assert (a.available, a.code, a.words) == (False, Code.STARTING,
                                               "a's managed process llama is not ready (starting)")
+    r.state.mark_down(["a"], state="stopped", process="llama")  # stopped by hand: not coming by itself
+    assert r.router.availability("a").code is Code.NOT_READY
     demand = Routing(chain_config("a"))
     demand.router = Router(demand.state, demand=lambda: _Demand())  # type: ignore[arg-type,return-value]
     demand.state.mark_down(["a"], state="stopped", process="llama")

@@ -155,7 +155,7 @@ def test_a_provider_the_budget_skipped_at_its_turn_is_not_in_the_trace_s_order(t
     d.recent["r2"] = {"request_id": "r2", "effective_order": ["local"], "served_by": "local", "status": 200}
     t = asyncio.run(history.trace(d, "r1")).trace
     assert t.effective_order == ["local"] and t.model_extra["planned_order"] == ["paid", "local"]
-    assert [s["provider"] for s in t.skips] == ["paid"]  # still in the Skipped table, with its reason
+    assert [s.provider for s in t.skips] == ["paid"]  # still in the Skipped table, with its reason
     assert asyncio.run(history.trace(d, "r2")).trace.effective_order == ["local"]
 
 

@@ -23,12 +23,12 @@ function describe(e) {
       const what = typeof e.detail === "string" && e.detail ? ` (${e.detail})` : "";
       // A provider without a process of ours (self-healing's exclusions) is named as the provider it is (E8).
       const who = e.managed === false ? `provider ${e.process || e.provider}` : `process ${e.process || e.provider}`;
-      return [`${who}: ${e.event}${what}`, ["fatal", "exited", "restarting", "excluded"].includes(e.event) ? "bad" : ""];
+      return [`${who}: ${e.event}${what}`, e.tone || ""];
     }
     case "breaker_transition":
-      return [`breaker ${e.provider}: ${e.old} → ${e.new}${e.reason ? " (" + e.reason + ")" : ""}`, e.new === "open" ? "bad" : ""];
+      return [`breaker ${e.provider}: ${e.old} → ${e.new}${e.reason ? " (" + e.reason + ")" : ""}`, e.tone || ""];
     case "health_transition":
-      return [`health ${e.provider}: ${e.old} → ${e.new}${e.reason ? " (" + e.reason + ")" : ""}`, e.new === "healthy" ? "ok" : "bad"];
+      return [`health ${e.provider}: ${e.old} → ${e.new}${e.reason ? " (" + e.reason + ")" : ""}`, e.tone || ""];
     case "budget_warning": return [`${e.provider} at ${fmt.pct(e.ratio)} of its cap`, "warn"];
     case "budget_blocked": return [`${e.provider} blocked: ${fmt.usd(e.spent_usd)} of ${fmt.usd(e.cap_usd)}`, "bad"];
     default: return [e.kind.replace(/_/g, " "), ""];
