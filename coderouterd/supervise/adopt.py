@@ -198,9 +198,11 @@ def _local_addresses(host: str) -> set[str] | None:
         infos = socket.getaddrinfo(host, None, proto=socket.IPPROTO_TCP)
     except (OSError, UnicodeError):
         return set()  # unresolvable: nothing can have answered there; checked as local, so refused
-    addrs = {str(info[4][0]).split("%", 1)[0] for info in infos}
+    # A mapped address (::ffff:127.0.0.1) is its IPv4 one; the wildcard (0.0.0.0, ::) names this machine too:
+    # connect() to it reaches a local listener, so it is never "another host" whose port nobody here can bind.
+    addrs = {_unmapped(str(info[4][0]).split("%", 1)[0]) for info in infos}
     mine = {str(a.address).split("%", 1)[0] for nics in psutil.net_if_addrs().values() for a in nics}
-    if any(a in mine or a.startswith("127.") or a == "::1" for a in addrs):
+    if any(a in mine or a in _WILDCARDS or a.startswith("127.") or a == "::1" for a in addrs):
         return addrs
     return None
 
@@ -214,6 +216,7 @@ def _port_listeners(port: int, addrs: set[str]) -> list[tuple[int | None, str]]:
     (bound to one of them, or to a wildcard). On Linux every socket is listed, another user's with pid None; on
     macOS without root only this user's are seen."""
     wanted = {_unmapped(a) for a in addrs}
+    anywhere = bool(wanted & _WILDCARDS)  # a connection to the wildcard address may reach any local listener
     found: list[tuple[int | None, str, Any]] = []  # (pid, status, laddr)
     try:
         found = [(c.pid, c.status, c.laddr) for c in psutil.net_connections(kind="tcp")]
@@ -228,7 +231,7 @@ def _port_listeners(port: int, addrs: set[str]) -> list[tuple[int | None, str]]:
         if status != psutil.CONN_LISTEN or not laddr or laddr.port != port:
             continue
         ip = _unmapped(str(laddr.ip))
-        if ip in _WILDCARDS or ip in wanted:
+        if anywhere or ip in _WILDCARDS or ip in wanted:
             out.append((holder, ip))
     return out
 

@@ -14,7 +14,7 @@ import pytest
 from coderouterd.supervise import adopt
 from tests.integration.test_supervise import free_port
 
-LISTEN = "import socket, sys, time\ns = socket.socket(); s.bind((sys.argv[1], int(sys.argv[2]))); s.listen()\n" \
+LISTEN = "import socket, sys, time\ns = socket.socket(socket.AF_INET6 if ':' in sys.argv[1] else socket.AF_INET); s.bind((sys.argv[1], int(sys.argv[2]))); s.listen()\n" \
          "print('up', flush=True); time.sleep(120)\n"
 
 
@@ -102,3 +102,20 @@ def test_nobody_listening_is_refused_and_a_server_gone_is_said():
 def test_a_host_that_is_not_this_machine_is_not_checked():
     v = adopt.serves_from_tree("http://192.0.2.7:8080/health", os.getpid(), None)  # TEST-NET-1: never local
     assert v.ok and "not this machine" in v.reason, v
+
+
+@pytest.mark.parametrize("host, url_host", [
+    ("127.0.0.1", "0.0.0.0"),  # connect() to 0.0.0.0 reaches this machine (loopback on Linux)
+    ("127.0.0.1", "[::ffff:127.0.0.1]"),  # an IPv4-mapped loopback address is loopback
+    ("::1", "[::]"),  # connect() to :: reaches ::1
+])
+def test_a_wildcard_or_mapped_ready_url_host_is_this_machine(procs, host, url_host):
+    """A ready_url naming the wildcard address (as `--host 0.0.0.0` invites) or a mapped loopback address is
+    answered by this machine: another user's listener there is an impostor, not "another host's" server."""
+    port = free_port()
+    try:
+        other = listener(procs, host, port)
+    except AssertionError:
+        pytest.skip(f"{host} cannot be bound here")
+    v = adopt.serves_from_tree(f"http://{url_host}:{port}/health", sleeper(procs).pid, None)
+    assert not v.ok and f"pid {other.pid}" in v.reason, v
