@@ -119,3 +119,28 @@ def test_a_wildcard_or_mapped_ready_url_host_is_this_machine(procs, host, url_ho
         pytest.skip(f"{host} cannot be bound here")
     v = adopt.serves_from_tree(f"http://{url_host}:{port}/health", sleeper(procs).pid, None)
     assert not v.ok and f"pid {other.pid}" in v.reason, v
+
+
+def test_adopting_the_configured_command_needs_every_listener_its_url_reaches(procs, monkeypatch):
+    """Before a start (adopt = "verify"): the configured command listens on 127.0.0.1, and someone else on ::1 of the
+    same port. A ready_url whose host names both (`localhost` on most machines) sends some connections to the other
+    one, so the configured command is not adopted on the first listener's word."""
+    port = free_port()
+    ours = listener(procs, "127.0.0.1", port)  # first: the lower pid, the listener verify used to look at alone
+    try:
+        other = listener(procs, "::1", port)
+    except AssertionError:
+        pytest.skip("::1 cannot be bound here")
+    real = socket.getaddrinfo
+
+    def both(host, *args, **kwargs):  # a resolver that gives localhost both addresses, as most machines' do
+        if host == "localhost":
+            return [(socket.AF_INET6, socket.SOCK_STREAM, 6, "", ("::1", 0, 0, 0)),
+                    (socket.AF_INET, socket.SOCK_STREAM, 6, "", ("127.0.0.1", 0))]
+        return real(host, *args, **kwargs)
+
+    monkeypatch.setattr(socket, "getaddrinfo", both)
+    command = [sys.executable, "-c", LISTEN, "127.0.0.1", str(port)]
+    assert adopt.verify(f"http://127.0.0.1:{port}/health", command).ok  # the control: its own address alone
+    v = adopt.verify(f"http://localhost:{port}/health", command)
+    assert not v.ok and f"pid {other.pid}" in v.reason and f"(pid {ours.pid})" in v.reason, v
