@@ -155,7 +155,9 @@ def effective(daemon: Daemon, name: str, prof: ProfileConfig,
 def _skipping(order: list[str], skips: list[dict[str, Any]],
               answers: Mapping[str, Availability]) -> tuple[list[str], list[dict[str, Any]]]:
     """Move the providers that are routed but get nothing (every recent request skipped for budget) to the skips."""
-    out = [p for p in order if (a := answers.get(p)) is None or a.takes_traffic]
+    # By the budget skip alone: the verdicts are the active profile's (its health_action, its panic), and this
+    # profile's planner may route a provider they call out; only a budget skip is the same for every profile.
+    out = [p for p in order if (a := answers.get(p)) is None or a.code is not Code.BUDGET_SKIPPED]
     for p in order:
         if p not in out:
             a = answers[p]

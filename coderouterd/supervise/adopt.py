@@ -165,6 +165,12 @@ def verify(url: str, command: list[str], cwd: str | None = None) -> Verdict:
             if proc is None or proc.pid <= 1 or proc.uids().real != me:
                 break
             if _runs(proc, command, cwd):
+                # The owner above is only the first listener this user can see. Every listener that could answer
+                # `url` must be this process's tree: another user's on another address of the host name (::1
+                # beside 127.0.0.1 for `localhost`) would be sent some of the prompts.
+                whole = serves_from_tree(url, proc.pid, None, "the configured command")
+                if not whole.ok:
+                    return Verdict(False, whole.reason)
                 return Verdict(True, f"pid {proc.pid} runs the configured command as {_user_name(me)}")
             proc = proc.parent()
     except (psutil.NoSuchProcess, psutil.AccessDenied):
@@ -198,9 +204,11 @@ def _local_addresses(host: str) -> set[str] | None:
         infos = socket.getaddrinfo(host, None, proto=socket.IPPROTO_TCP)
     except (OSError, UnicodeError):
         return set()  # unresolvable: nothing can have answered there; checked as local, so refused
-    addrs = {str(info[4][0]).split("%", 1)[0] for info in infos}
+    # A mapped address (::ffff:127.0.0.1) is its IPv4 one; the wildcard (0.0.0.0, ::) names this machine too:
+    # connect() to it reaches a local listener, so it is never "another host" whose port nobody here can bind.
+    addrs = {_unmapped(str(info[4][0]).split("%", 1)[0]) for info in infos}
     mine = {str(a.address).split("%", 1)[0] for nics in psutil.net_if_addrs().values() for a in nics}
-    if any(a in mine or a.startswith("127.") or a == "::1" for a in addrs):
+    if any(a in mine or a in _WILDCARDS or a.startswith("127.") or a == "::1" for a in addrs):
         return addrs
     return None
 
@@ -214,6 +222,7 @@ def _port_listeners(port: int, addrs: set[str]) -> list[tuple[int | None, str]]:
     (bound to one of them, or to a wildcard). On Linux every socket is listed, another user's with pid None; on
     macOS without root only this user's are seen."""
     wanted = {_unmapped(a) for a in addrs}
+    anywhere = bool(wanted & _WILDCARDS)  # a connection to the wildcard address may reach any local listener
     found: list[tuple[int | None, str, Any]] = []  # (pid, status, laddr)
     try:
         found = [(c.pid, c.status, c.laddr) for c in psutil.net_connections(kind="tcp")]
@@ -228,7 +237,7 @@ def _port_listeners(port: int, addrs: set[str]) -> list[tuple[int | None, str]]:
         if status != psutil.CONN_LISTEN or not laddr or laddr.port != port:
             continue
         ip = _unmapped(str(laddr.ip))
-        if ip in _WILDCARDS or ip in wanted:
+        if anywhere or ip in _WILDCARDS or ip in wanted:
             out.append((holder, ip))
     return out
 
@@ -245,7 +254,7 @@ def _owner_of(port: int, pid: int | None) -> Owner:
         return Owner(port, pid)
 
 
-def serves_from_tree(url: str, pid: int, ctime: float | None) -> Verdict:
+def serves_from_tree(url: str, pid: int, ctime: float | None, who: str = "the server we started") -> Verdict:
     """At readiness: does the server we started as (pid, ctime) -- it, a descendant or a member of its group --
     hold every listener that could have answered `url`? Anything else on that port is an impostor, and its
     answers must never be taken for our server's."""
@@ -258,12 +267,12 @@ def serves_from_tree(url: str, pid: int, ctime: float | None) -> Verdict:
         return Verdict(True, f"{host} is not this machine: no local listener to check")
     ours = tree.members(pid, ctime)
     if not ours:
-        return Verdict(False, f"port {port} answers, but the server we started (pid {pid}) is gone")
+        return Verdict(False, f"port {port} answers, but {who} (pid {pid}) is gone")
     listeners = _port_listeners(port, addrs)
     for holder, _ip in listeners:
         if holder not in ours:
-            return Verdict(False, f"{_owner_of(port, holder).describe()}, not by the server we started (pid {pid})")
+            return Verdict(False, f"{_owner_of(port, holder).describe()}, not by {who} (pid {pid})")
     if not listeners:
-        return Verdict(False, f"port {port} answers, but no listener on it belongs to the server we started "
+        return Verdict(False, f"port {port} answers, but no listener on it belongs to {who} "
                               f"(pid {pid})")
-    return Verdict(True, f"port {port} is held by the server we started (pid {pid})")
+    return Verdict(True, f"port {port} is held by {who} (pid {pid})")

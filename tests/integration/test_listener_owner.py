@@ -14,7 +14,7 @@ import pytest
 from coderouterd.supervise import adopt
 from tests.integration.test_supervise import free_port
 
-LISTEN = "import socket, sys, time\ns = socket.socket(); s.bind((sys.argv[1], int(sys.argv[2]))); s.listen()\n" \
+LISTEN = "import socket, sys, time\ns = socket.socket(socket.AF_INET6 if ':' in sys.argv[1] else socket.AF_INET); s.bind((sys.argv[1], int(sys.argv[2]))); s.listen()\n" \
          "print('up', flush=True); time.sleep(120)\n"
 
 
@@ -102,3 +102,45 @@ def test_nobody_listening_is_refused_and_a_server_gone_is_said():
 def test_a_host_that_is_not_this_machine_is_not_checked():
     v = adopt.serves_from_tree("http://192.0.2.7:8080/health", os.getpid(), None)  # TEST-NET-1: never local
     assert v.ok and "not this machine" in v.reason, v
+
+
+@pytest.mark.parametrize("host, url_host", [
+    ("127.0.0.1", "0.0.0.0"),  # connect() to 0.0.0.0 reaches this machine (loopback on Linux)
+    ("127.0.0.1", "[::ffff:127.0.0.1]"),  # an IPv4-mapped loopback address is loopback
+    ("::1", "[::]"),  # connect() to :: reaches ::1
+])
+def test_a_wildcard_or_mapped_ready_url_host_is_this_machine(procs, host, url_host):
+    """A ready_url naming the wildcard address (as `--host 0.0.0.0` invites) or a mapped loopback address is
+    answered by this machine: another user's listener there is an impostor, not "another host's" server."""
+    port = free_port()
+    try:
+        other = listener(procs, host, port)
+    except AssertionError:
+        pytest.skip(f"{host} cannot be bound here")
+    v = adopt.serves_from_tree(f"http://{url_host}:{port}/health", sleeper(procs).pid, None)
+    assert not v.ok and f"pid {other.pid}" in v.reason, v
+
+
+def test_adopting_the_configured_command_needs_every_listener_its_url_reaches(procs, monkeypatch):
+    """Before a start (adopt = "verify"): the configured command listens on 127.0.0.1, and someone else on ::1 of the
+    same port. A ready_url whose host names both (`localhost` on most machines) sends some connections to the other
+    one, so the configured command is not adopted on the first listener's word."""
+    port = free_port()
+    ours = listener(procs, "127.0.0.1", port)  # first: the lower pid, the listener verify used to look at alone
+    try:
+        other = listener(procs, "::1", port)
+    except AssertionError:
+        pytest.skip("::1 cannot be bound here")
+    real = socket.getaddrinfo
+
+    def both(host, *args, **kwargs):  # a resolver that gives localhost both addresses, as most machines' do
+        if host == "localhost":
+            return [(socket.AF_INET6, socket.SOCK_STREAM, 6, "", ("::1", 0, 0, 0)),
+                    (socket.AF_INET, socket.SOCK_STREAM, 6, "", ("127.0.0.1", 0))]
+        return real(host, *args, **kwargs)
+
+    monkeypatch.setattr(socket, "getaddrinfo", both)
+    command = [sys.executable, "-c", LISTEN, "127.0.0.1", str(port)]
+    assert adopt.verify(f"http://127.0.0.1:{port}/health", command).ok  # the control: its own address alone
+    v = adopt.verify(f"http://localhost:{port}/health", command)
+    assert not v.ok and f"pid {other.pid}" in v.reason and f"(pid {ours.pid})" in v.reason, v

@@ -198,6 +198,16 @@ def test_the_order_lists_a_provider_skipped_on_every_request_with_the_skips():
     assert order_words(order, skips, answers) == "local"
 
 
+def test_a_provider_another_profile_excludes_stays_in_the_order_of_a_profile_that_routes_it():
+    """The verdicts are the active profile's (health_action = "exclude": an unhealthy provider is out); a profile
+    with health_action = "warn" still routes it, and its planner says so. Only a budget skip, which is the same for
+    every profile, moves a routed provider to the skips: anything else is not this profile's "budget"."""
+    answers = {"flaky": Availability("flaky", False, Code.UNHEALTHY, "3 probes failed"),
+               "local": Availability("local", True, Code.OK, "can take traffic")}
+    order, skips = _skipping(["flaky", "local"], [], answers)
+    assert order == ["flaky", "local"] and skips == []
+
+
 def test_an_order_of_stopped_on_demand_models_says_a_request_starts_them():
     """D6: `corectl status` said "none available" for a profile whose on-demand model is stopped."""
     answers = {"coder": Availability("coder", False, Code.ON_DEMAND, "coder's managed process is stopped"),
