@@ -357,8 +357,9 @@ class DriftConfig(_Strict):
     repetition_rate: float = Field(0.6, gt=0, le=1)
     collapse_ratio: float = Field(0.2, gt=0, lt=1)
     length_stop_rate: float = Field(0.6, gt=0, le=1)
-    # Accepted so configs that set it still load; unused since errors stopped counting as drift (issue 43, E6).
-    error_rate: float = Field(0.6, gt=0, le=1)
+    # Accepted so configs that set it still load, and named by `unused_settings`: unused since errors stopped
+    # counting as drift (issue 43, E6).
+    error_rate: float | None = Field(None, gt=0, le=1)
     cooldown_s: float = Field(300.0, ge=0)
 
     @model_validator(mode="after")
@@ -501,9 +502,13 @@ class ConfigModel(_Strict):
 
     def unused_settings(self) -> list[str]:
         """Settings that still load but no longer do anything, each with what replaced it."""
-        return [f"profiles.{name}.health_threshold is no longer used: [breaker] failures ({self.breaker.failures}) "
-                "is the one count of failures that takes a provider out, for its breaker and its health alike"
-                for name, prof in self.profiles.items() if prof.health_threshold is not None]
+        notes = [f"profiles.{name}.health_threshold is no longer used: [breaker] failures ({self.breaker.failures}) "
+                 "is the one count of failures that takes a provider out, for its breaker and its health alike"
+                 for name, prof in self.profiles.items() if prof.health_threshold is not None]
+        if self.drift.error_rate is not None:
+            notes.append("drift.error_rate is no longer used: errors are not drift; the breaker and adaptive routing "
+                         "act on them ([breaker] failures, [adaptive] error_rate)")
+        return notes
 
     def process_for(self, provider: str) -> tuple[str, ProcessConfig] | None:
         """The process that serves a provider, as (process id, spec); shared processes keep their own name."""

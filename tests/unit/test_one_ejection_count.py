@@ -40,3 +40,10 @@ def test_an_old_health_threshold_loads_and_is_named_as_unused():
     (note,) = cfg.unused_settings()
     assert "profiles.default.health_threshold" in note and "[breaker] failures (4)" in note
     assert parse_config_text(chain_config("a"), "test").unused_settings() == []
+
+
+def test_drift_error_rate_still_loads_and_is_named_as_unused():
+    """E6 stopped counting errors as drift: a config that sets drift.error_rate loads, and config check says so."""
+    cfg = parse_config_text(chain_config("a") + "\n[drift]\nerror_rate = 0.5\n", "test")
+    (note,) = cfg.unused_settings()
+    assert note.startswith("drift.error_rate is no longer used")
