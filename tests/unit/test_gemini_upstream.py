@@ -125,6 +125,20 @@ def test_auth_errors_fail_over_without_counting_as_a_fault():
     assert e.auth_failure and e.failover
 
 
+def test_a_wrong_key_and_an_account_precondition_are_the_providers_not_the_requests():
+    # Google answers a wrong API key with a 400 INVALID_ARGUMENT (ErrorInfo reason API_KEY_INVALID), and an account
+    # it will not serve (free tier not in this region, billing off) with a 400 FAILED_PRECONDITION. Neither is the
+    # client's request: passed on as its 400, the client would be told its request is wrong and no other provider
+    # would be tried.
+    bad_key = _error(400, "INVALID_ARGUMENT", "API key not valid. Please pass a valid API key.", details=[
+        {"@type": "type.googleapis.com/google.rpc.ErrorInfo", "reason": "API_KEY_INVALID",
+         "domain": "googleapis.com"}])
+    assert bad_key.auth_failure and bad_key.failover and not bad_key.caused_by_request
+    region = _error(400, "FAILED_PRECONDITION", "User location is not supported for the API use.")
+    assert region.failover and not region.caused_by_request
+    assert "location" in region.message
+
+
 # -- chat -> Gemini ----------------------------------------------------------------------------------------------
 
 
