@@ -335,6 +335,29 @@ def test_pass_through_relays_bytes_renaming_only_the_model():
                         "cache_read_input_tokens": 4}
 
 
+def test_pass_through_signs_only_calls_that_carry_no_signature():
+    """A model turn whose first function call has no thoughtSignature (made by another upstream, relayed to the
+    client unsigned) gets Google's placeholder for calls made elsewhere; a signed one goes up as it came."""
+    signed = {"role": "model", "parts": [{"functionCall": {"name": "f", "args": {}}, "thoughtSignature": "c2ln"}]}
+    unsigned = {"role": "model", "parts": [{"text": "let me look"}, {"functionCall": {"name": "g", "args": {}}},
+                                           {"functionCall": {"name": "h", "args": {}}}]}
+    answer = {"role": "user", "parts": [{"functionResponse": {"name": "g", "response": {"output": "x"}}}]}
+    body = {"contents": [{"role": "user", "parts": [{"text": "hi"}]}, signed, answer, unsigned, answer]}
+    raw = orjson.dumps(body)
+    rq = GeminiRequest(body=body, chat={}, model="m", stream=False, sse=False, response_id="r", raw=raw)
+    st = GeminiPassthrough(native=rq, model="m", skip_prologue=False, client_body={}, answer_model="m")
+    sent = orjson.loads(st.request(b"", False))
+    assert sent["contents"][1] == signed
+    assert sent["contents"][3]["parts"][1]["thoughtSignature"] == SKIP_SIGNATURE
+    assert "thoughtSignature" not in sent["contents"][3]["parts"][2]  # only the first call of a step is signed
+    assert "thoughtSignature" not in body["contents"][3]["parts"][1]  # the client's body itself is not changed
+    whole = {"contents": [body["contents"][0], signed, answer]}
+    rq_signed = GeminiRequest(body=whole, chat={}, model="m", stream=False, sse=False, response_id="r",
+                              raw=orjson.dumps(whole))
+    assert GeminiPassthrough(native=rq_signed, model="m", skip_prologue=False, client_body={},
+                             answer_model="m").request(b"", False) == orjson.dumps(whole)  # relayed as its bytes
+
+
 def test_pass_through_holds_empty_responses_and_fails_on_an_error_event():
     st = _passthrough()
     empty = '{"candidates":[{"content":{"role":"model","parts":[{"text":""}]}}],"usageMetadata":{"promptTokenCount":1}}'
