@@ -153,9 +153,14 @@ class _GeminiAnswers(Strategy):
         return obj, out
 
     def _closing_chunks(self) -> list[dict]:
-        """At the end of the body: whatever repair held back, then the finishing chunk (with the usage)."""
-        out: list[dict] = list(self.repair.flush()) if isinstance(self.repair, OpenAIStreamRepair) else []
-        return out + self.g2c.finish()
+        """At the end of the body: whatever repair held back, then the finishing chunk (with the usage). The
+        finishing chunk goes through the repair, which releases what it held and says tool_calls when it made a
+        call of text (Gemini's own finish reason knows nothing of it)."""
+        finish = self.g2c.finish()
+        if not isinstance(self.repair, OpenAIStreamRepair):
+            return finish
+        out = [c for chunk in finish for c in self.repair.feed(chunk)]
+        return out + self.repair.flush()
 
     def _completion(self, body: bytes) -> dict:
         """A whole Gemini answer as a chat completion (tool calls written as text repaired)."""

@@ -376,3 +376,26 @@ def test_pass_through_refuses_what_is_no_response():
     for data in ('{"candidates":"x"}', '[]', '{"something":"else"}'):
         with pytest.raises(UpstreamError):
             _passthrough().events([(None, data)])
+
+
+def test_a_tool_call_repaired_from_text_finishes_the_chat_stream_as_tool_calls():
+    """A local model behind the Gemini wire that writes its call as text: the repaired call's stream ends with
+    finish_reason tool_calls (chat clients run tools on it), as on every other upstream wire."""
+    from coderouterd.providers.gemini_upstream import OpenAIToGemini
+    from coderouterd.translate.tool_repair import repair_tools_for
+
+    body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": True,
+            "tools": [{"type": "function", "function": {"name": "Bash", "parameters": {
+                "type": "object", "required": ["command"], "properties": {"command": {"type": "string"}}}}}]}
+    tools = repair_tools_for(ProviderConfig(kind="gemini", base_url="http://127.0.0.1:1"), body)
+    assert tools is not None
+    st = OpenAIToGemini(model="m", skip_prologue=False, client_body=body, answer_model="m", repair_tools=tools)
+    text = '<tool_call>\n{"name": "Bash", "arguments": {"command": "ls"}}\n</tool_call>'
+    out = st.events([(None, orjson.dumps({"candidates": [{"content": {"role": "model", "parts": [{"text": text}]},
+                                                          "finishReason": "STOP"}]}).decode())]) + st.eof()
+    chunks = [orjson.loads(line[len(b"data: "):]) for line in out.split(b"\n\n")
+              if line.startswith(b"data: {")]
+    calls = [tc for c in chunks for ch in c["choices"] for tc in ch["delta"].get("tool_calls") or ()]
+    assert [tc["function"]["name"] for tc in calls] == ["Bash"]
+    finishes = [ch["finish_reason"] for c in chunks for ch in c["choices"] if ch["finish_reason"]]
+    assert finishes == ["tool_calls"]
