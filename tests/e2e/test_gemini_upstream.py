@@ -55,7 +55,8 @@ def env(tmp_path_factory):
                        "cutter": gemini_at(gem.url), "sleepy": gemini_at(gem.url, timeouts={"first_byte": 1})},
             profiles={"default": warn("gem"), "failover": warn("broken", "fallback"), "strict": warn("picky", "spare"),
                       "relay": warn("relay", "spare"), "cutter": warn("cutter"), "limited": warn("limited"),
-                      "sleepy": warn("sleepy", "spare")})
+                      "sleepy": warn("sleepy", "spare"),
+                      "loopy": warn("gem", tool_loop={"action": "inject", "threshold": 3, "window": 5})})
         with running(config, tmp, env={KEY_ENV: GOOGLE_KEY}) as d:
             yield {"daemon": d, "gem": gem, "spare": spare, "broken": broken, "limited": limited}
 
@@ -418,3 +419,21 @@ def test_usage_and_cost_in_the_journal(env):
     assert output_tokens == 3 + thoughts  # candidates + thoughts: what Google bills as output
     expected = (input_tokens * PRICES["input"] + output_tokens * PRICES["output"] + cache_read * PRICES["cache_read"])
     assert cost == pytest.approx(expected / 1e6)
+
+
+def test_tool_loop_note_reaches_a_gemini_upstream_through_the_pass_through(env):
+    """tool_loop action = inject on a Gemini client served by a Gemini upstream: the pass-through sends the
+    client's own body, so the note must be in it (systemInstruction), not only in the chat form routing reads."""
+    contents = [{"role": "user", "parts": [{"text": "fix it"}]}]
+    for _ in range(3):
+        contents.append({"role": "model", "parts": [{"functionCall": {"name": "Bash", "args": {"command": "make"}}}]})
+        contents.append({"role": "user", "parts": [{"functionResponse": {"name": "Bash",
+                                                                         "response": {"output": "FAILED"}}}]})
+    body = {"contents": contents, "systemInstruction": {"parts": [{"text": "You are a coder."}]},
+            "tools": [{"functionDeclarations": [{"name": "Bash", "parametersJsonSchema": BASH_SCHEMA}]}]}
+    r = httpx.post(env["daemon"].url + f"/v1beta/models/{MODEL}:generateContent", json=body,
+                   headers={"x-goog-api-key": "client-key", "x-coderouter-profile": "loopy"}, timeout=20)
+    assert r.status_code == 200, r.text
+    system = _last_up(env["gem"])["json"]["systemInstruction"]["parts"]
+    assert system[0] == {"text": "You are a coder."}
+    assert "[coderouter]" in system[-1]["text"] and "Bash" in system[-1]["text"]
