@@ -399,3 +399,10 @@ def test_a_tool_call_repaired_from_text_finishes_the_chat_stream_as_tool_calls()
     assert [tc["function"]["name"] for tc in calls] == ["Bash"]
     finishes = [ch["finish_reason"] for c in chunks for ch in c["choices"] if ch["finish_reason"]]
     assert finishes == ["tool_calls"]
+
+
+def test_a_null_max_completion_tokens_leaves_max_tokens_as_the_limit():
+    # OpenAI SDK users and guards (default_max_tokens) may leave max_completion_tokens present but null.
+    body = chat_to_gemini({"messages": [{"role": "user", "content": "hi"}], "max_completion_tokens": None,
+                           "max_tokens": 77})
+    assert body["generationConfig"]["maxOutputTokens"] == 77
