@@ -49,6 +49,11 @@ async def apply_tool_loop(ex: Exchange, publish) -> bool:
         req = ex.req
         req.body = tool_loop.inject(req.ingress, req.body, finding)
         req.raw = orjson.dumps(req.body)
+        native = req.native
+        if req.ingress == "gemini" and isinstance(getattr(native, "body", None), dict):
+            # A Gemini upstream is sent the client's own body (the pass-through): the note goes there too.
+            native.body = tool_loop.inject_gemini(native.body, finding)  # type: ignore[attr-defined]
+            native.raw = orjson.dumps(native.body)  # type: ignore[attr-defined]
         return False
     ex.record.end(400, "tool_loop")
     await ex.sink.error(400, finding.message(), kind="invalid_request_error",

@@ -296,5 +296,15 @@ def inject_openai(body: dict, finding: LoopFinding) -> dict:
     return {**body, "messages": messages}
 
 
+def inject_gemini(body: dict, finding: LoopFinding) -> dict:
+    """A Gemini body whose systemInstruction ends with the loop note (a text part after the client's own). The
+    client's own body is what a Gemini upstream is sent (the pass-through), so the note must be in it too."""
+    system = body.get("systemInstruction")
+    system = system if isinstance(system, dict) else {}
+    parts = system.get("parts")
+    parts = list(parts) if isinstance(parts, list) else []
+    return {**body, "systemInstruction": {**system, "parts": [*parts, {"text": note(finding)}]}}
+
+
 def inject(ingress: str, body: dict, finding: LoopFinding) -> dict:
     return inject_anthropic(body, finding) if ingress == "anthropic" else inject_openai(body, finding)

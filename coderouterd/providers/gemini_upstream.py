@@ -3,7 +3,8 @@
 - Gemini clients: a pass-through. The client's body goes up as its bytes (the model is in the URL, so nothing in
   the body changes) and the answers come back as the upstream wrote them, `thoughtSignature`s and every other
   part field included; only `modelVersion` names the model as the client asked for it. Gemini 3 refuses a turn
-  whose function call lost its signature, so nothing here may rewrite a part.
+  whose function call lost its signature, so nothing here may rewrite a part; a call that never had one (another
+  upstream made it) gets Google's placeholder for calls made elsewhere, and only then is the body rebuilt.
 - Anthropic, chat and Responses clients: their chat form goes up as a Gemini request
   (translate/chat_request_to_gemini.py) and each Gemini response comes back as chat chunks
   (translate/gemini_answer_to_chat.py), which the translators those clients already have turn into their wire.
@@ -22,7 +23,7 @@ import orjson
 from ..servers.gemini import method_path
 from ..translate.answer_observe import observe_openai
 from ..translate.anthropic_request_to_openai import request_to_openai
-from ..translate.chat_request_to_gemini import CallSignatures, chat_to_gemini, thinking_config
+from ..translate.chat_request_to_gemini import SKIP_SIGNATURE, CallSignatures, chat_to_gemini, thinking_config
 from ..translate.gemini_answer_to_chat import (
     GeminiStreamToChat,
     blocked,
@@ -79,6 +80,34 @@ def _response_object(obj: object, raw: str | bytes, *, after_content: bool) -> d
     return obj
 
 
+def _unsigned_calls_signed(body: dict) -> dict | None:
+    """`body` with Google's placeholder for calls made elsewhere on each model turn whose first function call
+    carries no thoughtSignature; None when every such call is signed (the body then goes up as its bytes).
+
+    A Gemini client's history holds unsigned calls when another upstream made them (a session that failed over
+    from a local model, or a route that sent some turns elsewhere): this daemon answered it in Gemini's shape but
+    had no signature to give. Gemini 3 refuses such a turn outright; the placeholder is what Google documents for
+    it. A signature the client sent is never touched."""
+    contents = body.get("contents")
+    if not isinstance(contents, list):
+        return None
+    fixed: list | None = None
+    for i, content in enumerate(contents):
+        if not isinstance(content, dict) or content.get("role") != "model" or not isinstance(content.get("parts"),
+                                                                                               list):
+            continue
+        parts = content["parts"]
+        first = next((j for j, p in enumerate(parts) if isinstance(p, dict) and "functionCall" in p), None)
+        if first is None or parts[first].get("thoughtSignature"):
+            continue
+        if fixed is None:
+            fixed = list(contents)
+        signed = list(parts)
+        signed[first] = {**parts[first], "thoughtSignature": SKIP_SIGNATURE}
+        fixed[i] = {**content, "parts": signed}
+    return None if fixed is None else {**body, "contents": fixed}
+
+
 class _GeminiAnswers(Strategy):
     """What every strategy on a Gemini upstream shares: the URL, reading Gemini responses (as chat chunks, through
     one translator), usage, what was produced (a cut stream is billed for it), drift observation and repair."""
@@ -124,9 +153,14 @@ class _GeminiAnswers(Strategy):
         return obj, out
 
     def _closing_chunks(self) -> list[dict]:
-        """At the end of the body: whatever repair held back, then the finishing chunk (with the usage)."""
-        out: list[dict] = list(self.repair.flush()) if isinstance(self.repair, OpenAIStreamRepair) else []
-        return out + self.g2c.finish()
+        """At the end of the body: whatever repair held back, then the finishing chunk (with the usage). The
+        finishing chunk goes through the repair, which releases what it held and says tool_calls when it made a
+        call of text (Gemini's own finish reason knows nothing of it)."""
+        finish = self.g2c.finish()
+        if not isinstance(self.repair, OpenAIStreamRepair):
+            return finish
+        out = [c for chunk in finish for c in self.repair.feed(chunk)]
+        return out + self.repair.flush()
 
     def _completion(self, body: bytes) -> dict:
         """A whole Gemini answer as a chat completion (tool calls written as text repaired)."""
@@ -158,6 +192,9 @@ class GeminiPassthrough(_GeminiAnswers):
         self._held_back: list[bytes] = []
 
     def request(self, raw: bytes, stream: bool) -> bytes:
+        signed = _unsigned_calls_signed(self.rq.body)
+        if signed is not None:
+            return orjson.dumps(signed)
         return self.rq.raw or orjson.dumps(self.rq.body)
 
     def _renamed(self, data: bytes, obj: dict) -> bytes:

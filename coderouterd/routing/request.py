@@ -55,8 +55,10 @@ class ClientRequest:
         if self.ingress == "anthropic":
             return b'"image"' in self.raw and _anthropic_has_image(self.body.get("messages") or [])
         if self.ingress == "responses":
-            # Codex's tool descriptions mention images; only a real input_image part counts.
-            return b'"input_image"' in self.raw and _chat_has_image(self.body.get("messages") or [])
+            # Codex's tool descriptions mention images; only a real input_image part counts. raw: the client's
+            # Responses body, or the chat body once a guard rewrote it (default_max_tokens, a tool-loop note).
+            return (b'"input_image"' in self.raw or b'"image_url"' in self.raw) \
+                and _chat_has_image(self.body.get("messages") or [])
         if self.ingress == "gemini":
             # raw: the client's Gemini body, or the chat body once a guard rewrote it
             return (b'"inlineData"' in self.raw or b'"fileData"' in self.raw or b'"image_url"' in self.raw) \

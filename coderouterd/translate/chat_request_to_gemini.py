@@ -164,7 +164,9 @@ def _tools(chat: dict) -> tuple[list[dict], dict | None]:
 
 def _generation_config(chat: dict) -> dict:
     gen: dict = {}
-    limit = chat.get("max_completion_tokens", chat.get("max_tokens"))
+    limit = chat.get("max_completion_tokens")
+    if limit is None:  # present but null is no limit: max_tokens may still name one
+        limit = chat.get("max_tokens")
     if isinstance(limit, int) and limit > 0:
         gen["maxOutputTokens"] = limit
     for src, dst in (("temperature", "temperature"), ("top_p", "topP"), ("top_k", "topK"), ("seed", "seed"),

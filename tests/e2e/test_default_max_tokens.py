@@ -25,20 +25,23 @@ def env(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("e2e_default_max_tokens")
     with FakeServer("openai", name="local", models=["qwen3"]) as local, \
             FakeServer("anthropic", name="cloud") as cloud, \
-            FakeServer("openai", name="native", models=["qwen3"]) as native:
+            FakeServer("openai", name="native", models=["qwen3"]) as native, \
+            FakeServer("openai", name="blind", models=["qwen3"]) as blind:
         config = daemon_config(
             providers={"local": openai_at(local.url), "cloud": anthropic_at(cloud.url, model="claude-sonnet-5"),
-                       "native": openai_at(native.url, serves_responses=True)},
+                       "native": openai_at(native.url, serves_responses=True),
+                       "blind": openai_at(blind.url, capabilities={"vision": False})},
             profiles={"default": warn("local"), "capped": warn("local", default_max_tokens=LIMIT),
                       "capped_cloud": warn("cloud", default_max_tokens=LIMIT),
-                      "capped_native": warn("native", default_max_tokens=LIMIT)})
+                      "capped_native": warn("native", default_max_tokens=LIMIT),
+                      "capped_blind": warn("blind", default_max_tokens=LIMIT)})
         with running(config, tmp) as d:
-            yield {"daemon": d, "local": local, "cloud": cloud, "native": native}
+            yield {"daemon": d, "local": local, "cloud": cloud, "native": native, "blind": blind}
 
 
 @pytest.fixture(autouse=True)
 def _reset(env):
-    for k in ("local", "cloud", "native"):
+    for k in ("local", "cloud", "native", "blind"):
         env[k].reset()
 
 
@@ -112,3 +115,18 @@ def test_anthropic_requests_always_name_their_own(env):
     r = post(env, "/v1/messages", body, "capped_cloud")
     assert sent(env["cloud"], "/v1/messages")["max_tokens"] == 3000
     assert orjson.loads(explain(env, r.headers["x-request-id"], "--json"))["trace"]["guards"] == []
+
+
+PIXEL = "data:image/png;base64,iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8z8BQDwAEhQGAhKmMIQAAAABJRU5ErkJggg=="
+
+
+def test_a_responses_image_is_still_kept_from_a_provider_without_vision(env):
+    """The default rewrites the request's body; the image a Responses client sent is still seen (and replaced by
+    a note for a provider with capabilities.vision = false), not sent to a model that cannot read it."""
+    body = {"model": "qwen3", "input": [{"role": "user", "content": [
+        {"type": "input_text", "text": "what is this"}, {"type": "input_image", "image_url": PIXEL}]}]}
+    post(env, "/v1/responses", body, "capped_blind")
+    up = sent(env["blind"], "/v1/chat/completions")
+    assert up["max_tokens"] == LIMIT
+    raw = orjson.dumps(up)
+    assert b"image_url" not in raw and b"[image omitted: blind does not accept images]" in raw

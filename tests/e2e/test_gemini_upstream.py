@@ -55,7 +55,8 @@ def env(tmp_path_factory):
                        "cutter": gemini_at(gem.url), "sleepy": gemini_at(gem.url, timeouts={"first_byte": 1})},
             profiles={"default": warn("gem"), "failover": warn("broken", "fallback"), "strict": warn("picky", "spare"),
                       "relay": warn("relay", "spare"), "cutter": warn("cutter"), "limited": warn("limited"),
-                      "sleepy": warn("sleepy", "spare")})
+                      "sleepy": warn("sleepy", "spare"),
+                      "loopy": warn("gem", tool_loop={"action": "inject", "threshold": 3, "window": 5})})
         with running(config, tmp, env={KEY_ENV: GOOGLE_KEY}) as d:
             yield {"daemon": d, "gem": gem, "spare": spare, "broken": broken, "limited": limited}
 
@@ -317,12 +318,16 @@ def test_gemini_tool_round_trip_keeps_the_thought_signature(env):
     sent = _last_up(env["gem"])["json"]["contents"][1]["parts"][0]
     # The upstream's own signature, as it issued it (the fake refuses a call without one, as Gemini 3 does).
     assert base64.urlsafe_b64decode(sent.get("thoughtSignature") or sent["thought_signature"]) == signature
-    # Without it, the upstream's refusal reaches the client as Google's 400, and nothing fails over.
+    # A call with no signature at all (another upstream made it: a session that failed over from a local model,
+    # whose calls reached the client through this daemon unsigned) goes up with Google's placeholder for calls
+    # made elsewhere; without it Gemini 3 refuses the turn ("missing a thought_signature") and nothing fails over.
     unsigned = types.Part(function_call=call_part.function_call)
-    with pytest.raises(errors.ClientError) as e:
-        client.models.generate_content(model=MODEL, contents=[history[0], types.Content(role="model", parts=[
-            unsigned]), history[2]], config=config)
-    assert e.value.code == 400 and "missing a thought_signature" in e.value.message
+    env["gem"].fake.state.script(["echo_tool_result"])
+    r = client.models.generate_content(model=MODEL, contents=[history[0], types.Content(role="model", parts=[
+        unsigned]), history[2]], config=config)
+    assert r.text == "Tool said: x.py"
+    sent = _last_up(env["gem"])["json"]["contents"][1]["parts"][0]
+    assert (sent.get("thoughtSignature") or sent.get("thought_signature")) == "skip_thought_signature_validator"
 
 
 def test_gemini_array_stream_fails_over_before_content(env):
@@ -414,3 +419,21 @@ def test_usage_and_cost_in_the_journal(env):
     assert output_tokens == 3 + thoughts  # candidates + thoughts: what Google bills as output
     expected = (input_tokens * PRICES["input"] + output_tokens * PRICES["output"] + cache_read * PRICES["cache_read"])
     assert cost == pytest.approx(expected / 1e6)
+
+
+def test_tool_loop_note_reaches_a_gemini_upstream_through_the_pass_through(env):
+    """tool_loop action = inject on a Gemini client served by a Gemini upstream: the pass-through sends the
+    client's own body, so the note must be in it (systemInstruction), not only in the chat form routing reads."""
+    contents = [{"role": "user", "parts": [{"text": "fix it"}]}]
+    for _ in range(3):
+        contents.append({"role": "model", "parts": [{"functionCall": {"name": "Bash", "args": {"command": "make"}}}]})
+        contents.append({"role": "user", "parts": [{"functionResponse": {"name": "Bash",
+                                                                         "response": {"output": "FAILED"}}}]})
+    body = {"contents": contents, "systemInstruction": {"parts": [{"text": "You are a coder."}]},
+            "tools": [{"functionDeclarations": [{"name": "Bash", "parametersJsonSchema": BASH_SCHEMA}]}]}
+    r = httpx.post(env["daemon"].url + f"/v1beta/models/{MODEL}:generateContent", json=body,
+                   headers={"x-goog-api-key": "client-key", "x-coderouter-profile": "loopy"}, timeout=20)
+    assert r.status_code == 200, r.text
+    system = _last_up(env["gem"])["json"]["systemInstruction"]["parts"]
+    assert system[0] == {"text": "You are a coder."}
+    assert "[coderouter]" in system[-1]["text"] and "Bash" in system[-1]["text"]

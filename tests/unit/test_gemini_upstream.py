@@ -125,6 +125,20 @@ def test_auth_errors_fail_over_without_counting_as_a_fault():
     assert e.auth_failure and e.failover
 
 
+def test_a_wrong_key_and_an_account_precondition_are_the_providers_not_the_requests():
+    # Google answers a wrong API key with a 400 INVALID_ARGUMENT (ErrorInfo reason API_KEY_INVALID), and an account
+    # it will not serve (free tier not in this region, billing off) with a 400 FAILED_PRECONDITION. Neither is the
+    # client's request: passed on as its 400, the client would be told its request is wrong and no other provider
+    # would be tried.
+    bad_key = _error(400, "INVALID_ARGUMENT", "API key not valid. Please pass a valid API key.", details=[
+        {"@type": "type.googleapis.com/google.rpc.ErrorInfo", "reason": "API_KEY_INVALID",
+         "domain": "googleapis.com"}])
+    assert bad_key.auth_failure and bad_key.failover and not bad_key.caused_by_request
+    region = _error(400, "FAILED_PRECONDITION", "User location is not supported for the API use.")
+    assert region.failover and not region.caused_by_request
+    assert "location" in region.message
+
+
 # -- chat -> Gemini ----------------------------------------------------------------------------------------------
 
 
@@ -321,6 +335,29 @@ def test_pass_through_relays_bytes_renaming_only_the_model():
                         "cache_read_input_tokens": 4}
 
 
+def test_pass_through_signs_only_calls_that_carry_no_signature():
+    """A model turn whose first function call has no thoughtSignature (made by another upstream, relayed to the
+    client unsigned) gets Google's placeholder for calls made elsewhere; a signed one goes up as it came."""
+    signed = {"role": "model", "parts": [{"functionCall": {"name": "f", "args": {}}, "thoughtSignature": "c2ln"}]}
+    unsigned = {"role": "model", "parts": [{"text": "let me look"}, {"functionCall": {"name": "g", "args": {}}},
+                                           {"functionCall": {"name": "h", "args": {}}}]}
+    answer = {"role": "user", "parts": [{"functionResponse": {"name": "g", "response": {"output": "x"}}}]}
+    body = {"contents": [{"role": "user", "parts": [{"text": "hi"}]}, signed, answer, unsigned, answer]}
+    raw = orjson.dumps(body)
+    rq = GeminiRequest(body=body, chat={}, model="m", stream=False, sse=False, response_id="r", raw=raw)
+    st = GeminiPassthrough(native=rq, model="m", skip_prologue=False, client_body={}, answer_model="m")
+    sent = orjson.loads(st.request(b"", False))
+    assert sent["contents"][1] == signed
+    assert sent["contents"][3]["parts"][1]["thoughtSignature"] == SKIP_SIGNATURE
+    assert "thoughtSignature" not in sent["contents"][3]["parts"][2]  # only the first call of a step is signed
+    assert "thoughtSignature" not in body["contents"][3]["parts"][1]  # the client's body itself is not changed
+    whole = {"contents": [body["contents"][0], signed, answer]}
+    rq_signed = GeminiRequest(body=whole, chat={}, model="m", stream=False, sse=False, response_id="r",
+                              raw=orjson.dumps(whole))
+    assert GeminiPassthrough(native=rq_signed, model="m", skip_prologue=False, client_body={},
+                             answer_model="m").request(b"", False) == orjson.dumps(whole)  # relayed as its bytes
+
+
 def test_pass_through_holds_empty_responses_and_fails_on_an_error_event():
     st = _passthrough()
     empty = '{"candidates":[{"content":{"role":"model","parts":[{"text":""}]}}],"usageMetadata":{"promptTokenCount":1}}'
@@ -339,3 +376,33 @@ def test_pass_through_refuses_what_is_no_response():
     for data in ('{"candidates":"x"}', '[]', '{"something":"else"}'):
         with pytest.raises(UpstreamError):
             _passthrough().events([(None, data)])
+
+
+def test_a_tool_call_repaired_from_text_finishes_the_chat_stream_as_tool_calls():
+    """A local model behind the Gemini wire that writes its call as text: the repaired call's stream ends with
+    finish_reason tool_calls (chat clients run tools on it), as on every other upstream wire."""
+    from coderouterd.providers.gemini_upstream import OpenAIToGemini
+    from coderouterd.translate.tool_repair import repair_tools_for
+
+    body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": True,
+            "tools": [{"type": "function", "function": {"name": "Bash", "parameters": {
+                "type": "object", "required": ["command"], "properties": {"command": {"type": "string"}}}}}]}
+    tools = repair_tools_for(ProviderConfig(kind="gemini", base_url="http://127.0.0.1:1"), body)
+    assert tools is not None
+    st = OpenAIToGemini(model="m", skip_prologue=False, client_body=body, answer_model="m", repair_tools=tools)
+    text = '<tool_call>\n{"name": "Bash", "arguments": {"command": "ls"}}\n</tool_call>'
+    out = st.events([(None, orjson.dumps({"candidates": [{"content": {"role": "model", "parts": [{"text": text}]},
+                                                          "finishReason": "STOP"}]}).decode())]) + st.eof()
+    chunks = [orjson.loads(line[len(b"data: "):]) for line in out.split(b"\n\n")
+              if line.startswith(b"data: {")]
+    calls = [tc for c in chunks for ch in c["choices"] for tc in ch["delta"].get("tool_calls") or ()]
+    assert [tc["function"]["name"] for tc in calls] == ["Bash"]
+    finishes = [ch["finish_reason"] for c in chunks for ch in c["choices"] if ch["finish_reason"]]
+    assert finishes == ["tool_calls"]
+
+
+def test_a_null_max_completion_tokens_leaves_max_tokens_as_the_limit():
+    # OpenAI SDK users and guards (default_max_tokens) may leave max_completion_tokens present but null.
+    body = chat_to_gemini({"messages": [{"role": "user", "content": "hi"}], "max_completion_tokens": None,
+                           "max_tokens": 77})
+    assert body["generationConfig"]["maxOutputTokens"] == 77

@@ -37,15 +37,34 @@ def retry_delay(parsed: object) -> float | None:
     return None
 
 
+def _account_refusal(parsed: object) -> int | None:
+    """The status a 400 that is about this provider's account, not the request, stands for: Google answers a
+    wrong API key with 400 INVALID_ARGUMENT (ErrorInfo reason API_KEY_INVALID) and an account it will not serve
+    (free tier not offered in the region, billing off) with 400 FAILED_PRECONDITION. Read as the request's fault,
+    the client would be told its request is wrong and no other provider tried."""
+    err = parsed.get("error") if isinstance(parsed, dict) else None
+    if not isinstance(err, dict):
+        return None
+    reasons = {d.get("reason") for d in err.get("details") or () if isinstance(d, dict)}
+    if "API_KEY_INVALID" in reasons:
+        return 401
+    if err.get("status") == "FAILED_PRECONDITION":
+        return 403
+    return None
+
+
 def gemini_http_error(status: int, body: bytes, headers: Mapping[str, str]) -> UpstreamError:
-    """A Gemini error answer as routing reads it. Its HTTP status already says the class (429 RESOURCE_EXHAUSTED:
+    """A Gemini error answer as routing reads it. Its HTTP status mostly says the class (429 RESOURCE_EXHAUSTED:
     a rate limit, waited out; 5xx INTERNAL/UNAVAILABLE: the provider's failure; 400 INVALID_ARGUMENT: the
-    request's), so the generic reading applies, with the wait taken from RetryInfo when no header gives one."""
+    request's), so the generic reading applies, with the wait taken from RetryInfo when no header gives one;
+    a 400 about the account (a wrong key, a precondition) is read as the refusal of credentials it is."""
     message, parsed = error_message(body)
     if status in (400, 500):
         ov = context_overflow.parse(status, parsed if isinstance(parsed, dict) else str(parsed))
         if ov is not None:
             return UpstreamError(OVERFLOW, status=400, message=message, overflow=ov)
+    if status == 400:
+        status = _account_refusal(parsed) or status
     retry_after = parse_retry_after(headers)
     if retry_after is None:
         retry_after = retry_delay(parsed)
