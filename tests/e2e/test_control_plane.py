@@ -97,7 +97,9 @@ def write_atomic(path: Path, text: str) -> None:
 
 
 def admin_client(sock: str) -> httpx.Client:
-    return httpx.Client(transport=httpx.HTTPTransport(uds=sock), base_url="http://coderouterd", timeout=5)
+    # A generous ceiling, not a window: the first admin call imports FastAPI and builds the app from the handler
+    # table, which took over 5 s under -X importtime with the suite's workers sharing two cores.
+    return httpx.Client(transport=httpx.HTTPTransport(uds=sock), base_url="http://coderouterd", timeout=60)
 
 
 @pytest.fixture
