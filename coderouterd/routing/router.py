@@ -15,6 +15,7 @@ from ..providers.server_info import ServerDirectory
 from ..translate.unsigned_thinking import SignatureBook, UpstreamSignatures
 from .adaptive import AdaptiveOrderer, ProbeScheduler, ProviderStats
 from .availability import Availability, LastProbe, Sources, judge, judge_chain
+from .balance import Balancer, apply_balance
 from .breaker import BreakerRegistry, BreakerState
 from .context_count import count_over_window, learned_estimates
 from .planner import Plan, ProviderFacts, RequestFeatures, Skip, plan
@@ -78,6 +79,7 @@ class Router:
         # a conversation moves between providers and profiles).
         self.thinking_signatures = SignatureBook()
         self._demand = demand
+        self.balancer = Balancer()  # mode = "balance": the replicas' load, polled from their /slots
         # What "why no traffic" reads (routing/availability.py), besides the state, budget and demand above.
         self.last_probe = last_probe
         self._sources: Sources | None = None  # built once (per last_probe), not on every plan
@@ -295,6 +297,9 @@ class Router:
             self._try_reported_windows(p, facts, down)
         if ticket is not None and self.affinity is not None and (profile.mode == "race" or profile.adaptive):
             self._prefer_cached(p, ticket, runtime, self.affinity)
+        if profile.mode == "balance":
+            apply_balance(self.balancer, p, ticket, self.affinity.index if self.affinity else None, runtime.providers,
+                    self.servers)
         for adjust in self.order_adjusters:
             p.order_notes.extend(adjust(profile, p.candidates))
         return p
