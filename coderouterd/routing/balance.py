@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING
 from .planner import Plan
 
 if TYPE_CHECKING:
-    from ..affinity.index import PrefixIndex
+    from ..affinity.index import PrefixIndex, ProviderPrefixes
     from ..affinity.service import Ticket
     from ..providers.provider import Provider
     from ..providers.server_info import ServerDirectory
@@ -100,10 +100,17 @@ def replica(name: str, index: PrefixIndex | None, ticket: Ticket | None, live: L
     bpt = p.bytes_per_token
     total = int(prompt.size / bpt)
     cached = int(index.predict(name, ticket.lane, prompt) * p.realised / bpt)
-    if live is not None and live.held is not None:
-        cached = min(cached, live.held)  # a slot cannot hold more than the server says any of its slots does
+    if live is not None and live.held is not None and live.at >= _last_finish(p):
+        # No slot holds more than the server says its fullest one does (a replica that restarted holds nothing).
+        # Only a reading taken after this daemon's last answer there says so: an older one predates what that
+        # answer left in its slot.
+        cached = min(cached, live.held)
     cached = min(cached, total)
     return Replica(name, total, cached, busy, width, (total - cached) * p.s_per_token, wait_s, lanes, picks)
+
+
+def _last_finish(p: ProviderPrefixes) -> float:
+    return max((s.last_used for s in p.slots.slots), default=0.0) if p.slots is not None else 0.0
 
 
 def rank(replicas: list[Replica], *, new: bool) -> list[Replica]:
