@@ -158,7 +158,8 @@ class Balancer:
 
     def order(self, candidates: list[str], ticket: Ticket | None, index: PrefixIndex | None,
               moved_back: Iterable[str] = ()) -> tuple[list[str], list[dict]]:
-        """(new order, order notes). Candidates health or adaptive moved back stay behind the others."""
+        """(new order, order notes). Candidates health or adaptive moved back (and paid ones, apply_balance) stay behind
+    the others, in the order they came."""
         back = set(moved_back)
         pool = [c for c in candidates if c not in back]
         if not pool:
@@ -233,6 +234,8 @@ def apply_balance(balancer: Balancer, plan: Plan, ticket: Ticket | None, index: 
     """The planner's hook for a balance profile: reorder the plan's candidates, note why, and ask the replicas'
     `/slots` again when due (for the next request: this one is planned on what is known now)."""
     moved_back = {str(n["provider"]) for n in plan.order_notes if n.get("moved") == "back"}
+    # A paid provider is no replica of a local model: it stays behind them, in chain order, as the chain's failover.
+    moved_back |= {c for c in plan.candidates if c in providers and providers[c].cfg.paid}
     plan.candidates, notes = balancer.order(plan.candidates, ticket, index, moved_back)
     plan.order_notes.extend(notes)
     if servers is not None:

@@ -176,3 +176,14 @@ def test_polling_reads_slots_through_llama_server_and_at_most_every_half_second(
 
     b = asyncio.run(main())
     assert b.status("gpu1") == {"processing": 1, "slots": 2, "held_tokens": 50, "age_s": 0.0, "picks": 0}
+
+
+def test_a_paid_provider_in_a_balance_profile_is_the_chains_failover_not_a_replica():
+    index = _index()
+    for n in NAMES:
+        index.provider(n).in_flight = 6  # every replica queued deep: a paid provider would still not lead
+    plan = Plan(candidates=["anthropic", *NAMES])
+    providers = {n: SimpleNamespace(cfg=SimpleNamespace(paid=False)) for n in NAMES}
+    providers["anthropic"] = SimpleNamespace(cfg=SimpleNamespace(paid=True))
+    apply_balance(Balancer(), plan, _ticket(_prompt(0), continues=False), index, providers, None)  # type: ignore[arg-type]
+    assert plan.candidates[-1] == "anthropic" and set(plan.candidates[:3]) == set(NAMES)
