@@ -105,6 +105,8 @@ SCENARIOS["agents"] = [AGENTS]
 # Issue 44 section 1: three replicas of one model (three llama-servers, 2 slots each), 6 conversations from 3 concurrent
 # clients, 5 turns each (tests/support/replicas.py), under each way of spreading them (replicas_run below).
 REPLICAS = Scenario("replicas", slots=2, ctx=2048, sessions=6, turns=5, background_sessions=0, shape=SMALL)
+# The same at the test suite's scale (tests/real/test_real_balance.py): the tiny shape, balance only.
+REPLICAS_SUITE = Scenario("replicas-suite", slots=2, ctx=1024, sessions=6, turns=5, background_sessions=0, shape=TINY)
 SCENARIOS["replicas"] = [REPLICAS]
 
 

@@ -6,11 +6,15 @@ from __future__ import annotations
 
 import os
 
+import anthropic
+import orjson
 import pytest
 
 from tests.fakes.runner import FakeServer
 from tests.support import replicas
+from tests.support.claude_sessions import TINY, Session
 from tests.support.config import daemon_config, openai_at
+from tests.support.wait import wait_for
 
 BIG_CTX = 32768
 NAMES = ("gpu1", "gpu2", "gpu3")
@@ -61,8 +65,24 @@ def test_balance_keeps_each_conversation_warm_and_spreads_the_load(start_daemon)
         rid = next(a.request_id for a in reversed(answers) if a.turn == 4)
         text = _corectl(d, "explain", rid)
         assert text.returncode == 0, text.stderr
-        print(text.stdout)
         assert "balance: prefix" in text.stdout and "tokens cached on gpu" in text.stdout, text.stdout
+
+        # The dashboard's provider rows (the status view) carry each replica's load as its /slots said it.
+        s = Session(99, shape=TINY)
+
+        def read() -> dict | None:
+            client.messages.create(**s.main_body(), extra_headers=s.headers, timeout=60)
+            st = _corectl(d, "status", "--json")
+            assert st.returncode == 0, st.stderr
+            views = {p["name"]: p for p in orjson.loads(st.stdout)["providers"]}
+            return views if all(views[n].get("replica") for n in NAMES) else None
+
+        client = anthropic.Anthropic(base_url=d.url, api_key="x", max_retries=0)
+        views = wait_for(read, timeout=60, step=0.2)
+        assert views, "no replica reading in the status view"
+        for n in NAMES:
+            assert views[n]["replica"]["slots"] == 2 and views[n]["replica"]["processing"] in (0, 1, 2)
+            assert views[n]["cache"]["hit_ratio"] > 0.5
     finally:
         for f in fakes:
             f.stop()
