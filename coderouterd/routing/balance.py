@@ -29,6 +29,7 @@ from .planner import Plan
 if TYPE_CHECKING:
     from ..affinity.index import PrefixIndex, ProviderPrefixes
     from ..affinity.service import Ticket
+    from ..kvcache.cache import KVCache
     from ..providers.provider import Provider
     from ..providers.server_info import ServerDirectory
     from ..servers.llamacpp import LlamaServer, SlotState
@@ -37,6 +38,7 @@ POLL_S = 0.5  # a replica's /slots is asked at most this often
 STALE_S = 5.0  # an answer older than this says nothing about the load now
 POLL_TIMEOUT_S = 1.0
 DEFAULT_TURN_S = 2.0  # a turn's duration on a replica that has not answered one yet
+MAX_MOVES = 256
 
 
 @dataclass(frozen=True, slots=True)
@@ -148,6 +150,10 @@ class Balancer:
         self._asked: dict[str, float] = {}
         self._picks: dict[str, int] = {}
         self._tasks: set[asyncio.Task] = set()
+        # lane -> the replica it was last served by, now unavailable: its saved slot state is to follow the lane
+        # to wherever it is placed, when both run on this machine (kvcache/move.py). Bounded: a lane never placed
+        # (its request failed before) is forgotten with the oldest.
+        self._moves: dict[str, str] = {}
 
     def live(self, name: str) -> Live | None:
         got = self._live.get(name)
@@ -171,8 +177,28 @@ class Balancer:
         first = ranked[0]
         self._picks[first.name] = self._picks.get(first.name, 0) + 1
         order = [r.name for r in ranked] + [c for c in candidates if c in back]
+        words = why(first, ranked[1:], new=new)
+        last = index.last_prompt(ticket.lane) if index is not None and ticket is not None and not new else None
+        if last is not None and last[0] not in candidates:
+            # Its replica is down (or skipped): the lane moves, and its saved slot state with it where it can.
+            self._moves[ticket.lane] = last[0]  # type: ignore[union-attr]
+            while len(self._moves) > MAX_MOVES:
+                del self._moves[next(iter(self._moves))]
+            words += f"; its lane moves from {last[0]}, which is not available"
         return order, [{"provider": first.name, "moved": "front" if order[0] != candidates[0] else "none",
-                        "why": why(first, ranked[1:], new=new)}]
+                        "why": words}]
+
+    async def follow(self, ticket: Ticket | None, dst: str, kv: KVCache) -> int | None:
+        """Before a placement on `dst`: a lane moving off an unavailable replica takes its saved slot state along
+        when both servers run here with the same key (kvcache/move.py). The tokens it holds, or None."""
+        if not self._moves or ticket is None:
+            return None
+        src = self._moves.pop(ticket.lane, None)
+        if src is None:
+            return None
+        from ..kvcache.move import move_lane
+
+        return await move_lane(kv, ticket.lane, src, dst)
 
     # -- the replicas' own state -------------------------------------------------------------------------------
 

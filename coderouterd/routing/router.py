@@ -186,7 +186,10 @@ class Router:
 
     async def place(self, ticket: Ticket, provider: Provider) -> Placement | None:
         aff = self.affinity
-        return await aff.place(ticket, provider) if aff is not None else None
+        if aff is None:
+            return None
+        await self.balancer.follow(ticket, provider.name, aff.kvcache)  # balance: a moving lane's slot file
+        return await aff.place(ticket, provider)
 
     def finish_placement(self, ticket: Ticket | None, placement: Placement, provider: Provider, *, ok: bool,
                          strategy: Strategy, request_id: str) -> None:

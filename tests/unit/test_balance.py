@@ -187,3 +187,85 @@ def test_a_paid_provider_in_a_balance_profile_is_the_chains_failover_not_a_repli
     providers["anthropic"] = SimpleNamespace(cfg=SimpleNamespace(paid=True))
     apply_balance(Balancer(), plan, _ticket(_prompt(0), continues=False), index, providers, None)  # type: ignore[arg-type]
     assert plan.candidates[-1] == "anthropic" and set(plan.candidates[:3]) == set(NAMES)
+
+
+# -- a lane moving off a replica that went down takes its slot file along (kvcache/move.py) ----------------------
+
+class _Host:
+    def __init__(self, tables: dict) -> None:
+        self.tables = tables
+        self.persisted: list[str] = []
+
+    def table(self, name):
+        return self.tables.get(name)
+
+    def names(self):
+        return list(self.tables)
+
+    def in_flight(self, name):
+        return 0
+
+    def persist_soon(self, name):
+        self.persisted.append(name)
+
+
+def _kv(tmp_path, keys: dict, managed=lambda _n: True):
+    from coderouterd.kvcache.cache import KVCache
+
+    tables = {n: SlotTable(2, can_save=True) for n in ("gpu1", "gpu2", "gpu3")}
+    for n, t in tables.items():
+        t.files.prefix = f"cr-{keys[n].digest()}-{n}-"
+    kv = KVCache(_Host(tables))
+    kv.wire(directory=tmp_path, provider=lambda _n: None, served_by=lambda n: [n], managed=managed)
+    kv._keys.update(keys)
+    return kv, tables
+
+
+def _key(model="m.gguf", n_ctx=2048, build="b1"):
+    from coderouterd.kvcache.files import CacheKey
+
+    return CacheKey(model, 10, 1, n_ctx, build)
+
+
+def _saved_on(tmp_path, table, lane: str, prompt) -> str:
+    fname = table.files.remember(lane, prompt.digests, prompt.ends)
+    (tmp_path / fname).write_bytes(b"KV" * 10)
+    (tmp_path / (fname + ".json")).write_bytes(b"{}")
+    return fname
+
+
+def test_the_balancer_moves_a_downed_replicas_lane_with_its_slot_file(tmp_path):
+    kv, tables = _kv(tmp_path, {n: _key() for n in NAMES})
+    index = _index()
+    earlier, now = _prompt(3), _prompt(4)
+    _hold(index, "gpu1", "lane-a", earlier)
+    old = _saved_on(tmp_path, tables["gpu1"], "lane-a", earlier)
+    b = Balancer()
+    ticket = _ticket(now)
+    order, notes = b.order(["gpu2", "gpu3"], ticket, index)  # gpu1 is down: not a candidate
+    assert "its lane moves from gpu1, which is not available" in notes[0]["why"]
+    moved = asyncio.run(b.follow(ticket, order[0], kv))  # type: ignore[arg-type]
+    assert moved == earlier.ends[-1]
+    new = tables[order[0]].files.saved["lane-a"]
+    assert (tmp_path / new.filename).read_bytes() == b"KV" * 10 and (tmp_path / (new.filename + ".json")).exists()
+    assert not (tmp_path / old).exists() and "lane-a" not in tables["gpu1"].files.saved
+    assert new.digests == earlier.digests
+    assert asyncio.run(b.follow(ticket, order[0], kv)) is None  # once
+
+
+def test_a_slot_file_never_crosses_to_another_model_context_or_build_nor_off_this_machine(tmp_path):
+    from coderouterd.kvcache.move import move_lane
+
+    for other in (_key(model="other.gguf"), _key(n_ctx=4096), _key(build="b2")):
+        d = tmp_path / other.digest()
+        d.mkdir()
+        kv, tables = _kv(d, {"gpu1": _key(), "gpu2": other, "gpu3": _key()})
+        fname = _saved_on(d, tables["gpu1"], "lane-a", _prompt(2))
+        assert asyncio.run(move_lane(kv, "lane-a", "gpu1", "gpu2")) is None
+        assert (d / fname).exists() and "lane-a" not in tables["gpu2"].files.saved
+    d = tmp_path / "unmanaged"
+    d.mkdir()
+    kv, tables = _kv(d, {n: _key() for n in NAMES}, managed=lambda n: n != "gpu3")  # gpu3: another machine's
+    _saved_on(d, tables["gpu1"], "lane-a", _prompt(2))
+    assert asyncio.run(move_lane(kv, "lane-a", "gpu1", "gpu3")) is None
+    assert asyncio.run(move_lane(kv, "lane-a", "gpu1", "gpu2")) is not None
