@@ -191,8 +191,8 @@ class Balancer:
     async def follow(self, ticket: Ticket | None, dst: str, kv: KVCache) -> int | None:
         """Before a placement on `dst`: a lane moving off an unavailable replica takes its saved slot state along
         when both servers run here with the same key (kvcache/move.py). The tokens it holds, or None."""
-        if not self._moves or ticket is None:
-            return None
+        if not self._moves or ticket is None or ticket.lane_label is None:
+            return None  # (no lane named yet: this request was not balanced, and naming one costs its digests)
         src = self._moves.pop(ticket.lane, None)
         if src is None:
             return None

@@ -26,7 +26,7 @@ def _prompt(turns: int):
 
 
 def _ticket(prompt, lane="lane-a", continues=True):
-    return SimpleNamespace(prompt=prompt, lane=lane, continues=continues)
+    return SimpleNamespace(prompt=prompt, lane=lane, continues=continues, lane_label=f"lane:{lane}")
 
 
 def _index(slots: int = 2, s_per_token: float = 0.01, mean_s: float = 4.0) -> PrefixIndex:
