@@ -163,7 +163,7 @@ class Balancer:
         return self._picks.get(name, 0)
 
     def order(self, candidates: list[str], ticket: Ticket | None, index: PrefixIndex | None,
-              moved_back: Iterable[str] = ()) -> tuple[list[str], list[dict]]:
+              moved_back: Iterable[str] = (), *, pick: bool = True) -> tuple[list[str], list[dict]]:
         """(new order, order notes). Candidates health or adaptive moved back (and paid ones, apply_balance) stay behind
     the others, in the order they came."""
         back = set(moved_back)
@@ -175,7 +175,8 @@ class Balancer:
         new = ticket is None or not ticket.continues
         ranked = rank(views, new=new)
         first = ranked[0]
-        self._picks[first.name] = self._picks.get(first.name, 0) + 1
+        if pick:
+            self._picks[first.name] = self._picks.get(first.name, 0) + 1
         order = [r.name for r in ranked] + [c for c in candidates if c in back]
         words = why(first, ranked[1:], new=new)
         last = index.last_prompt(ticket.lane) if index is not None and ticket is not None and not new else None
@@ -256,13 +257,14 @@ def _lanes_held(index: PrefixIndex | None) -> dict[str, int]:
 
 
 def apply_balance(balancer: Balancer, plan: Plan, ticket: Ticket | None, index: PrefixIndex | None,
-          providers: Mapping[str, Provider], servers: ServerDirectory | None) -> None:
+          providers: Mapping[str, Provider], servers: ServerDirectory | None, *, pick: bool = True) -> None:
     """The planner's hook for a balance profile: reorder the plan's candidates, note why, and ask the replicas'
-    `/slots` again when due (for the next request: this one is planned on what is known now)."""
+    `/slots` again when due (for the next request: this one is planned on what is known now). `pick`: False for a
+    plan that is only shown (a status view): it counts no pick."""
     moved_back = {str(n["provider"]) for n in plan.order_notes if n.get("moved") == "back"}
     # A paid provider is no replica of a local model: it stays behind them, in chain order, as the chain's failover.
     moved_back |= {c for c in plan.candidates if c in providers and providers[c].cfg.paid}
-    plan.candidates, notes = balancer.order(plan.candidates, ticket, index, moved_back)
+    plan.candidates, notes = balancer.order(plan.candidates, ticket, index, moved_back, pick=pick)
     plan.order_notes.extend(notes)
     if servers is not None:
         balancer.poll({c: providers[c] for c in plan.candidates if c in providers},

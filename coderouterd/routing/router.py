@@ -29,6 +29,9 @@ if TYPE_CHECKING:
     from ..supervise.ondemand import OnDemand
     from .generation import Generation
 
+# The request a status view plans with: its plan is shown, never sent (a balance profile counts no pick for it).
+STATUS_REQUEST = "status"
+
 # Router.admit's answers: how an attempt was let through, which decides what its end gives back.
 CLOSED, TRIAL, PANIC = "closed", "trial", "panic"
 
@@ -302,7 +305,7 @@ class Router:
             self._prefer_cached(p, ticket, runtime, self.affinity)
         if profile.mode == "balance":
             apply_balance(self.balancer, p, ticket, self.affinity.index if self.affinity else None, runtime.providers,
-                    self.servers)
+                          self.servers, pick=req.request_id != STATUS_REQUEST)
         for adjust in self.order_adjusters:
             p.order_notes.extend(adjust(profile, p.candidates))
         return p
@@ -339,7 +342,7 @@ class Router:
 
     def effective_order(self, profile_name: str, profile: ProfileConfig, runtime: Generation) -> Plan:
         return self.plan(profile_name, profile, runtime, ClientRequest(
-            ingress="anthropic", body={}, raw=b"", headers={}, stream=False, model="", request_id="status"))
+            ingress="anthropic", body={}, raw=b"", headers={}, stream=False, model="", request_id=STATUS_REQUEST))
 
     def panic_order(self, names: list[str]) -> list[str]:
         """Best first among providers that are all skipped for transient reasons: a closed breaker (merely

@@ -27,7 +27,10 @@ def _config(urls: list[str], **profile) -> str:
 
 
 def _fakes(tag: str) -> list[FakeServer]:
-    return [FakeServer("llamacpp", name=f"{tag}-{n}", n_slots=2, n_ctx=BIG_CTX).start() for n in NAMES]
+    # 20 ms a prompt token, as the servers report it (a CPU's speed): recomputing a conversation elsewhere costs
+    # seconds, so no queue a loaded test machine makes (measured turn durations grow with it) outweighs it.
+    return [FakeServer("llamacpp", name=f"{tag}-{n}", n_slots=2, n_ctx=BIG_CTX, ms_per_token=20).start()
+            for n in NAMES]
 
 
 def _corectl(d, *args: str):

@@ -269,3 +269,13 @@ def test_a_slot_file_never_crosses_to_another_model_context_or_build_nor_off_thi
     _saved_on(d, tables["gpu1"], "lane-a", _prompt(2))
     assert asyncio.run(move_lane(kv, "lane-a", "gpu1", "gpu3")) is None
     assert asyncio.run(move_lane(kv, "lane-a", "gpu1", "gpu2")) is not None
+
+
+def test_a_plan_only_shown_counts_no_pick():
+    index = _index()
+    b = Balancer()
+    for _ in range(3):
+        b.order(NAMES, None, index, pick=False)
+    assert [b.picks(n) for n in NAMES] == [0, 0, 0]
+    b.order(NAMES, None, index)
+    assert [b.picks(n) for n in NAMES] == [1, 0, 0]
