@@ -91,8 +91,8 @@ def test_slots_report_their_context_and_what_they_processed(llama):
 
 def test_slots_say_which_slot_is_processing_while_it_answers(llama):
     # routing/balance.py reads a replica's load from this (servers/llamacpp.slot_state). The fake streams slowly
-    # when told to; the real model generates 64 tokens (`ignore_eos`), a second or more on one core: the first chunk comes long
-    # before the last.
+    # when told to; the real model generates 64 tokens (`ignore_eos`), a second or more on one core: the first
+    # chunk comes long before the last.
     body = {"model": "m", "messages": [{"role": "user", "content": _text("busy", 10)}], "max_tokens": 64,
             "stream": True, "id_slot": 2, "cache_prompt": True, "ignore_eos": True}
     with httpx.Client(base_url=llama.url, timeout=120) as http, \
