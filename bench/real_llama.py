@@ -6,6 +6,7 @@ itself (with its RAM prompt cache). Same run, same machine.
     .venv/bin/python bench/real_llama.py [--scenario within|twice|three|all|suite] [--restart]
     .venv/bin/python bench/real_llama.py --warm [--scenario three|three-suite|warm-suite]
     .venv/bin/python bench/real_llama.py --scenario agents
+    .venv/bin/python bench/real_llama.py --scenario replicas [--modes balance,round-robin,fallback,race,adaptive]
 
 Reuse is what the server reports it took from cache (`timings.cache_n`, relayed as cached tokens) against
 the best any slot assignment could give: for each request, the longest token prefix it shares with any
@@ -99,6 +100,14 @@ SCENARIOS.update({"swap": [SWAP], "swap-suite": [SWAP_SUITE]})
 # concurrently, two servers with a budget for one, each load made slow (a start delay in the process command).
 AGENTS = Scenario("agents", slots=4, ctx=1024, sessions=3, turns=4, background_sessions=0)
 SCENARIOS["agents"] = [AGENTS]
+
+
+# Issue 44 section 1: three replicas of one model (three llama-servers, 2 slots each), 6 conversations from 3 concurrent
+# clients, 5 turns each (tests/support/replicas.py), under each way of spreading them (replicas_run below).
+REPLICAS = Scenario("replicas", slots=2, ctx=2048, sessions=6, turns=5, background_sessions=0, shape=SMALL)
+# The same at the test suite's scale (tests/real/test_real_balance.py): the tiny shape, balance only.
+REPLICAS_SUITE = Scenario("replicas-suite", slots=2, ctx=1024, sessions=6, turns=5, background_sessions=0, shape=TINY)
+SCENARIOS["replicas"] = [REPLICAS]
 
 
 def order(sc: Scenario) -> list[tuple[Session, str]]:
@@ -726,13 +735,99 @@ def print_table(rows: list[dict]) -> None:
         print("| " + " | ".join(str(r.get(c, "")) for c in cols) + " |")
 
 
+# -- replicas (issue 44 section 1) ---------------------------------------------------------------------------------
+
+REPLICA_NAMES = ("gpu1", "gpu2", "gpu3")
+# How each run spreads the turns: a profile of the three replicas in one of today's modes, balance, or a
+# round-robin (each request to the next replica's one-provider profile, by the X-CodeRouter-Profile header: what a
+# plain load balancer in front of the servers does, with coderouterd's slot affinity still on each replica).
+REPLICA_MODES = {
+    "balance": 'mode = "balance"',
+    "round-robin": None,
+    "fallback": 'mode = "fallback"',
+    "race": 'mode = "race"\nrace_width = 3',
+    "adaptive": 'mode = "fallback"\nadaptive = true',
+}
+
+
+def replicas_config(ports: list[int], profile: str | None) -> str:
+    out = ["[server]\nport = {PORT}\n"]
+    for name, port in zip(REPLICA_NAMES, ports, strict=True):
+        out.append(f'[providers.{name}]\nkind = "openai"\nbase_url = "http://127.0.0.1:{port}/v1"\n'
+                   f'model = "{MODEL}"\ntimeouts = {{ connect = 5, first_byte = 300, idle = 120, total = 600 }}\n')
+    names = json.dumps(list(REPLICA_NAMES))
+    out.append(f'[profiles.default]\nproviders = {names}\nhealth_action = "warn"\n{profile or ""}\n')
+    for i, name in enumerate(REPLICA_NAMES):
+        out.append(f'[profiles.r{i}]\nproviders = ["{name}"]\nhealth_action = "warn"\n')
+    return "\n".join(out)
+
+
+def prompt_tokens_processed(url: str) -> int:
+    """What a llama-server says it computed (its /metrics, on with --metrics): the truth a race's loser adds to."""
+    for line in httpx.get(url + "/metrics", timeout=10).text.splitlines():
+        if line.startswith("llamacpp:prompt_tokens_total"):
+            return int(float(line.split()[-1]))
+    raise RuntimeError(f"{url}/metrics has no llamacpp:prompt_tokens_total")
+
+
+def replicas_run(sc: Scenario, tmp: Path, mode: str) -> dict:
+    """One run on three fresh servers (unmanaged: started here, as on other machines) behind one coderouterd."""
+    from tests.support import replicas
+
+    servers = [LlamaServer(tmp / name, slots=sc.slots, ctx_per_slot=sc.ctx, save=False) for name in REPLICA_NAMES]
+    try:
+        for srv in servers:
+            srv.spawn()
+        for srv in servers:
+            srv.wait_ready()
+        d = DaemonProcess(replicas_config([srv.port for srv in servers], REPLICA_MODES[mode]), tmp / "daemon")
+        d.start()
+        try:
+            clients = replicas.conversations(3, sc.sessions // 3, sc.shape)
+            rr = (lambda i: {"x-coderouter-profile": f"r{i % 3}"}) if mode == "round-robin" else (lambda _i: {})
+            answers = replicas.drive(d.url, clients, sc.turns, rr)
+        finally:
+            d.stop()
+        return replicas.report(answers, sum(prompt_tokens_processed(srv.url) for srv in servers))
+    finally:
+        for srv in servers:
+            srv.stop()
+
+
+def run_replicas(sc: Scenario, modes: list[str]) -> list[dict]:
+    rows = []
+    with tempfile.TemporaryDirectory(prefix=f"crreal-{sc.name}-") as t:
+        for mode in modes:
+            t0 = time.monotonic()
+            r = replicas_run(sc, Path(t) / mode, mode)
+            rows.append({"scenario": sc.name, "run": mode, **r})
+            print(f"# {sc.name} {mode}: {time.monotonic() - t0:.0f} s {r}", file=sys.stderr)
+    return rows
+
+
+def print_replicas_table(rows: list[dict]) -> None:
+    cols = ["run", "requests", "prompt_tokens", "processed_tokens", "best_processed", "of_best", "ttft_p50_s",
+            "ttft_p95_s", "per_replica"]
+    print("| " + " | ".join(cols) + " |")
+    print("|" + "---|" * len(cols))
+    for r in rows:
+        per = r.get("per_replica") or {}
+        r = {**r, "per_replica": " / ".join(str(per.get(n, 0)) for n in REPLICA_NAMES)}
+        print("| " + " | ".join(str(r.get(c, "")) for c in cols) + " |")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--scenario", choices=sorted(SCENARIOS), default="all",
                     help="suite: both at the test suite's smaller scale")
     ap.add_argument("--restart", action="store_true")
     ap.add_argument("--warm", action="store_true", help="restart and kill -9 half-way, slot saves on and off")
+    ap.add_argument("--modes", default=",".join(REPLICA_MODES),
+                    help="replicas: the runs to make, of " + ", ".join(REPLICA_MODES))
     args = ap.parse_args()
+    if args.scenario == "replicas":
+        print_replicas_table(run_replicas(REPLICAS, [m for m in args.modes.split(",") if m]))
+        return
     if args.warm:
         print_warm_table(run_warm(SCENARIOS[args.scenario if args.scenario.startswith(("three", "warm")) else "three"]))
         return

@@ -367,6 +367,7 @@ class Daemon:
         await self.shared.stop()  # settles queued, the journal's last batch shipped, gone from the live list
         await self.tasks.close()
         await self.affinity.stop()
+        await self.router.balancer.stop()  # its /slots readings use the providers' pools, closed below
         await self.servers.stop()
         if self.processes is not None:
             await self.processes.shutdown()

@@ -267,6 +267,14 @@ class KeysStatus(Answer):
     storage: str | None = None
 
 
+class ReplicaLoad(Answer):
+    processing: int
+    slots: int
+    held_tokens: int | None = None  # the most tokens any of its slots holds
+    age_s: float = 0.0
+    picks: int = 0
+
+
 class ProviderStatus(Answer):
     name: str
     kind: str
@@ -283,6 +291,8 @@ class ProviderStatus(Answer):
     context_window: int | None = None
     configured_context_window: int | None = None
     server: ServerFacts | None = None  # what the server said: kind, context_window, context_source, slots
+    # A balance profile's replica (routing/balance.py): its own /slots as last read (None: not read lately).
+    replica: ReplicaLoad | None = None
 
 
 class ProviderRow(ProviderStatus):

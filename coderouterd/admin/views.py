@@ -93,6 +93,7 @@ def _providers(daemon: Daemon, procs: Mapping[str, tuple[str, str]] | None = Non
             "auth": routing.auth_state(name),
             "figures": router.stats.figures(name),
             "cache": daemon.affinity.provider_status(name),
+            "replica": router.balancer.status(name),  # a balance profile's replica: its /slots as last read
             "context_window": router.context_window(p) or None,
             "configured_context_window": c.context_window or None,
             "server": server.as_dict() if (server := daemon.servers.info(p)) is not None else None,

@@ -24,7 +24,8 @@ def reload_risks(config) -> list[str]:
         for url, members in servers.items():
             if len(set(members.values())) > 1 or (len(members) > 1 and "(client's model)" in members.values()):
                 listed = ", ".join(f"{n} ({m})" for n, m in members.items())
-                how = "races" if prof.mode == "race" else "adapts its order" if prof.adaptive else "falls back"
+                how = ("races" if prof.mode == "race" else "balances" if prof.mode == "balance"
+                       else "adapts its order" if prof.adaptive else "falls back")
                 warnings.append(f"profile {pname!r} {how} between {listed} on one Ollama server ({url}): each "
                                 f"switch may reload the model and drop its prompt cache; give each model its own "
                                 f"server or keep one model per profile")

@@ -184,7 +184,7 @@ class Affinity:
         # Providers some profile treats as equals (race, adaptive order): `prefer` orders them by what the index
         # predicts they cached, so what they answered is worth remembering even when they report nothing.
         self.compared = frozenset(name for prof in config.profiles.values()
-                                  if (prof.mode == "race" or prof.adaptive) and len(prof.providers) > 1
+                                  if (prof.mode in ("race", "balance") or prof.adaptive) and len(prof.providers) > 1
                                   for name in prof.providers)
 
     def restore(self, snapshots: dict[str, dict]) -> None:

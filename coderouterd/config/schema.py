@@ -292,7 +292,9 @@ class ToolLoopConfig(_Strict):
 
 class ProfileConfig(_Strict):
     providers: list[str] = Field(min_length=1)
-    mode: Literal["fallback", "race"] = "fallback"
+    # balance: the providers are replicas of one model; each turn goes to the one expected to answer first, by
+    # the prefix it holds and the load ahead of it (routing/balance.py; README: Several machines).
+    mode: Literal["fallback", "race", "balance"] = "fallback"
     race_width: int = Field(2, ge=2, le=32)
     race_delay_ms: float = Field(0, ge=0, le=DAY_S * 1000)
     adaptive: bool = False

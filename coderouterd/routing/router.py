@@ -15,6 +15,7 @@ from ..providers.server_info import ServerDirectory
 from ..translate.unsigned_thinking import SignatureBook, UpstreamSignatures
 from .adaptive import AdaptiveOrderer, ProbeScheduler, ProviderStats
 from .availability import Availability, LastProbe, Sources, judge, judge_chain
+from .balance import Balancer, apply_balance
 from .breaker import BreakerRegistry, BreakerState
 from .context_count import count_over_window, learned_estimates
 from .planner import Plan, ProviderFacts, RequestFeatures, Skip, plan
@@ -27,6 +28,9 @@ if TYPE_CHECKING:
     from ..providers.strategies import Strategy
     from ..supervise.ondemand import OnDemand
     from .generation import Generation
+
+# The request a status view plans with: its plan is shown, never sent (a balance profile counts no pick for it).
+STATUS_REQUEST = "status"
 
 # Router.admit's answers: how an attempt was let through, which decides what its end gives back.
 CLOSED, TRIAL, PANIC = "closed", "trial", "panic"
@@ -78,6 +82,7 @@ class Router:
         # a conversation moves between providers and profiles).
         self.thinking_signatures = SignatureBook()
         self._demand = demand
+        self.balancer = Balancer()  # mode = "balance": the replicas' load, polled from their /slots
         # What "why no traffic" reads (routing/availability.py), besides the state, budget and demand above.
         self.last_probe = last_probe
         self._sources: Sources | None = None  # built once (per last_probe), not on every plan
@@ -184,7 +189,10 @@ class Router:
 
     async def place(self, ticket: Ticket, provider: Provider) -> Placement | None:
         aff = self.affinity
-        return await aff.place(ticket, provider) if aff is not None else None
+        if aff is None:
+            return None
+        await self.balancer.follow(ticket, provider.name, aff.kvcache)  # balance: a moving lane's slot file
+        return await aff.place(ticket, provider)
 
     def finish_placement(self, ticket: Ticket | None, placement: Placement, provider: Provider, *, ok: bool,
                          strategy: Strategy, request_id: str) -> None:
@@ -295,6 +303,9 @@ class Router:
             self._try_reported_windows(p, facts, down)
         if ticket is not None and self.affinity is not None and (profile.mode == "race" or profile.adaptive):
             self._prefer_cached(p, ticket, runtime, self.affinity)
+        if profile.mode == "balance":
+            apply_balance(self.balancer, p, ticket, self.affinity.index if self.affinity else None, runtime.providers,
+                          self.servers, pick=req.request_id != STATUS_REQUEST)
         for adjust in self.order_adjusters:
             p.order_notes.extend(adjust(profile, p.candidates))
         return p
@@ -331,7 +342,7 @@ class Router:
 
     def effective_order(self, profile_name: str, profile: ProfileConfig, runtime: Generation) -> Plan:
         return self.plan(profile_name, profile, runtime, ClientRequest(
-            ingress="anthropic", body={}, raw=b"", headers={}, stream=False, model="", request_id="status"))
+            ingress="anthropic", body={}, raw=b"", headers={}, stream=False, model="", request_id=STATUS_REQUEST))
 
     def panic_order(self, names: list[str]) -> list[str]:
         """Best first among providers that are all skipped for transient reasons: a closed breaker (merely

@@ -112,6 +112,29 @@ class SlotAnswer:
         return v if isinstance(v, int) and not isinstance(v, bool) else 0
 
 
+@dataclass(frozen=True, slots=True)
+class SlotState:
+    """One `/slots` row: whether the slot is generating, and the tokens it holds (None: the build does not say).
+    Older builds report `n_past`; newer ones `n_prompt_tokens` (the prompt and what was generated after it) for a
+    slot that ran a task, and no task counters at all for one that never did (it holds nothing)."""
+
+    processing: bool
+    tokens: int | None
+
+
+def _count(v: object) -> int | None:
+    return v if isinstance(v, int) and not isinstance(v, bool) and v >= 0 else None
+
+
+def slot_state(row: dict) -> SlotState:
+    n = _count(row.get("n_past"))
+    if n is None:
+        n = _count(row.get("n_prompt_tokens"))
+    if n is None and "id_task" not in row:
+        n = 0
+    return SlotState(bool(row.get("is_processing")), n)
+
+
 class LlamaServer:
     """One llama-server's HTTP API through an injected client (`get`, `post`): raises what the client raises
     when nothing answers, except for slot actions (status 0), whose callers only need to know it failed."""
@@ -130,6 +153,14 @@ class LlamaServer:
         """Whether GET /slots answers: the slot API is on (`--no-slots` turns it off)."""
         status, _ = await self._get(SLOTS)
         return status < 300
+
+    async def slot_states(self) -> list[SlotState] | None:
+        """GET /slots: each slot's live state (routing/balance.py polls it to see a replica's load); None when the
+        slot API is off or the answer is not a list."""
+        status, got = await self._get(SLOTS)
+        if status != 200 or not isinstance(got, list):
+            return None
+        return [slot_state(row) for row in got if isinstance(row, dict)]
 
     async def _slot(self, slot: int, action: str, filename: str, timeout: float) -> SlotAnswer:
         try:

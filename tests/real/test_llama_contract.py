@@ -89,6 +89,26 @@ def test_slots_report_their_context_and_what_they_processed(llama):
         assert "id_task" not in slots[0] and "n_prompt_tokens" not in slots[0]
 
 
+def test_slots_say_which_slot_is_processing_while_it_answers(llama):
+    # routing/balance.py reads a replica's load from this (servers/llamacpp.slot_state). The fake streams slowly
+    # when told to; the real model generates 64 tokens (`ignore_eos`), a second or more on one core: the first
+    # chunk comes long before the last.
+    body = {"model": "m", "messages": [{"role": "user", "content": _text("busy", 10)}], "max_tokens": 64,
+            "stream": True, "id_slot": 2, "cache_prompt": True, "ignore_eos": True}
+    with httpx.Client(base_url=llama.url, timeout=120) as http, \
+            http.stream("POST", "/v1/chat/completions", json=body,
+                        headers={"x-fake-behaviour": "slow_stream;delay=0.2;n=20"}) as r:
+        assert r.status_code == 200
+        lines = r.iter_lines()
+        assert next(line for line in lines if line.startswith("data: "))
+        during = {s["id"]: s for s in httpx.get(llama.url + "/slots", timeout=10).json()}
+        for _ in lines:
+            pass
+    after = {s["id"]: s for s in httpx.get(llama.url + "/slots", timeout=10).json()}
+    assert during[2]["is_processing"] is True and during[0]["is_processing"] is False
+    assert after[2]["is_processing"] is False and after[2]["n_prompt_tokens"] > 0
+
+
 def test_health_is_ok_when_ready(llama):
     r = httpx.get(llama.url + "/health", timeout=10)
     assert r.status_code == 200 and r.json() == {"status": "ok"}

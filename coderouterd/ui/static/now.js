@@ -83,6 +83,12 @@ function memoryOf(p) {
 let sparkData = null;
 export function setSparkData(s) { sparkData = s; }
 
+// A balance profile's replica (README: Several machines): its slots busy as its own /slots said, beside its cache.
+function replicaLoad(p) {
+  const r = p.replica;
+  return r ? ` · ${r.processing}/${r.slots} busy` : "";
+}
+
 export function renderNow(now) {
   state.now = now;
   const d = now.daemon;
@@ -107,7 +113,7 @@ export function renderNow(now) {
     const b = p.budget;
     const money = b ? fmt.usd(b.spent) + (b.cap ? " / " + fmt.usd(b.cap) : "") : "–";
     const tr = row([name, badge(st.text, st.kind), why(p, procs), sp || el("span", "no requests", "dim"),
-      [fmt.ms(p50), "num"], [fmt.pct(hit), "num"], [money, b && b.blocked ? "num bad" : "num"]]);
+      [fmt.ms(p50), "num"], [fmt.pct(hit) + replicaLoad(p), "num"], [money, b && b.blocked ? "num bad" : "num"]]);
     tr.dataset.provider = p.name;
     tr.dataset.state = st.text;
     tr.dataset.kind = st.kind;
