@@ -61,7 +61,7 @@ class Scenario:
     background_sessions: int  # how many sessions make a background call each turn
     shape: Shape = SMALL
     # The least shared prefix worth a slot copy (default 2,048 tokens), scaled down with the shape.
-    clone_min_tokens: int = 128
+    clone_min_tokens: int | None = 128  # None: the default of the code that runs
     background_every: int = 1  # a background call every this many turns (100: only at the second turn)
     tools: bool = True  # False: the sessions' turns carry no tools (Claude Code run with --tools "")
     background_turns: int | None = None  # background calls only in the first turns (None: every turn)
@@ -111,10 +111,11 @@ SCENARIOS["agents"] = [AGENTS]
 # each, so that the first turns are most of the work; each conversation's first turn comes after the one before.
 LONG = Shape(SMALL.tools, "Follow the instructions carefully and use the tools well. " * 70, SMALL.agents, 9, 4, 4)
 LONG_SUITE = Shape(TINY.tools, "Follow the instructions carefully and use the tools well. " * 30, TINY.agents, 3, 2, 2)
+# Each with the defaults of the code that runs (the head's least prefix worth a copy was 2,048 tokens).
 SHARED = Scenario("shared", slots=4, ctx=2048, sessions=6, turns=3, background_sessions=0, shape=LONG,
-                  clone_min_tokens=256)
+                  clone_min_tokens=None)
 SHARED_SUITE = Scenario("shared-suite", slots=4, ctx=1024, sessions=4, turns=2, background_sessions=0,
-                        shape=LONG_SUITE, clone_min_tokens=256)
+                        shape=LONG_SUITE, clone_min_tokens=None)
 SCENARIOS.update({"shared": [SHARED], "shared-suite": [SHARED_SUITE]})
 NO_SEEDING = 100_000_000  # clone_min_tokens out of reach: no slot is ever copied
 
@@ -305,7 +306,8 @@ def daemon_config(sc: Scenario, port: int, *, affinity: bool = True, extra: str 
     p = paths()
     argv = server_argv(p["LLAMA_SERVER"], p["LLAMA_MODEL"], port, slots=sc.slots, ctx_per_slot=sc.ctx)
     clone = sc.clone_min_tokens if clone_min_tokens is None else clone_min_tokens
-    return (CONFIG.replace("@LP@", str(port)).replace("@ARGV@", json.dumps(argv)).replace("@MODEL@", MODEL)
+    text = CONFIG if clone is not None else CONFIG.replace("clone_min_tokens = @CLONE_MIN@", "")
+    return (text.replace("@LP@", str(port)).replace("@ARGV@", json.dumps(argv)).replace("@MODEL@", MODEL)
             .replace("@AFFINITY@", "true" if affinity else "false").replace("@CLONE_MIN@", str(clone))
             + extra)
 
@@ -354,13 +356,15 @@ def fresh(sc: Scenario, tmp: Path) -> dict:
         d.stop()
 
 
-def shared(sc: Scenario, tmp: Path, *, seeding: bool = True, root: Path = ROOT) -> dict:
+def shared(sc: Scenario, tmp: Path, *, seeding: bool = True, root: Path = ROOT,
+           clone_min_tokens: int | None = None) -> dict:
     """The shared scenario through coderouterd on a fresh server (from the source tree `root`): processed tokens
     against the best any cache could do, tokenised by that server before the workload runs; the time to first
     token of each conversation's first turn and of every turn; how many new lanes were seeded (from the trace of
     each request, `corectl explain`'s source)."""
     port = free_port()
-    d = DaemonProcess(daemon_config(sc, port, clone_min_tokens=None if seeding else NO_SEEDING), tmp, root=root)
+    d = DaemonProcess(daemon_config(sc, port, clone_min_tokens=clone_min_tokens if seeding else NO_SEEDING), tmp,
+                      root=root)
     d.start()
     try:
         wait_model(f"http://127.0.0.1:{port}")
@@ -376,7 +380,8 @@ def shared(sc: Scenario, tmp: Path, *, seeding: bool = True, root: Path = ROOT) 
     for label, xs in (("first", first), ("all", every)):
         out[f"{label}_ttft_p50_s"] = round(statistics.median(xs), 3) if xs else None
         out[f"{label}_ttft_p95_s"] = round(xs[max(0, int(len(xs) * 0.95 + 0.5) - 1)], 3) if xs else None
-    out["seeded"] = sum(1 for r in _rows(recent) if "seeded from" in str(r))
+    # The head's traces may not say (it names no seed): not counted there.
+    out["seeded"] = sum(1 for r in _rows(recent) if "seeded from" in str(r)) if root == ROOT else None
     return out
 
 
@@ -406,8 +411,11 @@ def run_shared(scenarios: list[Scenario], head: str | None) -> list[dict]:
             rows.append({"scenario": sc.name, "run": "no seeding (this tree)",
                          **shared(sc, tmp / "noseed", seeding=False)})
             if head:
-                rows.append({"scenario": sc.name, "run": f"{head} (its code, same config)",
-                             **shared(sc, tmp / "head", root=head_tree(head, tmp))})
+                tree = head_tree(head, tmp)
+                rows.append({"scenario": sc.name, "run": f"{head}: its code, its defaults",
+                             **shared(sc, tmp / "head", root=tree)})
+                rows.append({"scenario": sc.name, "run": f"{head}: its code, clone_min_tokens = 256",
+                             **shared(sc, tmp / "head256", root=tree, clone_min_tokens=256)})
             print(f"# {sc.name}: {time.monotonic() - t0:.0f} s", file=sys.stderr)
     return rows
 

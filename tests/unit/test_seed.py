@@ -129,3 +129,29 @@ def test_explain_words():
         "seeded from lane:1a2b3c: 1,112 tokens (copied)"
     assert seed_words({"from_lane": None, "from_slot": 2, "tokens": 40, "how": "placed"}) == \
         "seeded from slot 2: 40 tokens (placed in its slot)"
+
+
+def test_the_service_copies_only_when_the_servers_measured_copy_beats_its_measured_prefill():
+    """Both costs from the server: its saves and restores timed by kvcache, its prefill speed from `timings`."""
+    from coderouterd.affinity.service import Affinity
+    from coderouterd.config.schema import ConfigModel
+
+    cfg = ConfigModel.model_validate({"providers": {"p": {"base_url": "http://x"}},
+                                      "profiles": {"default": {"providers": ["p"]}}})
+    aff = Affinity(cfg)
+    p = aff.index.provider("p")
+    p.bytes_per_token = 4.0
+    p.learn(prompt_bytes=40_000, prompt_tokens=10_000, cached_tokens=0, processed_tokens=10_000, prefill_s=5.0,
+            duration_s=6.0)  # 2,000 tokens a second
+    pays = aff._seed_pays("p", p)
+    gain, donor = 4 * 1000, 4 * 3000  # a 1,000-token prefix (0.5 s to compute) from a 3,000-token slot
+    assert pays(gain, donor)  # never timed: one copy is how it is learnt
+    costs = aff.kvcache.costs.setdefault("p", CopyCosts())
+    costs.save.add(3000, 0.05)
+    costs.restore.add(3000, 0.05)
+    assert pays(gain, donor)  # 0.1 s to copy against 0.5 s to compute
+    for _ in range(5):  # a slow disk: each action 0.4 s
+        costs.save.add(3000, 0.4)
+        costs.restore.add(3000, 0.4)
+    assert not pays(gain, donor)
+    assert pays(4 * 3000, donor)  # the whole slot's worth (1.5 s to compute) still pays
