@@ -371,6 +371,7 @@ def shared(sc: Scenario, tmp: Path, *, seeding: bool = True, root: Path = ROOT,
         prompts = token_prompts(f"http://127.0.0.1:{port}", sc)
         turns = drive_router(d.url, sc)
         recent = _admin(d, "/v1/requests?limit=200") if root == ROOT else {}
+        copies = _warm_status(d).get("copies") if root == ROOT else None
     finally:
         d.stop()
     out = summary(turns, best_reuse(prompts))
@@ -382,6 +383,7 @@ def shared(sc: Scenario, tmp: Path, *, seeding: bool = True, root: Path = ROOT,
         out[f"{label}_ttft_p95_s"] = round(xs[max(0, int(len(xs) * 0.95 + 0.5) - 1)], 3) if xs else None
     # The head's traces may not say (it names no seed): not counted there.
     out["seeded"] = sum(1 for r in _rows(recent) if "seeded from" in str(r)) if root == ROOT else None
+    out["copies"] = copies
     return out
 
 

@@ -76,6 +76,7 @@ class KVStats:
     before_stop_saves: int = 0
     idle_saves: int = 0
     saves_discarded: int = 0  # deleted by the disk budget as soon as written (max_saved_mb below one file)
+    copies: int = 0  # slots copied into another (a new lane seeded with a shared prefix), restores accepted
 
     def as_dict(self) -> dict:
         return {f.name: round(v, 3) if isinstance(v := getattr(self, f.name), float) else v for f in fields(self)}
@@ -236,6 +237,8 @@ class KVCache:
             slot, fname = intent.restore
             if fname in written or not any(f == fname for _, f in intent.saves):
                 out.restore = await self._restore(provider, server, table, slot, fname, trusted=fname in written)
+                if fname in written and out.restored:
+                    self.stats.setdefault(provider.name, KVStats()).copies += 1
         return out
 
     async def _save(self, provider: Provider, server: LlamaServer, table: TableView, slot: int, fname: str,

@@ -22,4 +22,5 @@ def test_new_conversations_start_from_the_shared_prefix_another_slot_holds(tmp_p
     print()
     print_shared_table([{"scenario": SHARED_SUITE.name, "run": "seeding", **r}])
     assert r["seeded"] >= SHARED_SUITE.sessions - 1, r  # every conversation after the first, as explain says
+    assert r["copies"] >= SHARED_SUITE.sessions - 1, r  # copied (no other slot held it), counted in the status
     assert r["processed_tokens"] <= 1.10 * r["ideal_processed"], r

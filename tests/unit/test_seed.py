@@ -155,3 +155,12 @@ def test_the_service_copies_only_when_the_servers_measured_copy_beats_its_measur
         costs.restore.add(3000, 0.4)
     assert not pays(gain, donor)
     assert pays(4 * 3000, donor)  # the whole slot's worth (1.5 s to compute) still pays
+
+
+def test_corectl_status_says_how_many_lanes_were_seeded_and_what_a_copy_costs():
+    from corectl.render import slot_cache_lines
+
+    warm = {"saves": 3, "save_bytes": 10, "save_s": 0.1, "restores": 3, "restore_bytes": 10, "restore_s": 0.1,
+            "disk_bytes": 20, "copies": 3, "copy_1000_s": 0.0123}
+    line = slot_cache_lines([{"name": "llama", "cache": {"slots": {"warm": warm}}}])[0].plain
+    assert "3 new lane(s) seeded by a copy, ~0.012 s per 1,000 tokens" in line
