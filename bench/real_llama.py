@@ -6,13 +6,23 @@ itself (with its RAM prompt cache). Same run, same machine.
     .venv/bin/python bench/real_llama.py [--scenario within|twice|three|all|suite] [--restart]
     .venv/bin/python bench/real_llama.py --warm [--scenario three|three-suite|warm-suite]
     .venv/bin/python bench/real_llama.py --scenario agents
+<<<<<<< HEAD
     .venv/bin/python bench/real_llama.py --scenario replicas [--modes balance,round-robin,fallback,race,adaptive]
+=======
+    .venv/bin/python bench/real_llama.py --scenario shared [--head main]
+>>>>>>> i44-seed
 
 Reuse is what the server reports it took from cache (`timings.cache_n`, relayed as cached tokens) against
 the best any slot assignment could give: for each request, the longest token prefix it shares with any
 earlier prompt (tokenised by the server itself with /apply-template and /tokenize). `--restart` also
 measures after the managed server was killed and restarted by the supervisor, and after coderouterd itself
 restarted on its persisted state: the first turn after a restart is cold for everyone, the rest must be warm.
+
+`--scenario shared` (issue 44 §0): several conversations sharing a long system prompt and tools, each new one
+seeded from a slot holding that prefix; processed tokens against the best any cache could do (the shared prefix
+computed once), with seeding, without it (`clone_min_tokens` out of reach), and on the code of `--head` (a git
+revision, default main, extracted with `git archive` and run as it is), all in the same run, with the time to
+first token of the first turns and of all turns.
 
 `--warm`: caches that survive (kvcache/). Three interleaved conversations with two title calls on three
 slots, interrupted half-way by a restart of coderouterd or by kill -9 of its server (after a pause longer than
@@ -39,7 +49,7 @@ import orjson
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from tests.support.claude_sessions import SMALL, TINY, Session, Shape, workload  # noqa: E402
-from tests.support.daemon import DaemonProcess, free_port  # noqa: E402
+from tests.support.daemon import ROOT, DaemonProcess, free_port  # noqa: E402
 from tests.support.real_llama import LlamaServer, paths, server_argv  # noqa: E402
 
 MODEL = "smollm2"
@@ -55,7 +65,7 @@ class Scenario:
     background_sessions: int  # how many sessions make a background call each turn
     shape: Shape = SMALL
     # The least shared prefix worth a slot copy (default 2,048 tokens), scaled down with the shape.
-    clone_min_tokens: int = 128
+    clone_min_tokens: int | None = 128  # None: the default of the code that runs
     background_every: int = 1  # a background call every this many turns (100: only at the second turn)
     tools: bool = True  # False: the sessions' turns carry no tools (Claude Code run with --tools "")
     background_turns: int | None = None  # background calls only in the first turns (None: every turn)
@@ -100,6 +110,18 @@ SCENARIOS.update({"swap": [SWAP], "swap-suite": [SWAP_SUITE]})
 # concurrently, two servers with a budget for one, each load made slow (a start delay in the process command).
 AGENTS = Scenario("agents", slots=4, ctx=1024, sessions=3, turns=4, background_sessions=0)
 SCENARIOS["agents"] = [AGENTS]
+# Issue 44 §0: new conversations start warm. Several conversations sharing a long system prompt and tools (SmolLM2's
+# template renders no tools: the system prompt is what is shared, ~800 tokens here, ~350 at suite scale), few turns
+# each, so that the first turns are most of the work; each conversation's first turn comes after the one before.
+LONG = Shape(SMALL.tools, "Follow the instructions carefully and use the tools well. " * 70, SMALL.agents, 9, 4, 4)
+LONG_SUITE = Shape(TINY.tools, "Follow the instructions carefully and use the tools well. " * 30, TINY.agents, 3, 2, 2)
+# Each with the defaults of the code that runs (the head's least prefix worth a copy was 2,048 tokens).
+SHARED = Scenario("shared", slots=4, ctx=2048, sessions=6, turns=3, background_sessions=0, shape=LONG,
+                  clone_min_tokens=None)
+SHARED_SUITE = Scenario("shared-suite", slots=4, ctx=1024, sessions=4, turns=2, background_sessions=0,
+                        shape=LONG_SUITE, clone_min_tokens=None)
+SCENARIOS.update({"shared": [SHARED], "shared-suite": [SHARED_SUITE]})
+NO_SEEDING = 100_000_000  # clone_min_tokens out of reach: no slot is ever copied
 
 
 # Issue 44 section 1: three replicas of one model (three llama-servers, 2 slots each), 6 conversations from 3 concurrent
@@ -291,11 +313,14 @@ NO_SAVES = "save_idle_after_s = 0\nsave_before_stop_s = 0\n"
 IDLE_SAVE_S = 1.0  # the bench's pause between rounds is longer than this; the default is 10 s
 
 
-def daemon_config(sc: Scenario, port: int, *, affinity: bool = True, extra: str = "") -> str:
+def daemon_config(sc: Scenario, port: int, *, affinity: bool = True, extra: str = "",
+                  clone_min_tokens: int | None = None) -> str:
     p = paths()
     argv = server_argv(p["LLAMA_SERVER"], p["LLAMA_MODEL"], port, slots=sc.slots, ctx_per_slot=sc.ctx)
-    return (CONFIG.replace("@LP@", str(port)).replace("@ARGV@", json.dumps(argv)).replace("@MODEL@", MODEL)
-            .replace("@AFFINITY@", "true" if affinity else "false").replace("@CLONE_MIN@", str(sc.clone_min_tokens))
+    clone = sc.clone_min_tokens if clone_min_tokens is None else clone_min_tokens
+    text = CONFIG if clone is not None else CONFIG.replace("clone_min_tokens = @CLONE_MIN@", "")
+    return (text.replace("@LP@", str(port)).replace("@ARGV@", json.dumps(argv)).replace("@MODEL@", MODEL)
+            .replace("@AFFINITY@", "true" if affinity else "false").replace("@CLONE_MIN@", str(clone))
             + extra)
 
 
@@ -341,6 +366,81 @@ def fresh(sc: Scenario, tmp: Path) -> dict:
         return summary(drive_router(d.url, sc), best_reuse(prompts))
     finally:
         d.stop()
+
+
+def shared(sc: Scenario, tmp: Path, *, seeding: bool = True, root: Path = ROOT,
+           clone_min_tokens: int | None = None) -> dict:
+    """The shared scenario through coderouterd on a fresh server (from the source tree `root`): processed tokens
+    against the best any cache could do, tokenised by that server before the workload runs; the time to first
+    token of each conversation's first turn and of every turn; how many new lanes were seeded (from the trace of
+    each request, `corectl explain`'s source)."""
+    port = free_port()
+    d = DaemonProcess(daemon_config(sc, port, clone_min_tokens=clone_min_tokens if seeding else NO_SEEDING), tmp,
+                      root=root)
+    d.start()
+    try:
+        wait_model(f"http://127.0.0.1:{port}")
+        prompts = token_prompts(f"http://127.0.0.1:{port}", sc)
+        turns = drive_router(d.url, sc)
+        recent = _admin(d, "/v1/requests?limit=200") if root == ROOT else {}
+        copies = _warm_status(d).get("copies") if root == ROOT else None
+    finally:
+        d.stop()
+    out = summary(turns, best_reuse(prompts))
+    out["of_ideal"] = round(out["processed_tokens"] / out["ideal_processed"], 3) if out["ideal_processed"] else None
+    first = sorted(t.ttft_s for t in turns if t.first)
+    every = sorted(t.ttft_s for t in turns)
+    for label, xs in (("first", first), ("all", every)):
+        out[f"{label}_ttft_p50_s"] = round(statistics.median(xs), 3) if xs else None
+        out[f"{label}_ttft_p95_s"] = round(xs[max(0, int(len(xs) * 0.95 + 0.5) - 1)], 3) if xs else None
+    # The head's traces may not say (it names no seed): not counted there.
+    out["seeded"] = sum(1 for r in _rows(recent) if "seeded from" in str(r)) if root == ROOT else None
+    out["copies"] = copies
+    return out
+
+
+def _rows(recent: dict) -> list:
+    rows = recent.get("requests") if isinstance(recent, dict) else None
+    return rows if isinstance(rows, list) else []
+
+
+def head_tree(ref: str, tmp: Path) -> Path:
+    """The source of revision `ref` of this repository, extracted (no worktree, no checkout) under `tmp`."""
+    import subprocess
+
+    out = tmp / f"head-{ref.replace('/', '_')}"
+    out.mkdir(parents=True, exist_ok=True)
+    archive = subprocess.run(["git", "-C", str(ROOT), "archive", ref], check=True, capture_output=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(out)], input=archive, check=True)
+    return out
+
+
+def run_shared(scenarios: list[Scenario], head: str | None) -> list[dict]:
+    rows = []
+    for sc in scenarios:
+        with tempfile.TemporaryDirectory(prefix=f"crshared-{sc.name}-") as t:
+            tmp = Path(t)
+            t0 = time.monotonic()
+            rows.append({"scenario": sc.name, "run": "seeding (this tree)", **shared(sc, tmp / "seed")})
+            rows.append({"scenario": sc.name, "run": "no seeding (this tree)",
+                         **shared(sc, tmp / "noseed", seeding=False)})
+            if head:
+                tree = head_tree(head, tmp)
+                rows.append({"scenario": sc.name, "run": f"{head}: its code, its defaults",
+                             **shared(sc, tmp / "head", root=tree)})
+                rows.append({"scenario": sc.name, "run": f"{head}: its code, clone_min_tokens = 256",
+                             **shared(sc, tmp / "head256", root=tree, clone_min_tokens=256)})
+            print(f"# {sc.name}: {time.monotonic() - t0:.0f} s", file=sys.stderr)
+    return rows
+
+
+def print_shared_table(rows: list[dict]) -> None:
+    cols = ["scenario", "run", "requests", "prompt_tokens", "processed_tokens", "ideal_processed", "of_ideal",
+            "seeded", "first_ttft_p50_s", "first_ttft_p95_s", "all_ttft_p50_s", "all_ttft_p95_s"]
+    print("| " + " | ".join(cols) + " |")
+    print("|" + "---|" * len(cols))
+    for r in rows:
+        print("| " + " | ".join(str(r.get(c, "")) for c in cols) + " |")
 
 
 def after_restarts(sc: Scenario, tmp: Path, prompts: list[list[int]]) -> dict:
@@ -822,11 +922,18 @@ def main() -> None:
                     help="suite: both at the test suite's smaller scale")
     ap.add_argument("--restart", action="store_true")
     ap.add_argument("--warm", action="store_true", help="restart and kill -9 half-way, slot saves on and off")
+<<<<<<< HEAD
     ap.add_argument("--modes", default=",".join(REPLICA_MODES),
                     help="replicas: the runs to make, of " + ", ".join(REPLICA_MODES))
     args = ap.parse_args()
     if args.scenario == "replicas":
         print_replicas_table(run_replicas(REPLICAS, [m for m in args.modes.split(",") if m]))
+=======
+    ap.add_argument("--head", default="main", help="--scenario shared: the revision compared with ('' for none)")
+    args = ap.parse_args()
+    if args.scenario.startswith("shared"):
+        print_shared_table(run_shared(SCENARIOS[args.scenario], args.head or None))
+>>>>>>> i44-seed
         return
     if args.warm:
         print_warm_table(run_warm(SCENARIOS[args.scenario if args.scenario.startswith(("three", "warm")) else "three"]))

@@ -502,6 +502,10 @@ def slot_cache_lines(providers: list[dict]) -> list[Text]:
             text.append(f"; {w['restores_refused']} file(s) refused (truncated or gone)", style="bold red")
         if w.get("restores_not_taken"):
             text.append(f"; {w['restores_not_taken']} restore(s) did not take", style="bold red")
+        if w.get("copies"):
+            # New lanes seeded from another slot's prefix (issue 44 §0), and what a copy costs this server.
+            cost = f", ~{w['copy_1000_s']:.3f} s per 1,000 tokens" if w.get("copy_1000_s") is not None else ""
+            text.append(f"; {w['copies']} new lane(s) seeded by a copy{cost}")
         if w.get("saves_discarded"):
             text.append(f"; {w['saves_discarded']} save(s) deleted at once (max_saved_mb below one file)",
                         style="yellow")

@@ -49,7 +49,7 @@ class Ticket:
 
     __slots__ = ("_prompt", "_lane", "_lanes", "_session", "tools", "model", "canonical", "ingress",
                  "canonical_raw", "slot", "predicted_tokens", "cached_tokens", "bust", "placement_why", "lane_why",
-                 "continues", "head", "restore")
+                 "continues", "head", "restore", "seeded")
 
     def __init__(self, prompt: Prompt | None, session: sess.SessionKey | None, lanes: LaneIndex, canonical: dict,
                  ingress: str, head: str | None = None, *, tools: bool = False, model: str | None = None) -> None:
@@ -73,6 +73,7 @@ class Ticket:
         self.lane_why = ""
         self.continues = False  # the request continues its lane's history (else no cache bust can be named)
         self.restore: Restore | None = None  # a saved slot state restored for this turn, and what became of it
+        self.seeded: dict | None = None  # a new lane started from another slot's prefix (copied, or placed there)
 
     @property
     def session(self) -> sess.SessionKey:
@@ -114,11 +115,20 @@ class Ticket:
             "placement": self.placement_why, "lane_choice": self.lane_why}
         if self.restore is not None:
             out["slot_restore"] = self.restore.as_dict()
+        if self.seeded is not None:
+            out["seeded"] = self.seeded
         if self.bust is not None:
             out["cache_bust"] = {"segment": self.bust.segment, "cause": self.bust.cause,
                                  "expected_tokens": self.bust.expected_tokens,
                                  "cached_tokens": self.bust.cached_tokens}
         return out
+
+
+def seed_words(seeded: dict) -> str:
+    """"seeded from lane:1a2b3c: 1,112 tokens" (copied from its slot), or "... (placed in its slot)"."""
+    who = seeded.get("from_lane") or f"slot {seeded.get('from_slot')}"
+    how = "copied" if seeded.get("how") == "copied" else "placed in its slot"
+    return f"seeded from {who}: {seeded.get('tokens') or 0:,} tokens ({how})"
 
 
 @dataclass(slots=True)
@@ -271,7 +281,8 @@ class Affinity:
             wait_s = max(0.0, p.mean_duration_s - (now - own.busy_since)) if own is not None and own.busy \
                 and p.mean_duration_s else MAX_SLOT_WAIT_S
             choice = table.choose(ticket.lane, ticket.prompt, wait_s=wait_s,
-                                  s_per_byte=p.s_per_token / p.bytes_per_token, spare=self.lanes.spare)
+                                  s_per_byte=p.s_per_token / p.bytes_per_token, spare=self.lanes.spare,
+                                  seed_pays=self._seed_pays(name, p))
             if not choice.wait:
                 break
             ev = self._released.setdefault((name, choice.slot), asyncio.Event())
@@ -291,8 +302,29 @@ class Affinity:
                 table.finish(choice.slot, ticket.lane, None, self.clock())
                 raise
         ticket.placement_why = choice.why
+        ticket.seeded = None
+        if choice.seeded is not None:
+            sid, donor, got = choice.seeded
+            # A copy whose save or restore failed seeded nothing (the turn's record shows the failure).
+            if choice.restore is None or (ticket.restore is not None and ticket.restore.problem is None):
+                ticket.seeded = {"from_lane": f"lane:{sess.hash_key(donor)[:6]}" if donor is not None else None,
+                                 "from_slot": sid, "tokens": int(got / p.bytes_per_token),
+                                 "how": "copied" if choice.restore is not None else "placed"}
+                ticket.placement_why += "; " + seed_words(ticket.seeded)
         return Placement(name, choice.slot, choice.predicted, {"id_slot": choice.slot, "cache_prompt": True},
                          started=now)
+
+    def _seed_pays(self, name: str, p) -> Callable[[int, int], bool]:
+        """Whether copying a slot (save, then restore into another) costs this server less than computing the
+        prefix it gives: its measured save and restore times (kvcache/costs.py) against its prefill speed, as its
+        `timings` report it (index.py; a laptop's speed until measured). A server whose copies were never timed
+        gets one: that is how it is learnt."""
+
+        def pays(gain_bytes: int, donor_bytes: int) -> bool:
+            copy_s = self.kvcache.copy_s(name, donor_bytes / p.bytes_per_token)
+            return copy_s is None or copy_s < gain_bytes / p.bytes_per_token * p.s_per_token
+
+        return pays
 
     def unplaced(self, ticket: Ticket | None, provider: Provider) -> Placement | None:
         """For an attempt that was not placed (a race): the prediction only, so the outcome is still learned."""

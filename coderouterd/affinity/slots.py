@@ -16,6 +16,10 @@ from dataclasses import dataclass, field
 from ..kvcache.pool import DEFAULT_MAX_SAVED, FilePool, Saved
 from .canonical import Prompt, common_prefix
 
+# (bytes of the prompt a copy gives beyond what the slot holds, bytes the donor slot holds) -> whether copying the
+# donor's cache (save + restore) costs the server less than computing those bytes again.
+SeedPays = Callable[[int, int], bool]
+
 
 @dataclass(slots=True)
 class Slot:
@@ -41,6 +45,8 @@ class Choice:
     restore: str | None = None  # then restore this file into `slot`
     evicted: str | None = None  # the lane that loses `slot`
     why: str = ""
+    # Seeded from another slot: (that slot, its lane or None, bytes of the prompt it gives)
+    seeded: tuple[int, str | None, int] | None = None
 
 
 class SlotTable:
@@ -52,6 +58,7 @@ class SlotTable:
         self.files = FilePool(can_save=can_save, max_saved=max_saved)
         self.configured = False  # the affinity settings applied once the server's slot count is known
         self._spare: Callable[[str | None], bool] | None = None  # for the current `choose`
+        self._pays: SeedPays | None = None  # likewise
 
     @property
     def can_save(self) -> bool:
@@ -76,11 +83,14 @@ class SlotTable:
     # -- choosing -------------------------------------------------------------------------------------------
 
     def choose(self, lane: str, prompt: Prompt, *, wait_s: float = 0.0, s_per_byte: float = 0.0,
-               spare: Callable[[str | None], bool] | None = None) -> Choice:
+               spare: Callable[[str | None], bool] | None = None, seed_pays: SeedPays | None = None) -> Choice:
         """`wait_s`: expected time until the lane's own slot is free if busy; `s_per_byte`: prefill cost, so
         a busy slot is waited for only when waiting costs less than re-processing what moving would lose.
-        `spare(lane)`: a lane to evict before the others (lanes.LaneIndex.spare: a session's side lane)."""
+        `spare(lane)`: a lane to evict before the others (lanes.LaneIndex.spare: a session's side lane).
+        `seed_pays`: whether a copy of another slot's prefix is cheaper than computing it (None: always, once it
+        reaches `clone_min_bytes`)."""
         self._spare = spare
+        self._pays = seed_pays
         own = self.owned(lane)
         if own is not None:
             kept = own.reuse(prompt)
@@ -113,13 +123,17 @@ class SlotTable:
         if free:
             # Longest prefix first, then least recently used.
             return max(free, key=lambda s: (s.reuse(prompt), -s.last_used))
-        # Evict a spare lane first (a session's side lane: title calls, a short prompt never continued), then
-        # the least recently used.
+        # Evict a spare lane first (a session's side lane: title calls, a short prompt never continued), the one
+        # holding the longest prefix of this prompt among them (placed where its prefix is: nothing that matters
+        # is lost, and nothing need be copied), then the least recently used.
         spare = self._spare
-        return min(pool, key=lambda s: (spare is None or not spare(s.lane), s.last_used))
+        return min(pool, key=lambda s: (spare is None or not spare(s.lane),
+                                        -s.reuse(prompt) if spare is not None and spare(s.lane) else 0,
+                                        s.last_used))
 
     def _take(self, slot: Slot, lane: str, prompt: Prompt, *, why: str) -> Choice:
         choice = Choice(slot.id, slot.reuse(prompt), why=why)
+        held_by = slot.lane
         if slot.lane is not None and slot.lane != lane:
             choice.evicted = slot.lane
             if self.can_save and slot.digests and self.files.max_saved > 0:
@@ -130,6 +144,10 @@ class SlotTable:
             # A new lane whose longest prefix (typically the shared system prompt and tools) sits in another
             # lane's slot: copy that slot here rather than prefill it again.
             self._copy_longer_prefix(choice, slot, prompt)
+        if choice.restore is None and choice.predicted > 0 and held_by != lane:
+            # Placed where its prefix is: a free slot, or a side lane's (saved first when the server can).
+            choice.seeded = (slot.id, held_by, choice.predicted)
+            choice.why += "; placed where its prefix is"
         slot.lane = lane
         return choice
 
@@ -149,19 +167,27 @@ class SlotTable:
 
     def _copy_longer_prefix(self, choice: Choice, slot: Slot, prompt: Prompt) -> None:
         """When another idle slot holds a prefix of `prompt` longer by `clone_min_bytes` than what `slot` would
-        reuse, save it and restore it into `slot` (one scratch file per target slot, overwritten)."""
+        reuse, and copying it costs less than computing it (`seed_pays`), save it and restore it into `slot`
+        (one scratch file per target slot, overwritten). A busy slot is no donor: the server would hold the
+        save until its answer ends."""
         if not self.can_save:
             return
-        donor = max((s for s in self.slots if s.id != slot.id), key=lambda s: s.reuse(prompt), default=None)
-        if donor is None or donor.busy:
+        donor = max((s for s in self.slots if s.id != slot.id and not s.busy), key=lambda s: s.reuse(prompt),
+                    default=None)
+        if donor is None:
             return
         got = donor.reuse(prompt)
-        if got - choice.predicted < self.clone_min_bytes:
+        gain = got - choice.predicted
+        if gain < self.clone_min_bytes or gain <= 0:
+            return
+        if self._pays is not None and not self._pays(gain, donor.ends[-1] if donor.ends else got):
+            choice.why += f"; computing the shared prefix is cheaper than copying slot {donor.id}"
             return
         fname = self.files.copy_name(slot.id)
         choice.saves.append((donor.id, fname))
         choice.restore = fname
         choice.predicted = got
+        choice.seeded = (donor.id, donor.lane, got)
         choice.why += f"; copied the shared prefix from slot {donor.id}"
         slot.digests, slot.ends = donor.digests, donor.ends
 

@@ -417,8 +417,9 @@ class AffinityConfig(_Strict):
     # A turn that reused at least this many tokens (and over 10%) less than its lane's previous prompt on the
     # same backend is reported as a cache bust.
     bust_min_tokens: int = Field(1024, ge=1, le=100_000_000)
-    # A new lane copies another slot's shared prefix (save + restore) when that saves at least this much.
-    clone_min_tokens: int = Field(2048, ge=1, le=100_000_000)
+    # A new lane copies another slot's shared prefix (save + restore) when that saves at least this much and the
+    # server's measured copy time is below its measured time to compute the prefix (kvcache/costs.py).
+    clone_min_tokens: int = Field(256, ge=1, le=100_000_000)
     probe_timeout_s: float = seconds(2.0)
     # Slot files kept per server (--slot-save-path): each holds a slot's KV cache, which can be gigabytes; the
     # oldest saved lane's file is reused beyond this. 0 = never save (evicted lanes start over).

@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Protocol
 
 from ..providers.server_http import llama_server
 from ..tasks import TaskSet
+from .costs import CopyCosts
 from .disk import check_restore, prune_dir, valid_files, write_sidecar
 from .files import PREFIX, CacheKey, TableView, key_from_props, owner_tag, to_save
 from .intent import BEFORE_STOP, IDLE, REQUEST, Intent, Outcome, Restore
@@ -75,6 +76,7 @@ class KVStats:
     before_stop_saves: int = 0
     idle_saves: int = 0
     saves_discarded: int = 0  # deleted by the disk budget as soon as written (max_saved_mb below one file)
+    copies: int = 0  # slots copied into another (a new lane seeded with a shared prefix), restores accepted
 
     def as_dict(self) -> dict:
         return {f.name: round(v, 3) if isinstance(v := getattr(self, f.name), float) else v for f in fields(self)}
@@ -93,6 +95,7 @@ class KVCache:
         self.served_by: Callable[[str], list[str]] = lambda process: []
         self.managed: Callable[[str], bool] = lambda name: False
         self.stats: dict[str, KVStats] = {}
+        self.costs: dict[str, CopyCosts] = {}  # what a save and a restore cost each server, learnt (kvcache/costs.py)
         self.disk_bytes = 0  # what coderouterd's slot files take, as last measured
         self._keys: dict[str, CacheKey] = {}
         self._learning: dict[str, asyncio.Task] = {}
@@ -142,6 +145,12 @@ class KVCache:
         """The server started afresh: its key (model file, context, version) is learnt again."""
         for name in providers:
             self._keys.pop(name, None)
+
+    def copy_s(self, name: str, tokens: float) -> float | None:
+        """Seconds this server takes to save a slot of `tokens` and restore it into another, as measured on its
+        own saves and restores; None until it has done both."""
+        c = self.costs.get(name)
+        return c.copy_s(tokens) if c is not None else None
 
     # -- a server's key, and which saved states survive it -------------------------------------------------
 
@@ -228,6 +237,8 @@ class KVCache:
             slot, fname = intent.restore
             if fname in written or not any(f == fname for _, f in intent.saves):
                 out.restore = await self._restore(provider, server, table, slot, fname, trusted=fname in written)
+                if fname in written and out.restored:
+                    self.stats.setdefault(provider.name, KVStats()).copies += 1
         return out
 
     async def _save(self, provider: Provider, server: LlamaServer, table: TableView, slot: int, fname: str,
@@ -248,7 +259,9 @@ class KVCache:
             table.files.forget(fname)
             return False
         st.saves += 1
-        st.save_s += self.clock() - t0
+        took = self.clock() - t0
+        st.save_s += took
+        self.costs.setdefault(name, CopyCosts()).save.add(ans.count("n_saved"), took)
         st.save_bytes += ans.count("n_written")
         if why == IDLE:
             st.idle_saves += 1
@@ -293,7 +306,10 @@ class KVCache:
                 return Restore(fname, tokens, problem=problem, outcome="refused")
         t0 = self.clock()
         ans = await server.restore(slot, fname, provider.cfg.timeouts.first_byte)
-        st.restore_s += self.clock() - t0
+        took = self.clock() - t0
+        st.restore_s += took
+        if ans.ok:
+            self.costs.setdefault(name, CopyCosts()).restore.add(ans.count("n_restored"), took)
         if not ans.ok:
             st.restore_failures += 1
             table.files.forget(fname)
@@ -428,5 +444,7 @@ class KVCache:
         table = self.host.table(name)
         # Lanes whose slot holds more than their file: what a crash now would lose.
         unsaved = len(to_save(table, now=self.clock())) if table is not None and table.files.can_save else None
-        return {**st.as_dict(), "disk_bytes": self.disk_bytes, "unsaved_lanes": unsaved,
+        costs = self.costs.get(name)
+        return {**st.as_dict(), **(costs or CopyCosts()).as_dict(), "disk_bytes": self.disk_bytes,
+                "unsaved_lanes": unsaved,
                 "key": key.digest() if key is not None and key is not _UNKNOWN else None}

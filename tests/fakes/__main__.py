@@ -2,7 +2,7 @@
 
     python -m tests.fakes --kind openai|anthropic|ollama|lmstudio|gemini --port N [--behaviour ok] [--models a,b]
         [--name fake] [--load-delay S] [--start-delay S] [--start-when FILE] [--crash-after N] [--ignore-sigterm]
-        [--exit-at-start CODE] [--tokenize] [--no-record]
+        [--exit-at-start CODE] [--tokenize] [--no-record] [--loading S]
 
 Prints ``READY <port>`` on stdout once listening. SIGTERM/SIGINT stop it cleanly (exit 0) unless
 ``--ignore-sigterm``. ``POST /_fake/crash`` exits with code 1; ``POST /_fake/hang`` stops answering.
@@ -45,6 +45,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("-np", "--parallel", dest="n_slots", type=int, default=None)
     p.add_argument("-c", "--ctx-size", dest="ctx_size", type=int, default=None)
     p.add_argument("--slot-save-path", default=None)
+    # After binding, every endpoint answers 503 "Loading model" this long, as llama-server while its model loads
+    # (--start-delay holds the bind itself, as a slow process start).
+    p.add_argument("--loading", dest="loading_s", type=float, default=0.0, metavar="S")
     args, unknown = p.parse_known_args(argv)
     if unknown and args.kind != "llamacpp":
         p.error(f"unrecognized arguments: {' '.join(unknown)}")
@@ -69,6 +72,8 @@ async def serve(args: argparse.Namespace) -> None:
             options["model_path"] = args.model_path
         if args.slot_save_path:
             options["slot_save_path"] = args.slot_save_path
+        if args.loading_s:
+            options["loading_s"] = args.loading_s
     fake = build_fake(args.kind, name=args.name, behaviour=args.behaviour, models=models,
                       load_delay=args.load_delay, record=not args.no_record, allow_crash=True,
                       crash_after=args.crash_after, **options)

@@ -196,6 +196,23 @@ def test_bad_slot_actions_are_400s_in_the_error_shape(llama):
         assert restored.status_code == 200 and restored.json()["n_restored"] == saved.json()["n_saved"]
 
 
+def test_a_slot_saved_from_one_slot_and_restored_into_another_seeds_it(llama):
+    """Issue 44 §0's copy: slot 0's state saved, restored into slot 1, and a prompt sharing its prefix pinned to
+    slot 1 finds that prefix cached there (the same prompt on slot 2, never seeded, does not)."""
+    system = {"role": "system", "content": _text("seeded", 60)}
+    with httpx.Client(base_url=llama.url) as http:
+        first = _ok(_chat(http, [system, {"role": "user", "content": "first conversation"}], id_slot=0))
+        control = _ok(_chat(http, [system, {"role": "user", "content": "second conversation"}], id_slot=2))
+        assert control["timings"]["cache_n"] < 10  # nothing else in the server gives slot 2 this prefix
+        saved = http.post("/slots/0?action=save", json={"filename": "seed.bin"})
+        assert saved.status_code == 200 and saved.json()["n_saved"] > 0
+        restored = http.post("/slots/1?action=restore", json={"filename": "seed.bin"})
+        assert restored.status_code == 200 and restored.json()["n_restored"] == saved.json()["n_saved"]
+        seeded = _ok(_chat(http, [system, {"role": "user", "content": "third conversation"}], id_slot=1))
+        assert seeded["timings"]["cache_n"] >= 0.8 * first["usage"]["prompt_tokens"]
+        assert {s["id"]: s["is_processing"] for s in http.get("/slots").json()} == {i: False for i in range(SLOTS)}
+
+
 def test_health_while_the_model_loads_is_a_503_unavailable_error(tmp_path):
     """Both: a server polled from its first instant answers /health with 503 `unavailable_error` "Loading
     model" (or not at all) until the model is loaded, then 200."""

@@ -27,11 +27,13 @@ def free_port() -> int:
 
 class DaemonProcess:
     def __init__(self, config_text: str, tmp: Path, *, env: dict[str, str] | None = None,
-                 port: int | None = None, fork: bool = True) -> None:
+                 port: int | None = None, fork: bool = True, root: Path = ROOT) -> None:
         """fork: start it from this worker's zygote (tests/support/zygote.py), with its libraries already
-        imported; False for a test about how the daemon starts from nothing."""
+        imported; False for a test about how the daemon starts from nothing. `root`: the source tree it runs
+        from (another revision's, for a bench that compares with it; never forked)."""
         self.tmp = tmp
-        self.fork = fork
+        self.root = root
+        self.fork = fork and root == ROOT
         tmp.mkdir(parents=True, exist_ok=True)
         self.port = port or free_port()
         self.state_dir = tmp / "state"
@@ -57,7 +59,7 @@ class DaemonProcess:
         if z is not None and z.suits(self.env):
             self.proc = z.spawn("coderouterd", args, cwd=ROOT, env=self.env, log=self.log_path)
         else:
-            self.proc = subprocess.Popen([sys.executable, "-m", "coderouterd", *args], cwd=ROOT, env=self.env,
+            self.proc = subprocess.Popen([sys.executable, "-m", "coderouterd", *args], cwd=self.root, env=self.env,
                                          stdout=self._log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
