@@ -6,11 +6,8 @@ itself (with its RAM prompt cache). Same run, same machine.
     .venv/bin/python bench/real_llama.py [--scenario within|twice|three|all|suite] [--restart]
     .venv/bin/python bench/real_llama.py --warm [--scenario three|three-suite|warm-suite]
     .venv/bin/python bench/real_llama.py --scenario agents
-<<<<<<< HEAD
     .venv/bin/python bench/real_llama.py --scenario replicas [--modes balance,round-robin,fallback,race,adaptive]
-=======
     .venv/bin/python bench/real_llama.py --scenario shared [--head main]
->>>>>>> i44-seed
 
 Reuse is what the server reports it took from cache (`timings.cache_n`, relayed as cached tokens) against
 the best any slot assignment could give: for each request, the longest token prefix it shares with any
@@ -922,18 +919,15 @@ def main() -> None:
                     help="suite: both at the test suite's smaller scale")
     ap.add_argument("--restart", action="store_true")
     ap.add_argument("--warm", action="store_true", help="restart and kill -9 half-way, slot saves on and off")
-<<<<<<< HEAD
     ap.add_argument("--modes", default=",".join(REPLICA_MODES),
                     help="replicas: the runs to make, of " + ", ".join(REPLICA_MODES))
+    ap.add_argument("--head", default="main", help="--scenario shared: the revision compared with ('' for none)")
     args = ap.parse_args()
     if args.scenario == "replicas":
         print_replicas_table(run_replicas(REPLICAS, [m for m in args.modes.split(",") if m]))
-=======
-    ap.add_argument("--head", default="main", help="--scenario shared: the revision compared with ('' for none)")
-    args = ap.parse_args()
+        return
     if args.scenario.startswith("shared"):
         print_shared_table(run_shared(SCENARIOS[args.scenario], args.head or None))
->>>>>>> i44-seed
         return
     if args.warm:
         print_warm_table(run_warm(SCENARIOS[args.scenario if args.scenario.startswith(("three", "warm")) else "three"]))
