@@ -343,3 +343,17 @@ def test_the_llama_server_grep_sees_paths_actions_and_flags(tmp_path):
     found = _llama_speakers([src])
     assert sorted(f.split(": ", 1)[1] for f in found) == sorted(
         ["'/props'", "'/slots/'", "'/slots/'", "'?action=restore'", "'-m'", "'--slot-save-path'"]), found
+
+
+# What affinity may know of providers: a provider, its server's facts, and the adapter registry that speaks its
+# server's own API. Everything else (calls, strategies, sessions, errors' plumbing) is the request path's.
+AFFINITY_MAY_USE = frozenset({"coderouterd.providers.provider", "coderouterd.providers.server_info",
+                              "coderouterd.providers.adapters"})
+
+
+def test_affinity_uses_only_the_providers_public_face():
+    graph = _graph()
+    reached = sorted((importer, imported) for importer, imports in graph.items()
+                     if importer.startswith("coderouterd.affinity") for imported in imports
+                     if imported.startswith("coderouterd.providers") and imported not in AFFINITY_MAY_USE)
+    assert not reached, f"affinity reaches into providers' internals: {reached}"
