@@ -1,8 +1,9 @@
 """The seam between one request's routine (the Exchange, routing/executor.py) and the router it runs against.
 
-`ExchangeRouter` is everything an exchange (and race mode and the waits, through it) may ask its router: a plan,
-an admission and its release, a budget reservation and its settling, the outcome of each attempt, and the few
-facts about providers, prefix affinity and starting processes an attempt needs. It is asked through methods,
+`ExchangeRouter` is everything an exchange (and race mode, through it) may ask its router: a plan, a lease on an
+upstream (upstream/upstream.py: the breaker's admission, the wait for a process, the count in flight), a budget
+reservation and its settling, the outcome of each attempt, and the few facts about providers and prefix affinity
+an attempt needs. It is asked through methods,
 never by reaching into the router's affinity or routing state, so that the router alone decides what they hold.
 `routing.router.Router` is the one implementation; mypy checks that it fits (the Exchange's `router` parameter).
 
@@ -12,7 +13,6 @@ Both are typing.Protocols for mypy only: nothing on the request path checks them
 
 from __future__ import annotations
 
-import asyncio
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
@@ -23,49 +23,11 @@ if TYPE_CHECKING:
     from ..providers.provider import Provider
     from ..providers.strategies import Strategy
     from ..translate.unsigned_thinking import UpstreamSignatures
+    from ..upstream.upstream import Lease
     from .availability import Availability
     from .generation import Generation
     from .planner import Plan
     from .request import ClientRequest
-
-
-class ProcessTurn(Protocol):
-    """A request's turn at a stopped process (supervise/ondemand.py's Turn)."""
-
-    @property
-    def ready(self) -> asyncio.Future[bool]:
-        """Resolves True when admitted, False when the process could not start (or the turn was released)."""
-        ...
-
-    def waiting(self) -> bool:
-        """Still waiting for its turn."""
-        ...
-
-    def admitted(self) -> bool:
-        """The process is up and kept for this request until it begins (or releases the turn)."""
-        ...
-
-
-class ProcessDemand(Protocol):
-    """What an exchange asks of the on-demand scheduler of managed processes (supervise/ondemand.py)."""
-
-    def demand(self, provider: str, *, background: bool = False) -> ProcessTurn | None:
-        """A turn at the provider's stopped process for a request (background: it never stops a busy model), to
-        wait for; None when a request cannot start it."""
-        ...
-
-    def begin(self, provider: str, turn: ProcessTurn | None = None) -> bool:
-        """Count a request in flight on the provider's process (using its admitted turn, if any); False when the
-        process is being stopped."""
-        ...
-
-    def release(self, turn: ProcessTurn) -> None:
-        """The request is done with its turn (served, or gone)."""
-        ...
-
-    def end(self, provider: str) -> None:
-        """The request counted by `begin` is over."""
-        ...
 
 
 class ExchangeRouter(Protocol):
@@ -89,10 +51,9 @@ class ExchangeRouter(Protocol):
 
     # -- one attempt ----------------------------------------------------------------------------------------
 
-    def admit(self, provider: str, *, panic: bool = False) -> str | None:
-        ...
-
-    def release(self, provider: str, admission: str) -> None:
+    def lease(self, provider: str, *, background: bool = False) -> Lease:
+        """The request's hold on one upstream: the only way it waits for a process, is admitted through the
+        breaker and is counted in flight."""
         ...
 
     def availability(self, provider: str) -> Availability:
@@ -143,19 +104,8 @@ class ExchangeRouter(Protocol):
         """A success never placed (a race winner): what it cached still teaches the index."""
         ...
 
-    # -- managed processes ----------------------------------------------------------------------------------
-
-    @property
-    def demand(self) -> ProcessDemand | None:
-        ...
-
     def cannot_start_reason(self, provider: str) -> str | None:
-        ...
-
-    def coming_within(self, provider: str) -> float:
-        ...
-
-    async def wait_up(self, providers: list[str], timeout: float) -> list[str]:
+        """Why this provider's process cannot start (its client is told so), or None."""
         ...
 
 

@@ -13,11 +13,12 @@ from ..affinity.service import Affinity, Placement, Ticket
 from ..providers.errors import MEMORY_PRESSURE, UpstreamError
 from ..providers.server_info import ServerDirectory
 from ..translate.unsigned_thinking import SignatureBook, UpstreamSignatures
+from ..upstream.breaker import BreakerRegistry, BreakerState
+from ..upstream.upstream import CLOSED, PANIC, TRIAL, Lease, Starter
 from .adaptive import AdaptiveOrderer, ProbeScheduler, ProviderStats
 from .availability import Availability, LastProbe, Sources, judge, judge_chain
-from .breaker import BreakerRegistry, BreakerState
 from .context_count import count_over_window, learned_estimates
-from .planner import Plan, ProviderFacts, RequestFeatures, Skip, plan
+from .planner import Plan, ProviderFacts, RequestFeatures, plan
 from .request import ClientRequest
 from .state import RoutingState
 
@@ -25,11 +26,9 @@ if TYPE_CHECKING:
     from ..config.schema import ConfigModel, ProfileConfig
     from ..providers.provider import Provider
     from ..providers.strategies import Strategy
-    from ..supervise.ondemand import OnDemand
     from .generation import Generation
 
-# Router.admit's answers: how an attempt was let through, which decides what its end gives back.
-CLOSED, TRIAL, PANIC = "closed", "trial", "panic"
+__all__ = ["CLOSED", "PANIC", "TRIAL", "BudgetGate", "OrderAdjuster", "Router"]
 
 
 class BudgetGate(Protocol):
@@ -54,14 +53,12 @@ class Router:
     def __init__(self, state: RoutingState, *, budget: BudgetGate | None = None, affinity: Affinity | None = None,
                  servers: ServerDirectory | None = None, memory_cooldown_s: float = 60.0,
                  order_adjusters: Sequence[OrderAdjuster] = (),
-                 demand: Callable[[], OnDemand | None] = lambda: None,
                  last_probe: LastProbe = lambda _name: None) -> None:
         """`budget`: guards.apply.BudgetHooks (allowed / reserve / settle), or None when nothing is paid for.
         `affinity`: prefix affinity (session lanes, slots, prefix index), or None.
         `servers`: what each provider's server reports about itself; its context window gates requests
         for providers whose config leaves context_window unset. None: configured windows only.
         `memory_cooldown_s`: how long a provider that ran out of memory is not tried.
-        `demand`: the on-demand scheduler of managed processes, when there are any (a getter: they come later).
         `last_probe`: the health monitor's last probe of a provider (it comes later too), for the words of a probe
         streak in the availability answer.
         `order_adjusters`: consulted after planning, in order: (profile config, candidates) -> order notes;
@@ -77,8 +74,7 @@ class Router:
         # Which Anthropic upstream signed each thinking block relayed, so none goes to another (process-wide:
         # a conversation moves between providers and profiles).
         self.thinking_signatures = SignatureBook()
-        self._demand = demand
-        # What "why no traffic" reads (routing/availability.py), besides the state, budget and demand above.
+        # What "why no traffic" reads (routing/availability.py), besides the state and budget above.
         self.last_probe = last_probe
         self._sources: Sources | None = None  # built once (per last_probe), not on every plan
         # Facts with the context windows servers report, per (provider, window) set: the same dict for every
@@ -118,10 +114,15 @@ class Router:
         return {name: out[name] for name in runtime.providers if name in out}
 
     @property
-    def demand(self) -> OnDemand | None:
-        """Local models on demand (supervise/ondemand.py), once managed processes exist: starts a stopped process
-        for the request that needs it and counts requests in flight per process. None: no managed process."""
-        return self._demand()
+    def demand(self) -> Starter | None:
+        """Local models on demand (supervise/ondemand.py), once managed processes exist: it registers itself with
+        the upstreams as the one that starts a stopped process for a request. None: no managed process."""
+        return self.state.upstreams.starter
+
+    def lease(self, provider: str, *, background: bool = False) -> Lease:
+        """A request's hold on one upstream (upstream/upstream.py): the only way it waits for a process, is admitted
+        through the breaker and is counted in flight."""
+        return self.state.upstreams.get(provider).lease(background=background)
 
     def reconfigure(self, config: ConfigModel) -> None:
         self.state.reconfigure(config)
@@ -201,12 +202,6 @@ class Router:
     def cannot_start_reason(self, provider: str) -> str | None:
         return self.state.cannot_start_reason(provider)
 
-    def coming_within(self, provider: str) -> float:
-        return self.state.coming_within(provider)
-
-    async def wait_up(self, providers: list[str], timeout: float) -> list[str]:
-        return await self.state.wait_up(providers, timeout)
-
     def _facts(self, runtime: Generation, names: Iterable[str]) -> dict[str, ProviderFacts]:
         """The runtime's facts, with the context window the server reports where the config left it unset.
         Never waits: a server not heard from yet is asked in the background and not gated meanwhile."""
@@ -263,26 +258,7 @@ class Router:
             health=st.health, health_action=profile.health_action,
             orderer=self.orderer(profile_name) if profile.adaptive else None,
         )
-        down = st.down
-        if down:
-            # Not transient in the panic sense: nothing answers until the process is ready. A down provider
-            # may already be skipped for a transient reason (self-healing holds a FATAL one UNHEALTHY, its
-            # breaker may be open): that skip becomes not_ready too, or panic would try it anyway.
-            held = [s for s in p.skips if s.provider in down and s.transient]
-            for s in held:
-                p.skips.remove(s)
-            for name in dict.fromkeys([c for c in p.candidates if c in down] + [s.provider for s in held]):
-                if name in p.candidates:
-                    p.candidates.remove(name)
-                why = st.cannot_start_reason(name)
-                demand = self.demand
-                if why is not None:
-                    p.skips.append(Skip(name, "cannot_start", why, overridable=False))
-                elif demand is not None and demand.can_start(name):
-                    p.skips.append(Skip(name, "not_ready", f"{name}'s managed process is stopped; a request starts "
-                                                           "it (on demand)", overridable=False))
-                else:
-                    p.skips.append(Skip(name, "not_ready", st.down_reason(name), overridable=False))
+        down = st.down  # judged not ready by the availability answer above (its process is not up)
         if not p.candidates:
             self._try_reported_windows(p, facts, down)
         if ticket is not None and self.affinity is not None and (profile.mode == "race" or profile.adaptive):
@@ -338,21 +314,7 @@ class Router:
 
         return [n for _i, n in sorted(enumerate(names), key=key)]
 
-    # -- admission ------------------------------------------------------------------------------------------
-
-    def admit(self, provider: str, *, panic: bool = False) -> str | None:
-        """Let an attempt through: CLOSED, TRIAL (it holds the half-open trial slot), PANIC (let through
-        although the breaker refuses), or None (refused)."""
-        br = self.state.breakers.get(provider)
-        half_open = br.state is BreakerState.HALF_OPEN
-        if br.allow():
-            return TRIAL if half_open else CLOSED
-        return PANIC if panic else None
-
-    def release(self, provider: str, admission: str) -> None:
-        """The attempt ended without a verdict on the provider (cancelled, our own error, a lost race)."""
-        if admission == TRIAL:
-            self.state.breakers.get(provider).release()
+    # -- admission (the lease admits through the breaker: upstream/upstream.py) --------------------------------
 
     async def reserve(self, provider: Provider, req: ClientRequest) -> object | None:
         """A budget reservation for a paid attempt (None when unpaid). Raises UpstreamError(BUDGET) if refused.

@@ -9,8 +9,9 @@ from dataclasses import dataclass
 
 from coderouterd.providers.errors import MEMORY_PRESSURE, UpstreamError
 from coderouterd.routing.availability import Code, judge_chain
-from coderouterd.routing.breaker import BreakerState
 from coderouterd.routing.router import Router
+from coderouterd.upstream.breaker import BreakerState
+from coderouterd.upstream.lifecycle import Phase, down_why
 from tests.support.routing import Routing, chain_config, fail
 
 
@@ -106,15 +107,15 @@ def test_self_healing_holds_it_with_its_reason():
 
 def test_a_managed_process_not_ready_stopped_on_demand_or_unable_to_start():
     r = Routing(chain_config("a"))
-    r.state.mark_down(["a"], wait_s=60, state="starting", process="llama")
+    r.state.upstreams.starting(["a"], "llama", 60, "starting")
     a = r.router.availability("a")
     assert (a.available, a.code, a.words) == (False, Code.NOT_READY,
                                               "a's managed process llama is not ready (starting)")
     demand = Routing(chain_config("a"))
-    demand.router = Router(demand.state, demand=lambda: _Demand())  # type: ignore[arg-type,return-value]
-    demand.state.mark_down(["a"], state="stopped", process="llama")
+    demand.state.upstreams.starter = _Demand()  # type: ignore[assignment]
+    demand.state.upstreams.move(["a"], Phase.STOPPED, down_why("stopped", "llama", coming=False), process="llama")
     assert demand.router.availability("a").code is Code.ON_DEMAND
-    r.state.cannot_start(["a"], "managed process llama cannot start: no such file; fix it")
+    r.state.upstreams.cannot_start(["a"], "managed process llama cannot start: no such file; fix it")
     a = r.router.availability("a")
     assert (a.available, a.code, a.words) == (False, Code.CANNOT_START,
                                               "managed process llama cannot start: no such file; fix it")
@@ -309,7 +310,10 @@ def test_persisted_breakers_of_providers_no_longer_configured_are_dropped_at_sta
     r = Routing(_with(chain_config("a", "b", breaker_failures=1), "max_ejection_percent = 50"))
     PersistedState(store, lambda _e: None).restore_routing(r.state)
     assert set(store.items(NS_BREAKERS)) == set()  # not brought back at the next start either
-    assert r.state.breakers.names() == []
+    # Every configured provider has its (closed) breaker from the start (E14: its gauges are in /metrics); the
+    # dropped ones are not among them.
+    assert sorted(r.state.breakers.names()) == ["a", "b"]
+    assert all(r.breaker(n).state is BreakerState.CLOSED for n in ("a", "b"))
     _request_failure(r, "a")
     assert r.breaker("a").state is BreakerState.OPEN
 

@@ -9,8 +9,8 @@ import pytest
 from coderouterd.providers.errors import UpstreamError
 from coderouterd.routing.adaptive import AdaptiveOrderer, AdaptiveSettings, ProviderStats
 from coderouterd.routing.availability import judge
-from coderouterd.routing.breaker import BreakerState
 from coderouterd.routing.planner import SKIP_REASONS, ProviderFacts, RequestFeatures, plan
+from coderouterd.upstream.breaker import BreakerState
 from tests.support.routing import Routing, chain_config
 
 CHAIN = ["a", "b", "c"]

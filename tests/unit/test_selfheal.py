@@ -11,12 +11,12 @@ from pathlib import Path
 
 from coderouterd.health.monitor import HealthMonitor
 from coderouterd.health.selfheal import SelfHealer
-from coderouterd.routing.breaker import BreakerState
 from coderouterd.state import ProcessEvent, RecoveryProbe
 from coderouterd.state.events import ProcessEventName
 from coderouterd.supervise import ManagedProcess, ProcessSpec, ProcessState
 from coderouterd.supervise import Supervisor as RealSupervisor
 from coderouterd.tasks import TaskSet
+from coderouterd.upstream.breaker import BreakerState
 from tests.fakes.runner import FakeServer
 from tests.support.routing import Routing
 
