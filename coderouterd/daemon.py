@@ -83,7 +83,8 @@ class Daemon:
         # What each provider's server says about itself (kind, context window, slots): the context gate and
         # prefix affinity share it, so each server is asked once.
         self.servers = ServerDirectory(timeout_s=cfg.affinity.probe_timeout_s)
-        self.affinity = Affinity(cfg, publish=t.publish, persist=persisted.affinity_changed, servers=self.servers)
+        self.affinity = Affinity(cfg, publish=t.publish, persist=persisted.affinity_changed, servers=self.servers,
+                                 in_flight=lambda name: self.routing.upstream(name).in_flight)
         # The shared ledger's with [state] backend = "postgres"; reads its month from the store on first use (once
         # startup() has opened the store and configured it).
         self.budget: Budget | SharedBudget = self.shared.budget(t.store, t.publish)

@@ -357,7 +357,7 @@ class Warm:
             return
         for name in list(self.affinity.index.providers):
             found = self._savable(name)
-            if found is None or self.affinity.index.providers[name].in_flight:
+            if found is None or self.affinity.index.in_flight(name):
                 continue
             provider, table = found
             todo = to_save(table, now=self.clock(), idle_after_s=after)
