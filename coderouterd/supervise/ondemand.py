@@ -136,8 +136,9 @@ class OnDemand:
         self._target: str | None = None  # what the running swap brings in
         self._kick = asyncio.Event()
         self._dispatcher: asyncio.Task[None] | None = None
-        self._stopping: dict[str, asyncio.Future[None]] = {}
-        self._drained: dict[str, asyncio.Event] = {}
+        # Set (and dropped) when a stop or a request ends: a start waiting for a stop, and a stop waiting for its
+        # requests, look again. None while nobody waits (no event per request).
+        self._change: asyncio.Event | None = None
         self._wake = asyncio.Event()
         self._tasks = TaskSet()
         self._idle_task: asyncio.Task[None] | None = None
@@ -216,7 +217,7 @@ class OnDemand:
         if name is None:
             return
         self.policy.end(name)
-        self._check_drained(name)
+        self._changed()
         self._wake.set()
         self._kick.set()
 
@@ -237,17 +238,29 @@ class OnDemand:
             r = self.policy.residents.get(turn.name)
             if r is not None:
                 r.admitted = max(0, r.admitted - 1)
-                self._check_drained(turn.name)
+                self._changed()
         else:
             return
         self._wake.set()
         self._kick.set()
 
-    def _check_drained(self, name: str) -> None:
-        if not self.policy.busy(name):
-            ev = self._drained.get(name)
-            if ev is not None:
-                ev.set()
+    def _changed(self) -> None:
+        ev, self._change = self._change, None
+        if ev is not None:
+            ev.set()
+
+    async def _until(self, done: Callable[[], bool]) -> None:
+        """Until `done()` (looked at again after every stop and request that ends); the caller bounds it."""
+        while not done():
+            if self._change is None:
+                self._change = asyncio.Event()
+            await self._change.wait()
+
+    def _stopping(self, name: str) -> bool:
+        """A stop of it is under way (idle, room, by hand): the policy has it draining from the stop's decision
+        to its end, and its upstreams are DRAINING."""
+        r = self.policy.residents.get(name)
+        return r is not None and r.draining
 
     def can_start(self, provider: str) -> bool:
         """A request may start the provider's process: it is stopped (or being stopped by us), and on demand or
@@ -257,7 +270,7 @@ class OnDemand:
             return False
         if name == self._target or name in self._turns:
             return True
-        if name in self._stopping and self._ours(name):
+        if self._stopping(name) and self._ours(name):
             return True
         return self.effects.stopped(name) and (self._settings[name].on_demand or self._ours(name))
 
@@ -434,9 +447,7 @@ class OnDemand:
 
     async def _stopped(self, name: str) -> None:
         """A stop of this process under way (idle, room, by hand) ends before it is started again."""
-        fut = self._stopping.get(name)
-        if fut is not None:
-            await asyncio.shield(fut)
+        await self._until(lambda: not self._stopping(name))
 
     async def stop(self, name: str, reason: str) -> None:
         """Stop by hand (corectl stop: pinned ones too) or for a reason of ours; in-flight requests finish first,
@@ -444,11 +455,9 @@ class OnDemand:
         await self._stop(name, reason)
 
     async def _stop(self, name: str, reason: str) -> None:
-        running = self._stopping.get(name)
-        if running is not None:
-            await asyncio.shield(running)
+        if self._stopping(name):
+            await self._stopped(name)  # one stop at a time: this one is under way
             return
-        fut = self._stopping[name] = asyncio.get_running_loop().create_future()
         # Decided now, before any await: a request from here on finds it draining, and may start it again.
         self.policy.drain([name])
         self._move(name, Phase.DRAINING, reason)
@@ -459,24 +468,25 @@ class OnDemand:
             self.upstreams.stopped(self.effects.providers_of(name), name, on_demand=self.on_demand(name))
         finally:
             self.policy.drained(name)
-            del self._stopping[name]
-            fut.set_result(None)
+            providers = self.effects.providers_of(name)
+            if providers and self.upstreams.get(providers[0]).phase is Phase.DRAINING:
+                # The stop did not happen (an external process, an error): it serves on.
+                self.upstreams.move(providers, Phase.RESIDENT if name in self.effects.ready() else Phase.STOPPED,
+                                    process=name)
+            self._changed()
             self._wake.set()
 
     async def _wait_drained(self, name: str, *, room: bool = False) -> None:
         if not self.policy.busy(name):
             return
-        ev = self._drained[name] = asyncio.Event()
         settings = self._settings.get(name, Settings())
         timeout = max(settings.stop_timeout_s, settings.room_drain_s) if room else settings.stop_timeout_s
         try:
             async with asyncio.timeout(timeout):
-                await ev.wait()
+                await self._until(lambda: not self.policy.busy(name))
         except TimeoutError:
             log.warning("%s: %d request(s) still in flight after %.0fs; stopping it anyway", name,
                         self.policy.in_flight(name), timeout)
-        finally:
-            self._drained.pop(name, None)
 
     # -- idleness -------------------------------------------------------------------------------------------
 
@@ -506,7 +516,8 @@ class OnDemand:
 
     def _idle_ready(self) -> set[str]:
         busy = {self._target} if self._target else set()
-        return set(self.effects.ready()) - set(self.effects.external()) - set(self._stopping) - busy
+        stopping = {n for n, r in self.policy.residents.items() if r.draining}
+        return set(self.effects.ready()) - set(self.effects.external()) - stopping - busy
 
     async def _idle_stop(self, name: str) -> None:
         try:
@@ -539,7 +550,7 @@ class OnDemand:
                            "start": "on_demand" if s.on_demand else "always", "idle_stop_s": r.idle_stop_s,
                            "idle_stop_in_s": self.policy.idle_left(name) if name in holding else None,
                            "in_flight": self._in_flight(name), "starting_on_demand": name == self._target,
-                           "stopping": name in self._stopping, "waiting": len(self._turns.get(name) or ()),
+                           "stopping": r.draining, "waiting": len(self._turns.get(name) or ()),
                            "admitted": r.admitted, "load_s": r.load_s,
                            "resident_for_s": None if r.ready_at is None or name not in holding
                            else max(0.0, self.policy.clock() - r.ready_at)}

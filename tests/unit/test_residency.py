@@ -427,7 +427,7 @@ async def _test_a_request_for_a_process_being_stopped_waits_for_the_stop_then_st
     assert sch.begin("prov-a")
     swap = sch.demand("prov-b")
     for _ in range(20):
-        if "a" in sch._stopping:
+        if sch._stopping("a"):
             break
         await asyncio.sleep(0)
     back = sch.demand("prov-a")  # a is draining for b: the request takes a turn at a's next start
