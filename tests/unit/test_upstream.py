@@ -14,7 +14,6 @@ from coderouterd.upstream.clock import ManualClock
 from coderouterd.upstream.lifecycle import MOVES, Lifecycle, Phase
 from coderouterd.upstream.upstream import CLOSED, TRIAL, Refused, Upstreams
 
-
 CLOCK = ManualClock()
 
 
