@@ -30,26 +30,41 @@ if TYPE_CHECKING:
     from .request import ClientRequest
 
 
+class AttemptFacts(Protocol):
+    """What an attempt needs to know of its provider (routing/router.py's AttemptFacts)."""
+
+    def context_window(self, provider: Provider) -> int: ...
+
+    def named_tool_choice(self, provider: Provider) -> bool: ...
+
+    def signatures_for(self, signer: str) -> UpstreamSignatures: ...
+
+
+class Placing(Protocol):
+    """Prefix affinity as one request uses it (routing/router.py's AffinityPlacement); only ever asked with a ticket
+    its `ticket` gave."""
+
+    def body_for(self, ticket: Ticket, provider: Provider, req: ClientRequest) -> tuple[dict, bytes]: ...
+
+    async def place(self, ticket: Ticket, provider: Provider) -> Placement | None: ...
+
+    def finish(self, ticket: Ticket | None, placement: Placement, provider: Provider, *, ok: bool,
+               strategy: Strategy, request_id: str) -> None: ...
+
+    def learn_unplaced(self, ticket: Ticket, provider: Provider, *, strategy: Strategy, request_id: str) -> None: ...
+
+
 class ExchangeRouter(Protocol):
-    """What an exchange may ask its router (routing/router.py's `Router`)."""
+    """What an exchange may ask its router (routing/router.py's `Router`): ten members."""
 
-    # -- planning -------------------------------------------------------------------------------------------
-
-    def ticket(self, req: ClientRequest) -> Ticket | None:
-        """The request's prefix-affinity ticket, or None (no affinity, or nothing to place by)."""
-        ...
-
-    async def server_counts(self, profile: ProfileConfig, runtime: Generation, req: ClientRequest) -> dict[str, int]:
-        ...
-
-    def plan(self, profile_name: str, profile: ProfileConfig, runtime: Generation, req: ClientRequest,
-             ticket: Ticket | None = None, counts: dict[str, int] | None = None) -> Plan:
+    async def route(self, profile_name: str, profile: ProfileConfig, runtime: Generation,
+                    req: ClientRequest) -> tuple[Plan, Ticket | None]:
+        """The request's plan, and its prefix-affinity ticket (None: no affinity, or nothing to place by)."""
         ...
 
     def panic_order(self, names: list[str]) -> list[str]:
+        """Best first among providers all out for a passing reason (panic)."""
         ...
-
-    # -- one attempt ----------------------------------------------------------------------------------------
 
     def lease(self, provider: str, *, background: bool = False) -> Lease:
         """The request's hold on one upstream: the only way it waits for a process, is admitted through the
@@ -58,7 +73,7 @@ class ExchangeRouter(Protocol):
 
     def availability(self, provider: str) -> Availability:
         """Whether the provider can take traffic now and why not (routing/availability.py): the words a refused
-        admission is explained by."""
+        admission, or a process that cannot start, is explained by."""
         ...
 
     async def reserve(self, provider: Provider, req: ClientRequest) -> object | None:
@@ -68,44 +83,19 @@ class ExchangeRouter(Protocol):
         ...
 
     def spent_cap(self, provider: str) -> str | None:
+        """Why a budget-skipped provider cannot come back before its cap resets, or None."""
         ...
 
-    def report_success(self, provider: str, latency_s: float, admission: str = ...) -> None:
+    def report(self, provider: str, admission: str, elapsed_s: float, error: UpstreamError | None = None) -> None:
+        """How an attempt ended: served (`error` None) or failed; what counts against a provider is decided there."""
         ...
 
-    def report_failure(self, provider: str, e: UpstreamError, elapsed_s: float, admission: str = ...) -> None:
-        ...
+    @property
+    def attempt(self) -> AttemptFacts: ...
 
-    # -- what an attempt needs to know ----------------------------------------------------------------------
-
-    def context_window(self, provider: Provider) -> int:
-        ...
-
-    def named_tool_choice(self, provider: Provider) -> bool:
-        ...
-
-    def signatures_for(self, signer: str) -> UpstreamSignatures:
-        ...
-
-    # -- prefix affinity (only ever asked with a ticket `ticket` gave) ----------------------------------------
-
-    def body_for(self, ticket: Ticket, provider: Provider, req: ClientRequest) -> tuple[dict, bytes]:
-        ...
-
-    async def place(self, ticket: Ticket, provider: Provider) -> Placement | None:
-        ...
-
-    def finish_placement(self, ticket: Ticket | None, placement: Placement, provider: Provider, *, ok: bool,
-                         strategy: Strategy, request_id: str) -> None:
-        """The attempt `place` placed is over: its slot is free again, and a success teaches the index."""
-        ...
-
-    def learn_unplaced(self, ticket: Ticket, provider: Provider, *, strategy: Strategy, request_id: str) -> None:
-        """A success never placed (a race winner): what it cached still teaches the index."""
-        ...
-
-    def cannot_start_reason(self, provider: str) -> str | None:
-        """Why this provider's process cannot start (its client is told so), or None."""
+    @property
+    def placement(self) -> Placing | None:
+        """Prefix affinity, or None when it is off."""
         ...
 
 

@@ -36,6 +36,7 @@ from ..translate.tool_repair import repair_tools_for
 from ..wire.errors import error_kind
 from . import replies
 from .attempts import Outcome
+from .availability import Code
 from .planner import Skip
 from .record import CLIENT_DISCONNECTED, RequestRecord
 from .request import ClientRequest
@@ -104,11 +105,8 @@ class Exchange:
 
     async def _run(self) -> None:
         record = self.record
-        ticket = self.router.ticket(self.req)
+        plan, ticket = await self.router.route(self.profile_name, self.profile, self.runtime, self.req)
         record.set_affinity(ticket)
-        counts = await self.router.server_counts(self.profile, self.runtime, self.req)
-        plan = self.router.plan(self.profile_name, self.profile, self.runtime, self.req, ticket=ticket,
-                                counts=counts)
         record.planned(plan)
         errors: list[UpstreamError] = []
         names = list(plan.candidates)
@@ -321,9 +319,10 @@ class Exchange:
         call = slot.call
         try:
             slot.lease.end()  # out of the in-flight count (a stop waiting for it may go on)
-            if slot.placement is not None and call is not None:
-                self.router.finish_placement(self.record.affinity, slot.placement, slot.provider, ok=slot.ok,
-                                             strategy=call.strategy, request_id=self.req.request_id)
+            placing = self.router.placement
+            if slot.placement is not None and call is not None and placing is not None:
+                placing.finish(self.record.affinity, slot.placement, slot.provider, ok=slot.ok,
+                               strategy=call.strategy, request_id=self.req.request_id)
                 slot.placement = None
             if call is not None:
                 call.close()
@@ -369,8 +368,9 @@ class Exchange:
         provider = slot.provider
         body, raw = req.body, req.raw
         ticket = self.record.affinity
-        if ticket is not None:
-            body, raw = self.router.body_for(ticket, provider, req)
+        placing = self.router.placement
+        if ticket is not None and placing is not None:
+            body, raw = placing.body_for(ticket, provider, req)
         if provider.cfg.capabilities.vision is False and req.has_images():
             body, omitted = omit_images(req.ingress, body, f"[image omitted: {provider.name} does not accept "
                                                            "images]")
@@ -391,13 +391,13 @@ class Exchange:
             kw["native"] = req.native
             kw["provider_name"] = provider.name
         kw["repair_tools"] = repair_tools_for(provider.cfg, req.body)
-        if req.body.get("tool_choice") is not None and not self.router.named_tool_choice(provider):
+        if req.body.get("tool_choice") is not None and not self.router.attempt.named_tool_choice(provider):
             kw["named_tool_choice"] = False
         kw["observe"] = self.profile.drift_action != "off" and provider.cfg.is_local()
         if req.ingress == "anthropic" and cls.upstream_wire == "openai":
             kw["input_tokens"] = provider.estimate_tokens(len(raw))
         elif req.ingress == "anthropic":
-            kw["signatures"] = self.router.signatures_for(provider.adapter.signer)
+            kw["signatures"] = self.router.attempt.signatures_for(provider.adapter.signer)
         call = self._call_factory(provider, cls(**kw), raw_body=raw, stream=req.stream, client_headers=req.headers)
         slot.call = call
         return call
@@ -408,8 +408,9 @@ class Exchange:
         self.record.chose_model(model)
         call = self.new_call(slot, model)
         ticket = self.record.affinity
-        if ticket is not None:
-            call.placement = slot.placement = placement = await self.router.place(ticket, slot.provider)
+        placing = self.router.placement
+        if ticket is not None and placing is not None:
+            call.placement = slot.placement = placement = await placing.place(ticket, slot.provider)
             if placement is not None:
                 call.extra_fields = placement.fields
         if self._before_upstream is not None:
@@ -470,15 +471,16 @@ class Exchange:
                                             record.usage.get("output_tokens") or 0)
             record.sampled_drift(sample)
         latency = call.ttfb if call.ttfb is not None else time.monotonic() - slot.started
-        self.router.report_success(slot.name, latency, slot.admission)
+        self.router.report(slot.name, slot.admission, latency)
         usage = record.usage
         prompt_tokens = (usage.get("input_tokens") or 0) + (usage.get("cache_read_input_tokens") or 0)
         if prompt_tokens:
             slot.provider.learn_ratio(call.request_chars, prompt_tokens)
         ticket = record.affinity
-        if ticket is not None and slot.placement is None:
+        placing = self.router.placement
+        if ticket is not None and slot.placement is None and placing is not None:
             # A race winner: never slot-pinned, but what it cached still teaches the index.
-            self.router.learn_unplaced(ticket, slot.provider, strategy=call.strategy, request_id=self.req.request_id)
+            placing.learn_unplaced(ticket, slot.provider, strategy=call.strategy, request_id=self.req.request_id)
 
     def failed(self, slot: Slot, e: UpstreamError) -> None:
         # What a failure teaches is its label, status and message. The frames it was raised through name the
@@ -488,7 +490,7 @@ class Exchange:
         e.__traceback__ = None
         e.__context__ = None
         slot.done = True
-        self.router.report_failure(slot.name, e, time.monotonic() - slot.started, slot.admission)
+        self.router.report(slot.name, slot.admission, time.monotonic() - slot.started, e)
         self._record(slot, Outcome.FAILED, e.label, e.status, e.message)
 
     def lost(self, slot: Slot, *, cancelled: bool = False) -> None:
@@ -617,9 +619,8 @@ class Exchange:
         router = self.router
         for s in list(self.record.skips):
             # A start this request waited for ended unable to start (fatal, no room): the client is told why.
-            why = router.cannot_start_reason(s.provider) if s.reason == "not_ready" else None
-            if why is not None:
-                self.record.cannot_start(s.provider, why)
+            if s.reason == "not_ready" and (a := router.availability(s.provider)).code is Code.CANNOT_START:
+                self.record.cannot_start(s.provider, a.words)
         skips = self.record.skips
         args = {"ingress": self.req.ingress, "profile": self.profile_name, "summary": self.record.failure_summary()}
         if errors:
@@ -633,7 +634,7 @@ class Exchange:
         needed = e.overflow[0] if e.overflow and e.overflow[0] else 0
         have = e.overflow[1] if e.overflow and e.overflow[1] else 0
         for name in rest:
-            w = self.router.context_window(self.runtime.providers[name])
+            w = self.router.attempt.context_window(self.runtime.providers[name])
             if w == 0 or w > max(have, needed):
                 return True
         return False

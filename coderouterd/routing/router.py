@@ -74,6 +74,10 @@ class Router:
         # Which Anthropic upstream signed each thinking block relayed, so none goes to another (process-wide:
         # a conversation moves between providers and profiles).
         self.thinking_signatures = SignatureBook()
+        # What an attempt needs to know of its provider, and prefix affinity as an attempt uses it: the two
+        # narrow views an exchange gets (routing/exchange_router.py), not the directory or the index themselves.
+        self.attempt = AttemptFacts(servers, self.thinking_signatures)
+        self.placement = AffinityPlacement(affinity) if affinity is not None else None
         # What "why no traffic" reads (routing/availability.py), besides the state and budget above.
         self.last_probe = last_probe
         self._sources: Sources | None = None  # built once (per last_probe), not on every plan
@@ -160,47 +164,11 @@ class Router:
 
     def context_window(self, provider: Provider) -> int:
         """The window a provider is routed by: configured, else as its server reports it (0 = unknown)."""
-        if self.servers is None:
-            return provider.cfg.context_window
-        return self.servers.context_window(provider)
+        return self.attempt.context_window(provider)
 
     def named_tool_choice(self, provider: Provider) -> bool:
         """Whether the provider's server reads OpenAI's named tool choice (servers/base.py)."""
-        return self.servers is None or self.servers.named_tool_choice(provider)
-
-    # -- what an exchange asks beyond planning and outcomes (routing/exchange_router.py) ----------------------
-
-    def signatures_for(self, signer: str) -> UpstreamSignatures:
-        """The thinking signatures an Anthropic upstream (`signer`, its origin) may be sent back."""
-        return self.thinking_signatures.for_upstream(signer)
-
-    def ticket(self, req: ClientRequest) -> Ticket | None:
-        aff = self.affinity
-        return aff.ticket(req, prompt_cache_key=req.session_key()) if aff is not None else None
-
-    def body_for(self, ticket: Ticket, provider: Provider, req: ClientRequest) -> tuple[dict, bytes]:
-        """The request's body as this provider is sent it under prefix affinity (a ticket implies affinity)."""
-        aff = self.affinity
-        return aff.body_for(ticket, provider, req) if aff is not None else (req.body, req.raw)
-
-    async def place(self, ticket: Ticket, provider: Provider) -> Placement | None:
-        aff = self.affinity
-        return await aff.place(ticket, provider) if aff is not None else None
-
-    def finish_placement(self, ticket: Ticket | None, placement: Placement, provider: Provider, *, ok: bool,
-                         strategy: Strategy, request_id: str) -> None:
-        aff = self.affinity
-        if aff is not None:
-            aff.finish(ticket, placement, provider, ok=ok, strategy=strategy, request_id=request_id)
-
-    def learn_unplaced(self, ticket: Ticket, provider: Provider, *, strategy: Strategy, request_id: str) -> None:
-        aff = self.affinity
-        if aff is not None:
-            aff.finish(ticket, aff.unplaced(ticket, provider), provider, ok=True, strategy=strategy,
-                       request_id=request_id)
-
-    def cannot_start_reason(self, provider: str) -> str | None:
-        return self.state.cannot_start_reason(provider)
+        return self.attempt.named_tool_choice(provider)
 
     def _facts(self, runtime: Generation, names: Iterable[str]) -> dict[str, ProviderFacts]:
         """The runtime's facts, with the context window the server reports where the config left it unset.
@@ -234,6 +202,16 @@ class Router:
                 known.clear()
             known[key] = out
         return out
+
+    async def route(self, profile_name: str, profile: ProfileConfig, runtime: Generation,
+                    req: ClientRequest) -> tuple[Plan, Ticket | None]:
+        """A request's plan and its prefix-affinity ticket (None: no affinity, or nothing to place by): the
+        ticket first (the plan may prefer what is cached for it), then the prompt counted by the servers that can
+        count it where the estimate would skip them, then the plan."""
+        placement = self.placement
+        ticket = placement.ticket(req) if placement is not None else None
+        counts = await self.server_counts(profile, runtime, req)
+        return self.plan(profile_name, profile, runtime, req, ticket=ticket, counts=counts), ticket
 
     def plan(self, profile_name: str, profile: ProfileConfig, runtime: Generation, req: ClientRequest,
              ticket: Ticket | None = None, counts: dict[str, int] | None = None) -> Plan:
@@ -336,6 +314,13 @@ class Router:
 
     # -- outcomes -------------------------------------------------------------------------------------------
 
+    def report(self, provider: str, admission: str, elapsed_s: float, error: UpstreamError | None = None) -> None:
+        """How an attempt ended: served (`error` None; `elapsed_s` its latency, the first byte's) or failed."""
+        if error is None:
+            self.report_success(provider, elapsed_s, admission)
+        else:
+            self.report_failure(provider, error, elapsed_s, admission)
+
     def report_success(self, provider: str, latency_s: float, admission: str = CLOSED) -> None:
         br = self.state.breakers.get(provider)
         if admission == PANIC and br.state is not BreakerState.CLOSED:
@@ -372,3 +357,57 @@ class Router:
                 br.record_success()  # it answered: alive; the trial closes the breaker
             else:
                 br.release()
+
+
+class AttemptFacts:
+    """What an attempt needs to know of its provider: the context window it is routed by, whether its server reads a
+    named tool choice, and which thinking signatures it may be sent back."""
+
+    __slots__ = ("_servers", "_signatures")
+
+    def __init__(self, servers: ServerDirectory | None, signatures: SignatureBook) -> None:
+        self._servers = servers
+        self._signatures = signatures
+
+    def context_window(self, provider: Provider) -> int:
+        """Configured, else as its server reports it (0 = unknown)."""
+        if self._servers is None:
+            return provider.cfg.context_window
+        return self._servers.context_window(provider)
+
+    def named_tool_choice(self, provider: Provider) -> bool:
+        return self._servers is None or self._servers.named_tool_choice(provider)
+
+    def signatures_for(self, signer: str) -> UpstreamSignatures:
+        """The thinking signatures an Anthropic upstream (`signer`, its origin) may be sent back."""
+        return self._signatures.for_upstream(signer)
+
+
+class AffinityPlacement:
+    """Prefix affinity as one request uses it: its ticket, its body per provider, an attempt's slot and its end."""
+
+    __slots__ = ("_aff",)
+
+    def __init__(self, affinity: Affinity) -> None:
+        self._aff = affinity
+
+    def ticket(self, req: ClientRequest) -> Ticket | None:
+        return self._aff.ticket(req, prompt_cache_key=req.session_key())
+
+    def body_for(self, ticket: Ticket, provider: Provider, req: ClientRequest) -> tuple[dict, bytes]:
+        """The request's body as this provider is sent it under prefix affinity."""
+        return self._aff.body_for(ticket, provider, req)
+
+    async def place(self, ticket: Ticket, provider: Provider) -> Placement | None:
+        return await self._aff.place(ticket, provider)
+
+    def finish(self, ticket: Ticket | None, placement: Placement, provider: Provider, *, ok: bool,
+               strategy: Strategy, request_id: str) -> None:
+        """The attempt `place` placed is over: its slot is free again, and a success teaches the index."""
+        self._aff.finish(ticket, placement, provider, ok=ok, strategy=strategy, request_id=request_id)
+
+    def learn_unplaced(self, ticket: Ticket, provider: Provider, *, strategy: Strategy, request_id: str) -> None:
+        """A success never placed (a race winner): what it cached still teaches the index."""
+        aff = self._aff
+        aff.finish(ticket, aff.unplaced(ticket, provider), provider, ok=True, strategy=strategy,
+                   request_id=request_id)
