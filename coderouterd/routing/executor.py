@@ -266,7 +266,8 @@ class Exchange:
         why it is skipped and return None."""
         provider = self.runtime.providers[name]
         panic = self.record.panic
-        lease = self._leases.get(name) or self.router.lease(name, background=self.background)
+        # (Whether the request is a background one matters only to a start: asked when one is wanted, below.)
+        lease = self._leases.get(name) or self.router.lease(name)
         admission = lease.admit(panic)
         if admission is None:
             why = self.router.availability(name)

@@ -250,9 +250,9 @@ class Upstreams:
     def get(self, name: str) -> Upstream:
         up = self._all.get(name)
         if up is None:
+            # Its breaker is the registry's for good: the registry forgets one only for a provider no longer
+            # configured, whose upstream `configure` forgets with it.
             up = self._all[name] = Upstream(name, self.breakers.get(name), self)
-        elif up.breaker is not (br := self.breakers.get(name)):
-            up.breaker = br  # the breaker registry forgot and remade it (a reload)
         return up
 
     def __iter__(self) -> Iterator[Upstream]:
