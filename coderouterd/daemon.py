@@ -125,8 +125,7 @@ class Daemon:
         self.drift = DriftManager(lambda: self.runtime, healer=lambda: self.selfheal, publish=t.publish)
         self.router = Router(self.routing, budget=BudgetHooks(self.budget), affinity=self.affinity,
                              servers=self.servers, memory_cooldown_s=cfg.memory.cooldown_s,
-                             order_adjusters=[self.drift.adjust_order, self._memory_order],
-                             last_probe=self._last_probe)
+                             order_adjusters=[self.drift.adjust_order, self._memory_order])
         self._finisher = RequestFinisher(self._recorder, self.recent, drift=self.drift)
         self._background: asyncio.Task | None = None
 
@@ -368,11 +367,6 @@ class Daemon:
         self.affinity.flush()
         self.telemetry.publish(DaemonLifecycle(event="stop", pid=self.pid, version=self.version))
         self.telemetry.stop()
-
-    def _last_probe(self, provider: str) -> dict | None:
-        """The health monitor's last probe of `provider` (None before the monitor starts): its words go into the
-        availability answer of a provider failing its probes."""
-        return self.health.last_probe.get(provider) if self.health is not None else None
 
     def _memory_order(self, profile, candidates: list[str]) -> list[dict]:
         if not self.ram_watch.low:  # no pressure (nearly always): nothing to move, no closure to build

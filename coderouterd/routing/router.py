@@ -16,7 +16,7 @@ from ..translate.unsigned_thinking import SignatureBook, UpstreamSignatures
 from ..upstream.breaker import BreakerRegistry, BreakerState
 from ..upstream.upstream import CLOSED, PANIC, TRIAL, Lease, Starter
 from .adaptive import AdaptiveOrderer, ProbeScheduler, ProviderStats
-from .availability import Availability, LastProbe, Sources, judge, judge_chain
+from .availability import Availability, Sources, judge, judge_chain
 from .context_count import count_over_window, learned_estimates
 from .planner import Plan, ProviderFacts, RequestFeatures, plan
 from .request import ClientRequest
@@ -52,15 +52,12 @@ OrderAdjuster = Callable[["ProfileConfig", list[str]], list[dict]]
 class Router:
     def __init__(self, state: RoutingState, *, budget: BudgetGate | None = None, affinity: Affinity | None = None,
                  servers: ServerDirectory | None = None, memory_cooldown_s: float = 60.0,
-                 order_adjusters: Sequence[OrderAdjuster] = (),
-                 last_probe: LastProbe = lambda _name: None) -> None:
+                 order_adjusters: Sequence[OrderAdjuster] = ()) -> None:
         """`budget`: guards.apply.BudgetHooks (allowed / reserve / settle), or None when nothing is paid for.
         `affinity`: prefix affinity (session lanes, slots, prefix index), or None.
         `servers`: what each provider's server reports about itself; its context window gates requests
         for providers whose config leaves context_window unset. None: configured windows only.
         `memory_cooldown_s`: how long a provider that ran out of memory is not tried.
-        `last_probe`: the health monitor's last probe of a provider (it comes later too), for the words of a probe
-        streak in the availability answer.
         `order_adjusters`: consulted after planning, in order: (profile config, candidates) -> order notes;
         each may reorder the candidates in place. Guards that move providers (drift demotion, memory
         pressure) plug in here."""
@@ -79,20 +76,13 @@ class Router:
         self.attempt = AttemptFacts(servers, self.thinking_signatures)
         self.placement = AffinityPlacement(affinity) if affinity is not None else None
         # What "why no traffic" reads (routing/availability.py), besides the state and budget above.
-        self.last_probe = last_probe
-        self._sources: Sources | None = None  # built once (per last_probe), not on every plan
+        # The upstream's last probe (the health monitor's) gives the words of a probe streak. Built once, not per plan.
+        self.sources = Sources(routing=state, budget=budget, demand=lambda: self.demand,
+                               last_probe=lambda name: state.upstream(name).last_probe)
         # Facts with the context windows servers report, per (provider, window) set: the same dict for every
         # request until a window or the generation changes (no copy of the facts per request).
         self._reported: tuple[Generation | None, dict[tuple[tuple[str, int], ...], dict[str, ProviderFacts]]] = (
             None, {})
-
-    @property
-    def sources(self) -> Sources:
-        s = self._sources
-        if s is None or s.last_probe is not self.last_probe:
-            s = self._sources = Sources(routing=self.state, budget=self._budget, demand=lambda: self.demand,
-                                        last_probe=self.last_probe)
-        return s
 
     def availability(self, provider: str, *, health_action: str = "exclude") -> Availability:
         """Can `provider` take traffic now, and if not, why: the one answer every view shows."""

@@ -81,6 +81,11 @@ class Upstream:
     def phase(self) -> Phase:
         return self.life.phase
 
+    def probed(self, result: Mapping[str, object]) -> None:
+        """The health monitor's latest active probe ({"ok", "detail", "at", "seconds"}): its words go into the
+        availability answer of a provider failing its probes."""
+        self.last_probe = result
+
     def lease(self, *, background: bool = False, timeout: float = 0.0, panic: bool = False) -> Lease:
         """`async with upstream.lease(timeout=...)`: admitted through the breaker, started and waited for (at most
         `timeout`) when stopped on demand or starting, refused when draining, counted in flight until the exit."""

@@ -9,7 +9,6 @@ from dataclasses import dataclass
 
 from coderouterd.providers.errors import MEMORY_PRESSURE, UpstreamError
 from coderouterd.routing.availability import Code, judge_chain
-from coderouterd.routing.router import Router
 from coderouterd.upstream.breaker import BreakerState
 from coderouterd.upstream.lifecycle import Phase, down_why
 from tests.support.routing import Routing, chain_config, fail
@@ -87,7 +86,7 @@ def test_a_memory_cooldown_and_a_retry_after_are_named_as_such():
 
 def test_failed_probes_make_it_unhealthy_and_health_action_decides_whether_it_is_routed():
     r = Routing(chain_config("a"))
-    r.router = Router(r.state, last_probe=lambda name: {"ok": False, "detail": "cannot connect: refused"})
+    r.state.upstream("a").probed({"ok": False, "detail": "cannot connect: refused"})
     for _ in range(3):
         r.state.probe_failed("a", "probe failed: cannot connect")
     assert r.breaker("a").state is BreakerState.CLOSED  # a probe never opens the breaker
