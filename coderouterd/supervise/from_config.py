@@ -13,6 +13,7 @@ from ..affinity.slot_save import slot_dir, with_slot_save_path
 from ..config import state_dir
 from ..state.events import ProcessEventName
 from ..tasks import TaskSet
+from ..upstream.lifecycle import Phase
 from ..upstream.upstream import Upstreams
 from . import memory
 from .ondemand import OnDemand, Rules, Settings, StartFailed
@@ -168,10 +169,15 @@ class Processes:
                                  Rules(hold_s=cfg.models.swap_hold_s, min_resident_s=cfg.models.min_resident_s))
 
     def await_first_starts(self, cfg: ConfigModel) -> None:
-        """Before the proxy answers: a process started with the daemon is waited for by a request that arrives
-        first (not tried at once and counted as a failure); an on-demand one is not routed to until a request
-        has started it."""
+        """Before the proxy answers (and for the processes a reload adds): a process started with the daemon is
+        waited for by a request that arrives first (not tried at once and counted as a failure); an on-demand one
+        is not routed to until a request has started it. Only processes not started yet, whose providers routing
+        still takes for up."""
         for name, (spec, providers) in specs_from_config(cfg).items():
+            mp = self.supervisor.get(name) if name in self.supervisor.names() else None
+            if mp is None or mp.state is not ProcessState.STOPPED or mp.pid is not None or \
+                    any(self.upstreams.get(p).phase is not Phase.RESIDENT for p in providers):
+                continue
             found = cfg.process_for(providers[0])
             if spec.autostart:
                 self.upstreams.awaited(providers, name, spec.start_timeout_s)
@@ -210,7 +216,9 @@ class Processes:
                 await self.supervisor.remove(name)
         await self.configure(cfg)
         self.scheduler.start_idle_watch()
-        for name in self.apply(cfg):
+        changed = self.apply(cfg)
+        self.await_first_starts(cfg)
+        for name in changed:
             spec, providers = wanted[name]
             mp = await self.supervisor.replace(spec, providers=providers)
             mp.last_stop_reason = "reload"

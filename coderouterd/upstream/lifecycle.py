@@ -37,8 +37,9 @@ MOVES: dict[Phase, frozenset[Phase]] = {
                            P.FATAL}),
     # Back to RESIDENT: a stop that did not happen (an external process, an error); it serves on.
     P.DRAINING: frozenset({P.RESIDENT, P.STOPPED, P.STOPPED_ON_DEMAND, P.STARTING, P.FATAL}),
-    P.STOPPED_ON_DEMAND: frozenset({P.STARTING, P.RESIDENT, P.STOPPED, P.CANNOT_START}),
-    P.STOPPED: frozenset({P.STARTING, P.RESIDENT, P.STOPPED_ON_DEMAND, P.CANNOT_START}),
+    # FATAL straight from a stopped phase: a start whose command cannot even run (`corectl start`).
+    P.STOPPED_ON_DEMAND: frozenset({P.STARTING, P.RESIDENT, P.STOPPED, P.CANNOT_START, P.FATAL}),
+    P.STOPPED: frozenset({P.STARTING, P.RESIDENT, P.STOPPED_ON_DEMAND, P.CANNOT_START, P.FATAL}),
     P.CANNOT_START: frozenset({P.STARTING, P.RESIDENT, P.STOPPED, P.STOPPED_ON_DEMAND, P.CANNOT_START, P.FATAL}),
     P.FATAL: frozenset({P.STARTING, P.RESIDENT, P.STOPPED, P.CANNOT_START, P.FATAL}),
 }
