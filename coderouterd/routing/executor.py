@@ -181,6 +181,8 @@ class Exchange:
         candidates in the chain's order. One behind the provider that serves is wanted only once those ahead have
         failed: a turn for it would stop the model serving this request (and again after it, as a start nobody
         waits for)."""
+        if not skips:  # nearly every request: nothing skipped, nothing to start
+            return
         chain = list(self.profile.providers)
         first = chain.index(ahead_of[0]) if ahead_of and ahead_of[0] in chain else len(chain)
         for s in skips:
