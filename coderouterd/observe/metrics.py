@@ -299,15 +299,15 @@ def _upstreams(daemon: MetricsSource):
                               + ", ".join(p.value for p in Phase), labels=["provider", "phase"])
     in_flight = GaugeMetricFamily("coderouter_upstream_in_flight", "Requests in flight on the upstream (the one "
                                   "count residency and affinity read)", labels=["provider"])
-    names = list(daemon.runtime.providers)
-    state = daemon.router.state if names else None
-    for name in names:
-        assert state is not None
-        up = state.upstream(name)
-        breaker.add_metric([name], _BREAKER_VALUE.get(str(up.breaker.state), 0))
-        health.add_metric([name], _HEALTH_VALUE.get(state.health_of(name) or HEALTHY, 0))
-        phase.add_metric([name, up.phase.value], 1.0)
-        in_flight.add_metric([name], up.in_flight)
+    providers = daemon.runtime.providers
+    if providers:
+        state = daemon.router.state
+        for name in providers:
+            up = state.upstream(name)
+            breaker.add_metric([name], _BREAKER_VALUE.get(str(up.breaker.state), 0))
+            health.add_metric([name], _HEALTH_VALUE.get(state.health_of(name) or HEALTHY, 0))
+            phase.add_metric([name, up.phase.value], 1.0)
+            in_flight.add_metric([name], up.in_flight)
     yield from (breaker, health, phase, in_flight)
 
 
