@@ -62,6 +62,7 @@ class Router:
         each may reorder the candidates in place. Guards that move providers (drift demotion, memory
         pressure) plug in here."""
         self.state = state
+        self._upstreams = state.upstreams
         self._budget = budget
         self.affinity = affinity
         self.servers = servers
@@ -116,7 +117,7 @@ class Router:
     def lease(self, provider: str, *, background: bool = False) -> Lease:
         """A request's hold on one upstream (upstream/upstream.py): the only way it waits for a process, is admitted
         through the breaker and is counted in flight."""
-        return self.state.upstreams.get(provider).lease(background=background)
+        return self._upstreams.lease(provider, background)
 
     def reconfigure(self, config: ConfigModel) -> None:
         self.state.reconfigure(config)
@@ -306,20 +307,20 @@ class Router:
 
     def report(self, provider: str, admission: str, elapsed_s: float, error: UpstreamError | None = None) -> None:
         """How an attempt ended: served (`error` None; `elapsed_s` its latency, the first byte's) or failed."""
-        if error is None:
-            self.report_success(provider, elapsed_s, admission)
-        else:
+        if error is not None:
             self.report_failure(provider, error, elapsed_s, admission)
-
-    def report_success(self, provider: str, latency_s: float, admission: str = CLOSED) -> None:
+            return
         br = self.state.breakers.get(provider)
         if admission == PANIC and br.state is not BreakerState.CLOSED:
             # A real generation served now, while the breaker refused: the best proof there is.
             br.reset("a panic attempt succeeded")
         else:
             br.record_success()
-        self.state.stats.record(provider, latency_s=latency_s, ok=True)
+        self.state.stats.record(provider, latency_s=elapsed_s, ok=True)
         self.state.passive_success(provider)  # health follows the breaker it just told
+
+    def report_success(self, provider: str, latency_s: float, admission: str = CLOSED) -> None:
+        self.report(provider, admission, latency_s)
 
     def report_failure(self, provider: str, e: UpstreamError, elapsed_s: float, admission: str = CLOSED) -> None:
         st = self.state

@@ -89,7 +89,10 @@ class Upstream:
     def lease(self, *, background: bool = False, timeout: float = 0.0, panic: bool = False) -> Lease:
         """`async with upstream.lease(timeout=...)`: admitted through the breaker, started and waited for (at most
         `timeout`) when stopped on demand or starting, refused when draining, counted in flight until the exit."""
-        return Lease(self, self._registry.starter, background=background, timeout=timeout, panic=panic)
+        lease = Lease(self, self._registry.starter, background)
+        lease.timeout = timeout
+        lease.panic = panic
+        return lease
 
 
 class Lease:
@@ -101,13 +104,13 @@ class Lease:
     __slots__ = ("upstream", "starter", "background", "timeout", "panic", "turn", "admission", "counted",
                  "starting")
 
-    def __init__(self, upstream: Upstream, starter: Starter | None, *, background: bool = False,
-                 timeout: float = 0.0, panic: bool = False) -> None:
+    def __init__(self, upstream: Upstream, starter: Starter | None, background: bool = False) -> None:
+        # One per attempt, on every request: positional, and no more fields set than an attempt reads.
         self.upstream = upstream
         self.starter = starter
         self.background = background
-        self.timeout = timeout
-        self.panic = panic
+        self.timeout = 0.0  # `async with` only: how long to wait for a process
+        self.panic = False  # `async with` only: let through although the breaker refuses
         self.turn: Turn | None = None
         self.admission: str | None = None
         self.counted = False
@@ -268,6 +271,11 @@ class Upstreams:
 
     def names(self) -> list[str]:
         return list(self._all)
+
+    def lease(self, name: str, background: bool = False) -> Lease:
+        """A request's lease on this provider's upstream (the request path's way in: one call, no keywords)."""
+        up = self._all.get(name)
+        return Lease(up if up is not None else self.get(name), self.starter, background)
 
     def configure(self, names: Collection[str]) -> None:
         """Every configured provider has its upstream from the start; a removed one is forgotten."""
