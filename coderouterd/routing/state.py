@@ -59,7 +59,7 @@ class RoutingState:
         self._configured = frozenset(config.providers)
         self.breakers.limit_ejections(config.breaker.max_ejection_percent, lambda: self._configured)
         # One Upstream per configured provider from the start (its gauges are in /metrics before it moves).
-        self.upstreams = Upstreams(self.breakers)
+        self.upstreams = Upstreams(self.breakers, self.clock.now)
         self.upstreams.configure(self._configured)
         self.settings = AdaptiveSettings(**config.adaptive.model_dump())
         self.stats = ProviderStats(self.settings, self.clock)
@@ -162,6 +162,13 @@ class RoutingState:
             return None
         life = self.upstreams.get(provider).life
         return life.why if life.phase in (Phase.CANNOT_START, Phase.FATAL) else None
+
+    def start_left(self, provider: str) -> float | None:
+        """Seconds left in the start window of this provider's process (None: not starting): when a start under
+        way has come up or failed, at the latest (a Retry-After's upper bound)."""
+        if provider not in self.upstreams.out:
+            return None
+        return self.upstreams.get(provider).life.start_left(self.clock.now())
 
     def is_held(self, provider: str) -> bool:
         return provider in self.upstreams and self.upstreams.get(provider).held is not None

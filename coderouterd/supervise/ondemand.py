@@ -539,15 +539,6 @@ class OnDemand:
             self._settle(name, False)
         await self._tasks.close()
 
-    def adopted(self, name: str) -> None:
-        """A server of ours found running at the daemon's start and adopted (supervise/adopt.py): it holds its
-        memory from now on and counts against the budget like one this scheduler started (its upstreams heard
-        ADOPTED: RESIDENT); its minimum residency and idle time count from now. The hook for that adoption."""
-        if name in self.policy.residents:
-            self.policy.started(name, None)
-            self._wake.set()
-            self._kick.set()
-
     # -- what can be seen -----------------------------------------------------------------------------------
 
     def snapshot(self) -> dict[str, Any]:

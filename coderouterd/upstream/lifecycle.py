@@ -51,7 +51,7 @@ class Lifecycle:
     """The phase, why (for the client), the process's name, and while STARTING how long a request may wait and the
     event set when the start ends (ready or not)."""
 
-    __slots__ = ("provider", "phase", "why", "process", "wait_s", "ours", "_settled")
+    __slots__ = ("provider", "phase", "why", "process", "wait_s", "since", "ours", "_settled")
 
     def __init__(self, provider: str) -> None:
         self.provider = provider
@@ -59,6 +59,7 @@ class Lifecycle:
         self.why = ""
         self.process = ""
         self.wait_s = 0.0
+        self.since = 0.0  # clock time of the last move (a start's window ends at since + wait_s)
         self.ours = False  # DRAINING or stopped for a reason of the scheduler's (idle, room): a request restarts it
         self._settled: asyncio.Event | None = None  # set (and dropped) when STARTING or DRAINING ends
 
@@ -66,7 +67,8 @@ class Lifecycle:
     def resident(self) -> bool:
         return self.phase is Phase.RESIDENT
 
-    def move(self, new: Phase, why: str = "", *, process: str = "", wait_s: float = 0.0, ours: bool = False) -> bool:
+    def move(self, new: Phase, why: str = "", *, process: str = "", wait_s: float = 0.0, ours: bool = False,
+             now: float = 0.0) -> bool:
         """Move to `new` (a move to the same phase updates its words). False, logged, when the table refuses."""
         old = self.phase
         if new is not old and new not in MOVES[old]:
@@ -76,6 +78,7 @@ class Lifecycle:
         self.why = why
         self.process = process or self.process
         self.wait_s = wait_s if new is Phase.STARTING else 0.0
+        self.since = now
         self.ours = ours
         if old in (Phase.STARTING, Phase.DRAINING) and new is not old:
             ev, self._settled = self._settled, None
@@ -96,6 +99,12 @@ class Lifecycle:
         except TimeoutError:
             return False
         return True
+
+    def start_left(self, now: float) -> float | None:
+        """Seconds left in a start's window (None: not starting): when it has come up or failed, at the latest."""
+        if self.phase is not Phase.STARTING or self.wait_s <= 0:
+            return None
+        return max(0.0, self.since + self.wait_s - now)
 
     def words(self) -> str:
         """Why a provider out of routing is so, for the client ("llama's managed process llama is fatal; ...")."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
 from types import TracebackType
 from typing import Protocol
@@ -247,8 +248,10 @@ class Upstreams:
     """The registry: one `Upstream` per provider, created on first use, forgotten when no longer configured. The
     supervisor's process events move their lifecycles (`process_event`); watchers hear every move."""
 
-    def __init__(self, breakers: BreakerRegistry) -> None:
+    def __init__(self, breakers: BreakerRegistry, clock: Callable[[], float] = time.monotonic) -> None:
+        """`clock`: monotonic seconds, for when a start's window ends (routing's clock)."""
         self.breakers = breakers
+        self.clock = clock
         self._all: dict[str, Upstream] = {}
         # Those not RESIDENT, kept with every move: the planner asks on every request, and it is nearly always empty.
         self.out: set[str] = set()
@@ -299,7 +302,8 @@ class Upstreams:
         for p in providers:
             up = self.get(p)
             old = up.phase
-            if up.life.move(new, why, process=process, wait_s=wait_s, ours=ours) and old is not new:
+            if up.life.move(new, why, process=process, wait_s=wait_s, ours=ours, now=self.clock()) \
+                    and old is not new:
                 if new is Phase.RESIDENT:
                     self.out.discard(p)
                 else:

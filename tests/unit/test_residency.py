@@ -450,31 +450,6 @@ def test_snapshot_shows_budget_held_and_idle_time():
     assert snap["processes"]["a"]["idle_stop_in_s"] == 50 and snap["processes"]["a"]["resident"]
 
 
-def test_an_adopted_server_counts_against_the_budget_and_keeps_its_minimum_residency():
-    # D2's hook: an on-demand server of ours that survived a crash of the daemon is adopted at start: it holds its
-    # memory (a swap for another model makes room by stopping it), and it is not stopped again before its minimum
-    # residency, counted from its adoption.
-    run(_adopted())
-
-
-async def _adopted():
-    sch, fx, clock = scheduler(6000, [Resident("a", 4000, idle_stop_s=60), Resident("b", 4000)], min_resident_s=30)
-    fx.state["a"] = "ready"
-    fx.event("a", ProcessEventName.ADOPTED)
-    sch.adopted("a")
-    assert sch.upstreams.get("prov-a").phase is Phase.RESIDENT
-    assert sch.snapshot()["memory_held_mb"] == 4000
-    assert sch.policy.resident_until("a") == clock.t + 30
-    turn = sch.demand("prov-b")
-    await settle()
-    assert ("start", "b") not in fx.log  # a's minimum residency holds the swap
-    clock.t += 31
-    sch._kick.set()
-    assert await turn.ready and ("stop", "a", room_for("b")) in fx.log and fx.max_held_together == 1
-    sch.release(turn)
-    await sch.close()
-
-
 # -- memory estimate and pre-flight -----------------------------------------------------------------------------
 
 

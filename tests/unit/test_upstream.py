@@ -184,3 +184,17 @@ def test_the_registry_has_every_configured_provider_from_the_start_and_forgets_r
     ups.starting(["q"], "qwen", 30)
     ups.configure(["p"])
     assert ups.names() == ["p"] and ups.out == set()
+
+
+def test_a_start_says_how_long_its_window_has_left():
+    from tests.support.routing import Routing, chain_config
+
+    r = Routing(chain_config("a"))
+    assert r.state.start_left("a") is None  # resident
+    r.state.upstreams.starting(["a"], "llama", 30)
+    r.clock.advance(12)
+    assert r.state.start_left("a") == 18
+    r.clock.advance(40)
+    assert r.state.start_left("a") == 0  # past its window: it has come up or failed by now
+    r.state.upstreams.process_event("llama", E.READY, ["a"], "", wait_s=30, on_demand=False)
+    assert r.state.start_left("a") is None
