@@ -13,7 +13,7 @@ earlier prompt (tokenised by the server itself with /apply-template and /tokeniz
 measures after the managed server was killed and restarted by the supervisor, and after coderouterd itself
 restarted on its persisted state: the first turn after a restart is cold for everyone, the rest must be warm.
 
-`--warm`: caches that survive (affinity/warm.py). Three interleaved conversations with two title calls on three
+`--warm`: caches that survive (kvcache/). Three interleaved conversations with two title calls on three
 slots, interrupted half-way by a restart of coderouterd or by kill -9 of its server (after a pause longer than
 `save_idle_after_s`, as a person reading the answer makes), with the slot saves on and off; processed tokens
 against the best any cache could do over the whole run (no restart forgives anything).
@@ -277,7 +277,7 @@ health_action = "warn"
 # this small model; the least shared prefix worth a slot copy (default 2,048 tokens) scales down with them.
 clone_min_tokens = @CLONE_MIN@
 """
-# Saves off: neither before a stop nor when a lane is idle (what coderouterd did before affinity/warm.py).
+# Saves off: neither before a stop nor when a lane is idle (what coderouterd did before kvcache/).
 NO_SAVES = "save_idle_after_s = 0\nsave_before_stop_s = 0\n"
 IDLE_SAVE_S = 1.0  # the bench's pause between rounds is longer than this; the default is 10 s
 
@@ -400,7 +400,7 @@ def swap_config(sc: Scenario, ports: tuple[int, int], starts_log: Path, state: P
     alive at the moment each one starts; the budget is 1.5x one server's estimate (model file + KV cache). The
     wrapper hides llama-server from coderouterd's own --slot-save-path, so the command names the daemon's slot
     directory itself (under `state`), where its slots are saved before each stop."""
-    from coderouterd.affinity.slot_save import slot_dir
+    from coderouterd.kvcache.disk import slot_dir
     from coderouterd.supervise.memory import estimate_mb
 
     p = paths()

@@ -20,6 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.common import PY, ROOT, free_port, pct, start_fake, stop, table, wait_healthz  # noqa: E402
 from tests.fakes.runner import FakeServer  # noqa: E402
+from tests.support.ports import dead_port  # noqa: E402
 
 BODY = {"model": "m", "max_tokens": 8, "stream": True, "messages": [{"role": "user", "content": "hi"}]}
 
@@ -101,7 +102,7 @@ class _Url:
 
 
 def failover_bench(n: int) -> list[list[str]]:
-    dead = free_port()
+    dead = dead_port()
     with FakeServer("openai", name="good", record=True) as good:
         cfg = f"""
 [server]

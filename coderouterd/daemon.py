@@ -15,6 +15,7 @@ from .cluster.backend import build as build_backend
 from .config import ConfigError, LoadedConfig, load_config, state_dir
 from .guards.apply import BudgetHooks, apply_tool_loop, warn_tool_loop
 from .guards.key_limits import KeyGuard
+from .guards.output_limit import apply_default_max_tokens
 from .health.process_news import ProcessNews
 from .health.ram_watch import RamWatch
 from .ingress.auth import KeyGate
@@ -105,6 +106,7 @@ class Daemon:
         self._recorder = RequestRecorder(t.publish)
         # ingress -> model requests being served now (the proxy counts them in and out on the event loop)
         self.in_flight: dict[str, int] = {"anthropic": 0, "openai": 0, "responses": 0, "gemini": 0}
+        self.requests_now: dict[str, RequestRecord] = {}  # request id -> its record while served (admin/inflight.py)
         # Requests refused at the edge as a browser's (ingress/browsers.py), by reason: shown in /metrics.
         self.browser_refused: dict[str, int] = {"host": 0, "origin": 0, "content_type": 0}
         self.health: HealthMonitor | None = None  # once the proxy listens (_start_background)
@@ -114,7 +116,7 @@ class Daemon:
         # upstreams registry hears each event first (supervise/from_config.Processes), self-healing after.
         self.process_news = ProcessNews(supervisor=self._supervisor, publish=t.publish,
                                         fresh_start=self.affinity.server_restarted, ready=self._server_ready)
-        self._served: dict[str, list[str]] = {}  # process -> the providers it serves (affinity/warm.py's saves)
+        self._served: dict[str, list[str]] = {}  # process -> the providers it serves (kvcache/'s saves)
         self.metrics = LazyMetrics(self)
         self.metrics_endpoint = self.metrics.endpoint  # GET /metrics (ingress dispatches it)
         self.repair_stats = RepairStats()
@@ -160,11 +162,12 @@ class Daemon:
         arrives first can start an on-demand model, and waits for an autostarted one instead of being tried at
         once and counted as a failure. Nothing is spawned here (start_background does, once self-healing, which
         receives the supervisor's events after the upstreams registry, exists)."""
-        from .affinity.slot_save import ensure_slot_dir
-        from .supervise.from_config import Processes
+        from .kvcache.disk import ensure_slot_dir
+        from .supervise.from_config import Processes, slot_budget_notes
 
         if cfg.affinity.enabled and cfg.affinity.manage_slot_save:
             await asyncio.to_thread(ensure_slot_dir, state_dir(cfg))
+            self.affinity.kvcache.tell_budget(await asyncio.to_thread(slot_budget_notes, cfg))
         processes = self.processes = Processes(state_dir(cfg) / "logs", self.telemetry.store,
                                                on_event=self._process_event,
                                                before_stop=self.affinity.warm.before_stop,
@@ -172,6 +175,9 @@ class Daemon:
         processes.apply(cfg)
         self._wire_warm(cfg)
         await processes.configure(cfg)
+        # Before the proxy answers: a request must never start a model beside one a killed daemon left running.
+        # An adopted process is running: await_first_starts leaves it (and its upstreams) as it is.
+        await processes.adopt_leftovers()
         processes.await_first_starts(cfg)
 
     def _process_event(self, name, event, pid, detail) -> None:
@@ -327,8 +333,9 @@ class Daemon:
 
     def _wire_warm(self, cfg: ConfigModel) -> None:
         """Which providers' slot files live in coderouterd's slot directory (their server was given it), so
-        affinity/warm.py saves their slots before stops and when idle, and restores them after."""
-        from .affinity.slot_save import saves_to, slot_dir
+        kvcache/ saves their slots before stops and when idle, and restores them after."""
+        from .kvcache.disk import slot_dir
+        from .servers.llamacpp import saves_to
         from .supervise.from_config import specs_from_config
 
         directory = slot_dir(state_dir(cfg))
@@ -383,6 +390,7 @@ class Daemon:
 
     async def guard_request(self, ex: Exchange) -> bool:
         """Guards that act before routing. True when a guard already answered the request."""
+        apply_default_max_tokens(ex)  # first: a key's token estimate reads the limit the request will carry
         if ex.req.key is not None and await self.key_guard.admit(ex):
             return True
         return await apply_tool_loop(ex, self.telemetry.publish)

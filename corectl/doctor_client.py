@@ -13,6 +13,9 @@ import httpx
 import orjson
 
 from coderouterd.providers.adapters import adapter_for, error_message
+from coderouterd.servers.gemini import method_path
+from coderouterd.translate.chat_request_to_gemini import chat_to_gemini
+from coderouterd.translate.gemini_answer_to_chat import gemini_response_to_chat
 from coderouterd.translate.reasoning import CLOSE_TAG, OPEN_TAG, split_think_tags
 
 TOOL_NAME = "get_current_time"
@@ -66,6 +69,8 @@ class ProbeClient:
         self.api = self.adapter.api_base
         self.root = self.adapter.root_url
         self.anthropic = self.adapter.wire == "anthropic"
+        # The Gemini API: asked in the chat form's terms, translated as the daemon translates (the model is in the URL).
+        self.gemini = self.adapter.wire == "gemini"
         self.backend = cfg.kind  # refined by detect_backend() when the URL hides an unknown server
         self.model = cfg.model or cfg.default_model
         self.show: dict | None = None  # Ollama /api/show, fetched once
@@ -123,12 +128,20 @@ class ProbeClient:
 
     @property
     def gen_url(self) -> str:
-        return self.adapter.generation_url
+        return self.api + method_path(self.model, False) if self.gemini else self.adapter.generation_url
+
+    @property
+    def stream_url(self) -> str:
+        return self.api + method_path(self.model, True) if self.gemini else self.adapter.generation_url
+
+    def wire_body(self, body: dict) -> bytes:
+        """A probe's body (Anthropic's or chat's) as the upstream's wire takes it."""
+        return orjson.dumps(chat_to_gemini(body) if self.gemini else body)
 
     async def generate(self, body: dict) -> Answer:
         started = time.perf_counter()
         try:
-            r = await self.client.post(self.gen_url, content=orjson.dumps(body), headers=self.headers(),
+            r = await self.client.post(self.gen_url, content=self.wire_body(body), headers=self.headers(),
                                        timeout=self.generation_timeout)
         except httpx.TimeoutException:
             raise ProbeFailed(f"no answer within {self.limits.generation:g}s") from None
@@ -140,6 +153,8 @@ class ProbeClient:
             data = orjson.loads(r.content)
         except orjson.JSONDecodeError:
             raise ProbeFailed("the answer is not JSON") from None
+        if self.gemini and isinstance(data, dict):
+            data = gemini_response_to_chat(data, self.model)
         answer = self.parse_anthropic(data) if self.anthropic else self.parse_openai(data)
         answer.seconds = time.perf_counter() - started
         return answer

@@ -214,7 +214,7 @@ class ProviderProbe(ProbeClient):
         pieces, done, usage = 0, False, False
         try:
             async with asyncio.timeout(self.limits.generation):
-                async with self.client.stream("POST", self.gen_url, content=orjson.dumps(body),
+                async with self.client.stream("POST", self.stream_url, content=self.wire_body(body),
                                               headers=self.headers(), timeout=self.generation_timeout) as r:
                     if r.status_code >= 400:
                         raise ProbeFailed(error_text(r.status_code, await r.aread()), r.status_code)
@@ -236,6 +236,11 @@ class ProviderProbe(ProbeClient):
                             done = obj.get("type") == "message_stop"
                             if done:
                                 break
+                        elif self.gemini:  # each event a whole response; the last one says why it finished
+                            usage = usage or bool(obj.get("usageMetadata"))
+                            candidate = (obj.get("candidates") or [{}])[0]
+                            pieces += len((candidate.get("content") or {}).get("parts") or [])
+                            done = done or bool(candidate.get("finishReason"))
                         else:
                             usage = usage or bool(obj.get("usage"))
                             pieces += sum(1 for c in obj.get("choices") or [] if (c.get("delta") or {}))
@@ -249,7 +254,7 @@ class ProviderProbe(ProbeClient):
         except (httpx.HTTPError, orjson.JSONDecodeError) as e:
             self.checks.append(_check("streaming", FAIL, f"stream broke: {type(e).__name__}: {e}"))
             return
-        end = "message_stop" if self.anthropic else "[DONE]"
+        end = "message_stop" if self.anthropic else "a finishReason" if self.gemini else "[DONE]"
         if not done:
             self.checks.append(_check("streaming", FAIL,
                                       f"{pieces} events, but the stream ended without {end}",

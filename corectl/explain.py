@@ -77,6 +77,9 @@ def affinity_rows(aff: dict | None) -> list:
     rows: list[tuple[str, str | Text]] = [("affinity", where),
             ("prefix", f"predicted {pred:,} cached tokens, backend reported " +
              (f"{got:,}" if got is not None else "nothing") if pred is not None else "not predicted")]
+    restore = aff.get("slot_restore")
+    if isinstance(restore, dict) and restore.get("outcome"):
+        rows.append(("slot restore", restore_text(restore)))
     bust = aff.get("cache_bust")
     if bust:
         detail = bust["segment"]
@@ -87,10 +90,28 @@ def affinity_rows(aff: dict | None) -> list:
     return rows
 
 
+def restore_text(r: dict):
+    """A saved slot state restored for the turn: taken (proven by the cached tokens), refused before the server
+    saw the file, failed by the server, or accepted and not taken (kvcache/cache.py)."""
+    from rich.text import Text
+
+    outcome = r.get("outcome")
+    if outcome == "taken":
+        return Text(f"taken: {r.get('cached_tokens') or 0:,} of {r.get('expected_tokens') or 0:,} tokens came back "
+                    "cached", style="green")
+    if outcome == "did not take":
+        return Text(f"did not take: the server said it restored {r.get('tokens') or 0:,} tokens, the answer reused "
+                    f"{r.get('cached_tokens') or 0:,}", style="bold red")
+    if outcome in ("refused", "failed"):
+        return Text(f"{outcome}: {r.get('problem')}", style="bold red")
+    return Text(str(outcome), style="dim")
+
+
 def guard_line(g: dict) -> str:
-    """A guard that fired on the request, as one line: a tool loop stopped (break), warned or injected."""
-    what = {"break": "stopped the request", "warn": "warned", "inject": "told the model"}.get(g.get("action") or "",
-                                                                                             g.get("action") or "?")
+    """A guard that fired on the request, as one line: a tool loop stopped (break), warned or injected; a
+    profile's default output limit set."""
+    actions = {"break": "stopped the request", "warn": "warned", "inject": "told the model", "default": "set"}
+    what = actions.get(g.get("action") or "", g.get("action") or "?")
     line = f"{g.get('guard', '?').replace('_', ' ')} {what}"
     return line + (f": {g['message']}" if g.get("message") else "")
 

@@ -108,7 +108,7 @@ def journal_for(sdir: Path, socket: str | None, *, local: bool = False,
     from .target import config_for
 
     try:
-        state = load_config(config_for(None, socket).value).model.state
+        state = load_config(config_for(None, socket, state_dir=sdir).value).model.state
     except ConfigError:
         state = None
     if state is None or state.backend != "postgres":
@@ -149,21 +149,21 @@ def run_reading(as_json: bool, work: Callable[[], int]) -> int:
 def known_names(sdir: Path, socket: str | None, journal: JournalReader | None = None) -> dict[str, set[str]]:
     """Provider and profile names a filter may use: the daemon's config (asked when it runs, else read from the
     file it last ran with) and every name the journal has rows for."""
-    from .target import config_for, running_daemon
+    from .target import config_for, running_daemon, used_state_dir
 
     try:
         names = (journal or local_journal(sdir)).names()
     except Exception:  # an unreadable journal is reported by the query itself
         names = {"provider": set(), "profile": set()}
     status = running_daemon(socket)
-    if status is not None:
+    if status is not None and used_state_dir(status, sdir):  # not another daemon's, on another state directory
         names["provider"] |= {p["name"] for p in status.get("providers") or []}
         names["profile"] |= {p["name"] for p in status.get("profiles") or []}
         return names
     from coderouterd.config import ConfigError, load_config
 
     try:
-        model = load_config(config_for(None, socket, daemon=None).value).model
+        model = load_config(config_for(None, socket, daemon=status, state_dir=sdir).value).model
     except ConfigError:
         return names
     names["provider"] |= set(model.providers)

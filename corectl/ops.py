@@ -7,12 +7,15 @@ from __future__ import annotations
 import os
 import sys
 import time
-from collections.abc import Callable
-from typing import TypeVar
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, TypeVar
 
 from .api import DaemonAPI
 from .client import DEFAULT_TIMEOUT_S, CorectlError
 from .commands import echo, emit_json, with_api
+
+if TYPE_CHECKING:
+    from coderouterd.admin.apitype import ProcessNow
 
 # The daemon waits up to this long for a model to load (models_control.LOAD_TIMEOUT_S); corectl a bit longer.
 MODEL_LOAD_TIMEOUT_S = 630.0
@@ -97,7 +100,7 @@ def process_action(socket: str | None, name: str, action: str, wait_s: float, as
             verb = {"start": "Starting", "stop": "Stopping", "restart": "Restarting"}[action]
             with _spinner(f"{verb} {name}…"):
                 data = api.process_action(name, action, wait)
-        snap = data.process or {}
+        snap = data.process.model_dump(exclude_unset=True) if data.process is not None else {}
         ready = data.ready
         failed = wait > 0 and ready is False
         if as_json:
@@ -123,13 +126,13 @@ def process_action(socket: str | None, name: str, action: str, wait_s: float, as
     return with_api(socket, as_json, work, timeout=wait + DEFAULT_TIMEOUT_S)
 
 
-def find_process(processes: dict[str, dict], name: str) -> dict | None:
+def find_process(processes: Mapping[str, ProcessNow], name: str) -> dict | None:
     """A process snapshot by its own name or by a provider it serves."""
     if name in processes:
-        return processes[name]
+        return processes[name].model_dump(exclude_unset=True)
     for snap in processes.values():
-        if name in (snap.get("providers") or []):
-            return snap
+        if name in snap.providers:
+            return snap.model_dump(exclude_unset=True)
     return None
 
 
@@ -248,9 +251,9 @@ def models_list(socket: str | None, provider: str | None, as_json: bool) -> int:
         from .safe import clean_tree
 
         out.print(models_table(clean_tree([e.model_dump(exclude_unset=True) for e in data.providers]), out.width))
-        if data.resident and data.resident.get("processes"):
+        if data.resident and data.resident.processes:
             out.print()
-            out.print(resident_table(clean_tree(data.resident), out.width))
+            out.print(resident_table(clean_tree(data.resident.model_dump(exclude_unset=True)), out.width))
 
     return with_api(socket, as_json, work, timeout=60.0)
 
@@ -268,12 +271,15 @@ def models_table(entries: list[dict], width: int = 10_000):
         if e.get("error"):
             rows.append([e["provider"], e.get("backend") or "?", Text(f"error: {e['error']}", style="red"), "", ""])
             continue
+        word = e.get("process_word")  # a managed process's word for its model: resident, stopped: starts on demand
         if not e.get("models"):
-            rows.append([e["provider"], e.get("backend", "?"), Text("(no models)", style="dim"), "", ""])
+            rows.append([e["provider"], e.get("backend") or "?", Text("(no models)", style="dim"),
+                         Text(word, style="dim") if word else "", ""])
         for m in e.get("models") or []:
             loaded = m.get("loaded")
             mark = Text("unknown", style="dim") if loaded is None else \
-                Text("loaded", style="green") if loaded else Text("-", style="dim")
+                Text(word if word else "loaded", style="green") if loaded else \
+                Text(word if word else "-", style="dim")
             extra = size(m["size"]) if m.get("size") else \
                 (f"ctx {m['max_context_length']:,}" if m.get("max_context_length") else "")
             if not extra and e.get("context_window") and len(e["models"]) == 1:

@@ -149,18 +149,16 @@ def _breaker(snap: dict) -> Text:
     return Text(label, style=_BREAKER_STYLE.get(state, ""))
 
 
+_KIND_STYLE = {"ok": "green", "warn": "yellow", "idle": "dim", "bad": "bold red"}
+
+
 def traffic_cell(p: dict) -> Text:
-    """Whether the provider takes traffic now, and the short why (the code /metrics labels it with): the daemon's
-    one answer (routing/availability.py). The words follow the table (`traffic_lines`)."""
-    a = p.get("availability")
-    if not a:
+    """The provider's one state word, as the daemon computed it (admin/words.py): the same word the dashboard
+    prints, in the colour its kind says. The reasons in words follow the table (`traffic_lines`)."""
+    s = p.get("state")
+    if not s:
         return Text("?", style="dim")  # an older daemon
-    code = str(a.get("code") or "")
-    if code == "ok":
-        return Text("yes", style="green")
-    if a.get("available"):
-        return Text(f"yes: {code.replace('_', ' ')}", style="bold red" if code == "panic" else "yellow")
-    return Text(f"no: {code.replace('_', ' ')}", style="bold red")
+    return Text(str(s.get("word") or "?"), style=_KIND_STYLE.get(str(s.get("kind")), ""))
 
 
 def traffic_lines(providers: list[dict]) -> Text | None:
@@ -168,14 +166,15 @@ def traffic_lines(providers: list[dict]) -> Text | None:
     table cell): the same words as the dashboard and `corectl explain`."""
     text = Text()
     for p in providers:
-        a = p.get("availability")
+        a, s = p.get("availability"), p.get("state") or {}
         if not a or a.get("code") == "ok":
             continue
         if text:
             text.append("\n")
+        takes = s.get("takes_traffic", a.get("available"))
         text.append(f"  {p['name']}: ", style="bold")
-        text.append(("" if a.get("available") else "no traffic: ") + str(a.get("why") or ""),
-                    style="yellow" if a.get("available") and a.get("code") != "panic" else "red")
+        text.append(("" if takes else "no traffic: ") + str(a.get("why") or ""),
+                    style="yellow" if s.get("kind") in ("warn", "idle") else "red")
     return text or None
 
 
@@ -488,7 +487,8 @@ def slot_cache_lines(providers: list[dict]) -> list[Text]:
     out = []
     for p in providers:
         w = ((p.get("cache") or {}).get("slots") or {}).get("warm")
-        if not w or not (w.get("saves") or w.get("restores") or w.get("save_failures") or w.get("restore_failures")):
+        if not w or not any(w.get(k) for k in ("saves", "restores", "save_failures", "restore_failures",
+                                                 "restores_refused", "restores_not_taken")):
             continue
         text = Text(f"{p['name']} slot caches: {w['saves']} saved ({size(w['save_bytes'])}, {w['save_s']:.2f} s), "
                     f"{w['restores']} restored ({size(w['restore_bytes'])}, {w['restore_s']:.2f} s), "
@@ -496,6 +496,15 @@ def slot_cache_lines(providers: list[dict]) -> list[Text]:
         failed = (w.get("save_failures") or 0) + (w.get("restore_failures") or 0)
         if failed:
             text.append(f"; {failed} refused or unanswered", style="yellow")
+        # Restores checked, not trusted (kvcache/): a file refused before the server saw it (its size is not its
+        # sidecar's, or it is gone), and restores the server accepted that the answer's cached tokens disproved.
+        if w.get("restores_refused"):
+            text.append(f"; {w['restores_refused']} file(s) refused (truncated or gone)", style="bold red")
+        if w.get("restores_not_taken"):
+            text.append(f"; {w['restores_not_taken']} restore(s) did not take", style="bold red")
+        if w.get("saves_discarded"):
+            text.append(f"; {w['saves_discarded']} save(s) deleted at once (max_saved_mb below one file)",
+                        style="yellow")
         out.append(text)
     return out
 
@@ -519,7 +528,9 @@ def cache_hit(cache: dict | None) -> Text:
 
 def _order(profile: dict) -> Text:
     order = profile.get("effective_order") or []
-    text = Text(" > ".join(order) if order else "none available", style="" if order else "bold red")
+    # The daemon's words when nothing takes traffic now: "none available", or the models a request starts (D6).
+    words = profile.get("order_words") or (" > ".join(order) if order else "none available")
+    text = Text(words, style="" if order else "bold red" if words == "none available" else "yellow")
     skips = profile.get("skips") or []
     if skips:
         text.append("  skipped: " + ", ".join(f"{s['provider']} ({s['reason']})" for s in skips), style="yellow")

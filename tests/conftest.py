@@ -30,6 +30,13 @@
 - Every HTTP client a test makes shares one TLS context (tests/support/tls.py): building one per client, as
   httpx does, was 31% of the test processes' CPU, for TLS the suite never speaks.
 
+- Hermetic: the run, and every process it starts, sees a private HOME and private XDG directories, and none of
+  the user's CODEROUTER_* variables. Our users run coderouterd while they run `make test`: its socket, its
+  discovery record (`coderouterd.last.json`, kept after it stops) and its config must never be what a test's
+  corectl or daemon finds (a stale record once sent five tests to a dead daemon's config and shared DSN).
+  Set in the controller before xdist starts the workers, which inherit it. tests/e2e/test_hermetic.py plants a
+  running daemon and a stale record in a user's home and runs tests under it.
+
 Without xdist (`-p no:xdist`, `-n 0`) the markers are inert and the order is the same minus the reordering
 of directories, which no test depends on.
 """
@@ -91,6 +98,7 @@ def pytest_configure(config: pytest.Config) -> None:
             else:
                 os.environ[k] = v
         return
+    config.stash[_HOME] = _private_home()
     if config.option.basetemp is None:
         config.option.basetemp = str(_short_basetemp())
         config.stash[_OURS] = Path(config.option.basetemp)
@@ -98,6 +106,23 @@ def pytest_configure(config: pytest.Config) -> None:
         # Up-to-date files are skipped (a stat each), so a run after the first costs a few milliseconds.
         # compileall writes whatever sys.dont_write_bytecode says; this process's own imports stay as they were.
         compileall.compile_dir(ROOT / package, quiet=1, rx=SKIP)
+
+
+# Where the user's own coderouterd, its records and its configs live: pointed at a private directory per run.
+_PRIVATE_DIRS = {"HOME": "home", "XDG_CONFIG_HOME": "home/.config", "XDG_STATE_HOME": "home/.local/state",
+                 "XDG_DATA_HOME": "home/.local/share", "XDG_CACHE_HOME": "home/.cache", "XDG_RUNTIME_DIR": "run"}
+
+
+def _private_home() -> Path:
+    """A fresh HOME and XDG tree for this run, in the environment of this process and every one it starts."""
+    root = Path(tempfile.mkdtemp(prefix="crt-home-"))
+    for var, sub in _PRIVATE_DIRS.items():
+        path = root / sub
+        path.mkdir(mode=0o700, parents=True, exist_ok=True)
+        os.environ[var] = str(path)
+    for var in [v for v in os.environ if v.startswith("CODEROUTER_")]:
+        del os.environ[var]
+    return root
 
 
 # The variables the controller's C environment gains behind os.environ's back (see above).
@@ -110,6 +135,7 @@ def pytest_configure_node(node) -> None:  # in the controller, once per worker
 
 
 _OURS = pytest.StashKey[Path]()
+_HOME = pytest.StashKey[Path]()
 _PASSED = pytest.StashKey[bool]()
 
 
@@ -118,6 +144,9 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
+    home = config.stash.get(_HOME, None)
+    if home is not None:
+        shutil.rmtree(home, ignore_errors=True)
     ours = config.stash.get(_OURS, None)
     if ours is not None and config.stash.get(_PASSED, False):
         shutil.rmtree(ours, ignore_errors=True)

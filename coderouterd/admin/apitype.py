@@ -66,6 +66,207 @@ class ProviderAvailability(Answer):
     retry_in_s: float | None = None
 
 
+class ProviderState(Answer):
+    """The one state word for a provider (admin/words.py), computed once in the daemon: the page and corectl print
+    `word` in the colour `kind` says and list `problem` in the attention strip; `code` is the availability code
+    /metrics labels it with."""
+
+    word: str
+    kind: str  # ok | warn | idle | bad
+    problem: str | None = None  # down | budget | key
+    code: str
+    takes_traffic: bool
+
+
+class BreakerStatus(Answer):
+    """A provider's circuit breaker (routing/breaker.py's snapshot)."""
+
+    state: str = "closed"  # closed | open | half_open
+    consecutive_failures: int = 0
+    opened_at: float | None = None
+    retry_at: float | None = None  # epoch seconds, while open
+    retry_in_s: float | None = None
+    trial_in_flight: bool = False
+    retry_after_only: bool = False
+    ejections: int = 0
+    kept_in_rotation: str | None = None
+
+
+class Figures(Answer):
+    """A provider's figures over the stats window (routing/adaptive.py)."""
+
+    samples: int = 0
+    latency_samples: int = 0
+    probes: int = 0
+    median_s: float | None = None
+    p95_s: float | None = None
+    error_rate: float | None = None
+    errors: int = 0
+    last_sample_age_s: float | None = None
+
+
+class ServerFacts(Answer):
+    """What the provider's server said of itself (providers/server_info.py)."""
+
+    kind: str
+    context_window: int | None = None
+    context_source: str | None = None
+    slots: int | None = None
+
+
+class Probe(Answer):
+    ok: bool
+    detail: str | None = None
+    at: float | None = None
+    seconds: float | None = None
+
+
+class AuthRefusal(Answer):
+    status: int
+    at: float | None = None
+
+
+class HealthDetail(Answer):
+    """The health monitor's view of a provider: its health word, the one failure count, its last probe."""
+
+    state: str = "unknown"
+    consecutive_failures: int = 0
+    last_probe: Probe | None = None
+    auth: AuthRefusal | None = None
+
+
+class BudgetSkipLine(Answer):
+    """Requests the budget skipped for their worst-case cost in the window (guards/budget.BudgetSkips)."""
+
+    count: int
+    least_usd: float
+    left_usd: float | None = None
+    admitted: bool  # some request got through in the window too
+    window_s: float
+    words: str
+
+
+class BudgetLine(Answer):
+    """One budget's month: a provider's, or the global one."""
+
+    spent: float = 0.0
+    cap: float = 0.0  # 0: no cap
+    ratio: float | None = None
+    reserved: float = 0.0
+    blocked: bool = False
+
+
+class ProviderBudgetLine(BudgetLine):
+    skipped: BudgetSkipLine | None = None  # the budget's skips of the window (None: none)
+
+
+class KeySpend(Answer):
+    spent: float = 0.0
+    reserved: float = 0.0
+
+
+class BudgetStatus(Answer):
+    month: str
+    global_: BudgetLine = Field(alias="global")
+    providers: dict[str, ProviderBudgetLine] = {}
+    keys: dict[str, KeySpend] = {}
+
+
+class StoreStatus(Answer):
+    enabled: bool
+    healthy: bool
+    problem: str | None = None
+
+
+class SharedPeer(Answer):
+    instance: str
+    host: str | None = None
+    beat_age_s: float | None = None
+
+
+class SharedJournal(Answer):
+    shipped: int = 0
+    behind: int = 0
+    last_ship: float | None = None
+    problem: str | None = None
+
+
+class SharedBudgetState(Answer):
+    settles_queued: int = 0
+
+
+class SharedBreakers(Answer):
+    listening: bool = False
+    last_poll: float | None = None
+
+
+class SharedStatus(Answer):
+    """[state] backend = "postgres": where (never with its password), up or not, the live instances, journal lag."""
+
+    backend: str = "postgres"
+    where: str = ""
+    instance: str | None = None
+    up: bool
+    problem: str | None = None  # the driver's text
+    meaning: str | None = None  # what it means, in a few words (the dashboard's: admin/shared_words.py)
+    down_since: float | None = None
+    schema_: int | None = Field(None, alias="schema")
+    heartbeat_age_s: float | None = None
+    instances: list[SharedPeer] = []
+    journal: SharedJournal | None = None
+    budget: SharedBudgetState | None = None
+    breakers: SharedBreakers | None = None
+
+
+class Listen(Answer):
+    host: str
+    port: int
+    url: str
+
+
+class Route(Answer):
+    model: str
+    profile: str
+
+
+class DaemonInfo(Answer):
+    """Who and where the daemon is, and its configuration's identity."""
+
+    version: str
+    pid: int
+    started_at: float
+    uptime_s: float
+    listen: Listen
+    config_path: str | None = None
+    embedded_config: bool = False
+    active_profile: str
+    default_profile: str
+    last_reload_error: str | None = None
+    stats_window_s: float | None = None
+    routes: list[Route] = []
+    state_dir: str | None = None
+
+
+class ModelsMemory(Answer):
+    """Local models against [models] memory_budget_mb."""
+
+    memory_budget_mb: float = 0.0
+    memory_held_mb: float = 0.0
+    resident: list[str] = []
+    swaps: int = 0
+    waiting: int = 0
+    saved_lanes: dict[str, int] = {}
+    saved_bytes: int = 0
+
+
+class KeysStatus(Answer):
+    required: bool
+    team_keys_required: bool = False
+    counts: dict[str, int] = {}
+    operator_keys: int = 0
+    storage: str | None = None
+
+
 class ProviderStatus(Answer):
     name: str
     kind: str
@@ -74,22 +275,38 @@ class ProviderStatus(Answer):
     paid: bool = False
     key_problem: str | None = None  # "no key: $NAME is not set" when its api_key_env is unset
     availability: ProviderAvailability | None = None  # None only from an older daemon
-    breaker: dict[str, Any] = {}
+    state: ProviderState | None = None  # the one word to print (None only from an older daemon)
+    breaker: BreakerStatus = BreakerStatus()
     health: str = "unknown"
-    figures: dict[str, Any] = {}
+    figures: Figures = Figures()
     # The window requests are routed by (configured, else as the server reports it); None = unknown.
     context_window: int | None = None
     configured_context_window: int | None = None
-    server: dict[str, Any] | None = None  # what the server said: kind, context_window, context_source, slots
+    server: ServerFacts | None = None  # what the server said: kind, context_window, context_source, slots
 
 
 class ProviderRow(ProviderStatus):
     """A provider as GET /v1/providers shows it: its status and what serves or limits it."""
 
-    health_detail: dict[str, Any] | None = None
-    budget: dict[str, Any] | None = None
+    health_detail: HealthDetail | None = None
+    budget: ProviderBudgetLine | None = None
     process: str | None = None
     process_state: str | None = None
+
+
+class Skipped(Answer):
+    """A provider an order leaves out, and why: the planner's skip (the same words `corectl explain` shows)."""
+
+    provider: str
+    outcome: str = "skipped"
+    reason: str = ""  # always set by the planner; a default all the same, so an odd journal row still reads
+    message: str | None = None
+
+
+class OrderNote(Answer):
+    provider: str
+    moved: str | None = None
+    why: str = ""
 
 
 class ProfileStatus(Answer):
@@ -100,38 +317,55 @@ class ProfileStatus(Answer):
     adaptive: bool = False
     health_action: str | None = None
     effective_order: list[str]
-    skips: list[dict[str, Any]] = []
-    order_notes: list[dict[str, Any]] = []
+    # The order in words: "a > b", "local starts on demand", "none available" (the daemon's, printed as is)
+    order_words: str | None = None
+    skips: list[Skipped] = []
+    order_notes: list[OrderNote] = []
 
 
-class Status(Answer):
+class ProcessNow(Answer):
+    """A managed process as the dashboard shows it: the supervisor's snapshot, why it last stopped, its log's
+    last line."""
+
+    name: str | None = None
+    state: str
+    pid: int | None = None
+    log: str | None = None  # its log file
+    uptime_s: float | None = None
+    restarts_total: int = 0
+    last_exit_code: int | None = None
+    last_exit: str | None = None  # "exited with code 1", "killed by SIGKILL"
+    last_log_line: str | None = None
+    fatal_reason: str | None = None
+    providers: list[str] = []
+    recovering: bool = False
+    next_probe_at: float | None = None
+    # Local models on demand (README: Several local models)
+    resident: bool = False  # holds its memory (running, starting or still stopping)
+    memory_mb: float = 0.0  # configured or estimated; counted against [models] memory_budget_mb
+    pinned: bool = False
+    start: str = "always"  # always | on_demand
+    idle_stop_in_s: float | None = None  # until its idle stop, if nothing uses it
+    waiting: int = 0  # requests held for their turn at it (it is stopped, or being swapped in)
+    load_s: float | None = None  # its load time, learned from its own starts
+    last_stop_reason: str | None = None  # idle, room for X, manual, reload, crash, shutdown
+
+
+class Status(DaemonInfo):
     api_version: int
-    version: str
-    pid: int
-    started_at: float
-    uptime_s: float
-    listen: dict[str, Any]
-    config_path: str | None = None
-    embedded_config: bool = False
     admin_socket: str
-    active_profile: str
-    default_profile: str
-    last_reload_error: str | None = None
-    stats_window_s: float | None = None
     providers: list[ProviderStatus]
     profiles: list[ProfileStatus]
-    routes: list[dict[str, str]] = []
-    state_dir: str | None = None
-    store: dict[str, Any] = {}
-    processes: dict[str, dict[str, Any]] = {}
+    store: StoreStatus
+    processes: dict[str, ProcessNow] = {}
     # Local models against [models] memory_budget_mb: budget, held, resident names (None: no managed process)
-    models: dict[str, Any] | None = None
-    health: dict[str, Any] = {}
-    budget: dict[str, Any] | None = None
+    models: ModelsMemory | None = None
+    health: dict[str, HealthDetail] = {}
+    budget: BudgetStatus | None = None
     # [state] backend = "postgres": where, up or not, the live instances, journal lag (None: this machine only)
-    shared: dict[str, Any] | None = None
+    shared: SharedStatus | None = None
     # Keys: required or not, how many team keys, what other machines get (None: an older daemon)
-    keys: dict[str, Any] | None = None
+    keys: KeysStatus | None = None
 
 
 class ProfilesAnswer(Answer):
@@ -154,8 +388,9 @@ class ProfileDetail(Answer):
     default: bool
     settings: dict[str, Any]
     effective_order: list[str]
-    skips: list[dict[str, Any]] = []
-    order_notes: list[dict[str, Any]] = []
+    order_words: str | None = None
+    skips: list[Skipped] = []
+    order_notes: list[OrderNote] = []
     providers: list[ProviderBrief]
     routes: list[str] = []
 
@@ -191,14 +426,14 @@ class ProvidersAnswer(Answer):
 
 
 class ProcessesAnswer(Answer):
-    processes: dict[str, dict[str, Any]]
+    processes: dict[str, ProcessNow]
     names: list[str]  # every name `corectl restart NAME` accepts
 
 
 class ProcessActionAnswer(Answer):
     ok: bool
     action: str
-    process: dict[str, Any] | None = None
+    process: ProcessNow | None = None
     ready: bool | None = None  # only when the caller waited for readiness
     message: str | None = None
 
@@ -218,12 +453,35 @@ class ProviderModels(Answer):
     models: list[ModelEntry] = []
     context_window: int | None = None  # per request, as routed by (configured, else the server's)
     error: str | None = None  # the backend could not be asked (one line, names its URL)
+    # A managed process's word for its model, when the backend is not asked or cannot say (D6): "stopped: starts
+    # on demand", "resident"
+    process_word: str | None = None
+
+
+class ResidentProcess(Answer):
+    state: str | None = None
+    providers: list[str] | None = None
+    resident: bool = False
+    memory_mb: float = 0.0
+    pinned: bool = False
+    start: str = "always"
+    idle_stop_in_s: float | None = None
+    waiting: int = 0
+    load_s: float | None = None
+    last_stop_reason: str | None = None
+
+
+class Residency(Answer):
+    memory_budget_mb: float = 0.0
+    memory_held_mb: float = 0.0
+    swaps: int = 0
+    processes: dict[str, ResidentProcess] = {}
 
 
 class ModelsAnswer(Answer):
     providers: list[ProviderModels]
     # Managed local models: each process's residency, memory and idle time, against the budget
-    resident: dict[str, Any] | None = None
+    resident: Residency | None = None
 
 
 class ModelControlAnswer(Answer):
@@ -251,8 +509,8 @@ class Trace(Answer):
     mode: str | None = None
     candidates: list[str] | None = None
     effective_order: list[str] | None = None
-    order_notes: list[dict[str, Any]] | None = None
-    skips: list[dict[str, Any]] = []
+    order_notes: list[OrderNote] | None = None
+    skips: list[Skipped] = []
     attempts: list[dict[str, Any]] = []
     served_by: str | None = None
     status: int | None = None
@@ -280,7 +538,7 @@ class SpendAnswer(Answer):
     today: int  # index of today in `days`
     # provider -> daily (USD per day, None after today), spent, reserved (in flight), cap (None: no cap), ratio
     providers: dict[str, dict[str, Any]]
-    global_: dict[str, Any] | None = Field(None, alias="global")
+    global_: BudgetLine | None = Field(None, alias="global")
     journal: bool  # false: [state] is off, no history
 
 
@@ -295,6 +553,7 @@ class TrendsAnswer(Answer):
     unserved: list[int] = []  # requests no provider served, per bucket (never drawn as a provider)
     busts: list[dict[str, Any]] = []  # newest first: ts, request_id, provider, profile, segment, cached_tokens
     journal: bool
+    first_ts: float | None = None  # the oldest request in the window (None: none in it)
 
 
 class RequestBrief(Answer):
@@ -308,6 +567,7 @@ class RequestBrief(Answer):
     ttfb_ms: float | None = None
     cost_usd: float | None = None
     key_name: str | None = None  # the team key's name
+    reason: str = ""  # a short why from its skips and attempts ("fast http_500, paid skipped (budget)")
 
 
 class KeyUsage(Answer):
@@ -356,52 +616,28 @@ class ErrorAnswer(Answer):
 
 # -- the dashboard (/ui/api/*: the answers above, and these) ----------------------------------------------------
 
-class ProcessNow(Answer):
-    """A managed process as the dashboard shows it: the supervisor's snapshot, why it last stopped, its log's
-    last line."""
-
-    state: str
-    pid: int | None = None
-    uptime_s: float | None = None
-    restarts_total: int = 0
-    last_exit_code: int | None = None
-    last_exit: str | None = None  # "exited with code 1", "killed by SIGKILL"
-    last_log_line: str | None = None
-    fatal_reason: str | None = None
-    providers: list[str] = []
-    recovering: bool = False
-    next_probe_at: float | None = None
-    # Local models on demand (README: Several local models)
-    resident: bool = False  # holds its memory (running, starting or still stopping)
-    memory_mb: float = 0.0  # configured or estimated; counted against [models] memory_budget_mb
-    pinned: bool = False
-    start: str = "always"  # always | on_demand
-    idle_stop_in_s: float | None = None  # until its idle stop, if nothing uses it
-    waiting: int = 0  # requests held for their turn at it (it is stopped, or being swapped in)
-    load_s: float | None = None  # its load time, learned from its own starts
-    last_stop_reason: str | None = None  # idle, room for X, manual, reload, crash, shutdown
-
-
 class FeedEvent(Answer):
     """One item of the live feed (ui/feed.py): its kind, when, and that kind's metadata fields."""
 
     kind: str
     ts: float
+    # How the page draws a state change (admin/words.event_tone): ok | warn | idle | bad; None for other kinds
+    tone: str | None = None
 
 
 class DashboardNow(Answer):
-    daemon: dict[str, Any]
+    daemon: DaemonInfo
     providers: list[ProviderRow]
     processes: dict[str, ProcessNow]
-    store: dict[str, Any]
-    shared: dict[str, Any] | None = None  # [state] backend = "postgres": up, problem, down_since (None: local)
+    store: StoreStatus
+    shared: SharedStatus | None = None  # [state] backend = "postgres": up, problem, down_since (None: local)
     in_flight: dict[str, int] = {}
     viewers: int = 0
     events: list[FeedEvent] = []  # the newest notable events (no finished requests), oldest first
     budget_warn_ratio: float = 0.8  # [budget] warn_ratio: a provider this near its cap needs attention
-    budget_global: dict[str, Any] | None = None  # the cap over every paid provider: spent, cap, ratio, blocked
+    budget_global: BudgetLine | None = None  # the cap over every paid provider: spent, cap, ratio, blocked
     # Resident local models against [models] memory_budget_mb: budget, held, resident (None: no managed process)
-    models: dict[str, Any] | None = None
+    models: ModelsMemory | None = None
 
 
 class DashboardTrace(Answer):

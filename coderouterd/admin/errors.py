@@ -5,7 +5,7 @@ reads. Also the API version header on every answer, errors included, and JSON as
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 import orjson
@@ -14,20 +14,15 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.routing import APIRoute
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import Response
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from . import apitype
+from .context import AdminError
 from .version import API_VERSION, API_VERSION_HEADER
 
+__all__ = ["AdminError", "error_answer", "install"]
+
 log = logging.getLogger("coderouterd.admin")
-
-
-class AdminError(Exception):
-    """An answer for the client: HTTP status, message and extra JSON fields."""
-
-    def __init__(self, status: int, message: str, **extra) -> None:
-        super().__init__(message)
-        self.status = status
-        self.extra = extra
 
 
 class JSONAnswer(Response):
@@ -35,11 +30,11 @@ class JSONAnswer(Response):
 
     media_type = "application/json"
 
-    def render(self, content) -> bytes:
+    def render(self, content: object) -> bytes:
         return orjson.dumps(content)
 
 
-def error_answer(status: int, message: str, headers: Mapping[str, str] | None = None, **extra) -> JSONAnswer:
+def error_answer(status: int, message: str, headers: Mapping[str, str] | None = None, **extra: Any) -> JSONAnswer:
     return JSONAnswer({"error": message, **extra}, status_code=status, headers=headers)
 
 
@@ -99,19 +94,19 @@ def validation_message(errors: list[dict]) -> str:
     return "; ".join(dict.fromkeys(parts)) or "invalid request"
 
 
-def _json_and_version(app) -> Callable:
+def _json_and_version(app: ASGIApp) -> Callable[[Scope, Receive, Send], Awaitable[None]]:
     """Pure-ASGI middleware: the API version header on every answer (404/405 and errors included), so a client
     can refuse a daemon it would misread (see apitype.py); and a body sent without a content-type is read as
     JSON, the only thing this API speaks (FastAPI would otherwise not parse it)."""
     header = (API_VERSION_HEADER.encode(), str(API_VERSION).encode())
 
-    async def admin_http(scope, receive, send) -> None:
+    async def admin_http(scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             return await app(scope, receive, send)
         if not any(k == b"content-type" for k, _ in scope["headers"]):
             scope = {**scope, "headers": [*scope["headers"], (b"content-type", b"application/json")]}
 
-        async def send_with_version(message) -> None:
+        async def send_with_version(message: Message) -> None:
             if message["type"] == "http.response.start":
                 message["headers"] = [*message.get("headers", ()), header]
             await send(message)

@@ -19,7 +19,7 @@ from ..state.journal import OUTCOMES
 from ..state.journal_reader import JournalReader, SqliteJournal
 from ..state.replay import is_error
 from ..state.trends import month_days, provider_series
-from . import apitype, views
+from . import apitype
 
 if TYPE_CHECKING:  # the daemon hands itself in; history reads it, never imports it at run time
     from ..daemon import Daemon  # layer-ok: the composition root, handed in; annotation only
@@ -56,7 +56,7 @@ async def spend(daemon: Daemon, now: float | None = None) -> apitype.SpendAnswer
     per_day = await asyncio.to_thread(reader.daily_cost, start, end) if reader is not None else {}
     days = month_days(start, end)
     today = int((now - start) // 86_400)
-    ledger = views.budget(daemon)
+    ledger = daemon.budget.snapshot()  # the ledger alone: the skips views.budget adds are not charted
     booked = ledger.get("providers") or {}
     out: dict[str, dict[str, Any]] = {}
     for name in sorted(set(per_day) | set(booked)):
@@ -83,12 +83,35 @@ async def trends(daemon: Daemon, range_name: str = DEFAULT_RANGE, now: float | N
         return reader.series_rows(since, now), reader.cache_busts()
 
     rows, busts = await asyncio.to_thread(read, reader) if reader is not None else ([], [])
+    # The oldest request in the window: the page opens at the last hour while nothing is older (issue 43, E9).
+    first = min((r["ts"] for r in rows if r.get("ts") is not None), default=None)
     return apitype.TrendsAnswer.model_validate({**provider_series(rows, since, now, step), "range": range_name,
-                                                "busts": busts, "journal": reader is not None})
+                                                "busts": busts, "journal": reader is not None, "first_ts": first})
+
+
+_MAX_WHY_PARTS = 3
+
+
+def why(skips: list[dict[str, Any]], attempts: list[dict[str, Any]]) -> str:
+    """A short why for the Requests table, from what was skipped and tried: "fast http_500, paid skipped
+    (budget)"; empty when the first provider tried served it and nothing was skipped."""
+    parts = [f"{s.get('provider') or '?'} skipped ({s.get('reason') or '?'})" for s in skips]
+    for a in attempts:
+        outcome = a.get("outcome")
+        if outcome == "ok":
+            continue
+        what = a.get("reason") or outcome or "?"
+        parts.append(f"{a.get('provider') or '?'} {what}" + (" (panic)" if a.get("panic") else ""))
+    if len(parts) > _MAX_WHY_PARTS:
+        parts = [*parts[:_MAX_WHY_PARTS], f"+{len(parts) - _MAX_WHY_PARTS} more"]
+    return ", ".join(parts)
 
 
 def _brief(row: dict[str, Any]) -> dict[str, Any]:
-    return {k: row.get(k) for k in _BRIEF}
+    steps = row.get("attempts") or []
+    return {**{k: row.get(k) for k in _BRIEF},
+            "reason": why([s for s in steps if s.get("outcome") == "skipped"],
+                          [s for s in steps if s.get("outcome") != "skipped"])}
 
 
 def _brief_from_trace(t: dict[str, Any]) -> dict[str, Any]:
@@ -101,7 +124,8 @@ def _brief_from_trace(t: dict[str, Any]) -> dict[str, Any]:
             "output_tokens": u.get("output_tokens"), "cache_read_tokens": u.get("cache_read_input_tokens"),
             "cache_write_tokens": u.get("cache_creation_input_tokens"), "cost_usd": t.get("cost_usd"),
             "streaming": t.get("stream"), "fallback_count": None, "key_name": t.get("key"),
-            "cache_bust": (aff.get("cache_bust") or {}).get("segment")}
+            "cache_bust": (aff.get("cache_bust") or {}).get("segment"),
+            "reason": why(t.get("skips") or [], t.get("attempts") or [])}
 
 
 def _matches(b: dict[str, Any], profile: str | None, provider: str | None, outcome: str | None) -> bool:
@@ -118,16 +142,18 @@ def _matches(b: dict[str, Any], profile: str | None, provider: str | None, outco
 
 async def requests(daemon: Daemon, *, profile: str | None = None, provider: str | None = None,
                    outcome: str | None = None, limit: int = 50,
-                   before: float | None = None, key: str | None = None) -> apitype.HistoryRequestsAnswer:
+                   before: float | None = None, key: str | None = None,
+                   since: float | None = None) -> apitype.HistoryRequestsAnswer:
     """The last requests, newest first, filtered by profile, provider and outcome (ok | error | fallback);
-    with `before` (epoch seconds), the ones older than it: the next page of a list whose oldest is `before`."""
+    with `before` (epoch seconds), the ones older than it: the next page of a list whose oldest is `before`;
+    with `since` (epoch seconds), none older than it (the time filter)."""
     if outcome is not None and outcome not in OUTCOMES:
         raise ValueError(f"unknown outcome {outcome!r}; expected one of {', '.join(OUTCOMES)}")
     limit = max(1, min(int(limit), MAX_REQUESTS))
     reader = journal(daemon)
     if reader is not None:
         rows = await asyncio.to_thread(reader.rows, provider=provider, profile=profile, outcome=outcome,
-                                       limit=limit, until=before, key=key)
+                                       limit=limit, until=before, key=key, since=since)
         rows.reverse()
         return apitype.HistoryRequestsAnswer.model_validate({"source": "journal",
                                                              "requests": [_brief(r) for r in rows]})
@@ -137,6 +163,8 @@ async def requests(daemon: Daemon, *, profile: str | None = None, provider: str 
             b = _brief_from_trace(daemon.recent[rid])
             if before is not None and (b["ts"] or 0) >= before:
                 continue
+            if since is not None and (b["ts"] or 0) < since:
+                break  # newest first: every one after this is older still
             if _matches(b, profile, provider, outcome) and (key is None or (b["key_name"] or "-") == key):
                 out.append(b)
                 if len(out) >= limit:
@@ -149,11 +177,22 @@ async def trace(daemon: Daemon, request_id: str) -> apitype.DashboardTrace | Non
     journal's row read as a trace (source "journal"); None when neither has it."""
     t = daemon.recent.get(request_id)
     if t is not None:
-        return apitype.DashboardTrace.model_validate({"trace": t, "source": "memory"})
+        return apitype.DashboardTrace.model_validate({"trace": _order_as_run(t), "source": "memory"})
     reader = journal(daemon)
     if reader is None:
         return None
     row = await asyncio.to_thread(reader.row, request_id)
     if row is None:
         return None
-    return apitype.DashboardTrace.model_validate({"trace": trace_from_row(row), "source": "journal"})
+    return apitype.DashboardTrace.model_validate({"trace": _order_as_run(trace_from_row(row)), "source": "journal"})
+
+
+def _order_as_run(t: dict[str, Any]) -> dict[str, Any]:
+    """The trace with its order as it ran: a provider the plan listed and then skipped at its turn (the budget's
+    worst case over what was left, a start that could not happen) is in the Skipped table, not in the order
+    (issue 43, E11). The plan's own order stays as `planned_order`."""
+    order = t.get("effective_order")
+    skipped = {s.get("provider") for s in t.get("skips") or []}
+    if not order or not skipped & set(order):
+        return t
+    return {**t, "effective_order": [p for p in order if p not in skipped], "planned_order": list(order)}

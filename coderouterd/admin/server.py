@@ -13,6 +13,7 @@ import logging
 import os
 import socket
 import stat
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -22,6 +23,7 @@ from .. import private_fs
 
 if TYPE_CHECKING:
     from fastapi import FastAPI
+    from starlette.types import Receive, Scope, Send
 
     from ..daemon import Daemon  # layer-ok: the composition root, handed in; annotation only
 
@@ -52,7 +54,7 @@ class ManagedServer(uvicorn.Server):
     by SIGTERM instead of exit status 0.)"""
 
     @contextlib.contextmanager
-    def capture_signals(self):
+    def capture_signals(self) -> Iterator[None]:
         yield
 
     def __init__(self, config: uvicorn.Config, *, ready: asyncio.Event | None = None,
@@ -63,12 +65,12 @@ class ManagedServer(uvicorn.Server):
         # the whole drain timeout for them.
         self.on_shutdown = on_shutdown
 
-    async def shutdown(self, sockets=None) -> None:
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
         for callback in self.on_shutdown:
             callback()
         await super().shutdown(sockets=sockets)
 
-    async def startup(self, sockets=None) -> None:
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
         await super().startup(sockets=sockets)
         if self.started:
             self.ready.set()
@@ -148,7 +150,7 @@ class LazyAdminApp:
         self._app: FastAPI | None = None
         self._building = asyncio.Lock()
 
-    async def __call__(self, scope, receive, send) -> None:
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         # What a request just answered left to record is recorded before anyone reads.
         self._daemon.after_response.drain()
         app = self._app

@@ -19,6 +19,8 @@ from typing import TYPE_CHECKING
 
 import orjson
 
+from ..kvcache.cache import KVCache
+from ..kvcache.intent import REQUEST, Intent, Restore
 from ..providers.adapters import adapter_for
 from ..providers.server_info import ServerDirectory, ServerInfo
 from . import session as sess
@@ -27,7 +29,6 @@ from .canonical import Canonicaliser, Prompt, first_message_head, segments
 from .index import PrefixIndex
 from .lanes import LaneIndex
 from .slots import SlotTable
-from .warm import Warm
 
 if TYPE_CHECKING:
     from ..config.schema import ProviderConfig
@@ -48,7 +49,7 @@ class Ticket:
 
     __slots__ = ("_prompt", "_lane", "_lanes", "_session", "tools", "model", "canonical", "ingress",
                  "canonical_raw", "slot", "predicted_tokens", "cached_tokens", "bust", "placement_why", "lane_why",
-                 "continues", "head")
+                 "continues", "head", "restore")
 
     def __init__(self, prompt: Prompt | None, session: sess.SessionKey | None, lanes: LaneIndex, canonical: dict,
                  ingress: str, head: str | None = None, *, tools: bool = False, model: str | None = None) -> None:
@@ -71,6 +72,7 @@ class Ticket:
         self.placement_why = ""
         self.lane_why = ""
         self.continues = False  # the request continues its lane's history (else no cache bust can be named)
+        self.restore: Restore | None = None  # a saved slot state restored for this turn, and what became of it
 
     @property
     def session(self) -> sess.SessionKey:
@@ -110,6 +112,8 @@ class Ticket:
             "session": self.session.hashed, "session_source": self.session.source, "lane": self.lane_label,
             "slot": self.slot, "predicted_tokens": self.predicted_tokens, "cached_tokens": self.cached_tokens,
             "placement": self.placement_why, "lane_choice": self.lane_why}
+        if self.restore is not None:
+            out["slot_restore"] = self.restore.as_dict()
         if self.bust is not None:
             out["cache_bust"] = {"segment": self.bust.segment, "cause": self.bust.cause,
                                  "expected_tokens": self.bust.expected_tokens,
@@ -173,12 +177,14 @@ class Affinity:
             timeout_s=config.affinity.probe_timeout_s, clock=clock)
         self._released: dict[tuple[str, int], asyncio.Event] = {}
         self._dirty: set[str] = set()  # providers whose index changed since their last snapshot
-        # Slot caches that outlive the server (saved before stops and when idle, restored, kept on a budget).
-        self.warm = Warm(self, clock=clock)
+        # Slot files: caches that outlive the server (saved before stops and when idle, restored, kept on a
+        # budget). `warm` is its name in the daemon (its hooks and views).
+        self.warm = self.kvcache = KVCache(self, clock=clock, publish=publish)
         self.configure(config)
 
     def configure(self, config) -> None:
         self.cfg = config.affinity
+        self.kvcache.configure(self.cfg)
         self.canonicaliser = Canonicaliser(self.cfg.strip_patterns)
         # Providers some profile treats as equals (race, adaptive order): `prefer` orders them by what the index
         # predicts they cached, so what they answered is worth remembering even when they report nothing.
@@ -207,8 +213,8 @@ class Affinity:
                 p.slots.forget_contents()
             self.index.forget_provider(name)
             self.servers.forget(name)
-            self.warm.forget((name,))
-            self._persist_soon(name)
+            self.kvcache.forget((name,))
+            self.persist_soon(name)
 
     # -- per request ----------------------------------------------------------------------------------------
 
@@ -254,9 +260,11 @@ class Affinity:
         running = self.servers.refresh(provider)
         if running is not None:
             await asyncio.shield(running)
-        table = self._slots(provider, self.servers.info(provider))
+        info = self.servers.info(provider)
+        table = self._slots(provider, info)
         if table is not None:
-            await self.warm.prepare(provider, table)  # once per server instance: which saved states are valid
+            # Once per server instance: which saved states are valid, by its /props as discovery read it.
+            await self.kvcache.prepare(provider, table, info.props if info is not None else None)
         now = self.clock()
         if table is None:
             # No slot to choose: the prediction (for the record) is made in `finish`, after the answer went out.
@@ -276,9 +284,10 @@ class Affinity:
                 break
             now = self.clock()
         table.begin(choice.slot, now)
+        ticket.restore = None  # an earlier attempt's (another provider's) was recorded at its finish
         if choice.saves or choice.restore:
             try:
-                await self._save_restore(provider, table, choice)
+                ticket.restore = await self._save_restore(provider, table, choice)
             except asyncio.CancelledError:
                 table.finish(choice.slot, ticket.lane, None, self.clock())
                 raise
@@ -293,30 +302,16 @@ class Affinity:
         return Placement(provider.name, None, self.index.predict(provider.name, ticket.lane, ticket.prompt),
                          started=self.clock())
 
-    async def _save_restore(self, provider: Provider, table: SlotTable, choice) -> None:
-        for slot, fname in choice.saves:
-            status = await self._slot_action(provider, slot, "save", fname)
-            if status >= 300 or status == 0:
-                if status == 501:  # started without --slot-save-path: stop trying
-                    table.can_save = False
-                table.forget_saved(fname)
-                break
-        if choice.restore is not None and table.can_save:
-            if 0 < await self._slot_action(provider, choice.slot, "restore", choice.restore) < 300:
-                return
-            table.forget_saved(choice.restore)
-        if choice.restore is not None:
+    async def _save_restore(self, provider: Provider, table: SlotTable, choice) -> Restore | None:
+        """The choice's saves and restore, through kvcache's one path; what became of the restore."""
+        out = await self.kvcache.execute(provider, Intent(
+            REQUEST, tuple(choice.saves), (choice.slot, choice.restore) if choice.restore is not None else None))
+        if choice.restore is not None and not out.restored:
             # The restore did not happen: the slot holds whatever it held, which we no longer know.
             s = table.slots[choice.slot]
             s.digests, s.ends = (), ()
             choice.predicted = 0
-
-    async def _slot_action(self, provider: Provider, slot: int, action: str, filename: str) -> int:
-        """The HTTP status of POST /slots/{id}?action=…, 0 when the server could not be reached in time
-        (measured: warm.py)."""
-        table = self.index.provider(provider.name).slots
-        assert table is not None
-        return await self.warm.action(provider, table, slot, action, filename)
+        return out.restore
 
     def _slots(self, provider: Provider, info: ServerInfo | None) -> SlotTable | None:
         """The backend's slot table, from what its server said (`info`; providers/server_info.py: asked once per
@@ -332,8 +327,8 @@ class Affinity:
             p.slots = SlotTable(n)
         p.slots.resize(n)
         p.slots.configured = True
-        p.slots.can_save = self.cfg.max_saved_slots > 0
-        p.slots.max_saved = self.cfg.max_saved_slots
+        p.slots.files.can_save = self.cfg.max_saved_slots > 0
+        p.slots.files.max_saved = self.cfg.max_saved_slots
         p.slots.clone_min_bytes = int(self.cfg.clone_min_tokens * p.bytes_per_token)
         return p.slots
 
@@ -352,6 +347,10 @@ class Affinity:
             if ev is not None:
                 ev.set()
         if not ok or strategy is None:
+            r = ticket.restore
+            if r is not None and r.problem is not None and ticket.bust is None:
+                ticket.bust = Bust(r.describe(), "slot file", r.tokens, 0)
+                self._publish_bust(ticket, name, request_id)
             return
         # What the backend reused teaches the index. Not deferred with the request's record
         # (after_response.py): for a big prompt the digests take longer than the next upstream's answer, and
@@ -386,17 +385,40 @@ class Affinity:
             if previous is not None and previous[0] == name and ticket.continues:
                 ticket.bust = detect(previous[1], ticket.prompt, cached_tokens=cached, previous_tokens=previous[2],
                                      min_tokens=self.cfg.bust_min_tokens)
-            if ticket.bust is not None and self.publish is not None:
-                from ..state.events import CacheBust
-
-                b = ticket.bust
-                self.publish(CacheBust(request_id=request_id, provider=name, lane=ticket.lane_label or "",
-                                       session=ticket.session.hashed, segment=b.segment, cause=b.cause,
-                                       expected_tokens=b.expected_tokens, cached_tokens=b.cached_tokens))
+            r = ticket.restore
+            if r is not None and (r.problem is not None or not self.kvcache.prove(
+                    name, r, cached_tokens=cached, predicted_tokens=ticket.predicted_tokens)):
+                # The saved state did not come back (refused, failed, or accepted and not taken): the turn's
+                # loss is the slot file's doing, whatever else differs.
+                ticket.bust = Bust(r.describe(), "slot file", r.expected_tokens or r.tokens, cached)
+            if ticket.bust is not None:
+                self._publish_bust(ticket, name, request_id)
         self.index.remember(ticket.lane, name, ticket.prompt, prompt_tokens if cached >= 0 else 0)
-        self._persist_soon(name)
+        self.persist_soon(name)
 
-    def _persist_soon(self, provider: str) -> None:
+    def _publish_bust(self, ticket: Ticket, name: str, request_id: str) -> None:
+        if ticket.bust is not None and self.publish is not None:
+            from ..state.events import CacheBust
+
+            b = ticket.bust
+            self.publish(CacheBust(request_id=request_id, provider=name, lane=ticket.lane_label or "",
+                                   session=ticket.session.hashed, segment=b.segment, cause=b.cause,
+                                   expected_tokens=b.expected_tokens, cached_tokens=b.cached_tokens))
+
+    # -- what kvcache reads (kvcache/cache.py Host) -------------------------------------------------------------
+
+    def table(self, name: str) -> SlotTable | None:
+        p = self.index.providers.get(name)
+        return p.slots if p is not None else None
+
+    def names(self) -> list[str]:
+        return list(self.index.providers)
+
+    def in_flight(self, name: str) -> int:
+        """The upstream's one in-flight count (what the lease counts), for the idle save's check."""
+        return self.index.in_flight(name)
+
+    def persist_soon(self, provider: str) -> None:
         """At most one snapshot per provider per PERSIST_EVERY_S: a snapshot of many slots and saved lanes is
         not free, and the store itself only flushes once a second."""
         if self.persist is None or provider in self._dirty:
@@ -417,7 +439,7 @@ class Affinity:
     async def stop(self) -> None:
         """Shutdown: server discoveries still under way are cancelled and awaited before the pools they use
         close."""
-        await self.warm.stop()
+        await self.kvcache.stop()
         if self._own_servers:
             await self.servers.stop()
 
@@ -451,7 +473,7 @@ class Affinity:
         if p.slots is not None:
             slots = {"total": len(p.slots.slots), "busy": sum(1 for s in p.slots.slots if s.busy),
                      "lanes": sum(1 for s in p.slots.slots if s.lane), "saved": len(p.slots.saved),
-                     "save_restore": p.slots.can_save, "warm": self.warm.status(name)}
+                     "save_restore": p.slots.can_save, "warm": self.kvcache.status(name)}
         return {"prompt_tokens": p.prompt_tokens, "cached_tokens": p.cached_tokens,
                 "hit_ratio": round(p.hit_ratio, 4) if p.hit_ratio is not None else None, "slots": slots,
                 "prompt_s_per_token": round(p.s_per_token, 6) if p.measured else None}

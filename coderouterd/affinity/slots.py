@@ -10,15 +10,11 @@ slot first when the server can (`--slot-save-path`), and restoring a returning l
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from ..kvcache.pool import DEFAULT_MAX_SAVED, FilePool, Saved
 from .canonical import Prompt, common_prefix
-
-# Saved slot states per server. Each file holds a slot's whole KV cache (gigabytes for a large model and a
-# long prompt), so the names come from a fixed pool: the oldest saved lane's file is overwritten.
-DEFAULT_MAX_SAVED = 8
 
 
 @dataclass(slots=True)
@@ -37,13 +33,6 @@ class Slot:
 
 
 @dataclass(slots=True)
-class Saved:
-    filename: str
-    digests: tuple[bytes, ...]
-    ends: tuple[int, ...]
-
-
-@dataclass(slots=True)
 class Choice:
     slot: int
     predicted: int  # bytes of the prompt expected to be reused
@@ -58,15 +47,20 @@ class SlotTable:
     def __init__(self, n: int, *, can_save: bool = False, clone_min_bytes: int = 8192,
                  max_saved: int = DEFAULT_MAX_SAVED) -> None:
         self.slots = [Slot(i) for i in range(n)]
-        self.can_save = can_save
         self.clone_min_bytes = clone_min_bytes
-        self.max_saved = max_saved
-        self.saved: OrderedDict[str, Saved] = OrderedDict()
-        # Names of the files this table asks its server to write: affinity/warm.py puts the server's cache key
-        # in it (model file, context, version), so no server ever restores a file saved for another.
-        self.file_prefix = "coderouter-"
+        # The lane -> file map and the file names are kvcache's (kvcache/pool.py): this table asks it.
+        self.files = FilePool(can_save=can_save, max_saved=max_saved)
         self.configured = False  # the affinity settings applied once the server's slot count is known
         self._spare: Callable[[str | None], bool] | None = None  # for the current `choose`
+
+    @property
+    def can_save(self) -> bool:
+        return self.files.can_save
+
+    @property
+    def saved(self) -> dict[str, Saved]:
+        """Each lane's saved state (read only: kvcache/pool.py keeps it)."""
+        return self.files.saved
 
     def resize(self, n: int) -> None:
         if n == len(self.slots):
@@ -128,8 +122,8 @@ class SlotTable:
         choice = Choice(slot.id, slot.reuse(prompt), why=why)
         if slot.lane is not None and slot.lane != lane:
             choice.evicted = slot.lane
-            if self.can_save and slot.digests and self.max_saved > 0:
-                fname = self._remember(slot.lane, slot.digests, slot.ends)
+            if self.can_save and slot.digests and self.files.max_saved > 0:
+                fname = self.files.remember(slot.lane, slot.digests, slot.ends)
                 choice.saves.append((slot.id, fname))
         self._restore_saved(choice, slot, lane, prompt)
         if choice.restore is None:
@@ -141,7 +135,7 @@ class SlotTable:
 
     def _restore_saved(self, choice: Choice, slot: Slot, lane: str, prompt: Prompt) -> bool:
         """Restore the lane's saved state into `slot` when it holds more of `prompt` than the slot does."""
-        saved = self.saved.get(lane) if self.can_save else None
+        saved = self.files.get(lane)
         if saved is None:
             return False
         got = prompt.upto(common_prefix(saved.digests, prompt.digests))
@@ -164,27 +158,12 @@ class SlotTable:
         got = donor.reuse(prompt)
         if got - choice.predicted < self.clone_min_bytes:
             return
-        fname = f"{self.file_prefix}copy-{slot.id}.bin"
+        fname = self.files.copy_name(slot.id)
         choice.saves.append((donor.id, fname))
         choice.restore = fname
         choice.predicted = got
         choice.why += f"; copied the shared prefix from slot {donor.id}"
         slot.digests, slot.ends = donor.digests, donor.ends
-
-    def _remember(self, lane: str, digests: tuple[bytes, ...], ends: tuple[int, ...]) -> str:
-        """Record the lane's saved state; returns the file to save it to (from the fixed pool)."""
-        old = self.saved.pop(lane, None)
-        if old is not None:
-            fname = old.filename
-        elif len(self.saved) < self.max_saved:
-            used = {sv.filename for sv in self.saved.values()}
-            fname = next(f for i in range(self.max_saved + 1)
-                         if (f := f"{self.file_prefix}lane-{i}.bin") not in used)
-        else:
-            _, oldest = self.saved.popitem(last=False)
-            fname = oldest.filename
-        self.saved[lane] = Saved(fname, digests, ends)
-        return fname
 
     # -- outcomes -------------------------------------------------------------------------------------------
 
@@ -216,20 +195,7 @@ class SlotTable:
         file to save it to."""
         s = self.slots[slot]
         assert s.lane is not None
-        return self._remember(s.lane, s.digests, s.ends)
-
-    def keep_saved(self, valid) -> list[str]:
-        """Drop the saved states whose file `valid(filename)` refuses (another server's key, gone from disk);
-        returns their names."""
-        dropped = [sv.filename for sv in self.saved.values() if not valid(sv.filename)]
-        for fname in dropped:
-            self.forget_saved(fname)
-        return dropped
-
-    def forget_saved(self, filename: str) -> None:
-        for lane, sv in list(self.saved.items()):
-            if sv.filename == filename:
-                del self.saved[lane]
+        return self.files.remember(s.lane, s.digests, s.ends)
 
     # -- persistence ----------------------------------------------------------------------------------------
 
@@ -237,8 +203,7 @@ class SlotTable:
         return {
             "slots": [{"lane": s.lane, "last_used": s.last_used, "digests": [d.hex() for d in s.digests],
                        "ends": list(s.ends)} for s in self.slots],
-            "saved": [[lane, sv.filename, [d.hex() for d in sv.digests], list(sv.ends)]
-                      for lane, sv in self.saved.items()],
+            "saved": self.files.snapshot(),
         }
 
     def restore(self, snap: dict) -> None:
@@ -251,10 +216,9 @@ class SlotTable:
                 s.last_used = float(data.get("last_used") or 0.0) - top - 1.0
                 s.digests = tuple(bytes.fromhex(d) for d in data.get("digests") or ())
                 s.ends = tuple(int(e) for e in data.get("ends") or ())
-            for lane, fname, digests, ends in (snap.get("saved") or ())[-self.max_saved:] if self.max_saved else ():
-                self.saved[lane] = Saved(fname, tuple(bytes.fromhex(d) for d in digests), tuple(int(e) for e in ends))
+            self.files.restore(snap.get("saved"))
         except (ValueError, TypeError, AttributeError):
             # A damaged snapshot costs one cold turn per lane, nothing more.
             for s in self.slots:
                 s.lane, s.digests, s.ends = None, (), ()
-            self.saved.clear()
+            self.files.saved.clear()

@@ -8,7 +8,7 @@ from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from .kinds import ALWAYS_LOCAL, SERVES_RESPONSES
+from .kinds import ALWAYS_LOCAL, DEFAULT_BASE_URL, KEYED_HOSTS, SERVES_RESPONSES
 
 # Every timeout and interval lies between 10 ms and one day: `inf`, `1e308` or a typo'd exponent would
 # otherwise reach asyncio timers and sleeps (an inf timeout turned each request into a 500, an inf flush
@@ -202,7 +202,7 @@ class ProcessConfig(_Strict):
 
 
 class ProviderConfig(_Strict):
-    kind: Literal["openai", "anthropic", "ollama"] = "openai"
+    kind: Literal["openai", "anthropic", "ollama", "gemini"] = "openai"
     base_url: str
     model: str = ""
     default_model: str = ""
@@ -230,6 +230,14 @@ class ProviderConfig(_Strict):
     # process block and base_url host.
     local: bool | None = None
 
+    @model_validator(mode="before")
+    @classmethod
+    def _default_base_url(cls, data: object) -> object:
+        """A hosted API's own address when base_url is left out (kind = "gemini")."""
+        if isinstance(data, dict) and "base_url" not in data and data.get("kind") in DEFAULT_BASE_URL:
+            return {**data, "base_url": DEFAULT_BASE_URL[data["kind"]]}
+        return data
+
     @field_validator("base_url")
     @classmethod
     def _url(cls, v: str) -> str:
@@ -241,6 +249,10 @@ class ProviderConfig(_Strict):
     def _responses_only_openai(self):
         if self.serves_responses and self.kind not in SERVES_RESPONSES:
             raise ValueError('serves_responses needs kind = "openai" (the Responses API is an OpenAI wire)')
+        keyed = KEYED_HOSTS.get(self.kind)
+        if keyed and not self.api_key_env and (urlsplit(self.base_url).hostname or "").endswith(keyed):
+            raise ValueError(f'kind = "{self.kind}" at {keyed.lstrip(".")} needs api_key_env (the environment '
+                             'variable holding its API key)')
         return self
 
     def is_local(self) -> bool:
@@ -301,6 +313,10 @@ class ProfileConfig(_Strict):
     # "failover": while it starts, the request goes to the next provider of the chain at once, and waits for
     # the start only when nothing after it can serve. "wait": the request waits for the local model.
     on_demand_start: Literal["failover", "wait"] = "failover"
+    # The output limit of a request that names none (guards/output_limit.py): Copilot CLI's chat and Responses
+    # requests carry no max_tokens, and a small local model that loops then writes until its context is full.
+    # None: the upstream's own default. Never lowers a limit the client asked for.
+    default_max_tokens: int | None = Field(None, ge=1, le=10_000_000)
 
 
 class RouteConfig(_Strict):
@@ -341,6 +357,7 @@ class DriftConfig(_Strict):
     repetition_rate: float = Field(0.6, gt=0, le=1)
     collapse_ratio: float = Field(0.2, gt=0, lt=1)
     length_stop_rate: float = Field(0.6, gt=0, le=1)
+    # Accepted so configs that set it still load; unused since errors stopped counting as drift (issue 43, E6).
     error_rate: float = Field(0.6, gt=0, le=1)
     cooldown_s: float = Field(300.0, ge=0)
 
@@ -405,7 +422,7 @@ class AffinityConfig(_Strict):
     max_saved_slots: int = Field(8, ge=0, le=10_000)
     # A managed llama-server (a provider's `process`) gets --slot-save-path <state dir>/slots unless it sets one.
     manage_slot_save: bool = True
-    # Managed servers' slots survive stops and crashes (affinity/warm.py): a lane idle this long is saved in the
+    # Managed servers' slots survive stops and crashes (kvcache/cache.py): a lane idle this long is saved in the
     # background (0 = never; a kill -9 then loses every lane's cache), and every slot holding a lane's prefix is
     # saved before a planned stop, for at most save_before_stop_s (then the server stops anyway).
     save_idle_after_s: float = seconds(10.0, zero_ok=True)

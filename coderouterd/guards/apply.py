@@ -12,7 +12,7 @@ import orjson
 from ..providers.errors import BUDGET, BUDGET_FINAL, UpstreamError
 from ..state import cost_usd
 from . import tool_loop
-from .budget import Budget
+from .budget import Budget, BudgetSkips
 
 if TYPE_CHECKING:
     from ..providers.provider import Provider
@@ -70,10 +70,12 @@ class BudgetHooks:
     """Reserve a worst-case estimate before a paid call and settle with the real cost after, so concurrent
     requests cannot overshoot a cap together."""
 
-    def __init__(self, budget) -> None:
+    def __init__(self, budget, skips: BudgetSkips | None = None) -> None:
         """`budget`: guards.budget.Budget (this machine), or cluster.budget.SharedBudget (a shared ledger,
-        whose reserve is awaited)."""
+        whose reserve is awaited). `skips`: where refusals for a request's worst-case cost are counted (the
+        availability verdict's words read them: routing/availability.py)."""
         self.budget = budget
+        self.skips = skips if skips is not None else BudgetSkips()
 
     def allowed(self, provider: str) -> bool:
         return self.budget.allowed(provider)
@@ -95,14 +97,19 @@ class BudgetHooks:
         if isawaitable(res):
             res = await res
         if res is None:
-            if key is None:
-                final = self.budget.too_dear(provider.name, est)
-            else:
+            final = self.budget.too_dear(provider.name, est)
+            if final is not None:
+                # The provider's own (or the global) cap cannot fit this estimate: counted, so every view can say
+                # it is skipped. A key's cap, or others' reservations in flight, say nothing of the provider.
+                left = getattr(self.budget, "left", None)  # a shared ledger does not say: the words use the estimate
+                self.skips.skipped(provider.name, est, left(provider.name) if left is not None else None)
+            if key is not None:
                 final = self.budget.too_dear(provider.name, est, key=key.name, key_cap=key.monthly_usd)
             if final is not None:  # this request cannot fit before the reset, whatever else is in flight
                 raise UpstreamError(BUDGET, message=final, error_type=BUDGET_FINAL)
             whose = f"team key {key.name!r} or {provider.name}" if key is not None else provider.name
             raise UpstreamError(BUDGET, message=f"monthly budget for {whose} would be exceeded")
+        self.skips.admitted(provider.name)
         return res
 
     def settle(self, reservation, provider: Provider, usage: dict | None) -> dict | None:

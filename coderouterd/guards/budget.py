@@ -22,6 +22,7 @@ from __future__ import annotations
 import logging
 import math
 import time
+from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -91,6 +92,90 @@ def budget_words(budget: str) -> str:
 def zero_words(key: str) -> str:
     """A key whose monthly budget is 0: it may use free providers only (retrying cannot change that)."""
     return f"the team key {key!r} has a monthly budget of 0 USD: it may use free providers only"
+
+
+SKIP_WINDOW_S = 600.0  # the window the budget's skips are counted over: "(41 in the last 10 min)"
+_MAX_SKIPS = 10_000  # per provider: a bound on memory however fast requests come
+
+
+@dataclass(frozen=True, slots=True)
+class SkipCount:
+    """One provider's budget skips in the window: how many, the least estimate skipped, what was left then, and
+    whether any request got through in the window."""
+
+    count: int
+    least_usd: float
+    left_usd: float | None
+    admitted: bool
+    window_s: float
+
+    def words(self) -> str:
+        over = self.left_usd if self.left_usd is not None else self.least_usd
+        window = f"{self.window_s / 60:.0f} min" if self.window_s >= 60 else f"{self.window_s:.0f} s"
+        return (f"requests estimated over ${over:.4f} are skipped ({self.count} in the last {window}"
+                f"{'' if not self.admitted else ', others served'})")
+
+
+class BudgetSkips:
+    """Requests the budget refused a provider because their worst-case cost exceeded what is left of a cap, counted
+    per provider in a sliding window, with the last admission. A provider skipped for budget on every request is
+    otherwise invisible: its cap is not spent ("near its cap") and it stays in every order (issue 43, E1).
+
+    `every` is asked for each provider of a chain on every request: a dict lookup while nothing was skipped."""
+
+    def __init__(self, *, window_s: float = SKIP_WINDOW_S, clock: Callable[[], float] = time.monotonic) -> None:
+        self.window_s = float(window_s)
+        self._clock = clock
+        self._skips: dict[str, deque[float]] = {}
+        self._least: dict[str, float] = {}
+        self._left: dict[str, float | None] = {}
+        self._admitted: dict[str, float] = {}
+
+    def skipped(self, provider: str, estimate_usd: float, left_usd: float | None) -> None:
+        now = self._clock()
+        q = self._skips.get(provider)
+        if q is None:
+            q = self._skips[provider] = deque(maxlen=_MAX_SKIPS)
+        else:
+            self._cut(q, now)
+        if not q:
+            self._least.pop(provider, None)
+        q.append(now)
+        est = _usd(estimate_usd)
+        least = self._least.get(provider)
+        self._least[provider] = est if least is None else min(least, est)
+        self._left[provider] = None if left_usd is None else max(_usd(left_usd), 0.0)
+
+    def admitted(self, provider: str) -> None:
+        if provider in self._skips:  # only a provider that was ever skipped needs its admissions timed
+            self._admitted[provider] = self._clock()
+
+    def recent(self, provider: str) -> SkipCount | None:
+        """The skips of the window, or None when there were none."""
+        q = self._skips.get(provider)
+        if q is None:
+            return None
+        now = self._clock()
+        self._cut(q, now)
+        if not q:  # the window passed with no skip: forgotten, admissions included
+            del self._skips[provider]
+            self._admitted.pop(provider, None)
+            return None
+        at = self._admitted.get(provider)
+        return SkipCount(len(q), self._least.get(provider, 0.0), self._left.get(provider),
+                         at is not None and at >= now - self.window_s, self.window_s)
+
+    def every(self, provider: str) -> str | None:
+        """The words when every request that reached the provider's budget in the window was skipped, else None."""
+        if provider not in self._skips:
+            return None
+        r = self.recent(provider)
+        return r.words() if r is not None and not r.admitted else None
+
+    def _cut(self, q: deque[float], now: float) -> None:
+        cut = now - self.window_s
+        while q and q[0] < cut:
+            q.popleft()
 
 
 def _month_bounds(ts: float) -> tuple[str, float, float]:
@@ -230,6 +315,15 @@ class Budget:
         return (f"this request may cost up to {_small(est)} USD, more than the {_small(max(cap - spent, 0.0))} USD left of "
                 f"the {name} monthly budget ({spent:.2f} of {cap:.2f} USD spent; lower max_tokens or wait for the "
                 f"reset {resets})")
+
+    def left(self, provider: str) -> float | None:
+        """What is left (settled spend only) of the tightest cap over `provider`, or None when none applies."""
+        self._roll()
+        if not self._billable.get(provider, False):
+            return None
+        lefts = [cap - spent for cap, spent in ((self._caps.get(provider, 0.0), self._spent.get(provider, 0.0)),
+                                                (self._global_cap, self._spent_global)) if cap > 0]
+        return max(min(lefts), 0.0) if lefts else None
 
     def spent(self, provider: str | None = None) -> float:
         self._roll()

@@ -3,7 +3,8 @@
 A request without a key pays one attribute check. A refused one gets a 429 in its caller's shape with
 `retry-after` in whole seconds and the rate-limit headers its clients read (Anthropic's `anthropic-ratelimit-*`,
 OpenAI's `x-ratelimit-*`); a request that can never fit (its estimate alone is over the key's tpm) also gets
-`x-should-retry: false`, which both official SDKs (and so Claude Code and Codex) obey: retrying cannot help it."""
+`x-should-retry: false` and no `retry-after`, which both official SDKs (and so Claude Code and Codex) obey:
+retrying cannot help it."""
 
 from __future__ import annotations
 
@@ -55,9 +56,8 @@ def _reset_time(seconds: float, now: float) -> str:
 def rate_headers(r: Refusal, ingress: str, now: float | None = None) -> dict[str, str]:
     """The refusal's headers for the caller's wire."""
     now = time.time() if now is None else now
-    h = {"retry-after": str(r.retry_after_header())}
-    if r.final:
-        h["x-should-retry"] = "false"
+    # A request that can never fit says so and names no time: a Retry-After would invite the retry that cannot help.
+    h = {"x-should-retry": "false"} if r.final else {"retry-after": str(r.retry_after_header())}
     if ingress == "anthropic":
         for name, part in (("requests", r.requests), ("tokens", r.tokens)):
             if part is not None:

@@ -423,6 +423,8 @@ class ProxyApp:
         hook = scope.get(DISCONNECT_HOOK)
         if hook is not None and task is not None:
             hook(lambda: task.cancel() if not r.finished else None)
+        serving = daemon.requests_now  # the dashboard's in-flight list (admin/inflight.py)
+        serving[rid] = record
         try:
             await ex.run()
         except ClientGone:
@@ -446,6 +448,8 @@ class ProxyApp:
                 except ClientGone:
                     pass
         finally:
+            if serving.get(rid) is record:  # a client may reuse an id: only this request's own entry goes
+                del serving[rid]
             if hook is not None:
                 hook(None)
             if req.limits is not None:  # its key's slot is free the moment it ends, not when bookkeeping runs

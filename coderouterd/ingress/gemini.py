@@ -18,6 +18,7 @@ from ..ids import new_id
 from ..routing.request import ClientRequest
 from ..translate.gemini_request import GeminiRequest, GeminiRequestError, camel_keys, translate_request
 from ..translate.openai_request_to_anthropic import openai_request_to_anthropic
+from .errors import gemini_http_status, gemini_status, status_of_kind
 from .model_list import model_ids
 from .responder import Responder
 from .validate import depth_problem
@@ -43,11 +44,6 @@ class ProxyApp(Protocol):
     async def proxy(self, scope: Scope, receive: Receive, send: Send, ingress: str) -> None: ...
 
 PREFIXES = ("/v1beta/", "/v1/")
-# HTTP status -> google.rpc status name, as Google's APIs pair them. 529 is Anthropic's: a Gemini client gets 503.
-STATUS_NAMES = {400: "INVALID_ARGUMENT", 401: "UNAUTHENTICATED", 402: "FAILED_PRECONDITION", 403: "PERMISSION_DENIED",
-                404: "NOT_FOUND", 405: "NOT_FOUND", 409: "ABORTED", 413: "INVALID_ARGUMENT",
-                415: "INVALID_ARGUMENT", 429: "RESOURCE_EXHAUSTED", 499: "CANCELLED", 500: "INTERNAL",
-                501: "UNIMPLEMENTED", 502: "UNAVAILABLE", 503: "UNAVAILABLE", 504: "DEADLINE_EXCEEDED"}
 _GENERATION = ("generateContent", "streamGenerateContent")
 _NOT_SERVED = ("embedContent", "batchEmbedContents", "predict", "predictLongRunning", "batchGenerateContent",
                "asyncBatchEmbedContent", "generateAnswer", "bidiGenerateContent")
@@ -59,14 +55,10 @@ _DATA = b"data: "
 _METHODS = ["generateContent", "streamGenerateContent", "countTokens"]
 
 
-def status_name(status: int) -> str:
-    return STATUS_NAMES.get(status, "INTERNAL" if status >= 500 else "INVALID_ARGUMENT")
-
-
 def error_body(status: int, message: str, *, reason: str | None = None, extra: dict | None = None) -> dict:
     """`{"error": {"code", "message", "status"}}`, with an ErrorInfo detail when there is a machine reason."""
-    status = 503 if status == 529 else status
-    err: dict = {"code": status, "message": message, "status": status_name(status)}
+    status = gemini_http_status(status)
+    err: dict = {"code": status, "message": message, "status": gemini_status(status, reason)}
     if reason or extra:
         info: dict = {"@type": "type.googleapis.com/google.rpc.ErrorInfo", "reason": reason or "",
                       "domain": "coderouter"}
@@ -133,7 +125,7 @@ class GeminiResponder(Responder):
                 await self._stream_error(status, message, code)
             return
         self._add_headers(headers)
-        await self.json(503 if status == 529 else status, orjson.dumps(error_body(status, message, reason=code,
+        await self.json(gemini_http_status(status), orjson.dumps(error_body(status, message, reason=code,
                                                                                    extra=extra)))
 
     async def start_stream(self, headers: Mapping[str, str] | None = None, opening: Any = None) -> None:
@@ -161,10 +153,9 @@ class GeminiResponder(Responder):
         # @google/genai), and JSON allows it between array elements.
         await self._body(b"\n", True)
 
-    async def stream_error(self, error_type: str, message: str, *, code: str | None = None) -> None:
-        status = {"overloaded_error": 503, "rate_limit_error": 429, "invalid_request_error": 400,
-                  "timeout_error": 504}.get(error_type, 500)
-        await self._stream_error(status, message, code)
+    async def stream_error(self, error_type: str, message: str, *, code: str | None = None,
+                           status: int | None = None) -> None:
+        await self._stream_error(status or status_of_kind(error_type), message, code)
 
     async def _stream_error(self, status: int, message: str, code: str | None) -> None:
         """After the stream began: the error object on its own (google-genai raises on a chunk that is one, and

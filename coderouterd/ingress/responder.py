@@ -9,8 +9,16 @@ from typing import TYPE_CHECKING
 
 from ..routing.sink import ClientGone, StreamOpening
 from ..wire.anthropic import message_start
+from ..wire.errors import error_kind
 from ..wire.sse import DONE, encode_data, encode_event
-from .errors import OPENAI_TYPES, anthropic_error_body, anthropic_error_event, openai_error_body
+from .errors import (
+    anthropic_error_body,
+    anthropic_error_event,
+    openai_error_body,
+    openai_type,
+    status_of_kind,
+    wire_status,
+)
 
 if TYPE_CHECKING:
     from .asgi import Send
@@ -22,9 +30,6 @@ _OPENAI_PING = b": ping\n\n"
 
 
 __all__ = ["ClientGone", "Responder"]
-
-# Error kinds OpenAI clients know as error types; any other kind is replaced by the type its status implies.
-_OPENAI_KINDS = frozenset(OPENAI_TYPES.values()) | {"api_error"}
 
 
 class Responder:
@@ -81,22 +86,20 @@ class Responder:
     async def error(self, status: int, message: str, *, kind: str | None = None, error_type: str | None = None,
                     extra: dict | None = None, headers: Mapping[str, str] | None = None, param: str | None = None,
                     code: str | None = None) -> None:
-        """An error in the caller's shape: an HTTP error before the stream started, an in-band one after."""
+        """An error in the caller's shape and vocabulary (ingress/errors.py): an HTTP error before the stream
+        started, an in-band one after."""
         kind = kind or error_type
         if self.headers_sent:
             if not self.finished:
-                await self.stream_error(kind or ("api_error" if status >= 500 else "invalid_request_error"),
-                                        message, code=code)
+                await self.stream_error(kind or error_kind(status), message, code=code, status=status)
             return
         self._add_headers(headers)
-        if code and self.ingress != "anthropic":
-            extra = {**(extra or {}), "code": code}
+        status = wire_status(self.ingress, status)
         if self.ingress == "anthropic":
             body = anthropic_error_body(status, message, error_type=kind, extra=extra,
                                         request_id=self.request_id)
         else:
-            body = openai_error_body(status, message, error_type=kind if kind in _OPENAI_KINDS else None,
-                                     extra=extra, param=param)
+            body = openai_error_body(status, message, error_type=kind, extra=extra, param=param, code=code)
         await self.json(status, body)
 
     async def start_stream(self, headers: Mapping[str, str] | None = None,
@@ -120,12 +123,16 @@ class Responder:
     async def ping(self) -> None:
         await self._body(_ANTHROPIC_PING if self.ingress == "anthropic" else _OPENAI_PING, True)
 
-    async def stream_error(self, error_type: str, message: str, *, code: str | None = None) -> None:
-        """End a stream that can no longer be completed with a well-formed error, then close it cleanly."""
+    async def stream_error(self, error_type: str, message: str, *, code: str | None = None,
+                           status: int | None = None) -> None:
+        """End a stream that can no longer be completed with a well-formed error, then close it cleanly. The error
+        is in the caller's vocabulary: routing's kind (Anthropic's names) is translated for an OpenAI client."""
+        status = status or status_of_kind(error_type)
         if self.ingress == "anthropic":
-            data = encode_event(anthropic_error_event(error_type, message))
+            data = encode_event(anthropic_error_event(error_type, message, status))
         else:
-            data = encode_data({"error": {"message": message, "type": error_type, "param": None, "code": code}}) + DONE
+            etype, ecode = openai_type(status, error_type, code)
+            data = encode_data({"error": {"message": message, "type": etype, "param": None, "code": ecode}}) + DONE
         await self._body(data, False)
 
     async def end(self) -> None:

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 from ..translate.responses_request import ResponsesRequest, ResponsesRequestError, translate_request
 from ..translate.responses_stream import encode, failed_event, prologue
 from ..wire.sse import encode_data
+from .errors import openai_type, responses_failed_code, status_of_kind
 from .responder import Responder
 from .validate_responses import validate_responses
 
@@ -17,10 +18,6 @@ if TYPE_CHECKING:
     from .asgi import Send
 
 _SEQ_KEY = b'"sequence_number":'
-
-# Error type (as the router names it) -> the `code` Codex and the SDK read in response.failed.
-_FAILED_CODES = {"overloaded_error": "server_is_overloaded", "rate_limit_error": "rate_limit_exceeded",
-                 "invalid_request_error": "invalid_request"}
 
 
 class ResponsesResponder(Responder):
@@ -52,12 +49,15 @@ class ResponsesResponder(Responder):
         self.last_seq = 1
         return b"".join(encode(e) for e in prologue(self.rq, self.rq.body.get("model") or model))
 
-    async def stream_error(self, error_type: str, message: str, *, code: str | None = None) -> None:
+    async def stream_error(self, error_type: str, message: str, *, code: str | None = None,
+                           status: int | None = None) -> None:
+        status = status or status_of_kind(error_type)
         if self.rq is None:
-            data = encode_data({"error": {"message": message, "type": error_type, "param": None, "code": code}})
+            etype, ecode = openai_type(status, error_type, code)
+            data = encode_data({"error": {"message": message, "type": etype, "param": None, "code": ecode}})
         else:
-            code = code or _FAILED_CODES.get(error_type, "server_error")
-            data = encode(failed_event(self.rq, self.rq.body.get("model") or "", self.last_seq + 1, code, message))
+            failed = responses_failed_code(status, error_type, code)
+            data = encode(failed_event(self.rq, self.rq.body.get("model") or "", self.last_seq + 1, failed, message))
         await self._body(data, False)
 
 

@@ -281,7 +281,8 @@ def _availability(daemon: MetricsSource) -> GaugeMetricFamily:
     `corectl status` and the dashboard): the same answer, from routing/availability.py."""
     fam = GaugeMetricFamily("coderouter_provider_available", "Provider can take traffic now (1) or not (0); "
                             "reason: ok, degraded, kept_in_rotation, half_open, unhealthy, held, breaker_open, "
-                            "retry_after, memory_cooldown, budget, not_ready, on_demand, cannot_start, panic",
+                            "retry_after, memory_cooldown, budget, budget_skipped, not_ready, starting, on_demand, "
+                            "cannot_start, panic",
                             labels=["provider", "reason"])
     for name, a in daemon.router.providers_availability(daemon.runtime, daemon.active_profile).items():
         fam.add_metric([name, a.code.value], 1.0 if a.available else 0.0)
@@ -312,7 +313,7 @@ def _upstreams(daemon: MetricsSource):
 
 
 def _slot_files(warm):
-    """Managed llama-servers' slot saves and restores (affinity/warm.py): what keeping caches warm costs."""
+    """Managed llama-servers' slot saves and restores (kvcache/): what keeping caches warm costs."""
     fams = {
         "saves": CounterMetricFamily("coderouter_slot_saves", "Slot KV caches saved to disk", labels=["provider"]),
         "save_bytes": CounterMetricFamily("coderouter_slot_save_bytes", "Bytes of slot KV caches written",
@@ -328,13 +329,20 @@ def _slot_files(warm):
     }
     failures = CounterMetricFamily("coderouter_slot_action_failures", "Slot saves and restores the server refused "
                                    "or did not answer", labels=["provider", "action"])
+    # Restores checked, not trusted (kvcache/cache.py): refused before the server saw the file (its size is not
+    # its sidecar's, or it is gone), or accepted by the server and disproved by the answer's cached tokens.
+    unproven = CounterMetricFamily("coderouter_slot_restores_unproven", "Slot restores that did not bring the "
+                                   "lane's cache back", labels=["provider", "why"])
     for name, st in sorted(warm.stats.items()):
         for field, fam in fams.items():
             fam.add_metric([name], getattr(st, field))
         failures.add_metric([name, "save"], st.save_failures)
         failures.add_metric([name, "restore"], st.restore_failures)
+        unproven.add_metric([name, "refused"], st.restores_refused)
+        unproven.add_metric([name, "not_taken"], st.restores_not_taken)
     yield from fams.values()
     yield failures
+    yield unproven
     disk = GaugeMetricFamily("coderouter_slot_files_bytes", "Disk held by coderouterd's slot files (max_saved_mb)")
     disk.add_metric([], warm.disk_bytes)
     yield disk

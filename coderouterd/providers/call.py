@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import aiohttp
@@ -35,7 +36,9 @@ _CONNECT_ERRORS = (aiohttp.ClientConnectorError, aiohttp.ServerDisconnectedError
 
 class Call:
     def __init__(self, provider: Provider, strategy: Strategy, *, raw_body: bytes, stream: bool,
-                 client_headers: dict[str, str]) -> None:
+                 client_headers: dict[str, str], clock: Callable[[], float] = time.monotonic) -> None:
+        """`clock` measures the time to the first byte only (tests inject one); deadlines stay on the monotonic
+        clock the event loop's timeouts are set from."""
         self.provider = provider
         self.strategy = strategy
         self.stream = stream
@@ -47,7 +50,14 @@ class Call:
         t = provider.cfg.timeouts
         self.total_deadline = self.started + t.total
         self.first_byte_deadline = self.started + t.first_byte
+        # Time to the first byte: to the first event that carries content (text, a tool call, reasoning), not to a
+        # keep-alive comment (llama-server sends `:` every 30 s while it reads a long prompt: a TTFB of 30.0 s for a
+        # first token at 65 s falsified the journal, the dashboard's speed and adaptive routing; issue 43). A
+        # stream that never carries content counts from its first event.
         self.ttfb: float | None = None
+        self._clock = clock
+        self._t0 = clock()
+        self._first_event: float | None = None
         self.request_chars = 0
         self.wait_s = 0.0  # time spent awaiting the upstream: the rest of a request's latency is ours
         # Top-level fields added to this attempt's upstream body (prefix affinity: id_slot, cache_prompt).
@@ -59,7 +69,7 @@ class Call:
         p = self.provider
         headers = p.adapter.headers(client=self.client_headers, forward_client_key=p.cfg.forward_client_key,
                                     json=True, stream=self.stream)
-        return p.adapter.api_base + self.strategy.path(), headers
+        return p.adapter.api_base + self.strategy.url_path(self.stream), headers
 
     async def open(self) -> None:
         """Send the request and wait for the status line. Raises UpstreamError on any failure."""
@@ -124,7 +134,7 @@ class Call:
             raise UpstreamError(DISCONNECT, message=f"{type(e).__name__}: {e}") from None
         finally:
             self.wait_s += time.perf_counter() - t0
-        self.ttfb = time.monotonic() - self.started
+        self.ttfb = self._clock() - self._t0
         try:
             return self.strategy.response(body)
         except (ValueError, KeyError, TypeError, AttributeError) as e:
@@ -151,16 +161,19 @@ class Call:
         finally:
             self.wait_s += time.perf_counter() - t0
         if not chunk:
+            if self.ttfb is None:
+                self.ttfb = self._first_event
             out = st.eof()  # raises unless the answer is complete
             # The end of the body is final. A finished body answers readany() at once, for ever, without yielding
             # to the event loop: a strategy left not `done` here would be read again in a loop that freezes the
             # daemon (issue 23). Whatever eof() returned is the last of the stream.
             st.done = not st.held  # held output (the strategy's) is handed out first; its last sets done
             return out
-        if self.ttfb is None:
-            self.ttfb = time.monotonic() - self.started
         try:
-            return st.events(self.parser.feed(chunk))
+            events = self.parser.feed(chunk)  # SSE comments are no events: a keep-alive yields none
+            if self.ttfb is None and events:
+                return self._timed(st, events)
+            return st.events(events)
         except UpstreamError:
             raise
         except EventTooLarge as e:
@@ -172,6 +185,19 @@ class Call:
         # it the frames that held up to a line's or an event's bound, for as long as the error is kept.
         released(self.parser.max_line)  # up to that bound was held: trim it away soon
         raise UpstreamError(TOO_LARGE, message=f"upstream sent {too_large}", after_content=st.started_content)
+
+    def _timed(self, st: Strategy, events: list[tuple[str | None, str]]) -> bytes:
+        """st.events(events) while no content has come: the first event, and the first carrying content, are timed
+        as they arrive (the strategy says when content has started)."""
+        now = self._clock() - self._t0
+        if self._first_event is None:
+            self._first_event = now
+        out = st.events(events)
+        if st.started_content:
+            self.ttfb = now
+        elif st.done:
+            self.ttfb = self._first_event
+        return out
 
     async def drain(self) -> None:
         """After the stream's last event: read the (usually already buffered) end of the HTTP body so the

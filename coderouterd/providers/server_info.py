@@ -13,7 +13,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import orjson
@@ -21,7 +21,8 @@ import orjson
 from .. import servers
 from ..servers import llamacpp
 from ..tasks import TaskSet
-from .limits import MAX_AUX_BYTES, MAX_IGNORED_BYTES, BodyTooLarge, read_at_most, read_capped
+from .limits import MAX_AUX_BYTES, BodyTooLarge, read_capped
+from .server_http import getter, poster
 
 if TYPE_CHECKING:
     from .provider import Provider
@@ -38,6 +39,9 @@ class ServerInfo:
     context_window: int       # per request (per slot), as the server reports it; 0 = unknown
     window_source: str = ""
     slots: int = 0            # llama-server slots with the slot API on; 0 = no slots to choose
+    # llama-server's /props answer, read once per server start and kept for kvcache/ (its slot files' key):
+    # asking again after every start read it twice (issue 43). Not shown (as_dict): it names the model's path.
+    props: dict | None = field(default=None, compare=False, repr=False)
 
     def as_dict(self) -> dict:
         return {"kind": self.kind, "context_window": self.context_window or None,
@@ -65,16 +69,7 @@ async def probe(provider: Provider, timeout_s: float) -> ServerInfo:
 
     headers = provider.adapter.headers()
     root = provider.root_url
-
-    async def get(path: str) -> tuple[int, object]:
-        async with provider.session().get(root + path, headers=headers) as r:
-            if r.status >= 300:  # an error, or a redirect (not followed): its body says nothing we use
-                await read_at_most(r, MAX_IGNORED_BYTES)
-                return r.status, None
-            try:
-                return r.status, orjson.loads(await read_capped(r, MAX_AUX_BYTES, f"{path} answer"))
-            except (orjson.JSONDecodeError, BodyTooLarge):
-                return r.status, None
+    get = getter(provider)
 
     async def post(path: str, body: dict, _timeout: float) -> object:
         async with provider.session().post(root + path, data=orjson.dumps(body),
@@ -97,12 +92,20 @@ async def probe(provider: Provider, timeout_s: float) -> ServerInfo:
                     # Still loading its model (llama-server answers every path 503 "Loading model" until then):
                     # what it is and what it holds are asked again, not settled on a half-started server.
                     raise _Unanswered("server still loading (503)", retry_s=LOADING_RETRY_S)
+            props = None
+            server = llamacpp.LlamaServer(get, poster(provider))
+            if kind is llamacpp.KIND:
+                if llamacpp.PROPS not in answers:  # its kind was configured, not recognised: asked here, once
+                    props = await server.props()
+                    answers[llamacpp.PROPS] = (200, props) if props is not None else (0, None)
+                else:
+                    status, got = answers[llamacpp.PROPS]
+                    props = got if status == 200 and isinstance(got, dict) else None
             slots = kind.slots(answers)
             if slots:
                 # /slots answering confirms llama-server's slot API is on (an OpenAI-compatible server that
                 # merely has a /props is left to choose for itself).
-                status, _ = await get(llamacpp.SLOTS)
-                slots = slots if status < 300 else 0
+                slots = slots if await server.slots_on() else 0
             try:
                 w = await kind.window(get, provider.cfg.model or provider.cfg.default_model, answers, post)
             except (aiohttp.ClientError, OSError, _Unanswered, orjson.JSONDecodeError):
@@ -112,7 +115,7 @@ async def probe(provider: Provider, timeout_s: float) -> ServerInfo:
     except (aiohttp.ClientError, OSError, TimeoutError) as e:
         raise _Unanswered(f"{type(e).__name__}: {e}") from None
     window = w.tokens if w.firm and w.tokens else 0
-    return ServerInfo(kind.name, window, w.source if window else "", slots)
+    return ServerInfo(kind.name, window, w.source if window else "", slots, props)
 
 
 class ServerDirectory:

@@ -244,6 +244,10 @@ class Strategy(ABC):
     def path(self) -> str:
         return "/chat/completions" if self.upstream_wire == "openai" else "/messages"
 
+    def url_path(self, stream: bool) -> str:
+        """The path under the adapter's api_base for this attempt (a wire whose URL says streaming overrides it)."""
+        return self.path()
+
     # What every strategy does (each subclass has its own, which the ABC enforces at construction): the upstream's request body from the client's, a whole
     # answer on the client's wire, a batch of the upstream's SSE events, and the end of the upstream's stream.
 
@@ -542,13 +546,16 @@ class AnthropicToOpenAIUpstream(Strategy):
     def _encode(self, evs: list[dict]) -> list[bytes]:
         return [encode_event(e) for e in evs]
 
+    def _opening(self) -> list[bytes]:
+        """message_start and a ping before the first batch; none when the sink already sent its own."""
+        if self._started:
+            return []
+        self._started = True
+        start = self.translator.start()
+        return [] if self.skip_prologue else self._encode(start)
+
     def events(self, events: list[tuple[str | None, str]]) -> bytes:
-        out: list[bytes] = []
-        if not self._started:
-            self._started = True
-            start = self.translator.start()
-            if not self.skip_prologue:
-                out.extend(self._encode(start))
+        out: list[bytes] = self._opening()
         tr = self.translator
         for _name, data in events:
             if data == "[DONE]":

@@ -1,5 +1,9 @@
 """Drift detection: a local model that was answering well and no longer does (empty answers, answers that
-collapse in length, loop, stop calling tools, hit the length limit, or fail), per provider and model.
+collapse in length, loop, stop calling tools, or hit the length limit), per provider and model.
+
+A failed request is an error, not drift (issue 43, E6): an error sample is never part of a window. A server that
+answers 500s is the breaker's and adaptive routing's to count (it errs; it does not answer worse), and would
+otherwise be drawn as a drifting model, filed under whichever model served in the end.
 
 Pure: samples in, transitions out; the clock is the caller's. Acting on a transition (warn, demote, reload)
 is `quality/drift_actions.py`'s job.
@@ -30,7 +34,6 @@ class DriftSettings:
     tool_silence_min: int = 3  # tool-offering answers needed on each side
     tool_rate_before: float = 0.5
     length_stop_rate: float = 0.6
-    error_rate: float = 0.6
 
 
 @dataclass(slots=True)
@@ -57,8 +60,6 @@ class _Earlier:
         self.used = 0
 
     def add(self, s: DriftSample) -> None:
-        if s.error:
-            return
         if s.length:
             insort(self.lengths, s.length)
         if s.tools_offered:
@@ -66,8 +67,6 @@ class _Earlier:
             self.used += s.tool_called
 
     def remove(self, s: DriftSample) -> None:
-        if s.error:
-            return
         if s.length:
             del self.lengths[bisect_left(self.lengths, s.length)]
         if s.tools_offered:
@@ -84,7 +83,8 @@ def _median_of_sorted(xs: list[int]) -> float:
 
 
 def judge(samples: list[DriftSample], cfg: DriftSettings) -> Verdict:
-    """The verdict over one window (oldest first)."""
+    """The verdict over one window (oldest first); its error samples are left out (no drift)."""
+    samples = [s for s in samples if not s.error]
     earlier = _Earlier()
     for s in samples[:max(0, len(samples) - cfg.recent)]:
         earlier.add(s)
@@ -97,14 +97,11 @@ def _verdict(recent_samples, earlier: _Earlier, n: int, cfg: DriftSettings) -> V
     if n < max(cfg.min_fill, r + 1):
         return Verdict(samples=n)
     level = cfg.repetition_level
-    empty = looping = length_stops = errors = 0
+    empty = looping = length_stops = 0
     digests: list[int] = []
     ok_recent: list[int] = []
     offered_recent = used_recent = 0
     for s in recent_samples:
-        if s.error:
-            errors += 1
-            continue
         length = s.length
         if length:
             digests.append(s.digest)
@@ -123,7 +120,6 @@ def _verdict(recent_samples, earlier: _Earlier, n: int, cfg: DriftSettings) -> V
     repeats = len(digests) - len(set(digests))
     checks.append(("repetition", max(looping / r, (repeats + 1) / r if repeats else 0.0), cfg.repetition_rate))
     checks.append(("length_stops", length_stops / r, cfg.length_stop_rate))
-    checks.append(("errors", errors / r, cfg.error_rate))
     # Empty answers are their own signal: only answers with a length count towards a collapse.
     ok_before = earlier.lengths  # kept sorted
     if len(ok_before) >= r and len(ok_recent) >= max(2, r // 2):
@@ -213,7 +209,10 @@ class DriftDetector:
         return self.observe_judged(provider, model, sample)[0]
 
     def observe_judged(self, provider: str, model: str, sample: DriftSample) -> tuple[str | None, Verdict]:
-        """`observe`, and the window's verdict after this answer (what `verdict` would look up again)."""
+        """`observe`, and the window's verdict after this answer (what `verdict` would look up again). An error
+        sample changes nothing: errors are not drift."""
+        if sample.error:
+            return None, self.verdict(provider, model)
         key = model_key(model)
         tracks = self._tracks.get(provider)
         if tracks is None:

@@ -13,7 +13,6 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from ..providers.errors import BUDGET, OVERFLOW, UNBUILDABLE
 from ..state.events import DriftAction, DriftDetected, DriftRecovered
 from .drift import DriftDetector, DriftSample, DriftSettings, model_key
 
@@ -24,21 +23,11 @@ if TYPE_CHECKING:
 log = logging.getLogger("coderouterd")
 
 
-# Failures that say nothing about the model: the client left, or the request itself was wrong (a prompt over
-# the context window, a request we could not build, a 400/413/422 the request caused).
-_NOT_THE_MODEL = frozenset({"client_disconnected", OVERFLOW, UNBUILDABLE, BUDGET})
-_REQUEST_STATUSES = frozenset({400, 413, 422})
-
-
-def _models_failure(a) -> bool:
-    return a.reason not in _NOT_THE_MODEL and a.status not in _REQUEST_STATUSES
-
-
 def settings_from(cfg: ConfigModel) -> DriftSettings:
     d = cfg.drift
     return DriftSettings(window=d.window, recent=d.recent, min_fill=d.min_fill, empty_rate=d.empty_rate,
                          repetition_rate=d.repetition_rate, collapse_ratio=d.collapse_ratio,
-                         length_stop_rate=d.length_stop_rate, error_rate=d.error_rate)
+                         length_stop_rate=d.length_stop_rate)
 
 
 class DriftManager:
@@ -67,19 +56,15 @@ class DriftManager:
     # -- samples --------------------------------------------------------------------------------------------
 
     def record(self, record: RequestRecord) -> None:
-        """After a request, from its record (on the event loop; pure bookkeeping, no I/O)."""
+        """After a request, from its record (on the event loop; pure bookkeeping, no I/O): the served answer's
+        sample, filed under the model of the attempt that served it. A failed attempt is no sample: errors are
+        counted as errors (breaker, adaptive routing, the journal), not as drift (issue 43, E6)."""
         action = record.profile.drift_action
         if action == "off":
             return
-        providers = record.runtime.providers
-        model = record.model_used or ""
-        for a in record.attempts:
-            p = providers.get(a.provider)
-            if a.outcome == "failed" and p is not None and p.cfg.is_local() and _models_failure(a):
-                self._observe(a.provider, model, DriftSample(error=True), action)
         sample = record.drift_sample
-        if sample is not None and record.served_by:
-            self._observe(record.served_by, model, sample, action)
+        if sample is not None and record.served_by and not sample.error:
+            self._observe(record.served_by, record.model_used or "", sample, action)
 
     def _observe(self, provider: str, model: str, sample: DriftSample, action: str) -> None:
         model = model_key(model)  # a client's name, bounded: it is kept, logged and journaled

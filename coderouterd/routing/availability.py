@@ -36,7 +36,11 @@ class Code(StrEnum):
     RETRY_AFTER = "retry_after"
     MEMORY_COOLDOWN = "memory_cooldown"
     BUDGET = "budget"
+    # Routed, but every recent request's worst-case cost was over what is left of a cap (guards/budget.py's skip
+    # count): a smaller request may still fit, so the planner keeps trying it; every view says it gets nothing.
+    BUDGET_SKIPPED = "budget_skipped"
     NOT_READY = "not_ready"
+    STARTING = "starting"  # its process is being started (on demand, by hand, or again by self-healing)
     ON_DEMAND = "on_demand"  # its process is stopped; the next request that needs it starts it
     CANNOT_START = "cannot_start"
     PANIC = "panic"  # out for a passing reason, but so is every other provider of the chain: tried anyway
@@ -46,7 +50,8 @@ class Code(StrEnum):
 SKIP_REASON: Mapping[Code, str] = {
     Code.BREAKER_OPEN: "breaker_open", Code.RETRY_AFTER: "breaker_open", Code.HALF_OPEN: "breaker_open",
     Code.MEMORY_COOLDOWN: "memory_cooldown", Code.UNHEALTHY: "unhealthy", Code.HELD: "unhealthy",
-    Code.BUDGET: "budget", Code.NOT_READY: "not_ready", Code.ON_DEMAND: "not_ready",
+    Code.BUDGET: "budget", Code.BUDGET_SKIPPED: "budget", Code.NOT_READY: "not_ready", Code.STARTING: "not_ready",
+    Code.ON_DEMAND: "not_ready",
     Code.CANNOT_START: "cannot_start",
 }
 # Out "for now": when every provider of a chain is out only for these, panic tries them anyway.
@@ -62,6 +67,11 @@ class Availability:
     words: str
     failures: int = 0  # the one count of consecutive failures (real requests and probes)
     retry_in_s: float | None = None  # when an open breaker admits its trial
+
+    @property
+    def takes_traffic(self) -> bool:
+        """Whether it is getting requests: routed, and not refused by the budget on every one of them."""
+        return self.available and self.code is not Code.BUDGET_SKIPPED
 
     def as_dict(self) -> dict[str, object]:
         return {"available": self.available, "code": self.code.value, "why": self.words,
@@ -93,6 +103,7 @@ class RoutingView(Protocol):
     def is_down(self, provider: str) -> bool: ...
     def down_reason(self, provider: str) -> str: ...
     def cannot_start_reason(self, provider: str) -> str | None: ...
+    def start_left(self, provider: str) -> float | None: ...  # not None: its process is starting (or restarting)
     def held_reason(self, provider: str) -> str | None: ...
     def breaker(self, provider: str) -> BreakerView: ...
 
@@ -100,6 +111,12 @@ class RoutingView(Protocol):
 class BudgetView(Protocol):
     def allowed(self, provider: str) -> bool: ...
     def spent_cap(self, provider: str) -> str | None: ...
+
+
+class SkipsView(Protocol):
+    """guards/budget.BudgetSkips: the budget's skips of the last window, when they were all its requests."""
+
+    def every(self, provider: str) -> str | None: ...
 
 
 class DemandView(Protocol):
@@ -143,6 +160,8 @@ def judge(provider: str, sources: Sources, *, health_action: str = "exclude") ->
         why = st.cannot_start_reason(provider)
         if why is not None:
             return Availability(provider, False, Code.CANNOT_START, why)
+        if st.start_left(provider) is not None:  # being started (on demand or not): starting, no longer at rest
+            return Availability(provider, False, Code.STARTING, st.down_reason(provider))
         demand = sources.demand()
         if demand is not None and demand.can_start(provider):
             return Availability(provider, False, Code.ON_DEMAND,
@@ -191,6 +210,12 @@ def judge(provider: str, sources: Sources, *, health_action: str = "exclude") ->
     if br.kept_in_rotation is not None:
         return Availability(provider, True, Code.KEPT_IN_ROTATION,
                             f"{n} failures, kept in rotation: {br.kept_in_rotation}", n)
+    if budget is not None:
+        # Read through an attribute, not a method of the seam: a budget without skip counting (a test's) has none.
+        skips: SkipsView | None = getattr(budget, "skips", None)
+        skipped = skips.every(provider) if skips is not None else None
+        if skipped is not None:
+            return Availability(provider, True, Code.BUDGET_SKIPPED, skipped, n)
     if n > 0:
         return Availability(provider, True, Code.DEGRADED,
                             f"{n} consecutive failure{'s' if n != 1 else ''} (out at {br.failures})", n)

@@ -15,10 +15,7 @@ import logging
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Protocol
 
-import aiohttp
-import orjson
-
-from ..providers.limits import MAX_AUX_BYTES, read_capped
+from ..providers.server_http import llama_server
 
 if TYPE_CHECKING:
     from ..providers.provider import Provider
@@ -102,28 +99,20 @@ async def _count(p: Provider, body: dict) -> int | None:
     for key in ("tools", "tool_choice", "chat_template_kwargs"):
         if body.get(key) is not None:
             asked[key] = body[key]
-    headers = p.adapter.headers(json=True)
-    root = p.adapter.root_url
+    server = llama_server(p)
     try:
         async with asyncio.timeout(COUNT_TIMEOUT_S):
-            async with p.session().post(f"{root}/apply-template", data=orjson.dumps(asked), headers=headers) as r:
-                if r.status in (404, 405, 501):
-                    p.template_count_supported = False
-                    return None
-                if r.status != 200:
-                    return None
-                prompt = orjson.loads(await read_capped(r, MAX_AUX_BYTES, "rendered prompt")).get("prompt")
-            if not isinstance(prompt, str):
+            status, prompt = await server.apply_template(asked, COUNT_TIMEOUT_S)
+            if status in (404, 405, 501):
+                p.template_count_supported = False
                 return None
-            tokenize = orjson.dumps({"content": prompt, "add_special": True, "parse_special": True})
-            async with p.session().post(f"{root}/tokenize", data=tokenize, headers=headers) as r:
-                if r.status != 200:
-                    return None
-                tokens = orjson.loads(await read_capped(r, MAX_AUX_BYTES, "token count")).get("tokens")
-    except (aiohttp.ClientError, OSError, TimeoutError, orjson.JSONDecodeError, ValueError, AttributeError) as e:
+            if prompt is None:
+                return None
+            _, tokens = await server.tokenize(prompt, COUNT_TIMEOUT_S, special=True)
+    except (OSError, TimeoutError) as e:
         log.debug("context count at %s failed: %s", p.name, e)
         return None
-    if not isinstance(tokens, list):
+    if tokens is None:
         return None
     p.template_count_supported = True
-    return len(tokens)
+    return tokens

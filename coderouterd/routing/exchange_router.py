@@ -55,7 +55,7 @@ class Placing(Protocol):
 
 
 class ExchangeRouter(Protocol):
-    """What an exchange may ask its router (routing/router.py's `Router`): ten members."""
+    """What an exchange may ask its router (routing/router.py's `Router`): eleven members."""
 
     async def route(self, profile_name: str, profile: ProfileConfig, runtime: Generation,
                     req: ClientRequest) -> tuple[Plan, Ticket | None]:
@@ -96,6 +96,11 @@ class ExchangeRouter(Protocol):
     @property
     def placement(self) -> Placing | None:
         """Prefix affinity, or None when it is off."""
+        ...
+
+    def start_eta(self, provider: str) -> float | None:
+        """Seconds until a process being started should be ready (None: not starting, or unknown): a Retry-After
+        for the 529/503 a start under way made."""
         ...
 
 

@@ -274,7 +274,7 @@ class Exchange:
         if admission is None:
             why = self.router.availability(name)
             self.record.skipped(Skip(name, "breaker_open", f"{name}: {why.words}" if not why.available else
-                                     f"{name}: its breaker refused the attempt"))
+                                     f"{name}: its breaker refused the attempt", retry_in_s=why.retry_in_s))
             return None
         slot = Slot(provider, admission, time.monotonic(), lease, panic=panic)
         try:
@@ -445,7 +445,10 @@ class Exchange:
         # (failed over while it was started) goes back now, not at the end of the stream: once that model is up
         # it would be kept for this request, and no other swap could stop it, for as long as the stream lasts.
         self._release_turns()
-        await self._pump(call)
+        try:
+            await self._pump(call)
+        finally:
+            self.record.set_ttfb(call.ttfb)  # the first content may come after the first output (message_start)
         # The upstream's whole answer, its usage included, is with the client now: the request succeeded. It is
         # recorded before the housekeeping below, because a client that closes right after [DONE] cancels this
         # task there, and the journal must still get the usage the upstream reported.
@@ -613,7 +616,8 @@ class Exchange:
         if e.after_content and self.committed:
             await self._fail_committed(e)
         elif e.reason == OVERFLOW:
-            await self._reply(replies.overflow(e))
+            await self._reply(replies.overflow(e, ingress=self.req.ingress,
+                                               max_tokens=replies.requested_output(self.req.body)))
         else:
             await self._reply(replies.passed_on(e))
 
@@ -622,12 +626,16 @@ class Exchange:
         router = self.router
         for s in list(self.record.skips):
             # A start this request waited for ended unable to start (fatal, no room): the client is told why.
-            if s.reason == "not_ready" and (a := router.availability(s.provider)).code is Code.CANNOT_START:
+            if s.reason != "not_ready":
+                continue
+            if (a := router.availability(s.provider)).code is Code.CANNOT_START:
                 self.record.cannot_start(s.provider, a.words)
+            else:
+                s.retry_in_s = router.start_eta(s.provider)  # a start under way: when to come back
         skips = self.record.skips
         args = {"ingress": self.req.ingress, "profile": self.profile_name, "summary": self.record.failure_summary()}
         if errors:
-            await self._reply(replies.all_failed(errors, **args))
+            await self._reply(replies.all_failed(errors, skips=skips, **args))
         else:
             spent = {s.provider: why for s in skips if s.reason == "budget"
                      and (why := self.budget_final.get(s.provider) or self.router.spent_cap(s.provider)) is not None}

@@ -59,6 +59,11 @@ class Skip:
     message: str
     # False for a transient reason that still must not be overridden (a managed process that is not running).
     overridable: bool = True
+    # A context skip's numbers (the prompt's tokens, the window), for the client's "prompt is too long" answer.
+    tokens: int = 0
+    window: int = 0
+    # When the skip passes, as far as is known (an open breaker's reopening, a start's remaining time): Retry-After.
+    retry_in_s: float | None = None
 
     @property
     def transient(self) -> bool:
@@ -151,7 +156,8 @@ def plan(
         skip = _capability_gate(p, facts.get(p) or ProviderFacts(name=p), features)
         a = answers[p]
         if skip is None and not a.available:
-            skip = Skip(p, SKIP_REASON.get(a.code, "unhealthy"), _skip_words(p, a), overridable=a.code in PASSING)
+            skip = Skip(p, SKIP_REASON.get(a.code, "unhealthy"), _skip_words(p, a), overridable=a.code in PASSING,
+                        retry_in_s=a.retry_in_s)
         if skip is None:
             candidates.append(p)
         else:
@@ -192,5 +198,6 @@ def _capability_gate(p: str, f: ProviderFacts, req: RequestFeatures) -> Skip | N
             f"request needs {'' if counted else '~'}{need:,} tokens{' by its server’s count' if counted else ''}, "
             f"over {p}'s context window of {f.context_window:,}"
             + (" (as its server reports it)" if f.window_reported else ""),
+            tokens=need, window=f.context_window,
         )
     return None

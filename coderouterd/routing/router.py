@@ -161,6 +161,14 @@ class Router:
         """Whether the provider's server reads OpenAI's named tool choice (servers/base.py)."""
         return self.attempt.named_tool_choice(provider)
 
+    def start_eta(self, provider: str) -> float | None:
+        """Seconds until the provider's process, being started, should be ready: by the load time learned from its
+        own starts, else the rest of its start window (when it has come up or failed, at the latest); None when
+        it is not starting (Retry-After on a 529/503 the start made)."""
+        demand = self.demand
+        learned = demand.start_eta(provider) if demand is not None else None
+        return learned if learned is not None else self.state.start_left(provider)
+
     def _facts(self, runtime: Generation, names: Iterable[str]) -> dict[str, ProviderFacts]:
         """The runtime's facts, with the context window the server reports where the config left it unset.
         Never waits: a server not heard from yet is asked in the background and not gated meanwhile."""

@@ -12,10 +12,10 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass
 
-from . import generic, llamacpp, lmstudio, ollama, vllm
+from . import gemini, generic, llamacpp, lmstudio, ollama, vllm
 from .base import Answers, Get, NoModelControl, Post, ServerKind, Window
 
-KINDS: tuple[ServerKind, ...] = (ollama.KIND, lmstudio.KIND, llamacpp.KIND, vllm.KIND, generic.KIND)
+KINDS: tuple[ServerKind, ...] = (ollama.KIND, lmstudio.KIND, llamacpp.KIND, vllm.KIND, gemini.KIND, generic.KIND)
 GENERIC = generic.KIND
 _BY_NAME = {k.name: k for k in KINDS}
 

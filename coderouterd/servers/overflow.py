@@ -17,8 +17,17 @@ from . import KINDS
 _NOT_OVERFLOW_STATUS = frozenset({401, 403, 404, 429})
 _CODES = frozenset({"context_length_exceeded"})
 
-_MARKERS = tuple(dict.fromkeys(m for k in KINDS for m in k.overflow_markers))
-_WORDINGS = tuple(w for k in KINDS for w in k.overflow_wordings)
+_MARKERS = tuple(dict.fromkeys([*(m for k in KINDS for m in k.overflow_markers), "exceed context limit"]))
+# Wordings that split the request into its prompt and its requested output, read before the kinds' own: OpenAI's
+# and vLLM's "you requested N tokens (P in the messages, M in the completion)" (N counts the output: P is the
+# prompt), and Anthropic's own "input length and `max_tokens` exceed context limit: P + M > L".
+_SPLIT = (
+    re.compile(r"maximum context length is (?P<limit>[\d,]+) tokens.*\((?P<prompt>[\d,]+) in the messages, "
+               r"[\d,]+ in the completion\)"),
+    re.compile(r"input length and `max_tokens` exceed context limit: (?P<prompt>[\d,]+) \+ [\d,]+ > "
+               r"(?P<limit>[\d,]+)"),
+)
+_WORDINGS = _SPLIT + tuple(w for k in KINDS for w in k.overflow_wordings)
 # One number each, where the phrase leaves no doubt which number it is.
 _LIMIT_ALONE = tuple(re.compile(p) for p in (
     r"tokens? > ([\d,]+) maximum",
@@ -99,15 +108,34 @@ def parse(status: int, body) -> tuple[int, int] | None:
     return prompt, limit
 
 
-def client_message(prompt: int, limit: int, upstream: str = "") -> str:
-    """What a client is told. Claude Code compacts on "prompt is too long" and reads "N tokens > M maximum"
-    to size the compaction, so the numbers appear in that form only when the server gave both (and they
-    agree); otherwise the message says which are unknown instead of inventing them."""
+# What Claude Code acts on, read from its own code (cli of @anthropic-ai/claude-code 2.1.197, tests/clients):
+#   - it lowers max_tokens and retries only on a 400 whose message matches
+#       /input length and `max_tokens` exceed context limit: (\d+) \+ (\d+) > (\d+)/
+#     (the retry asks for max(3000, limit - input - 1000) output tokens; below 3000 it gives up);
+#   - it compacts only on a message containing "prompt is too long", sized by
+#       /prompt is too long[^0-9]*(\d+)\s*tokens?\s*>\s*(\d+)/i
+# Those are the Anthropic API's own wordings for the two cases, so the Anthropic ingress says exactly them.
+ANTHROPIC_OUTPUT_ROOM = ("input length and `max_tokens` exceed context limit: {prompt} + {output} > {limit}, "
+                         "decrease input length or `max_tokens` and try again")
+
+
+def client_message(prompt: int, limit: int, upstream: str = "", *, max_tokens: int = 0,
+                   wire: str = "anthropic") -> str:
+    """What a client is told, in its own API's wording (`wire`: anthropic, openai, responses, gemini). A prompt at
+    or over the window is "too long" (compact); a prompt that fits with an output that does not is the output's
+    overflow (lower max_tokens), stated only when the numbers are the server's (and `max_tokens` the request's);
+    otherwise the message says which are unknown instead of inventing them."""
+    if wire in ("openai", "responses"):
+        return _openai_message(prompt, limit, upstream, max_tokens)
+    if wire == "gemini":
+        return _gemini_message(prompt, limit, upstream, max_tokens)
     if prompt and limit and prompt >= limit:  # llama-server refuses at equality: no room for one token
         return f"prompt is too long: {prompt} tokens > {limit} maximum"
     if prompt and limit:  # the prompt fits, the output it asked for does not (vLLM, OpenAI count both)
-        return (f"prompt is too long: {prompt} tokens leave no room for the requested output in the {limit}-token "
-                "context window")
+        if max_tokens and prompt + max_tokens > limit:
+            return ANTHROPIC_OUTPUT_ROOM.format(prompt=prompt, output=max_tokens, limit=limit)
+        return (f"input length and `max_tokens` exceed context limit: {prompt} input tokens leave no room for the "
+                f"requested output in the {limit}-token context window")
     if limit:
         said = f"; the server said: {upstream}" if upstream else ""
         return f"prompt is too long: over the {limit}-token context window (the prompt's token count is unknown)" \
@@ -116,3 +144,33 @@ def client_message(prompt: int, limit: int, upstream: str = "") -> str:
         return f"prompt is too long: {prompt} tokens (the context window is unknown)"
     said = f": {upstream}" if upstream else ""
     return f"prompt is too long (the server did not say by how much){said}"
+
+
+def _openai_message(prompt: int, limit: int, upstream: str, max_tokens: int) -> str:
+    """OpenAI's own wordings (its clients read the code, `context_length_exceeded`; people read these)."""
+    if prompt and limit and prompt >= limit:
+        return (f"This model's maximum context length is {limit} tokens. However, your messages resulted in "
+                f"{prompt} tokens. Please reduce the length of the messages.")
+    if prompt and limit and max_tokens and prompt + max_tokens > limit:
+        return (f"This model's maximum context length is {limit} tokens. However, you requested "
+                f"{prompt + max_tokens} tokens ({prompt} in the messages, {max_tokens} in the completion). Please "
+                "reduce the length of the messages or completion.")
+    if limit:
+        said = f" The server said: {upstream}" if upstream else ""
+        return (f"This model's maximum context length is {limit} tokens, and this request does not fit in it"
+                + (f" ({prompt} tokens in the messages)." if prompt else " (the prompt's token count is unknown).")
+                + said)
+    said = f" The server said: {upstream}" if upstream else ""
+    return "This request exceeds the model's context length (the server did not say by how much)." + said
+
+
+def _gemini_message(prompt: int, limit: int, upstream: str, max_tokens: int) -> str:
+    """Gemini's own wording of an input over the window, and the same form for an output that does not fit."""
+    if prompt and limit and prompt >= limit:
+        return f"The input token count ({prompt}) exceeds the maximum number of tokens allowed ({limit})."
+    if prompt and limit and max_tokens and prompt + max_tokens > limit:
+        return (f"The input token count ({prompt}) plus maxOutputTokens ({max_tokens}) exceeds the maximum number "
+                f"of tokens allowed ({limit}).")
+    said = f" The server said: {upstream}" if upstream else ""
+    known = f" ({limit} tokens)" if limit else ""
+    return f"The request exceeds the model's context window{known}." + said

@@ -232,6 +232,18 @@ class CacheBust(Event):
 
 
 @dataclass(slots=True)
+class SlotBudgetTooSmall(Event):
+    """affinity.max_saved_mb is smaller than one slot file of a managed llama-server: every such save is written
+    and deleted at once (kvcache/budget.py). Said once at start-up."""
+
+    kind: ClassVar[str] = "slot_budget_too_small"
+    audited: ClassVar[bool] = True
+
+    process: str
+    note: str
+
+
+@dataclass(slots=True)
 class BudgetWarning(Event):
     kind: ClassVar[str] = "budget_warning"
     audited: ClassVar[bool] = True
@@ -423,6 +435,7 @@ EVENT_TYPES: dict[str, type[Event]] = {
         MemoryPressure,
         CacheIneffective,
         CacheBust,
+        SlotBudgetTooSmall,
         BudgetWarning,
         BudgetBlocked,
         ConfigReloaded,

@@ -1,9 +1,11 @@
-"""Whether a server already answering a managed process's ready_url may be adopted as that process.
+"""Whether a server answering a managed process's ready_url is that process.
 
 Anyone on the machine can bind a port before the daemon starts; adopting whatever answers would relay an
 impostor's answers as the local model's. So a listener is adopted only when the process that owns the
 listening socket (or one of its ancestors: a wrapper script that started the server) runs the configured
-command, as the daemon's own user. Everything here is blocking (psutil reads /proc): call it in a thread.
+command, as the daemon's own user. The same holds after a start of ours (`serves_from_tree`): another user can
+bind the port between the spawn and the moment our child binds it, and the readiness probe would take their
+answer for our server's (issue 43, N9). Everything here is blocking (psutil reads /proc): call it in a thread.
 """
 
 from __future__ import annotations
@@ -12,12 +14,16 @@ import os
 import pwd
 import shlex
 import shutil
+import socket
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit
 
 import psutil
+
+from . import tree
 
 ADOPT_MODES = ("verify", "never")
 _ANCESTORS = 4  # how far up from the listener a wrapper that started it is looked for
@@ -159,6 +165,12 @@ def verify(url: str, command: list[str], cwd: str | None = None) -> Verdict:
             if proc is None or proc.pid <= 1 or proc.uids().real != me:
                 break
             if _runs(proc, command, cwd):
+                # The owner above is only the first listener this user can see. Every listener that could answer
+                # `url` must be this process's tree: another user's on another address of the host name (::1
+                # beside 127.0.0.1 for `localhost`) would be sent some of the prompts.
+                whole = serves_from_tree(url, proc.pid, None, "the configured command")
+                if not whole.ok:
+                    return Verdict(False, whole.reason)
                 return Verdict(True, f"pid {proc.pid} runs the configured command as {_user_name(me)}")
             proc = proc.parent()
     except (psutil.NoSuchProcess, psutil.AccessDenied):
@@ -180,3 +192,87 @@ def judge(url: str, command: list[str], cwd: str | None, mode: str) -> Verdict:
     return Verdict(False, f"{url} already answers but is not verified as this process: {v.reason}; not adopted "
                           f"and not started: stop it (or run exactly the configured command as this user), then "
                           f"corectl restart")
+
+
+_WILDCARDS = frozenset({"0.0.0.0", "::", ""})
+
+
+def _local_addresses(host: str) -> set[str] | None:
+    """The addresses `host` names, when one of them is this machine's; None when none is (a server on another
+    host: no local user can bind its port, and no local socket would show it)."""
+    try:
+        infos = socket.getaddrinfo(host, None, proto=socket.IPPROTO_TCP)
+    except (OSError, UnicodeError):
+        return set()  # unresolvable: nothing can have answered there; checked as local, so refused
+    # A mapped address (::ffff:127.0.0.1) is its IPv4 one; the wildcard (0.0.0.0, ::) names this machine too:
+    # connect() to it reaches a local listener, so it is never "another host" whose port nobody here can bind.
+    addrs = {_unmapped(str(info[4][0]).split("%", 1)[0]) for info in infos}
+    mine = {str(a.address).split("%", 1)[0] for nics in psutil.net_if_addrs().values() for a in nics}
+    if any(a in mine or a in _WILDCARDS or a.startswith("127.") or a == "::1" for a in addrs):
+        return addrs
+    return None
+
+
+def _unmapped(ip: str) -> str:
+    return ip[7:] if ip.startswith("::ffff:") else ip
+
+
+def _port_listeners(port: int, addrs: set[str]) -> list[tuple[int | None, str]]:
+    """(pid, address) of each listening TCP socket on `port` that would take a connection to one of `addrs`
+    (bound to one of them, or to a wildcard). On Linux every socket is listed, another user's with pid None; on
+    macOS without root only this user's are seen."""
+    wanted = {_unmapped(a) for a in addrs}
+    anywhere = bool(wanted & _WILDCARDS)  # a connection to the wildcard address may reach any local listener
+    found: list[tuple[int | None, str, Any]] = []  # (pid, status, laddr)
+    try:
+        found = [(c.pid, c.status, c.laddr) for c in psutil.net_connections(kind="tcp")]
+    except psutil.AccessDenied:  # macOS without root: ask each of our own processes instead
+        for proc in psutil.process_iter():
+            try:
+                found += [(proc.pid, c.status, c.laddr) for c in proc.net_connections(kind="tcp")]
+            except (psutil.NoSuchProcess, psutil.AccessDenied):
+                continue
+    out = []
+    for holder, status, laddr in found:
+        if status != psutil.CONN_LISTEN or not laddr or laddr.port != port:
+            continue
+        ip = _unmapped(str(laddr.ip))
+        if anywhere or ip in _WILDCARDS or ip in wanted:
+            out.append((holder, ip))
+    return out
+
+
+def _owner_of(port: int, pid: int | None) -> Owner:
+    if pid is None:
+        uids = _socket_uids(port) if sys.platform.startswith("linux") else []
+        return Owner(port, uid=next((u for u in uids if u != os.getuid()), uids[0] if uids else None))
+    try:
+        proc = psutil.Process(pid)
+        with proc.oneshot():
+            return Owner(port, pid, proc.uids().real, tuple(proc.cmdline()))
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        return Owner(port, pid)
+
+
+def serves_from_tree(url: str, pid: int, ctime: float | None, who: str = "the server we started") -> Verdict:
+    """At readiness: does the server we started as (pid, ctime) -- it, a descendant or a member of its group --
+    hold every listener that could have answered `url`? Anything else on that port is an impostor, and its
+    answers must never be taken for our server's."""
+    port = url_port(url)
+    host = urlsplit(url).hostname
+    if port is None or not host:
+        return Verdict(False, f"ready_url {url!r} names no usable host and port")
+    addrs = _local_addresses(host)
+    if addrs is None:
+        return Verdict(True, f"{host} is not this machine: no local listener to check")
+    ours = tree.members(pid, ctime)
+    if not ours:
+        return Verdict(False, f"port {port} answers, but {who} (pid {pid}) is gone")
+    listeners = _port_listeners(port, addrs)
+    for holder, _ip in listeners:
+        if holder not in ours:
+            return Verdict(False, f"{_owner_of(port, holder).describe()}, not by {who} (pid {pid})")
+    if not listeners:
+        return Verdict(False, f"port {port} answers, but no listener on it belongs to {who} "
+                              f"(pid {pid})")
+    return Verdict(True, f"port {port} is held by {who} (pid {pid})")

@@ -9,8 +9,10 @@ import time
 from collections.abc import Collection
 from typing import TYPE_CHECKING, Any
 
-from ..affinity.slot_save import slot_dir, with_slot_save_path
 from ..config import state_dir
+from ..kvcache.budget import too_small
+from ..kvcache.disk import slot_dir
+from ..servers.llamacpp import saves_to, with_slot_save_path
 from ..state.events import ProcessEventName
 from ..tasks import TaskSet
 from ..upstream.lifecycle import Phase
@@ -50,6 +52,24 @@ def specs_from_config(cfg: ConfigModel) -> dict[str, tuple[ProcessSpec, list[str
                                healthy_after_s=p.healthy_after_s or None, adopt=p.adopt)
             out[name] = (spec, [])
         out[name][1].append(provider)
+    return out
+
+
+def slot_budget_notes(cfg: ConfigModel) -> dict[str, str]:
+    """Managed llama-servers one of whose slot files, with the slot full, would not fit affinity.max_saved_mb:
+    every such save is written and deleted at once (issue 43, D5). For start-up and `config check`; reads the
+    models' headers (blocking: in a thread)."""
+    a = cfg.affinity
+    if not (a.enabled and a.manage_slot_save) or a.max_saved_slots <= 0:
+        return {}
+    directory = slot_dir(state_dir(cfg))
+    out = {}
+    for name, (spec, _) in specs_from_config(cfg).items():
+        if saves_to(spec.command, directory):
+            file_bytes, tokens = memory.slot_file_estimate(spec.command, spec.cwd)
+            note = too_small(a.max_saved_mb, name, file_bytes, tokens)
+            if note is not None:
+                out[name] = note
     return out
 
 
@@ -130,7 +150,7 @@ class Processes:
     def __init__(self, log_dir, store, on_event: EventCallback | None, before_stop=None, *,
                  upstreams: Upstreams) -> None:
         """`before_stop(process, reason)`: awaited before each planned stop (prefix affinity saves the server's
-        slots there: affinity/warm.py). `upstreams`: the registry the supervisor's events move first (routing
+        slots there: kvcache/cache.py). `upstreams`: the registry the supervisor's events move first (routing
         reads it), before `on_event` (audit, self-healing) hears them."""
         self.store = store
         self.upstreams = upstreams
@@ -167,6 +187,14 @@ class Processes:
         estimates = await asyncio.to_thread(estimate_memory, cfg)
         self.scheduler.configure(cfg.models.memory_budget_mb, residents_from_config(cfg, estimates),
                                  Rules(hold_s=cfg.models.swap_hold_s, min_resident_s=cfg.models.min_resident_s))
+
+    async def adopt_leftovers(self) -> set[str]:
+        """Servers a killed coderouterd left running are adopted before anything starts, and count against the
+        budget from then on (issue 43, D2). Returns the names of the processes adopted."""
+        adopted = await self.supervisor.adopt_leftovers()
+        for name, rss_mb in adopted.items():
+            self.scheduler.adopt_running(name, rss_mb)
+        return set(adopted)
 
     def await_first_starts(self, cfg: ConfigModel) -> None:
         """Before the proxy answers (and for the processes a reload adds): a process started with the daemon is

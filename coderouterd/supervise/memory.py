@@ -13,51 +13,17 @@ import struct
 from pathlib import Path
 from typing import TYPE_CHECKING, BinaryIO
 
+from ..servers import llamacpp
+
 if TYPE_CHECKING:
     from ..config.schema import ConfigModel, ProcessConfig
 
-_MODEL_FLAGS = ("-m", "--model")
-_CTX_FLAGS = ("-c", "--ctx-size")
 _KV_BYTES = 2  # f16 K and V, llama-server's default cache type
 _MB = 1024 * 1024
 
-
-def _flag_value(command: list[str], flags: tuple[str, ...]) -> str | None:
-    for i, arg in enumerate(command):
-        if arg in flags and i + 1 < len(command):
-            return command[i + 1]
-        for f in flags:
-            if f.startswith("--") and arg.startswith(f + "="):
-                return arg[len(f) + 1:]
-    return None
-
-
-def _last_value(command: list[str], flags: tuple[str, ...]) -> str | None:
-    found = None
-    for i in range(len(command)):
-        v = _flag_value(command[i:i + 2], flags)
-        if v is not None:
-            found = v
-    return found
-
-
-def model_path(command: list[str], cwd: str | None = None) -> Path | None:
-    """The GGUF file a llama.cpp-style command loads (-m/--model), resolved against its working directory. Only
-    a value ending in .gguf counts: `python -m module` or vLLM's `--model org/name` name no file."""
-    value = _last_value(command, _MODEL_FLAGS)
-    if not value or not value.lower().endswith(".gguf"):
-        return None
-    p = Path(os.path.expanduser(value))
-    return p if p.is_absolute() or not cwd else Path(cwd) / p
-
-
-def context_size(command: list[str]) -> int:
-    """-c/--ctx-size, or 0 (the model's own trained context, as llama-server takes it)."""
-    value = _flag_value(command, _CTX_FLAGS)
-    try:
-        return max(0, int(value)) if value else 0
-    except ValueError:
-        return 0
+# The flags are llama-server's (servers/llamacpp.py reads its command line).
+model_path = llamacpp.model_file
+context_size = llamacpp.ctx_size
 
 
 def missing(command: list[str], cwd: str | None = None, env: dict[str, str] | None = None) -> list[str]:
@@ -99,6 +65,24 @@ def estimate_mb(command: list[str], cwd: str | None = None) -> float:
     if meta:
         kv = kv_cache_bytes(meta, context_size(command))
     return round((size + kv) / _MB, 1)
+
+
+def slot_file_estimate(command: list[str], cwd: str | None = None) -> tuple[int, int]:
+    """(bytes, tokens) of one slot file of a llama-server with its slot full: the KV cache of a slot's context
+    (-c divided by -np); (0, 0) when the command names no readable model."""
+    model = model_path(command, cwd)
+    if model is None:
+        return 0, 0
+    try:
+        with open(model, "rb") as f:
+            meta = read_gguf_metadata(f)
+    except (OSError, ValueError, struct.error):
+        return 0, 0
+    arch = meta.get("general.architecture")
+    trained = meta.get(f"{arch}.context_length") if isinstance(arch, str) else None
+    ctx = context_size(command) or (trained if isinstance(trained, int) else 0)
+    tokens = ctx // max(1, llamacpp.parallel(command) or 1)
+    return (kv_cache_bytes(meta, tokens), tokens) if tokens else (0, 0)
 
 
 def kv_cache_bytes(meta: dict[str, object], ctx: int) -> int:

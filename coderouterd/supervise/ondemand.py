@@ -143,6 +143,7 @@ class OnDemand:
         self._tasks = TaskSet()
         self._idle_task: asyncio.Task[None] | None = None
         self.swaps = 0  # starts that stopped another process to make room (the count the tests and bench read)
+        self._began: dict[str, float] = {}  # process -> when its latest start began (with load_s: its expected end)
 
     # -- configuration --------------------------------------------------------------------------------------
 
@@ -163,6 +164,20 @@ class OnDemand:
     def process_of(self, provider: str) -> str | None:
         name = self._process_of(provider)
         return name if name in self._settings else None
+
+    def adopt_running(self, name: str, rss_mb: float | None) -> None:
+        """`name` was found running at the daemon's start and adopted (left by a coderouterd killed before it
+        could stop it; supervise/process.py `adopt`): it is resident like one we started, so the next swap stops it
+        first (issue 43, D2). It holds its configured (or estimated) memory, its measured rss when neither is
+        known, and counts as just used."""
+        r = self.policy.residents.get(name)
+        if r is None:
+            return
+        if not r.memory_mb and rss_mb:
+            r.memory_mb = rss_mb
+        r.last_used = self.policy.clock()
+        self._wake.set()  # its idle deadline starts now
+        self._kick.set()
 
     def on_demand(self, name: str) -> bool:
         s = self._settings.get(name)
@@ -427,7 +442,7 @@ class OnDemand:
             self.policy.touch(name)
             if coming:
                 self._move(name, Phase.STARTING, "")
-            began = self.policy.clock()
+            began = self._began[name] = self.policy.clock()
             why = await self.effects.start(name, wait)
             if wait and why is None:
                 # Idle time and minimum residency count from readiness, not from the start's decision.
@@ -540,6 +555,16 @@ class OnDemand:
         await self._tasks.close()
 
     # -- what can be seen -----------------------------------------------------------------------------------
+
+    def start_eta(self, provider: str) -> float | None:
+        """Seconds until the provider's process, being started, is expected ready by the load time learned from its
+        own starts (at least 0); None when it is not starting or no load time was learned yet."""
+        name = self._process_of(provider)
+        r = self.policy.residents.get(name) if name is not None else None
+        began = self._began.get(name) if name is not None else None
+        if r is None or r.load_s is None or began is None or name in self.effects.ready():
+            return None
+        return max(0.0, began + r.load_s - self.policy.clock())
 
     def snapshot(self) -> dict[str, Any]:
         holding = set(self.effects.holding())

@@ -11,6 +11,9 @@ its generation number and dropped.
        |                  v                  v
        +----stop---- BACKOFF <-----------(restart budget left)   else FATAL (until restart())
     STOPPING is held while a tree is being terminated.
+
+READY is reached only when the listener on ready_url's port belongs to the tree we started: anyone else there
+(another user who bound the port before our child did) is refused as an impostor, and the start ends FATAL.
 """
 
 from __future__ import annotations
@@ -138,6 +141,15 @@ class ManagedProcess:
     async def start(self) -> None:
         """Adopt a running backend or spawn one; returns once it is STARTING (or READY if adopted)."""
         await self._call("start")
+
+    async def adopt(self) -> bool:
+        """Adopt a server a previous coderouterd left running (its recorded pid, still the same process, serving
+        as the configured command), without starting anything: True when it is READY as ours. A recorded one that
+        cannot be adopted is stopped. For every process at the daemon's start, on demand or not: a survivor
+        holds memory whether or not anything asked for it (issue 43, D2)."""
+        if self._lookup is None or not await _maybe_await(self._lookup(self.name)):
+            return False  # nothing recorded: no actor is woken for a process nothing has asked for yet
+        return bool(await self._call("adopt"))
 
     async def stop(self, reason: str = "manual") -> None:
         """Stop it (its whole tree). `reason` ("manual", "idle", "room for X", ...) is what the before_stop hook is
@@ -285,11 +297,18 @@ class ManagedProcess:
             return await self._cmd_restart(msg.value or "")
         if msg.kind == "close":
             return await self._cmd_close(msg.value or "shutdown")
+        if msg.kind == "adopt":
+            return self.state is ProcessState.STOPPED and await self._adopt_leftover()
         if msg.gen != self._gen:
             return None  # news about a process instance that has already been replaced
         if msg.kind == "ready" and self.state is ProcessState.STARTING:
             self._set_state(ProcessState.READY)
             self._emit(ProcessEventName.READY, self.pid, f"after {self._clock() - (self._started_mono or 0):.1f}s")
+        elif msg.kind == "impostor" and self.state is ProcessState.STARTING:
+            await self._terminate()
+            # Not a crash to retry: the port is someone else's, and a restart would race them again. FATAL until
+            # the operator frees it (corectl start); the reason is audited with the fatal event.
+            await self._go_fatal(f"refused as an impostor: {msg.value}; ours was stopped")
         elif msg.kind == "exited" and self.state in (ProcessState.STARTING, ProcessState.READY):
             await self._on_exit(msg.value)
         elif msg.kind == "start_timeout" and self.state is ProcessState.STARTING:
@@ -323,8 +342,10 @@ class ManagedProcess:
             await self._terminate()
         self._reset_failures()
         self._set_state(ProcessState.STOPPED)
-        exit_desc = describe_exit(self.last_exit_code) if pid else ""
-        self._emit(ProcessEventName.STOPPED, pid, f"{exit_desc}; reason: {reason}" if exit_desc else f"reason: {reason}")
+        # Said as planned, whatever the exit code: a server may exit 1 on a SIGTERM (or be killed after the
+        # grace period), and the audit log must not read a swap or an idle stop as a crash (issue 43, D1).
+        exit_desc = f"; {describe_exit(self.last_exit_code)}" if pid else ""
+        self._emit(ProcessEventName.STOPPED, pid, f"planned stop, reason: {reason}{exit_desc}")
 
     async def _cmd_restart(self, reason: str) -> bool:
         self._refuse_if_external("restart")
@@ -395,7 +416,12 @@ class ManagedProcess:
         if isinstance(pid, int) and isinstance(ctime, int | float) and tree.process_alive(pid, ctime):
             same_command = rec.get("command") == self.spec.command
             url = self.spec.ready_url
-            if same_command and url and await http_ready(url):
+            serving = same_command and url is not None and await http_ready(url)
+            owner = None
+            if serving and url is not None:  # it answers: but is the answer its own, or someone's on its port?
+                owner = await asyncio.to_thread(adopt.serves_from_tree, url, pid, float(ctime))
+                serving = owner.ok
+            if serving:
                 self._invalidate()
                 gen = self._gen
                 self.pid, self._ctime, self._proc = pid, float(ctime), None
@@ -407,6 +433,7 @@ class ManagedProcess:
                 self._helper(self._watch_pid(gen, pid, float(ctime)))
                 return True
             why = "its command changed" if not same_command else (
+                owner.reason if owner is not None else
                 "it answers no ready_url" if url else "there is no ready_url to check it")
             log.warning("%s: stopping pid %s left by a previous coderouterd: %s", self.name, pid, why)
             self._emit(ProcessEventName.STOPPED, pid, f"left by a previous coderouterd; {why}; stopping it")
@@ -454,7 +481,7 @@ class ManagedProcess:
         self._set_state(ProcessState.STARTING)
         self._emit(ProcessEventName.STARTED, proc.pid, shlex.join(argv))
         self._helper(self._watch_child(gen, proc))
-        self._helper(self._await_ready(gen))
+        self._helper(self._await_ready(gen, proc.pid, self._ctime))
 
     # ---- helpers: they only observe and post messages -----------------------------------------
 
@@ -466,7 +493,7 @@ class ManagedProcess:
             await asyncio.sleep(ADOPTED_POLL_S)
         self._post("exited", gen, None)
 
-    async def _await_ready(self, gen: int) -> None:
+    async def _await_ready(self, gen: int, pid: int, ctime: float | None) -> None:
         url = self.spec.ready_url
         if not url:
             await asyncio.sleep(self.spec.startsecs)
@@ -481,7 +508,10 @@ class ManagedProcess:
                 self._post("start_timeout", gen)
                 return
             if await http_ready(url, min(PROBE_TIMEOUT_S, remaining)):
-                self._post("ready", gen)
+                # Whoever answered must be the server we started: another user may have bound the port between
+                # our spawn and our child's bind, and would then be sent every prompt (issue 43, N9).
+                owner = await asyncio.to_thread(adopt.serves_from_tree, url, pid, ctime)
+                self._post("ready" if owner.ok else "impostor", gen, owner.reason)
                 return
             await asyncio.sleep(max(0.0, min(delay, deadline - loop.time())))
             delay = min(delay * 2, READY_POLL_MAX_S)

@@ -13,11 +13,13 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+from . import tree
 from .logs import DEFAULT_KEEP, DEFAULT_MAX_BYTES
 from .process import BEFORE_STOP_TIMEOUT_S, BeforeStopCallback, ManagedProcess
 from .spec import DEFAULT_BACKOFF, EventCallback, LookupCallback, ProcessSpec, RecordCallback
 
 log = logging.getLogger("coderouterd.supervise")
+_MB = 1024 * 1024
 
 
 class Supervisor:
@@ -114,6 +116,21 @@ class Supervisor:
         for proc, result in zip(procs, results, strict=True):
             if isinstance(result, BaseException):
                 log.error("%s: start failed: %s", proc.name, result)
+
+    async def adopt_leftovers(self) -> dict[str, float | None]:
+        """Adopt, concurrently, every server a previous coderouterd left running (supervise/process.py `adopt`),
+        started with the daemon or on demand alike. Returns each adopted process's measured rss in MB (None when
+        it cannot be read), for the memory budget."""
+        procs = list(self._processes.values())
+        results = await asyncio.gather(*(p.adopt() for p in procs), return_exceptions=True)
+        out: dict[str, float | None] = {}
+        for proc, result in zip(procs, results, strict=True):
+            if isinstance(result, BaseException):
+                log.error("%s: adoption of a running server failed: %s", proc.name, result)
+            elif result:
+                rss = await asyncio.to_thread(tree.UsageMeter().measure, proc.pid) if proc.pid else None
+                out[proc.name] = round(rss[0] / _MB, 1) if rss and rss[0] else None
+        return out
 
     async def shutdown(self) -> None:
         """Stop every process tree this daemon owns, concurrently; external backends stay up."""

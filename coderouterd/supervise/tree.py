@@ -77,7 +77,8 @@ def _leads_group(pid: int) -> bool:
         return False
 
 
-def _killpg(pgid: int, ctime: float, sig: int) -> None:
+def _killpg(pgid: int, ctime: float, sig: int) -> bool:
+    """Signal the group; False when it was not signalled (its id now names another process's group)."""
     # A group id stays reserved while the group has members; once it is empty the id can name a
     # new process. Refuse if it now belongs to a different process that leads its own group.
     holder = _open(pgid, None)
@@ -87,9 +88,17 @@ def _killpg(pgid: int, ctime: float, sig: int) -> None:
         except (psutil.NoSuchProcess, psutil.AccessDenied):
             reused = False
         if reused:
-            return
+            return False
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pgid, sig)
+    return True
+
+
+def _in_group(proc: psutil.Process, pgid: int) -> bool:
+    try:
+        return os.getpgid(proc.pid) == pgid
+    except (ProcessLookupError, PermissionError):
+        return False
 
 
 def group_members(pgid: int) -> list[psutil.Process]:
@@ -142,8 +151,27 @@ def _collect(pid: int, ctime: float | None) -> tuple[list[psutil.Process], int |
     return procs, pgid, ctime
 
 
+def _term_once(procs: list[psutil.Process], pgid: int | None, ctime: float | None) -> None:
+    """SIGTERM every process exactly once: the group's signal for its members (a double-forked helper included),
+    a process's own for those outside the group (a descendant that called setsid). A second SIGTERM is not a
+    firmer stop to every server: llama-server takes it for "stop now" ("Received second interrupt"), exits 1
+    without finishing its shutdown, and sometimes aborts (SIGABRT, a core dump) -- a planned stop that looked
+    like a crash (issue 43, D1)."""
+    outside = [p for p in procs if pgid is None or not _in_group(p, pgid)]  # decided before any signal
+    if pgid is None or ctime is None or not _killpg(pgid, ctime, signal.SIGTERM):
+        outside = procs
+    _signal_all(outside, signal.SIGTERM)
+
+
+def members(pid: int, ctime: float | None) -> set[int]:
+    """The pids of the server started as (pid, ctime): the process, its descendants and its group's members.
+    Empty when it is gone. Blocking (reads /proc): call it in a thread."""
+    procs, _, _ = _collect(pid, ctime)
+    return {p.pid for p in procs if not is_gone(p)}
+
+
 async def kill_tree(pid: int, *, timeout: float, ctime: float | None = None, poll: float = 0.05) -> list[int]:
-    """SIGTERM the group and the tree, wait up to `timeout`, then SIGKILL both.
+    """SIGTERM the tree and its group once, wait up to `timeout`, then SIGKILL whatever is left.
 
     Descendants that left the group (setsid) are reached through the collected list; group
     members that left the tree (double fork) through the group. Returns pids still alive.
@@ -151,9 +179,7 @@ async def kill_tree(pid: int, *, timeout: float, ctime: float | None = None, pol
     procs, pgid, ctime = await asyncio.to_thread(_collect, pid, ctime)
     if not procs:
         return []
-    if pgid is not None and ctime is not None:
-        _killpg(pgid, ctime, signal.SIGTERM)
-    _signal_all(procs, signal.SIGTERM)
+    _term_once(procs, pgid, ctime)
     alive = await _wait_gone(procs, timeout, poll)
     # Children forked during the grace period are part of the tree too.
     for proc in alive:

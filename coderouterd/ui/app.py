@@ -5,22 +5,14 @@ Every answer goes through the same gate, in this order: the dashboard is enabled
 (a strict CSP, no framing, no CORS). Nothing here changes the daemon: the only POST is the login form, which
 sets a cookie.
 
-Every data endpoint answers with a model of the admin API's contract (admin/apitype.py), built by the same
-view-model functions the admin endpoints use (admin/views.py, admin/history.py) and serialised by pydantic's own
-JSON writer; refusals are apitype.ErrorAnswer. The live feed's items have apitype.FeedEvent's shape, written by orjson
-(the one place a model is not built: see _events):
+Every data endpoint is an entry of the admin API's handler table (admin/handlers.py) marked for the browser, served
+under its browser name by the same function the admin socket calls, and answers with its model (admin/apitype.py),
+serialised by pydantic's own JSON writer; refusals are apitype.ErrorAnswer. An entry not marked for the browser is
+refused here (403), even by its name. The browser's names: GET /ui/api/now, profiles, inflight, spend,
+trends?range=, keys?range=, requests?profile=&provider=&outcome=&key=&limit=&before=&since=, requests/{id}.
 
-  GET /ui/api/now                       (DashboardNow) providers (status, breaker, health, cache, spend), processes (last exit,
-                                        last log line), store, shared database, in flight, recent events (now.py)
-  GET /ui/api/profiles                  (ProfilesAnswer) each profile's effective order now, its skips and why, the active one
-  GET /ui/api/spend                     (SpendAnswer) cost per day this month per provider, spent / reserved / cap
-  GET /ui/api/trends?range=24h          (TrendsAnswer) latency and cache hit ratio per provider over time, latest cache-busts
-  GET /ui/api/keys?range=24h            (KeyUsageAnswer) each team key: spend against its cap, requests and refusals over
-                                        time, its rate now against its limits, last use, expiry; what needs attention
-  GET /ui/api/requests?profile=&provider=&outcome=&key=&limit=&before=   (HistoryRequestsAnswer; before: epoch
-                                        seconds, for paging)
-  GET /ui/api/requests/{id}             (DashboardTrace) one request's decision trace (as `corectl explain`)
-  GET /ui/api/events                    the live feed (server-sent events, feed.py)
+The one answer that is no entry of the table is the live feed, GET /ui/api/events: a stream of server-sent events
+(feed.py), whose items have apitype.FeedEvent's shape, written by orjson (see _events).
 """
 
 from __future__ import annotations
@@ -30,20 +22,19 @@ import hashlib
 import html
 import logging
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs, unquote
 
 import orjson
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, ValidationError, create_model
 
-from ..admin import apitype, history, key_usage, views
+from ..admin import apitype, handlers
+from ..admin.context import AdminError, Ctx, Status
 from ..ingress.asgi import Receive, Scope, Send  # ASGI, as the proxy's dispatch calls us
 from ..ingress.auth import presented_key, source_of
 from ..ingress.browsers import BrowserGuard
 from ..ingress.guard import BodyTooLarge, read_body
 from ..ingress.protocol import DISCONNECT_HOOK
-from ..state.journal_reader import JournalUnreadable
-from . import now as now_view
 from .guard import SECURITY_HEADERS, UiAuth, allowed_hosts, host_allowed, origin_allowed
 
 if TYPE_CHECKING:  # the daemon hands itself in; the dashboard reads it, never imports it at run time
@@ -100,6 +91,26 @@ def _json(answer: BaseModel) -> bytes:
 
 def _error(message: str) -> bytes:
     return _json(apitype.ErrorAnswer(error=message))
+
+
+_QUERY_MODELS: dict[str, type[BaseModel]] = {}
+
+
+def _parameters(h: handlers.Handler, given: dict[str, str]) -> dict[str, Any]:
+    """The handler's parameters from the browser's query and path, validated against its own signature (the
+    constraints the admin socket's FastAPI applies): a bad one is a 400 naming it. Unknown ones are ignored."""
+    model = _QUERY_MODELS.get(h.path)
+    if model is None:
+        fields: dict[str, Any] = {p.name: (p.annotation, ... if p.default is p.empty else p.default)
+                                  for p in h.parameters()}
+        model = _QUERY_MODELS[h.path] = create_model(f"Query_{h.fn.__name__}", **fields)
+    try:
+        parsed = model.model_validate({k: v for k, v in given.items() if k in model.model_fields})
+    except ValidationError as e:
+        raise Answer(400, "; ".join(f"{'.'.join(str(x) for x in err['loc'])}: {err['msg'][:1].lower()}"
+                                    f"{err['msg'][1:]}, got {str(err.get('input'))[:50]!r}"
+                                    for err in e.errors())) from None
+    return {name: getattr(parsed, name) for name in model.model_fields}
 
 
 class DashboardApp:
@@ -220,59 +231,32 @@ class DashboardApp:
 
     async def _api(self, scope: Scope, send: Send, name: str) -> None:
         d = self.daemon
-        query = {k: v[-1] for k, v in parse_qs(scope.get("query_string", b"").decode("latin-1")).items()}
         if name == "events":
             return await self._events(scope, send)
+        found = handlers.find_browser(name)
+        if found is None:
+            h = handlers.find_any("GET", "/v1/" + name) or handlers.find_any("GET", "/" + name)
+            if h is not None and h.browser is not None:
+                raise Answer(404, f"no such endpoint: /ui/api/{name[:100]} (this answer is /ui/api/{h.browser})")
+            if h is not None:
+                # The browser flag is the table's, enforced here: the socket's own entries stay the socket's.
+                raise Answer(403, f"{h.path} is served on the admin socket only, not to the browser")
+            raise Answer(404, f"no such endpoint: /ui/api/{name[:100]}")
+        h, path_params = found
+        query = {k: v[-1] for k, v in parse_qs(scope.get("query_string", b"").decode("latin-1")).items()}
+        params = _parameters(h, {**query, **{k: unquote(v) for k, v in path_params.items()}})
         # As on the admin socket (admin/server.py): what a request just answered left to record is recorded
         # before the page reads it, so a request is never missing from the list it was just answered for.
         d.after_response.drain()
         try:
-            data = await self._data(d, name, query)
-        except JournalUnreadable as e:
-            # A journal being recovered or moved aside: the page says so and keeps polling.
-            raise Answer(503, f"cannot read the journal right now: {e.detail}") from None
-        await _send(send, 200, _json(data), b"application/json")
-
-    async def _data(self, d: Daemon, name: str, query: dict[str, str]) -> BaseModel:
-        """The answer of one data endpoint: the admin API's model of it."""
-        data: BaseModel
-        if name == "now":
-            data = await now_view.now(d)
-        elif name == "profiles":
-            data = views.profiles_answer(d)
-        elif name == "spend":
-            data = await history.spend(d)
-        elif name == "trends":
-            rng = query.get("range", history.DEFAULT_RANGE)
-            if rng not in history.RANGES:
-                raise Answer(400, f"unknown range {rng!r}; expected one of {', '.join(history.RANGES)}")
-            data = await history.trends(d, rng)
-        elif name == "keys":
-            try:
-                data = await key_usage.daemon_keys(d, query.get("range", history.DEFAULT_RANGE))
-            except ValueError as e:
-                raise Answer(400, str(e)) from None
-        elif name == "requests":
-            try:
-                data = await history.requests(d, profile=query.get("profile") or None,
-                                              provider=query.get("provider") or None,
-                                              outcome=query.get("outcome") or None,
-                                              key=query.get("key") or None,
-                                              limit=int(query.get("limit") or 100),
-                                              before=float(query["before"]) if query.get("before") else None)
-            except ValidationError:
-                raise  # a journal row that does not fit the model is our fault (a 500), not the caller's
-            except ValueError as e:  # a bad filter, limit or cursor in the query
-                raise Answer(400, str(e)) from None
-        elif name.startswith("requests/"):
-            rid = unquote(name[len("requests/"):])
-            found = await history.trace(d, rid)
-            if found is None:
-                raise Answer(404, f"request {rid[:100]!r} is neither in coderouterd's memory nor in the journal")
-            data = found
-        else:
-            raise Answer(404, f"no such endpoint: /ui/api/{name[:100]}")
-        return data
+            answer = await handlers.call(h, Ctx(d), params)
+        except AdminError as e:
+            raise Answer(e.status, str(e)) from None
+        if isinstance(answer, Status):  # an answer in its model's shape that is not a 200
+            return await _send(send, answer.status, orjson.dumps(answer.body, default=str), b"application/json")
+        if not isinstance(answer, BaseModel):
+            answer = h.model.model_validate(answer)
+        await _send(send, 200, _json(answer), b"application/json")
 
     async def _events(self, scope: Scope, send: Send) -> None:
         feed = self.daemon.live

@@ -13,14 +13,24 @@ Notable events (a tool loop stopped, drift, a cache-bust, a breaker or health ch
 budget blocked: everything but finished requests) are also kept, the newest `RECENT_EVENTS`, whether anyone
 watches or not: a page opened later shows them (its feed and its "needs attention" strip), not only the ones
 that happen while it is open. One kind check per event and a bounded deque: the writer thread's whole cost.
+
+Every kind the feed keeps is audited, so what happened before this daemon started is read back from the audit log
+(state/audit.read_audit, the one audit reader) once, on the first read of the recent events (`load_history`, in a
+worker thread): a restart does not empty the feed nor the attention strip's tool-loop alerts (issue 43, E3).
 """
 
 from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from collections import deque
+from datetime import datetime
+from pathlib import Path
+from typing import Any, Protocol
 
+from ..admin.words import event_tone
+from ..state.audit import read_audit
 from ..state.events import (
     BreakerTransition,
     BudgetBlocked,
@@ -59,6 +69,7 @@ _FIELDS: dict[str, tuple[str, ...]] = {
 }
 # Every kind the feed carries, as server-sent event names (the page listens to these).
 KINDS: tuple[str, ...] = tuple(_FIELDS)
+_AUDITED_KINDS = tuple(k for k in KINDS if k != RequestFinished.kind)
 _MAX_STR = 200  # a model name or a reason is shown, a 3 MB one is not carried
 
 
@@ -69,16 +80,52 @@ def project(ev: Event) -> dict | None:
         return None
     if isinstance(ev, ProcessEvent) and not ev.primary:
         return None
-    out: dict = {"kind": ev.kind, "ts": ev.ts}
-    for n in names:
-        v = getattr(ev, n)
+    return _project(ev.kind, ev.ts, {n: getattr(ev, n) for n in names})
+
+
+def project_record(record: dict[str, Any]) -> dict | None:
+    """The browser's view of one audit log line (state/audit.py: the event's fields, `ts` in ISO-8601 UTC), the
+    same as `project` gave for the event when it happened; None for kinds the feed does not carry."""
+    kind = record.get("kind")
+    if not isinstance(kind, str):
+        return None
+    names = _FIELDS.get(kind)
+    if names is None or kind == RequestFinished.kind:
+        return None
+    if kind == ProcessEvent.kind and record.get("primary") is False:
+        return None
+    try:
+        ts = datetime.fromisoformat(str(record.get("ts")).replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return None
+    return _project(kind, ts, {n: record.get(n) for n in names})
+
+
+def _project(kind: str, ts: float, values: dict[str, Any]) -> dict:
+    # tone: ok | warn | idle | bad, the daemon's reading of a state change (admin/words.py); None for other kinds
+    tone = event_tone(kind, values)
+    out: dict = {"kind": kind, "ts": ts, "tone": tone.value if tone is not None else None}
+    for n, v in values.items():
         if isinstance(v, str):
             v = str(v)[:_MAX_STR]  # str(): a StrEnum arrives as its plain name
         elif isinstance(v, dict):  # a guard's or a process's detail: flat metadata, each value bounded
             v = {str(k)[:_MAX_STR]: str(x)[:_MAX_STR] if isinstance(x, str) else x
                  for k, x in list(v.items())[:20] if isinstance(x, str | int | float | bool) or x is None}
         out[n] = v
+    if kind == ProcessEvent.kind:
+        # Self-healing speaks of providers without a process of ours too (issue 43, E8): the line names the
+        # provider and says it is not a managed process, never an empty name.
+        out["managed"] = bool(out.get("process"))
+        if not out["managed"]:
+            out["process"] = out.get("provider") or ""
     return out
+
+
+class AuditSource(Protocol):
+    """Where the audit log is (telemetry.Telemetry): its directory, and whether state is kept at all."""
+
+    state_dir: Path
+    enabled: bool
 
 
 class Viewer:
@@ -123,10 +170,41 @@ class LiveFeed:
         self.closed = False
         # Appended by the writer thread, copied by the loop: deque appends and list() are atomic under the GIL.
         self._recent: deque = deque(maxlen=RECENT_EVENTS)
+        # What the audit log holds from before this feed existed (load_history): read once, then never changed.
+        self.started = time.time()
+        self._past: list[dict] = []
+        self._history: asyncio.Task | None = None
 
     def recent(self) -> list[dict]:
-        """The newest notable events (no finished requests: the journal has those), oldest first."""
-        return list(self._recent)
+        """The newest notable events (no finished requests: the journal has those), oldest first: the audit
+        log's from before this daemon started (once loaded), then this daemon's own."""
+        mine = list(self._recent)
+        if not self._past:
+            return mine
+        return (self._past + mine)[-RECENT_EVENTS:]
+
+    async def load_history(self, source: AuditSource) -> None:
+        """Read the events from before this start out of the audit log, once (later calls wait for the first)."""
+        if self._history is None:
+            self._history = asyncio.ensure_future(self._load(source))
+        await asyncio.shield(self._history)
+
+    async def _load(self, source: AuditSource) -> None:
+        where = getattr(source, "state_dir", None)
+        if not source.enabled or where is None:
+            return
+        before = self.started
+
+        def read() -> list[dict]:
+            # A few more than kept: some lines are kinds or copies the feed does not show.
+            records = read_audit(where, n=RECENT_EVENTS * 4, kind=_AUDITED_KINDS)
+            items = [i for i in map(project_record, records) if i is not None and i["ts"] < before]
+            return items[-RECENT_EVENTS:]
+
+        try:
+            self._past = await asyncio.to_thread(read)
+        except OSError:
+            self._past = []  # an unreadable audit log costs the page its history, not its answer
 
     @property
     def viewers(self) -> int:

@@ -55,6 +55,8 @@ class Starter(Protocol):
 
     def release(self, turn: Turn) -> None: ...
 
+    def start_eta(self, provider: str) -> float | None: ...
+
 
 class Refused(Exception):
     """`async with upstream.lease()` could not admit the request; `code` says why (availability's words)."""

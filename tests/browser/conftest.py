@@ -19,6 +19,7 @@ import pytest
 from tests.fakes.runner import FakeServer
 from tests.support.config import NO_BREAKER, anthropic_at, daemon_config, ollama_at, openai_at, warn
 from tests.support.daemon import ROOT, DaemonProcess, free_port
+from tests.support.ports import dead_port
 
 HERE = Path(__file__).resolve().parent
 ARTIFACTS = HERE / "artifacts"
@@ -210,7 +211,7 @@ def scene_config(local: FakeServer, cloud: FakeServer) -> str:
             "capped": anthropic_at(cloud.url, model="claude-opus-5", paid=True, monthly_budget_usd=1,
                                    cost={"input": 15.0, "output": 75.0}),
             # Nothing listens on its port.
-            "dead": openai_at(f"http://127.0.0.1:{free_port()}", model="gone"),
+            "dead": openai_at(f"http://127.0.0.1:{dead_port()}", model="gone"),
             "box": managed_backend(free_port(), stop_timeout_s=2, startsecs=0.2, memory_mb=400),
             # Exits at start with code 3 and no restart left: FATAL.
             "broken": managed_backend(free_port(), "--exit-at-start", "3", startsecs=0.5, max_restarts=0),

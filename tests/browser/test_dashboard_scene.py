@@ -291,6 +291,8 @@ def test_the_strip_says_when_the_daemon_is_unreachable_drift_and_the_shared_data
         data["shared"] = {"backend": "postgres", "up": False, "problem": "connection refused"}
         cloud = next(p for p in data["providers"] if p["name"] == "cloud")
         cloud["budget"] = {**cloud["budget"], "spent": 22.5, "ratio": 0.9}  # past warn_ratio (0.8), not blocked
+        # The daemon's word for it then (admin/words.py; tests/unit/test_state_word.py): the page prints it.
+        cloud["state"] = {**cloud["state"], "word": "near its cap", "kind": "warn", "problem": "budget"}
         data["budget_global"] = {"spent": 50.0, "cap": 50.0, "ratio": 1.0, "reserved": 0.0, "blocked": True}
         route.fulfill(json=data)
 
@@ -376,47 +378,45 @@ def test_an_idle_on_demand_model_is_stopped_not_down(page, night):
     assert answer["available"] is False and answer["code"] == "on_demand"
     assert lazy.get_attribute("data-traffic") == "on_demand"
     assert lazy.get_attribute("data-state") == "stopped: starts on demand"
-    assert "warn" in lazy.locator(".badge").first.get_attribute("class")
+    assert lazy.locator(".badge").first.get_attribute("class").split() == ["badge", "idle"]  # at rest, no alarm
     page.wait_for_selector("#attention-list li[data-kind=down]", timeout=LONG)  # the strip has been drawn
     assert not any("lazy" in t for t in page.locator("#attention-list li").all_inner_texts())
     assert page.errors == []
 
 
-def test_each_reason_for_no_traffic_has_its_kind(page, night):
-    """Every availability code the daemon can send (routing/availability.py) as the page shows it: the ones that
-    pass by themselves are warnings; only a real outage is "down" and reaches the attention strip."""
-    from coderouterd.routing.availability import Code
-
-    ordinary = {Code.ON_DEMAND: "stopped: starts on demand", Code.NOT_READY: "process starting",
-                Code.HALF_OPEN: "recovering: trial in flight", Code.RETRY_AFTER: "waiting: the upstream asked us to"}
-    down = {Code.BREAKER_OPEN, Code.UNHEALTHY, Code.HELD, Code.CANNOT_START, Code.MEMORY_COOLDOWN}
+def test_each_provider_shows_the_daemons_own_word_in_its_kind(page, night):
+    """The state word is the daemon's (admin/words.py: every availability code's word and kind is unit-tested in
+    tests/unit/test_state_word.py): the page prints it and its kind, and lists it in the strip by its problem,
+    deriving nothing of its own."""
     open_page(page, night)
-    shown = page.evaluate("""async (codes) => {
-        const { providerState } = await import('/ui/static/now.js');
-        const now = { budget_warn_ratio: 0.8 };
-        const out = {};
-        for (const code of codes) {
-            out[code] = [false, true].map((available) => providerState(
-                { name: 'x', health: 'healthy', availability: { code, available, why: '' } }, now));
-        }
-        out.not_ready_stopped = providerState({ name: 'x', process_state: 'stopped',
-                                                availability: { code: 'not_ready', available: false } }, now);
-        return out;
-    }""", [c.value for c in Code])
-    for code in Code:
-        out, routed = shown[code.value]
-        if code in ordinary:
-            assert out == {"text": ordinary[code], "kind": "warn"}, code
-        elif code in down:
-            assert out == {"text": "down: " + code.value.replace("_", " "), "kind": "bad", "problem": "down"}, code
-        elif code is Code.BUDGET:
-            assert out["problem"] == "budget" and out["kind"] == "bad"
-        # Routed all the same: a panic attempt is an alarm, being kept in rotation a warning, the rest no problem.
-        if code is Code.PANIC:
-            assert routed["problem"] == "down"
-        elif code is Code.KEPT_IN_ROTATION:
-            assert routed == {"text": "kept in rotation", "kind": "warn"}
-        else:
-            assert "problem" not in routed, (code, routed)
-    assert shown["not_ready_stopped"] == {"text": "process stopped", "kind": "warn"}
+    page.wait_for_selector("#attention-list li[data-kind=down]", timeout=LONG)
+
+    def shown() -> dict:
+        return page.evaluate("""() => Object.fromEntries(Array.from(
+            document.querySelectorAll('#providers-table tbody tr')).map(tr => [tr.dataset.provider,
+            { word: tr.dataset.state, kind: tr.dataset.kind,
+              badge: tr.querySelector('.badge').className, traffic: tr.dataset.traffic }]))""")
+
+    def agree() -> dict | None:
+        daemon = {p["name"]: p for p in httpx.get(night.url + "/api/now").json()["providers"]}
+        page_now = shown()
+        for name, p in daemon.items():
+            row = page_now.get(name)
+            if row is None or row["word"] != p["state"]["word"]:
+                return None  # the page has not polled since the daemon's word moved
+        return {"daemon": daemon, "page": page_now}
+
+    got = _wait(agree, "every row showing the daemon's word")
+    for name, p in got["daemon"].items():
+        row = got["page"][name]
+        assert row["kind"] == p["state"]["kind"] and row["badge"].split() == ["badge", p["state"]["kind"]], \
+            (name, row, p["state"])
+        assert row["traffic"] == p["state"]["code"] == p["availability"]["code"], (name, row)
+    strip = page.locator("#attention-list li").all_inner_texts()
+    for name, p in got["daemon"].items():
+        listed = any(t.startswith((f"{name} is ", f"{name}: ")) for t in strip)
+        if p["state"]["problem"] in ("down", "budget") and p.get("process_state") != "fatal":
+            assert listed, (name, p["state"], strip)
+        elif p["state"]["problem"] is None:
+            assert not listed, (name, p["state"], strip)
     assert page.errors == []

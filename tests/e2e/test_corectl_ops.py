@@ -26,6 +26,7 @@ import pytest
 from tests.fakes.runner import FakeServer, free_port
 from tests.support import cli
 from tests.support.daemon import ROOT, DaemonProcess, admin_get
+from tests.support.ports import dead_port
 from tests.support.wait import wait_for
 
 FAKE_BACKEND = str(ROOT / "tests" / "support" / "fake_backend.py")
@@ -326,7 +327,7 @@ providers = ["ol", "lm", "b"]
 
 
 def test_models_on_a_closed_backend_is_one_line_and_no_traceback(tmp_path):
-    closed = free_port()
+    closed = dead_port()
     cfg = BASE + f"""
 [providers.lms]
 base_url = "http://127.0.0.1:{closed}/v1"

@@ -156,6 +156,7 @@ def test_a_process_that_cannot_start_is_a_non_retryable_error_naming_why(tmp_pat
         assert wait_for(lambda: (status(d).get("processes") or {}).get("local", {}).get("state") == "fatal", 20)
         r = ask(d)
         assert r.status_code == 500 and r.headers.get("x-should-retry") == "false", r.text
+        assert "retry-after" not in r.headers  # no time to come back at: retrying cannot help
         assert r.json()["error"]["type"] == "api_error"
         assert ("cannot execute" if missing == "binary" else "m.gguf' not found") in r.json()["error"]["message"]
         body = {"model": "m", "max_tokens": 5, "messages": USER}

@@ -8,16 +8,17 @@ import orjson
 import pytest
 
 from tests.fakes.behaviour import REASONING_TEXT, TOOL_ARGUMENTS, TOOL_ARGUMENTS_2
-from tests.fakes.runner import FakeServer, free_port
+from tests.fakes.runner import FakeServer
 from tests.support.config import NO_BREAKER, anthropic_at, daemon_config, openai_at, warn
 from tests.support.daemon import running
+from tests.support.ports import dead_port
 
 
 def config(local, cloud, err500, bad401, limited) -> str:
     return daemon_config(
         server={"stream_hold_s": 0.3}, breaker=NO_BREAKER,
         providers={"local": openai_at(local.url), "cloud": anthropic_at(cloud.url, api_key_env="FAKE_CLOUD_KEY"),
-                   "dead": openai_at(f"http://127.0.0.1:{free_port()}", timeouts={"connect": 1}),
+                   "dead": openai_at(f"http://127.0.0.1:{dead_port()}", timeouts={"connect": 1}),
                    "err500": openai_at(err500.url), "bad401": openai_at(bad401.url), "limited": openai_at(limited.url)},
         profiles={"default": warn("local"), "cloud": warn("cloud"), "chain": warn("dead", "err500", "bad401", "local"),
                   "limited": warn("limited"), "limitedfast": warn("limited", panic=False),

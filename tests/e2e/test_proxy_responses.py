@@ -192,7 +192,8 @@ def test_rate_limited_everywhere_is_429_with_retry_after(env):
     r = httpx.post(env["daemon"].url + "/v1/responses", headers={"x-coderouter-profile": "limited"},
                    json={"model": "m", "input": "x"}, timeout=20)
     assert r.status_code == 429 and r.headers["retry-after"] == "7"
-    assert r.json()["error"]["type"] == "rate_limit_error"
+    # OpenAI's words (docs/protocols.md, "Errors coderouterd sends"), not Anthropic's rate_limit_error.
+    assert r.json()["error"]["type"] == "rate_limit_exceeded" and r.json()["error"]["code"] == "rate_limit_exceeded"
 
 
 def test_fallback_serves_from_the_next_provider(env):

@@ -153,3 +153,83 @@ def test_a_config_change_that_restarts_the_server_saves_its_slots_first(tmp_path
         usage = _turn(d, a)
         prompt = usage["input_tokens"] + usage["cache_read_input_tokens"]
         assert usage["cache_read_input_tokens"] > 0.5 * prompt, usage
+
+
+def _gguf_header() -> bytes:
+    """A model file's header as llama.cpp writes it (what the memory estimate reads): 30 layers, 3 KV heads of 64."""
+    import struct
+
+    def s(x: str) -> bytes:
+        return struct.pack("<Q", len(x.encode())) + x.encode()
+
+    kv = {"general.architecture": "llama", "llama.block_count": 30, "llama.embedding_length": 576,
+          "llama.attention.head_count": 9, "llama.attention.head_count_kv": 3, "llama.context_length": 8192}
+    out = b"GGUF" + struct.pack("<I", 3) + struct.pack("<QQ", 0, len(kv))
+    for k, v in kv.items():
+        out += s(k) + (struct.pack("<I", 8) + s(v) if isinstance(v, str) else struct.pack("<II", 4, v))
+    return out
+
+
+def test_a_disk_budget_below_one_slot_file_is_said_at_start_up_and_by_config_check(tmp_path):
+    """Issue 43, D5: with max_saved_mb below one slot file every save was written and deleted at once, silently.
+    One full slot of 65,536 tokens here is 2 x 30 layers x 3 heads x 64 x 2 bytes a token: 1.4 GiB."""
+    from coderouterd.state import read_audit
+
+    port = free_port()
+    config = _config(tmp_path, port, idle=0) + "max_saved_mb = 100\n"
+    (tmp_path / "coder.gguf").write_bytes(_gguf_header())
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CODEROUTER_")}
+    with running(config, tmp_path) as d:
+        _ready(d)
+        check = cli.corectl(["config", "check", str(d.config_path)], env=env)
+        said = _wait(lambda: [e for e in read_audit(d.state_dir) if e["kind"] == "slot_budget_too_small"],
+                     "the audit record")
+        log = d.log()
+    note = ("process llama: affinity.max_saved_mb = 100 is smaller than one of its slot files with its slot full "
+            "(65,536 tokens, about 1,440 MB)")
+    assert len(said) == 1 and said[0]["process"] == "llama" and said[0]["note"].startswith(note), said
+    assert log.count(note) == 1, log
+    assert check.returncode == 0 and note in check.stdout, check.stdout + check.stderr
+    # Within the budget: nothing said.
+    d.config_path.write_text(d.config_path.read_text().replace("max_saved_mb = 100", "max_saved_mb = 2000"))
+    ok = cli.corectl(["config", "check", str(d.config_path)], env=env)
+    assert ok.returncode == 0 and "max_saved_mb" not in ok.stdout, ok.stdout
+
+
+def test_a_truncated_slot_file_is_refused_and_leaves_an_audit_line_and_a_cache_bust(tmp_path):
+    """Issue 43, D4: a restore that could not happen (the file cut after it was saved) is refused before the
+    server sees it, and the turn's cache bust names the slot file: in the audit log, `corectl explain`,
+    `corectl status` and /metrics."""
+    from coderouterd.state import read_audit
+
+    port = free_port()
+    config = _config(tmp_path, port, idle=0)
+    a = Session(64)
+    with running(config, tmp_path) as d:
+        _ready(d)
+        _turn(d, a)
+        _turn(d, a)
+    (name,) = _bins(d)  # saved before the server stopped
+    path = d.state_dir / "slots" / name
+    path.write_bytes(path.read_bytes()[:100])
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CODEROUTER_")}
+    with running(config, tmp_path) as d2:
+        _ready(d2)
+        r = httpx.post(d2.url + "/v1/messages", json=a.main_body(), timeout=60,
+                       headers={**a.headers, "anthropic-version": "2023-06-01"})
+        assert r.status_code == 200, r.text
+        assert r.json()["usage"]["cache_read_input_tokens"] == 0  # recomputed, and served
+        rid = r.headers["x-request-id"]
+        sock = str(d2.state_dir / "coderouterd.sock")
+        explained = cli.corectl(["--socket", sock, "explain", rid, "--json"], env=env)
+        aff = orjson.loads(explained.stdout)["trace"]["affinity"]
+        assert aff["slot_restore"]["outcome"] == "refused", aff
+        assert aff["slot_restore"]["problem"].startswith("truncated: 100 bytes, saved as ")
+        text = cli.corectl(["--socket", sock, "explain", rid], env={**env, "COLUMNS": "200"}).stdout
+        assert "slot restore" in text and "refused: truncated" in text, text
+        status = cli.corectl(["--socket", sock, "status"], env={**env, "COLUMNS": "200"}).stdout
+        assert "1 file(s) refused (truncated or gone)" in status, status
+        assert total(scrape(d2), "coderouter_slot_restores_unproven_total", provider="llama", why="refused") == 1
+    busts = [e for e in read_audit(d2.state_dir) if e["kind"] == "cache_bust"]
+    assert len(busts) == 1 and busts[0]["request_id"] == rid and busts[0]["cause"] == "slot file"
+    assert busts[0]["segment"].startswith("slot restore refused (truncated: 100 bytes")

@@ -76,7 +76,7 @@ def test_corectl_status_the_admin_view_the_dashboard_and_metrics_give_one_answer
             human = cli.corectl(["--socket", sock, "status"], env=env)
             assert human.returncode == 0, human.stderr
             row = next(x for x in human.stdout.splitlines() if "│ bad " in x)
-            assert "no: breaker open" in row  # the code, in the table
+            assert "down: breaker open" in row  # the one state word, in the table
             lines = [_without_seconds(x.strip()) for x in human.stdout.splitlines()]
             assert f"bad: no traffic: {words}" in lines  # the words, below it
 

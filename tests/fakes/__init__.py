@@ -1,4 +1,4 @@
-"""Fake LLM upstreams (OpenAI/llama.cpp, Anthropic, Ollama, LM Studio) speaking the real wire formats.
+"""Fake LLM upstreams (OpenAI/llama.cpp, Anthropic, Ollama, LM Studio, Gemini) speaking the real wire formats.
 
 In-process: ``with FakeServer("openai", behaviour="tools") as srv: ... srv.url ...``.
 Out of process: ``python -m tests.fakes --kind ollama --port N`` (see ``__main__``).

@@ -1,6 +1,6 @@
 """Standalone fake upstream process, for supervision tests and benchmarks.
 
-    python -m tests.fakes --kind openai|anthropic|ollama|lmstudio --port N [--behaviour ok] [--models a,b]
+    python -m tests.fakes --kind openai|anthropic|ollama|lmstudio|gemini --port N [--behaviour ok] [--models a,b]
         [--name fake] [--load-delay S] [--start-delay S] [--start-when FILE] [--crash-after N] [--ignore-sigterm]
         [--exit-at-start CODE] [--tokenize] [--no-record]
 
@@ -19,7 +19,7 @@ import signal
 import sys
 import time
 
-KINDS = ("anthropic", "llamacpp", "lmstudio", "ollama", "openai")
+KINDS = ("anthropic", "gemini", "llamacpp", "lmstudio", "ollama", "openai")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

@@ -8,7 +8,6 @@ With manual thinking on, a last assistant turn that called a tool must open with
 `clear_thinking` context edits need thinking on.
 """
 
-import asyncio
 import base64
 import hashlib
 import hmac
@@ -27,6 +26,7 @@ from .behaviour import (
     make_plan,
     next_id,
     structured,
+    whole_answer_failure,
     write_frames,
 )
 
@@ -78,7 +78,7 @@ class AnthropicFake(FakeBase):
     def configure(self) -> None:
         self.max_context = int(self.options.get("max_context", 200_000))
         self.created_at = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-        self._frame_cache: dict[str, list[bytes]] = {}
+        self._frame_cache: dict[tuple[str, tuple[str, ...], tuple[str, ...]], list[bytes]] = {}
         self._signing_key = os.urandom(32)
 
     def sign(self, thinking: str) -> str:
@@ -206,15 +206,17 @@ class AnthropicFake(FakeBase):
         return frames
 
     def _cached_frames(self, call: Call, plan: Plan) -> list[bytes]:
-        # Tool-use blocks carry fresh ids, and text_tools depends on the request; everything else is identical
-        # for a given behaviour spec.
+        # Tool-use blocks carry fresh ids, and text_tools depends on the request. The rest is keyed by what the
+        # frames say, not only by behaviour: an answer built from the request (echo_tool_result) must never be
+        # served from another request's cache entry.
         if plan.tool_calls or call.behaviour.name == "text_tools":
             return self._frames(plan, complete=plan.fail is None)
-        frames = self._frame_cache.get(call.behaviour.spec)
+        key = (call.behaviour.spec, tuple(plan.reasoning), tuple(plan.content))
+        frames = self._frame_cache.get(key)
         if frames is None:
             if len(self._frame_cache) > 256:
                 self._frame_cache.clear()
-            frames = self._frame_cache[call.behaviour.spec] = self._frames(plan, complete=plan.fail is None)
+            frames = self._frame_cache[key] = self._frames(plan, complete=plan.fail is None)
         return frames
 
     def _message(self, call: Call, model: str, content: list, stop_reason: str | None, output: int) -> dict:
@@ -263,13 +265,9 @@ class AnthropicFake(FakeBase):
         return web.Response(status=200)  # never sent: the connection is gone
 
     async def _complete(self, call: Call, plan: Plan, model: str) -> web.StreamResponse:
-        if plan.fail in ("disconnect", "cut"):
-            call.close_connection()
-            return web.Response(status=200)
-        if plan.fail == "error":
-            return self.error_response(call, "529")
-        if plan.delay > 0:
-            await asyncio.sleep(plan.delay * plan.output_tokens)
+        failed = await whole_answer_failure(call, plan, lambda: self.error_response(call, "529"))
+        if failed is not None:
+            return failed
         content: list[dict] = []
         if plan.reasoning:
             text = "".join(plan.reasoning)

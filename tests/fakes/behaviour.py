@@ -380,6 +380,20 @@ Handler = Callable[[Call], Awaitable[web.StreamResponse]]
 ErrorRenderer = Callable[[Call], web.StreamResponse]
 
 
+async def whole_answer_failure(call: Call, plan: Plan,
+                               overloaded: Callable[[], web.StreamResponse]) -> web.StreamResponse | None:
+    """A non-streamed answer's failure on demand: the connection closed without an answer, or the fake's own
+    overloaded error; a slow answer waits here. None: answer normally."""
+    if plan.fail in ("disconnect", "cut"):
+        call.close_connection()
+        return web.Response(status=200)
+    if plan.fail == "error":
+        return overloaded()
+    if plan.delay > 0:
+        await asyncio.sleep(plan.delay * plan.output_tokens)
+    return None
+
+
 async def write_frames(resp: web.StreamResponse, frames: list[bytes], delay: float) -> None:
     # Without a delay everything goes out in one write: the fastest path for benchmarks, and parsers
     # must cope with many events per read anyway.

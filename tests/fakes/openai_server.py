@@ -2,7 +2,9 @@
 
 Options: ``reasoning_field`` (delta field for reasoning, default ``reasoning_content``), ``tool_split``
 (default fragment size of streamed tool arguments, None = whole arguments in one chunk), ``tokenize``
-(enable ``POST /tokenize``), ``n_ctx`` (context size reported and used by ``overflow``).
+(enable ``POST /tokenize``), ``n_ctx`` (context size reported and used by ``overflow``), ``max_model_len``
+(as vLLM: a chat request whose prompt plus max_tokens exceeds it is refused with vLLM's classic wording, one that
+fits is served).
 """
 
 import asyncio
@@ -155,6 +157,15 @@ class OpenAIFake(FakeBase):
                                  400)
         # served_model: the server names the model its own way (llama-server: the .gguf path)
         model = str(self.options.get("served_model") or call.model(self.models[0]))
+        limit = int(self.options.get("max_model_len") or 0)
+        asked = body.get("max_tokens") or body.get("max_completion_tokens") or 0
+        if limit and isinstance(asked, int) and call.prompt_tokens + asked > limit:
+            p = call.prompt_tokens
+            return json_response({"object": "error", "type": "BadRequestError", "param": None, "code": 400,
+                                  "message": f"This model's maximum context length is {limit} tokens. However, you "
+                                             f"requested {p + asked} tokens ({p} in the messages, {asked} in the "
+                                             "completion). Please reduce the length of the messages or completion."},
+                                 400)
         await self.before_generation(model)
         plan = make_plan(call.behaviour, self.name, tool_names(body), split_default=self.tool_split,
                          id_prefix="call_", tool_result=last_tool_result(body))
@@ -234,7 +245,9 @@ class OpenAIFake(FakeBase):
     def _cached_frames(self, call: Call, plan: Plan, model: str, field: str) -> list[bytes]:
         if plan.tool_calls or call.behaviour.name == "text_tools":  # the answer depends on the request
             return self._body_frames(plan, model, field)
-        key = (call.behaviour.spec, model, field)
+        # Keyed by what the frames say, not only by behaviour: an answer built from the request (echo_tool_result)
+        # must never be served from another request's cache entry.
+        key = (call.behaviour.spec, model, field, tuple(plan.reasoning), tuple(plan.content))
         frames = self._frame_cache.get(key)
         if frames is None:
             if len(self._frame_cache) > 256:

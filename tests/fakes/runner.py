@@ -8,6 +8,7 @@ from aiohttp import web
 
 from .anthropic_server import AnthropicFake
 from .behaviour import FakeBase
+from .gemini_server import GeminiFake
 from .llama_server import LlamaServerFake
 from .lmstudio_server import LMStudioFake
 from .ollama_server import OllamaFake
@@ -19,6 +20,7 @@ KINDS: dict[str, type[FakeBase]] = {  # keep in step with __main__.KINDS
     "ollama": OllamaFake,
     "lmstudio": LMStudioFake,
     "llamacpp": LlamaServerFake,
+    "gemini": GeminiFake,
 }
 # Short, so stopping a server with a client parked on a `hang` does not stall the test run.
 SHUTDOWN_TIMEOUT = 0.25

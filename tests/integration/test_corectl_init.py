@@ -9,8 +9,9 @@ import subprocess
 import orjson
 
 from coderouterd.config import load_config
-from tests.fakes.runner import FakeServer, free_port
+from tests.fakes.runner import FakeServer
 from tests.support import cli
+from tests.support.ports import dead_port
 
 
 def corectl(*args: str, home) -> subprocess.CompletedProcess:
@@ -22,7 +23,7 @@ def corectl(*args: str, home) -> subprocess.CompletedProcess:
 def test_init_finds_the_running_servers_and_writes_a_loadable_config(tmp_path):
     home = tmp_path / "home"
     home.mkdir()
-    closed = free_port()
+    closed = dead_port()
     with FakeServer("lmstudio", models=["qwen3-coder-30b", "gemma-3"]) as lms, \
             FakeServer("ollama", models=["qwen3:8b"]) as ollama, \
             FakeServer("openai", models=["llama-local"]) as llamacpp:
@@ -67,7 +68,7 @@ def test_init_finds_the_running_servers_and_writes_a_loadable_config(tmp_path):
 def test_init_with_nothing_running_still_writes_a_usable_config(tmp_path):
     home = tmp_path / "home"
     home.mkdir()
-    chosen = {b: free_port() for b in ("lmstudio", "ollama", "llamacpp", "vllm")}
+    chosen = {b: dead_port() for b in ("lmstudio", "ollama", "llamacpp", "vllm")}
     ports = [a for b, p in chosen.items() for a in ("--backend-port", f"{b}={p}")]
     r = corectl("init", *ports, home=home)
     assert r.returncode == 0, r.stderr

@@ -8,7 +8,8 @@ from typer.testing import CliRunner
 
 from coderouterd.config import parse_config_text
 from corectl.doctor import DoctorError, Limits, doctor_app, exit_code, run_doctor
-from tests.fakes.runner import FakeServer, free_port
+from tests.fakes.runner import FakeServer
+from tests.support.ports import dead_port
 
 FAST = Limits(probe=2.0, generation=5.0)
 
@@ -134,7 +135,7 @@ def test_configured_window_larger_than_real_needs_tuning():
 
 
 def test_unreachable_provider_exits_1_and_others_are_still_probed():
-    dead = f"http://127.0.0.1:{free_port()}/v1"
+    dead = f"http://127.0.0.1:{dead_port()}/v1"
     with FakeServer("openai", behaviour="tools", models=["m"], n_ctx=32768) as s:
         results = doctor(config(provider_toml("up", s.url + "/v1", model="m", context_window=32768),
                                 provider_toml("down", dead, model="m")))
@@ -251,3 +252,24 @@ def test_vision_probe_sends_a_png_and_says_which_value_to_set(server_vision, dec
     assert v["status"] == status
     assert words in v["message"] + " " + v["suggestion"]
     assert sent and sent[0]["messages"][0]["content"][1]["image_url"]["url"].startswith("data:image/png;base64,")
+
+
+def test_gemini_backend_is_asked_in_its_own_wire(monkeypatch):
+    """A kind = "gemini" provider: the probes go to Google's URLs with the key header, as Gemini requests, and
+    every check reads the answers (the model from models.list, the window from models.get)."""
+    monkeypatch.setenv("DOCTOR_GEMINI_KEY", "AIza-doctor")
+    with FakeServer("gemini", behaviour="tools", models=["gemini-2.5-flash"], api_key="AIza-doctor",
+                    input_limit=1048576) as s:
+        [result] = doctor(config(provider_toml("gem", s.url, kind="gemini", model="gemini-2.5-flash",
+                                               api_key_env="DOCTOR_GEMINI_KEY")))
+        paths = [r["path"] + ("?" + r["query"] if r["query"] else "") for r in s.requests]
+        bodies = [r["json"] for r in s.requests if r["path"].endswith("Content")]
+    c = checks(result)
+    for name in ("reachable", "auth", "model", "generation", "streaming", "tools"):
+        assert c[name]["status"] == "ok", c[name]
+    assert "ended with a finishReason" in c["streaming"]["message"]
+    assert "/v1beta/models/gemini-2.5-flash:generateContent" in paths
+    assert "/v1beta/models/gemini-2.5-flash:streamGenerateContent?alt=sse" in paths
+    tool_body = next(b for b in bodies if b.get("tools"))
+    assert tool_body["tools"][0]["functionDeclarations"][0]["name"] == "get_current_time"
+    assert tool_body["toolConfig"] == {"functionCallingConfig": {"mode": "ANY"}}

@@ -10,7 +10,7 @@ from coderouterd.providers.provider import Provider
 from coderouterd.providers.server_info import RETRY_S, ServerDirectory
 from coderouterd.servers import llamacpp
 from tests.fakes.runner import FakeServer
-from tests.support.daemon import free_port
+from tests.support.ports import dead_port
 
 CFG = """
 [providers.p]
@@ -78,7 +78,7 @@ def test_an_unreachable_server_is_asked_again_a_minute_later():
             await again_later
         return again_at_once, again_later
 
-    at_once, later = run(provider(f"http://127.0.0.1:{free_port()}/v1"), scenario, d)
+    at_once, later = run(provider(f"http://127.0.0.1:{dead_port()}/v1"), scenario, d)
     assert at_once is None and later is not None
 
 

@@ -1,4 +1,4 @@
-"""Slot caches that outlive the server (affinity/warm.py) against the fake llama-server on a loopback socket,
+"""Slot caches that outlive the server (kvcache/cache.py) against the fake llama-server on a loopback socket,
 writing real slot files: saved before a planned stop, restored at the lane's next turn after a restart of
 the server or of the daemon (its map of saved lanes persisted), saved in the background when a lane goes
 idle, never restored for another model or context, within the disk budget, and correct on a state

@@ -218,7 +218,7 @@ def _poll_until_ready(url: str, seen: list, timeout: float) -> None:
 def test_a_slot_file_loads_only_where_it_fits_and_garbage_is_refused(tmp_path):
     """Both: a saved slot restores on the server that saved it; the same file on a server whose slots are
     smaller than what it holds, a file that is not a slot file, and a missing file are refused with one 400
-    `invalid_request_error` (coderouterd's keyed names and sidecars keep it from ever asking: affinity/warm.py)."""
+    `invalid_request_error` (coderouterd's keyed names and sidecars keep it from ever asking: kvcache/cache.py)."""
     refused = {"code": 400, "message": "Unable to restore slot: No available space in KV cache or invalid slot "
                                        "save file", "type": "invalid_request_error"}
 

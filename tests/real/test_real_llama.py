@@ -23,6 +23,7 @@ from coderouterd.state.journal_reader import journal_rows
 from tests.fakes.runner import FakeServer
 from tests.support import cli
 from tests.support.daemon import DaemonProcess, free_port
+from tests.support.ports import dead_port
 from tests.support.real_llama import paths, server_argv
 from tests.support.wait import wait_for
 
@@ -295,6 +296,35 @@ def test_claude_code_says_hi_through_the_real_model(env, tmp_path):
     assert out.get("is_error") is False and out.get("result", "").strip(), out
 
 
+def test_claude_code_asking_more_output_than_the_slot_holds_still_answers(env, tmp_path):
+    """Claude Code's default output cap (32,000 tokens) is eight times this slot's whole context: the prompt fits,
+    prompt plus max_tokens does not. The real llama-server does not refuse that (measured: it generates until the
+    slot is full and says finish_reason "length"), so coderouterd must not either: the session answers at once.
+    Servers that do refuse it (vLLM, OpenAI) are answered in the Anthropic API's own wording, which Claude Code
+    lowers max_tokens on (tests/e2e/test_claude_code_overflow.py)."""
+    from tests.e2e.test_claude_code import CLAUDE, _skip_reason
+
+    reason = _skip_reason()
+    if reason:
+        pytest.skip(reason)
+    home = tmp_path / "home"
+    home.mkdir()
+    child = {k: v for k, v in os.environ.items() if k in ("PATH", "LANG", "LC_ALL", "TERM", "TMPDIR")}
+    child.update({
+        "HOME": str(home), "CLAUDE_CONFIG_DIR": str(home / ".claude"), "ANTHROPIC_BASE_URL": env.d.url,
+        "ANTHROPIC_AUTH_TOKEN": "test-token", "ANTHROPIC_MODEL": MODEL, "ANTHROPIC_SMALL_FAST_MODEL": MODEL,
+        "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1", "DISABLE_AUTOUPDATER": "1", "DISABLE_TELEMETRY": "1",
+        "DISABLE_ERROR_REPORTING": "1", "CLAUDE_CODE_ATTRIBUTION_HEADER": "0", "NO_PROXY": "127.0.0.1,localhost",
+    })
+    r = subprocess.run([str(CLAUDE), "-p", "say hi", "--bare", "--system-prompt", "You are a helpful assistant.",
+                        "--tools", "", "--output-format", "json"], env=child, cwd=tmp_path, capture_output=True,
+                       text=True, timeout=300, stdin=subprocess.DEVNULL)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    out = json.loads(r.stdout)
+    assert out.get("is_error") is False and out.get("result", "").strip(), out
+    assert out["modelUsage"][MODEL]["maxOutputTokens"] > CTX  # it did ask for more than the slot holds
+
+
 def test_codex_exec_through_the_real_model(env, tmp_path):
     from tests.e2e.test_codex_cli import CODEX, CODEX_CONFIG, _skip_reason
 
@@ -336,7 +366,7 @@ def test_codex_exec_through_the_real_model(env, tmp_path):
 def test_corectl_init_finds_the_real_server_and_its_config_serves(env, tmp_path):
     home = tmp_path / "home"
     home.mkdir()
-    closed = [free_port() for _ in range(3)]
+    closed = [dead_port() for _ in range(3)]
     ports = ["--backend-port", f"llamacpp={env.llama_url.rsplit(':', 1)[1]}", "--backend-port",
              f"lmstudio={closed[0]}", "--backend-port", f"ollama={closed[1]}", "--backend-port", f"vllm={closed[2]}"]
     child = {k: v for k, v in os.environ.items() if not k.startswith(("CODEROUTER_", "XDG_"))}

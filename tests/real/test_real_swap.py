@@ -25,7 +25,7 @@ def test_two_models_with_a_budget_for_one_never_run_together_and_no_client_sees_
     # Every start read the process table at its own moment: the other server was never alive then.
     assert got["starts"] == got["requests"] and got["starts_with_other_alive"] == [], got
     # After a swap away and back, the next turn processes at most its new tokens plus 10%: the slots were saved
-    # before the swap's stop (affinity/warm.py's before_stop, told "room for X") and restored after the start.
+    # before the swap's stop (kvcache/cache.py's before_stop, told "room for X") and restored after the start.
     assert got["returning_processed"] <= 1.10 * got["returning_new"], got
 
 
@@ -58,6 +58,13 @@ providers = ["llama"]
         assert httpx.post(d.url + "/v1/messages", json=body, timeout=120).status_code == 200
         assert wait_for(lambda: llama().get("state") == "stopped", 60)
         assert llama()["last_stop_reason"] == "idle"
+        # Signalled once, llama-server finishes its own shutdown: exit 0, audited as planned (issue 43, D1; a
+        # second SIGTERM made it exit 1 after "Received second interrupt", or abort).
+        assert llama()["last_exit_code"] == 0, llama()
+        audit = d.state_dir / "audit.jsonl"
+        stops = wait_for(lambda: [json.loads(ln) for ln in audit.read_text().splitlines()
+                                  if '"stopped"' in ln and '"kind":"process"' in ln.replace(" ", "")], 20)
+        assert stops and stops[0]["detail"] == "planned stop, reason: idle; exited with code 0", stops
         r = httpx.post(d.url + "/v1/messages", json={**body, "stream": True}, timeout=180)
         assert r.status_code == 200 and "message_stop" in r.text, r.text[:500]
         assert llama().get("state") == "ready"

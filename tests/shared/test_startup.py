@@ -17,7 +17,8 @@ from coderouterd.config.schema import StateConfig
 from coderouterd.state.shared.dsn import redact
 from coderouterd.tasks import TaskSet
 from tests.support import cli
-from tests.support.daemon import ROOT, free_port
+from tests.support.daemon import ROOT
+from tests.support.ports import dead_port
 
 BAD_DSN = "postgresql://u:pw@[::1/x"
 
@@ -77,7 +78,7 @@ def test_foreign_tables_under_our_names_are_named_not_retried(tmp_path, pg_dsn, 
 
 def test_an_unreachable_database_does_not_hold_start_up(tmp_path, caplog):
     """start() returns after the first failed attempt: the join goes on retrying in the background."""
-    dsn = f"postgresql://u:pw@127.0.0.1:{free_port()}/x"  # nothing listens there
+    dsn = f"postgresql://u:pw@127.0.0.1:{dead_port()}/x"  # nothing listens there
 
     async def scenario() -> tuple[int, bool]:
         tasks = TaskSet()

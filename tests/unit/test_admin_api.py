@@ -11,7 +11,7 @@ from types import SimpleNamespace
 import pytest
 from fastapi.testclient import TestClient
 
-from coderouterd.admin import views
+from coderouterd.admin import apitype, views
 from coderouterd.admin.api import create_admin_app
 from coderouterd.admin.version import API_VERSION, API_VERSION_HEADER
 from coderouterd.runtime import UnknownProfile
@@ -32,6 +32,10 @@ class _Router:
     def effective_order(self, name, prof, runtime):
         self.planned.append(name)
         return _Plan(prof.providers)
+
+    def providers_availability(self, runtime, active_profile):
+        """Judging is not planning: every provider's verdict, read by the profiles' order words."""
+        return {}
 
 
 def _profile(providers):
@@ -95,14 +99,15 @@ def test_profiles_plans_the_profiles_without_building_the_whole_status(client, d
 
 def test_providers_does_not_plan_any_profile(client, daemon, no_whole_status, monkeypatch):
     monkeypatch.setattr(views, "profiles", lambda _d: pytest.fail("/v1/providers planned the profiles"))
-    monkeypatch.setattr(views, "providers", lambda _d: [{"name": "a", "kind": "openai", "base_url": "http://x",
-                                                         "model": None, "paid": False, "health": "healthy"}])
-    monkeypatch.setattr(views, "health", lambda _d: {"a": {"ok": True}})
-    monkeypatch.setattr(views, "budget", lambda _d: {})
+    monkeypatch.setattr(views, "_providers", lambda _d, *_a: [{"name": "a", "kind": "openai", "base_url": "http://x",
+                                                               "model": None, "paid": False, "health": "HEALTHY"}])
+    monkeypatch.setattr(views, "health", lambda _d: {"a": apitype.HealthDetail(state="HEALTHY")})
+    monkeypatch.setattr(views, "budget", lambda _d: apitype.BudgetStatus.model_validate({"month": "2026-12",
+                                                                                          "global": {}}))
     r = client.get("/v1/providers")
     assert r.status_code == 200, r.text
     row = r.json()["providers"][0]
-    assert row["name"] == "a" and row["health_detail"] == {"ok": True} and row["process"] is None
+    assert row["name"] == "a" and row["health_detail"] == {"state": "HEALTHY"} and row["process"] is None
     assert r.json()["stats_window_s"] == 300.0
     assert daemon.router.planned == []
 

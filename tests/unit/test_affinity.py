@@ -404,8 +404,8 @@ def test_a_fingerprint_session_digests_its_first_message_only_when_asked():
 
 
 def test_managed_llama_server_gets_a_slot_save_path_unless_it_has_one(tmp_path, monkeypatch):
-    from coderouterd.affinity.slot_save import with_slot_save_path
     from coderouterd.config import parse_config_text
+    from coderouterd.servers.llamacpp import with_slot_save_path
     from coderouterd.supervise.from_config import specs_from_config
 
     d = tmp_path / "slots"

@@ -108,8 +108,11 @@ def test_a_managed_process_not_ready_stopped_on_demand_or_unable_to_start():
     r = Routing(chain_config("a"))
     r.state.upstreams.starting(["a"], "llama", 60, "starting")
     a = r.router.availability("a")
-    assert (a.available, a.code, a.words) == (False, Code.NOT_READY,
+    assert (a.available, a.code, a.words) == (False, Code.STARTING,
                                               "a's managed process llama is not ready (starting)")
+    # stopped by hand: not coming by itself
+    r.state.upstreams.move(["a"], Phase.STOPPED, down_why("stopped", "llama", coming=False), process="llama")
+    assert r.router.availability("a").code is Code.NOT_READY
     demand = Routing(chain_config("a"))
     demand.state.upstreams.starter = _Demand()  # type: ignore[assignment]
     demand.state.upstreams.move(["a"], Phase.STOPPED, down_why("stopped", "llama", coming=False), process="llama")

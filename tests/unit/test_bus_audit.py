@@ -151,8 +151,8 @@ def test_queue_is_bounded():
 
 def test_every_event_type_serialises_to_json():
     # attempt_failed was never produced: removed (issue 12); key, auth_refused, auth_throttled, key_rate_limited:
-    # issue 41
-    assert len(EVENT_TYPES) == 25
+    # issue 41; slot_budget_too_small: issue 43
+    assert len(EVENT_TYPES) == 26
     ev = GuardFired("r1", "loop", "block", {"repeats": 5})
     d = orjson.loads(orjson.dumps(ev.to_dict()))
     assert d["kind"] == "guard_fired" and d["detail"] == {"repeats": 5} and d["request_id"] == "r1"

@@ -54,6 +54,7 @@ def test_embedded_default():
     (MIN + '[server]\napi_keys = ["ok", "k\\u0007y"]\n', "server.api_keys: [1] contains a non-ASCII or control"),
     (MIN.replace("http://", "ftp://"), "providers.a.base_url: must start with http"),
     (MIN + "[profiles.default.tool_loop]\naction = 'explode'\n", "profiles.default.tool_loop.action"),
+    (MIN.replace('["a"]', '["a"]\ndefault_max_tokens = 0'), "profiles.default.default_max_tokens"),
     ("[server\n", "invalid TOML"),
 ])
 def test_errors_name_the_key_path(text, needle):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -32,7 +34,12 @@ CASES = [
      {"object": "error", "message": "This model's maximum context length is 32768 tokens. However, you requested "
                                     "40000 tokens (39000 in the messages, 1000 in the completion). Please reduce the "
                                     "length of the messages or completion.", "type": "BadRequestError"},
-     (40000, 32768)),
+     (39000, 32768)),  # the prompt is the messages' count: the 40000 requested include the completion
+    ("anthropic output room", 400,
+     {"type": "error", "error": {"type": "invalid_request_error",
+                                 "message": "input length and `max_tokens` exceed context limit: 188240 + 21333 > "
+                                            "200000, decrease input length or `max_tokens` and try again"}},
+     (188240, 200000)),
     ("vllm request has input tokens", 400,
      {"error": {"message": "This model's maximum context length is 8192 tokens. However, your request has 9001 input "
                            "tokens. Please reduce the length of the input messages."}},
@@ -83,8 +90,10 @@ TEMPLATES = [
     ("request ({p} tokens) exceeds the available context size ({m} tokens), try increasing it", "pm"),
     ("This model's maximum context length is {m} tokens. However, your messages resulted in {p} tokens. Please "
      "reduce the length of the messages.", "pm"),
-    ("This model's maximum context length is {m} tokens. However, you requested {p} tokens ({q} in the messages, "
+    ("This model's maximum context length is {m} tokens. However, you requested {q} tokens ({p} in the messages, "
      "{r} in the completion). Please reduce the length of the messages or completion.", "pm"),
+    ("input length and `max_tokens` exceed context limit: {p} + {r} > {m}, decrease input length or `max_tokens` "
+     "and try again", "pm"),
     ("This model's maximum context length is {m} tokens. However, your request has {p} input tokens. Please reduce "
      "the length of the input messages.", "pm"),
     ("You passed {p} input tokens and requested {r} output tokens. However, the model's context length is only {q} "
@@ -117,4 +126,50 @@ def test_client_message_states_numbers_only_when_known():
     assert only_limit.startswith("prompt is too long") and "4096" in only_limit and "unknown" in only_limit
     assert ">" not in only_limit  # never the "N tokens > M maximum" form Claude Code would size a compaction by
     fits = client_message(2778, 4096)
-    assert fits.startswith("prompt is too long") and ">" not in fits and "requested output" in fits
+    assert not fits.startswith("prompt is too long") and ">" not in fits and "requested output" in fits
+
+
+# Claude Code's own regexes (read from its code, see servers/overflow.py): it lowers max_tokens and retries on the
+# first, compacts on the second. Each case must match exactly the one that helps.
+CLAUDE_OUTPUT_ROOM = re.compile(r"input length and `max_tokens` exceed context limit: (\d+) \+ (\d+) > (\d+)")
+CLAUDE_COMPACT = re.compile(r"prompt is too long[^0-9]*(\d+)\s*tokens?\s*>\s*(\d+)", re.I)
+
+
+def test_the_anthropic_wording_of_each_case_is_the_one_claude_code_acts_on():
+    over = client_message(9000, 8192, max_tokens=32000)
+    assert CLAUDE_COMPACT.search(over).groups() == ("9000", "8192") and not CLAUDE_OUTPUT_ROOM.search(over)
+    room = client_message(2778, 4096, max_tokens=32000)
+    assert CLAUDE_OUTPUT_ROOM.search(room).groups() == ("2778", "32000", "4096")
+    assert "prompt is too long" not in room.lower()  # it must not compact a prompt that fits
+
+
+def test_openai_and_gemini_wordings_of_each_case():
+    assert client_message(9000, 8192, wire="openai") == (
+        "This model's maximum context length is 8192 tokens. However, your messages resulted in 9000 tokens. Please "
+        "reduce the length of the messages.")
+    room = client_message(2778, 4096, max_tokens=2000, wire="responses")
+    assert "you requested 4778 tokens (2778 in the messages, 2000 in the completion)" in room
+    assert parse(400, {"error": {"message": room}}) == (2778, 4096)  # our own words read back as the server's
+    assert client_message(9000, 8192, wire="gemini") == (
+        "The input token count (9000) exceeds the maximum number of tokens allowed (8192).")
+    assert "maxOutputTokens (2000)" in client_message(2778, 4096, max_tokens=2000, wire="gemini")
+
+
+def test_an_anthropic_upstream_s_two_overflows_are_overflows_with_their_numbers():
+    import orjson
+
+    from coderouterd.providers.adapters.anthropic import anthropic_http_error
+    from coderouterd.providers.errors import OVERFLOW
+
+    def err(message: str):
+        return anthropic_http_error(400, orjson.dumps({"type": "error", "error": {
+            "type": "invalid_request_error", "message": message}}), {})
+
+    room = err("input length and `max_tokens` exceed context limit: 188240 + 21333 > 200000, decrease input length "
+               "or `max_tokens` and try again")
+    assert (room.reason, room.overflow) == (OVERFLOW, (188240, 200000))
+    # Said again to an OpenAI client in its words, with the request's own max_tokens.
+    again = client_message(*room.overflow, max_tokens=21333, wire="openai")
+    assert "you requested 209573 tokens (188240 in the messages, 21333 in the completion)" in again
+    over = err("prompt is too long: 210000 tokens > 200000 maximum")
+    assert (over.reason, over.overflow) == (OVERFLOW, (210000, 200000))

@@ -273,10 +273,13 @@ STATUS = {
          "paid": False, "breaker": {"state": "open", "retry_in_s": 12.4}, "health": "UNHEALTHY",
          "availability": {"available": False, "code": "breaker_open", "failures": 3, "retry_in_s": 12.4,
                           "why": "breaker open after 3 failures, retry in 12 s"},
+         "state": {"word": "down: breaker open", "kind": "bad", "problem": "down", "code": "breaker_open",
+                   "takes_traffic": False},
          "figures": {"samples": 7, "probes": 2, "errors": 3, "median_s": 0.2345}},
         {"name": "claude", "kind": "anthropic", "base_url": "https://api.anthropic.com", "model": "",
          "paid": True, "breaker": {"state": "closed"}, "health": "HEALTHY",
          "availability": {"available": True, "code": "ok", "why": "can take traffic", "failures": 0},
+         "state": {"word": "healthy", "kind": "ok", "problem": None, "code": "ok", "takes_traffic": True},
          "figures": {"samples": 0, "probes": 0, "errors": 0, "median_s": None}},
     ],
     "profiles": [
@@ -306,7 +309,7 @@ def test_status_rendering_shows_every_figure():
     for needle in ("coderouterd 9.9.9", "pid 4242", "up 1h 02m", "http://127.0.0.1:8088", "config.toml",
                    "/tmp/s.sock", "coding", "(default: default)", "last reload failed",
                    "unknown provider 'q'", "ollama-qwen", "open (12s)", "234 ms", "anthropic $",
-                   "no: breaker open", "ollama-qwen: no traffic: breaker open after 3 failures, retry in 12 s",
+                   "down: breaker open", "ollama-qwen: no traffic: breaker open after 3 failures, retry in 12 s",
                    "(client's)", "claude", "skipped: ollama-qwen (breaker_open)", "fallback adaptive", "race",
                    "figures over the last 60 s"):
         assert needle in text, needle

@@ -55,7 +55,9 @@ def test_length_stops_and_errors():
     stops = [DriftSample(length=900, digest=i, length_stop=True, tools_offered=True, tool_called=True)
              for i in range(4)]
     assert "length_stops" in judge([good(i) for i in range(8)] + stops, CFG).signals
-    assert "errors" in judge([good(i) for i in range(8)] + [DriftSample(error=True)] * 3 + [good(1)], CFG).signals
+    # Errors are errors, not drift (issue 43, E6): a window of failures says nothing about the answers.
+    failing = [good(i) for i in range(8)] + [DriftSample(error=True)] * 5 + [good(1)]
+    assert not judge(failing, CFG).drifting and judge(failing, CFG).samples == 9
 
 
 def test_detector_reports_detected_then_recovered():
@@ -265,24 +267,32 @@ def test_the_executor_spares_a_cut_the_client_asked_for():
     assert _served_length(12, 64).length_stop
 
 
-def test_a_context_overflow_or_a_bad_request_is_no_drift_error():
+def test_failed_attempts_are_errors_not_drift_and_never_filed_under_the_server_that_served():
+    """Issue 43, E6: a local provider answering plain 500s fired drift, filed under the model of the provider that
+    finally served. Failed attempts are no samples now; the served answer is filed under its own attempt's model."""
     from coderouterd.routing.attempts import Attempt, Outcome
 
-    def record(reason: str, status: int) -> SimpleNamespace:
-        local = SimpleNamespace(cfg=SimpleNamespace(is_local=lambda: True))
-        return SimpleNamespace(profile=SimpleNamespace(drift_action="warn"), model_used="m", drift_sample=None,
-                               served_by=None, runtime=SimpleNamespace(providers={"local": local}),
+    local = SimpleNamespace(cfg=SimpleNamespace(is_local=lambda: True, model="local-model"))
+    backup = SimpleNamespace(cfg=SimpleNamespace(is_local=lambda: True, model="backup-model"))
+
+    def record(reason: str, status: int, served: bool, i: int = 0) -> SimpleNamespace:
+        return SimpleNamespace(profile=SimpleNamespace(drift_action="warn"),
+                               model_used="backup-model" if served else None,
+                               drift_sample=good(i) if served else None, served_by="backup" if served else None,
+                               runtime=SimpleNamespace(providers={"local": local, "backup": backup}),
                                attempts=[Attempt("local", Outcome.FAILED, reason, status, 1.0)])
 
-    m = DriftManager(lambda: None)
+    events: list = []
+    m = DriftManager(lambda: None, publish=events.append)
     m.detector.settings = CFG
-    for _ in range(10):
-        m.record(record("context_overflow", 400))
-        m.record(record("http_400", 400))
-    assert m.detector.models("local") == []  # nothing observed at all
-    for _ in range(10):
-        m.record(record("http_500", 500))
-    assert "errors" in m.detector.verdict("local", "m").signals  # a server failing still is
+    for i in range(20):
+        m.record(record("http_500", 500, served=True, i=i))
+        m.record(record("context_overflow", 400, served=False))
+        m.record(record("http_500", 500, served=False))
+    assert m.detector.models("local") == []  # the failing server: nothing filed at all
+    assert m.detector.models("backup") == ["backup-model"]  # the served answers, under the served model
+    assert not m.detector.verdict("backup", "backup-model").drifting
+    assert events == [] and m.drifting == {}
 
 
 def _judge_by_definition(samples: list[DriftSample], cfg: DriftSettings) -> Verdict:
@@ -290,17 +300,15 @@ def _judge_by_definition(samples: list[DriftSample], cfg: DriftSettings) -> Verd
     the fast `judge` must agree with it on every window."""
     import statistics
 
+    samples = [s for s in samples if not s.error]  # errors are not drift (issue 43, E6)
     n = len(samples)
     if n < max(cfg.min_fill, cfg.recent + 1):
         return Verdict(samples=n)
     split = n - cfg.recent
-    empty = looping = length_stops = errors = 0
+    empty = looping = length_stops = 0
     digests, ok_before, ok_recent = [], [], []
     offered_before = used_before = offered_recent = used_recent = 0
     for i, s in enumerate(samples):
-        if s.error:
-            errors += i >= split
-            continue
         if i >= split:
             empty += s.empty
             looping += s.repetition >= cfg.repetition_level
@@ -318,8 +326,7 @@ def _judge_by_definition(samples: list[DriftSample], cfg: DriftSettings) -> Verd
                 offered_before += 1
                 used_before += s.tool_called
     r = cfg.recent
-    values = {"empty": (empty / r, cfg.empty_rate), "length_stops": (length_stops / r, cfg.length_stop_rate),
-              "errors": (errors / r, cfg.error_rate)}
+    values = {"empty": (empty / r, cfg.empty_rate), "length_stops": (length_stops / r, cfg.length_stop_rate)}
     repeats = len(digests) - len(set(digests))
     values["repetition"] = (max(looping / r, (repeats + 1) / r if repeats else 0.0), cfg.repetition_rate)
     if len(ok_before) >= r and len(ok_recent) >= max(2, r // 2):
@@ -363,5 +370,7 @@ def test_detector_verdicts_kept_one_answer_at_a_time_agree_with_the_whole_window
                             digest=rng.randrange(3), tools_offered=rng.random() < 0.6, tool_called=rng.random() < 0.5,
                             length_stop=rng.random() < 0.2, error=rng.random() < 0.15)
             det.observe("p", "m", s)
+            if s.error:  # no sample: the window and its standing verdict stay as they were (issue 43, E6)
+                continue
             track = det._tracks["p"]["m"]
             assert det.verdict("p", "m") == _judge_by_definition(list(track.window), det.settings)

@@ -485,3 +485,33 @@ def test_anthropic_fake_checks_thinking_signatures_like_the_real_api():
             client.messages.create(model="a1", max_tokens=2000, messages=loop,
                                    thinking={"type": "enabled", "budget_tokens": 1024})
         assert client.messages.create(model="a1", max_tokens=10, messages=loop).content
+
+
+def test_streamed_echoes_quote_each_requests_own_tool_result():
+    """An echo is built from the request: two streamed calls with different tool results must not share frames
+    (a cache keyed by behaviour alone once answered "Tool said: FIRST" to both)."""
+    def chat(result: str) -> dict:
+        return {"model": "m1", "stream": True, "messages": [
+            {"role": "user", "content": "run it"},
+            {"role": "assistant", "content": None, "tool_calls": [
+                {"id": "c1", "type": "function", "function": {"name": "Bash", "arguments": "{}"}}]},
+            {"role": "tool", "tool_call_id": "c1", "content": result}]}
+
+    def messages(result: str) -> dict:
+        return {"model": "m1", "max_tokens": 50, "stream": True, "messages": [
+            {"role": "user", "content": "run it"},
+            {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "Bash", "input": {}}]},
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": result}]}]}
+
+    headers = {"x-fake-behaviour": "echo_tool_result"}
+    with FakeServer("openai") as srv:
+        for result in ("FIRST", "SECOND"):
+            r = HTTP.post(srv.url + "/v1/chat/completions", json=chat(result), headers=headers)
+            text = "".join(c["choices"][0]["delta"].get("content") or "" for c in sse_data(r.text)
+                           if c != "[DONE]" and c.get("choices"))
+            assert text == f"Tool said: {result}"
+    with FakeServer("anthropic") as srv:
+        for result in ("FIRST", "SECOND"):
+            r = HTTP.post(srv.url + "/v1/messages", json=messages(result), headers=headers)
+            text = "".join(d["delta"].get("text", "") for e, d in sse_events(r.text) if e == "content_block_delta")
+            assert text == f"Tool said: {result}"

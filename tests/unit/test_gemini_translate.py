@@ -385,8 +385,9 @@ def test_sse_stream_error_is_a_bare_error_object():
                                               (529, "UNAVAILABLE", 503)])
 def test_error_statuses(status, name, code):
     sent = _Sent()
-    asyncio.run(GeminiResponder(sent, "req_1").error(status, "x", code="budget_exceeded"))
+    # A reason that names no final refusal (budget_exceeded on a 400 is FAILED_PRECONDITION: docs/protocols.md).
+    asyncio.run(GeminiResponder(sent, "req_1").error(status, "x", code="some_reason"))
     assert sent.messages[0]["status"] == code
     err = orjson.loads(sent.body)["error"]
     assert (err["code"], err["status"]) == (code, name)
-    assert err["details"][0]["reason"] == "budget_exceeded"
+    assert err["details"][0]["reason"] == "some_reason"

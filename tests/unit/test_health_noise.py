@@ -14,7 +14,8 @@ from coderouterd.providers.provider import Provider
 from coderouterd.routing.state import RoutingState
 from coderouterd.state import HealthTransition, RecoveryProbe
 from coderouterd.tasks import TaskSet
-from tests.fakes.runner import FakeServer, free_port
+from tests.fakes.runner import FakeServer
+from tests.support.ports import dead_port
 
 
 def _daemon(url: str):
@@ -42,7 +43,7 @@ def _monitor(daemon, events: list) -> HealthMonitor:
 
 
 def test_a_backend_never_up_is_reported_once_as_unreachable(caplog):
-    daemon = _daemon(f"http://127.0.0.1:{free_port()}")
+    daemon = _daemon(f"http://127.0.0.1:{dead_port()}")
     events = []
     monitor = _monitor(daemon, events)
 

@@ -27,7 +27,7 @@ LAYER_OK = re.compile(r"#\s*layer-ok:(.*)$")
 # Below cluster/ (cluster coordination: shared breakers and budget, the state backend), which sits above routing and
 # guards and below the daemon.
 BELOW_CLUSTER = ("routing", "guards", "providers", "translate", "wire", "servers", "state", "config", "affinity",
-                 "health", "quality", "supervise", "ingress", "upstream")
+                 "health", "quality", "supervise", "ingress", "upstream", "kvcache")
 
 # (importer prefix, imported prefix): modules under the first must not import modules under the second.
 FORBIDDEN = [
@@ -52,6 +52,12 @@ FORBIDDEN = [
                                                                     "guards", "ingress", "quality")),
     ("coderouterd.supervise", "coderouterd.routing"),
     *((f"coderouterd.{below}", "coderouterd.cluster") for below in BELOW_CLUSTER),
+    # kvcache/ (slot files) sits above providers and servers and below affinity, which holds its file pools, and
+    # supervise, which calls its save before a stop: it is handed what it reads of them (kvcache/cache.Host).
+    *(("coderouterd.kvcache", f"coderouterd.{above}") for above in ("affinity", "supervise", "routing", "ingress",
+                                                                     "health", "admin", "ui", "daemon")),
+    *((f"coderouterd.{below}", "coderouterd.kvcache") for below in ("providers", "servers", "state", "config", "wire",
+                                                                      "translate")),
 ]
 
 
@@ -295,3 +301,50 @@ def test_the_package_check_sees_a_cycle_the_modules_do_not_have():
              "coderouterd.state.shared.budget": {"coderouterd.guards.budget"}, "coderouterd.guards.budget": set()}
     assert _cycles(graph) == []
     assert _cycles(_package_graph(graph)) == [["coderouterd.guards", "coderouterd.state"]]
+
+
+# llama-server's HTTP API and command line: its paths, its slot actions and the flags coderouterd reads or adds.
+# Only servers/llamacpp.py speaks them (its LlamaServer and flag helpers); everything else asks it (issue 43).
+LLAMA_SERVER_ONLY = ROOT / "coderouterd" / "servers" / "llamacpp.py"
+LLAMA_SPEECH = re.compile(r"/(?:slots|props|tokenize|apply-template)\b|[?&]action=(?:save|restore|erase)\b"
+                          r"|--slot-save-path|--ctx-size|--parallel|^(?:-m|-c|-np|--model)$")
+
+
+def _string_literals(path: Path) -> list[tuple[int, str]]:
+    """Every string constant of a module's code (f-strings' literal parts too), docstrings left out: a docstring
+    may name a path; code that holds one speaks it."""
+    tree = ast.parse(path.read_text())
+    docstrings = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef) and node.body:
+            first = node.body[0]
+            if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant):
+                docstrings.add(id(first.value))
+    return [(n.lineno, n.value) for n in ast.walk(tree)
+            if isinstance(n, ast.Constant) and isinstance(n.value, str) and id(n) not in docstrings]
+
+
+def _llama_speakers(paths) -> list[str]:
+    return [f"{p.relative_to(ROOT) if p.is_relative_to(ROOT) else p}:{line}: {text!r}" for p in paths
+            if p != LLAMA_SERVER_ONLY
+            for line, text in _string_literals(p) if LLAMA_SPEECH.search(text)]
+
+
+def test_only_servers_llamacpp_speaks_llama_servers_api():
+    found = _llama_speakers(sorted((ROOT / "coderouterd").rglob("*.py")))
+    assert not found, "llama-server's API or flags outside servers/llamacpp.py (ask its LlamaServer): " + "; ".join(
+        found)
+
+
+def test_the_llama_server_grep_sees_paths_actions_and_flags(tmp_path):
+    src = tmp_path / "m.py"
+    src.write_text('"""Reads /props at start (a docstring may say so)."""\n'
+                   'async def f(s, root, slot, action):\n'
+                   '    """POST /slots/N."""\n'
+                   '    await s.get(root + "/props")\n'
+                   '    await s.post(f"{root}/slots/{slot}?action={action}")\n'
+                   '    await s.post(f"{root}/slots/{slot}?action=restore")\n'
+                   '    return ["llama-server", "-m", "x.gguf", "--slot-save-path", "/d"], "-mx", "/propsy"\n')
+    found = _llama_speakers([src])
+    assert sorted(f.split(": ", 1)[1] for f in found) == sorted(
+        ["'/props'", "'/slots/'", "'/slots/'", "'?action=restore'", "'-m'", "'--slot-save-path'"]), found

@@ -116,6 +116,7 @@ def test_a_request_over_the_whole_tpm_is_told_not_to_retry():
     assert isinstance(refused, Refusal) and refused.final
     h = rate_headers(refused, "anthropic", now=0.0)
     assert h["x-should-retry"] == "false"
+    assert "retry-after" not in h  # no time to wait for: retrying cannot help it
     assert "800" in refused.message and "500" in refused.message
 
 

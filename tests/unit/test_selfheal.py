@@ -18,6 +18,7 @@ from coderouterd.supervise import Supervisor as RealSupervisor
 from coderouterd.tasks import TaskSet
 from coderouterd.upstream.breaker import BreakerState
 from tests.fakes.runner import FakeServer
+from tests.support.ports import dead_port
 from tests.support.routing import Routing
 
 
@@ -252,7 +253,7 @@ def test_a_recovery_waiting_on_a_fatal_process_a_reload_drops_goes_on_to_probing
     with FakeServer("openai") as f:  # the provider stays, unmanaged: someone else runs its server now
         async def body(r, h):
             healer.append(h)
-            mp = sup.add(ProcessSpec(name="llama", command=[MISSING], ready_url=f"http://127.0.0.1:{free_port()}/"),
+            mp = sup.add(ProcessSpec(name="llama", command=[MISSING], ready_url=f"http://127.0.0.1:{dead_port()}/"),
                          providers=["p"])
             await mp.start()
             assert mp.state is ProcessState.FATAL and r.state.is_held("p")

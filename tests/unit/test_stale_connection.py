@@ -14,7 +14,7 @@ from coderouterd.providers.call import Call
 from coderouterd.providers.errors import CONNECT, UpstreamError
 from coderouterd.providers.provider import Provider
 from coderouterd.providers.strategies import OpenAIPassthrough
-from tests.support.daemon import free_port
+from tests.support.ports import dead_port
 
 CFG = """
 [providers.p]
@@ -101,7 +101,7 @@ def test_a_pooled_connection_the_server_closed_is_replaced_once():
 
 def test_a_server_that_is_not_there_is_not_retried():
     async def go():
-        provider = Provider("p", parse_config_text(CFG % free_port(), "t").providers["p"])
+        provider = Provider("p", parse_config_text(CFG % dead_port(), "t").providers["p"])
         call = _call(provider)
         try:
             with pytest.raises(UpstreamError) as e:

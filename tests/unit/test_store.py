@@ -436,12 +436,12 @@ def test_rows_dropped_in_an_outage_are_counted_in_status_and_in_the_recovery(tmp
 
     _Daemon.telemetry.store = store
     shown = views.store(_Daemon())
-    assert not shown["healthy"] and "150 journal rows dropped so far" in shown["problem"]
+    assert not shown.healthy and shown.problem is not None and "150 journal rows dropped so far" in shown.problem
 
     store._conn.execute("PRAGMA max_page_count = 1000000")
     now[0] += 5.0
     store.flush()
-    assert store.healthy and store.dropped_this_outage == 0 and views.store(_Daemon())["healthy"]
+    assert store.healthy and store.dropped_this_outage == 0 and views.store(_Daemon()).healthy
     recovered = [f for f in _faults(bus, seen) if f.recovered]
     assert len(recovered) == 1 and "150 journal rows dropped" in recovered[0].problem
     store.close()

@@ -28,6 +28,9 @@ class Demand:
     def can_start(self, provider: str) -> bool:
         return True
 
+    def start_eta(self, provider: str) -> float | None:
+        return None  # no load time learned
+
     def demand(self, provider: str, *, background: bool = False):
         self.demanded.append(provider)
         fut = asyncio.get_running_loop().create_future()

@@ -114,7 +114,7 @@ def test_a_request_just_answered_is_in_the_list_even_before_its_record_was_writt
 
 
 def test_a_process_log_s_last_line_is_read_from_its_end_and_bounded(tmp_path):
-    from coderouterd.ui.now import last_line
+    from coderouterd.admin.now import last_line
 
     log = tmp_path / "box.log"
     log.write_bytes(b"x" * 10_000 + b"\nloading model\n" + ("error: " + "y" * 1000).encode() + b"\n\n  \n")

@@ -1,5 +1,5 @@
 """One adapter per upstream kind: everything that differs between an OpenAI-compatible server, the
-Anthropic API and Ollama (URLs, auth and version headers, model listing, token counting, the probe
+Anthropic API, Ollama and the Gemini API (URLs, auth and version headers, model listing, token counting, the probe
 request, error classification, which strategy speaks its wire) lives in that kind's adapter.
 
 `adapter_for(cfg)` is the one place that looks at `cfg.kind`; everything else asks the adapter. A new
@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 from .anthropic import AnthropicAdapter
 from .base import ANTHROPIC_VERSION, UpstreamAdapter, error_message
+from .gemini import GeminiAdapter
 from .ollama import OllamaAdapter
 from .openai import OpenAIAdapter
 
@@ -22,6 +23,7 @@ _BY_KIND: dict[str, type[UpstreamAdapter]] = {
     "openai": OpenAIAdapter,
     "anthropic": AnthropicAdapter,
     "ollama": OllamaAdapter,
+    "gemini": GeminiAdapter,
 }
 
 
@@ -34,5 +36,5 @@ def adapter_for(cfg: ProviderConfig) -> UpstreamAdapter:
     return cls(cfg)
 
 
-__all__ = ["ANTHROPIC_VERSION", "AnthropicAdapter", "OllamaAdapter", "OpenAIAdapter", "UpstreamAdapter",
+__all__ = ["ANTHROPIC_VERSION", "AnthropicAdapter", "GeminiAdapter", "OllamaAdapter", "OpenAIAdapter", "UpstreamAdapter",
            "adapter_for", "error_message"]

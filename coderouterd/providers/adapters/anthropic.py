@@ -17,7 +17,10 @@ from .base import ANTHROPIC_VERSION, CountedRequest, UpstreamAdapter, error_mess
 if TYPE_CHECKING:
     from ..provider import Provider
 
-_OVERFLOW = re.compile(r"prompt is too long:\s*(\d+)\s*tokens\s*>\s*(\d+)")
+# The Anthropic API's two overflows: the prompt over the window, and a prompt that fits with max_tokens that do not
+# (servers/overflow.py says both to clients in each wire's words).
+_OVERFLOW = re.compile(r"prompt is too long:\s*(\d+)\s*tokens\s*>\s*(\d+)|input length and `max_tokens` exceed "
+                       r"context limit:\s*(\d+)\s*\+\s*\d+\s*>\s*(\d+)")
 # Client headers forwarded as they came (passthrough keeps the client's betas and API version).
 _FORWARDED = ("anthropic-version", "anthropic-beta")
 
@@ -26,7 +29,8 @@ def anthropic_http_error(status: int, body: bytes, headers: Mapping[str, str]) -
     message, parsed = error_message(body)
     m = _OVERFLOW.search(message)
     if status == 400 and m:
-        return UpstreamError(OVERFLOW, status=400, message=message, overflow=(int(m.group(1)), int(m.group(2))))
+        prompt, limit = (m.group(1), m.group(2)) if m.group(1) else (m.group(3), m.group(4))
+        return UpstreamError(OVERFLOW, status=400, message=message, overflow=(int(prompt), int(limit)))
     err_type = None
     if isinstance(parsed, dict) and isinstance(parsed.get("error"), dict):
         err_type = parsed["error"].get("type")

@@ -9,11 +9,12 @@ import orjson
 
 from ...servers import overflow as context_overflow
 from ..errors import OVERFLOW, UpstreamError, http_error, parse_retry_after
-from ..limits import MAX_AUX_BYTES, read_capped
 from .base import CountedRequest, UpstreamAdapter, error_message
 
 if TYPE_CHECKING:
     from ..provider import Provider
+
+TOKENIZE_TIMEOUT_S = 10.0  # the caller (ingress/tokens.py) bounds the whole count more tightly
 
 
 def prompt_text(body: dict) -> str:
@@ -57,14 +58,12 @@ class OpenAIAdapter(UpstreamAdapter):
         """llama.cpp's /tokenize on the rendered prompt text; a backend without it is remembered as such."""
         if provider.tokenize_supported is False:
             return None
-        text = prompt_text(req.body)
-        async with provider.session().post(f"{self.root_url}/tokenize", data=orjson.dumps({"content": text}),
-                                           headers=self.headers(json=True)) as r:
-            if r.status == 200:
-                tokens = orjson.loads(await read_capped(r, MAX_AUX_BYTES, "token count")).get("tokens")
-                if isinstance(tokens, list):
-                    provider.tokenize_supported = True
-                    return len(tokens), f"tokenizer:{provider.name}"
-            if r.status in (404, 405, 501):
-                provider.tokenize_supported = False
+        from ..server_http import llama_server
+
+        status, tokens = await llama_server(provider).tokenize(prompt_text(req.body), TOKENIZE_TIMEOUT_S)
+        if tokens is not None:
+            provider.tokenize_supported = True
+            return tokens, f"tokenizer:{provider.name}"
+        if status in (404, 405, 501):
+            provider.tokenize_supported = False
         return None

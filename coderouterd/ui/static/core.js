@@ -4,7 +4,7 @@
 export const state = {
   charts: {}, sparks: new Map(), range: "24h", profiles: new Set(), providers: new Set(), dropped: 0,
   events: null, now: null, spend: null, reachable: true, unreachableSince: null, lastOk: null,
-  keys: null, keyAttention: [],
+  keys: null, keyAttention: [], rangeChosen: false,
 };
 // Tests and curious users read the charts' own data from here (window.coderouterDashboard.charts.spendDaily.data).
 window.coderouterDashboard = state;
@@ -112,11 +112,21 @@ function reached() {
   listeners.forEach((fn) => fn());
 }
 
-// Rows are filled with their column's name on each cell: a phone shows each row as a labelled card.
+// Rows are filled with their column's name on each cell: a phone shows each row as a labelled card. A row that
+// had the keyboard focus keeps it across the redraw, found again by what it shows (its id or its request's id),
+// never by its position: a poll never throws the user back to the top of the page (issue 43, E2, E17).
+const rowKey = (tr) => tr.id || (tr.dataset && tr.dataset.requestId) || "";
 export function fill(tbody, rows) {
   const heads = Array.from(tbody.closest("table").querySelectorAll("thead th")).map((th) => th.textContent);
   for (const tr of rows) Array.from(tr.cells).forEach((td, i) => { if (heads[i]) td.dataset.label = heads[i]; });
+  const a = document.activeElement;
+  const key = a && a.parentElement === tbody ? rowKey(a) : "";
   tbody.replaceChildren(...rows);
+  if (!key) return;
+  const again = rows.find((tr) => rowKey(tr) === key);
+  if (!again) return;
+  if (!again.hasAttribute("tabindex")) again.tabIndex = -1;
+  again.focus({ preventScroll: true });
 }
 
 export function row(cells) {

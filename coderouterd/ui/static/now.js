@@ -5,43 +5,11 @@ const TOOL_LOOP_RECENT_S = 3600;  // a tool loop stopped within the last hour ne
 
 // -- a provider's state, and why ---------------------------------------------------------------------------------
 
-// Out of traffic for a normal reason that passes by itself: a warning, never "down" in the attention strip. An
-// idle-stopped on-demand model is how on-demand setups rest; a starting process and a breaker's trial in flight
-// are moments; an upstream that asked us to wait (Retry-After) is served again when the wait is over.
-const ORDINARY_OUT = {
-  on_demand: () => "stopped: starts on demand",
-  not_ready: (p) => "process " + (p.process_state && p.process_state !== "ready" ? p.process_state : "starting"),
-  half_open: () => "recovering: trial in flight",
-  retry_after: () => "waiting: the upstream asked us to",
-};
-
-// One state per provider, the worst that applies: blocked by its cap is a state, not a footnote to "healthy".
-// Whether it takes traffic is the daemon's one answer (p.availability, routing/availability.py), not a guess here.
-export function providerState(p, now) {
-  const health = String(p.health || "unknown").toLowerCase();
-  const br = (p.breaker && p.breaker.state) || "closed";
-  const b = p.budget;
-  const a = p.availability;
-  if (a && !a.available) {
-    if (a.code === "budget") return { text: "blocked: monthly cap", kind: "bad", problem: "budget" };
-    const ordinary = ORDINARY_OUT[a.code];
-    if (ordinary && p.process_state !== "fatal") return { text: ordinary(p), kind: "warn" };
-    return { text: "down: " + a.code.replace(/_/g, " "), kind: "bad", problem: "down" };
-  }
-  if (a && a.code === "panic") return { text: "panic: tried anyway", kind: "bad", problem: "down" };
-  if (a && a.code === "kept_in_rotation") return { text: "kept in rotation", kind: "warn" };
-  if (b && b.blocked) return { text: "blocked: monthly cap", kind: "bad", problem: "budget" };
-  if (p.process_state === "fatal") return { text: "down: process fatal", kind: "bad", problem: "down" };
-  if (br === "open") return { text: "down: breaker open", kind: "bad", problem: "down" };
-  if (health === "unhealthy" || health === "down") return { text: "down: " + health, kind: "bad", problem: "down" };
-  if (p.key_problem) return { text: "no key", kind: "bad", problem: "down" };
-  if (br === "half_open") return { text: "recovering", kind: "warn" };
-  if (health === "degraded") return { text: "degraded", kind: "warn" };
-  if (b && b.ratio !== null && b.ratio !== undefined && b.ratio >= now.budget_warn_ratio) {
-    return { text: "near its cap", kind: "warn", problem: "budget" };
-  }
-  if (p.process_state && p.process_state !== "ready") return { text: "process " + p.process_state, kind: "warn" };
-  return { text: health === "unknown" ? "not probed yet" : health, kind: health === "healthy" ? "ok" : "" };
+// One state per provider, computed once by the daemon (admin/words.py) from its availability verdict and the
+// process's lifecycle: printed here as it is, never derived again from breaker, health and budget fields.
+export function providerState(p) {
+  const s = p.state || { word: "unknown", kind: "", problem: null };
+  return { text: s.word, kind: s.kind, problem: s.problem };
 }
 
 // When a retry is due, counted down each second from the daemon's "retry in" (no clock shared with it).
@@ -67,15 +35,20 @@ function why(p, procs) {
     line(`spent ${fmt.usd(b.spent)} of its ${fmt.usd(b.cap)} monthly cap: skipped until the month ends`, "bad");
   }
   if (p.key_problem) line(p.key_problem, "bad");
+  const a = p.availability;
+  if (b && b.skipped && !(a && a.code === "budget_skipped")) {
+    // Some requests skipped for their estimate, others served: said, not a state of its own.
+    line("budget: " + b.skipped.words, "warn").classList.add("budget-skips");
+  }
   const probe = p.health_detail && p.health_detail.last_probe;
   if (probe && !probe.ok) {
     const n = p.health_detail.consecutive_failures;
     line(`probe failed${n > 1 ? ` ${n} times` : ""}: ${probe.detail || "no detail"} (${fmt.time(probe.at)})`, "bad");
   }
-  const a = p.availability;
   if (a && a.code !== "ok") {
     // The daemon's words for why it gets no traffic (or why it still does); the retry counts down live.
-    const d = line((a.available ? "" : "no traffic: ") + a.why, a.available ? "warn" : "bad");
+    const takes = p.state ? p.state.takes_traffic : a.available;
+    const d = line((takes ? "" : "no traffic: ") + a.why, takes && (!p.state || p.state.kind !== "bad") ? "warn" : "bad");
     d.classList.add("availability");
     d.dataset.code = a.code;
     if (a.retry_in_s !== null && a.retry_in_s !== undefined) {
@@ -86,7 +59,7 @@ function why(p, procs) {
   if (proc && proc.state !== "ready") {
     line(`process ${p.process}: ${proc.state}` + (proc.fatal_reason ? ` (${proc.fatal_reason})` : "") +
       (proc.last_exit ? `, ${proc.last_exit}` : ""), proc.state === "fatal" ? "bad" : "warn");
-    if (proc.next_probe_at) {
+    if (proc.next_probe_at && !box.querySelector(".countdown")) {  // one countdown per provider (E12)
       const d = line("");
       d.append(countdown(proc.next_probe_at - state.nowFetchedAt.daemon, null, "recovery probe in"));
     }
@@ -99,6 +72,13 @@ function why(p, procs) {
 }
 
 // -- render ----------------------------------------------------------------------------------------------------
+
+// What a process holds now: a stopped one holds nothing, whatever its configured size (issue 43, E13).
+function memoryOf(p) {
+  const stopped = ["stopped", "fatal", "exited"].includes(p.state) || (p.resident === false && p.state !== "ready");
+  if (!p.memory_mb || stopped) return "–";
+  return `${Math.round(p.memory_mb).toLocaleString()} MB${p.pinned ? " pinned" : ""}`;
+}
 
 let sparkData = null;
 export function setSparkData(s) { sparkData = s; }
@@ -119,7 +99,7 @@ export function renderNow(now) {
     const dot = el("span", null, "dot");
     dot.style.background = color(p.name);
     name.append(dot, el("strong", p.name), el("span", " " + p.kind + (p.model ? " · " + p.model : ""), "dim"));
-    const st = providerState(p, now);
+    const st = providerState(p);
     const s = sparkData && sparkData.providers[p.name];
     const sp = s ? spark(p.name, sparkData.t, s.total_p50, `${p.name}: total time p50 over the last hour`) : null;
     const p50 = p.figures && p.figures.median_s !== null && p.figures.median_s !== undefined ? p.figures.median_s * 1000 : null;
@@ -130,6 +110,7 @@ export function renderNow(now) {
       [fmt.ms(p50), "num"], [fmt.pct(hit), "num"], [money, b && b.blocked ? "num bad" : "num"]]);
     tr.dataset.provider = p.name;
     tr.dataset.state = st.text;
+    tr.dataset.kind = st.kind;
     if (p.availability) tr.dataset.traffic = p.availability.code;
     tr.id = "provider-" + p.name;
     return tr;
@@ -139,9 +120,9 @@ export function renderNow(now) {
   $("#processes-table").hidden = names.length === 0;
   fill($("#processes-table tbody"), names.map((n) => {
     const p = procs[n];
-    const tr = row([el("strong", n), badge(p.state, p.state === "ready" ? "ok" : p.state === "fatal" ? "bad" : "warn"),
+    const tr = row([el("strong", n), badge(p.state, p.state === "ready" ? "ok" : p.state === "fatal" ? "bad" : p.state === "stopped" ? "idle" : "warn"),
       [fmt.dur(p.uptime_s), "num"], [String(p.restarts_total ?? 0), "num"],
-      [p.memory_mb ? `${Math.round(p.memory_mb).toLocaleString()} MB${p.pinned ? " pinned" : ""}` : "–", "num"],
+      [memoryOf(p), "num"],
       p.idle_stop_in_s !== null && p.idle_stop_in_s !== undefined ? "in " + fmt.dur(p.idle_stop_in_s) : "–",
       p.last_stop_reason || "–",
       [(p.last_exit || "–") + (p.fatal_reason ? ` · ${p.fatal_reason}` : ""), p.state === "fatal" ? "bad" : ""],
@@ -170,20 +151,25 @@ export function renderNow(now) {
 export function renderAttention() {
   const now = state.now;
   const items = [];
-  const add = (kind, text, href) => items.push({ kind, text, href });
+  const add = (kind, text, href, tone) => items.push({ kind, text, href, tone });
   if (!state.reachable) {
     add("daemon", `coderouterd is not answering since ${fmt.time(state.unreachableSince)} (${state.unreachableWhy}): ` +
       "everything below is as it was then", "#now");
   }
   if (now) {
     for (const p of now.providers) {
-      const st = providerState(p, now);
+      const st = providerState(p);
+      const b = p.budget;
+      const spent = b ? ` (${fmt.usd(b.spent)} of ${fmt.usd(b.cap)})` : "";
       // A FATAL process has its own entry below: its provider is not listed twice.
-      if (st.problem === "down" && p.process_state !== "fatal") add("down", `${p.name} is ${st.text.replace("down: ", "down (")}${st.text.startsWith("down: ") ? ")" : ""}`, "#provider-" + p.name);
-      else if (st.problem === "budget") {
-        add("budget", `${p.name}: ${st.text === "near its cap" ? "near" : "blocked by"} its monthly cap (` +
-          `${fmt.usd(p.budget.spent)} of ${fmt.usd(p.budget.cap)})`, "#provider-" + p.name);
-      }
+      if (st.problem === "down" && p.process_state !== "fatal") {
+        add("down", st.text.startsWith("down: ") ? `${p.name} is down (${st.text.slice(6)})` : `${p.name}: ${st.text}`,
+          "#provider-" + p.name, st.kind);
+      } else if (st.problem === "budget") {
+        const what = p.availability && p.availability.code === "budget_skipped" ? `skipped: ${p.availability.why}`
+          : st.text === "near its cap" ? "near its monthly cap" + spent : "blocked by its monthly cap" + spent;
+        add("budget", `${p.name}: ${what}`, "#provider-" + p.name, st.kind);
+      } else if (st.problem === "key") add("key", `${p.name}: ${p.key_problem || st.text}`, "#provider-" + p.name, st.kind);
       const drift = p.drift;
       if (drift && drift.signals && Object.keys(drift.signals).length) {
         add("drift", `drift detected on ${p.name} (${drift.model})`, "#provider-" + p.name);
@@ -203,7 +189,8 @@ export function renderAttention() {
       }
     }
     if (now.shared && now.shared.up === false) {
-      add("shared", `the shared database is unreachable` + (now.shared.problem ? `: ${now.shared.problem}` : ""), "#now");
+      const why = now.shared.meaning || now.shared.problem;  // the daemon's words for the driver's text (E16)
+      add("shared", `the shared database is unreachable` + (why ? `: ${why}` : ""), "#now");
     }
     if (now.store && now.store.healthy === false) add("store", `state: ${now.store.problem}`, "#now");
   }
@@ -211,7 +198,7 @@ export function renderAttention() {
   for (const a of state.keyAttention || []) add(a.kind, a.text, "#keys");
   const ul = $("#attention-list");
   ul.replaceChildren(...items.map((it) => {
-    const warn = (it.kind === "budget" && it.text.includes("near")) || it.kind === "key_cap" || it.kind === "key_expiring";
+    const warn = it.tone === "warn" || it.kind === "key_cap" || it.kind === "key_expiring";
     const li = el("li", null, warn ? "warn" : "bad");
     li.dataset.kind = it.kind;
     const a = el("a", it.text);
@@ -237,7 +224,8 @@ export async function refreshProfiles() {
     name.append(el("strong", p.name));
     if (p.active) name.append(" ", badge("active", "ok"));
     const order = el("span");
-    if (!p.effective_order.length) order.append(el("span", "none available", "bad"));
+    // The order in the daemon's words when nothing takes traffic now ("none available", "x ... starts on demand").
+    if (!p.effective_order.length) order.append(el("span", p.order_words || "none available", p.order_words && p.order_words !== "none available" ? "warn" : "bad"));
     p.effective_order.forEach((n, i) => { if (i) order.append(" > "); order.append(el("span", n, "chip")); });
     const skips = el("div");
     for (const s of p.skips || []) skips.append(el("div", `${s.provider}: ${s.reason}${s.message ? " (" + s.message + ")" : ""}`, "warn"));

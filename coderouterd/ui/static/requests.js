@@ -21,12 +21,14 @@ function describe(e) {
     case "cache_bust": return [`cache-bust on ${e.provider}: ${e.segment}`, "warn"];
     case "process": {
       const what = typeof e.detail === "string" && e.detail ? ` (${e.detail})` : "";
-      return [`process ${e.process}: ${e.event}${what}`, ["fatal", "exited", "restarting", "excluded"].includes(e.event) ? "bad" : ""];
+      // A provider without a process of ours (self-healing's exclusions) is named as the provider it is (E8).
+      const who = e.managed === false ? `provider ${e.process || e.provider}` : `process ${e.process || e.provider}`;
+      return [`${who}: ${e.event}${what}`, e.tone || ""];
     }
     case "breaker_transition":
-      return [`breaker ${e.provider}: ${e.old} → ${e.new}${e.reason ? " (" + e.reason + ")" : ""}`, e.new === "open" ? "bad" : ""];
+      return [`breaker ${e.provider}: ${e.old} → ${e.new}${e.reason ? " (" + e.reason + ")" : ""}`, e.tone || ""];
     case "health_transition":
-      return [`health ${e.provider}: ${e.old} → ${e.new}${e.reason ? " (" + e.reason + ")" : ""}`, e.new === "healthy" ? "ok" : "bad"];
+      return [`health ${e.provider}: ${e.old} → ${e.new}${e.reason ? " (" + e.reason + ")" : ""}`, e.tone || ""];
     case "budget_warning": return [`${e.provider} at ${fmt.pct(e.ratio)} of its cap`, "warn"];
     case "budget_blocked": return [`${e.provider} blocked: ${fmt.usd(e.spent_usd)} of ${fmt.usd(e.cap_usd)}`, "bad"];
     default: return [e.kind.replace(/_/g, " "), ""];
@@ -102,39 +104,122 @@ function requestRow(x) {
   const ok = x.status && x.status < 400;
   const tr = row([fmt.time(x.ts), [x.request_id, "dim"], x.profile || "–", x.provider || "none",
     badge(String(x.status || "–") + (x.error_class ? " " + x.error_class : ""), ok ? "ok" : "bad"),
+    [x.reason || "", "reason"],
     [fmt.ms(x.ttfb_ms), "num"], [fmt.ms(x.latency_ms), "num"],
     [fmt.int(x.input_tokens) + " / " + fmt.int(x.output_tokens), "num"], [fmt.usd(x.cost_usd), "num"]]);
+  tr.dataset.ts = String(x.ts);
   opensTrace(tr, x.request_id);
   return tr;
 }
 
 let oldest = null;  // the oldest listed request's time: the next page starts before it
+let paged = false;  // the user loaded older requests: the list is theirs, never cut back to one page
 
-export async function refreshRequests(more) {
-  const form = $("#filters");
+// The filters as the query: profile, provider, key, outcome, and the time filter (`since`, seconds back from now).
+function query(form) {
   const q = new URLSearchParams();
   for (const k of ["profile", "provider", "outcome", "key"]) {
     const v = form.elements[k].value;
     if (v) q.set(k, v);
   }
+  const back = Number(form.elements.since.value);
+  if (back) q.set("since", String(Date.now() / 1000 - back));
   q.set("limit", String(PAGE));
+  return q;
+}
+
+// The request row that has the keyboard focus, by its id (rows are matched by id, never by position).
+function focusedId(tbody) {
+  const a = document.activeElement;
+  return a && tbody.contains(a) && a.dataset ? a.dataset.requestId || null : null;
+}
+
+// `mode`: "replace" (the first load, a filter changed: a new list), "more" (the next page, appended), or "merge"
+// (a request finished, the tab came back): the newest are added on top and nothing the user sees moves away.
+// Existing rows stay the same nodes, so a focused row keeps its focus and rows paged in stay (issue 43, E2).
+export async function refreshRequests(mode) {
+  const form = $("#filters");
+  const more = mode === "more" || mode === true;
+  const merge = mode === "merge";
+  const q = query(form);
   if (more && oldest !== null) q.set("before", String(oldest));
   let r;
   try { r = await getJSON("/ui/api/requests?" + q.toString()); } catch (_) { return null; }
   const tbody = $("#requests-table tbody");
-  const rows = r.requests.map(requestRow);
-  if (more) fill(tbody, [...tbody.rows, ...rows]);
-  else fill(tbody, rows);
-  if (r.requests.length) oldest = r.requests[r.requests.length - 1].ts;
-  else if (!more) oldest = null;
+  const keep = focusedId(tbody);
+  if (merge && tbody.rows.length) {
+    const have = new Set(Array.from(tbody.rows, (tr) => tr.dataset.requestId));
+    const newest = Number(tbody.rows[0].dataset.ts) || 0;
+    const fresh = r.requests.filter((x) => !have.has(x.request_id) && (x.ts || 0) >= newest).map(requestRow);
+    label(tbody, fresh);
+    tbody.prepend(...fresh);
+    // One page, as a fresh load would show, unless the user paged or is on a row: then nothing is taken away.
+    if (!paged && keep === null) {
+      while (tbody.rows.length > PAGE) tbody.lastElementChild.remove();
+      if (tbody.rows.length) oldest = Number(tbody.rows[tbody.rows.length - 1].dataset.ts);
+    }
+  } else if (more) {
+    const rows = r.requests.map(requestRow);
+    label(tbody, rows);
+    tbody.append(...rows);
+    if (rows.length) paged = true;
+    if (r.requests.length) oldest = r.requests[r.requests.length - 1].ts;
+  } else {
+    paged = false;
+    fill(tbody, r.requests.map(requestRow));
+    oldest = r.requests.length ? r.requests[r.requests.length - 1].ts : null;
+  }
+  if (keep !== null && focusedId(tbody) !== keep) {
+    const again = Array.from(tbody.rows).find((tr) => tr.dataset.requestId === keep);
+    if (again) again.focus({ preventScroll: true });
+  }
   $("#requests-empty").hidden = tbody.rows.length > 0;
-  $("#requests-more").hidden = r.requests.length < PAGE;
+  if (!merge) $("#requests-more").hidden = r.requests.length < PAGE;
   $("#requests-count").textContent = `${tbody.rows.length} shown, newest first`;
   addOptions(form.elements.profile, state.profiles);
   addOptions(form.elements.provider, state.providers);
   addOptions(form.elements.key, new Set((state.keys ? state.keys.keys : []).map((k) => k.name)));
   return r;
 }
+
+// Each cell labelled with its column's name (a phone shows a row as a labelled card), as fill() does.
+function label(tbody, rows) {
+  const heads = Array.from(tbody.closest("table").querySelectorAll("thead th")).map((th) => th.textContent);
+  for (const tr of rows) Array.from(tr.cells).forEach((td, i) => { if (heads[i]) td.dataset.label = heads[i]; });
+}
+
+// -- in flight -------------------------------------------------------------------------------------------------
+
+let clockSkew = 0;  // the daemon's clock minus ours: elapsed times count on from its answer
+
+// Each request being served now, with the provider it is on and how long it has run (issue 43, E15).
+export function renderInFlight(a) {
+  clockSkew = a.now - Date.now() / 1000;
+  const ul = $("#inflight-list");
+  ul.replaceChildren(...a.requests.map((x) => {
+    const li = el("li");
+    li.dataset.requestId = x.request_id;
+    li.dataset.started = String(x.started);
+    const where = x.provider ? `on ${x.provider}` + (x.attempts ? ` (after ${x.attempts} failed)` : "") : "choosing a provider";
+    li.append(el("span", x.request_id, "dim"), el("span", `${x.profile || "–"} · ${x.model || "–"}`, "grow"),
+      el("span", where, "provider"), el("span", fmt.dur(x.elapsed_s), "elapsed num"));
+    return li;
+  }));
+  const more = a.total - a.requests.length;
+  $("#inflight-more").hidden = more <= 0;
+  $("#inflight-more").textContent = more > 0 ? `and ${more} more` : "";
+}
+
+export async function refreshInFlight() {
+  try { renderInFlight(await getJSON("/ui/api/inflight")); } catch (_) { /* the attention strip says why */ }
+}
+
+setInterval(() => {
+  const now = Date.now() / 1000 + clockSkew;
+  document.querySelectorAll("#inflight-list li").forEach((li) => {
+    li.querySelector(".elapsed").textContent = fmt.dur(Math.max(0, now - Number(li.dataset.started)));
+  });
+}, 1000);
 
 // -- one request's trace ---------------------------------------------------------------------------------------
 
@@ -161,6 +246,8 @@ export async function openTrace(id) {
   add("profile", (t.profile || "–") + (t.mode ? ` (${t.mode})` : ""));
   if (t.candidates) add("chain", t.candidates.join(" > ") || "–");
   if (t.effective_order) add("order", t.effective_order.join(" > ") || "none available", t.effective_order.length ? "" : "bad");
+  // The plan listed more than ran: who was skipped at its turn is in the Skipped table, with why (E11).
+  if (t.planned_order) add("planned", t.planned_order.join(" > "), "dim");
   for (const n of t.order_notes || []) {
     add("note", `${n.provider || "?"}: ${n.why || ""}` + (n.moved && n.moved !== "none" ? ` (moved ${n.moved})` : ""));
   }
@@ -169,7 +256,7 @@ export async function openTrace(id) {
     ` in ${fmt.ms(t.latency_ms)} (first byte ${fmt.ms(t.ttfb_ms)})` + (t.error_class ? `  error: ${t.error_class}` : ""),
   status >= 400 || !status ? "bad" : "ok");
   for (const g of t.guards || []) {
-    const what = { break: "stopped the request", warn: "warned", inject: "told the model" }[g.action] || g.action;
+    const what = { break: "stopped the request", warn: "warned", inject: "told the model", default: "set" }[g.action] || g.action;
     add("guard", `${String(g.guard).replace(/_/g, " ")} ${what}` + (g.message ? `: ${g.message}` : ""), g.action === "break" ? "bad" : "warn");
   }
   if (t.race_outcome) add("race", t.race_outcome);
@@ -178,7 +265,12 @@ export async function openTrace(id) {
     `${fmt.int(u.cache_read_input_tokens || 0)}, cache write ${fmt.int(u.cache_creation_input_tokens || 0)}; cost ${fmt.usd(t.cost_usd)}`);
   const aff = t.affinity;
   if (aff) {
-    add("affinity", `lane ${aff.lane}, session ${aff.session}` + (aff.slot !== null && aff.slot !== undefined ? `, slot ${aff.slot}` : ""));
+    // Only what is known: a request without a lane is not "lane null" (E11).
+    const parts = [];
+    if (aff.lane !== null && aff.lane !== undefined && aff.lane !== "") parts.push(`lane ${aff.lane}`);
+    if (aff.session) parts.push(`session ${aff.session}`);
+    if (aff.slot !== null && aff.slot !== undefined) parts.push(`slot ${aff.slot}`);
+    add("affinity", parts.join(", ") || "no lane, no session", parts.length ? "" : "dim");
     if (aff.cache_bust) add("cache bust", aff.cache_bust.segment, "bad");
   }
   // What else happened to it: the daemon's recent events that name this request, and a breaker its failure

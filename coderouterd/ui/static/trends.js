@@ -1,6 +1,7 @@
 // Over time, from the journal: spend this month, latency, cache hit ratio, tokens, requests per minute and
 // generation speed per provider, and the window's totals.
 import { $, color, draw, el, fill, fmt, getJSON, opensTrace, row, state } from "./core.js";
+import { refreshKeys } from "./keys.js";
 import { setSparkData } from "./now.js";
 
 const RANGE_LABEL = { "1h": "last hour", "6h": "last 6 hours", "24h": "last 24 hours", "7d": "last 7 days", "30d": "last 30 days" };
@@ -57,8 +58,22 @@ export async function refreshSpend() {
 
 // -- latency, cache, tokens ------------------------------------------------------------------------------------
 
+// A bucket with no neighbour on either side is a point, or a line chart would not draw it at all (E9).
+export function lonePoints(u, si) {
+  const ys = u.data[si];
+  const out = [];
+  for (let i = 0; i < ys.length; i++) {
+    if (ys[i] === null || ys[i] === undefined) continue;
+    const before = i > 0 ? ys[i - 1] : null, after = i < ys.length - 1 ? ys[i + 1] : null;
+    if ((before === null || before === undefined) && (after === null || after === undefined)) out.push(i);
+  }
+  return out.length ? out : null;
+}
+const POINTS = { size: 6, filter: lonePoints };
+
 function lines(t, names, pick, label, dash, value) {
-  return names.map((n) => ({ label: n + label, stroke: color(n), width: dash ? 1 : 2, dash, spanGaps: true, value }));
+  return names.map((n) => ({ label: n + label, stroke: color(n), width: dash ? 1 : 2, dash, spanGaps: true, value,
+    points: POINTS }));
 }
 
 function total(xs) { return xs.reduce((a, v) => a + (v || 0), 0); }
@@ -71,9 +86,9 @@ export function renderTrends(t) {
   const lat = (p50, p95) => {
     const series = [], data = [t.t];
     for (const n of names) {
-      series.push({ label: n + " p50", stroke: color(n), width: 2, spanGaps: true, value: (u, v) => fmt.ms(v) });
+      series.push({ label: n + " p50", stroke: color(n), width: 2, spanGaps: true, value: (u, v) => fmt.ms(v), points: POINTS });
       data.push(t.providers[n][p50]);
-      series.push({ label: n + " p95", stroke: color(n), width: 1, dash: [5, 4], spanGaps: true, value: (u, v) => fmt.ms(v) });
+      series.push({ label: n + " p95", stroke: color(n), width: 1, dash: [5, 4], spanGaps: true, value: (u, v) => fmt.ms(v), points: POINTS });
       data.push(t.providers[n][p95]);
     }
     return [series, data];
@@ -88,7 +103,7 @@ export function renderTrends(t) {
   const tokv = (u, v) => fmt.int(v);
   for (const n of names) {
     for (const [k, lbl, dash] of [["input_tokens", " in", null], ["output_tokens", " out", [5, 4]], ["cached_tokens", " cached", [1, 3]]]) {
-      tokSeries.push({ label: n + lbl, stroke: color(n), width: dash ? 1.5 : 2, dash, spanGaps: true, value: tokv });
+      tokSeries.push({ label: n + lbl, stroke: color(n), width: dash ? 1.5 : 2, dash, spanGaps: true, value: tokv, points: POINTS });
       tokData.push(t.providers[n][k]);
     }
   }
@@ -117,11 +132,24 @@ export function renderTrends(t) {
   }));
 }
 
+// The window the page opens with: 24 hours, unless the journal's window holds nothing older than an hour (a
+// young journal, or one idle until just now): then the last hour, where its requests are more than a sliver at
+// the right edge (E9). The user's own choice is never overridden.
+const YOUNG_S = 3600;
+
 export async function refreshTrends() {
   try {
     const [t, s1] = await Promise.all([getJSON("/ui/api/trends?range=" + encodeURIComponent(state.range)),
       getJSON("/ui/api/trends?range=1h")]);
     setSparkData(s1);
+    if (!state.rangeChosen && state.range !== "1h" && (t.first_ts === null || t.first_ts === undefined ||
+        t.first_ts >= t.t[t.t.length - 1] + t.step_s - YOUNG_S)) {
+      state.range = "1h";
+      $("#range").value = "1h";
+      renderTrends(s1);
+      refreshKeys();  // the Keys view shares the window
+      return;
+    }
     renderTrends(t);
   } catch (_) { /* the attention strip says why */ }
 }

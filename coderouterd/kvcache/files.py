@@ -1,5 +1,6 @@
-"""Slot files on disk, pure: what a file is valid for (its key), which slots to save first, which files to
-delete to stay within the disk budget. No I/O here: affinity/warm.py reads and writes, in threads.
+"""Slot files on disk, pure: what a file is valid for (its key), whether a file may be restored (its size
+against its sidecar's), which slots to save first, which files to delete to stay within the disk budget. No
+I/O here: kvcache/disk.py reads and writes, in threads, for kvcache/cache.py.
 
 A llama-server slot file holds a slot's KV cache. It is only meaningful to a server running the same model
 file, with the same context per slot, built from the same llama.cpp (the state format changes between
@@ -11,19 +12,23 @@ restore is trusted).
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 import orjson
 
-from .slots import SlotTable
+from .pool import FilePool
 
 PREFIX = "cr-"  # every file coderouterd names starts with this: the only ones it may delete
 LEGACY = ("coderouter-lane-", "coderouter-copy-")  # names before the key was in them: never restored, pruned
 
 
+SIDECAR = ".json"
+
+
 def is_ours(name: str) -> bool:
     return name.startswith(PREFIX) or name.startswith(LEGACY)
-SIDECAR = ".json"
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,7 +77,49 @@ def sidecar_matches(sidecar: dict | None, key: CacheKey) -> bool:
     return isinstance(sidecar, dict) and sidecar.get("key") == key.as_dict()
 
 
-def to_save(table: SlotTable, *, now: float, idle_after_s: float | None = None) -> list[int]:
+def restore_problem(sidecar: dict | None, size: int | None) -> str | None:
+    """Why a slot file must not be restored, from its sidecar and its size on disk now (None: the file is gone),
+    else None. A file whose size is not the one it was saved with was truncated or rewritten: in the attack a
+    truncated file crashed the real llama-server on restore (a 502 and a restart), so it never reaches it."""
+    if size is None:
+        return "the file is gone"
+    if not isinstance(sidecar, dict):
+        return "it has no sidecar"
+    saved = sidecar.get("bytes")
+    if not isinstance(saved, int) or isinstance(saved, bool):
+        return "its sidecar gives no size"
+    if size != saved:
+        return f"{'truncated' if size < saved else 'grown'}: {size} bytes, saved as {saved}"
+    return None
+
+
+class SlotView(Protocol):
+    """What kvcache reads of one slot of affinity's slot table (affinity/slots.py)."""
+
+    @property
+    def id(self) -> int: ...
+    @property
+    def busy(self) -> int: ...
+    @property
+    def lane(self) -> str | None: ...
+    @property
+    def digests(self) -> tuple[bytes, ...]: ...
+    @property
+    def ends(self) -> tuple[int, ...]: ...
+    @property
+    def last_used(self) -> float: ...
+
+
+class TableView(Protocol):
+    """A server's slot table as kvcache sees it: its slots and its file pool."""
+
+    @property
+    def slots(self) -> Sequence[SlotView]: ...
+    @property
+    def files(self) -> FilePool: ...
+
+
+def to_save(table: TableView, *, now: float, idle_after_s: float | None = None) -> list[int]:
     """Slots holding a lane's prefix that is not on disk as it is now, most valuable first: the longest
     prefix (what a cold turn would re-process), then the most recently used. `idle_after_s`: only slots
     unused that long (the background saves); None: every idle one (before a planned stop). Busy slots are
@@ -83,7 +130,7 @@ def to_save(table: SlotTable, *, now: float, idle_after_s: float | None = None) 
             continue
         if idle_after_s is not None and now - s.last_used < idle_after_s:
             continue
-        saved = table.saved.get(s.lane)
+        saved = table.files.saved.get(s.lane)
         if saved is not None and saved.digests == s.digests:
             continue  # already saved as it is
         out.append(s)

@@ -12,8 +12,8 @@ import asyncio
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ..admin import apitype, views
 from ..supervise.spec import describe_exit
+from . import apitype, views
 
 if TYPE_CHECKING:  # the daemon hands itself in; this module reads it, never imports it at run time
     from ..daemon import Daemon  # layer-ok: the composition root, handed in; annotation only
@@ -38,19 +38,18 @@ def last_line(path: str | Path) -> str | None:
 
 async def now(d: Daemon) -> apitype.DashboardNow:
     procs = views.processes(d)
-    logs: dict[str, str] = {n: p["log"] for n, p in procs.items() if p.get("log")}
+    logs: dict[str, str] = {n: str(log) for n, p in procs.items() if (log := getattr(p, "log", None))}
 
     def tails() -> dict[str, str | None]:
         return {n: last_line(p) for n, p in logs.items()}
 
     lines = await asyncio.to_thread(tails) if logs else {}
     for name, p in procs.items():
-        code = p.get("last_exit_code")
-        p["last_exit"] = describe_exit(code) if code is not None else None
-        p["last_log_line"] = lines.get(name)
-    return apitype.DashboardNow.model_validate({
-        "daemon": views.daemon_info(d), "providers": views.provider_rows(d), "processes": procs,
-        "store": views.store(d), "shared": views.shared(d), "in_flight": dict(d.in_flight),
-        "viewers": d.live.viewers, "events": d.live.recent(),
-        "budget_warn_ratio": d.runtime.config.budget.warn_ratio, "budget_global": views.budget(d).get("global"),
-        "models": views.models_memory(d)})
+        p.last_exit = describe_exit(p.last_exit_code) if p.last_exit_code is not None else None
+        p.last_log_line = lines.get(name)
+    return apitype.DashboardNow(
+        daemon=views.daemon_info(d), providers=views.provider_rows(d), processes=procs, store=views.store(d),
+        shared=views.shared(d), in_flight=dict(d.in_flight), viewers=d.live.viewers,
+        events=[apitype.FeedEvent.model_validate(e) for e in d.live.recent()],
+        budget_warn_ratio=d.runtime.config.budget.warn_ratio, budget_global=views.budget(d).global_,
+        models=views.models_memory(d))

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from coderouterd.affinity.canonical import Canonicaliser, segments
 from coderouterd.affinity.slots import SlotTable
-from coderouterd.affinity.warm_files import (
+from coderouterd.kvcache.files import (
     CacheKey,
     SlotFile,
     key_from_props,
@@ -84,7 +84,7 @@ def test_slots_to_save_longest_prefix_first_and_only_what_is_not_on_disk_as_it_i
     assert to_save(t, now=10.0) == [slot_of["long"], slot_of["mid"], slot_of["short"]]
     # A lane saved as it is now is not saved again; once it grows, it is.
     fname = t.remember_save(slot_of["long"])
-    assert fname.startswith(t.file_prefix) and t.saved["long"].digests == t.slots[slot_of["long"]].digests
+    assert fname.startswith(t.files.prefix) and t.saved["long"].digests == t.slots[slot_of["long"]].digests
     assert to_save(t, now=10.0) == [slot_of["mid"], slot_of["short"]]
     # Busy slots are left alone (what they hold is changing); the idle filter keeps recently used lanes out.
     t.begin(slot_of["mid"], 10.0)
@@ -122,8 +122,31 @@ def test_saved_states_another_key_wrote_are_dropped():
     c = t.choose("L", p)
     t.finish(c.slot, "L", p, 1.0)
     old = t.remember_save(c.slot)
-    t.file_prefix = "cr-newkey-"
-    assert t.keep_saved(lambda f: f.startswith(t.file_prefix)) == [old]
+    t.files.prefix = "cr-newkey-"
+    assert t.files.keep(lambda f: f.startswith(t.files.prefix)) == [old]
     assert not t.saved
     t.forget_contents()
     assert t.choose("L", p).restore is None
+
+
+def test_a_file_is_refused_unless_its_size_is_its_sidecars():
+    """The attack's truncated file crashed the real llama-server on restore: it never reaches it."""
+    from coderouterd.kvcache.files import restore_problem
+
+    side = {"bytes": 1000, "tokens": 40}
+    assert restore_problem(side, 1000) is None
+    assert restore_problem(side, 600) == "truncated: 600 bytes, saved as 1000"
+    assert restore_problem(side, 1200) == "grown: 1200 bytes, saved as 1000"
+    assert restore_problem(side, None) == "the file is gone"
+    assert restore_problem(None, 1000) == "it has no sidecar"
+    assert restore_problem({"tokens": 40}, 1000) == "its sidecar gives no size"
+
+
+def test_a_budget_below_one_slot_file_is_named():
+    from coderouterd.kvcache.budget import too_small
+
+    assert too_small(100, "llama", 50 * 2**20, 2048) is None
+    note = too_small(10, "llama", 50 * 2**20, 2048)
+    assert note is not None and note.startswith("process llama: affinity.max_saved_mb = 10 is smaller than one")
+    assert "2,048 tokens, about 50 MB" in note and "written and deleted at once" in note
+    assert too_small(0, "llama", 0, 0) is None  # nothing known of its files: nothing said
