@@ -320,7 +320,7 @@ def part_breakers(pg) -> list[list[str]]:
                          " WHERE application_name = 'coderouter-listen-b'")
                 while b.shared.listening:
                     await asyncio.sleep(0.01)
-            from coderouterd.routing.breaker import BreakerState
+            from coderouterd.upstream.breaker import BreakerState
 
             for _ in range(n):
                 # Open on a (its failures), time until b's breaker is open; then close it on a, wait for b.

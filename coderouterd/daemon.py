@@ -16,6 +16,7 @@ from .config import ConfigError, LoadedConfig, load_config, state_dir
 from .guards.apply import BudgetHooks, apply_tool_loop, warn_tool_loop
 from .guards.key_limits import KeyGuard
 from .guards.output_limit import apply_default_max_tokens
+from .health.process_news import ProcessNews
 from .health.ram_watch import RamWatch
 from .ingress.auth import KeyGate
 from .keys.registry import KeyRegistry
@@ -83,7 +84,8 @@ class Daemon:
         # What each provider's server says about itself (kind, context window, slots): the context gate and
         # prefix affinity share it, so each server is asked once.
         self.servers = ServerDirectory(timeout_s=cfg.affinity.probe_timeout_s)
-        self.affinity = Affinity(cfg, publish=t.publish, persist=persisted.affinity_changed, servers=self.servers)
+        self.affinity = Affinity(cfg, publish=t.publish, persist=persisted.affinity_changed, servers=self.servers,
+                                 in_flight=lambda name: self.routing.upstream(name).in_flight)
         # The shared ledger's with [state] backend = "postgres"; reads its month from the store on first use (once
         # startup() has opened the store and configured it).
         self.budget: Budget | SharedBudget = self.shared.budget(t.store, t.publish)
@@ -110,7 +112,10 @@ class Daemon:
         self.health: HealthMonitor | None = None  # once the proxy listens (_start_background)
         self.selfheal: SelfHealer | None = None  # likewise
         self.processes: Processes | None = None  # when any provider has a process block
-        self._early_events: list[tuple] = []  # process events before self-healing exists (see _process_event)
+        # What a process event says beyond routing (audit, a fresh server's hooks), from the first event on: the
+        # upstreams registry hears each event first (supervise/from_config.Processes), self-healing after.
+        self.process_news = ProcessNews(supervisor=self._supervisor, publish=t.publish,
+                                        fresh_start=self.affinity.server_restarted, ready=self._server_ready)
         self._served: dict[str, list[str]] = {}  # process -> the providers it serves (kvcache/'s saves)
         self.metrics = LazyMetrics(self)
         self.metrics_endpoint = self.metrics.endpoint  # GET /metrics (ingress dispatches it)
@@ -122,9 +127,7 @@ class Daemon:
         self.drift = DriftManager(lambda: self.runtime, healer=lambda: self.selfheal, publish=t.publish)
         self.router = Router(self.routing, budget=BudgetHooks(self.budget), affinity=self.affinity,
                              servers=self.servers, memory_cooldown_s=cfg.memory.cooldown_s,
-                             order_adjusters=[self.drift.adjust_order, self._memory_order],
-                             demand=lambda: self.processes.scheduler if self.processes is not None else None,
-                             last_probe=self._last_probe)
+                             order_adjusters=[self.drift.adjust_order, self._memory_order])
         self._finisher = RequestFinisher(self._recorder, self.recent, drift=self.drift)
         self._background: asyncio.Task | None = None
 
@@ -158,7 +161,7 @@ class Daemon:
         """The managed processes and their on-demand scheduler exist before the proxy answers: a request that
         arrives first can start an on-demand model, and waits for an autostarted one instead of being tried at
         once and counted as a failure. Nothing is spawned here (start_background does, once self-healing, which
-        receives the supervisor's events, exists; events before that are kept for it)."""
+        receives the supervisor's events after the upstreams registry, exists)."""
         from .kvcache.disk import ensure_slot_dir
         from .supervise.from_config import Processes, slot_budget_notes
 
@@ -167,24 +170,22 @@ class Daemon:
             self.affinity.kvcache.tell_budget(await asyncio.to_thread(slot_budget_notes, cfg))
         processes = self.processes = Processes(state_dir(cfg) / "logs", self.telemetry.store,
                                                on_event=self._process_event,
-                                               before_stop=self.affinity.warm.before_stop, routing=self.routing)
+                                               before_stop=self.affinity.warm.before_stop,
+                                               upstreams=self.routing.upstreams)
         processes.apply(cfg)
         self._wire_warm(cfg)
         await processes.configure(cfg)
         # Before the proxy answers: a request must never start a model beside one a killed daemon left running.
-        adopted = await processes.adopt_leftovers()
-        for providers, wait_s in Processes.autostarted(cfg):
-            if processes.resolve(providers[0]).name not in adopted:
-                self.routing.mark_down(providers, wait_s=wait_s)
-        for providers in Processes.started_on_demand(cfg):
-            if processes.resolve(providers[0]).name not in adopted:
-                self.routing.mark_down(providers, state="stopped until a request needs it")
+        # An adopted process is running: await_first_starts leaves it (and its upstreams) as it is.
+        await processes.adopt_leftovers()
+        processes.await_first_starts(cfg)
 
     def _process_event(self, name, event, pid, detail) -> None:
+        """After the upstreams registry (routing) has heard it: the audit and hooks, then self-healing (which
+        finds what it missed in the registry when it starts)."""
+        self.process_news(name, event, pid, detail)
         if self.selfheal is not None:
-            self.selfheal.on_process_event(name, event, pid, detail)
-        else:  # an on-demand start in the first moments: self-healing takes it in order when it exists
-            self._early_events.append((name, event, pid, detail))
+            self.selfheal.react(name, event, detail)
 
     async def _start_background(self) -> None:
         """What can wait until the proxy answers: the upstream HTTP stack and everything that probes or
@@ -196,12 +197,10 @@ class Daemon:
 
         t = self.telemetry
         self.health = health = HealthMonitor(self.routing, lambda: self.runtime, tasks=self.tasks)
+        # Its process news (audit, hooks) is the daemon's, from the first event on: it only reacts (react).
         self.selfheal = selfheal = SelfHealer(self.routing, health, supervisor=self._supervisor,
-                                              runtime=lambda: self.runtime, publish=t.publish,
-                                              fresh_start=self.affinity.server_restarted, ready=self._server_ready)
-        for ev in self._early_events:
-            selfheal.on_process_event(*ev)
-        self._early_events.clear()
+                                              runtime=lambda: self.runtime, publish=t.publish)
+        selfheal.start()
         if self.processes is not None:
             self.processes.start_background()
         health.start()
@@ -327,7 +326,7 @@ class Daemon:
             from .supervise.from_config import Processes
 
             self.processes = Processes(state_dir(cfg) / "logs", self.telemetry.store, on_event=self._process_event,
-                                       before_stop=self.affinity.warm.before_stop, routing=self.routing)
+                                       before_stop=self.affinity.warm.before_stop, upstreams=self.routing.upstreams)
         if self.processes is not None:
             self._wire_warm(cfg)
             self.tasks.spawn(self.processes.reload(cfg), name="processes-reload")
@@ -376,11 +375,6 @@ class Daemon:
         self.affinity.flush()
         self.telemetry.publish(DaemonLifecycle(event="stop", pid=self.pid, version=self.version))
         self.telemetry.stop()
-
-    def _last_probe(self, provider: str) -> dict | None:
-        """The health monitor's last probe of `provider` (None before the monitor starts): its words go into the
-        availability answer of a provider failing its probes."""
-        return self.health.last_probe.get(provider) if self.health is not None else None
 
     def _memory_order(self, profile, candidates: list[str]) -> list[dict]:
         if not self.ram_watch.low:  # no pressure (nearly always): nothing to move, no closure to build

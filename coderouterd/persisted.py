@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 from .state import BreakerTransition, HealthTransition
 
 if TYPE_CHECKING:
-    from .routing.breaker import BreakerSnapshot
+    from .upstream.breaker import BreakerSnapshot
 
 NS_BREAKERS = "breakers"
 NS_HEALTH = "health"

@@ -16,10 +16,10 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from ..routing.availability import Availability, Code
-from ..routing.breaker import BreakerState
 from ..routing.state import DEGRADED, HEALTHY, UNHEALTHY
 from ..state.events import BreakerTransition, HealthTransition, ProcessEvent
 from ..state.events import ProcessEventName as E
+from ..upstream.breaker import BreakerState
 
 
 class Kind(StrEnum):

@@ -8,6 +8,7 @@ a cache bust (see bust.py). Pure: time comes in as arguments; snapshot()/restore
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from .canonical import Prompt, common_prefix
@@ -32,7 +33,6 @@ class ProviderPrefixes:
     mean_duration_s: float = 0.0
     prompt_tokens: int = 0
     cached_tokens: int = 0
-    in_flight: int = 0
     # Share of predicted reuse the backend actually reported (EMA): a backend that evicts early, or does not
     # cache at all, stops looking attractive to `expected_ttft_s`.
     realised: float = 1.0
@@ -70,6 +70,9 @@ class PrefixIndex:
     # lane -> (provider, its last prompt there, the prompt tokens the backend reported for it (0 = unknown));
     # for bust detection and unslotted predictions
     lanes: OrderedDict[str, tuple[str, Prompt, int]] = field(default_factory=OrderedDict)
+    # provider -> requests in flight there: the upstream's one count (upstream/upstream.py), handed in by the daemon;
+    # none counted when nothing is handed in (a tool, a test of the index alone).
+    in_flight: Callable[[str], int] = field(default=lambda _name: 0)
 
     def provider(self, name: str) -> ProviderPrefixes:
         p = self.providers.get(name)
@@ -115,7 +118,7 @@ class PrefixIndex:
         p = self.provider(provider)
         uncached = max(0, prompt.size - self.predict(provider, lane, prompt) * p.realised) / p.bytes_per_token
         width = len(p.slots.slots) if p.slots is not None else 1
-        queue = (p.in_flight / width) * p.mean_duration_s
+        queue = (self.in_flight(provider) / width) * p.mean_duration_s
         return uncached * p.s_per_token + queue
 
     # -- persistence ----------------------------------------------------------------------------------------

@@ -170,8 +170,13 @@ def _reported_cache(usage: dict, raw_usage: dict | None, timings: dict | None,
 
 class Affinity:
     def __init__(self, config, *, publish: Callable | None = None, persist: Callable | None = None,
-                 clock: Callable[[], float] = time.monotonic, servers: ServerDirectory | None = None) -> None:
+                 clock: Callable[[], float] = time.monotonic, servers: ServerDirectory | None = None,
+                 in_flight: Callable[[str], int] | None = None) -> None:
+        """`in_flight(provider)`: requests in flight there, the upstream's one count (the queue in front of a
+        request, and whether a server is idle enough for a background save)."""
         self.index = PrefixIndex()
+        if in_flight is not None:
+            self.index.in_flight = in_flight
         self.lanes = LaneIndex()  # which lane each request extends (global: a lane's turns may change backend)
         self.publish = publish
         self.persist = persist  # (provider, snapshot) -> None: store.set, written by the store's thread
@@ -273,9 +278,7 @@ class Affinity:
         now = self.clock()
         if table is None:
             # No slot to choose: the prediction (for the record) is made in `finish`, after the answer went out.
-            placement = Placement(name, None, None, started=now)
-            p.in_flight += 1
-            return placement
+            return Placement(name, None, None, started=now)
         for _ in range(8):
             own = table.owned(ticket.lane)
             wait_s = max(0.0, p.mean_duration_s - (now - own.busy_since)) if own is not None and own.busy \
@@ -292,13 +295,11 @@ class Affinity:
                 break
             now = self.clock()
         table.begin(choice.slot, now)
-        p.in_flight += 1
         ticket.restore = None  # an earlier attempt's (another provider's) was recorded at its finish
         if choice.saves or choice.restore:
             try:
                 ticket.restore = await self._save_restore(provider, table, choice)
             except asyncio.CancelledError:
-                p.in_flight = max(0, p.in_flight - 1)
                 table.finish(choice.slot, ticket.lane, None, self.clock())
                 raise
         ticket.placement_why = choice.why
@@ -330,7 +331,6 @@ class Affinity:
         """For an attempt that was not placed (a race): the prediction only, so the outcome is still learned."""
         if ticket is None or not provider.cfg.affinity:
             return None
-        self.index.provider(provider.name).in_flight += 1
         return Placement(provider.name, None, self.index.predict(provider.name, ticket.lane, ticket.prompt),
                          started=self.clock())
 
@@ -371,7 +371,6 @@ class Affinity:
             return
         name = placement.provider
         p = self.index.provider(name)
-        p.in_flight = max(0, p.in_flight - 1)
         now = self.clock()
         table = p.slots
         if placement.slot is not None and table is not None and placement.slot < len(table.slots):
@@ -448,8 +447,8 @@ class Affinity:
         return list(self.index.providers)
 
     def in_flight(self, name: str) -> int:
-        p = self.index.providers.get(name)
-        return p.in_flight if p is not None else 0
+        """The upstream's one in-flight count (what the lease counts), for the idle save's check."""
+        return self.index.in_flight(name)
 
     def persist_soon(self, provider: str) -> None:
         """At most one snapshot per provider per PERSIST_EVERY_S: a snapshot of many slots and saved lanes is

@@ -20,8 +20,8 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from ..routing.breaker import BreakerSnapshot, BreakerState
 from ..state.shared.db import Database, Unavailable
+from ..upstream.breaker import BreakerSnapshot, BreakerState
 
 if TYPE_CHECKING:
     from ..routing.state import RoutingState

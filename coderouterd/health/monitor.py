@@ -45,7 +45,6 @@ class HealthMonitor:
         self.state = state
         self._runtime = runtime
         self._tasks = tasks
-        self.last_probe: dict[str, dict] = {}
         # Providers seen answering since this daemon started. One that never was is reported once as
         # unreachable, not as a HEALTHY -> DEGRADED transition it never made.
         self.seen_up: set[str] = set()
@@ -104,7 +103,7 @@ class HealthMonitor:
         names = [n for n in names if n in runtime.providers]
         results = await asyncio.gather(*(self.probe(runtime.providers[n]) for n in names))
         for name, (ok, detail, secs) in zip(names, results, strict=True):
-            self.last_probe[name] = {"ok": ok, "detail": detail, "at": time.time(), "seconds": round(secs, 4)}
+            st.upstream(name).probed({"ok": ok, "detail": detail, "at": time.time(), "seconds": round(secs, 4)})
             if st.is_held(name):  # self-healing took it over while the probe ran
                 continue
             if ok:
@@ -159,5 +158,5 @@ class HealthMonitor:
     def snapshot(self) -> dict:
         st = self.state
         return {n: {"state": st.health_of(n) or "unknown", "consecutive_failures": st.failures(n),
-                    "last_probe": self.last_probe.get(n), "auth": st.auth_state(n)}
+                    "last_probe": st.upstream(n).last_probe, "auth": st.auth_state(n)}
                 for n in self._runtime().providers}

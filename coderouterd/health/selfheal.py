@@ -1,7 +1,11 @@
 """Self-healing: when a managed backend crashes or turns UNHEALTHY, take it out of routing at once, restart
 it (one restart at a time per process, whoever asks), then probe with back-off until it answers and let it
 rejoin at its original place in every chain. Unmanaged providers may have a `restart_command`; otherwise
-recovery is probe-only. Every step is an audit event."""
+recovery is probe-only. Every step is an audit event.
+
+Whether a process is up is not decided here: the supervisor's events move its providers' upstreams directly
+(upstream/: supervise/from_config.Processes sends them), and self-healing reads that registry and calls `hold`
+and `recovered` on the routing state."""
 
 from __future__ import annotations
 
@@ -13,11 +17,14 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from ..routing.breaker import BreakerState
 from ..routing.state import HEALTHY, UNHEALTHY, RoutingState
 from ..state import ProcessEvent, RecoveryProbe
 from ..state.events import ProcessEventName
 from ..supervise.spec import ProcessState
+from ..upstream.breaker import BreakerState
+from ..upstream.lifecycle import Phase
+from .process_news import UP as _UP
+from .process_news import ProcessNews
 
 if TYPE_CHECKING:
     from ..runtime import Runtime
@@ -27,14 +34,8 @@ log = logging.getLogger("coderouterd.selfheal")
 RESTART_COMMAND_TIMEOUT_S = 120.0
 
 E = ProcessEventName
-_UP = frozenset({E.READY, E.ADOPTED})  # the process answers: back into routing
-_DOWN = frozenset({E.STARTED, E.EXITED, E.FATAL, E.STOPPED, E.RESTARTING})  # not serving: out of routing
 _ENDED = frozenset({E.EXITED, E.FATAL})
 _NOT_COMING = frozenset({ProcessState.FATAL, ProcessState.STOPPED})  # gone on its own: recover it
-_COMING = frozenset({E.STARTED, E.RESTARTING, E.EXITED})  # the supervisor is bringing it (back) up
-# The process's state as the client's error names it ("process llama is fatal; `corectl restart llama` ...").
-_STATE_WORD = {E.STARTED: "starting", E.RESTARTING: "restarting", E.EXITED: "exited", E.FATAL: "fatal",
-               E.STOPPED: "stopped"}
 
 
 class SelfHealer:
@@ -55,12 +56,18 @@ class SelfHealer:
         self._runtime = runtime
         self.publish = publish
         self.sleep = sleep
-        self._fresh_start = fresh_start
-        self._ready = ready
+        self.news = ProcessNews(supervisor=supervisor, publish=publish, fresh_start=fresh_start, ready=ready)
         # provider -> the recovery task watching it; a second trigger while one runs is a logged no-op
         self._recovering: dict[str, asyncio.Task] = {}
         self.next_probe_at: dict[str, float] = {}
         state.watch_health(self._on_health)
+
+    def start(self) -> None:
+        """Watch the registry from now on; a process that went fatal before self-healing existed (an on-demand
+        start in the daemon's first moments) is recovered like one that goes fatal later."""
+        for up in self.state.upstreams:
+            if up.phase is Phase.FATAL:
+                self.trigger(up.name, f"process {up.life.process} fatal: {up.life.why}", restart=False)
 
     @property
     def supervisor(self):
@@ -75,29 +82,17 @@ class SelfHealer:
     # -- triggers -------------------------------------------------------------------------------------------
 
     def on_process_event(self, name: str, event: ProcessEventName, pid, detail: str) -> None:
-        """Supervisor callback. A process that is not ready takes its providers out of routing at once, so no
-        request waits on a server that is starting, restarting or gone."""
-        providers = self.supervisor.providers_of(name) if self.supervisor else []
-        for i, p in enumerate(providers or [name]):
-            self._event(p, name, event, pid, detail, primary=i == 0)
-        if event is E.STARTED and providers and self._fresh_start is not None:
-            self._fresh_start(providers)
-        if event in _UP:  # adoption happens only when the backend answers
-            self.state.mark_up(providers)
-            if self._ready is not None and providers:
-                self._ready(providers)
+        """Everything a process event says outside routing (the registry heard it first): `news`, then `react`."""
+        self.news(name, event, pid, detail)
+        self.react(name, event, detail)
+
+    def react(self, name: str, event: ProcessEventName, detail: str) -> None:
+        """Supervisor callback: a process that answers is probed now; one that ended is recovered."""
+        providers = self.news.providers(name)
+        if event in _UP:
             # Health restarts from this readiness: probed now, not at the next tick. A provider being
             # recovered is probed by its recovery as soon as it is ready.
             self.monitor.probe_soon([p for p in providers if p not in self._recovering])
-        elif event in _DOWN:
-            # Starting, restarting, or exited and about to be restarted: a request nothing else can serve waits
-            # for it (routing/executor.py). Stopped or fatal: it is not coming back by itself.
-            self.state.mark_down(providers, wait_s=self._start_timeout(name) if event in _COMING else 0.0,
-                                 state=_STATE_WORD.get(event, str(event)), process=name)
-            if event is E.FATAL:
-                # It will not come back by itself: every client is told why at once, not "overloaded".
-                self.state.cannot_start(providers, f"managed process {name} cannot start: {detail}; fix it, then "
-                                                   f"`corectl start {name}`")
         if event in _ENDED:
             for p in providers:
                 self.trigger(p, f"process {name} {event}: {detail}", restart=False)
@@ -134,13 +129,6 @@ class SelfHealer:
             return
         log.info("self-healing: %s busy elsewhere (%s)", provider, reason)
         yield True
-
-    def _start_timeout(self, process: str) -> float:
-        sup = self.supervisor
-        try:
-            return sup.get(process).spec.start_timeout_s if sup is not None else 0.0
-        except KeyError:
-            return 0.0
 
     def _process_name(self, provider: str) -> str:
         mp = self.supervisor.for_provider(provider) if self.supervisor else None

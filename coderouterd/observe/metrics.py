@@ -1,5 +1,6 @@
 """Prometheus metrics, fed from the event bus in its writer thread (never on the request path), plus gauges
-read at scrape time (budget spend, managed processes)."""
+read at scrape time (budget spend, managed processes, and each configured provider's breaker, health and
+lifecycle: there from the start, not only once a provider has changed state)."""
 
 from __future__ import annotations
 
@@ -7,20 +8,19 @@ import hmac
 from collections import Counter as Counter_
 from typing import TYPE_CHECKING, Any, Protocol
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from ..routing.state import DEGRADED, HEALTHY, UNHEALTHY
 from ..state.events import (
-    BreakerTransition,
     GuardFired,
-    HealthTransition,
     ProcessEvent,
     ProcessEventName,
     RequestFinished,
     moved_past,
 )
 from ..state.refusals import UnnamedRefusal, is_refusal, reason_of
+from ..upstream.lifecycle import Phase
 
 if TYPE_CHECKING:
     from ..affinity.service import Affinity
@@ -30,8 +30,7 @@ if TYPE_CHECKING:
 
 # The kinds are the event classes' own constants: a hand-typed "process_event" once matched nothing, and
 # the restart counter stayed absent for the daemon's whole life.
-_REQUEST, _BREAKER, _HEALTH, _PROCESS, _GUARD = (RequestFinished.kind, BreakerTransition.kind, HealthTransition.kind,
-                                                 ProcessEvent.kind, GuardFired.kind)
+_REQUEST, _PROCESS, _GUARD = RequestFinished.kind, ProcessEvent.kind, GuardFired.kind
 _UNNAMED = UnnamedRefusal.kind
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 _OVERHEAD_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1)
@@ -96,10 +95,6 @@ class Metrics:
         self.refusals = Counter("coderouter_refusals_total", "Requests refused before a provider served them: a "
                                 "team key's refusal (key_*), a spent budget, a 401/403, the router's own 429",
                                 ["key", "reason"], registry=r)
-        self.breaker = Gauge("coderouter_breaker_state", "Circuit breaker: 0 closed, 1 half-open, 2 open",
-                             ["provider"], registry=r)
-        self.health = Gauge("coderouter_health_state", "Health: 0 healthy, 1 degraded, 2 unhealthy", ["provider"],
-                            registry=r)
         self.restarts = Counter("coderouter_process_restarts_total", "Managed process restarts", ["process"],
                                 registry=r)
         self.guards = Counter("coderouter_guard_fired_total", "Guards fired", ["guard", "action"], registry=r)
@@ -154,10 +149,6 @@ class Metrics:
                         cost[(prov, key)] = cost.get((prov, key), 0.0) + ev.cost_usd
                 elif ev.status >= 400 and is_refusal(None, ev.status, ev.error_class, ev.attempts):
                     refusals[(key, reason_of(ev.status, ev.error_class))] += 1
-            elif kind == _BREAKER:
-                self.breaker.labels(ev.provider).set(_BREAKER_VALUE.get(str(ev.new), 0))
-            elif kind == _HEALTH:
-                self.health.labels(ev.provider).set(_HEALTH_VALUE.get(str(ev.new), 0))
             elif kind == _PROCESS and ev.event == ProcessEventName.RESTARTING and ev.primary:
                 self.restarts.labels(ev.process or ev.provider).inc()
             elif kind == _GUARD:
@@ -233,6 +224,7 @@ class _ScrapeTimeCollector:
         yield ratio
         yield from _slot_files(self.daemon.affinity.warm)
         yield _availability(self.daemon)
+        yield from _upstreams(self.daemon)
         in_flight = GaugeMetricFamily("coderouter_requests_in_flight", "Model requests being served now",
                                       labels=["ingress"])
         for ingress, n in sorted(self.daemon.in_flight.items()):
@@ -289,11 +281,35 @@ def _availability(daemon: MetricsSource) -> GaugeMetricFamily:
     `corectl status` and the dashboard): the same answer, from routing/availability.py."""
     fam = GaugeMetricFamily("coderouter_provider_available", "Provider can take traffic now (1) or not (0); "
                             "reason: ok, degraded, kept_in_rotation, half_open, unhealthy, held, breaker_open, "
-                            "retry_after, memory_cooldown, budget, not_ready, on_demand, cannot_start, panic",
+                            "retry_after, memory_cooldown, budget, budget_skipped, not_ready, starting, on_demand, "
+                            "cannot_start, panic",
                             labels=["provider", "reason"])
     for name, a in daemon.router.providers_availability(daemon.runtime, daemon.active_profile).items():
         fam.add_metric([name, a.code.value], 1.0 if a.available else 0.0)
     return fam
+
+
+def _upstreams(daemon: MetricsSource):
+    """Every configured provider's breaker, health and lifecycle, read from its Upstream at scrape time (E14: a
+    provider that never changed state is there too, closed and healthy, rather than absent)."""
+    breaker = GaugeMetricFamily("coderouter_breaker_state", "Circuit breaker: 0 closed, 1 half-open, 2 open",
+                                labels=["provider"])
+    health = GaugeMetricFamily("coderouter_health_state", "Health: 0 healthy, 1 degraded, 2 unhealthy",
+                               labels=["provider"])
+    phase = GaugeMetricFamily("coderouter_upstream_lifecycle", "The upstream's lifecycle phase (value 1): "
+                              + ", ".join(p.value for p in Phase), labels=["provider", "phase"])
+    in_flight = GaugeMetricFamily("coderouter_upstream_in_flight", "Requests in flight on the upstream (the one "
+                                  "count residency and affinity read)", labels=["provider"])
+    providers = daemon.runtime.providers
+    if providers:
+        state = daemon.router.state
+        for name in providers:
+            up = state.upstream(name)
+            breaker.add_metric([name], _BREAKER_VALUE.get(str(up.breaker.state), 0))
+            health.add_metric([name], _HEALTH_VALUE.get(state.health_of(name) or HEALTHY, 0))
+            phase.add_metric([name, up.phase.value], 1.0)
+            in_flight.add_metric([name], up.in_flight)
+    yield from (breaker, health, phase, in_flight)
 
 
 def _slot_files(warm):

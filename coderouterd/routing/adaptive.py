@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from statistics import median
 from typing import TypedDict
 
-from .clock import Clock, SystemClock
+from ..upstream.clock import Clock, SystemClock
 
 
 @dataclass

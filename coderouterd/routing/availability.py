@@ -20,7 +20,7 @@ from enum import StrEnum
 from typing import Protocol
 
 from ..providers.errors import MEMORY_PRESSURE
-from .breaker import BreakerState
+from ..upstream.breaker import BreakerState
 
 
 class Code(StrEnum):

@@ -93,7 +93,8 @@ def replica(name: str, index: PrefixIndex | None, ticket: Ticket | None, live: L
     if live is not None and live.total:
         width = live.total
     width = max(1, width)
-    busy = max(p.in_flight if p is not None else 0, live.processing if live is not None else 0)
+    # The upstream's one in-flight count (the index reads it from the Upstream), and the replica's own /slots.
+    busy = max(index.in_flight(name) if index is not None else 0, live.processing if live is not None else 0)
     mean = p.mean_duration_s if p is not None and p.mean_duration_s else DEFAULT_TURN_S
     wait_s = max(0, busy - width + 1) * mean / width
     if index is None or ticket is None or p is None:

@@ -1,8 +1,9 @@
 """The seam between one request's routine (the Exchange, routing/executor.py) and the router it runs against.
 
-`ExchangeRouter` is everything an exchange (and race mode and the waits, through it) may ask its router: a plan,
-an admission and its release, a budget reservation and its settling, the outcome of each attempt, and the few
-facts about providers, prefix affinity and starting processes an attempt needs. It is asked through methods,
+`ExchangeRouter` is everything an exchange (and race mode, through it) may ask its router: a plan, a lease on an
+upstream (upstream/upstream.py: the breaker's admission, the wait for a process, the count in flight), a budget
+reservation and its settling, the outcome of each attempt, and the few facts about providers and prefix affinity
+an attempt needs. It is asked through methods,
 never by reaching into the router's affinity or routing state, so that the router alone decides what they hold.
 `routing.router.Router` is the one implementation; mypy checks that it fits (the Exchange's `router` parameter).
 
@@ -12,7 +13,6 @@ Both are typing.Protocols for mypy only: nothing on the request path checks them
 
 from __future__ import annotations
 
-import asyncio
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
@@ -23,81 +23,57 @@ if TYPE_CHECKING:
     from ..providers.provider import Provider
     from ..providers.strategies import Strategy
     from ..translate.unsigned_thinking import UpstreamSignatures
+    from ..upstream.upstream import Lease
     from .availability import Availability
     from .generation import Generation
     from .planner import Plan
     from .request import ClientRequest
 
 
-class ProcessTurn(Protocol):
-    """A request's turn at a stopped process (supervise/ondemand.py's Turn)."""
+class AttemptFacts(Protocol):
+    """What an attempt needs to know of its provider (routing/router.py's AttemptFacts)."""
 
-    @property
-    def ready(self) -> asyncio.Future[bool]:
-        """Resolves True when admitted, False when the process could not start (or the turn was released)."""
-        ...
+    def context_window(self, provider: Provider) -> int: ...
 
-    def waiting(self) -> bool:
-        """Still waiting for its turn."""
-        ...
+    def named_tool_choice(self, provider: Provider) -> bool: ...
 
-    def admitted(self) -> bool:
-        """The process is up and kept for this request until it begins (or releases the turn)."""
-        ...
+    def signatures_for(self, signer: str) -> UpstreamSignatures: ...
 
 
-class ProcessDemand(Protocol):
-    """What an exchange asks of the on-demand scheduler of managed processes (supervise/ondemand.py)."""
+class Placing(Protocol):
+    """Prefix affinity as one request uses it (routing/router.py's AffinityPlacement); only ever asked with a ticket
+    its `ticket` gave."""
 
-    def demand(self, provider: str, *, background: bool = False) -> ProcessTurn | None:
-        """A turn at the provider's stopped process for a request (background: it never stops a busy model), to
-        wait for; None when a request cannot start it."""
-        ...
+    def body_for(self, ticket: Ticket, provider: Provider, req: ClientRequest) -> tuple[dict, bytes]: ...
 
-    def begin(self, provider: str, turn: ProcessTurn | None = None) -> bool:
-        """Count a request in flight on the provider's process (using its admitted turn, if any); False when the
-        process is being stopped."""
-        ...
+    async def place(self, ticket: Ticket, provider: Provider) -> Placement | None: ...
 
-    def release(self, turn: ProcessTurn) -> None:
-        """The request is done with its turn (served, or gone)."""
-        ...
+    def finish(self, ticket: Ticket | None, placement: Placement, provider: Provider, *, ok: bool,
+               strategy: Strategy, request_id: str) -> None: ...
 
-    def end(self, provider: str) -> None:
-        """The request counted by `begin` is over."""
-        ...
+    def learn_unplaced(self, ticket: Ticket, provider: Provider, *, strategy: Strategy, request_id: str) -> None: ...
 
 
 class ExchangeRouter(Protocol):
-    """What an exchange may ask its router (routing/router.py's `Router`)."""
+    """What an exchange may ask its router (routing/router.py's `Router`): eleven members."""
 
-    # -- planning -------------------------------------------------------------------------------------------
-
-    def ticket(self, req: ClientRequest) -> Ticket | None:
-        """The request's prefix-affinity ticket, or None (no affinity, or nothing to place by)."""
-        ...
-
-    async def server_counts(self, profile: ProfileConfig, runtime: Generation, req: ClientRequest) -> dict[str, int]:
-        ...
-
-    def plan(self, profile_name: str, profile: ProfileConfig, runtime: Generation, req: ClientRequest,
-             ticket: Ticket | None = None, counts: dict[str, int] | None = None) -> Plan:
+    async def route(self, profile_name: str, profile: ProfileConfig, runtime: Generation,
+                    req: ClientRequest) -> tuple[Plan, Ticket | None]:
+        """The request's plan, and its prefix-affinity ticket (None: no affinity, or nothing to place by)."""
         ...
 
     def panic_order(self, names: list[str]) -> list[str]:
+        """Best first among providers all out for a passing reason (panic)."""
         ...
 
-    # -- one attempt ----------------------------------------------------------------------------------------
-
-    def admit(self, provider: str, *, panic: bool = False) -> str | None:
-        ...
-
-    def release(self, provider: str, admission: str) -> None:
+    def lease(self, provider: str, *, background: bool = False) -> Lease:
+        """The request's hold on one upstream: the only way it waits for a process, is admitted through the
+        breaker and is counted in flight."""
         ...
 
     def availability(self, provider: str) -> Availability:
         """Whether the provider can take traffic now and why not (routing/availability.py): the words a refused
-        admission is explained by."""
+        admission, or a process that cannot start, is explained by."""
         ...
 
     async def reserve(self, provider: Provider, req: ClientRequest) -> object | None:
@@ -107,59 +83,24 @@ class ExchangeRouter(Protocol):
         ...
 
     def spent_cap(self, provider: str) -> str | None:
+        """Why a budget-skipped provider cannot come back before its cap resets, or None."""
         ...
 
-    def report_success(self, provider: str, latency_s: float, admission: str = ...) -> None:
+    def report(self, provider: str, admission: str, elapsed_s: float, error: UpstreamError | None = None) -> None:
+        """How an attempt ended: served (`error` None) or failed; what counts against a provider is decided there."""
         ...
-
-    def report_failure(self, provider: str, e: UpstreamError, elapsed_s: float, admission: str = ...) -> None:
-        ...
-
-    # -- what an attempt needs to know ----------------------------------------------------------------------
-
-    def context_window(self, provider: Provider) -> int:
-        ...
-
-    def named_tool_choice(self, provider: Provider) -> bool:
-        ...
-
-    def signatures_for(self, signer: str) -> UpstreamSignatures:
-        ...
-
-    # -- prefix affinity (only ever asked with a ticket `ticket` gave) ----------------------------------------
-
-    def body_for(self, ticket: Ticket, provider: Provider, req: ClientRequest) -> tuple[dict, bytes]:
-        ...
-
-    async def place(self, ticket: Ticket, provider: Provider) -> Placement | None:
-        ...
-
-    def finish_placement(self, ticket: Ticket | None, placement: Placement, provider: Provider, *, ok: bool,
-                         strategy: Strategy, request_id: str) -> None:
-        """The attempt `place` placed is over: its slot is free again, and a success teaches the index."""
-        ...
-
-    def learn_unplaced(self, ticket: Ticket, provider: Provider, *, strategy: Strategy, request_id: str) -> None:
-        """A success never placed (a race winner): what it cached still teaches the index."""
-        ...
-
-    # -- managed processes ----------------------------------------------------------------------------------
 
     @property
-    def demand(self) -> ProcessDemand | None:
-        ...
+    def attempt(self) -> AttemptFacts: ...
 
-    def cannot_start_reason(self, provider: str) -> str | None:
-        ...
-
-    def coming_within(self, provider: str) -> float:
+    @property
+    def placement(self) -> Placing | None:
+        """Prefix affinity, or None when it is off."""
         ...
 
     def start_eta(self, provider: str) -> float | None:
-        """Seconds until a process being started should be ready (None: not starting, or unknown)."""
-        ...
-
-    async def wait_up(self, providers: list[str], timeout: float) -> list[str]:
+        """Seconds until a process being started should be ready (None: not starting, or unknown): a Retry-After
+        for the 529/503 a start under way made."""
         ...
 
 

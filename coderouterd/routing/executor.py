@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Coroutine, Iterable
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -36,15 +36,17 @@ from ..translate.tool_repair import repair_tools_for
 from ..wire.errors import error_kind
 from . import replies
 from .attempts import Outcome
+from .availability import Code
 from .planner import Skip
 from .record import CLIENT_DISCONNECTED, RequestRecord
 from .request import ClientRequest
 from .sink import ClientGone, ClientSink, StreamOpening
 from .steps import Slot
-from .waiting import pinging, wait_for_restart
+from .waiting import pinging
 
 if TYPE_CHECKING:
-    from .exchange_router import CallFactory, ExchangeRouter, ProcessTurn
+    from ..upstream.upstream import Lease
+    from .exchange_router import CallFactory, ExchangeRouter
     from .generation import Generation
 
 
@@ -52,7 +54,7 @@ class Exchange:
     """The life of one client request across its attempts: the routine. What it did goes into `self.record`."""
 
     __slots__ = ("req", "_before_upstream", "_call_factory", "sink", "runtime", "router", "profile_name",
-                 "profile", "server", "record", "budget_final", "committed", "_panicked", "_starts")
+                 "profile", "server", "record", "budget_final", "committed", "_panicked", "_leases")
 
     def __init__(self, req: ClientRequest, sink: ClientSink, *, runtime: Generation, router: ExchangeRouter,
                  profile: str, call_factory: CallFactory = Call,
@@ -74,8 +76,9 @@ class Exchange:
         self.budget_final: dict[str, str] = {}  # provider -> why its budget refused this request until the reset
         self.committed = False
         self._panicked: list[Skip] = []  # the transient skips panic mode overrode
-        # provider -> our turn for its process, started on demand (supervise/ondemand.py): released when done
-        self._starts: dict[str, ProcessTurn] = {}
+        # provider -> our lease on an upstream whose process is being started for us (on demand) or is starting
+        # (upstream/upstream.py): the one way this request waits for a process; given back when done
+        self._leases: dict[str, Lease] = {}
 
     def _record(self, slot: Slot, outcome: Outcome, reason: str, status: int | None = None,
                 message: str = "") -> None:
@@ -90,11 +93,9 @@ class Exchange:
             self._release_turns()
 
     def _release_turns(self) -> None:
-        demand = self.router.demand
-        if demand is not None:
-            for turn in self._starts.values():
-                demand.release(turn)
-        self._starts.clear()
+        for lease in self._leases.values():
+            lease.give_back()
+        self._leases.clear()
 
     @property
     def background(self) -> bool:
@@ -104,17 +105,14 @@ class Exchange:
 
     async def _run(self) -> None:
         record = self.record
-        ticket = self.router.ticket(self.req)
+        plan, ticket = await self.router.route(self.profile_name, self.profile, self.runtime, self.req)
         record.set_affinity(ticket)
-        counts = await self.router.server_counts(self.profile, self.runtime, self.req)
-        plan = self.router.plan(self.profile_name, self.profile, self.runtime, self.req, ticket=ticket,
-                                counts=counts)
         record.planned(plan)
         errors: list[UpstreamError] = []
         names = list(plan.candidates)
         self._demand_starts(plan.skips, ahead_of=names)
         # "wait" holds for background requests too: it says the data stays here, or that the remote costs.
-        if self._starts and self.profile.on_demand_start == "wait":
+        if self._leases and self.profile.on_demand_start == "wait":
             ahead = self._starts_ahead(names)
             if ahead and await self._wait_started(ahead, errors):
                 return
@@ -131,12 +129,11 @@ class Exchange:
         if not record.attempts and self._enter_panic():
             if await self.try_in_order(self._panic_order(), errors):
                 return
-        # Failover first, then the local model started for this request: it is waited for only when nothing
-        # else served (on_demand_start = "failover", the default). Those behind the candidates are wanted now.
+        # Failover first, then the local model started for this request (or one the supervisor is starting or
+        # restarting): it is waited for only when nothing else served (on_demand_start = "failover", the
+        # default). Those behind the candidates are wanted now.
         self._demand_starts(plan.skips)
-        if self._starts and await self._wait_started(list(self._starts), errors):
-            return
-        if await wait_for_restart(self, errors):
+        if self._leases and await self._wait_started(list(self._leases), errors):
             return
         await self.conclude(errors)
 
@@ -179,47 +176,56 @@ class Exchange:
 
     def _demand_starts(self, skips: list[Skip], ahead_of: list[str] | None = None) -> None:
         """Processes of this chain that are stopped and may be started by a request (on demand, or stopped when
-        idle or for room) are started now, in the background: whether this request waits for them is decided
-        later (on_demand_start). `ahead_of`: only those before the first of these candidates in the chain's
-        order. One behind the provider that serves is wanted only once those ahead have failed: a turn for it
-        would stop the model serving this request (and again after it, as a start nobody waits for)."""
-        demand = self.router.demand
-        if demand is None:
+        idle or for room) are started now, in the background, and those starting are noted: whether this request
+        waits for them is decided later (on_demand_start). `ahead_of`: only those before the first of these
+        candidates in the chain's order. One behind the provider that serves is wanted only once those ahead have
+        failed: a turn for it would stop the model serving this request (and again after it, as a start nobody
+        waits for)."""
+        if not skips:  # nearly every request: nothing skipped, nothing to start
             return
         chain = list(self.profile.providers)
         first = chain.index(ahead_of[0]) if ahead_of and ahead_of[0] in chain else len(chain)
         for s in skips:
             if ahead_of is not None and s.provider in chain and chain.index(s.provider) >= first:
                 continue
-            if s.reason in ("not_ready", "cannot_start") and s.provider not in self._starts:
-                turn = demand.demand(s.provider, background=self.background)
-                if turn is not None:
-                    self._starts[s.provider] = turn
+            if s.reason in ("not_ready", "cannot_start") and s.provider not in self._leases \
+                    and s.provider in self.runtime.providers:
+                lease = self.router.lease(s.provider, background=self.background)
+                if lease.want():
+                    self._leases[s.provider] = lease
 
     def _starts_ahead(self, names: list[str]) -> list[str]:
         """Providers being started for us that come before the first candidate in the chain's order."""
         chain = list(self.profile.providers)
         first = chain.index(names[0]) if names and names[0] in chain else len(chain)
-        return [p for p in self._starts if p in chain and chain.index(p) < first]
+        return [p for p in self._leases if p in chain and chain.index(p) < first]
+
+    def _deadline(self, providers: list[str]) -> float:
+        """How long this request waits for the processes of `providers`: a start for it, within its providers'
+        first-byte timeout; a start or restart the supervisor runs, within that process's start timeout."""
+        now = time.monotonic()
+        ends = [self.req.started + self.runtime.providers[p].cfg.timeouts.first_byte
+                for p in providers if p in self.runtime.providers and (lease := self._leases.get(p)) is not None
+                and lease.turn is not None]
+        ends += [now + lease.starting for p in providers if (lease := self._leases.get(p)) is not None
+                 and lease.turn is None and lease.starting]
+        return max(ends, default=now)
 
     async def _wait_started(self, providers: list[str], errors: list[UpstreamError]) -> bool:
-        """Wait for our turn at the processes started for this request (a streaming client gets its 200 and pings
-        meanwhile), then try each that came up. A process is kept for a turn it admitted until the request begins
-        there, so one try is enough; a turn taken again (a stop by hand got there first) is waited for again,
-        within the request's deadline: its providers' first-byte timeout. True when the client has been
-        answered."""
-        deadline = self.req.started + max(
-            (self.runtime.providers[p].cfg.timeouts.first_byte for p in providers if p in self.runtime.providers),
-            default=0.0)
+        """Wait on our leases of the processes started for this request or starting (a streaming client gets its
+        200 and pings meanwhile), then try each that came up. A process is kept for a turn it admitted until the
+        request begins there, so one try is enough; a turn taken again (a stop by hand got there first) is waited
+        for again, within the request's deadline. True when the client has been answered."""
+        deadline = self._deadline(providers)
         while True:
-            # Up and kept for us already (it came up while other providers were tried): tried at once.
-            up = [p for p, t in self._starts.items() if p in providers and t.admitted()]
+            # Up (and kept for us) already (it came up while other providers were tried): tried at once.
+            up = [p for p, lease in self._leases.items() if p in providers and lease.admitted()]
             if up:
                 self.record.waited_for(up, 0.0)
                 if await self._try_turns(up, errors):
                     return True
                 continue
-            waiting = {p: t for p, t in self._starts.items() if p in providers and t.waiting()}
+            waiting = {p: lease for p, lease in self._leases.items() if p in providers and lease.waiting()}
             if not waiting:
                 return False
             left = deadline - time.monotonic()
@@ -229,13 +235,13 @@ class Exchange:
                 return False
             started = time.monotonic()
             try:
-                await pinging(self, asyncio.wait([t.ready for t in waiting.values()],
-                                                 return_when=asyncio.FIRST_COMPLETED), next(iter(waiting)), left)
+                await pinging(self, _first_of([lease.wait(left) for lease in waiting.values()]),
+                              next(iter(waiting)), left)
             except TimeoutError:
                 continue  # the deadline check above says so
-            up = [p for p, t in waiting.items() if t.admitted()]
+            up = [p for p, lease in waiting.items() if lease.admitted()]
             if not up:
-                if all(not t.waiting() for t in waiting.values()):
+                if all(not lease.waiting() for lease in waiting.values()):
                     return False  # could not start: routing says why
                 continue
             self.record.waited_for(up, time.monotonic() - started)
@@ -243,64 +249,60 @@ class Exchange:
                 return True
 
     async def _try_turns(self, up: list[str], errors: list[UpstreamError]) -> bool:
-        """Try the providers whose turn came. A turn not used by its attempt (skipped before it began: a breaker,
-        a budget) is given back at once: its model is not kept for a request that will not come back to it."""
+        """Try the providers whose process came up. A lease not used by its attempt (skipped before it began: a
+        breaker, a budget) is given back at once: its model is not kept for a request that will not come back
+        to it."""
+        before = {p: self._leases.get(p) for p in up}
         if await self.try_in_order(up, errors):
             return True
-        demand = self.router.demand
-        if demand is not None:
-            for p in up:
-                turn = self._starts.get(p)
-                if turn is not None and turn.admitted():
-                    demand.release(turn)
+        for p, lease in before.items():
+            if lease is not None and self._leases.get(p) is lease:
+                del self._leases[p]
+                lease.give_back()
         return False
 
     # -- one attempt ----------------------------------------------------------------------------------------
 
     async def open_slot(self, name: str) -> Slot | None:
-        """Admit an attempt at `name` (breaker, then budget), or record why it is skipped and return None."""
+        """Admit an attempt at `name` through its lease (breaker, then budget, then counted in flight), or record
+        why it is skipped and return None."""
         provider = self.runtime.providers[name]
         panic = self.record.panic
-        admission = self.router.admit(name, panic=panic)
+        # (Whether the request is a background one matters only to a start: asked when one is wanted, below.)
+        lease = self._leases.get(name) or self.router.lease(name)
+        admission = lease.admit(panic)
         if admission is None:
             why = self.router.availability(name)
             self.record.skipped(Skip(name, "breaker_open", f"{name}: {why.words}" if not why.available else
                                      f"{name}: its breaker refused the attempt", retry_in_s=why.retry_in_s))
             return None
-        slot = Slot(provider, admission, time.monotonic(), panic=panic)
+        slot = Slot(provider, admission, time.monotonic(), lease, panic=panic)
         try:
             slot.reservation = await self.router.reserve(provider, self.req)
         except UpstreamError as e:
+            lease.release_trial()  # a refused reservation is a budget gate, not a failure
             if e.reason != BUDGET:
-                self.router.release(name, admission)
                 raise
-            self.router.release(name, admission)  # a refused reservation is a budget gate, not a failure
             self.record.skipped(Skip(name, "budget", e.message))
             if e.error_type == BUDGET_FINAL:
                 self.budget_final[name] = e.message
             return None
         except BaseException:
             # Cancelled (client gone) while a shared ledger answered: the trial slot is not ours to keep.
-            self.router.release(name, admission)
+            lease.release_trial()
             raise
-        demand = self.router.demand
-        if demand is not None:
-            turn = self._starts.get(name)
-            if not demand.begin(name, turn):
-                # Its process is being stopped (idle, or to make room): not its failure; we take a turn for its
-                # next start, and are served then.
-                self.router.release(name, admission)
-                self.router.settle(slot.reservation, provider, None)
-                self.record.skipped(Skip(name, "not_ready", f"{name}'s managed process is stopping",
-                                         overridable=False))
-                if turn is not None:
-                    demand.release(turn)
-                    del self._starts[name]
-                turn = demand.demand(name, background=self.background)
-                if turn is not None:
-                    self._starts[name] = turn
-                return None
-            slot.begun = True
+        if not lease.begin():
+            # Its process is being stopped (idle, or to make room): not its failure; we take a turn for its next
+            # start, and are served then.
+            lease.release_trial()
+            self.router.settle(slot.reservation, provider, None)
+            self.record.skipped(Skip(name, "not_ready", f"{name}'s managed process is stopping", overridable=False))
+            if self._leases.pop(name, None) is not None:
+                lease.give_back()
+            fresh = self.router.lease(name, background=self.background)
+            if fresh.want():
+                self._leases[name] = fresh
+            return None
         return slot
 
     def holding(self, slot: Slot) -> _Holding:
@@ -313,20 +315,17 @@ class Exchange:
         if slot.done:
             return
         slot.done = True
-        self.router.release(slot.name, slot.admission)
+        slot.lease.release_trial()
         self._record(slot, outcome, reason, message=message)
 
     def _close_slot(self, slot: Slot) -> None:
         call = slot.call
         try:
-            if slot.begun:
-                slot.begun = False
-                demand = self.router.demand
-                if demand is not None:
-                    demand.end(slot.name)
-            if slot.placement is not None and call is not None:
-                self.router.finish_placement(self.record.affinity, slot.placement, slot.provider, ok=slot.ok,
-                                             strategy=call.strategy, request_id=self.req.request_id)
+            slot.lease.end()  # out of the in-flight count (a stop waiting for it may go on)
+            placing = self.router.placement
+            if slot.placement is not None and call is not None and placing is not None:
+                placing.finish(self.record.affinity, slot.placement, slot.provider, ok=slot.ok,
+                               strategy=call.strategy, request_id=self.req.request_id)
                 slot.placement = None
             if call is not None:
                 call.close()
@@ -334,7 +333,7 @@ class Exchange:
                 slot.call = None
             if not slot.done:  # e.g. a race participant dropped without a verdict
                 slot.done = True
-                self.router.release(slot.name, slot.admission)
+                slot.lease.release_trial()
         finally:
             # Whatever failed above, the reservation is settled: one left open lowers what is left of the cap for
             # every request after it (issue 41).
@@ -372,8 +371,9 @@ class Exchange:
         provider = slot.provider
         body, raw = req.body, req.raw
         ticket = self.record.affinity
-        if ticket is not None:
-            body, raw = self.router.body_for(ticket, provider, req)
+        placing = self.router.placement
+        if ticket is not None and placing is not None:
+            body, raw = placing.body_for(ticket, provider, req)
         if provider.cfg.capabilities.vision is False and req.has_images():
             body, omitted = omit_images(req.ingress, body, f"[image omitted: {provider.name} does not accept "
                                                            "images]")
@@ -394,13 +394,13 @@ class Exchange:
             kw["native"] = req.native
             kw["provider_name"] = provider.name
         kw["repair_tools"] = repair_tools_for(provider.cfg, req.body)
-        if req.body.get("tool_choice") is not None and not self.router.named_tool_choice(provider):
+        if req.body.get("tool_choice") is not None and not self.router.attempt.named_tool_choice(provider):
             kw["named_tool_choice"] = False
         kw["observe"] = self.profile.drift_action != "off" and provider.cfg.is_local()
         if req.ingress == "anthropic" and cls.upstream_wire == "openai":
             kw["input_tokens"] = provider.estimate_tokens(len(raw))
         elif req.ingress == "anthropic":
-            kw["signatures"] = self.router.signatures_for(provider.adapter.signer)
+            kw["signatures"] = self.router.attempt.signatures_for(provider.adapter.signer)
         call = self._call_factory(provider, cls(**kw), raw_body=raw, stream=req.stream, client_headers=req.headers)
         slot.call = call
         return call
@@ -411,8 +411,9 @@ class Exchange:
         self.record.chose_model(model)
         call = self.new_call(slot, model)
         ticket = self.record.affinity
-        if ticket is not None:
-            call.placement = slot.placement = placement = await self.router.place(ticket, slot.provider)
+        placing = self.router.placement
+        if ticket is not None and placing is not None:
+            call.placement = slot.placement = placement = await placing.place(ticket, slot.provider)
             if placement is not None:
                 call.extra_fields = placement.fields
         if self._before_upstream is not None:
@@ -476,15 +477,16 @@ class Exchange:
                                             record.usage.get("output_tokens") or 0)
             record.sampled_drift(sample)
         latency = call.ttfb if call.ttfb is not None else time.monotonic() - slot.started
-        self.router.report_success(slot.name, latency, slot.admission)
+        self.router.report(slot.name, slot.admission, latency)
         usage = record.usage
         prompt_tokens = (usage.get("input_tokens") or 0) + (usage.get("cache_read_input_tokens") or 0)
         if prompt_tokens:
             slot.provider.learn_ratio(call.request_chars, prompt_tokens)
         ticket = record.affinity
-        if ticket is not None and slot.placement is None:
+        placing = self.router.placement
+        if ticket is not None and slot.placement is None and placing is not None:
             # A race winner: never slot-pinned, but what it cached still teaches the index.
-            self.router.learn_unplaced(ticket, slot.provider, strategy=call.strategy, request_id=self.req.request_id)
+            placing.learn_unplaced(ticket, slot.provider, strategy=call.strategy, request_id=self.req.request_id)
 
     def failed(self, slot: Slot, e: UpstreamError) -> None:
         # What a failure teaches is its label, status and message. The frames it was raised through name the
@@ -494,7 +496,7 @@ class Exchange:
         e.__traceback__ = None
         e.__context__ = None
         slot.done = True
-        self.router.report_failure(slot.name, e, time.monotonic() - slot.started, slot.admission)
+        self.router.report(slot.name, slot.admission, time.monotonic() - slot.started, e)
         self._record(slot, Outcome.FAILED, e.label, e.status, e.message)
 
     def lost(self, slot: Slot, *, cancelled: bool = False) -> None:
@@ -624,10 +626,11 @@ class Exchange:
         router = self.router
         for s in list(self.record.skips):
             # A start this request waited for ended unable to start (fatal, no room): the client is told why.
-            why = router.cannot_start_reason(s.provider) if s.reason == "not_ready" else None
-            if why is not None:
-                self.record.cannot_start(s.provider, why)
-            elif s.reason == "not_ready":
+            if s.reason != "not_ready":
+                continue
+            if (a := router.availability(s.provider)).code is Code.CANNOT_START:
+                self.record.cannot_start(s.provider, a.words)
+            else:
                 s.retry_in_s = router.start_eta(s.provider)  # a start under way: when to come back
         skips = self.record.skips
         args = {"ingress": self.req.ingress, "profile": self.profile_name, "summary": self.record.failure_summary()}
@@ -642,7 +645,7 @@ class Exchange:
         needed = e.overflow[0] if e.overflow and e.overflow[0] else 0
         have = e.overflow[1] if e.overflow and e.overflow[1] else 0
         for name in rest:
-            w = self.router.context_window(self.runtime.providers[name])
+            w = self.router.attempt.context_window(self.runtime.providers[name])
             if w == 0 or w > max(have, needed):
                 return True
         return False
@@ -710,3 +713,14 @@ def _last_turn_key(body: dict) -> int:
 
 def _serving(slot: Slot, result: str) -> str:
     return f"{slot.name}:panic:{result}" if slot.panic else f"{slot.name}:{result}"
+
+
+async def _first_of(waits: list[Coroutine[Any, Any, None]]) -> None:
+    """Until the first of these waits ends (the rest are cancelled)."""
+    tasks = [asyncio.ensure_future(w) for w in waits]
+    try:
+        await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)

@@ -13,12 +13,13 @@ from ..affinity.service import Affinity, Placement, Ticket
 from ..providers.errors import MEMORY_PRESSURE, UpstreamError
 from ..providers.server_info import ServerDirectory
 from ..translate.unsigned_thinking import SignatureBook, UpstreamSignatures
+from ..upstream.breaker import BreakerRegistry, BreakerState
+from ..upstream.upstream import CLOSED, PANIC, TRIAL, Lease, Starter
 from .adaptive import AdaptiveOrderer, ProbeScheduler, ProviderStats
-from .availability import Availability, LastProbe, Sources, judge, judge_chain
+from .availability import Availability, Sources, judge, judge_chain
 from .balance import Balancer, apply_balance
-from .breaker import BreakerRegistry, BreakerState
 from .context_count import count_over_window, learned_estimates
-from .planner import Plan, ProviderFacts, RequestFeatures, Skip, plan
+from .planner import Plan, ProviderFacts, RequestFeatures, plan
 from .request import ClientRequest
 from .state import RoutingState
 
@@ -26,14 +27,12 @@ if TYPE_CHECKING:
     from ..config.schema import ConfigModel, ProfileConfig
     from ..providers.provider import Provider
     from ..providers.strategies import Strategy
-    from ..supervise.ondemand import OnDemand
     from .generation import Generation
 
 # The request a status view plans with: its plan is shown, never sent (a balance profile counts no pick for it).
 STATUS_REQUEST = "status"
 
-# Router.admit's answers: how an attempt was let through, which decides what its end gives back.
-CLOSED, TRIAL, PANIC = "closed", "trial", "panic"
+__all__ = ["CLOSED", "PANIC", "TRIAL", "BudgetGate", "OrderAdjuster", "Router"]
 
 
 class BudgetGate(Protocol):
@@ -57,21 +56,17 @@ OrderAdjuster = Callable[["ProfileConfig", list[str]], list[dict]]
 class Router:
     def __init__(self, state: RoutingState, *, budget: BudgetGate | None = None, affinity: Affinity | None = None,
                  servers: ServerDirectory | None = None, memory_cooldown_s: float = 60.0,
-                 order_adjusters: Sequence[OrderAdjuster] = (),
-                 demand: Callable[[], OnDemand | None] = lambda: None,
-                 last_probe: LastProbe = lambda _name: None) -> None:
+                 order_adjusters: Sequence[OrderAdjuster] = ()) -> None:
         """`budget`: guards.apply.BudgetHooks (allowed / reserve / settle), or None when nothing is paid for.
         `affinity`: prefix affinity (session lanes, slots, prefix index), or None.
         `servers`: what each provider's server reports about itself; its context window gates requests
         for providers whose config leaves context_window unset. None: configured windows only.
         `memory_cooldown_s`: how long a provider that ran out of memory is not tried.
-        `demand`: the on-demand scheduler of managed processes, when there are any (a getter: they come later).
-        `last_probe`: the health monitor's last probe of a provider (it comes later too), for the words of a probe
-        streak in the availability answer.
         `order_adjusters`: consulted after planning, in order: (profile config, candidates) -> order notes;
         each may reorder the candidates in place. Guards that move providers (drift demotion, memory
         pressure) plug in here."""
         self.state = state
+        self._upstreams = state.upstreams
         self._budget = budget
         self.affinity = affinity
         self.servers = servers
@@ -81,23 +76,19 @@ class Router:
         # Which Anthropic upstream signed each thinking block relayed, so none goes to another (process-wide:
         # a conversation moves between providers and profiles).
         self.thinking_signatures = SignatureBook()
-        self._demand = demand
         self.balancer = Balancer()  # mode = "balance": the replicas' load, polled from their /slots
-        # What "why no traffic" reads (routing/availability.py), besides the state, budget and demand above.
-        self.last_probe = last_probe
-        self._sources: Sources | None = None  # built once (per last_probe), not on every plan
+        # What an attempt needs to know of its provider, and prefix affinity as an attempt uses it: the two
+        # narrow views an exchange gets (routing/exchange_router.py), not the directory or the index themselves.
+        self.attempt = AttemptFacts(servers, self.thinking_signatures)
+        self.placement = AffinityPlacement(affinity, self.balancer) if affinity is not None else None
+        # What "why no traffic" reads (routing/availability.py), besides the state and budget above.
+        # The upstream's last probe (the health monitor's) gives the words of a probe streak. Built once, not per plan.
+        self.sources = Sources(routing=state, budget=budget, demand=lambda: self.demand,
+                               last_probe=lambda name: state.upstream(name).last_probe)
         # Facts with the context windows servers report, per (provider, window) set: the same dict for every
         # request until a window or the generation changes (no copy of the facts per request).
         self._reported: tuple[Generation | None, dict[tuple[tuple[str, int], ...], dict[str, ProviderFacts]]] = (
             None, {})
-
-    @property
-    def sources(self) -> Sources:
-        s = self._sources
-        if s is None or s.last_probe is not self.last_probe:
-            s = self._sources = Sources(routing=self.state, budget=self._budget, demand=lambda: self.demand,
-                                        last_probe=self.last_probe)
-        return s
 
     def availability(self, provider: str, *, health_action: str = "exclude") -> Availability:
         """Can `provider` take traffic now, and if not, why: the one answer every view shows."""
@@ -123,10 +114,15 @@ class Router:
         return {name: out[name] for name in runtime.providers if name in out}
 
     @property
-    def demand(self) -> OnDemand | None:
-        """Local models on demand (supervise/ondemand.py), once managed processes exist: starts a stopped process
-        for the request that needs it and counts requests in flight per process. None: no managed process."""
-        return self._demand()
+    def demand(self) -> Starter | None:
+        """Local models on demand (supervise/ondemand.py), once managed processes exist: it registers itself with
+        the upstreams as the one that starts a stopped process for a request. None: no managed process."""
+        return self.state.upstreams.starter
+
+    def lease(self, provider: str, *, background: bool = False) -> Lease:
+        """A request's hold on one upstream (upstream/upstream.py): the only way it waits for a process, is admitted
+        through the breaker and is counted in flight."""
+        return self._upstreams.lease(provider, background)
 
     def reconfigure(self, config: ConfigModel) -> None:
         self.state.reconfigure(config)
@@ -164,53 +160,11 @@ class Router:
 
     def context_window(self, provider: Provider) -> int:
         """The window a provider is routed by: configured, else as its server reports it (0 = unknown)."""
-        if self.servers is None:
-            return provider.cfg.context_window
-        return self.servers.context_window(provider)
+        return self.attempt.context_window(provider)
 
     def named_tool_choice(self, provider: Provider) -> bool:
         """Whether the provider's server reads OpenAI's named tool choice (servers/base.py)."""
-        return self.servers is None or self.servers.named_tool_choice(provider)
-
-    # -- what an exchange asks beyond planning and outcomes (routing/exchange_router.py) ----------------------
-
-    def signatures_for(self, signer: str) -> UpstreamSignatures:
-        """The thinking signatures an Anthropic upstream (`signer`, its origin) may be sent back."""
-        return self.thinking_signatures.for_upstream(signer)
-
-    def ticket(self, req: ClientRequest) -> Ticket | None:
-        aff = self.affinity
-        return aff.ticket(req, prompt_cache_key=req.session_key()) if aff is not None else None
-
-    def body_for(self, ticket: Ticket, provider: Provider, req: ClientRequest) -> tuple[dict, bytes]:
-        """The request's body as this provider is sent it under prefix affinity (a ticket implies affinity)."""
-        aff = self.affinity
-        return aff.body_for(ticket, provider, req) if aff is not None else (req.body, req.raw)
-
-    async def place(self, ticket: Ticket, provider: Provider) -> Placement | None:
-        aff = self.affinity
-        if aff is None:
-            return None
-        await self.balancer.follow(ticket, provider.name, aff.kvcache)  # balance: a moving lane's slot file
-        return await aff.place(ticket, provider)
-
-    def finish_placement(self, ticket: Ticket | None, placement: Placement, provider: Provider, *, ok: bool,
-                         strategy: Strategy, request_id: str) -> None:
-        aff = self.affinity
-        if aff is not None:
-            aff.finish(ticket, placement, provider, ok=ok, strategy=strategy, request_id=request_id)
-
-    def learn_unplaced(self, ticket: Ticket, provider: Provider, *, strategy: Strategy, request_id: str) -> None:
-        aff = self.affinity
-        if aff is not None:
-            aff.finish(ticket, aff.unplaced(ticket, provider), provider, ok=True, strategy=strategy,
-                       request_id=request_id)
-
-    def cannot_start_reason(self, provider: str) -> str | None:
-        return self.state.cannot_start_reason(provider)
-
-    def coming_within(self, provider: str) -> float:
-        return self.state.coming_within(provider)
+        return self.attempt.named_tool_choice(provider)
 
     def start_eta(self, provider: str) -> float | None:
         """Seconds until the provider's process, being started, should be ready: by the load time learned from its
@@ -219,9 +173,6 @@ class Router:
         demand = self.demand
         learned = demand.start_eta(provider) if demand is not None else None
         return learned if learned is not None else self.state.start_left(provider)
-
-    async def wait_up(self, providers: list[str], timeout: float) -> list[str]:
-        return await self.state.wait_up(providers, timeout)
 
     def _facts(self, runtime: Generation, names: Iterable[str]) -> dict[str, ProviderFacts]:
         """The runtime's facts, with the context window the server reports where the config left it unset.
@@ -256,6 +207,16 @@ class Router:
             known[key] = out
         return out
 
+    async def route(self, profile_name: str, profile: ProfileConfig, runtime: Generation,
+                    req: ClientRequest) -> tuple[Plan, Ticket | None]:
+        """A request's plan and its prefix-affinity ticket (None: no affinity, or nothing to place by): the
+        ticket first (the plan may prefer what is cached for it), then the prompt counted by the servers that can
+        count it where the estimate would skip them, then the plan."""
+        placement = self.placement
+        ticket = placement.ticket(req) if placement is not None else None
+        counts = await self.server_counts(profile, runtime, req)
+        return self.plan(profile_name, profile, runtime, req, ticket=ticket, counts=counts), ticket
+
     def plan(self, profile_name: str, profile: ProfileConfig, runtime: Generation, req: ClientRequest,
              ticket: Ticket | None = None, counts: dict[str, int] | None = None) -> Plan:
         """`counts`: prompt tokens by a provider's own server (`server_counts`), which the gate trusts over any
@@ -279,26 +240,7 @@ class Router:
             health=st.health, health_action=profile.health_action,
             orderer=self.orderer(profile_name) if profile.adaptive else None,
         )
-        down = st.down
-        if down:
-            # Not transient in the panic sense: nothing answers until the process is ready. A down provider
-            # may already be skipped for a transient reason (self-healing holds a FATAL one UNHEALTHY, its
-            # breaker may be open): that skip becomes not_ready too, or panic would try it anyway.
-            held = [s for s in p.skips if s.provider in down and s.transient]
-            for s in held:
-                p.skips.remove(s)
-            for name in dict.fromkeys([c for c in p.candidates if c in down] + [s.provider for s in held]):
-                if name in p.candidates:
-                    p.candidates.remove(name)
-                why = st.cannot_start_reason(name)
-                demand = self.demand
-                if why is not None:
-                    p.skips.append(Skip(name, "cannot_start", why, overridable=False))
-                elif demand is not None and demand.can_start(name):
-                    p.skips.append(Skip(name, "not_ready", f"{name}'s managed process is stopped; a request starts "
-                                                           "it (on demand)", overridable=False))
-                else:
-                    p.skips.append(Skip(name, "not_ready", st.down_reason(name), overridable=False))
+        down = st.down  # judged not ready by the availability answer above (its process is not up)
         if not p.candidates:
             self._try_reported_windows(p, facts, down)
         if ticket is not None and self.affinity is not None and (profile.mode == "race" or profile.adaptive):
@@ -357,21 +299,7 @@ class Router:
 
         return [n for _i, n in sorted(enumerate(names), key=key)]
 
-    # -- admission ------------------------------------------------------------------------------------------
-
-    def admit(self, provider: str, *, panic: bool = False) -> str | None:
-        """Let an attempt through: CLOSED, TRIAL (it holds the half-open trial slot), PANIC (let through
-        although the breaker refuses), or None (refused)."""
-        br = self.state.breakers.get(provider)
-        half_open = br.state is BreakerState.HALF_OPEN
-        if br.allow():
-            return TRIAL if half_open else CLOSED
-        return PANIC if panic else None
-
-    def release(self, provider: str, admission: str) -> None:
-        """The attempt ended without a verdict on the provider (cancelled, our own error, a lost race)."""
-        if admission == TRIAL:
-            self.state.breakers.get(provider).release()
+    # -- admission (the lease admits through the breaker: upstream/upstream.py) --------------------------------
 
     async def reserve(self, provider: Provider, req: ClientRequest) -> object | None:
         """A budget reservation for a paid attempt (None when unpaid). Raises UpstreamError(BUDGET) if refused.
@@ -393,15 +321,22 @@ class Router:
 
     # -- outcomes -------------------------------------------------------------------------------------------
 
-    def report_success(self, provider: str, latency_s: float, admission: str = CLOSED) -> None:
+    def report(self, provider: str, admission: str, elapsed_s: float, error: UpstreamError | None = None) -> None:
+        """How an attempt ended: served (`error` None; `elapsed_s` its latency, the first byte's) or failed."""
+        if error is not None:
+            self.report_failure(provider, error, elapsed_s, admission)
+            return
         br = self.state.breakers.get(provider)
         if admission == PANIC and br.state is not BreakerState.CLOSED:
             # A real generation served now, while the breaker refused: the best proof there is.
             br.reset("a panic attempt succeeded")
         else:
             br.record_success()
-        self.state.stats.record(provider, latency_s=latency_s, ok=True)
+        self.state.stats.record(provider, latency_s=elapsed_s, ok=True)
         self.state.passive_success(provider)  # health follows the breaker it just told
+
+    def report_success(self, provider: str, latency_s: float, admission: str = CLOSED) -> None:
+        self.report(provider, admission, latency_s)
 
     def report_failure(self, provider: str, e: UpstreamError, elapsed_s: float, admission: str = CLOSED) -> None:
         st = self.state
@@ -429,3 +364,59 @@ class Router:
                 br.record_success()  # it answered: alive; the trial closes the breaker
             else:
                 br.release()
+
+
+class AttemptFacts:
+    """What an attempt needs to know of its provider: the context window it is routed by, whether its server reads a
+    named tool choice, and which thinking signatures it may be sent back."""
+
+    __slots__ = ("_servers", "_signatures")
+
+    def __init__(self, servers: ServerDirectory | None, signatures: SignatureBook) -> None:
+        self._servers = servers
+        self._signatures = signatures
+
+    def context_window(self, provider: Provider) -> int:
+        """Configured, else as its server reports it (0 = unknown)."""
+        if self._servers is None:
+            return provider.cfg.context_window
+        return self._servers.context_window(provider)
+
+    def named_tool_choice(self, provider: Provider) -> bool:
+        return self._servers is None or self._servers.named_tool_choice(provider)
+
+    def signatures_for(self, signer: str) -> UpstreamSignatures:
+        """The thinking signatures an Anthropic upstream (`signer`, its origin) may be sent back."""
+        return self._signatures.for_upstream(signer)
+
+
+class AffinityPlacement:
+    """Prefix affinity as one request uses it: its ticket, its body per provider, an attempt's slot and its end."""
+
+    __slots__ = ("_aff", "_balancer")
+
+    def __init__(self, affinity: Affinity, balancer: Balancer) -> None:
+        self._aff = affinity
+        self._balancer = balancer
+
+    def ticket(self, req: ClientRequest) -> Ticket | None:
+        return self._aff.ticket(req, prompt_cache_key=req.session_key())
+
+    def body_for(self, ticket: Ticket, provider: Provider, req: ClientRequest) -> tuple[dict, bytes]:
+        """The request's body as this provider is sent it under prefix affinity."""
+        return self._aff.body_for(ticket, provider, req)
+
+    async def place(self, ticket: Ticket, provider: Provider) -> Placement | None:
+        await self._balancer.follow(ticket, provider.name, self._aff.kvcache)  # balance: a moving lane's slot file
+        return await self._aff.place(ticket, provider)
+
+    def finish(self, ticket: Ticket | None, placement: Placement, provider: Provider, *, ok: bool,
+               strategy: Strategy, request_id: str) -> None:
+        """The attempt `place` placed is over: its slot is free again, and a success teaches the index."""
+        self._aff.finish(ticket, placement, provider, ok=ok, strategy=strategy, request_id=request_id)
+
+    def learn_unplaced(self, ticket: Ticket, provider: Provider, *, strategy: Strategy, request_id: str) -> None:
+        """A success never placed (a race winner): what it cached still teaches the index."""
+        aff = self._aff
+        aff.finish(ticket, aff.unplaced(ticket, provider), provider, ok=True, strategy=strategy,
+                   request_id=request_id)

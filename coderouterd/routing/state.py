@@ -1,27 +1,30 @@
-"""The routing state, with one owner: circuit breakers, latency/error figures, health, providers that are down
-(managed process not ready), auth refusals, and which providers self-healing holds.
+"""The routing state, with one owner: health, latency/error figures and auth refusals, over the registry of
+upstreams (upstream/: each provider's breaker, self-healing's hold and lifecycle, whether its process is up).
 
 Health is a view, not a second count: the breaker owns the one count of consecutive failures, fed by real
 requests (`passive_failure`) and by active probes (`probe_failed`), and health is derived from it (plus
 self-healing's hold) after every change, then published as a transition for the audit and self-healing.
 
-Everyone else reads it and changes it only through the named operations below (`mark_down`, `mark_up`, `hold`,
-`recovered`, `passive_failure`, `passive_success`, `probe_failed`, `reachable`, ...); the health monitor and the
-self-healer receive this object, not the daemon. Single-threaded: every call happens on the event loop.
+Everyone else reads it and changes it only through the named operations below (`hold`, `recovered`,
+`passive_failure`, `passive_success`, `probe_failed`, `reachable`, ...); the health monitor and the self-healer
+receive this object, not the daemon. Whether a process is up is not written here: the supervisor's events and the
+on-demand scheduler move each upstream's lifecycle (`upstreams`), and this object only reads it.
+Single-threaded: every call happens on the event loop.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from types import MappingProxyType
 from typing import TYPE_CHECKING
 
+from ..upstream.breaker import BreakerRegistry, BreakerSnapshot, BreakerState, CircuitBreaker
+from ..upstream.clock import Clock, SystemClock
+from ..upstream.lifecycle import Phase
+from ..upstream.upstream import Upstream, Upstreams
 from .adaptive import AdaptiveSettings, ProbeScheduler, ProviderStats
-from .breaker import BreakerRegistry, BreakerSnapshot, BreakerState, CircuitBreaker
-from .clock import Clock, SystemClock
 
 if TYPE_CHECKING:
     from ..config.schema import ConfigModel
@@ -55,23 +58,14 @@ class RoutingState:
                                         clock=self.clock, on_transition=self._breaker_moved)
         self._configured = frozenset(config.providers)
         self.breakers.limit_ejections(config.breaker.max_ejection_percent, lambda: self._configured)
+        # One Upstream per configured provider from the start (its gauges are in /metrics before it moves).
+        self.upstreams = Upstreams(self.breakers, self.clock.now)
+        self.upstreams.configure(self._configured)
         self.settings = AdaptiveSettings(**config.adaptive.model_dump())
         self.stats = ProviderStats(self.settings, self.clock)
         self.probes = ProbeScheduler(self.stats, self.settings, self.clock)
         self._health: dict[str, str] = {}
         self._health_view = MappingProxyType(self._health)  # a live read-only view, made once
-        self._down: set[str] = set()
-        # provider -> how long a request may wait for its managed process to become ready (starting or
-        # restarting); absent: it is not coming back on its own (stopped, fatal) or it is up.
-        self._coming: dict[str, float] = {}
-        self._coming_until: dict[str, float] = {}  # clock time a start's window ends (Retry-After's upper bound)
-        # provider -> why it is down, for the client ("process llama is fatal: `corectl restart llama`...")
-        self._down_why: dict[str, str] = {}
-        # provider -> why its managed process cannot start (fatal, a missing file, no room in the memory budget):
-        # clients are told so at once, in a status they do not retry.
-        self._cannot_start: dict[str, str] = {}
-        self._up: asyncio.Event | None = None  # set (and replaced) whenever a provider comes up
-        self._held: dict[str, str] = {}  # provider -> why self-healing holds it
         self._auth: dict[str, dict] = {}
         self._health_watchers: list[Callable[[str, str, str], None]] = []
 
@@ -113,6 +107,7 @@ class RoutingState:
         # A removed provider's breaker would never see traffic again (an open one never its trial); if the
         # provider comes back, it starts closed like any new one.
         self.breakers.forget([n for n in self.breakers.names() if n not in self._configured])
+        self.upstreams.configure(self._configured)
         new = AdaptiveSettings(**config.adaptive.model_dump())
         for k, v in vars(new).items():
             setattr(self.settings, k, v)
@@ -142,8 +137,12 @@ class RoutingState:
 
     @property
     def down(self) -> frozenset[str]:
-        """Providers whose managed process is not ready (starting, restarting, stopped, fatal)."""
-        return frozenset(self._down) if self._down else _NONE
+        """Providers whose managed process is not ready (starting, draining, stopped, unable to start, fatal)."""
+        out = self.upstreams.out
+        return frozenset(out) if out else _NONE
+
+    def upstream(self, provider: str) -> Upstream:
+        return self.upstreams.get(provider)
 
     def health_of(self, provider: str) -> str | None:
         if provider in self.breakers:
@@ -151,25 +150,35 @@ class RoutingState:
         return self._health.get(provider)
 
     def is_down(self, provider: str) -> bool:
-        return provider in self._down
+        return provider in self.upstreams.out
 
     def down_reason(self, provider: str) -> str:
         """Why a down provider is not routed to, for the client: its process, its state, what brings it back."""
-        return f"{provider}'s {self._down_why.get(provider) or _down_why('', '', coming=True)}"
+        return self.upstreams.get(provider).life.words()
 
     def cannot_start_reason(self, provider: str) -> str | None:
         """Why this down provider's process cannot start (None: it is not known to be unable to)."""
-        return self._cannot_start.get(provider) if provider in self._down else None
+        if provider not in self.upstreams:
+            return None
+        life = self.upstreams.get(provider).life
+        return life.why if life.phase in (Phase.CANNOT_START, Phase.FATAL) else None
+
+    def start_left(self, provider: str) -> float | None:
+        """Seconds left in the start window of this provider's process (None: not starting): when a start under
+        way has come up or failed, at the latest (a Retry-After's upper bound)."""
+        if provider not in self.upstreams.out:
+            return None
+        return self.upstreams.get(provider).life.start_left(self.clock.now())
 
     def is_held(self, provider: str) -> bool:
-        return provider in self._held
+        return provider in self.upstreams and self.upstreams.get(provider).held is not None
 
     def breaker(self, provider: str) -> CircuitBreaker:
         return self.breakers.get(provider)
 
     def held_reason(self, provider: str) -> str | None:
         """Why self-healing holds this provider out of routing, or None."""
-        return self._held.get(provider)
+        return self.upstreams.get(provider).held if provider in self.upstreams else None
 
     def failures(self, provider: str) -> int:
         """The one count of consecutive failures (real requests and probes), kept by the provider's breaker."""
@@ -212,94 +221,28 @@ class RoutingState:
         for fn in list(self._health_watchers):
             fn(provider, old_word, new)
 
-    def mark_down(self, providers: Iterable[str], *, wait_s: float = 0.0, state: str = "",
-                  process: str = "") -> None:
-        """The providers' managed process is not ready. `wait_s` > 0: it is starting or restarting, and a request
-        that nothing else can serve may wait that long for it (`wait_up`); 0: it will not come back by itself.
-        `state` (the process's event: starting, fatal, stopped...) and `process` name it to the client."""
-        why = _down_why(state, process, coming=wait_s > 0)
-        for p in providers:
-            self._down.add(p)
-            self._down_why[p] = why
-            if wait_s > 0:
-                self._coming[p] = wait_s
-                self._coming_until[p] = self.clock.now() + wait_s
-                self._cannot_start.pop(p, None)  # being started again: it may well come up this time
-            else:
-                self._coming.pop(p, None)
-        self._notify()  # a waiter for a process that just became fatal stops waiting
-
-    def mark_up(self, providers: Iterable[str]) -> None:
-        providers = list(providers)
-        self._down.difference_update(providers)
-        for p in providers:
-            self._coming.pop(p, None)
-            self._down_why.pop(p, None)
-            self._cannot_start.pop(p, None)
-        self._notify()
-
-    def cannot_start(self, providers: Iterable[str], reason: str) -> None:
-        """The providers' managed process cannot start (fatal, a file missing, no room): down, not coming, and
-        `reason` is what every client is told until it is started again."""
-        providers = list(providers)
-        self.mark_down(providers, state="unable to start", process="")
-        for p in providers:
-            self._cannot_start[p] = reason
-            self._down_why[p] = reason
-
-    def _notify(self) -> None:
-        if self._up is not None:
-            self._up.set()
-            self._up = None
-
-    def coming_within(self, provider: str) -> float:
-        """Seconds a request may wait for this down provider's process to be ready (0: not coming)."""
-        return self._coming.get(provider, 0.0) if provider in self._down else 0.0
-
-    def start_left(self, provider: str) -> float | None:
-        """Seconds left in the start window of this down provider's process (None: not coming): when a start still
-        under way has either come up or failed, at the latest."""
-        until = self._coming_until.get(provider)
-        if until is None or provider not in self._down or provider not in self._coming:
-            return None
-        return max(0.0, until - self.clock.now())
-
-    async def wait_up(self, providers: Iterable[str], timeout: float) -> list[str]:
-        """Wait until one of `providers` is no longer down, or `timeout` passes, or none of them is coming any
-        more. Returns those that are up, in the given order (empty: none came)."""
-        providers = list(providers)
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout
-        while True:
-            up = [p for p in providers if p not in self._down]
-            if up or not any(p in self._coming for p in providers):
-                return up
-            left = deadline - loop.time()
-            if left <= 0:
-                return []
-            if self._up is None:
-                self._up = asyncio.Event()
-            ev = self._up
-            try:
-                await asyncio.wait_for(ev.wait(), left)
-            except TimeoutError:
-                return [p for p in providers if p not in self._down]
-
     def hold(self, provider: str, reason: str, *, quiet: bool = False) -> None:
         """Self-healing takes the provider out of routing while it recovers it."""
-        self._held[provider] = reason
+        self.upstreams.get(provider).held = reason
         self.set_health(provider, UNHEALTHY, reason, quiet=quiet)
 
     def unhold(self, provider: str, reason: str = "self-healing let go without recovering it") -> None:
         """Self-healing hands the provider back: its health is the breaker's count again (the hold made it
         UNHEALTHY; left as it was, the word would stay stale until the next count change)."""
-        if self._held.pop(provider, None) is not None:
+        if self._unhold(provider):
             self._refresh_health(provider, reason)
+
+    def _unhold(self, provider: str) -> bool:
+        up = self.upstreams.get(provider) if provider in self.upstreams else None
+        if up is None or up.held is None:
+            return False
+        up.held = None
+        return True
 
     def _derived_health(self, provider: str) -> str:
         """Health as a view of the breaker's one count and self-healing's hold. A provider the ejection limit
         keeps in rotation is DEGRADED, not UNHEALTHY: UNHEALTHY would take it out all the same."""
-        if provider in self._held:
+        if self.is_held(provider):
             return UNHEALTHY
         br = self.breakers.get(provider)
         n = br.consecutive_failures
@@ -314,7 +257,7 @@ class RoutingState:
         """The provider answers again. Only a real generation (`generation_verified`) may close a breaker that
         failed generations opened; self-healing asks for one whenever the breaker is not closed, so a
         reachability answer only ever restarts a closed breaker's count."""
-        self._held.pop(provider, None)
+        self._unhold(provider)
         br = self.breakers.get(provider)
         if generation_verified and br.state is not BreakerState.CLOSED:
             br.reset(reason)
@@ -326,13 +269,13 @@ class RoutingState:
         """A reachability probe answered. It says nothing about generating: it ends a streak of failed probes,
         while a streak with failed real requests in it stands (until a request or a generation succeeds)."""
         self.breakers.get(provider).record_probe_success()
-        if provider not in self._held:
+        if not self.is_held(provider):
             self._refresh_health(provider, reason)
 
     def probe_failed(self, provider: str, reason: str, *, quiet: bool = False) -> None:
         """An active probe failed: one more in the breaker's count, the same count real requests feed."""
         self.breakers.get(provider).record_probe_failure()
-        if provider not in self._held:
+        if not self.is_held(provider):
             self._refresh_health(provider, reason, quiet=quiet)
 
     def passive_failure(self, provider: str, *, retry_after: float | None = None, reason: str = "") -> None:
@@ -348,7 +291,7 @@ class RoutingState:
         self._after_failure(provider)
 
     def _after_failure(self, provider: str) -> None:
-        if provider not in self._held:
+        if not self.is_held(provider):
             n = self.failures(provider)
             self._refresh_health(provider, f"{n} consecutive request failures")
 
@@ -358,7 +301,7 @@ class RoutingState:
         self._auth.pop(provider, None)
         # A real request served (a panic attempt, say) is better proof than any recovery probe: self-healing's
         # hold ends here, and its watcher sees HEALTHY and stops recovering.
-        self._held.pop(provider, None)
+        self._unhold(provider)
         self._refresh_health(provider, "served a request")
 
     def probed(self, provider: str, latency_s: float | None, ok: bool) -> None:
@@ -367,11 +310,3 @@ class RoutingState:
 
     def auth_refused(self, provider: str, status: int) -> None:
         self._auth[provider] = {"status": status, "at": time.time()}
-
-
-def _down_why(state: str, process: str, *, coming: bool) -> str:
-    what = f"managed process {process}" if process else "managed process"
-    if coming or not state:
-        return f"{what} is not ready" + (f" ({state})" if state else "")
-    # Not coming back by itself (fatal, stopped): say so, and what brings it back.
-    return f"{what} is {state}; `corectl restart {process}` starts it again" if process else f"{what} is {state}"

@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     from ..affinity.service import Placement
     from ..config.schema import ProfileConfig, ServerConfig
     from ..providers.errors import UpstreamError
+    from ..upstream.upstream import Lease
     from .exchange_router import ExchangeRouter
     from .generation import Generation
     from .record import RequestRecord
@@ -30,8 +31,9 @@ class Slot:
     trial slot, a budget reservation, the upstream connection). `Exchange.holding` guarantees it."""
 
     provider: Provider
-    admission: str  # Router.admit's answer: "closed" | "trial" | "panic"
+    admission: str  # its lease's admission through the breaker: "closed" | "trial" | "panic"
     started: float
+    lease: Lease  # the request's hold on the upstream: its trial slot, its count in flight (upstream/upstream.py)
     reservation: object | None = None
     call: Call | None = None
     done: bool = False  # its outcome was reported to the router
@@ -40,7 +42,6 @@ class Slot:
     panic: bool = False  # tried in panic mode (whatever its breaker said)
     name: str = ""
     placement: Placement | None = None  # affinity's slot placement for this attempt, finished with it
-    begun: bool = False  # counted in flight on its managed process (on demand: a stop waits for it)
 
     def __post_init__(self) -> None:
         self.name = self.provider.name

@@ -13,12 +13,15 @@ from ..config import state_dir
 from ..kvcache.budget import too_small
 from ..kvcache.disk import slot_dir
 from ..servers.llamacpp import saves_to, with_slot_save_path
+from ..state.events import ProcessEventName
 from ..tasks import TaskSet
+from ..upstream.lifecycle import Phase
+from ..upstream.upstream import Upstreams
 from . import memory
 from .ondemand import OnDemand, Rules, Settings, StartFailed
 from .registry import Supervisor
 from .residency import Resident
-from .spec import ExternalProcessError, ProcessSpec, ProcessState
+from .spec import EventCallback, ExternalProcessError, ProcessSpec, ProcessState
 
 if TYPE_CHECKING:
     from ..config.schema import ConfigModel
@@ -84,7 +87,7 @@ def residents_from_config(cfg: ConfigModel, estimates: dict[str, float]) -> dict
         out[name] = (Resident(name, memory_mb=p.memory_mb or estimates.get(name, 0.0), pinned=p.pinned,
                               idle_stop_s=p.idle_stop_s),
                      Settings(on_demand=p.start == "on_demand", stop_timeout_s=p.stop_timeout_s,
-                              room_drain_s=drain))
+                              start_timeout_s=p.start_timeout_s, room_drain_s=drain))
     return out
 
 
@@ -99,11 +102,10 @@ def estimate_memory(cfg: ConfigModel) -> dict[str, float]:
 
 
 class SupervisorEffects:
-    """The on-demand scheduler's effects (ondemand.Effects) on the real supervisor and routing state."""
+    """The on-demand scheduler's effects (ondemand.Effects) on the real supervisor."""
 
-    def __init__(self, supervisor: Supervisor, routing) -> None:
+    def __init__(self, supervisor: Supervisor) -> None:
         self.sup = supervisor
-        self.routing = routing
 
     def _procs(self):
         return [self.sup.get(n) for n in self.sup.names()]
@@ -119,6 +121,9 @@ class SupervisorEffects:
 
     def stopped(self, name: str) -> bool:
         return name in self.sup.names() and self.sup.get(name).state is ProcessState.STOPPED
+
+    def providers_of(self, name: str) -> list[str]:
+        return self.sup.providers_of(name)
 
     async def start(self, name: str, wait: bool = True) -> str | None:
         mp = self.sup.get(name)
@@ -141,35 +146,37 @@ class SupervisorEffects:
         except ExternalProcessError as e:
             log.warning("%s", e)
 
-    def coming(self, name: str) -> None:
-        if self.routing is not None:
-            self.routing.mark_down(self.sup.providers_of(name), wait_s=self.sup.get(name).spec.start_timeout_s,
-                                   state="starting on demand", process=name)
-
-    def leaving(self, name: str, reason: str) -> None:
-        if self.routing is not None:
-            self.routing.mark_down(self.sup.providers_of(name), state=f"stopping: {reason}", process=name)
-
-    def cannot_start(self, name: str, reason: str) -> None:
-        if self.routing is not None:
-            self.routing.cannot_start(self.sup.providers_of(name),
-                                      f"managed process {name} cannot start: {reason}")
-
-
 class Processes:
-    def __init__(self, log_dir, store, on_event, before_stop=None, routing=None) -> None:
+    def __init__(self, log_dir, store, on_event: EventCallback | None, before_stop=None, *,
+                 upstreams: Upstreams) -> None:
         """`before_stop(process, reason)`: awaited before each planned stop (prefix affinity saves the server's
-        slots there: kvcache/cache.py)."""
+        slots there: kvcache/cache.py). `upstreams`: the registry the supervisor's events move first (routing
+        reads it), before `on_event` (audit, self-healing) hears them."""
         self.store = store
-        self.supervisor = Supervisor(log_dir=log_dir, on_event=on_event, record=self._record, lookup=self._lookup,
-                                     before_stop=before_stop)
+        self.upstreams = upstreams
+        self._on_event = on_event
+        self.supervisor = Supervisor(log_dir=log_dir, on_event=self._event, record=self._record,
+                                     lookup=self._lookup, before_stop=before_stop)
         # Local models on demand, within [models] memory_budget_mb: every start and stop that is not the
-        # supervisor's own restart goes through it.
-        self.scheduler = OnDemand(SupervisorEffects(self.supervisor, routing), clock=time.monotonic,
-                                  process_of=self._process_of)
+        # supervisor's own restart goes through it. It is the upstreams' starter.
+        self.scheduler = OnDemand(SupervisorEffects(self.supervisor), clock=time.monotonic,
+                                  process_of=self._process_of, upstreams=upstreams)
         # Starts that run on their own (the first start of every autostarted process, those a reload adds):
         # shutdown cancels them before it stops the processes.
         self._starts = TaskSet()
+
+    def _event(self, name: str, event: ProcessEventName, pid: int | None, detail: str) -> None:
+        """A process event: its providers' upstreams move first (the one place routing learns of it), then
+        the daemon hears it (audit, self-healing, what a fresh server holds)."""
+        try:
+            mp = self.supervisor.get(name)
+        except KeyError:
+            mp = None
+        wait_s = mp.spec.start_timeout_s if mp is not None else 0.0
+        self.upstreams.process_event(name, event, self.supervisor.providers_of(name), detail, wait_s=wait_s,
+                                     on_demand=self.scheduler.on_demand(name))
+        if self._on_event is not None:
+            self._on_event(name, event, pid, detail)
 
     def _process_of(self, provider: str) -> str | None:
         mp = self.supervisor.for_provider(provider)
@@ -189,17 +196,21 @@ class Processes:
             self.scheduler.adopt_running(name, rss_mb)
         return set(adopted)
 
-    @staticmethod
-    def autostarted(cfg: ConfigModel) -> list[tuple[list[str], float]]:
-        """(providers, start timeout) of each process started with the daemon: requests may wait for it."""
-        return [(providers, spec.start_timeout_s) for spec, providers in specs_from_config(cfg).values()
-                if spec.autostart]
-
-    @staticmethod
-    def started_on_demand(cfg: ConfigModel) -> list[list[str]]:
-        """Providers of each on-demand process: not routed to until a request has started it."""
-        return [providers for name, (_, providers) in specs_from_config(cfg).items()
-                if (found := cfg.process_for(providers[0])) is not None and found[1].start == "on_demand"]
+    def await_first_starts(self, cfg: ConfigModel) -> None:
+        """Before the proxy answers (and for the processes a reload adds): a process started with the daemon is
+        waited for by a request that arrives first (not tried at once and counted as a failure); an on-demand one
+        is not routed to until a request has started it. Only processes not started yet, whose providers routing
+        still takes for up."""
+        for name, (spec, providers) in specs_from_config(cfg).items():
+            mp = self.supervisor.get(name) if name in self.supervisor.names() else None
+            if mp is None or mp.state is not ProcessState.STOPPED or mp.pid is not None or \
+                    any(self.upstreams.get(p).phase is not Phase.RESIDENT for p in providers):
+                continue
+            found = cfg.process_for(providers[0])
+            if spec.autostart:
+                self.upstreams.awaited(providers, name, spec.start_timeout_s)
+            elif found is not None and found[1].start == "on_demand":
+                self.upstreams.stopped(providers, name, on_demand=True, first=True)
 
     async def _record(self, name: str, info: dict | None) -> None:
         if info is None:
@@ -233,7 +244,9 @@ class Processes:
                 await self.supervisor.remove(name)
         await self.configure(cfg)
         self.scheduler.start_idle_watch()
-        for name in self.apply(cfg):
+        changed = self.apply(cfg)
+        self.await_first_starts(cfg)
+        for name in changed:
             spec, providers = wanted[name]
             mp = await self.supervisor.replace(spec, providers=providers)
             mp.last_stop_reason = "reload"

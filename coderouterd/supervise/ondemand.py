@@ -8,9 +8,11 @@ up, every turn waiting for it is admitted: the process is kept for them until ea
 given up), so a swap that has started always serves what it was started for. Requests for a process that is
 ready never wait: they are served while another model is being swapped in.
 
-The memory arithmetic is residency.py's (pure); this module sequences the decisions and acts through a small
-`Effects` interface (start and wait for readiness, stop, say what routing should know), so it is tested with a
-fake one, without processes.
+The memory arithmetic is residency.py's (pure); this module sequences the decisions, acts on processes through a
+small `Effects` interface (start and wait for readiness, stop), so it is tested with a fake one, without processes,
+and says what routing should know by moving each provider's upstream lifecycle (upstream/: starting, draining,
+cannot start). It is the upstreams' starter: a request's lease asks it for a turn, and tells it when a request
+begins and ends there; the count of requests in flight is the upstream's, which the budget arithmetic reads.
 """
 
 from __future__ import annotations
@@ -23,6 +25,9 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from ..tasks import TaskSet
+from ..upstream.breaker import BreakerRegistry
+from ..upstream.lifecycle import Phase
+from ..upstream.upstream import Upstreams
 from .residency import NoRoom, ResidencyPolicy, Resident
 from .turns import Go, Refuse, Want, decide
 
@@ -51,6 +56,9 @@ class Effects(Protocol):
     def external(self) -> Collection[str]:
         """Processes coderouterd adopted by their URL and does not own: they hold memory but cannot be stopped."""
 
+    def providers_of(self, name: str) -> list[str]:
+        """The providers a process serves (their upstreams move with it)."""
+
     def stopped(self, name: str) -> bool:
         """Stopped (not fatal, not starting): a request may start it."""
 
@@ -64,15 +72,6 @@ class Effects(Protocol):
     async def stop(self, name: str, reason: str) -> None:
         """Stop it (its tree; the slots are saved first by the supervisor's before-stop hook)."""
 
-    def coming(self, name: str) -> None:
-        """Routing: it is being started for a request; requests that must may wait for it."""
-
-    def leaving(self, name: str, reason: str) -> None:
-        """Routing: it is being stopped; no new request goes to it."""
-
-    def cannot_start(self, name: str, reason: str) -> None:
-        """Routing: it cannot start; clients are told why at once."""
-
 
 @dataclass
 class Settings:
@@ -80,6 +79,7 @@ class Settings:
 
     on_demand: bool = False
     stop_timeout_s: float = 10.0
+    start_timeout_s: float = 120.0  # how long a request may wait for its start
     # How long a stop to make room waits for the requests in flight to end (their own timeouts bound them):
     # a request is never cut because another model was wanted. 0: stop_timeout_s, as other stops.
     room_drain_s: float = 0.0
@@ -118,11 +118,15 @@ class Turn:
 
 class OnDemand:
     def __init__(self, effects: Effects, *, clock: Callable[[], float], process_of: Callable[[str], str | None],
-                 budget_mb: float = 0.0, rules: Rules | None = None) -> None:
-        """`process_of(provider)`: the managed process serving a provider, or None."""
+                 upstreams: Upstreams | None = None, budget_mb: float = 0.0, rules: Rules | None = None) -> None:
+        """`process_of(provider)`: the managed process serving a provider, or None. `upstreams`: the registry whose
+        lifecycles it moves and whose starter it becomes (its own when none is given: a test's)."""
         self.effects = effects
         self.rules = rules or Rules()
-        self.policy = ResidencyPolicy(budget_mb, clock=clock, min_resident_s=self.rules.min_resident_s)
+        self.upstreams = upstreams if upstreams is not None else Upstreams(BreakerRegistry())
+        self.upstreams.starter = self
+        self.policy = ResidencyPolicy(budget_mb, clock=clock, min_resident_s=self.rules.min_resident_s,
+                                      in_flight=self._in_flight)
         self._process_of = process_of
         self._settings: dict[str, Settings] = {}
         self._swap = asyncio.Lock()
@@ -132,9 +136,9 @@ class OnDemand:
         self._target: str | None = None  # what the running swap brings in
         self._kick = asyncio.Event()
         self._dispatcher: asyncio.Task[None] | None = None
-        self._stopping: dict[str, asyncio.Future[None]] = {}
-        self._ours: set[str] = set()  # stopped (or being stopped) by the scheduler: a request starts them again
-        self._drained: dict[str, asyncio.Event] = {}
+        # Set (and dropped) when a stop or a request ends: a start waiting for a stop, and a stop waiting for its
+        # requests, look again. None while nobody waits (no event per request).
+        self._change: asyncio.Event | None = None
         self._wake = asyncio.Event()
         self._tasks = TaskSet()
         self._idle_task: asyncio.Task[None] | None = None
@@ -175,11 +179,37 @@ class OnDemand:
         self._wake.set()  # its idle deadline starts now
         self._kick.set()
 
+    def on_demand(self, name: str) -> bool:
+        s = self._settings.get(name)
+        return s is not None and s.on_demand
+
+    def _in_flight(self, name: str) -> int:
+        """Requests in flight on a process: its providers' upstreams count them (the one count)."""
+        return self.upstreams.in_flight(self.effects.providers_of(name))
+
+    def _ours(self, name: str) -> bool:
+        """Stopped (or being stopped) by the scheduler (idle, room): a request starts it again. Its upstreams'
+        lifecycle says so (DRAINING or stopped for a reason of ours)."""
+        return any(self.upstreams.get(p).life.ours for p in self.effects.providers_of(name))
+
+    def _move(self, name: str, phase: Phase, why: str) -> None:
+        """Tell routing through the process's upstreams (upstream/lifecycle.py): the one writer of "down" besides
+        the supervisor's events."""
+        providers = self.effects.providers_of(name)
+        if phase is Phase.STARTING:
+            s = self._settings.get(name, Settings())
+            self.upstreams.starting(providers, name, s.start_timeout_s, "starting on demand")
+        elif phase is Phase.DRAINING:
+            self.upstreams.draining(providers, name, why, ours=why == IDLE or why.startswith("room for "))
+        elif phase is Phase.CANNOT_START:
+            self.upstreams.cannot_start(providers, f"managed process {name} cannot start: {why}")
+
     # -- the request path -----------------------------------------------------------------------------------
 
     def begin(self, provider: str, turn: object = None) -> bool:
-        """A request is about to be sent to this provider (with the turn it waited for, if any). False: its process
-        is being stopped (the request must treat it as not ready, and may take a turn)."""
+        """A request is about to be sent to this provider (with the turn it waited for, if any), through its lease,
+        which counts it in flight. False: its process is being stopped (the request must treat it as not ready,
+        and may take a turn)."""
         name = self.process_of(provider)
         if name is None:
             return True
@@ -188,7 +218,6 @@ class OnDemand:
             # Kept for it since it came up: never refused, even if a stop by hand is waiting for it.
             turn.state = USED
             r.admitted = max(0, r.admitted - 1)
-            r.in_flight += 1
             r.last_used = self.policy.clock()
             ok = True
         else:
@@ -198,11 +227,12 @@ class OnDemand:
         return ok
 
     def end(self, provider: str) -> None:
+        """A request counted by its lease is over (the upstream's count is down already)."""
         name = self.process_of(provider)
         if name is None:
             return
         self.policy.end(name)
-        self._check_drained(name)
+        self._changed()
         self._wake.set()
         self._kick.set()
 
@@ -223,17 +253,29 @@ class OnDemand:
             r = self.policy.residents.get(turn.name)
             if r is not None:
                 r.admitted = max(0, r.admitted - 1)
-                self._check_drained(turn.name)
+                self._changed()
         else:
             return
         self._wake.set()
         self._kick.set()
 
-    def _check_drained(self, name: str) -> None:
-        if not self.policy.busy(name):
-            ev = self._drained.get(name)
-            if ev is not None:
-                ev.set()
+    def _changed(self) -> None:
+        ev, self._change = self._change, None
+        if ev is not None:
+            ev.set()
+
+    async def _until(self, done: Callable[[], bool]) -> None:
+        """Until `done()` (looked at again after every stop and request that ends); the caller bounds it."""
+        while not done():
+            if self._change is None:
+                self._change = asyncio.Event()
+            await self._change.wait()
+
+    def _stopping(self, name: str) -> bool:
+        """A stop of it is under way (idle, room, by hand): the policy has it draining from the stop's decision
+        to its end, and its upstreams are DRAINING."""
+        r = self.policy.residents.get(name)
+        return r is not None and r.draining
 
     def can_start(self, provider: str) -> bool:
         """A request may start the provider's process: it is stopped (or being stopped by us), and on demand or
@@ -243,9 +285,9 @@ class OnDemand:
             return False
         if name == self._target or name in self._turns:
             return True
-        if name in self._stopping and name in self._ours:
+        if self._stopping(name) and self._ours(name):
             return True
-        return self.effects.stopped(name) and (self._settings[name].on_demand or name in self._ours)
+        return self.effects.stopped(name) and (self._settings[name].on_demand or self._ours(name))
 
     def demand(self, provider: str, *, background: bool = False) -> Turn | None:
         """A request needs the provider's stopped process: its turn, to wait for (`Turn.ready`), or None when this
@@ -309,7 +351,7 @@ class OnDemand:
                    fixed=self.effects.external(), hold_s=self.rules.hold_s, now=self.policy.clock())
         if isinstance(d, Refuse):
             self._unwaited.pop(d.target, None)
-            self.effects.cannot_start(d.target, d.why)
+            self._move(d.target, Phase.CANNOT_START, d.why)
             self._settle(d.target, False)
             self._kick.set()
             return None
@@ -385,7 +427,7 @@ class OnDemand:
             try:
                 chosen = self.policy.victims(name, self.effects.holding(), fixed=self.effects.external())
             except NoRoom as e:
-                self.effects.cannot_start(name, str(e))
+                self._move(name, Phase.CANNOT_START, str(e))
                 raise StartFailed(str(e)) from None
             if victims is not None:
                 # The dispatcher's choice, unless something changed since (a stop by hand): never fewer than
@@ -397,10 +439,9 @@ class OnDemand:
                          self.policy.budget_mb)
                 await asyncio.gather(*(self._stop(v, room_for(name)) for v in chosen))
                 self.swaps += 1
-            self._ours.discard(name)
             self.policy.touch(name)
             if coming:
-                self.effects.coming(name)
+                self._move(name, Phase.STARTING, "")
             began = self._began[name] = self.policy.clock()
             why = await self.effects.start(name, wait)
             if wait and why is None:
@@ -410,7 +451,7 @@ class OnDemand:
             elif why is None:
                 self._tasks.spawn(self._touch_when_ready(name), name=f"ready:{name}")
             if why is not None:
-                self.effects.cannot_start(name, why)
+                self._move(name, Phase.CANNOT_START, why)
                 raise StartFailed(why)
 
     async def _touch_when_ready(self, name: str) -> None:
@@ -421,9 +462,7 @@ class OnDemand:
 
     async def _stopped(self, name: str) -> None:
         """A stop of this process under way (idle, room, by hand) ends before it is started again."""
-        fut = self._stopping.get(name)
-        if fut is not None:
-            await asyncio.shield(fut)
+        await self._until(lambda: not self._stopping(name))
 
     async def stop(self, name: str, reason: str) -> None:
         """Stop by hand (corectl stop: pinned ones too) or for a reason of ours; in-flight requests finish first,
@@ -431,41 +470,38 @@ class OnDemand:
         await self._stop(name, reason)
 
     async def _stop(self, name: str, reason: str) -> None:
-        running = self._stopping.get(name)
-        if running is not None:
-            await asyncio.shield(running)
+        if self._stopping(name):
+            await self._stopped(name)  # one stop at a time: this one is under way
             return
-        fut = self._stopping[name] = asyncio.get_running_loop().create_future()
         # Decided now, before any await: a request from here on finds it draining, and may start it again.
         self.policy.drain([name])
-        if reason == IDLE or reason.startswith("room for "):
-            self._ours.add(name)
-        else:
-            self._ours.discard(name)
-        self.effects.leaving(name, reason)
+        self._move(name, Phase.DRAINING, reason)
         try:
             await self._wait_drained(name, room=reason.startswith("room for "))
             await self.effects.stop(name, reason)
+            # Stopped (the supervisor's event says so too): a request restarts it if it is on demand or ours.
+            self.upstreams.stopped(self.effects.providers_of(name), name, on_demand=self.on_demand(name))
         finally:
             self.policy.drained(name)
-            del self._stopping[name]
-            fut.set_result(None)
+            providers = self.effects.providers_of(name)
+            if providers and self.upstreams.get(providers[0]).phase is Phase.DRAINING:
+                # The stop did not happen (an external process, an error): it serves on.
+                self.upstreams.move(providers, Phase.RESIDENT if name in self.effects.ready() else Phase.STOPPED,
+                                    process=name)
+            self._changed()
             self._wake.set()
 
     async def _wait_drained(self, name: str, *, room: bool = False) -> None:
         if not self.policy.busy(name):
             return
-        ev = self._drained[name] = asyncio.Event()
         settings = self._settings.get(name, Settings())
         timeout = max(settings.stop_timeout_s, settings.room_drain_s) if room else settings.stop_timeout_s
         try:
             async with asyncio.timeout(timeout):
-                await ev.wait()
+                await self._until(lambda: not self.policy.busy(name))
         except TimeoutError:
             log.warning("%s: %d request(s) still in flight after %.0fs; stopping it anyway", name,
                         self.policy.in_flight(name), timeout)
-        finally:
-            self._drained.pop(name, None)
 
     # -- idleness -------------------------------------------------------------------------------------------
 
@@ -495,7 +531,8 @@ class OnDemand:
 
     def _idle_ready(self) -> set[str]:
         busy = {self._target} if self._target else set()
-        return set(self.effects.ready()) - set(self.effects.external()) - set(self._stopping) - busy
+        stopping = {n for n, r in self.policy.residents.items() if r.draining}
+        return set(self.effects.ready()) - set(self.effects.external()) - stopping - busy
 
     async def _idle_stop(self, name: str) -> None:
         try:
@@ -537,8 +574,8 @@ class OnDemand:
             procs[name] = {"resident": name in holding, "memory_mb": r.memory_mb, "pinned": r.pinned,
                            "start": "on_demand" if s.on_demand else "always", "idle_stop_s": r.idle_stop_s,
                            "idle_stop_in_s": self.policy.idle_left(name) if name in holding else None,
-                           "in_flight": r.in_flight, "starting_on_demand": name == self._target,
-                           "stopping": name in self._stopping, "waiting": len(self._turns.get(name) or ()),
+                           "in_flight": self._in_flight(name), "starting_on_demand": name == self._target,
+                           "stopping": r.draining, "waiting": len(self._turns.get(name) or ()),
                            "admitted": r.admitted, "load_s": r.load_s,
                            "resident_for_s": None if r.ready_at is None or name not in holding
                            else max(0.0, self.policy.clock() - r.ready_at)}

@@ -4,6 +4,9 @@ clock, and what "holds memory" is handed in by the caller (ondemand.py), who own
 
 A process holds its memory from the moment its start is decided until its stop has completed: a process still
 stopping counts, so a start never overlaps the stop that made room for it.
+
+Requests in flight are not counted here: the count is each upstream's (upstream/upstream.py), read through the
+injected `in_flight(process)`.
 """
 
 from __future__ import annotations
@@ -24,7 +27,6 @@ class Resident:
     memory_mb: float = 0.0  # 0: unknown (an estimate failed and none was configured): counts as nothing
     pinned: bool = False
     idle_stop_s: float = 0.0  # 0: never stopped for idleness
-    in_flight: int = 0  # requests being served by it now
     admitted: int = 0  # requests whose turn it is (it came up for them) that have not begun yet: kept for them
     last_used: float = 0.0  # clock time of the last request's start or end
     draining: bool = False  # chosen to stop: takes no new request
@@ -33,9 +35,12 @@ class Resident:
 
 
 class ResidencyPolicy:
-    def __init__(self, budget_mb: float = 0.0, *, clock: Callable[[], float], min_resident_s: float = 0.0) -> None:
+    def __init__(self, budget_mb: float = 0.0, *, clock: Callable[[], float], min_resident_s: float = 0.0,
+                 in_flight: Callable[[str], int] = lambda _name: 0) -> None:
+        """`in_flight(process)`: requests being served by it now (its upstreams' one count)."""
         self.budget_mb = budget_mb
         self.clock = clock
+        self._in_flight = in_flight
         # A model started by us is not stopped again (idle, room) sooner than this after it became ready: the
         # hysteresis against A B A B (a stop by hand, a reload or shutdown ignore it).
         self.min_resident_s = min_resident_s
@@ -50,8 +55,7 @@ class ResidencyPolicy:
         for r in residents:
             prev = old.get(r.name)
             if prev is not None:
-                r.in_flight, r.admitted, r.last_used, r.draining = (prev.in_flight, prev.admitted, prev.last_used,
-                                                                    prev.draining)
+                r.admitted, r.last_used, r.draining = prev.admitted, prev.last_used, prev.draining
                 r.ready_at, r.load_s = prev.ready_at, prev.load_s
             self.residents[r.name] = r
         self.budget_mb = budget_mb
@@ -59,21 +63,21 @@ class ResidencyPolicy:
     # -- use ------------------------------------------------------------------------------------------------
 
     def begin(self, name: str) -> bool:
-        """A request starts on this process. False when it is being stopped: the request must not go there."""
+        """A request starts on this process (its upstream counts it). False when it is being stopped: the request
+        must not go there."""
         r = self.residents.get(name)
         if r is None:
             return True
         if r.draining:
             return False
-        r.in_flight += 1
         r.last_used = self.clock()
         return True
 
     def end(self, name: str) -> None:
+        """A request on it ended (its upstream's count is down already): it was used now."""
         r = self.residents.get(name)
         if r is None:
             return
-        r.in_flight = max(0, r.in_flight - 1)
         r.last_used = self.clock()
 
     def started(self, name: str, load_s: float | None) -> None:
@@ -98,7 +102,7 @@ class ResidencyPolicy:
     def busy(self, name: str) -> bool:
         """Requests are in flight on it, or were promised it (admitted) and have not begun yet."""
         r = self.residents.get(name)
-        return r is not None and (r.in_flight > 0 or r.admitted > 0)
+        return r is not None and (self._in_flight(name) > 0 or r.admitted > 0)
 
     def touch(self, name: str) -> None:
         """A request wants this process (it is being started for it): it is the most recently used."""
@@ -128,7 +132,7 @@ class ResidencyPolicy:
             return []
         others = [r for n, r in self.residents.items() if n in holding and n != name]
         candidates = sorted((r for r in others if not r.pinned and r.name not in fixed),
-                            key=lambda r: (r.in_flight > 0 or r.admitted > 0, r.last_used, -r.memory_mb))
+                            key=lambda r: (self._in_flight(r.name) > 0 or r.admitted > 0, r.last_used, -r.memory_mb))
         chosen: list[str] = []
         for r in candidates:
             if held + need <= self.budget_mb:
@@ -154,15 +158,14 @@ class ResidencyPolicy:
             r.draining = False
 
     def in_flight(self, name: str) -> int:
-        r = self.residents.get(name)
-        return r.in_flight if r is not None else 0
+        return self._in_flight(name) if name in self.residents else 0
 
     # -- idleness -------------------------------------------------------------------------------------------
 
     def idle_deadline(self, name: str) -> float | None:
         """When this process is due for an idle stop if nothing uses it (None: never, or busy now)."""
         r = self.residents.get(name)
-        if r is None or r.idle_stop_s <= 0 or r.in_flight or r.admitted or r.draining:
+        if r is None or r.idle_stop_s <= 0 or self._in_flight(name) or r.admitted or r.draining:
             return None
         return max(r.last_used + r.idle_stop_s, self.resident_until(name))
 

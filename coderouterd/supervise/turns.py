@@ -98,9 +98,10 @@ def _blocked(w: Want, victims: list[str], policy: ResidencyPolicy, *, starting: 
             return Hold(None, f"{v} is starting: the swap that started finishes")
         if r.admitted:
             return Hold(None, f"{v} came up for {r.admitted} request(s) that have not begun")
-        if r.in_flight:
+        serving = policy.in_flight(v)
+        if serving:
             if w.rank != FOREGROUND:
-                return Hold(None, f"{v} is serving {r.in_flight} request(s): a background request never stops it")
+                return Hold(None, f"{v} is serving {serving} request(s): a background request never stops it")
             until = max(until, w.since + hold_s)
         elif w.rank != FOREGROUND:
             # Idle only for a moment (an agent between two tool calls): likely wanted again soon. A lighter

@@ -30,6 +30,10 @@ health_action = "warn"
         with running(cfg, tmp_path) as d:
             assert httpx.get(d.url + "/metrics").status_code == 401
             before = scrape(d, "scrape-me")
+            # E14: every configured provider's breaker and health are there before any of them moved.
+            for name in ("bad", "good"):
+                assert ("coderouter_breaker_state", (("provider", name),)) in before
+                assert ("coderouter_health_state", (("provider", name),)) in before
             for _ in range(4):
                 r = httpx.post(d.url + "/v1/messages", json={"model": "m", "max_tokens": 5,
                                                              "messages": [{"role": "user", "content": "hi"}]})

@@ -231,3 +231,30 @@ def test_a_model_that_is_up_is_served_while_another_is_swapped_in(tmp_path):
         assert status(d)["processes"]["a"]["last_stop_reason"] == "room for c"
     finally:
         d.stop()
+
+
+def test_metrics_follow_one_upstream_through_its_life(tmp_path):
+    # upstream/lifecycle.py, as /metrics shows it: from the start (E14), every move the supervisor's events and
+    # the scheduler make: stopped on demand, resident once a request started it, stopped on demand again after a
+    # stop by hand (an on-demand model: the next request starts it), resident again.
+    port = free_port()
+    cfg = config({"local": managed(port, fake_cmd(port), start="on_demand")}, {"default": ["local"]})
+    with running(cfg, tmp_path) as d:
+        sock = str(d.state_dir / "coderouterd.sock")
+
+        def phase() -> list[str]:
+            return [labels["phase"] for labels, v in series(scrape(d), "coderouter_upstream_lifecycle",
+                                                            provider="local") if v == 1]
+
+        assert wait_for(lambda: phase() == ["stopped_on_demand"], 20)
+        first = scrape(d)
+        assert total(first, "coderouter_breaker_state", provider="local") == 0
+        assert ("coderouter_health_state", (("provider", "local"),)) in first
+        assert ask(d).status_code == 200
+        assert phase() == ["resident"] and total(scrape(d), "coderouter_upstream_in_flight", provider="local") == 0
+        stop = corectl(["--socket", sock, "stop", "local"])
+        assert stop.returncode == 0, stop.stdout + stop.stderr
+        assert phase() == ["stopped_on_demand"] and backend_pids(port) == []
+        r = ask(d)
+        assert r.status_code == 200 and r.headers["x-coderouter-provider"] == "local", r.text
+        assert phase() == ["resident"]

@@ -15,6 +15,8 @@ from coderouterd.daemon import Daemon
 from coderouterd.state.memory import MemoryStore
 from coderouterd.supervise.from_config import Processes
 from coderouterd.supervise.tree import process_alive
+from coderouterd.upstream.breaker import BreakerRegistry
+from coderouterd.upstream.upstream import Upstreams
 
 
 def _unused_port() -> int:
@@ -66,7 +68,8 @@ def test_daemon_shutdown_leaves_no_task_and_no_child(tmp_path):
 def test_a_start_spawned_by_a_reload_is_owned_and_ended(tmp_path):
     async def main():
         cfg = parse_config_text(_config(tmp_path), "t")
-        procs = Processes(tmp_path / "logs", MemoryStore(), on_event=None)
+        procs = Processes(tmp_path / "logs", MemoryStore(), on_event=None,
+                          upstreams=Upstreams(BreakerRegistry()))
         await procs.reload(cfg)  # a process new to the config, autostarted: started in the background
         assert len(procs._starts) == 1
         await procs.shutdown()

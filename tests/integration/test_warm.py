@@ -62,6 +62,9 @@ class World:
         self.extra = extra
         self.fake = self._fake(port=0)
         self.now = 0.0
+        # Requests in flight per provider: the upstream's one count in the daemon (upstream/upstream.py's Lease),
+        # which affinity reads; here the scenario counts them itself.
+        self.in_flight: dict[str, int] = {}
         self.aff = self.provider = None
         self.cached: list[int] = []  # what the server reported it reused, per turn
 
@@ -78,7 +81,7 @@ class World:
 
     def daemon(self, snapshot: dict | None = None) -> Affinity:
         cfg = parse_config_text(CFG % self.fake.url + self.extra, "t")
-        self.aff = aff = Affinity(cfg, clock=lambda: self.now)
+        self.aff = aff = Affinity(cfg, clock=lambda: self.now, in_flight=lambda n: self.in_flight.get(n, 0))
         if snapshot is not None:
             aff.restore({"p": snapshot})
         self.provider = Provider("p", cfg.providers["p"])
@@ -179,11 +182,13 @@ def test_an_idle_lane_is_saved_in_the_background_and_a_crash_loses_only_later_tu
         assert w.files() == []  # idle 5 s of 10
         # A request in flight on the server: no background save starts (it would delay the request).
         tb = w.aff.ticket(_req(b))
+        w.in_flight["p"] = 1  # its lease has begun
         pb = await w.aff.place(tb, w.provider)
         w.now = 20.0
         await w.aff.warm.idle_pass()
         assert w.files() == []
         w.aff.finish(tb, pb, w.provider, ok=True, strategy=_Done())
+        w.in_flight["p"] = 0  # and ended
         b.advance()
         assert w.aff.warm.status("p")["unsaved_lanes"] == 2
         await w.aff.warm.idle_pass()  # one slot a pass: a's (idle 20 s; b's was just used)

@@ -11,11 +11,11 @@ import psycopg
 
 from coderouterd.cluster.breakers import SharedBreakers
 from coderouterd.config.loader import parse_config_text
-from coderouterd.routing.breaker import BreakerState
 from coderouterd.routing.state import RoutingState
 from coderouterd.state.shared.db import Database
 from coderouterd.state.shared.schema import migrate
 from coderouterd.tasks import TaskSet
+from coderouterd.upstream.breaker import BreakerState
 
 TOML = """
 [breaker]

@@ -21,13 +21,13 @@ from dataclasses import dataclass, field
 
 from coderouterd.config.loader import LoadedConfig, parse_config_text
 from coderouterd.providers.errors import UpstreamError
-from coderouterd.routing.clock import ManualClock
 from coderouterd.routing.executor import Exchange
 from coderouterd.routing.request import ClientRequest
 from coderouterd.routing.router import Router
 from coderouterd.routing.sink import ClientGone
 from coderouterd.routing.state import RoutingState
 from coderouterd.runtime import build_runtime
+from coderouterd.upstream.clock import ManualClock
 
 
 @dataclass

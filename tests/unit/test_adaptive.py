@@ -2,7 +2,7 @@ import orjson
 import pytest
 
 from coderouterd.routing.adaptive import AdaptiveOrderer, AdaptiveSettings, ProbeScheduler, ProviderStats
-from coderouterd.routing.clock import ManualClock
+from coderouterd.upstream.clock import ManualClock
 
 
 def setup(**overrides):

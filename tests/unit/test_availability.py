@@ -9,8 +9,8 @@ from dataclasses import dataclass
 
 from coderouterd.providers.errors import MEMORY_PRESSURE, UpstreamError
 from coderouterd.routing.availability import Code, judge_chain
-from coderouterd.routing.breaker import BreakerState
-from coderouterd.routing.router import Router
+from coderouterd.upstream.breaker import BreakerState
+from coderouterd.upstream.lifecycle import Phase, down_why
 from tests.support.routing import Routing, chain_config, fail
 
 
@@ -86,7 +86,7 @@ def test_a_memory_cooldown_and_a_retry_after_are_named_as_such():
 
 def test_failed_probes_make_it_unhealthy_and_health_action_decides_whether_it_is_routed():
     r = Routing(chain_config("a"))
-    r.router = Router(r.state, last_probe=lambda name: {"ok": False, "detail": "cannot connect: refused"})
+    r.state.upstream("a").probed({"ok": False, "detail": "cannot connect: refused"})
     for _ in range(3):
         r.state.probe_failed("a", "probe failed: cannot connect")
     assert r.breaker("a").state is BreakerState.CLOSED  # a probe never opens the breaker
@@ -106,17 +106,18 @@ def test_self_healing_holds_it_with_its_reason():
 
 def test_a_managed_process_not_ready_stopped_on_demand_or_unable_to_start():
     r = Routing(chain_config("a"))
-    r.state.mark_down(["a"], wait_s=60, state="starting", process="llama")
+    r.state.upstreams.starting(["a"], "llama", 60, "starting")
     a = r.router.availability("a")
     assert (a.available, a.code, a.words) == (False, Code.STARTING,
                                               "a's managed process llama is not ready (starting)")
-    r.state.mark_down(["a"], state="stopped", process="llama")  # stopped by hand: not coming by itself
+    # stopped by hand: not coming by itself
+    r.state.upstreams.move(["a"], Phase.STOPPED, down_why("stopped", "llama", coming=False), process="llama")
     assert r.router.availability("a").code is Code.NOT_READY
     demand = Routing(chain_config("a"))
-    demand.router = Router(demand.state, demand=lambda: _Demand())  # type: ignore[arg-type,return-value]
-    demand.state.mark_down(["a"], state="stopped", process="llama")
+    demand.state.upstreams.starter = _Demand()  # type: ignore[assignment]
+    demand.state.upstreams.move(["a"], Phase.STOPPED, down_why("stopped", "llama", coming=False), process="llama")
     assert demand.router.availability("a").code is Code.ON_DEMAND
-    r.state.cannot_start(["a"], "managed process llama cannot start: no such file; fix it")
+    r.state.upstreams.cannot_start(["a"], "managed process llama cannot start: no such file; fix it")
     a = r.router.availability("a")
     assert (a.available, a.code, a.words) == (False, Code.CANNOT_START,
                                               "managed process llama cannot start: no such file; fix it")
@@ -311,7 +312,10 @@ def test_persisted_breakers_of_providers_no_longer_configured_are_dropped_at_sta
     r = Routing(_with(chain_config("a", "b", breaker_failures=1), "max_ejection_percent = 50"))
     PersistedState(store, lambda _e: None).restore_routing(r.state)
     assert set(store.items(NS_BREAKERS)) == set()  # not brought back at the next start either
-    assert r.state.breakers.names() == []
+    # Every configured provider has its (closed) breaker from the start (E14: its gauges are in /metrics); the
+    # dropped ones are not among them.
+    assert sorted(r.state.breakers.names()) == ["a", "b"]
+    assert all(r.breaker(n).state is BreakerState.CLOSED for n in ("a", "b"))
     _request_failure(r, "a")
     assert r.breaker("a").state is BreakerState.OPEN
 

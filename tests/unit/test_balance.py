@@ -29,6 +29,14 @@ def _ticket(prompt, lane="lane-a", continues=True):
     return SimpleNamespace(prompt=prompt, lane=lane, continues=continues, lane_label=f"lane:{lane}")
 
 
+def _in_flight(index: PrefixIndex, name: str, n: int) -> None:
+    """Requests in flight on `name`, as the upstream's one count hands them to the index."""
+    counts = dict(getattr(index, "_counts", {}))
+    counts[name] = n
+    index._counts = counts  # type: ignore[attr-defined]
+    index.in_flight = lambda provider: counts.get(provider, 0)
+
+
 def _index(slots: int = 2, s_per_token: float = 0.01, mean_s: float = 4.0) -> PrefixIndex:
     index = PrefixIndex()
     for n in NAMES:
@@ -67,12 +75,12 @@ def test_the_holder_loses_the_turn_when_its_queue_costs_more_than_recomputing():
     # against ~0.01 s/token x ~1,800 tokens = ~18 s of prefill elsewhere: it stays.
     index = _index(s_per_token=0.01)
     _hold(index, "gpu2", "lane-a", earlier)
-    index.provider("gpu2").in_flight = 4
+    _in_flight(index, "gpu2", 4)
     assert Balancer().order(NAMES, _ticket(now), index)[0][0] == "gpu2"
     # A fast prefill (0.5 ms/token: ~1 s to recompute) makes the same queue not worth waiting for.
     index = _index(s_per_token=0.0005)
     _hold(index, "gpu2", "lane-a", earlier)
-    index.provider("gpu2").in_flight = 4
+    _in_flight(index, "gpu2", 4)
     order, notes = Balancer().order(NAMES, _ticket(now), index)
     assert order[0] != "gpu2" and order[-1] == "gpu2"
     assert "gpu2: " in notes[0]["why"] and "queue 3" in notes[0]["why"]
@@ -80,8 +88,8 @@ def test_the_holder_loses_the_turn_when_its_queue_costs_more_than_recomputing():
 
 def test_new_conversations_go_to_the_shortest_queue_then_the_most_free_slots():
     index = _index()
-    index.provider("gpu1").in_flight = 3  # queue 2
-    index.provider("gpu2").in_flight = 1  # 1 free slot
+    _in_flight(index, "gpu1", 3)  # queue 2
+    _in_flight(index, "gpu2", 1)  # 1 free slot
     order, notes = Balancer().order(NAMES, _ticket(_prompt(0), continues=False), index)
     assert order == ["gpu3", "gpu2", "gpu1"]
     assert notes[0]["why"].startswith("balance: new conversation: 2 of 2 slots free on gpu3")
@@ -125,7 +133,7 @@ def test_stale_readings_are_ignored():
 def test_moved_back_providers_stay_behind():
     index = _index()
     plan = Plan(candidates=list(NAMES), order_notes=[{"provider": "gpu3", "moved": "back", "why": "health"}])
-    index.provider("gpu1").in_flight = 5
+    _in_flight(index, "gpu1", 5)
     apply_balance(Balancer(), plan, _ticket(_prompt(0), continues=False), index, {}, None)
     assert plan.candidates == ["gpu2", "gpu1", "gpu3"]
     assert plan.order_notes[-1]["provider"] == "gpu2" and plan.order_notes[-1]["moved"] == "front"
@@ -181,7 +189,7 @@ def test_polling_reads_slots_through_llama_server_and_at_most_every_half_second(
 def test_a_paid_provider_in_a_balance_profile_is_the_chains_failover_not_a_replica():
     index = _index()
     for n in NAMES:
-        index.provider(n).in_flight = 6  # every replica queued deep: a paid provider would still not lead
+        _in_flight(index, n, 6)  # every replica queued deep: a paid provider would still not lead
     plan = Plan(candidates=["anthropic", *NAMES])
     providers = {n: SimpleNamespace(cfg=SimpleNamespace(paid=False)) for n in NAMES}
     providers["anthropic"] = SimpleNamespace(cfg=SimpleNamespace(paid=True))

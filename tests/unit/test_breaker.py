@@ -1,8 +1,8 @@
 import orjson
 import pytest
 
-from coderouterd.routing.breaker import BreakerRegistry, BreakerState, CircuitBreaker
-from coderouterd.routing.clock import ManualClock, SystemClock
+from coderouterd.upstream.breaker import BreakerRegistry, BreakerState, CircuitBreaker
+from coderouterd.upstream.clock import ManualClock, SystemClock
 
 
 def make(failures=3, recovery_s=30.0):

@@ -9,8 +9,9 @@ import pytest
 
 from coderouterd.providers.errors import OVERFLOW, UNBUILDABLE, UpstreamError, http_error
 from coderouterd.routing.attempts import Outcome
-from coderouterd.routing.breaker import BreakerState
 from coderouterd.routing.sink import ClientGone
+from coderouterd.upstream.breaker import BreakerState
+from coderouterd.upstream.lifecycle import Phase, down_why
 from tests.support.routing import FakeSink, Routing, boom, chain_config, fail, hang, midstream, ok
 
 STREAM = {"model": "m", "max_tokens": 5, "stream": True, "messages": [{"role": "user", "content": "hi"}]}
@@ -267,7 +268,7 @@ def test_panic_opt_out_answers_at_once():
 
 def test_a_managed_process_that_is_not_ready_is_never_a_panic_candidate():
     r = Routing(chain_config("a"))
-    r.state.mark_down(["a"])
+    r.state.upstreams.move(["a"], Phase.STOPPED)
     _ex, sink = run(r.serve())
     assert sink.status == 529 and r.ups.sent == []
     assert "a:skipped:not_ready" in sink.headers()["x-coderouter-attempts"]
@@ -282,7 +283,7 @@ def test_a_fatal_process_is_skipped_even_in_panic_and_the_client_is_told_how_to_
         r.state.set_health("a", "UNHEALTHY", "process llama fatal")
     if transient in ("breaker_open", "both"):
         open_breaker(r, "a")
-    r.state.mark_down(["a"], state="fatal", process="llama")
+    r.state.upstreams.move(["a"], Phase.STOPPED, down_why("fatal", "llama", coming=False), process="llama")
     ex, sink = run(r.serve())
     assert r.ups.sent == [] and not ex.record.attempts
     status, msg, kind, headers = sink.last_error()[1:]
@@ -294,12 +295,12 @@ def test_a_fatal_process_is_skipped_even_in_panic_and_the_client_is_told_how_to_
 def test_a_request_nothing_else_can_serve_waits_for_a_starting_process_then_is_served():
     async def go():
         r = Routing(chain_config("a"))
-        r.state.mark_down(["a"], wait_s=30)  # the supervisor is (re)starting a's server
+        r.state.upstreams.starting(["a"], "", 30, "")  # the supervisor is (re)starting a's server
         task = asyncio.ensure_future(r.serve())
         for _ in range(5):
             await asyncio.sleep(0)
         assert not task.done() and r.ups.sent == []  # waiting, not failing
-        r.state.mark_up(["a"])  # READY
+        r.state.upstreams.move(["a"], Phase.RESIDENT)  # READY
         ex, sink = await asyncio.wait_for(task, 5)
         assert sink.status == 200 and ex.record.served_by == "a"
         assert "a:skipped:not_ready" not in sink.headers()["x-coderouter-attempts"]
@@ -310,14 +311,14 @@ def test_a_request_nothing_else_can_serve_waits_for_a_starting_process_then_is_s
 def test_a_waiting_request_gives_up_when_the_process_turns_fatal_or_its_start_timeout_passes():
     async def go():
         r = Routing(chain_config("a"))
-        r.state.mark_down(["a"], wait_s=30)
+        r.state.upstreams.starting(["a"], "", 30, "")
         task = asyncio.ensure_future(r.serve())
         await asyncio.sleep(0.01)
-        r.state.mark_down(["a"])  # FATAL: it is not coming back by itself
+        r.state.upstreams.move(["a"], Phase.STOPPED)  # FATAL: it is not coming back by itself
         _ex, sink = await asyncio.wait_for(task, 1)
         assert sink.status == 529 and r.ups.sent == []
         r2 = Routing(chain_config("a"))
-        r2.state.mark_down(["a"], wait_s=0.05)
+        r2.state.upstreams.starting(["a"], "", 0.05, "")
         _ex, sink = await asyncio.wait_for(r2.serve(), 2)
         assert sink.status == 529 and r2.ups.sent == []
     run(go())
@@ -326,7 +327,7 @@ def test_a_waiting_request_gives_up_when_the_process_turns_fatal_or_its_start_ti
 def test_a_fallback_that_serves_is_not_held_back_by_a_starting_process():
     async def go():
         r = Routing(chain_config("a", "b"))
-        r.state.mark_down(["a"], wait_s=30)
+        r.state.upstreams.starting(["a"], "", 30, "")
         ex, sink = await asyncio.wait_for(r.serve(), 2)
         assert sink.status == 200 and ex.record.served_by == "b"
     run(go())

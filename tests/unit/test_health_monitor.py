@@ -5,9 +5,10 @@ from __future__ import annotations
 import asyncio
 
 from coderouterd.health.monitor import HealthMonitor
-from coderouterd.routing.breaker import BreakerState
 from coderouterd.routing.router import PANIC
 from coderouterd.tasks import TaskSet
+from coderouterd.upstream.breaker import BreakerState
+from coderouterd.upstream.lifecycle import Phase
 from tests.fakes.runner import FakeServer
 from tests.support.routing import Routing
 
@@ -76,9 +77,9 @@ def test_a_model_list_answer_never_closes_a_breaker_failed_generations_opened():
 def test_held_and_down_providers_are_not_probed():
     with FakeServer("openai") as f:
         async def body(r, m):
-            r.state.mark_down(["p"])
+            r.state.upstreams.move(["p"], Phase.STOPPED)
             await m.probe_all()
-            r.state.mark_up(["p"])
+            r.state.upstreams.move(["p"], Phase.RESIDENT)
             r.state.hold("p", "self-healing")
             await m.probe_all()
             return f.count("/v1/models")

@@ -27,7 +27,7 @@ LAYER_OK = re.compile(r"#\s*layer-ok:(.*)$")
 # Below cluster/ (cluster coordination: shared breakers and budget, the state backend), which sits above routing and
 # guards and below the daemon.
 BELOW_CLUSTER = ("routing", "guards", "providers", "translate", "wire", "servers", "state", "config", "affinity",
-                 "health", "quality", "supervise", "ingress", "kvcache")
+                 "health", "quality", "supervise", "ingress", "upstream", "kvcache")
 
 # (importer prefix, imported prefix): modules under the first must not import modules under the second.
 FORBIDDEN = [
@@ -46,6 +46,11 @@ FORBIDDEN = [
     # state/ (storage, the bus's events) is below routing and guards: what coordinates them is cluster/.
     ("coderouterd.state", "coderouterd.routing"),
     ("coderouterd.state", "coderouterd.guards"),
+    # upstream/ (one Upstream per provider: breaker, hold, lifecycle, lease) is below routing, which plans over it,
+    # and below supervise and health, which move it; the supervisor reaches routing only through it.
+    *(("coderouterd.upstream", f"coderouterd.{above}") for above in ("routing", "supervise", "health", "affinity",
+                                                                    "guards", "ingress", "quality")),
+    ("coderouterd.supervise", "coderouterd.routing"),
     *((f"coderouterd.{below}", "coderouterd.cluster") for below in BELOW_CLUSTER),
     # kvcache/ (slot files) sits above providers and servers and below affinity, which holds its file pools, and
     # supervise, which calls its save before a stop: it is handed what it reads of them (kvcache/cache.Host).

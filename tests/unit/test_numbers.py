@@ -17,13 +17,38 @@ def _metrics() -> Metrics:
     return Metrics(SimpleNamespace(budget=SimpleNamespace(snapshot=dict), processes=None,
                                    affinity=SimpleNamespace(index=SimpleNamespace(providers={}),
                                                             warm=SimpleNamespace(stats={}, disk_bytes=0)),
-                                   in_flight={"anthropic": 2, "openai": 0}, runtime=None,
+                                   in_flight={"anthropic": 2, "openai": 0}, runtime=SimpleNamespace(providers={}),
                                    router=SimpleNamespace(providers_availability=lambda _runtime, _active: {}),
                                    active_profile="default", browser_refused={"host": 1}))
 
 
 def _samples(m: Metrics) -> Samples:
     return parse(m.render().decode())
+
+
+def test_every_configured_provider_has_its_breaker_health_and_lifecycle_gauges_from_the_start():
+    # E14: the gauges were fed by transitions only, so a provider that never moved was absent from /metrics.
+    from coderouterd.upstream.lifecycle import Phase
+    from tests.support.routing import Routing, chain_config
+
+    r = Routing(chain_config("a", "b", "c"))
+    r.state.upstreams.stopped(["c"], "llama", on_demand=True, first=True)
+    m = Metrics(SimpleNamespace(budget=SimpleNamespace(snapshot=dict), processes=None,
+                                affinity=SimpleNamespace(index=SimpleNamespace(providers={}),
+                                                         warm=SimpleNamespace(stats={}, disk_bytes=0)),
+                                in_flight={}, runtime=r.runtime, router=r.router, active_profile="default",
+                                browser_refused={}))
+    s = _samples(m)
+    for name in ("a", "b", "c"):
+        assert ("coderouter_breaker_state", (("provider", name),)) in s
+        assert ("coderouter_health_state", (("provider", name),)) in s
+        assert ("coderouter_upstream_in_flight", (("provider", name),)) in s
+    assert total(s, "coderouter_breaker_state") == 0 and total(s, "coderouter_health_state") == 0
+    assert total(s, "coderouter_upstream_lifecycle", provider="a", phase=Phase.RESIDENT.value) == 1
+    assert total(s, "coderouter_upstream_lifecycle", provider="c", phase=Phase.STOPPED_ON_DEMAND.value) == 1
+    for _ in range(r.breaker("b").failures):
+        r.breaker("b").record_failure()
+    assert total(_samples(m), "coderouter_breaker_state", provider="b") == 2  # open, read when scraped
 
 
 def test_a_restart_moves_the_restart_counter_once_per_process():

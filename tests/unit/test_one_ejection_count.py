@@ -8,7 +8,7 @@ import asyncio
 
 from coderouterd.config.loader import parse_config_text
 from coderouterd.providers.errors import UpstreamError
-from coderouterd.routing.breaker import BreakerState
+from coderouterd.upstream.breaker import BreakerState
 from tests.support.routing import Routing, chain_config, fail
 
 

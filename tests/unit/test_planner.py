@@ -9,8 +9,8 @@ import pytest
 from coderouterd.providers.errors import UpstreamError
 from coderouterd.routing.adaptive import AdaptiveOrderer, AdaptiveSettings, ProviderStats
 from coderouterd.routing.availability import judge
-from coderouterd.routing.breaker import BreakerState
 from coderouterd.routing.planner import SKIP_REASONS, ProviderFacts, RequestFeatures, plan
+from coderouterd.upstream.breaker import BreakerState
 from tests.support.routing import Routing, chain_config
 
 CHAIN = ["a", "b", "c"]
@@ -300,6 +300,7 @@ def test_a_process_that_cannot_start_keeps_its_own_words():
     """The client's answer quotes them as they are (routing/replies.cannot_start); they name the process."""
     r = routing()
     why = "managed process llama cannot start: no such file; fix it"
-    r.state.cannot_start(["a"], why)
+    r.state.upstreams.stopped(["a"], "llama", on_demand=True, first=True)
+    r.state.upstreams.cannot_start(["a"], why)
     p = run(r)
     assert [(s.provider, s.reason, s.message) for s in p.skips] == [("a", "cannot_start", why)]

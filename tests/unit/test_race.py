@@ -8,7 +8,7 @@ import pytest
 
 from coderouterd.providers.errors import BUDGET, OVERFLOW, UpstreamError, http_error
 from coderouterd.routing.attempts import Outcome
-from coderouterd.routing.breaker import BreakerState
+from coderouterd.upstream.breaker import BreakerState
 from tests.support.routing import Routing, boom, chain_config, fail, hang, slow
 
 RACE = 'mode = "race"\nrace_width = 2'

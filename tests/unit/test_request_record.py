@@ -7,9 +7,9 @@ import asyncio
 from coderouterd.observe.request_record import RequestRecorder
 from coderouterd.providers.errors import http_error
 from coderouterd.routing.attempts import Attempt
-from coderouterd.routing.breaker import BreakerState
 from coderouterd.routing.planner import Skip
 from coderouterd.state import FallbackUsed, RequestFinished
+from coderouterd.upstream.breaker import BreakerState
 from tests.support.routing import Routing, chain_config, fail
 
 

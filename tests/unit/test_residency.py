@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from coderouterd.state.events import ProcessEventName
 from coderouterd.supervise.memory import (
     context_size,
     estimate_mb,
@@ -20,6 +21,8 @@ from coderouterd.supervise.memory import (
 )
 from coderouterd.supervise.ondemand import IDLE, OnDemand, Rules, Settings, room_for
 from coderouterd.supervise.residency import NoRoom, ResidencyPolicy, Resident
+from coderouterd.upstream.lifecycle import Phase
+from coderouterd.upstream.upstream import Lease
 
 
 class Clock:
@@ -34,9 +37,29 @@ def run(coro):
     return asyncio.run(coro)
 
 
+class CountedPolicy(ResidencyPolicy):
+    """The policy with requests in flight counted as the upstreams count them in production (upstream/upstream.py's
+    Lease): one count per process, here a dict, which the policy only reads."""
+
+    def __init__(self, budget_mb: float = 0.0, *, clock, min_resident_s: float = 0.0) -> None:
+        self.counts: dict[str, int] = {}
+        super().__init__(budget_mb, clock=clock, min_resident_s=min_resident_s,
+                         in_flight=lambda name: self.counts.get(name, 0))
+
+    def begin(self, name: str) -> bool:
+        ok = super().begin(name)
+        if ok:
+            self.counts[name] = self.counts.get(name, 0) + 1
+        return ok
+
+    def end(self, name: str) -> None:
+        self.counts[name] = max(0, self.counts.get(name, 0) - 1)
+        super().end(name)
+
+
 def policy(budget: float, *residents: Resident) -> tuple[ResidencyPolicy, Clock]:
     clock = Clock()
-    p = ResidencyPolicy(budget, clock=clock)
+    p = CountedPolicy(budget, clock=clock)
     p.configure(residents, budget)
     return p, clock
 
@@ -134,6 +157,7 @@ class FakeEffects:
 
     def __init__(self, names):
         self.state = dict.fromkeys(names, "stopped")
+        self.sch: OnDemand | None = None  # the scheduler, whose upstreams hear the "supervisor's" events
         self.log: list[tuple] = []
         self.gates: dict[str, asyncio.Event] = {}
         self.fail: dict[str, str] = {}
@@ -152,6 +176,15 @@ class FakeEffects:
     def stopped(self, name):
         return self.state[name] == "stopped"
 
+    def providers_of(self, name):
+        return [f"prov-{name}"]
+
+    def event(self, name, event):
+        """What the supervisor tells the upstreams registry (supervise/from_config.Processes)."""
+        if self.sch is not None:
+            self.sch.upstreams.process_event(name, event, self.providers_of(name), "test", wait_s=30,
+                                             on_demand=self.sch.on_demand(name))
+
     async def start(self, name, wait=True):
         self.log.append(("start", name))
         self.state[name] = "starting"
@@ -161,8 +194,10 @@ class FakeEffects:
             await gate.wait()
         if name in self.fail:
             self.state[name] = "fatal"
+            self.event(name, ProcessEventName.FATAL)
             return self.fail[name]
         self.state[name] = "ready"
+        self.event(name, ProcessEventName.READY)
         return None
 
     async def wait_ready(self, name):
@@ -174,24 +209,54 @@ class FakeEffects:
         self.state[name] = "stopping"
         await asyncio.sleep(0)
         self.state[name] = "stopped"
+        self.event(name, ProcessEventName.STOPPED)
 
-    def coming(self, name):
-        self.log.append(("coming", name))
+    def moved(self, up, old, new):
+        """The upstreams' lifecycle moves the scheduler makes, as the log's words (routing hears them)."""
+        name = up.name.removeprefix("prov-")
+        if new is Phase.STARTING and "on demand" in up.life.why:
+            self.log.append(("coming", name))
+        elif new is Phase.DRAINING:
+            self.log.append(("leaving", name, up.life.why.split("stopping: ", 1)[1].split(";")[0]))
+        elif new is Phase.CANNOT_START:
+            self.log.append(("cannot_start", name, up.life.why.split(" cannot start: ", 1)[1]))
 
-    def leaving(self, name, reason):
-        self.log.append(("leaving", name, reason))
 
-    def cannot_start(self, name, reason):
-        self.log.append(("cannot_start", name, reason))
+class Requests:
+    """The scheduler as the request path uses it: each request through a lease on its provider's upstream (which
+    counts it in flight, the one count), everything else as it is."""
+
+    def __init__(self, sch: OnDemand) -> None:
+        self._sch = sch
+        self._open: dict[str, list[Lease]] = {}
+
+    def __getattr__(self, name):
+        return getattr(self._sch, name)
+
+    def begin(self, provider: str, turn=None) -> bool:
+        lease = self._sch.upstreams.get(provider).lease()
+        lease.turn = turn
+        if not lease.begin():
+            return False
+        self._open.setdefault(provider, []).append(lease)
+        return True
+
+    def end(self, provider: str) -> None:
+        self._open[provider].pop().end()
 
 
 def scheduler(budget, residents, on_demand=("a", "b", "c"), stop_timeout_s=10.0, hold_s=0.0, min_resident_s=0.0):
     fx = FakeEffects([r.name for r in residents])
     clock = Clock()
     sch = OnDemand(fx, clock=clock, process_of=lambda p: p.removeprefix("prov-"), budget_mb=budget)
+    fx.sch = sch
+    sch.upstreams.watch(fx.moved)
     sch.configure(budget, {r.name: (r, Settings(on_demand=r.name in on_demand, stop_timeout_s=stop_timeout_s))
                            for r in residents}, Rules(hold_s=hold_s, min_resident_s=min_resident_s))
-    return sch, fx, clock
+    # Stopped until a request needs it (the daemon says so at start: Processes.await_first_starts).
+    for r in residents:
+        sch.upstreams.stopped(fx.providers_of(r.name), r.name, on_demand=r.name in on_demand, first=True)
+    return Requests(sch), fx, clock
 
 
 async def started(sch, provider, *, background=False) -> bool:
@@ -362,7 +427,7 @@ async def _test_a_request_for_a_process_being_stopped_waits_for_the_stop_then_st
     assert sch.begin("prov-a")
     swap = sch.demand("prov-b")
     for _ in range(20):
-        if "a" in sch._stopping:
+        if sch._stopping("a"):
             break
         await asyncio.sleep(0)
     back = sch.demand("prov-a")  # a is draining for b: the request takes a turn at a's next start
@@ -441,13 +506,15 @@ def test_a_process_that_cannot_start_is_down_not_coming_until_started_again():
     cfg = ConfigModel.model_validate({"providers": {"p": {"base_url": "http://127.0.0.1:1/v1"}},
                                       "profiles": {"default": {"providers": ["p"]}}})
     st = RoutingState(cfg)
-    st.cannot_start(["p"], "managed process x cannot start: model file 'm.gguf' not found")
-    assert st.is_down("p") and st.coming_within("p") == 0
+    ups = st.upstreams
+    ups.stopped(["p"], "x", on_demand=True, first=True)
+    ups.cannot_start(["p"], "managed process x cannot start: model file 'm.gguf' not found")
+    assert st.is_down("p") and ups.get("p").life.wait_s == 0 and not ups.get("p").lease().want()
     assert st.cannot_start_reason("p") == "managed process x cannot start: model file 'm.gguf' not found"
-    st.mark_down(["p"], wait_s=30, state="starting on demand")  # started again: it may come up this time
-    assert st.cannot_start_reason("p") is None
-    st.cannot_start(["p"], "again")
-    st.mark_up(["p"])
+    ups.starting(["p"], "x", 30, "starting on demand")  # started again: it may come up this time
+    assert st.cannot_start_reason("p") is None and ups.get("p").lease().want()
+    ups.cannot_start(["p"], "again")
+    ups.move(["p"], Phase.RESIDENT)
     assert st.cannot_start_reason("p") is None and not st.is_down("p")
 
 

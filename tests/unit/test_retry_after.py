@@ -11,9 +11,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from coderouterd.providers.errors import MAX_RETRY_AFTER_S, parse_retry_after
-from coderouterd.routing.breaker import CircuitBreaker
-from coderouterd.routing.clock import ManualClock
 from coderouterd.routing.replies import retry_after_value
+from coderouterd.upstream.breaker import CircuitBreaker
+from coderouterd.upstream.clock import ManualClock
 
 _NASTY = ["nan", "NaN", "-nan", "inf", "-inf", "Infinity", "1e400", "-1e400", "1e20", "-5", "-0.001", "0",
           "99999999999999999999999", "  7 ", "7.5", "", " ", "soon", "0x10", "1_000", "\u0661\u0662"]

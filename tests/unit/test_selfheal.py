@@ -11,12 +11,12 @@ from pathlib import Path
 
 from coderouterd.health.monitor import HealthMonitor
 from coderouterd.health.selfheal import SelfHealer
-from coderouterd.routing.breaker import BreakerState
 from coderouterd.state import ProcessEvent, RecoveryProbe
 from coderouterd.state.events import ProcessEventName
 from coderouterd.supervise import ManagedProcess, ProcessSpec, ProcessState
 from coderouterd.supervise import Supervisor as RealSupervisor
 from coderouterd.tasks import TaskSet
+from coderouterd.upstream.breaker import BreakerState
 from tests.fakes.runner import FakeServer
 from tests.support.ports import dead_port
 from tests.support.routing import Routing
@@ -119,12 +119,19 @@ def test_a_reachable_provider_with_a_closed_breaker_rejoins_without_a_generation
     assert generations == 0 and r.state.health_of("p") == "HEALTHY"
 
 
+def tell(r, h, event: ProcessEventName) -> None:
+    """A process event as the daemon delivers it: the upstreams registry first (supervise/from_config.Processes),
+    then self-healing's audit, hooks and reactions."""
+    r.state.upstreams.process_event("proc", event, ["p"], "", wait_s=42.0, on_demand=False)
+    h.on_process_event("proc", event, 123, "")
+
+
 def test_process_events_take_providers_out_of_routing_and_back():
     with FakeServer("openai") as f:
         async def body(r, h):
-            h.on_process_event("proc", ProcessEventName.STARTED, 123, "")
+            tell(r, h, ProcessEventName.STARTED)
             down = r.state.is_down("p")
-            h.on_process_event("proc", ProcessEventName.READY, 123, "")
+            tell(r, h, ProcessEventName.READY)
             return down, r.state.is_down("p")
 
         _r, events, _s, (down, after) = harness(f.url, body, supervisor=Supervisor())
@@ -140,8 +147,8 @@ def test_a_starting_process_may_be_waited_for_a_fatal_one_not_and_a_fresh_start_
             seen = []
             for event in (ProcessEventName.STARTED, ProcessEventName.READY, ProcessEventName.EXITED,
                           ProcessEventName.FATAL, ProcessEventName.ADOPTED):
-                h.on_process_event("proc", event, 123, "")
-                seen.append((event.value, r.state.is_down("p"), r.state.coming_within("p")))
+                tell(r, h, event)
+                seen.append((event.value, r.state.is_down("p"), r.state.upstream("p").life.wait_s))
             return seen
 
         _r, _events, _s, seen = harness(f.url, body, supervisor=Supervisor(), fresh_start=fresh.append,

@@ -1,5 +1,5 @@
 """When a 529/503 made while a local model starts tells the client to come back (Retry-After): by the load time its
-own starts taught (supervise/ondemand.py), else the rest of its start window (routing/state.py), rounded up to
+own starts taught (supervise/ondemand.py), else the rest of its start window (the upstream's lifecycle, through routing/state.py), rounded up to
 whole seconds by the reply (routing/replies.py). A start that nobody can time gives no Retry-After."""
 
 from __future__ import annotations
@@ -7,12 +7,13 @@ from __future__ import annotations
 import asyncio
 
 from coderouterd.config.schema import ConfigModel
-from coderouterd.routing.clock import ManualClock
 from coderouterd.routing.planner import Skip
 from coderouterd.routing.replies import nothing_attempted
 from coderouterd.routing.router import Router
 from coderouterd.routing.state import RoutingState
 from coderouterd.supervise.residency import Resident
+from coderouterd.upstream.clock import ManualClock
+from coderouterd.upstream.lifecycle import Phase
 from tests.unit.test_residency import scheduler, settle
 
 CFG = ConfigModel.model_validate({"providers": {"p": {"base_url": "http://127.0.0.1:1/v1"}},
@@ -22,15 +23,16 @@ CFG = ConfigModel.model_validate({"providers": {"p": {"base_url": "http://127.0.
 def test_the_rest_of_the_start_window_when_no_load_time_was_learned():
     clock = ManualClock()
     st = RoutingState(CFG, clock=clock)
+    ups = st.upstreams
     assert st.start_left("p") is None  # up: nothing to wait for
-    st.mark_down(["p"], wait_s=60, state="starting on demand")
+    ups.starting(["p"], "x", 60, "starting on demand")
     clock.advance(15.25)
     assert st.start_left("p") == 44.75
     assert Router(st).start_eta("p") == 44.75
-    st.mark_down(["p"], state="stopped until a request needs it")  # not coming: nobody can say when
+    ups.stopped(["p"], "x", on_demand=True, first=True)  # not coming: nobody can say when
     assert st.start_left("p") is None
-    st.mark_down(["p"], wait_s=60)
-    st.mark_up(["p"])
+    ups.starting(["p"], "x", 60)
+    ups.move(["p"], Phase.RESIDENT, process="x")
     assert st.start_left("p") is None
 
 
@@ -41,9 +43,9 @@ class _Learned:
 
 def test_the_learned_load_time_comes_first():
     st = RoutingState(CFG, clock=ManualClock())
-    st.mark_down(["p"], wait_s=60)
-    router = Router(st, demand=lambda: _Learned())  # type: ignore[arg-type, return-value]
-    assert router.start_eta("p") == 7.5
+    st.upstreams.starting(["p"], "x", 60)
+    st.upstreams.starter = _Learned()  # type: ignore[assignment]
+    assert Router(st).start_eta("p") == 7.5
 
 
 def test_on_demand_knows_the_rest_of_a_start_by_the_load_time_it_learned():

@@ -18,8 +18,8 @@ from coderouterd.guards.apply import BudgetHooks
 from coderouterd.guards.budget import Budget, BudgetSkips
 from coderouterd.providers.errors import BUDGET, UpstreamError
 from coderouterd.routing.availability import Availability, Code
-from coderouterd.routing.breaker import BreakerState
 from coderouterd.state.events import BreakerTransition, HealthTransition, ProcessEvent, ProcessEventName
+from coderouterd.upstream.breaker import BreakerState
 from tests.support.routing import Routing, chain_config
 
 

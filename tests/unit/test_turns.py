@@ -8,14 +8,14 @@ import asyncio
 
 from coderouterd.supervise.residency import ResidencyPolicy, Resident
 from coderouterd.supervise.turns import Go, Hold, Refuse, Want, decide
-from tests.unit.test_residency import Clock, run, scheduler, settle, started
+from tests.unit.test_residency import Clock, CountedPolicy, run, scheduler, settle, started
 
 # -- the decision -------------------------------------------------------------------------------------------------
 
 
 def two(budget=1500, **resident) -> tuple[ResidencyPolicy, Clock]:
     clock = Clock()
-    p = ResidencyPolicy(budget, clock=clock, min_resident_s=resident.pop("min_resident_s", 0.0))
+    p = CountedPolicy(budget, clock=clock, min_resident_s=resident.pop("min_resident_s", 0.0))
     p.configure([Resident("a", 1000), Resident("b", 1000), Resident("c", 200)], budget)
     return p, clock
 

@@ -12,6 +12,7 @@ from coderouterd.guards.budget import Budget
 from coderouterd.providers.errors import UpstreamError
 from coderouterd.routing.router import Router
 from coderouterd.state.store import Store
+from coderouterd.upstream.lifecycle import Phase
 from tests.support.routing import FakeCall, FakeSink, Routing, chain_config, fail, ok
 
 TOOLS = [{"name": "read", "description": "read a file", "input_schema": {"type": "object", "properties": {}}}]
@@ -58,8 +59,8 @@ class Demand:
 def routing() -> tuple[Routing, Demand]:
     r = Routing(chain_config("coder", "small"))
     d = Demand()
-    r.router = Router(r.state, demand=lambda: d)  # type: ignore[arg-type,return-value]
-    r.state.mark_down(["small"])
+    r.state.upstreams.starter = d  # type: ignore[assignment]
+    r.state.upstreams.move(["small"], Phase.STOPPED)
     return r, d
 
 
@@ -119,8 +120,8 @@ def test_a_turn_is_given_back_once_another_provider_streams_the_answer():
     # the local model must not stay pending (and, once the model is up, keep it promised) while the cloud streams.
     r = Routing(chain_config("local", "cloud"))
     d = WaitingDemand()
-    r.router = Router(r.state, demand=lambda: d)  # type: ignore[arg-type,return-value]
-    r.state.mark_down(["local"])
+    r.state.upstreams.starter = d  # type: ignore[assignment]
+    r.state.upstreams.move(["local"], Phase.STOPPED)
     r.ups.script("cloud", ok(SSE, SSE, SSE))
 
     async def go() -> Seen:
@@ -169,8 +170,9 @@ def test_a_turn_whose_model_was_not_used_is_given_back_before_the_request_goes_e
     budget.configure(parse_config_text(toml, "test").providers, global_cap_usd=0.0, warn_ratio=0.8)
     r = Routing(toml)
     d = AdmittingDemand()
-    r.router = Router(r.state, demand=lambda: d, budget=BudgetHooks(budget))  # type: ignore[arg-type,return-value]
-    r.state.mark_down(["local"])
+    r.router = Router(r.state, budget=BudgetHooks(budget))
+    r.state.upstreams.starter = d  # type: ignore[assignment]
+    r.state.upstreams.move(["local"], Phase.STOPPED)
     r.ups.script("cloud", ok())
 
     class Body(FakeCall):
@@ -193,12 +195,12 @@ def test_the_local_model_that_came_up_while_the_cloud_failed_serves_the_request(
 
     class UpWhileCloudTried(AdmittingDemand):
         def demand(self, provider: str, *, background: bool = False):
-            r.state.mark_up([provider])  # ready, and kept for this request, before the cloud has answered
+            r.state.upstreams.move([provider], Phase.RESIDENT)  # ready, and kept for this request, before the cloud has answered
             return super().demand(provider, background=background)
 
     d = UpWhileCloudTried()
-    r.router = Router(r.state, demand=lambda: d)  # type: ignore[arg-type,return-value]
-    r.state.mark_down(["local"])
+    r.state.upstreams.starter = d  # type: ignore[assignment]
+    r.state.upstreams.move(["local"], Phase.STOPPED)
     r.ups.script("cloud", fail(UpstreamError("http_500", status=500)))
     r.ups.script("local", ok())
     ex, sink = asyncio.run(r.serve(BODY))
