@@ -8,10 +8,15 @@ providers on one Ollama server with different models: that is what this warns ab
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from ..providers.adapters import adapter_for
 
+if TYPE_CHECKING:
+    from ..config.schema import ConfigModel
 
-def reload_risks(config) -> list[str]:
+
+def reload_risks(config: ConfigModel) -> list[str]:
     """One warning per profile that may switch models on a single Ollama server."""
     warnings = []
     for pname, prof in config.profiles.items():

@@ -13,9 +13,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import orjson
 
@@ -31,8 +31,10 @@ from .lanes import LaneIndex
 from .slots import SlotTable
 
 if TYPE_CHECKING:
-    from ..config.schema import ProviderConfig
+    from ..config.schema import AffinityConfig, ConfigModel, ProviderConfig
     from ..providers.provider import Provider
+    from .index import ProviderPrefixes
+    from .slots import Choice
 
 log = logging.getLogger("coderouterd.affinity")
 
@@ -168,8 +170,28 @@ def _reported_cache(usage: dict, raw_usage: dict | None, timings: dict | None,
     return prompt, -1, None, None
 
 
+class RequestView(Protocol):
+    """What affinity reads of a client's request (routing/request.py's ClientRequest)."""
+
+    ingress: str
+    body: dict
+    raw: bytes
+    headers: dict[str, str]
+
+
+class AnswerView(Protocol):
+    """What affinity learns from an answer: the strategy's usage and, where the wire has them, the upstream's
+    own usage and timings (providers/strategies.py)."""
+
+    @property
+    def usage(self) -> dict | None: ...
+
+    @property
+    def upstream_wire(self) -> str: ...
+
+
 class Affinity:
-    def __init__(self, config, *, publish: Callable | None = None, persist: Callable | None = None,
+    def __init__(self, config: ConfigModel, *, publish: Callable | None = None, persist: Callable | None = None,
                  clock: Callable[[], float] = time.monotonic, servers: ServerDirectory | None = None,
                  in_flight: Callable[[str], int] | None = None) -> None:
         """`in_flight(provider)`: requests in flight there, the upstream's one count (the queue in front of a
@@ -192,8 +214,8 @@ class Affinity:
         self.warm = self.kvcache = KVCache(self, clock=clock, publish=publish)
         self.configure(config)
 
-    def configure(self, config) -> None:
-        self.cfg = config.affinity
+    def configure(self, config: ConfigModel) -> None:
+        self.cfg: AffinityConfig = config.affinity
         self.kvcache.configure(self.cfg)
         self.canonicaliser = Canonicaliser(self.cfg.strip_patterns)
         # Providers some profile treats as equals (race, adaptive order): `prefer` orders them by what the index
@@ -213,7 +235,7 @@ class Affinity:
                 for lane, saved in table.saved.items() if table is not None else ():
                     self.lanes.adopt(lane, saved.digests)
 
-    def server_restarted(self, providers) -> None:
+    def server_restarted(self, providers: Iterable[str]) -> None:
         """The process behind these providers started afresh: its KV cache died with its predecessor. Never
         predict it: slots are emptied, the lanes' last prompts there forgotten (no cache bust is named against
         a cache that is gone), and the slot table is discovered again (the new server may have other slots)."""
@@ -228,7 +250,7 @@ class Affinity:
 
     # -- per request ----------------------------------------------------------------------------------------
 
-    def ticket(self, req, *, prompt_cache_key: str | None = None) -> Ticket | None:
+    def ticket(self, req: RequestView, *, prompt_cache_key: str | None = None) -> Ticket | None:
         """`prompt_cache_key`: for an ingress that carries it outside the body it parses (the Responses API
         converted to another shape); it outranks only the prefix fingerprint, as in `session_key`."""
         if not self.cfg.enabled:
@@ -247,7 +269,7 @@ class Affinity:
         return Ticket(None, key, self.lanes, canonical, req.ingress, tools=bool(req.body.get("tools")),
                       model=model if isinstance(model, str) else None)
 
-    def body_for(self, ticket: Ticket | None, provider: Provider, req) -> tuple[dict, bytes]:
+    def body_for(self, ticket: Ticket | None, provider: Provider, req: RequestView) -> tuple[dict, bytes]:
         """The client body as this provider should get it: canonical, except for the real Anthropic API."""
         if ticket is None or ticket.canonical is req.body or keeps_billing_header(provider.cfg):
             return req.body, req.raw
@@ -315,7 +337,7 @@ class Affinity:
         return Placement(name, choice.slot, choice.predicted, {"id_slot": choice.slot, "cache_prompt": True},
                          started=now)
 
-    def _seed_pays(self, name: str, p) -> Callable[[int, int], bool]:
+    def _seed_pays(self, name: str, p: ProviderPrefixes) -> Callable[[int, int], bool]:
         """Whether copying a slot (save, then restore into another) costs this server less than computing the
         prefix it gives: its measured save and restore times (kvcache/costs.py) against its prefill speed, as its
         `timings` report it (index.py; a laptop's speed until measured). A server whose copies were never timed
@@ -334,7 +356,7 @@ class Affinity:
         return Placement(provider.name, None, self.index.predict(provider.name, ticket.lane, ticket.prompt),
                          started=self.clock())
 
-    async def _save_restore(self, provider: Provider, table: SlotTable, choice) -> Restore | None:
+    async def _save_restore(self, provider: Provider, table: SlotTable, choice: Choice) -> Restore | None:
         """The choice's saves and restore, through kvcache's one path; what became of the restore."""
         out = await self.kvcache.execute(provider, Intent(
             REQUEST, tuple(choice.saves), (choice.slot, choice.restore) if choice.restore is not None else None))
@@ -365,7 +387,7 @@ class Affinity:
         return p.slots
 
     def finish(self, ticket: Ticket | None, placement: Placement | None, provider: Provider, *, ok: bool,
-               strategy=None, request_id: str = "") -> None:
+               strategy: AnswerView | None = None, request_id: str = "") -> None:
         """After an attempt (success or failure). Never raises into the request path."""
         if ticket is None or placement is None:
             return
@@ -390,7 +412,8 @@ class Affinity:
         # bench/README.md "Tail and big body").
         self._learn(ticket, placement, p, strategy, request_id, now)
 
-    def _learn(self, ticket: Ticket, placement: Placement, p, strategy, request_id: str, now: float) -> None:
+    def _learn(self, ticket: Ticket, placement: Placement, p: ProviderPrefixes, strategy: AnswerView, request_id: str,
+               now: float) -> None:
         name = placement.provider
         ticket.slot = placement.slot
         usage = strategy.usage or {}

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 from ..state.events import MemoryPressure
 
 if TYPE_CHECKING:
-    from ..config.schema import ConfigModel
+    from ..config.schema import ConfigModel, ProfileConfig
 
 log = logging.getLogger("coderouterd")
 
@@ -89,7 +89,7 @@ class RamWatch:
             if self.publish is not None:
                 self.publish(MemoryPressure(available_bytes=available, threshold_bytes=self.low_bytes, low=low))
 
-    def adjust_order(self, profile, candidates: list[str], is_local: Callable[[str], bool]) -> list[dict]:
+    def adjust_order(self, profile: ProfileConfig, candidates: list[str], is_local: Callable[[str], bool]) -> list[dict]:
         """Under pressure, `prefer_remote` profiles try remote providers first (order kept within each group)."""
         if not self.low or getattr(profile, "memory_action", "warn") != "prefer_remote":
             return []

@@ -27,7 +27,11 @@ from .process_news import UP as _UP
 from .process_news import ProcessNews
 
 if TYPE_CHECKING:
+    from collections.abc import AsyncIterator, Awaitable
+
     from ..runtime import Runtime
+    from ..supervise.registry import Supervisor
+    from .monitor import HealthMonitor
 
 log = logging.getLogger("coderouterd.selfheal")
 
@@ -43,8 +47,9 @@ class SelfHealer:
     monitor (for its probes), a getter for the supervisor (None until a process is configured; a reload may add
     one) and one for the live runtime."""
 
-    def __init__(self, state: RoutingState, monitor, *, supervisor: Callable[[], object | None],
-                 runtime: Callable[[], Runtime], publish=None, sleep=asyncio.sleep,
+    def __init__(self, state: RoutingState, monitor: HealthMonitor, *, supervisor: Callable[[], Supervisor | None],
+                 runtime: Callable[[], Runtime], publish: Callable[[ProcessEvent | RecoveryProbe], object] | None = None,
+                 sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
                  fresh_start: Callable[[list[str]], None] | None = None,
                  ready: Callable[[list[str]], None] | None = None) -> None:
         """`fresh_start(providers)`: a process was started anew (not adopted); whatever its predecessor held in
@@ -70,10 +75,10 @@ class SelfHealer:
                 self.trigger(up.name, f"process {up.life.process} fatal: {up.life.why}", restart=False)
 
     @property
-    def supervisor(self):
+    def supervisor(self) -> Supervisor | None:
         return self._supervisor()
 
-    def _event(self, provider: str, process: str, event: ProcessEventName, pid=None, detail: str = "", *,
+    def _event(self, provider: str, process: str, event: ProcessEventName, pid: int | None = None, detail: str = "", *,
                primary: bool = True) -> None:
         if self.publish is not None:
             self.publish(ProcessEvent(provider=provider, process=process, event=event, pid=pid, detail=detail,
@@ -81,7 +86,7 @@ class SelfHealer:
 
     # -- triggers -------------------------------------------------------------------------------------------
 
-    def on_process_event(self, name: str, event: ProcessEventName, pid, detail: str) -> None:
+    def on_process_event(self, name: str, event: ProcessEventName, pid: int | None, detail: str) -> None:
         """Everything a process event says outside routing (the registry heard it first): `news`, then `react`."""
         self.news(name, event, pid, detail)
         self.react(name, event, detail)
@@ -121,7 +126,7 @@ class SelfHealer:
         return True
 
     @contextlib.asynccontextmanager
-    async def hold(self, provider: str, reason: str):
+    async def hold(self, provider: str, reason: str) -> AsyncIterator[bool]:
         """Another part works on this provider's backend (drift's model reload). Yields False when a recovery is
         already running: the caller leaves the backend to it rather than fighting a restart."""
         if provider in self._recovering:

@@ -23,10 +23,10 @@ import hashlib
 import logging
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Protocol, TypeVar
 
 from ..providers.server_http import llama_server
 from ..tasks import TaskSet
@@ -41,6 +41,7 @@ if TYPE_CHECKING:
     from ..providers.provider import Provider
     from ..servers.llamacpp import LlamaServer
 
+T = TypeVar("T")
 log = logging.getLogger("coderouterd.kvcache")
 
 _UNKNOWN = CacheKey("", None, None, 0, "")  # a managed server whose /props said too little: nothing is kept
@@ -141,7 +142,7 @@ class KVCache:
         self._stopped = True
         await self._tasks.close()
 
-    def forget(self, providers) -> None:
+    def forget(self, providers: Iterable[str]) -> None:
         """The server started afresh: its key (model file, context, version) is learnt again."""
         for name in providers:
             self._keys.pop(name, None)
@@ -350,7 +351,7 @@ class KVCache:
                 log.warning("%s: a slot file was deleted as soon as it was saved: affinity.max_saved_mb (%g MB) is "
                             "smaller than one of its slot files", name, self.cfg.max_saved_mb if self.cfg else 0)
 
-    async def _fs(self, fn, *args):
+    async def _fs(self, fn: Callable[..., T], *args: object) -> T:
         if self._fs_lock is None:
             self._fs_lock = asyncio.Lock()
         async with self._fs_lock:  # one thread at a time on the directory: a prune never races a sidecar

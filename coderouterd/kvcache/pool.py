@@ -73,7 +73,7 @@ class FilePool:
     def snapshot(self) -> list:
         return [[lane, sv.filename, [d.hex() for d in sv.digests], list(sv.ends)] for lane, sv in self.saved.items()]
 
-    def restore(self, rows) -> None:
+    def restore(self, rows: list[list] | None) -> None:
         """From `snapshot()` (raises ValueError/TypeError on a damaged one: the caller starts over)."""
         for lane, fname, digests, ends in (rows or ())[-self.max_saved:] if self.max_saved else ():
             self.saved[lane] = Saved(fname, tuple(bytes.fromhex(d) for d in digests), tuple(int(e) for e in ends))

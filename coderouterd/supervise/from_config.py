@@ -24,7 +24,12 @@ from .residency import Resident
 from .spec import EventCallback, ExternalProcessError, ProcessSpec, ProcessState
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     from ..config.schema import ConfigModel
+    from ..state.memory import MemoryStore
+    from ..state.store import Store
+    from .process import BeforeStopCallback, ManagedProcess
 
 log = logging.getLogger("coderouterd")
 
@@ -107,7 +112,7 @@ class SupervisorEffects:
     def __init__(self, supervisor: Supervisor) -> None:
         self.sup = supervisor
 
-    def _procs(self):
+    def _procs(self) -> list[ManagedProcess]:
         return [self.sup.get(n) for n in self.sup.names()]
 
     def holding(self) -> Collection[str]:
@@ -147,7 +152,8 @@ class SupervisorEffects:
             log.warning("%s", e)
 
 class Processes:
-    def __init__(self, log_dir, store, on_event: EventCallback | None, before_stop=None, *,
+    def __init__(self, log_dir: Path, store: Store | MemoryStore, on_event: EventCallback | None,
+                 before_stop: BeforeStopCallback | None = None, *,
                  upstreams: Upstreams) -> None:
         """`before_stop(process, reason)`: awaited before each planned stop (prefix affinity saves the server's
         slots there: kvcache/cache.py). `upstreams`: the registry the supervisor's events move first (routing
@@ -282,7 +288,7 @@ class Processes:
         """The resident models against the budget (admin API, /metrics, corectl status and models)."""
         return self.scheduler.snapshot()
 
-    def resolve(self, name: str):
+    def resolve(self, name: str) -> ManagedProcess | None:
         """A managed process by its own name or by the name of a provider it serves."""
         if name in self.supervisor.names():
             return self.supervisor.get(name)

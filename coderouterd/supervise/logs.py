@@ -20,6 +20,7 @@ import shutil
 import threading
 import time
 from pathlib import Path
+from typing import BinaryIO
 
 from coderouterd import private_fs
 
@@ -84,7 +85,7 @@ class RotatingLog:
                 return
             self._shift_into_first(live_f)
 
-    def _shift_into_first(self, live) -> None:
+    def _shift_into_first(self, live: BinaryIO) -> None:
         older = self.rotated_paths()
         for src, dst in zip(reversed(older[:-1]), reversed(older[1:]), strict=True):
             if src.exists():
