@@ -61,8 +61,9 @@ class HealthMonitor:
             async with asyncio.timeout(_PROBE_TIMEOUT_S):
                 async with provider.session().get(probe_url(provider), headers=headers) as r:
                     await read_at_most(r, MAX_IGNORED_BYTES)  # the status is the answer: never an endless body
-                    # A redirect is no answer from this backend (it is not followed: upstream_session.py).
-                    ok = r.status < 500 and r.status not in (401, 403) and not 300 <= r.status < 400
+                    # A redirect is no answer from this backend (it is not followed: upstream_session.py). Nor is a
+                    # refused key: 401/403, or Google's 400 (API_KEY_INVALID) to a bare GET of its model list.
+                    ok = r.status < 500 and r.status not in (400, 401, 403) and not 300 <= r.status < 400
                     detail = f"HTTP {r.status}"
         except aiohttp.ClientConnectorError as e:
             ok, detail = False, f"cannot connect: {e.os_error.strerror or e.os_error}"[:200]

@@ -14,6 +14,7 @@ from ..providers.errors import MEMORY_PRESSURE, UpstreamError
 from ..providers.server_info import ServerDirectory
 from ..translate.unsigned_thinking import SignatureBook, UpstreamSignatures
 from ..upstream.breaker import BreakerRegistry, BreakerState
+from ..upstream.lifecycle import Phase
 from ..upstream.upstream import CLOSED, PANIC, TRIAL, Lease, Starter
 from .adaptive import AdaptiveOrderer, ProbeScheduler, ProviderStats
 from .availability import Availability, Sources, judge, judge_chain
@@ -170,6 +171,9 @@ class Router:
         """Seconds until the provider's process, being started, should be ready: by the load time learned from its
         own starts, else the rest of its start window (when it has come up or failed, at the latest); None when
         it is not starting (Retry-After on a 529/503 the start made)."""
+        ups = self._upstreams
+        if provider not in ups or ups.get(provider).phase is not Phase.STARTING:
+            return None  # nothing under way: what a scheduler remembers of an earlier start says nothing now
         demand = self.demand
         learned = demand.start_eta(provider) if demand is not None else None
         return learned if learned is not None else self.state.start_left(provider)

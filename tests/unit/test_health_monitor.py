@@ -123,3 +123,32 @@ def test_a_model_list_answer_does_not_wipe_a_streak_of_failed_requests():
 
         _r, (after_probe, after_success) = with_monitor(f.url, body)
     assert (after_probe, after_success) == ("UNHEALTHY", "HEALTHY")
+
+
+def test_a_gemini_provider_whose_key_google_refuses_is_not_reachable(monkeypatch):
+    """Google answers a wrong key with a 400 (API_KEY_INVALID), not a 401: the model list's 400 is no answer from
+    a provider that can serve, and the probe says so (it used to count any status below 500 but 401/403)."""
+    monkeypatch.setenv("CRT_GEMINI_PROBE_KEY", "not-the-key")
+    with FakeServer("gemini", models=["gemini-x"], api_key="the-key") as g:
+        r = Routing(f"""
+[providers.p]
+kind = "gemini"
+base_url = "{g.url}"
+api_key_env = "CRT_GEMINI_PROBE_KEY"
+model = "gemini-x"
+[profiles.default]
+providers = ["p"]
+""")
+
+        async def go():
+            tasks = TaskSet()
+            m = HealthMonitor(r.state, lambda: r.runtime, tasks=tasks)
+            try:
+                return await m.probe(r.runtime.providers["p"])
+            finally:
+                await tasks.close()
+                for p in r.runtime.providers.values():
+                    await p.close()
+
+        ok, detail, _ = asyncio.run(go())
+    assert not ok and detail.startswith("HTTP 400")

@@ -100,3 +100,18 @@ def test_every_attempt_busy_takes_the_soonest_reopening_of_those_skipped():
     assert (r.status, r.headers) == (503, {"retry-after": "10"})
     r = all_failed([busy], ingress="anthropic", profile="default", summary="")
     assert r.status == 529 and r.headers is None  # nobody said when
+
+
+class _Remembers:
+    """A scheduler that still remembers an earlier start (its expected end passed: 0.0 left)."""
+
+    def start_eta(self, provider: str) -> float | None:
+        return 0.0
+
+
+def test_no_retry_after_from_a_start_that_is_not_under_way():
+    st = RoutingState(CFG, clock=ManualClock())
+    st.upstreams.starter = _Remembers()  # type: ignore[assignment]
+    assert Router(st).start_eta("p") is None  # resident: nothing is starting, whatever the scheduler remembers
+    st.upstreams.starting(["p"], "x", 60)
+    assert Router(st).start_eta("p") == 0.0  # starting: the scheduler's word counts
