@@ -12,9 +12,10 @@ import time
 import pytest
 
 from coderouterd.state.store import Store
-from tests.e2e.test_claude_code import CLAUDE, UNAVAILABLE
+from tests.e2e.test_claude_code import CLAUDE
 from tests.e2e.test_codex_cli import CODEX
 from tests.fakes.runner import FakeServer
+from tests.support.clients import skip_reason
 from tests.support.daemon import DaemonProcess
 from tests.support.metrics import scrape, total
 from tests.support.wait import wait_for
@@ -39,8 +40,9 @@ health_action = "warn"
 
 @pytest.fixture
 def spent(tmp_path):
-    if not (CLAUDE.exists() and CODEX.exists()):
-        pytest.skip(f"clients not installed: {UNAVAILABLE.read_text()[:300] if UNAVAILABLE.exists() else '?'}")
+    reason = skip_reason(CLAUDE, "Claude Code") or skip_reason(CODEX, "Codex CLI")
+    if reason:
+        pytest.skip(reason)
     with FakeServer("openai", name="paid", models=["qwen3"]) as up:
         d = DaemonProcess(CONFIG.replace("@URL@", up.url), tmp_path)
         # This month's spend is already past the cap, as a daemon that spent it would have left it.

@@ -15,23 +15,15 @@ import pytest
 
 from tests.fakes.behaviour import TEXT_TOOL_COMMAND
 from tests.fakes.runner import FakeServer
+from tests.support.clients import cli, skip_reason
 from tests.support.config import daemon_config, upstream, warn
-from tests.support.daemon import ROOT, DaemonProcess, running
+from tests.support.daemon import DaemonProcess, running
 
-CLIENTS = ROOT / "tests" / "clients"
-CLAUDE = CLIENTS / "node_modules" / ".bin" / "claude"
-UNAVAILABLE = CLIENTS / ".npm-unavailable"
+CLAUDE = cli("claude")
 
 
 def _skip_reason() -> str | None:
-    """Skip only when npm could not reach its registry (the Makefile leaves the reason); a missing install
-    otherwise is a broken setup and fails."""
-    if CLAUDE.exists():
-        return None
-    if UNAVAILABLE.exists():
-        return f"Claude Code not installed, npm was unreachable: {UNAVAILABLE.read_text().strip()[:300]}"
-    pytest.fail(f"Claude Code missing at {CLAUDE}: run `make test` (it runs `npm ci` in tests/clients)")
-    return None
+    return skip_reason(CLAUDE, "Claude Code")
 
 
 

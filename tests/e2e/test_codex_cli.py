@@ -14,21 +14,15 @@ from pathlib import Path
 import pytest
 
 from tests.fakes.runner import FakeServer
+from tests.support.clients import cli, skip_reason
 from tests.support.config import local_and_cloud
 from tests.support.daemon import running
 
-CLIENTS = Path(__file__).resolve().parents[1] / "clients"
-CODEX = CLIENTS / "node_modules" / ".bin" / "codex"
-UNAVAILABLE = CLIENTS / ".npm-unavailable"
+CODEX = cli("codex")
 
 
 def _skip_reason() -> str | None:
-    if CODEX.exists():
-        return None
-    if UNAVAILABLE.exists():
-        return f"Codex CLI not installed, npm was unreachable: {UNAVAILABLE.read_text().strip()[:300]}"
-    pytest.fail(f"Codex CLI missing at {CODEX}: run `make test` (it runs `npm ci` in tests/clients)")
-    return None
+    return skip_reason(CODEX, "Codex CLI")
 
 
 

@@ -18,12 +18,11 @@ from pathlib import Path
 import pytest
 
 from tests.fakes.runner import FakeServer
+from tests.support.clients import cli, skip_reason
 from tests.support.config import anthropic_at, daemon_config, openai_at, warn
 from tests.support.daemon import running
 
-CLIENTS = Path(__file__).resolve().parents[1] / "clients"
-COPILOT = CLIENTS / "node_modules" / ".bin" / "copilot"
-UNAVAILABLE = CLIENTS / ".npm-unavailable"
+COPILOT = cli("copilot")
 
 WIRES = ["chat", "anthropic", "responses"]
 # Not "cloud": the CLI treats the values of COPILOT_PROVIDER_HEADERS as secrets and masks them in everything it
@@ -36,12 +35,7 @@ LIMIT = 321
 
 
 def _skip_reason() -> str | None:
-    if COPILOT.exists():
-        return None
-    if UNAVAILABLE.exists():
-        return f"Copilot CLI not installed, npm was unreachable: {UNAVAILABLE.read_text().strip()[:300]}"
-    pytest.fail(f"Copilot CLI missing at {COPILOT}: run `make test` (it runs `npm ci` in tests/clients)")
-    return None
+    return skip_reason(COPILOT, "Copilot CLI")
 
 
 @pytest.fixture(scope="module")

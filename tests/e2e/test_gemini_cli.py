@@ -16,12 +16,11 @@ from pathlib import Path
 import pytest
 
 from tests.fakes.runner import FakeServer
+from tests.support.clients import cli, skip_reason
 from tests.support.config import local_and_cloud
 from tests.support.daemon import running
 
-CLIENTS = Path(__file__).resolve().parents[1] / "clients"
-GEMINI = CLIENTS / "node_modules" / ".bin" / "gemini"
-UNAVAILABLE = CLIENTS / ".npm-unavailable"
+GEMINI = cli("gemini")
 
 # What the README tells a Gemini CLI user to write in ~/.gemini/settings.json: API-key auth (with only the base
 # URL set, `-p` refuses the "gateway" auth type it would pick), a fixed model (no routing-classifier call before
@@ -37,12 +36,7 @@ SETTINGS = {
 
 
 def _skip_reason() -> str | None:
-    if GEMINI.exists():
-        return None
-    if UNAVAILABLE.exists():
-        return f"Gemini CLI not installed, npm was unreachable: {UNAVAILABLE.read_text().strip()[:300]}"
-    pytest.fail(f"Gemini CLI missing at {GEMINI}: run `make test` (it runs `npm ci` in tests/clients)")
-    return None
+    return skip_reason(GEMINI, "Gemini CLI")
 
 
 @pytest.fixture(scope="module")
