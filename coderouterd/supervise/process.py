@@ -413,7 +413,7 @@ class ManagedProcess:
             return False
         pid, ctime = rec.get("pid"), rec.get("create_time")
         # Without a create_time a pid may name an unrelated process by now: never act on it.
-        if isinstance(pid, int) and isinstance(ctime, int | float) and tree.process_alive(pid, ctime):
+        if isinstance(pid, int) and isinstance(ctime, int | float) and await asyncio.to_thread(tree.process_alive, pid, ctime):
             same_command = rec.get("command") == self.spec.command
             url = self.spec.ready_url
             serving = same_command and url is not None and await http_ready(url)
@@ -489,7 +489,7 @@ class ManagedProcess:
         self._post("exited", gen, await proc.wait())
 
     async def _watch_pid(self, gen: int, pid: int, ctime: float) -> None:
-        while tree.process_alive(pid, ctime):
+        while await asyncio.to_thread(tree.process_alive, pid, ctime):  # reads /proc: off the loop
             await asyncio.sleep(ADOPTED_POLL_S)
         self._post("exited", gen, None)
 

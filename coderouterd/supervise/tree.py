@@ -126,13 +126,27 @@ def _signal_all(procs: list[psutil.Process], sig: int) -> None:
             proc.send_signal(sig)
 
 
+def _alive(procs: list[psutil.Process]) -> list[psutil.Process]:
+    return [p for p in procs if not is_gone(p)]
+
+
 async def _wait_gone(procs: list[psutil.Process], timeout: float, poll: float) -> list[psutil.Process]:
     deadline = time.monotonic() + timeout
     while True:
-        alive = [p for p in procs if not is_gone(p)]
+        alive = await asyncio.to_thread(_alive, procs)  # psutil reads /proc: never on the event loop
         if not alive or time.monotonic() >= deadline:
             return alive
         await asyncio.sleep(poll)
+
+
+def _kill_rest(procs: list[psutil.Process], alive: list[psutil.Process], pgid: int | None,
+               ctime: float | None) -> None:
+    """SIGKILL what the grace period left, children forked during it included (blocking: reads /proc)."""
+    for proc in alive:
+        procs.extend(p for p in _descendants(proc) if p not in procs)
+    if pgid is not None and ctime is not None:
+        _killpg(pgid, ctime, signal.SIGKILL)
+    _signal_all([p for p in procs if not is_gone(p)], signal.SIGKILL)
 
 
 def _collect(pid: int, ctime: float | None) -> tuple[list[psutil.Process], int | None, float | None]:
@@ -179,14 +193,9 @@ async def kill_tree(pid: int, *, timeout: float, ctime: float | None = None, pol
     procs, pgid, ctime = await asyncio.to_thread(_collect, pid, ctime)
     if not procs:
         return []
-    _term_once(procs, pgid, ctime)
+    await asyncio.to_thread(_term_once, procs, pgid, ctime)
     alive = await _wait_gone(procs, timeout, poll)
-    # Children forked during the grace period are part of the tree too.
-    for proc in alive:
-        procs.extend(p for p in _descendants(proc) if p not in procs)
-    if pgid is not None and ctime is not None:
-        _killpg(pgid, ctime, signal.SIGKILL)
-    _signal_all([p for p in procs if not is_gone(p)], signal.SIGKILL)
+    await asyncio.to_thread(_kill_rest, procs, alive, pgid, ctime)
     return [p.pid for p in await _wait_gone(procs, 2.0, poll)]
 
 
