@@ -23,6 +23,7 @@ from tests.fakes.runner import FakeServer
 from tests.support import cli
 from tests.support.config import anthropic_at, daemon_config, openai_at, upstream
 from tests.support.daemon import ROOT, DaemonProcess, free_port
+from tests.support.wait import wait_for
 
 ROW = '#providers-table tbody tr[data-provider="{}"]'
 LONG = 30_000  # ms: a ceiling for what the page waits for, never a measure of it
@@ -30,13 +31,9 @@ RECOVERY_S = 3
 
 
 def _wait(cond, what: str, ceiling_s: float = 30.0):
-    deadline = time.monotonic() + ceiling_s
-    while True:
-        got = cond()
-        if got:
-            return got
-        assert time.monotonic() < deadline, f"waited {ceiling_s} s for {what}"
-        time.sleep(0.1)
+    got = wait_for(cond, ceiling_s, step=0.1)
+    assert got, f"waited {ceiling_s} s for {what}"
+    return got
 
 
 def _on_demand_model(port: int) -> dict:
