@@ -40,6 +40,7 @@ from .availability import Code
 from .planner import Skip
 from .record import CLIENT_DISCONNECTED, RequestRecord
 from .request import ClientRequest
+from .restarts import died_under, restart_leases
 from .sink import ClientGone, ClientSink, StreamOpening
 from .steps import Slot
 from .waiting import pinging
@@ -54,7 +55,7 @@ class Exchange:
     """The life of one client request across its attempts: the routine. What it did goes into `self.record`."""
 
     __slots__ = ("req", "_before_upstream", "_call_factory", "sink", "runtime", "router", "profile_name",
-                 "profile", "server", "record", "budget_final", "committed", "_panicked", "_leases")
+                 "profile", "server", "record", "budget_final", "committed", "_panicked", "_leases", "_died")
 
     def __init__(self, req: ClientRequest, sink: ClientSink, *, runtime: Generation, router: ExchangeRouter,
                  profile: str, call_factory: CallFactory = Call,
@@ -79,6 +80,7 @@ class Exchange:
         # provider -> our lease on an upstream whose process is being started for us (on demand) or is starting
         # (upstream/upstream.py): the one way this request waits for a process; given back when done
         self._leases: dict[str, Lease] = {}
+        self._died: list[str] = []  # providers whose managed process died under an attempt (routing/restarts.py)
 
     def _record(self, slot: Slot, outcome: Outcome, reason: str, status: int | None = None,
                 message: str = "") -> None:
@@ -131,8 +133,13 @@ class Exchange:
                 return
         # Failover first, then the local model started for this request (or one the supervisor is starting or
         # restarting): it is waited for only when nothing else served (on_demand_start = "failover", the
-        # default). Those behind the candidates are wanted now.
+        # default). Those behind the candidates are wanted now, and those whose process died under an attempt
+        # are tried once more when it is back.
         self._demand_starts(plan.skips)
+        if self._died:
+            died, self._died = self._died, []
+            self._leases.update(await restart_leases(self.router, died, background=self.background,
+                                                     have=self._leases))
         if self._leases and await self._wait_started(list(self._leases), errors):
             return
         await self.conclude(errors)
@@ -496,6 +503,8 @@ class Exchange:
         e.__traceback__ = None
         e.__context__ = None
         slot.done = True
+        if died_under(slot.provider, e, self.committed):
+            self._died.append(slot.name)
         self.router.report(slot.name, slot.admission, time.monotonic() - slot.started, e)
         self._record(slot, Outcome.FAILED, e.label, e.status, e.message)
 

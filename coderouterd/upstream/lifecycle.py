@@ -51,7 +51,7 @@ class Lifecycle:
     """The phase, why (for the client), the process's name, and while STARTING how long a request may wait and the
     event set when the start ends (ready or not)."""
 
-    __slots__ = ("provider", "phase", "why", "process", "wait_s", "since", "ours", "_settled")
+    __slots__ = ("provider", "phase", "why", "process", "wait_s", "since", "ours", "_settled", "_moved")
 
     def __init__(self, provider: str) -> None:
         self.provider = provider
@@ -62,6 +62,7 @@ class Lifecycle:
         self.since = 0.0  # clock time of the last move (a start's window ends at since + wait_s)
         self.ours = False  # DRAINING or stopped for a reason of the scheduler's (idle, room): a request restarts it
         self._settled: asyncio.Event | None = None  # set (and dropped) when STARTING or DRAINING ends
+        self._moved: asyncio.Event | None = None  # set (and dropped) at the next move, whatever it is
 
     @property
     def resident(self) -> bool:
@@ -84,6 +85,9 @@ class Lifecycle:
             ev, self._settled = self._settled, None
             if ev is not None:
                 ev.set()
+        moved, self._moved = self._moved, None
+        if moved is not None:
+            moved.set()
         return True
 
     async def settled(self, timeout: float) -> bool:
@@ -98,6 +102,21 @@ class Lifecycle:
                 await ev.wait()
         except TimeoutError:
             return False
+        return True
+
+    async def left(self, phase: Phase, timeout: float) -> bool:
+        """Wait (at most `timeout`) until the phase is no longer `phase`. True when it is not."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + max(0.0, timeout)
+        while self.phase is phase:
+            if self._moved is None:
+                self._moved = asyncio.Event()
+            ev = self._moved
+            try:
+                async with asyncio.timeout_at(deadline):
+                    await ev.wait()
+            except TimeoutError:
+                return self.phase is not phase
         return True
 
     def start_left(self, now: float) -> float | None:

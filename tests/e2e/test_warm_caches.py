@@ -9,10 +9,12 @@ import json
 import os
 import signal
 import sys
+import threading
 from pathlib import Path
 
 import httpx
 import orjson
+import pytest
 
 from tests.support import cli
 from tests.support.claude_sessions import Session
@@ -233,3 +235,63 @@ def test_a_truncated_slot_file_is_refused_and_leaves_an_audit_line_and_a_cache_b
     busts = [e for e in read_audit(d2.state_dir) if e["kind"] == "cache_bust"]
     assert len(busts) == 1 and busts[0]["request_id"] == rid and busts[0]["cause"] == "slot file"
     assert busts[0]["segment"].startswith("slot restore refused (truncated: 100 bytes")
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
+def test_a_request_under_which_the_server_is_killed_is_sent_again_to_its_restart_with_its_lane_restored(
+        tmp_path, stream):
+    """Issue 44 section 2: the server is killed -9 while it computes a turn (before any of the answer reached the
+    client). The daemon waits for the supervisor's restart (a streaming client gets its 200 and pings meanwhile)
+    and sends the request again, to a fresh server whose slot is first restored from the lane's saved file: the
+    retry reads the conversation's prefix from the file instead of recomputing it (the QA saw 6.75x)."""
+    port = free_port()
+    a = Session(64 + stream)
+    with running(_config(tmp_path, port, idle=0.2), tmp_path) as d:
+        proc = _ready(d)
+        _turn(d, a)
+        _turn(d, a)
+        _wait(lambda: _bins(d), "the idle lane's background save")
+        fake = f"http://127.0.0.1:{port}/_fake"
+        # The next generation request takes its time (the server computing a long prompt): it is killed in it.
+        httpx.post(fake + "/script", json={"behaviours": ["slow_first_byte;delay=600"]}, timeout=10)
+        out: dict = {}
+
+        def send() -> None:
+            out["r"] = httpx.post(d.url + "/v1/messages", json={**a.main_body(), "stream": stream}, timeout=120,
+                                  headers={**a.headers, "anthropic-version": "2023-06-01"})
+
+        t = threading.Thread(target=send)
+        t.start()
+        _wait(lambda: httpx.get(fake + "/stats", timeout=10).json()["queued"] == 0, "the turn at the server")
+        os.kill(proc["pid"], signal.SIGKILL)
+        t.join(120)
+        r = out["r"]
+        assert r.status_code == 200, r.text
+        attempts = r.headers["x-coderouter-attempts"].split(",")
+        assert len(attempts) == 2 and attempts[0].startswith("llama:") and attempts[1] in ("llama:ok", "llama:streaming"), attempts
+        if stream:
+            events = [orjson.loads(ln[6:]) for ln in r.text.splitlines() if ln.startswith("data: ")]
+            assert [e["type"] for e in events].count("message_start") == 1, events
+            assert events[-1]["type"] == "message_stop", events[-3:]
+        # What the server reported for the retry (a streaming client's opening went out before it answered).
+        record = admin_get(d.state_dir / "coderouterd.sock", "/v1/requests/" + r.headers["x-request-id"])
+        usage = record["usage"]
+        prompt = usage["input_tokens"] + usage["cache_read_input_tokens"]
+        assert usage["cache_read_input_tokens"] > 0.5 * prompt, usage
+        assert record["affinity"]["cached_tokens"] > 0.5 * prompt, record["affinity"]
+        assert _ready(d)["pid"] != proc["pid"]
+        st = admin_get(d.state_dir / "coderouterd.sock")
+        warm = next(p for p in st["providers"] if p["name"] == "llama")["cache"]["slots"]["warm"]
+        assert warm["restores"] == 1, warm
+
+
+def test_a_request_to_an_unmanaged_server_that_dies_is_not_held_for_a_restart(tmp_path):
+    """Nobody restarts a server coderouterd does not manage: its connection error ends the request at once."""
+    from tests.support.ports import dead_port
+
+    config = CONFIG.split("[providers.llama.process]")[0].replace("@LP@", str(dead_port()))
+    with running(config + '[profiles.default]\nproviders = ["llama"]\n', tmp_path) as d:
+        r = httpx.post(d.url + "/v1/messages", json=Session(66).main_body(), timeout=60,
+                       headers={"anthropic-version": "2023-06-01"})
+    assert r.status_code >= 500, r.text
+    assert r.headers["x-coderouter-attempts"] == "llama:connect_error", r.headers

@@ -198,3 +198,24 @@ def test_a_start_says_how_long_its_window_has_left():
     assert r.state.start_left("a") == 0  # past its window: it has come up or failed by now
     r.state.upstreams.process_event("llama", E.READY, ["a"], "", wait_s=30, on_demand=False)
     assert r.state.start_left("a") is None
+
+
+def test_a_wait_for_the_phase_to_change_ends_at_the_next_move_or_its_timeout():
+    """routing/restarts.py: a request that saw its server's connection go waits for the supervisor's news."""
+    async def go():
+        ups = registry()
+        up = ups.get("p")
+        assert await up.life.left(Phase.STARTING, 5)  # not in it: at once
+        assert not await up.life.left(Phase.RESIDENT, 0.01)  # nothing moves it
+
+        async def exited():
+            await asyncio.sleep(0)
+            ups.process_event("llama", E.EXITED, ["p"], "killed by SIGKILL", wait_s=30, on_demand=False)
+
+        task = asyncio.ensure_future(exited())
+        assert await up.life.left(Phase.RESIDENT, 5)
+        await task
+        assert up.phase is Phase.STARTING
+        lease = ups.lease("p")
+        assert lease.want() and lease.starting == 30  # what the request waits on, within the start timeout
+    asyncio.run(go())
