@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Coroutine, Iterable
+from collections.abc import Callable, Iterable
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -40,13 +40,11 @@ from .availability import Code
 from .planner import Skip
 from .record import CLIENT_DISCONNECTED, RequestRecord
 from .request import ClientRequest
-from .restarts import died_under, restart_leases
 from .sink import ClientGone, ClientSink, StreamOpening
+from .starts import Starts, died_under
 from .steps import Slot
-from .waiting import pinging
 
 if TYPE_CHECKING:
-    from ..upstream.upstream import Lease
     from .exchange_router import CallFactory, ExchangeRouter
     from .generation import Generation
 
@@ -55,7 +53,7 @@ class Exchange:
     """The life of one client request across its attempts: the routine. What it did goes into `self.record`."""
 
     __slots__ = ("req", "_before_upstream", "_call_factory", "sink", "runtime", "router", "profile_name",
-                 "profile", "server", "record", "budget_final", "committed", "_panicked", "_leases", "_died")
+                 "profile", "server", "record", "budget_final", "committed", "_panicked", "starts")
 
     def __init__(self, req: ClientRequest, sink: ClientSink, *, runtime: Generation, router: ExchangeRouter,
                  profile: str, call_factory: CallFactory = Call,
@@ -77,10 +75,9 @@ class Exchange:
         self.budget_final: dict[str, str] = {}  # provider -> why its budget refused this request until the reset
         self.committed = False
         self._panicked: list[Skip] = []  # the transient skips panic mode overrode
-        # provider -> our lease on an upstream whose process is being started for us (on demand) or is starting
-        # (upstream/upstream.py): the one way this request waits for a process; given back when done
-        self._leases: dict[str, Lease] = {}
-        self._died: list[str] = []  # providers whose managed process died under an attempt (routing/restarts.py)
+        # Our leases on the processes being started for us (on demand), starting, or restarting after one died
+        # under an attempt (routing/starts.py): the one way this request waits for a process
+        self.starts = Starts(self)
 
     def _record(self, slot: Slot, outcome: Outcome, reason: str, status: int | None = None,
                 message: str = "") -> None:
@@ -92,18 +89,7 @@ class Exchange:
         try:
             await self._run()
         finally:
-            self._release_turns()
-
-    def _release_turns(self) -> None:
-        for lease in self._leases.values():
-            lease.give_back()
-        self._leases.clear()
-
-    @property
-    def background(self) -> bool:
-        """A background request (ClientRequest.is_background: a title, a topic check): it never stops a busy model,
-        and is served by a model that is up whenever its profile allows one (README: Several local models)."""
-        return self.req.is_background()
+            self.starts.give_back()
 
     async def _run(self) -> None:
         record = self.record
@@ -112,11 +98,12 @@ class Exchange:
         record.planned(plan)
         errors: list[UpstreamError] = []
         names = list(plan.candidates)
-        self._demand_starts(plan.skips, ahead_of=names)
+        starts = self.starts
+        starts.demand(plan.skips, ahead_of=names)
         # "wait" holds for background requests too: it says the data stays here, or that the remote costs.
-        if self._leases and self.profile.on_demand_start == "wait":
-            ahead = self._starts_ahead(names)
-            if ahead and await self._wait_started(ahead, errors):
+        if starts and self.profile.on_demand_start == "wait":
+            ahead = starts.ahead(names)
+            if ahead and await starts.wait(ahead, errors):
                 return
         if self.profile.mode == "race" and len(names) > 1:
             from .race import run_race  # local import: race mode is the exception, not the hot path
@@ -135,12 +122,10 @@ class Exchange:
         # restarting): it is waited for only when nothing else served (on_demand_start = "failover", the
         # default). Those behind the candidates are wanted now, and those whose process died under an attempt
         # are tried once more when it is back.
-        self._demand_starts(plan.skips)
-        if self._died:
-            died, self._died = self._died, []
-            self._leases.update(await restart_leases(self.router, died, background=self.background,
-                                                     have=self._leases))
-        if self._leases and await self._wait_started(list(self._leases), errors):
+        starts.demand(plan.skips)
+        if starts.died:
+            await starts.restarts()
+        if starts and await starts.wait(list(starts.leases), errors):
             return
         await self.conclude(errors)
 
@@ -181,93 +166,6 @@ class Exchange:
 
     # -- a managed backend that is (re)starting --------------------------------------------------------------
 
-    def _demand_starts(self, skips: list[Skip], ahead_of: list[str] | None = None) -> None:
-        """Processes of this chain that are stopped and may be started by a request (on demand, or stopped when
-        idle or for room) are started now, in the background, and those starting are noted: whether this request
-        waits for them is decided later (on_demand_start). `ahead_of`: only those before the first of these
-        candidates in the chain's order. One behind the provider that serves is wanted only once those ahead have
-        failed: a turn for it would stop the model serving this request (and again after it, as a start nobody
-        waits for)."""
-        if not skips:  # nearly every request: nothing skipped, nothing to start
-            return
-        chain = list(self.profile.providers)
-        first = chain.index(ahead_of[0]) if ahead_of and ahead_of[0] in chain else len(chain)
-        for s in skips:
-            if ahead_of is not None and s.provider in chain and chain.index(s.provider) >= first:
-                continue
-            if s.reason in ("not_ready", "cannot_start") and s.provider not in self._leases \
-                    and s.provider in self.runtime.providers:
-                lease = self.router.lease(s.provider, background=self.background)
-                if lease.want():
-                    self._leases[s.provider] = lease
-
-    def _starts_ahead(self, names: list[str]) -> list[str]:
-        """Providers being started for us that come before the first candidate in the chain's order."""
-        chain = list(self.profile.providers)
-        first = chain.index(names[0]) if names and names[0] in chain else len(chain)
-        return [p for p in self._leases if p in chain and chain.index(p) < first]
-
-    def _deadline(self, providers: list[str]) -> float:
-        """How long this request waits for the processes of `providers`: a start for it, within its providers'
-        first-byte timeout; a start or restart the supervisor runs, within that process's start timeout."""
-        now = time.monotonic()
-        ends = [self.req.started + self.runtime.providers[p].cfg.timeouts.first_byte
-                for p in providers if p in self.runtime.providers and (lease := self._leases.get(p)) is not None
-                and lease.turn is not None]
-        ends += [now + lease.starting for p in providers if (lease := self._leases.get(p)) is not None
-                 and lease.turn is None and lease.starting]
-        return max(ends, default=now)
-
-    async def _wait_started(self, providers: list[str], errors: list[UpstreamError]) -> bool:
-        """Wait on our leases of the processes started for this request or starting (a streaming client gets its
-        200 and pings meanwhile), then try each that came up. A process is kept for a turn it admitted until the
-        request begins there, so one try is enough; a turn taken again (a stop by hand got there first) is waited
-        for again, within the request's deadline. True when the client has been answered."""
-        deadline = self._deadline(providers)
-        while True:
-            # Up (and kept for us) already (it came up while other providers were tried): tried at once.
-            up = [p for p, lease in self._leases.items() if p in providers and lease.admitted()]
-            if up:
-                self.record.waited_for(up, 0.0)
-                if await self._try_turns(up, errors):
-                    return True
-                continue
-            waiting = {p: lease for p, lease in self._leases.items() if p in providers and lease.waiting()}
-            if not waiting:
-                return False
-            left = deadline - time.monotonic()
-            if left <= 0:
-                self.record.note({"provider": next(iter(waiting)), "moved": "none",
-                                  "why": "its turn did not come within its first-byte timeout"})
-                return False
-            started = time.monotonic()
-            try:
-                await pinging(self, _first_of([lease.wait(left) for lease in waiting.values()]),
-                              next(iter(waiting)), left)
-            except TimeoutError:
-                continue  # the deadline check above says so
-            up = [p for p, lease in waiting.items() if lease.admitted()]
-            if not up:
-                if all(not lease.waiting() for lease in waiting.values()):
-                    return False  # could not start: routing says why
-                continue
-            self.record.waited_for(up, time.monotonic() - started)
-            if await self._try_turns(up, errors):
-                return True
-
-    async def _try_turns(self, up: list[str], errors: list[UpstreamError]) -> bool:
-        """Try the providers whose process came up. A lease not used by its attempt (skipped before it began: a
-        breaker, a budget) is given back at once: its model is not kept for a request that will not come back
-        to it."""
-        before = {p: self._leases.get(p) for p in up}
-        if await self.try_in_order(up, errors):
-            return True
-        for p, lease in before.items():
-            if lease is not None and self._leases.get(p) is lease:
-                del self._leases[p]
-                lease.give_back()
-        return False
-
     # -- one attempt ----------------------------------------------------------------------------------------
 
     async def open_slot(self, name: str) -> Slot | None:
@@ -275,8 +173,8 @@ class Exchange:
         why it is skipped and return None."""
         provider = self.runtime.providers[name]
         panic = self.record.panic
-        # (Whether the request is a background one matters only to a start: asked when one is wanted, below.)
-        lease = self._leases.get(name) or self.router.lease(name)
+        # (Whether the request is a background one matters only to a start: asked when one is wanted: starts.py.)
+        lease = self.starts.leases.get(name) or self.router.lease(name)
         admission = lease.admit(panic)
         if admission is None:
             why = self.router.availability(name)
@@ -304,11 +202,7 @@ class Exchange:
             lease.release_trial()
             self.router.settle(slot.reservation, provider, None)
             self.record.skipped(Skip(name, "not_ready", f"{name}'s managed process is stopping", overridable=False))
-            if self._leases.pop(name, None) is not None:
-                lease.give_back()
-            fresh = self.router.lease(name, background=self.background)
-            if fresh.want():
-                self._leases[name] = fresh
+            self.starts.again(name, lease)
             return None
         return slot
 
@@ -451,7 +345,7 @@ class Exchange:
         # The client has this provider's output: nothing else will serve it. A turn still held at a stopped model
         # (failed over while it was started) goes back now, not at the end of the stream: once that model is up
         # it would be kept for this request, and no other swap could stop it, for as long as the stream lasts.
-        self._release_turns()
+        self.starts.give_back()
         try:
             await self._pump(call)
         finally:
@@ -504,7 +398,7 @@ class Exchange:
         e.__context__ = None
         slot.done = True
         if died_under(slot.provider, e, self.committed):
-            self._died.append(slot.name)
+            self.starts.died.append(slot.name)
         self.router.report(slot.name, slot.admission, time.monotonic() - slot.started, e)
         self._record(slot, Outcome.FAILED, e.label, e.status, e.message)
 
@@ -722,14 +616,3 @@ def _last_turn_key(body: dict) -> int:
 
 def _serving(slot: Slot, result: str) -> str:
     return f"{slot.name}:panic:{result}" if slot.panic else f"{slot.name}:{result}"
-
-
-async def _first_of(waits: list[Coroutine[Any, Any, None]]) -> None:
-    """Until the first of these waits ends (the rest are cancelled)."""
-    tasks = [asyncio.ensure_future(w) for w in waits]
-    try:
-        await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        for t in tasks:
-            t.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)

@@ -201,7 +201,7 @@ def test_a_start_says_how_long_its_window_has_left():
 
 
 def test_a_wait_for_the_phase_to_change_ends_at_the_next_move_or_its_timeout():
-    """routing/restarts.py: a request that saw its server's connection go waits for the supervisor's news."""
+    """routing/starts.py: a request that saw its server's connection go waits for the supervisor's news."""
     async def go():
         ups = registry()
         up = ups.get("p")
