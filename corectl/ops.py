@@ -300,11 +300,18 @@ def resident_table(resident: dict, width: int = 10_000):
                ("Idle stop", {"justify": "right", "no_wrap": True}, 2), ("Last stop", {"no_wrap": True}, 1)]
     rows = [[name, ", ".join(p.get("providers") or []), ("resident " if p.get("resident") else "") +
              (p.get("state") or "?"), p.get("start") or "always", memory_cell(p),
-             f"{p['load_s']:.1f} s" if p.get("load_s") is not None else "-", str(p.get("waiting") or 0),
+             f"{p['load_s']:.1f} s" if p.get("load_s") is not None else "-", waiting_cell(p),
              idle_cell(p), p.get("last_stop_reason") or "-"] for name, p in procs.items()]
     held = {"memory_held_mb": resident.get("memory_held_mb"), "memory_budget_mb": resident.get("memory_budget_mb"),
             "resident": [n for n, p in procs.items() if p.get("resident")]}
     return fit_table(width, columns, rows, title=budget_line(held), title_justify="left", title_style="bold")
+
+
+def waiting_cell(p: dict) -> str:
+    """Requests waiting for their turn at a model, and how long they may be held to save a swap (the load times
+    learned, at most swap_hold_s) when the scheduler holds them."""
+    n = str(p.get("waiting") or 0)
+    return f"{n} (held ≤ {p['hold_s']:.1f} s)" if p.get("hold_s") is not None and p.get("waiting") else n
 
 
 def model_control(socket: str | None, action: str, model: str, provider: str, as_json: bool,

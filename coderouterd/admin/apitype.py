@@ -358,6 +358,8 @@ class ProcessNow(Answer):
     idle_stop_in_s: float | None = None  # until its idle stop, if nothing uses it
     waiting: int = 0  # requests held for their turn at it (it is stopped, or being swapped in)
     load_s: float | None = None  # its load time, learned from its own starts
+    hold_s: float | None = None  # its requests are held to save a swap this long at most (load times, swap_hold_s)
+    held: str | None = None  # why, in words: "held to save a swap (~0.6 s: the load times learned) until ..."
     last_stop_reason: str | None = None  # idle, room for X, manual, reload, crash, shutdown
 
 
@@ -478,6 +480,8 @@ class ResidentProcess(Answer):
     idle_stop_in_s: float | None = None
     waiting: int = 0
     load_s: float | None = None
+    hold_s: float | None = None
+    held: str | None = None
     last_stop_reason: str | None = None
 
 

@@ -29,7 +29,7 @@ from ..upstream.breaker import BreakerRegistry
 from ..upstream.lifecycle import Phase
 from ..upstream.upstream import Upstreams
 from .residency import NoRoom, ResidencyPolicy, Resident
-from .turns import Go, Refuse, Want, decide
+from .turns import Go, Hold, Refuse, Want, decide
 
 log = logging.getLogger("coderouterd.supervise")
 
@@ -144,6 +144,7 @@ class OnDemand:
         self._idle_task: asyncio.Task[None] | None = None
         self.swaps = 0  # starts that stopped another process to make room (the count the tests and bench read)
         self._began: dict[str, float] = {}  # process -> when its latest start began (with load_s: its expected end)
+        self._held: Hold | None = None  # the latest decision, when it held a want: shown by the status
 
     # -- configuration --------------------------------------------------------------------------------------
 
@@ -349,6 +350,7 @@ class OnDemand:
             del self._unwaited[name]  # up (or coming up) by other means: nothing left to start
         d = decide(self.wants(), self.policy, holding=holding, starting=holding - set(self.effects.ready()),
                    fixed=self.effects.external(), hold_s=self.rules.hold_s, now=self.policy.clock())
+        self._held = d if isinstance(d, Hold) else None
         if isinstance(d, Refuse):
             self._unwaited.pop(d.target, None)
             self._move(d.target, Phase.CANNOT_START, d.why)
@@ -569,14 +571,19 @@ class OnDemand:
     def snapshot(self) -> dict[str, Any]:
         holding = set(self.effects.holding())
         procs = {}
+        held = self._held if self._held is not None and self._held.target in self._turns else None
         for name, r in self.policy.residents.items():
             s = self._settings.get(name, Settings())
+            hold = held if held is not None and held.target == name else None
             procs[name] = {"resident": name in holding, "memory_mb": r.memory_mb, "pinned": r.pinned,
                            "start": "on_demand" if s.on_demand else "always", "idle_stop_s": r.idle_stop_s,
                            "idle_stop_in_s": self.policy.idle_left(name) if name in holding else None,
                            "in_flight": self._in_flight(name), "starting_on_demand": name == self._target,
                            "stopping": r.draining, "waiting": len(self._turns.get(name) or ()),
                            "admitted": r.admitted, "load_s": r.load_s,
+                           # Its requests held to save a swap: for how long at most (the load times learned, at
+                           # most swap_hold_s), and why, as last decided (looked at again at least every second).
+                           "hold_s": hold.hold_s if hold else None, "held": hold.why if hold else None,
                            "resident_for_s": None if r.ready_at is None or name not in holding
                            else max(0.0, self.policy.clock() - r.ready_at)}
         return {"memory_budget_mb": self.policy.budget_mb, "memory_held_mb": self.policy.held_mb(holding),

@@ -9,9 +9,15 @@ The rules (README: Several local models, "Swaps only when they pay"):
 - A model some requests were promised (it came up for them) is never stopped before they begin: the swap that
   brought it in finishes by serving what waited for it.
 - A model serving requests is stopped for a foreground want only once that want's oldest request has been held
-  `hold_s`: meanwhile the resident model keeps serving, and the requests for the other are gathered and served
-  together by one swap. A background want never stops a model with requests in flight or promised, nor one
-  used within the last `hold_s` (idle only between two tool calls of an agent).
+  as long as the swap would cost, at most `hold_s`: meanwhile the resident model keeps serving, and the requests
+  for the other are gathered and served together by one swap. The swap's cost is the load times learned
+  (residency.py `load_s`): the target's now, and the victims' when they are wanted again. Waiting as long as
+  what one would pay, then paying, is the ski-rental rule: never more than twice the best choice made knowing
+  the future. No load time learned yet: `hold_s`.
+- A background want never stops a model with requests in flight or promised, nor one used within the last
+  `hold_s` whatever the loads cost (idle only between two tool calls of an agent): that window guesses whether
+  the agent is still at work, which a load time says nothing about, and the reload it risks lands on a request a
+  user waits for, while the background one waits unseen (docs/decisions.md).
 - A model that became ready less than the policy's minimum residency ago is not stopped for another.
 """
 
@@ -47,10 +53,14 @@ class Go:
 
 @dataclass(frozen=True)
 class Hold:
-    """Nothing to swap now. `until`: decide again then (None: when something changes); `why` for the log."""
+    """Nothing to swap now. `until`: decide again then (None: when something changes); `why` in words (the status).
+    `target`: the want held; `hold_s`: how long its requests may be held to save the swap, as decided for it
+    (None: not held by the swap hold)."""
 
     until: float | None
     why: str = ""
+    target: str | None = None
+    hold_s: float | None = None
 
 
 @dataclass(frozen=True)
@@ -86,28 +96,51 @@ def decide(wants: Iterable[Want], policy: ResidencyPolicy, *, holding: Collectio
     return held or Hold(None)
 
 
+def swap_cost(target: str, victims: Iterable[str], policy: ResidencyPolicy) -> float | None:
+    """What stopping `victims` to start `target` costs in seconds: the target's load now and each victim's when it
+    is wanted again, as learned from their own starts (an unknown one counts nothing; one already being stopped
+    goes anyway, so its reload is not this swap's). None when no load time is known."""
+    loads = [r.load_s for n in [target, *victims]
+             if (r := policy.residents.get(n)) is not None and r.load_s is not None
+             and (n == target or not r.draining)]
+    return sum(loads) if loads else None
+
+
+def hold_for(target: str, victims: Iterable[str], policy: ResidencyPolicy, hold_s: float) -> tuple[float, float | None]:
+    """How long a foreground want may be held while a resident model serves (ski rental: as long as the swap
+    costs, bounded by the configured `hold_s`), and the swap's cost (None: unknown, `hold_s` as configured)."""
+    cost = swap_cost(target, victims, policy)
+    return (hold_s if cost is None else min(hold_s, cost)), cost
+
+
 def _blocked(w: Want, victims: list[str], policy: ResidencyPolicy, *, starting: Collection[str], hold_s: float,
              now: float) -> Hold | None:
     """Why stopping `victims` for `w` does not pay yet, or None when it does."""
     until = float("-inf")
+    held: float | None = None  # the hold applied to w (the swap's cost or hold_s), when one applies
+    cost: float | None = None
     for v in victims:
         r = policy.residents[v]
         if r.draining:
             continue  # already being stopped (idle, by hand): its memory is on its way out
         if v in starting:
-            return Hold(None, f"{v} is starting: the swap that started finishes")
+            return Hold(None, f"{v} is starting: the swap that started finishes", w.name)
         if r.admitted:
-            return Hold(None, f"{v} came up for {r.admitted} request(s) that have not begun")
+            return Hold(None, f"{v} came up for {r.admitted} request(s) that have not begun", w.name)
         serving = policy.in_flight(v)
         if serving:
             if w.rank != FOREGROUND:
-                return Hold(None, f"{v} is serving {serving} request(s): a background request never stops it")
-            until = max(until, w.since + hold_s)
+                return Hold(None, f"{v} is serving {serving} request(s): a background request never stops it", w.name)
+            if held is None:
+                held, cost = hold_for(w.name, victims, policy, hold_s)
+            until = max(until, w.since + held)
         elif w.rank != FOREGROUND:
             # Idle only for a moment (an agent between two tool calls): likely wanted again soon. A lighter
-            # request waits until it has been idle for the hold too.
+            # request waits until it has been idle for the hold too, whatever the loads cost (module doc).
+            held = hold_s
             until = max(until, r.last_used + hold_s)
         until = max(until, policy.resident_until(v))
     if until > now:
-        return Hold(until, f"held to save a swap until {until - now:.1f}s from now")
+        worth = f" (~{cost:.1f} s: the load times learned)" if cost is not None else ""
+        return Hold(until, f"held to save a swap{worth} until {until - now:.1f}s from now", w.name, held)
     return None

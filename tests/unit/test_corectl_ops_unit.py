@@ -165,3 +165,18 @@ def test_status_renders_processes_spend_and_store_warning():
         assert needle in text, needle
     assert "local $" not in text  # nothing spent and no cap: not worth a mention
     assert render.next_probe(NOW + 42, NOW) == "in 42s" and render.next_probe(NOW - 1, NOW) == "due"
+
+
+def test_models_list_shows_how_long_waiting_requests_are_held_to_save_a_swap():
+    resident = {"memory_budget_mb": 1500, "memory_held_mb": 1000, "processes": {
+        "coder": {"providers": ["coder"], "resident": True, "state": "ready", "memory_mb": 1000, "load_s": 0.3,
+                  "waiting": 0},
+        "small": {"providers": ["small"], "resident": False, "state": "stopped", "memory_mb": 1000, "load_s": 0.3,
+                  "waiting": 2, "hold_s": 0.6, "held": "held to save a swap (~0.6 s: the load times learned)"}}}
+    con = Console(width=200, record=True, file=open(os.devnull, "w"), color_system=None)  # noqa: SIM115
+    con.print(ops.resident_table(resident, 200))
+    text = con.export_text()
+    con.file.close()
+    assert "2 (held ≤ 0.6 s)" in text and "0.3 s" in text
+    assert ops.waiting_cell({"waiting": 0, "hold_s": 5.0}) == "0"  # nothing waits: nothing is held
+    assert ops.waiting_cell({"waiting": 3}) == "3"
