@@ -231,6 +231,7 @@ class Affinity:
         for provider, snap in snapshots.items():
             if isinstance(snap, dict):
                 self.index.restore(provider, snap)
+                self.kvcache.restore_costs(provider, snap.get("copy_costs"))
                 table = self.index.provider(provider).slots
                 for slot in table.slots if table is not None else ():
                     if slot.lane is not None:
@@ -495,7 +496,11 @@ class Affinity:
     def _persist_now(self, provider: str) -> None:
         if provider in self._dirty and self.persist is not None:
             self._dirty.discard(provider)
-            self.persist(provider, self.index.snapshot(provider))
+            snap = self.index.snapshot(provider)
+            costs = self.kvcache.costs_snapshot(provider)  # what a slot copy costs it, learnt (kvcache/costs.py)
+            if costs is not None:
+                snap["copy_costs"] = costs
+            self.persist(provider, snap)
 
     def flush(self) -> None:
         """Snapshot whatever changed since the last one (at shutdown, before the store closes)."""
