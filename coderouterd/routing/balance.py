@@ -217,7 +217,9 @@ class Balancer:
             return None
         from ..kvcache.move import move_lane
 
-        tokens = await move_lane(kv, ticket.lane, src, dst)
+        # Shielded: a request cancelled mid-move (its client left) must not leave the file renamed and the tables
+        # not told, or the other way round.
+        tokens = await asyncio.shield(move_lane(kv, ticket.lane, src, dst))
         return None if tokens is None else {"from": src, "tokens": tokens}
 
     # -- the replicas' own state -------------------------------------------------------------------------------
