@@ -488,7 +488,7 @@ def slot_cache_lines(providers: list[dict]) -> list[Text]:
     for p in providers:
         w = ((p.get("cache") or {}).get("slots") or {}).get("warm")
         if not w or not any(w.get(k) for k in ("saves", "restores", "save_failures", "restore_failures",
-                                                 "restores_refused", "restores_not_taken")):
+                                                 "restores_refused", "restores_not_taken", "copy_1000_s")):
             continue
         text = Text(f"{p['name']} slot caches: {w['saves']} saved ({size(w['save_bytes'])}, {w['save_s']:.2f} s), "
                     f"{w['restores']} restored ({size(w['restore_bytes'])}, {w['restore_s']:.2f} s), "
@@ -502,10 +502,13 @@ def slot_cache_lines(providers: list[dict]) -> list[Text]:
             text.append(f"; {w['restores_refused']} file(s) refused (truncated or gone)", style="bold red")
         if w.get("restores_not_taken"):
             text.append(f"; {w['restores_not_taken']} restore(s) did not take", style="bold red")
+        cost = f"~{w['copy_1000_s']:.3f} s per 1,000 tokens" if w.get("copy_1000_s") is not None else ""
         if w.get("copies"):
             # New lanes seeded from another slot's prefix (issue 44 §0), and what a copy costs this server.
-            cost = f", ~{w['copy_1000_s']:.3f} s per 1,000 tokens" if w.get("copy_1000_s") is not None else ""
-            text.append(f"; {w['copies']} new lane(s) seeded by a copy{cost}")
+            text.append(f"; {w['copies']} new lane(s) seeded by a copy" + (f", {cost}" if cost else ""))
+        elif cost:
+            # Learnt (and kept across restarts) before any copy: what the next new lane's choice weighs.
+            text.append(f"; a slot copy {cost}")
         if w.get("saves_discarded"):
             text.append(f"; {w['saves_discarded']} save(s) deleted at once (max_saved_mb below one file)",
                         style="yellow")

@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
@@ -51,7 +51,7 @@ class Ticket:
 
     __slots__ = ("_prompt", "_lane", "_lanes", "_session", "tools", "model", "canonical", "ingress",
                  "canonical_raw", "slot", "predicted_tokens", "cached_tokens", "bust", "placement_why", "lane_why",
-                 "continues", "head", "restore", "seeded")
+                 "continues", "head", "restore", "seeded", "moved")
 
     def __init__(self, prompt: Prompt | None, session: sess.SessionKey | None, lanes: LaneIndex, canonical: dict,
                  ingress: str, head: str | None = None, *, tools: bool = False, model: str | None = None) -> None:
@@ -76,6 +76,7 @@ class Ticket:
         self.continues = False  # the request continues its lane's history (else no cache bust can be named)
         self.restore: Restore | None = None  # a saved slot state restored for this turn, and what became of it
         self.seeded: dict | None = None  # a new lane started from another slot's prefix (copied, or placed there)
+        self.moved: dict | None = None  # its lane's saved slot file moved here from a replica that went down
 
     @property
     def session(self) -> sess.SessionKey:
@@ -119,6 +120,8 @@ class Ticket:
             out["slot_restore"] = self.restore.as_dict()
         if self.seeded is not None:
             out["seeded"] = self.seeded
+        if self.moved is not None:
+            out["moved"] = self.moved
         if self.bust is not None:
             out["cache_bust"] = {"segment": self.bust.segment, "cause": self.bust.cause,
                                  "expected_tokens": self.bust.expected_tokens,
@@ -228,6 +231,7 @@ class Affinity:
         for provider, snap in snapshots.items():
             if isinstance(snap, dict):
                 self.index.restore(provider, snap)
+                self.kvcache.restore_costs(provider, snap.get("copy_costs"))
                 table = self.index.provider(provider).slots
                 for slot in table.slots if table is not None else ():
                     if slot.lane is not None:
@@ -282,7 +286,11 @@ class Affinity:
 
     # -- per attempt ----------------------------------------------------------------------------------------
 
-    async def place(self, ticket: Ticket | None, provider: Provider) -> Placement | None:
+    async def place(self, ticket: Ticket | None, provider: Provider,
+                    follow: Callable[[], Awaitable[dict | None]] | None = None) -> Placement | None:
+        """`follow`: a balance profile's lane moving here off a replica that went down (routing/balance.py): it
+        moves the lane's saved slot file once this server's key is known, before the slot is chosen, so the turn
+        restores it. What it returns (what moved) goes in the request's record."""
         if ticket is None or not provider.cfg.affinity:
             return None
         name = provider.name
@@ -297,6 +305,7 @@ class Affinity:
         if table is not None:
             # Once per server instance: which saved states are valid, by its /props as discovery read it.
             await self.kvcache.prepare(provider, table, info.props if info is not None else None)
+        moved = await follow() if follow is not None and table is not None else None
         now = self.clock()
         if table is None:
             # No slot to choose: the prediction (for the record) is made in `finish`, after the answer went out.
@@ -325,6 +334,9 @@ class Affinity:
                 table.finish(choice.slot, ticket.lane, None, self.clock())
                 raise
         ticket.placement_why = choice.why
+        ticket.moved = moved
+        if moved is not None:
+            ticket.placement_why += f"; saved slot file moved from {moved['from']} ({moved['tokens']:,} tokens)"
         ticket.seeded = None
         if choice.seeded is not None:
             sid, donor, got = choice.seeded
@@ -484,7 +496,11 @@ class Affinity:
     def _persist_now(self, provider: str) -> None:
         if provider in self._dirty and self.persist is not None:
             self._dirty.discard(provider)
-            self.persist(provider, self.index.snapshot(provider))
+            snap = self.index.snapshot(provider)
+            costs = self.kvcache.costs_snapshot(provider)  # what a slot copy costs it, learnt (kvcache/costs.py)
+            if costs is not None:
+                snap["copy_costs"] = costs
+            self.persist(provider, snap)
 
     def flush(self) -> None:
         """Snapshot whatever changed since the last one (at shutdown, before the store closes)."""

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Protocol, TypeVar
 
 from ..providers.server_http import llama_server
 from ..tasks import TaskSet
-from .costs import CopyCosts
+from .costs import CopyCosts, cost_key
 from .disk import check_restore, prune_dir, valid_files, write_sidecar
 from .files import PREFIX, CacheKey, TableView, key_from_props, owner_tag, to_save
 from .intent import BEFORE_STOP, IDLE, REQUEST, Intent, Outcome, Restore
@@ -97,6 +97,10 @@ class KVCache:
         self.managed: Callable[[str], bool] = lambda name: False
         self.stats: dict[str, KVStats] = {}
         self.costs: dict[str, CopyCosts] = {}  # what a save and a restore cost each server, learnt (kvcache/costs.py)
+        self._cost_keys: dict[str, str] = {}  # server -> the key its costs are learnt for (costs.cost_key)
+        # Costs learnt for a key this server has not named yet (persisted by a previous run, or kept over its
+        # restart): its own once it names the same key at its first placement, dropped if it names another.
+        self._stashed: dict[str, tuple[str, CopyCosts]] = {}
         self.disk_bytes = 0  # what coderouterd's slot files take, as last measured
         self._keys: dict[str, CacheKey] = {}
         self._learning: dict[str, asyncio.Task] = {}
@@ -146,6 +150,9 @@ class KVCache:
         """The server started afresh: its key (model file, context, version) is learnt again."""
         for name in providers:
             self._keys.pop(name, None)
+            key, costs = self._cost_keys.pop(name, None), self.costs.pop(name, None)
+            if key is not None and costs is not None:
+                self._stashed[name] = (key, costs)  # its own again if it comes back with the same model
 
     def copy_s(self, name: str, tokens: float) -> float | None:
         """Seconds this server takes to save a slot of `tokens` and restore it into another, as measured on its
@@ -160,6 +167,8 @@ class KVCache:
         discovery: providers/server_info.py), name its files by it, and keep only the saved states whose files
         are on disk and were saved under that key. Once per server instance."""
         name = provider.name
+        if name not in self._cost_keys:
+            self._adopt_costs(name, props)
         if name in self._keys or not self.manages(name) or self._stopped:
             return
         self.start()
@@ -209,6 +218,33 @@ class KVCache:
                      "or the file is gone): not restored", provider.name, len(dropped))
             self.host.persist_soon(provider.name)
         self._keys[provider.name] = key
+
+    # -- what copies cost, across restarts (kvcache/costs.py) ------------------------------------------------
+
+    def _adopt_costs(self, name: str, props: dict | None) -> None:
+        """Once per server instance, before its first slot action: the key its copy costs are learnt for, and
+        the costs a previous run (or its previous process) learnt for that same key."""
+        key = cost_key(props)
+        if key is None:
+            return  # asked again at the next placement (its /props may say more then)
+        self._cost_keys[name] = key
+        stashed = self._stashed.pop(name, None)
+        if stashed is not None and stashed[0] == key and name not in self.costs:
+            self.costs[name] = stashed[1]
+
+    def costs_snapshot(self, name: str) -> dict | None:
+        """For the server's persisted affinity snapshot (affinity/service.py, written by the store's thread)."""
+        key, costs = self._cost_keys.get(name), self.costs.get(name)
+        if key is not None and costs is not None:
+            return costs.snapshot(key)
+        stashed = self._stashed.get(name)  # not placed since the restart: kept for the next
+        return stashed[1].snapshot(stashed[0]) if stashed is not None else None
+
+    def restore_costs(self, name: str, snap: object) -> None:
+        """At start-up, from the persisted snapshot: kept aside until the server names its key."""
+        got = CopyCosts.from_snapshot(snap)
+        if got is not None:
+            self._stashed[name] = got
 
     # -- the one path for slot actions ---------------------------------------------------------------------
 
@@ -311,6 +347,7 @@ class KVCache:
         st.restore_s += took
         if ans.ok:
             self.costs.setdefault(name, CopyCosts()).restore.add(ans.count("n_restored"), took)
+            self.host.persist_soon(name)  # the learnt cost with it
         if not ans.ok:
             st.restore_failures += 1
             table.files.forget(fname)

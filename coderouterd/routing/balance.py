@@ -20,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import math
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -97,8 +97,15 @@ def replica(name: str, index: PrefixIndex | None, ticket: Ticket | None, live: L
     busy = max(index.in_flight(name) if index is not None else 0, live.processing if live is not None else 0)
     mean = p.mean_duration_s if p is not None and p.mean_duration_s else DEFAULT_TURN_S
     wait_s = max(0, busy - width + 1) * mean / width
-    if index is None or ticket is None or p is None:
+    if index is None or ticket is None:
         return Replica(name, 0, 0, busy, width, 0.0, wait_s, lanes, picks)
+    if p is None:
+        # A replica that never answered here holds nothing of this prompt and computes it at the default speed
+        # until measured. Costing it nothing made a conversation's second turn leave the replica holding its
+        # prefix for one that had not yet served anything.
+        from ..affinity.index import ProviderPrefixes
+
+        p = ProviderPrefixes()
     prompt = ticket.prompt
     bpt = p.bytes_per_token
     total = int(prompt.size / bpt)
@@ -190,17 +197,30 @@ class Balancer:
         return order, [{"provider": first.name, "moved": "front" if order[0] != candidates[0] else "none",
                         "why": words}]
 
-    async def follow(self, ticket: Ticket | None, dst: str, kv: KVCache) -> int | None:
-        """Before a placement on `dst`: a lane moving off an unavailable replica takes its saved slot state along
-        when both servers run here with the same key (kvcache/move.py). The tokens it holds, or None."""
-        if not self._moves or ticket is None or ticket.lane_label is None:
+    def follower(self, ticket: Ticket | None, dst: str, kv: KVCache) -> Callable[[], Awaitable[dict | None]] | None:
+        """For a placement on `dst`: None unless the ticket's lane is moving off an unavailable replica; else what
+        the placement awaits once `dst`'s key is known and before its slot is chosen (affinity/service.py), so
+        the slot is chosen with the moved file (`follow`)."""
+        if not self._moves or ticket is None or ticket.lane_label is None or ticket.lane not in self._moves:
             return None  # (no lane named yet: this request was not balanced, and naming one costs its digests)
+        return lambda: self.follow(ticket, dst, kv)
+
+    async def follow(self, ticket: Ticket | None, dst: str, kv: KVCache) -> dict | None:
+        """A lane moving off an unavailable replica takes its saved slot state along when both servers run here
+        and the file was saved under `dst`'s key (kvcache/move.py). What moved, for the request's record:
+        {"from": the replica, "tokens": what the file holds}, or None. Once per move, whichever replica the lane
+        lands on."""
+        if not self._moves or ticket is None or ticket.lane_label is None:
+            return None
         src = self._moves.pop(ticket.lane, None)
         if src is None:
             return None
         from ..kvcache.move import move_lane
 
-        return await move_lane(kv, ticket.lane, src, dst)
+        # Shielded: a request cancelled mid-move (its client left) must not leave the file renamed and the tables
+        # not told, or the other way round.
+        tokens = await asyncio.shield(move_lane(kv, ticket.lane, src, dst))
+        return None if tokens is None else {"from": src, "tokens": tokens}
 
     # -- the replicas' own state -------------------------------------------------------------------------------
 
@@ -223,6 +243,11 @@ class Balancer:
             task.add_done_callback(self._tasks.discard)
 
     async def _read(self, name: str, srv: LlamaServer) -> None:
+        # Stamped when asked, not when answered: an answer that finished while the question was in flight may
+        # or may not be in the reading, so only a reading asked after it may cap what that answer left cached
+        # (`replica`). Stamped on arrival, a reading taken before a turn's answer capped the lane's prefix on
+        # its own replica to nothing, and the conversation's next turn left it.
+        asked = self.clock()
         try:
             async with asyncio.timeout(POLL_TIMEOUT_S):
                 states = await srv.slot_states()
@@ -231,7 +256,7 @@ class Balancer:
         if states is None:
             self._live.pop(name, None)  # unknown: the daemon's own in-flight count decides alone
             return
-        self._live[name] = live_from(states, self.clock())
+        self._live[name] = live_from(states, asked)
 
     def status(self, name: str) -> dict | None:
         """For the dashboard: a replica's live load and cache, as last read."""

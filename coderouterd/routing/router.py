@@ -411,8 +411,9 @@ class AffinityPlacement:
         return self._aff.body_for(ticket, provider, req)
 
     async def place(self, ticket: Ticket, provider: Provider) -> Placement | None:
-        await self._balancer.follow(ticket, provider.name, self._aff.kvcache)  # balance: a moving lane's slot file
-        return await self._aff.place(ticket, provider)
+        # balance: a lane moving off a replica that went down takes its saved slot file along
+        return await self._aff.place(ticket, provider,
+                                     follow=self._balancer.follower(ticket, provider.name, self._aff.kvcache))
 
     def finish(self, ticket: Ticket | None, placement: Placement, provider: Provider, *, ok: bool,
                strategy: Strategy, request_id: str) -> None:

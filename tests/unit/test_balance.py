@@ -121,6 +121,43 @@ def test_a_replica_that_restarted_holds_nothing_whatever_was_sent_to_it():
     assert view.cached_tokens > 0
 
 
+def test_a_reading_is_stamped_when_asked_not_when_answered():
+    """A turn that finished while the question was in flight may be missing from the reading: only a reading asked
+    after that turn may cap what it left cached."""
+    earlier, now = _prompt(3), _prompt(4)
+    index = _index()
+    clock = [1.0]
+
+    async def get(path: str):
+        clock[0] = 3.0  # the lane's turn finished (at 2.0) while /slots was being asked
+        return 200, [{"id": 0, "is_processing": False, "id_task": 1, "n_prompt_tokens": 0},
+                     {"id": 1, "is_processing": False}]
+
+    async def post(path, body, timeout):
+        raise AssertionError("balance only reads")
+
+    b = Balancer(clock=lambda: clock[0])
+    asyncio.run(b._read("gpu1", LlamaServer(get, post)))
+    _hold(index, "gpu1", "lane-a", earlier, at=2.0)
+    assert b._live["gpu1"].at == 1.0
+    assert replica("gpu1", index, _ticket(now), b.live("gpu1")).cached_tokens > 0
+    order, _ = b.order(["gpu1", "gpu2"], _ticket(now), index)
+    assert order[0] == "gpu1"
+
+
+def test_a_replica_that_never_answered_here_is_not_free():
+    """A replica the index knows nothing of holds nothing of the prompt and computes it at the default speed: the
+    returning turn stays where its prefix is."""
+    earlier, now = _prompt(3), _prompt(4)
+    index = _index()
+    del index.providers["gpu2"]
+    _hold(index, "gpu1", "lane-a", earlier)
+    view = replica("gpu2", index, _ticket(now), None)
+    assert view.cached_tokens == 0 and view.prompt_tokens > 0 and view.prefill_s > 0
+    order, notes = Balancer().order(["gpu2", "gpu1"], _ticket(now), index)
+    assert order[0] == "gpu1", notes
+
+
 def test_stale_readings_are_ignored():
     clock = [0.0]
     b = Balancer(clock=lambda: clock[0])
@@ -235,10 +272,14 @@ def _key(model="m.gguf", n_ctx=2048, build="b1"):
     return CacheKey(model, 10, 1, n_ctx, build)
 
 
-def _saved_on(tmp_path, table, lane: str, prompt) -> str:
+def _saved_on(tmp_path, table, lane: str, prompt, key=None, tokens: int = 1234) -> str:
+    """A lane's saved slot file on disk with the sidecar kvcache writes: the key it was saved under."""
+    import orjson
+
     fname = table.files.remember(lane, prompt.digests, prompt.ends)
     (tmp_path / fname).write_bytes(b"KV" * 10)
-    (tmp_path / (fname + ".json")).write_bytes(b"{}")
+    side = {"key": (key or _key()).as_dict(), "tokens": tokens, "bytes": 20}
+    (tmp_path / (fname + ".json")).write_bytes(orjson.dumps(side))
     return fname
 
 
@@ -252,13 +293,17 @@ def test_the_balancer_moves_a_downed_replicas_lane_with_its_slot_file(tmp_path):
     ticket = _ticket(now)
     order, notes = b.order(["gpu2", "gpu3"], ticket, index)  # gpu1 is down: not a candidate
     assert "its lane moves from gpu1, which is not available" in notes[0]["why"]
-    moved = asyncio.run(b.follow(ticket, order[0], kv))  # type: ignore[arg-type]
-    assert moved == earlier.ends[-1]
+    assert b.follower(_ticket(now, lane="lane-b"), order[0], kv) is None  # another lane: nothing to await
+    follow = b.follower(ticket, order[0], kv)  # type: ignore[arg-type]
+    assert follow is not None
+    assert asyncio.run(follow()) == {"from": "gpu1", "tokens": 1234}  # type: ignore[misc]
     new = tables[order[0]].files.saved["lane-a"]
     assert (tmp_path / new.filename).read_bytes() == b"KV" * 10 and (tmp_path / (new.filename + ".json")).exists()
+    assert new.filename.startswith(tables[order[0]].files.prefix)  # named as the new server's own
     assert not (tmp_path / old).exists() and "lane-a" not in tables["gpu1"].files.saved
     assert new.digests == earlier.digests
-    assert asyncio.run(b.follow(ticket, order[0], kv)) is None  # once
+    assert asyncio.run(b.follow(ticket, order[0], kv)) is None  # type: ignore[arg-type]  # once
+    assert b.follower(ticket, order[0], kv) is None  # type: ignore[arg-type]
 
 
 def test_a_slot_file_never_crosses_to_another_model_context_or_build_nor_off_this_machine(tmp_path):
@@ -271,12 +316,33 @@ def test_a_slot_file_never_crosses_to_another_model_context_or_build_nor_off_thi
         fname = _saved_on(d, tables["gpu1"], "lane-a", _prompt(2))
         assert asyncio.run(move_lane(kv, "lane-a", "gpu1", "gpu2")) is None
         assert (d / fname).exists() and "lane-a" not in tables["gpu2"].files.saved
+        # Its server's key forgotten (it restarted, or was killed): the file's own sidecar still says no.
+        del kv._keys["gpu1"]
+        assert asyncio.run(move_lane(kv, "lane-a", "gpu1", "gpu2")) is None
+        assert (d / fname).exists() and "lane-a" in tables["gpu1"].files.saved
     d = tmp_path / "unmanaged"
     d.mkdir()
     kv, tables = _kv(d, {n: _key() for n in NAMES}, managed=lambda n: n != "gpu3")  # gpu3: another machine's
     _saved_on(d, tables["gpu1"], "lane-a", _prompt(2))
     assert asyncio.run(move_lane(kv, "lane-a", "gpu1", "gpu3")) is None
-    assert asyncio.run(move_lane(kv, "lane-a", "gpu1", "gpu2")) is not None
+    assert asyncio.run(move_lane(kv, "lane-a", "gpu1", "gpu2")) == 1234
+
+
+def test_the_files_own_key_decides_not_what_its_server_said_last(tmp_path):
+    """A killed server's key may be forgotten (its restart) or may have changed (the model file replaced): the key
+    in the file's sidecar is what the file is valid for. And a new server whose key is not learnt yet receives
+    nothing."""
+    from coderouterd.kvcache.move import move_lane
+
+    kv, tables = _kv(tmp_path, {n: _key() for n in NAMES})
+    _saved_on(tmp_path, tables["gpu1"], "lane-a", _prompt(2))
+    _saved_on(tmp_path, tables["gpu1"], "lane-b", _prompt(3), key=_key(n_ctx=4096))  # an older server's
+    del kv._keys["gpu1"]
+    assert asyncio.run(move_lane(kv, "lane-b", "gpu1", "gpu2")) is None
+    del kv._keys["gpu3"]
+    assert asyncio.run(move_lane(kv, "lane-a", "gpu1", "gpu3")) is None
+    assert asyncio.run(move_lane(kv, "lane-a", "gpu1", "gpu2")) == 1234
+    assert "lane-a" in tables["gpu2"].files.saved and "lane-b" in tables["gpu1"].files.saved
 
 
 def test_a_plan_only_shown_counts_no_pick():
