@@ -5,7 +5,7 @@ itself (with its RAM prompt cache). Same run, same machine.
 
     .venv/bin/python bench/real_llama.py [--scenario within|twice|three|all|suite] [--restart]
     .venv/bin/python bench/real_llama.py --warm [--scenario three|three-suite|warm-suite]
-    .venv/bin/python bench/real_llama.py --scenario agents
+    .venv/bin/python bench/real_llama.py --scenario agents [--head 6fe8061]
     .venv/bin/python bench/real_llama.py --scenario replicas [--modes balance,round-robin,fallback,race,adaptive]
     .venv/bin/python bench/real_llama.py --scenario shared [--head main]
 
@@ -20,6 +20,12 @@ seeded from a slot holding that prefix; processed tokens against the best any ca
 computed once), with seeding, without it (`clone_min_tokens` out of reach), and on the code of `--head` (a git
 revision, default main, extracted with `git archive` and run as it is), all in the same run, with the time to
 first token of the first turns and of all turns.
+
+`--scenario agents` (issue 44 §2): an orchestrator and two sub-agents on one model, background calls on another,
+sent concurrently, two on-demand servers with a budget for one, each load slowed by a start delay; on this tree's
+code (its defaults, then `swap_hold_s` and `min_resident_s` 0) and on the code of `--head` (default 6fe8061, the
+scheduler before "swaps only when they pay"), in the same run: requests, failures, changes of the demanded model,
+starts, processed tokens against the best possible (per model), time to first token.
 
 `--warm`: caches that survive (kvcache/). Three interleaved conversations with two title calls on three
 slots, interrupted half-way by a restart of coderouterd or by kill -9 of its server (after a pause longer than
@@ -37,6 +43,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -156,10 +163,30 @@ class Turn:
 # -- the two drivers ---------------------------------------------------------------------------------------------
 
 
-def _sse(resp: httpx.Response):
-    for line in resp.iter_lines():
+def _events(lines: Iterable[str]) -> Iterator[dict]:
+    for line in lines:
         if line.startswith("data: ") and line != "data: [DONE]":
             yield orjson.loads(line[6:])
+
+
+def _sse(resp: httpx.Response) -> Iterator[dict]:
+    return _events(resp.iter_lines())
+
+
+def _add_usage(usage: dict, ev: dict) -> None:
+    """What a Messages stream event says of the usage: message_start's, then message_delta's non-null figures."""
+    if ev.get("type") == "message_start":
+        usage.update(ev["message"].get("usage") or {})
+    elif ev.get("type") == "message_delta":
+        usage.update({k: v for k, v in (ev.get("usage") or {}).items() if v is not None})
+
+
+def usage_of(text: str) -> dict:
+    """The usage of a streamed Messages answer kept as text."""
+    usage: dict = {}
+    for ev in _events(text.splitlines()):
+        _add_usage(usage, ev)
+    return usage
 
 
 def _anthropic_stream(resp: httpx.Response, t0: float) -> tuple[float | None, dict, list[dict]]:
@@ -171,11 +198,8 @@ def _anthropic_stream(resp: httpx.Response, t0: float) -> tuple[float | None, di
         t = ev.get("type")
         if ttft is None and t == "content_block_start":
             ttft = time.perf_counter() - t0
-        if t == "message_start":
-            usage.update(ev["message"].get("usage") or {})
-        elif t == "message_delta":
-            usage.update({k: v for k, v in (ev.get("usage") or {}).items() if v is not None})
-        elif t == "error":
+        _add_usage(usage, ev)
+        if t == "error":
             errors.append(ev)
     return ttft, usage, errors
 
@@ -233,27 +257,36 @@ def drive_router(url: str, sc: Scenario, turns: list[tuple[Session, str]] | None
 # -- the best any assignment could do ----------------------------------------------------------------------------
 
 
-def token_prompts(url: str, sc: Scenario) -> list[list[int]]:
-    """Each request's prompt as the server tokenises it (its own chat template), in workload order."""
+def tokenise(url: str, bodies: Iterable[dict]) -> list[list[int]]:
+    """Each Anthropic body's prompt as the server tokenises it (its own chat template), in the order given."""
     prompts = []
     with httpx.Client(base_url=url, timeout=60) as http:
-        for s, kind in order(sc):
-            body = openai_body(s.main_body() if kind == "main" else s.background_body(), stream=False)
-            text = http.post("/apply-template", json=body).json()["prompt"]
+        for body in bodies:
+            text = http.post("/apply-template", json=openai_body(body, stream=False)).json()["prompt"]
             prompts.append(http.post("/tokenize", json={"content": text, "add_special": True,
                                                         "parse_special": True}).json()["tokens"])
-            if kind == "main":
-                s.advance()
     return prompts
 
 
-def best_reuse(prompts: list[list[int]]) -> list[int]:
-    """Per request: the longest prefix shared with any earlier prompt (at least one token is always
-    evaluated), an upper bound for any slot assignment."""
+def token_prompts(url: str, sc: Scenario) -> list[list[int]]:
+    """Each request's prompt as the server tokenises it, in workload order."""
+    def bodies() -> Iterator[dict]:
+        for s, kind in order(sc):
+            yield s.main_body() if kind == "main" else s.background_body()
+            if kind == "main":  # after the body was tokenised: a generator resumes when the next is asked
+                s.advance()
+    return tokenise(url, bodies())
+
+
+def best_reuse(prompts: list[list[int]], models: list[str] | None = None) -> list[int]:
+    """Per request: the longest prefix shared with any earlier prompt (on the same model, when `models` names
+    each request's), with at least one token always evaluated: an upper bound for any slot assignment."""
     out = []
     for i, p in enumerate(prompts):
         best = 0
-        for q in prompts[:i]:
+        for j, q in enumerate(prompts[:i]):
+            if models is not None and models[j] != models[i]:
+                continue
             n = 0
             for a, b in zip(p, q, strict=False):
                 if a != b:
@@ -385,15 +418,20 @@ def shared(sc: Scenario, tmp: Path, *, seeding: bool = True, root: Path = ROOT,
         d.stop()
     out = summary(turns, best_reuse(prompts))
     out["of_ideal"] = round(out["processed_tokens"] / out["ideal_processed"], 3) if out["ideal_processed"] else None
-    first = sorted(t.ttft_s for t in turns if t.first)
-    every = sorted(t.ttft_s for t in turns)
-    for label, xs in (("first", first), ("all", every)):
-        out[f"{label}_ttft_p50_s"] = round(statistics.median(xs), 3) if xs else None
-        out[f"{label}_ttft_p95_s"] = round(xs[max(0, int(len(xs) * 0.95 + 0.5) - 1)], 3) if xs else None
+    for label, xs in (("first", [t.ttft_s for t in turns if t.first]), ("all", [t.ttft_s for t in turns])):
+        out[f"{label}_ttft_p50_s"], out[f"{label}_ttft_p95_s"] = p50_p95(xs)
     # The head's traces may not say (it names no seed): not counted there.
     out["seeded"] = sum(1 for r in _rows(recent) if "seeded from" in str(r)) if root == ROOT else None
     out["copies"] = copies
     return out
+
+
+def p50_p95(xs: list[float]) -> tuple[float | None, float | None]:
+    """The median and the 95th percentile (nearest rank), rounded to the millisecond."""
+    xs = sorted(xs)
+    if not xs:
+        return None, None
+    return round(statistics.median(xs), 3), round(xs[max(0, int(len(xs) * 0.95 + 0.5) - 1)], 3)
 
 
 def _rows(recent: dict) -> list:
@@ -410,6 +448,41 @@ def head_tree(ref: str, tmp: Path) -> Path:
     archive = subprocess.run(["git", "-C", str(ROOT), "archive", ref], check=True, capture_output=True).stdout
     subprocess.run(["tar", "-x", "-C", str(out)], input=archive, check=True)
     return out
+
+
+# The revision the agents trace is compared with by default: the parent of 4754966 ("On-demand swaps only when they
+# pay"), the last code with the scheduler issue 44 measured (next request first, least recently used out). `main`
+# already has the new one, so comparing with it would measure nothing.
+AGENTS_HEAD = "6fe8061"
+
+
+def run_agents(sc: Scenario, head: str | None) -> list[dict]:
+    """The agents trace on this tree's code (its defaults, then no hold and no minimum residency) and on `head`'s
+    (its own code and defaults, extracted by `head_tree`), in the same run: the same trace and start delay."""
+    rows = []
+    with tempfile.TemporaryDirectory(prefix=f"cragents-{sc.name}-") as t:
+        tmp = Path(t)
+        runs: list[tuple[str, dict]] = [("this tree, its defaults", {}),
+                                         ("this tree, swap_hold_s 0, min_resident_s 0",
+                                          {"hold_s": 0.0, "min_resident_s": 0.0})]
+        if head:
+            runs.append((f"{head}: its code, its defaults", {"root": head_tree(head, tmp)}))
+        for i, (label, kw) in enumerate(runs):
+            t0 = time.monotonic()
+            r = agents(sc, tmp / f"run{i}", **kw)
+            rows.append({"scenario": sc.name, "run": label, **r})
+            print(f"# {sc.name} {label}: {time.monotonic() - t0:.0f} s {r}", file=sys.stderr)
+    return rows
+
+
+def print_agents_table(rows: list[dict]) -> None:
+    cols = ["run", "requests", "failed", "changes", "starts", "starts_with_other_alive", "processed_tokens",
+            "ideal_processed", "of_ideal", "agents_processed_tokens", "agents_ideal_processed", "agents_of_ideal",
+            "ttft_p50_s", "ttft_p95_s"]
+    print("| " + " | ".join(cols) + " |")
+    print("|" + "---|" * len(cols))
+    for r in rows:
+        print("| " + " | ".join(str(len(r[c]) if isinstance(r.get(c), list) else r.get(c, "")) for c in cols) + " |")
 
 
 def run_shared(scenarios: list[Scenario], head: str | None) -> list[dict]:
@@ -529,8 +602,8 @@ ping_interval_s = 1
 
 [models]
 memory_budget_mb = @BUDGET@
-swap_hold_s = @HOLD@
-min_resident_s = @RESIDENT@
+swap_hold_s = @swap_hold_s@
+min_resident_s = @min_resident_s@
 
 [providers.coder]
 kind = "openai"
@@ -556,11 +629,13 @@ profile = "fast"
 """
 
 
-def agents(sc: Scenario, tmp: Path, *, hold_s: float = 5.0, min_resident_s: float = 5.0,
-           start_delay_s: float = 2.0) -> dict:
+def agents(sc: Scenario, tmp: Path, *, hold_s: float | None = None, min_resident_s: float | None = None,
+           start_delay_s: float = 2.0, root: Path = ROOT) -> dict:
     """The agents trace (tests/e2e/test_ondemand_swaps.py's Trace) on two real servers with a budget for one, each
-    start held `start_delay_s` before the server runs. Counts requests, failures, starts (each read from the
-    process table as it happens: tests/support/exclusive.py), changes of the demanded model, time to first token."""
+    start held `start_delay_s` before the server runs, through coderouterd from the source tree `root` (None for
+    hold_s and min_resident_s: that code's defaults, or a revision that has no such keys). Counts requests,
+    failures, starts (each read from the process table as it happens: tests/support/exclusive.py), changes of the
+    demanded model, processed tokens against the best possible, and time to first token."""
     from coderouterd.supervise.memory import estimate_mb
     from tests.e2e.test_ondemand_swaps import Trace
 
@@ -575,20 +650,46 @@ def agents(sc: Scenario, tmp: Path, *, hold_s: float = 5.0, min_resident_s: floa
     wrap = [sys.executable, "-m", "tests.support.exclusive", str(log), ",".join(map(str, ports)), "--", *slow]
     cfg = (AGENTS_CONFIG.replace("@PA@", str(ports[0])).replace("@PB@", str(ports[1]))
            .replace("@ARGV_A@", json.dumps(wrap + argvs[0])).replace("@ARGV_B@", json.dumps(wrap + argvs[1]))
-           .replace("@MODEL@", MODEL).replace("@BUDGET@", str(budget)).replace("@HOLD@", f"{hold_s:g}")
-           .replace("@RESIDENT@", f"{min_resident_s:g}"))
-    d = DaemonProcess(cfg, tmp).start()
+           .replace("@MODEL@", MODEL).replace("@BUDGET@", str(budget)))
+    for key, value in (("swap_hold_s", hold_s), ("min_resident_s", min_resident_s)):
+        cfg = cfg.replace(f"{key} = @{key}@\n", "" if value is None else f"{key} = {value:g}\n")
+    d = DaemonProcess(cfg, tmp, root=root).start()
     try:
         trace = Trace(d.url)
         trace.run()
     finally:
         d.stop()
     starts = log.read_text().splitlines() if log.exists() else []
-    ttft = sorted(trace.ttft)
+    ttft_p50, ttft_p95 = p50_p95(trace.ttft)
     return {"requests": len(trace.results), "failed": len(trace.failures()), "changes": trace.changes(),
             "starts": len(starts), "starts_with_other_alive": [s for s in starts if not s.endswith("=[]")],
-            "ttft_p50_s": round(statistics.median(ttft), 3) if ttft else None,
-            "ttft_p95_s": round(ttft[max(0, int(len(ttft) * 0.95 + 0.5) - 1)], 3) if ttft else None}
+            **trace_tokens(trace.calls, tmp / "tokenise", sc.ctx, Trace.served),
+            "ttft_p50_s": ttft_p50, "ttft_p95_s": ttft_p95}
+
+
+def trace_tokens(calls: list[tuple[float, dict, int, str]], tmp: Path, ctx: int,
+                 served: Callable[[int, str], bool]) -> dict:
+    """Processed tokens of the requests served (what each answer's usage says was not read from cache) against the
+    best possible: each prompt less its longest prefix shared with an earlier-sent prompt on the same model,
+    tokenised by the server (`best_reuse`, as every scenario's ideal). All of them, then the agents' turns (the
+    requests with tools) alone. A failed request counts in no sum, but its prompt stays one a later one may share."""
+    calls = sorted(calls, key=lambda c: c[0])
+    bound = best_reuse(tokenise_offline([body for _, body, _, _ in calls], tmp, ctx),
+                       [body["model"] for _, body, _, _ in calls])
+    out: dict = {}
+    for label, pick in (("", lambda body: True), ("agents_", lambda body: "tools" in body)):
+        turns, best = [], []
+        for (_, body, code, text), b in zip(calls, bound, strict=True):
+            if pick(body) and served(code, text):
+                usage = usage_of(text)
+                cached = usage.get("cache_read_input_tokens") or 0
+                turns.append(Turn(0, "main" if "tools" in body else "background", False,
+                                  (usage.get("input_tokens") or 0) + cached, cached, 0.0))
+                best.append(b)
+        got = summary(turns, best)
+        out.update({f"{label}processed_tokens": got["processed_tokens"],
+                    f"{label}ideal_processed": got["ideal_processed"], f"{label}of_ideal": got["of_ideal"]})
+    return out
 
 
 def _ready_times(audit: Path) -> dict[str, list[float]]:
@@ -762,6 +863,13 @@ def token_prompts_of(sc: Scenario, tmp: Path) -> list[list[int]]:
         return token_prompts(server.url, sc)
 
 
+def tokenise_offline(bodies: list[dict], tmp: Path, ctx: int) -> list[list[int]]:
+    """`tokenise` on a server of its own (/apply-template and /tokenize use no slot), for a run whose servers
+    are gone or were never asked."""
+    with LlamaServer(tmp, slots=1, ctx_per_slot=ctx, save=False) as server:
+        return tokenise(server.url, bodies)
+
+
 def print_warm_table(rows: list[dict]) -> None:
     cols = ["scenario", "run", "requests", "prompt_tokens", "processed_tokens", "ideal_processed", "of_ideal",
             "after_restart", "after_kill", "warm_ttft_p50_s", "warm_ttft_p95_s", "saves", "save_mb", "save_s", "restores", "restore_s"]
@@ -787,13 +895,6 @@ def run(scenarios: list[Scenario], restart: bool) -> list[dict]:
         with tempfile.TemporaryDirectory(prefix=f"crreal-{sc.name}-") as t:
             tmp = Path(t)
             t0 = time.monotonic()
-            if sc.name == "agents":
-                for label, hold, resident in (("swap_hold_s 5, min_resident_s 5 (defaults)", 5.0, 5.0),
-                                              ("swap_hold_s 0, min_resident_s 0", 0.0, 0.0)):
-                    r = agents(sc, tmp / f"h{hold:g}", hold_s=hold, min_resident_s=resident)
-                    rows.append({"scenario": sc.name, "run": label, **r})
-                print(f"# {sc.name}: {time.monotonic() - t0:.0f} s", file=sys.stderr)
-                continue
             if sc.name.startswith("swap"):
                 base = swap(sc, tmp / "both", budget=False)
                 rows.append({"scenario": sc.name, "run": "both resident (no budget): never swaps", **base})
@@ -921,27 +1022,25 @@ def main() -> None:
     ap.add_argument("--warm", action="store_true", help="restart and kill -9 half-way, slot saves on and off")
     ap.add_argument("--modes", default=",".join(REPLICA_MODES),
                     help="replicas: the runs to make, of " + ", ".join(REPLICA_MODES))
-    ap.add_argument("--head", default="main", help="--scenario shared: the revision compared with ('' for none)")
+    ap.add_argument("--head", default=None,
+                    help="the revision whose code runs the same workload in the same run ('' for none): for "
+                         "--scenario shared, default main; for --scenario agents, default "
+                         f"{AGENTS_HEAD}, the parent of the commit that brought the new swap scheduler (main "
+                         "already has it)")
     args = ap.parse_args()
+    if args.scenario == "agents":
+        print_agents_table(run_agents(AGENTS, AGENTS_HEAD if args.head is None else args.head or None))
+        return
     if args.scenario == "replicas":
         print_replicas_table(run_replicas(REPLICAS, [m for m in args.modes.split(",") if m]))
         return
     if args.scenario.startswith("shared"):
-        print_shared_table(run_shared(SCENARIOS[args.scenario], args.head or None))
+        print_shared_table(run_shared(SCENARIOS[args.scenario], "main" if args.head is None else args.head or None))
         return
     if args.warm:
         print_warm_table(run_warm(SCENARIOS[args.scenario if args.scenario.startswith(("three", "warm")) else "three"]))
         return
     rows = run(SCENARIOS[args.scenario], args.restart)
-    if args.scenario == "agents":
-        cols = ["scenario", "run", "requests", "failed", "changes", "starts", "starts_with_other_alive",
-                "ttft_p50_s", "ttft_p95_s"]
-        print("| " + " | ".join(cols) + " |")
-        print("|" + "---|" * len(cols))
-        for r in rows:
-            print("| " + " | ".join(str(len(r[c]) if isinstance(r.get(c), list) else r.get(c, "")) for c in cols)
-                  + " |")
-        return
     if args.scenario.startswith("swap"):
         cols = ["scenario", "run", "requests", "errors", "starts", "starts_with_other_alive", "prompt_tokens",
                 "processed_tokens", "returning_processed", "returning_new", "returning_ratio", "warm_ttft_p50_s",

@@ -68,6 +68,8 @@ class Trace:
         self.sent: list[tuple[float, str]] = []  # (when, model demanded), in sending order
         self.results: list[tuple[str, int, str]] = []  # (model, status, body)
         self.ttft: list[float] = []  # seconds to the first content of each request served
+        # (when sent, body, status, answer) of each request: bench/real_llama.py counts its processed tokens
+        self.calls: list[tuple[float, dict, int, str]] = []
         self._lock = threading.Lock()
 
     def call(self, who: str, turn: int, background: bool, on_b: bool | None = None) -> None:
@@ -95,6 +97,7 @@ class Trace:
             got = (0, repr(e))
         with self._lock:
             self.results.append(("B" if on_b else "A", *got))
+            self.calls.append((sent, body, *got))
             if first is not None and got[0] == 200:
                 self.ttft.append(first)
 
@@ -122,12 +125,13 @@ class Trace:
         return sum(1 for x, y in zip(order, order[1:], strict=False) if x != y)
 
     def failures(self) -> list[tuple[str, int, str]]:
-        bad = []
-        for model, code, text in self.results:
-            names = event_names(text) if code == 200 else []
-            if code != 200 or not names or names[-1] != "message_stop" or "error" in names:
-                bad.append((model, code, text[-300:]))
-        return bad
+        return [(model, code, text[-300:]) for model, code, text in self.results if not self.served(code, text)]
+
+    @staticmethod
+    def served(code: int, text: str) -> bool:
+        """A 200 and a complete stream, with no error event in it."""
+        names = event_names(text) if code == 200 else []
+        return bool(names) and names[-1] == "message_stop" and "error" not in names
 
 
 def test_the_agents_trace_is_served_whole_with_a_swap_per_change_of_the_demanded_model_at_most(tmp_path):
