@@ -130,7 +130,7 @@ class _GeminiAnswers(Strategy):
         return method_path(self.model, stream)
 
     def _gemini_request(self, chat: dict) -> bytes:
-        return orjson.dumps(chat_to_gemini(chat, self.call_signatures))
+        return orjson.dumps(chat_to_gemini(chat, self.call_signatures, self.model))
 
     def _note_usage(self) -> None:
         meta = self.g2c.meta
@@ -278,7 +278,7 @@ class AnthropicToGemini(_GeminiAnswers, AnthropicToOpenAIUpstream):
 
     def request(self, raw: bytes, stream: bool) -> bytes:
         chat, self.warnings = request_to_openai(self.client_body, self.model, stream=stream)
-        body = chat_to_gemini(chat, self.call_signatures)
+        body = chat_to_gemini(chat, self.call_signatures, self.model)
         thinking = thinking_config(self.client_body.get("thinking"))
         if thinking is not None:
             body.setdefault("generationConfig", {})["thinkingConfig"] = thinking

@@ -18,6 +18,7 @@ The inverse of gemini_request.py (Gemini client -> chat), written the other way 
 
 from __future__ import annotations
 
+import re
 from collections import OrderedDict
 
 from .tool_arguments import parse_tool_arguments
@@ -50,6 +51,25 @@ class CallSignatures:
 
 # chat reasoning_effort -> thinkingBudget (0: off). The budgets are Gemini 2.5's own tiers.
 _BUDGET = {"none": 0, "minimal": 512, "low": 1024, "medium": 8192, "high": 24576}
+# Gemini 2.5 Pro cannot think less than this and refuses 0 (Google's thinking guide): "none" is its least.
+_PRO_25_MIN_BUDGET = 128
+# Gemini 3 and later take a level instead of a budget (both at once is a 400), and cannot turn thinking off. Pro
+# knows "low" and "high"; Flash also "minimal" and "medium". "none" is the least the model has, thoughts not shown.
+_LEVEL_FLASH = {"none": "minimal", "minimal": "minimal", "low": "low", "medium": "medium", "high": "high"}
+_LEVEL_PRO = {"none": "low", "minimal": "low", "low": "low", "medium": "high", "high": "high"}
+_LEVELLED = re.compile(r"gemini-(?:[3-9]|\d{2,})")
+
+
+def effort_thinking(effort: str, model: str | None) -> dict:
+    """A chat reasoning_effort as the thinkingConfig the upstream model takes (`model`: as in its URL)."""
+    m = (model or "").lower().rsplit("/", 1)[-1]
+    if _LEVELLED.search(m):
+        level = (_LEVEL_FLASH if "flash" in m else _LEVEL_PRO)[effort]
+        return {"thinkingLevel": level, "includeThoughts": effort != "none"}
+    budget = _BUDGET[effort]
+    if budget == 0 and "gemini-2.5-pro" in m:
+        return {"thinkingBudget": _PRO_25_MIN_BUDGET, "includeThoughts": False}
+    return {"thinkingBudget": budget, "includeThoughts": budget > 0}
 
 
 _IMAGE_TYPES = {"png": "image/png", "jpg": "image/jpeg", "jpeg": "image/jpeg", "webp": "image/webp",
@@ -162,7 +182,7 @@ def _tools(chat: dict) -> tuple[list[dict], dict | None]:
     return [{"functionDeclarations": decls}], {"functionCallingConfig": fcc}
 
 
-def _generation_config(chat: dict) -> dict:
+def _generation_config(chat: dict, model: str | None) -> dict:
     gen: dict = {}
     limit = chat.get("max_completion_tokens")
     if limit is None:  # present but null is no limit: max_tokens may still name one
@@ -186,14 +206,14 @@ def _generation_config(chat: dict) -> dict:
             gen["responseJsonSchema"] = schema
     effort = chat.get("reasoning_effort")
     if isinstance(effort, str) and effort in _BUDGET:
-        budget = _BUDGET[effort]
-        gen["thinkingConfig"] = {"thinkingBudget": budget, "includeThoughts": budget > 0}
+        gen["thinkingConfig"] = effort_thinking(effort, model)
     return gen
 
 
-def chat_to_gemini(chat: dict, signatures: CallSignatures | None = None) -> dict:
+def chat_to_gemini(chat: dict, signatures: CallSignatures | None = None, model: str | None = None) -> dict:
     """A chat-completions body as a Gemini generateContent body (the model goes in the URL, not the body);
-    `signatures`: what the upstream signed its calls with, to send them back."""
+    `signatures`: what the upstream signed its calls with, to send them back; `model`: the upstream model (what
+    it can do with thinking), else the body's."""
     turns = _Turns(signatures)
     system: list[str] = []
     for msg in chat.get("messages") or ():
@@ -217,7 +237,7 @@ def chat_to_gemini(chat: dict, signatures: CallSignatures | None = None) -> dict
     if tools:
         body["tools"] = tools
         body["toolConfig"] = tool_config
-    gen = _generation_config(chat)
+    gen = _generation_config(chat, model or (chat.get("model") if isinstance(chat.get("model"), str) else None))
     if gen:
         body["generationConfig"] = gen
     return body

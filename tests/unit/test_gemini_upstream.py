@@ -225,6 +225,27 @@ def test_thinking_off_is_a_zero_budget():
     assert g["generationConfig"]["thinkingConfig"] == {"thinkingBudget": 0, "includeThoughts": False}
 
 
+def test_thinking_effort_is_what_each_gemini_model_takes():
+    """Google's thinking guide: 2.5 Pro cannot turn thinking off (a budget of 0 is refused; 128 is its least);
+    Gemini 3 takes a level, not a budget (both is a 400), Pro "low"/"high", Flash also "minimal"/"medium"."""
+    def cfg(effort: str, model: str) -> dict:
+        chat = {"messages": [{"role": "user", "content": "x"}], "reasoning_effort": effort}
+        return chat_to_gemini(chat, model=model)["generationConfig"]["thinkingConfig"]
+
+    assert cfg("none", "gemini-2.5-flash") == {"thinkingBudget": 0, "includeThoughts": False}
+    assert cfg("none", "gemini-2.5-pro") == {"thinkingBudget": 128, "includeThoughts": False}
+    assert cfg("high", "models/gemini-2.5-pro") == {"thinkingBudget": 24576, "includeThoughts": True}
+    assert cfg("none", "gemini-3-pro-preview") == {"thinkingLevel": "low", "includeThoughts": False}
+    assert cfg("medium", "gemini-3-pro-preview") == {"thinkingLevel": "high", "includeThoughts": True}
+    assert cfg("none", "gemini-3-flash-preview") == {"thinkingLevel": "minimal", "includeThoughts": False}
+    assert cfg("medium", "models/gemini-3-flash") == {"thinkingLevel": "medium", "includeThoughts": True}
+    for effort in ("none", "minimal", "low", "medium", "high"):
+        assert "thinkingBudget" not in cfg(effort, "gemini-3.1-pro")
+    # Without a model named (the body's own is read when it has one): the 2.5 tiers.
+    body = {"model": "gemini-3-pro", "messages": [{"role": "user", "content": "x"}], "reasoning_effort": "low"}
+    assert chat_to_gemini(body)["generationConfig"]["thinkingConfig"]["thinkingLevel"] == "low"
+
+
 # -- Gemini -> chat ----------------------------------------------------------------------------------------------
 
 

@@ -128,7 +128,7 @@ class GeminiAdapter(UpstreamAdapter):
 
         model = (await provider.resolve_model(req.model)).removeprefix("models/")
         chat, _ = request_to_openai(req.body, model, stream=False)
-        body = {"generateContentRequest": {"model": f"models/{model}", **chat_to_gemini(chat)}}
+        body = {"generateContentRequest": {"model": f"models/{model}", **chat_to_gemini(chat, model=model)}}
         url = f"{self.generation_url}/{quote(model, safe='-._')}:countTokens"
         async with provider.session().post(url, data=orjson.dumps(body), headers=self.headers(json=True)) as r:
             if r.status == 200:
