@@ -14,28 +14,28 @@ its generation number and dropped.
 
 READY is reached only when the listener on ready_url's port belongs to the tree we started: anyone else there
 (another user who bound the port before our child did) is refused as an impostor, and the start ends FATAL.
+
+This module is the state machine and nothing else: what it does to the operating system is instance.py's, what it
+watches for is probe.py's, and how many restarts a crash loop gets is restarts.py's.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import inspect
 import logging
-import os
 import shlex
 import time
-from collections import deque
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from . import adopt, memory, tree
+from . import adopt, instance, memory, probe, tree
 from .logs import DEFAULT_KEEP, DEFAULT_MAX_BYTES, RotatingLog
+from .restarts import RestartBudget
 from .spec import (
     DEFAULT_BACKOFF,
-    PROBE_TIMEOUT_S,
     TRANSITIONS,
     EventCallback,
     ExternalProcessError,
@@ -55,9 +55,6 @@ log = logging.getLogger("coderouterd.supervise")
 # Events logged at debug level only (they change no state a reader of the log needs).
 _ROUTINE_EVENTS = frozenset({ProcessEventName.RESTART_SKIPPED})
 
-ADOPTED_POLL_S = 0.5  # a process we did not spawn cannot be wait()ed on; psutil is polled instead
-READY_POLL_FIRST_S = 0.1
-READY_POLL_MAX_S = 2.0
 # A before_stop hook (saving llama-server slots) gets this long before the tree is terminated anyway.
 BEFORE_STOP_TIMEOUT_S = 60.0
 
@@ -95,14 +92,12 @@ class ManagedProcess:
         before_stop: BeforeStopCallback | None = None,
         before_stop_timeout_s: float = BEFORE_STOP_TIMEOUT_S,
     ) -> None:
-        if not backoff:
-            raise ValueError("backoff needs at least one delay")
+        self._restarts = RestartBudget(spec, backoff, clock)  # first: an empty backoff is refused before anything
         self.spec = spec
         self.log = RotatingLog(Path(log_dir) / f"{spec.name}.log", max_bytes=log_max_bytes, keep=log_keep)
         self._on_event = on_event
         self._record = record
         self._lookup = lookup
-        self._backoff = tuple(float(b) for b in backoff)
         self._clock = clock
         self._log_check_s = log_check_s
         self._before_stop = before_stop
@@ -122,7 +117,6 @@ class ManagedProcess:
         self._proc: asyncio.subprocess.Process | None = None
         self._started_mono: float | None = None
         self._ready_mono: float | None = None  # when the current instance became READY (spawned or adopted)
-        self._restart_times: deque[float] = deque()
         self._gen = 0
         self._inbox: asyncio.Queue[_Msg] | None = None
         self._changed: asyncio.Event | None = None
@@ -216,7 +210,7 @@ class ManagedProcess:
             "external": self.external,
             "adopted": self.adopted,
             "uptime_s": round(now - self._started_mono, 3) if self._started_mono is not None else None,
-            "restarts_recent": self._recent_restarts(now),
+            "restarts_recent": self._restarts.recent(now),
             "restarts_total": self.restarts_total,
             "rss_bytes": rss,
             "cpu_percent": cpu,
@@ -414,14 +408,8 @@ class ManagedProcess:
         pid, ctime = rec.get("pid"), rec.get("create_time")
         # Without a create_time a pid may name an unrelated process by now: never act on it.
         if isinstance(pid, int) and isinstance(ctime, int | float) and await asyncio.to_thread(tree.process_alive, pid, ctime):
-            same_command = rec.get("command") == self.spec.command
-            url = self.spec.ready_url
-            serving = same_command and url is not None and await http_ready(url)
-            owner = None
-            if serving and url is not None:  # it answers: but is the answer its own, or someone's on its port?
-                owner = await asyncio.to_thread(adopt.serves_from_tree, url, pid, float(ctime))
-                serving = owner.ok
-            if serving:
+            verdict = await instance.judge_leftover(self.spec, pid, float(ctime), rec.get("command"))
+            if verdict.ok:
                 self._invalidate()
                 gen = self._gen
                 self.pid, self._ctime, self._proc = pid, float(ctime), None
@@ -432,14 +420,9 @@ class ManagedProcess:
                 self._emit(ProcessEventName.ADOPTED, pid, "left running by a previous coderouterd; ready_url answers")
                 self._helper(self._watch_pid(gen, pid, float(ctime)))
                 return True
-            why = "its command changed" if not same_command else (
-                owner.reason if owner is not None else
-                "it answers no ready_url" if url else "there is no ready_url to check it")
-            log.warning("%s: stopping pid %s left by a previous coderouterd: %s", self.name, pid, why)
-            self._emit(ProcessEventName.STOPPED, pid, f"left by a previous coderouterd; {why}; stopping it")
-            survivors = await tree.kill_tree(pid, ctime=float(ctime), timeout=self.spec.stop_timeout_s)
-            if survivors:
-                log.error("%s: pids %s survived SIGKILL", self.name, survivors)
+            log.warning("%s: stopping pid %s left by a previous coderouterd: %s", self.name, pid, verdict.reason)
+            self._emit(ProcessEventName.STOPPED, pid, f"left by a previous coderouterd; {verdict.reason}; stopping it")
+            await instance.stop(self.spec, pid, float(ctime), None)
         await self._persist(None)
         return False
 
@@ -453,23 +436,12 @@ class ManagedProcess:
             await self._go_fatal(f"model file {str(model)!r} not found")
             return
         await asyncio.to_thread(self.log.append, f"starting: {shlex.join(argv)}")
-        fd = await asyncio.to_thread(self.log.open_for_child)
         try:
-            proc = await asyncio.create_subprocess_exec(
-                *argv,
-                stdin=asyncio.subprocess.DEVNULL,
-                stdout=fd,
-                stderr=fd,
-                env={**os.environ, **self.spec.env},
-                cwd=self.spec.cwd,
-                start_new_session=True,  # its own group: one signal reaches the whole server
-            )
+            proc = await instance.spawn(self.spec, self.log)
         except OSError as exc:
             # A missing binary or a bad cwd will not fix itself; retrying only hides the message.
             await self._go_fatal(describe_spawn_error(argv[0], exc, self.spec.cwd))
             return
-        finally:
-            os.close(fd)
         self._proc, self.pid = proc, proc.pid
         self._ctime = tree.create_time(proc.pid)
         self.external = self.adopted = False
@@ -481,7 +453,7 @@ class ManagedProcess:
         self._set_state(ProcessState.STARTING)
         self._emit(ProcessEventName.STARTED, proc.pid, shlex.join(argv))
         self._helper(self._watch_child(gen, proc))
-        self._helper(self._await_ready(gen, proc.pid, self._ctime))
+        self._helper(self._watch_ready(gen, proc.pid, self._ctime))
 
     # ---- helpers: they only observe and post messages -----------------------------------------
 
@@ -489,32 +461,15 @@ class ManagedProcess:
         self._post("exited", gen, await proc.wait())
 
     async def _watch_pid(self, gen: int, pid: int, ctime: float) -> None:
-        while await asyncio.to_thread(tree.process_alive, pid, ctime):  # reads /proc: off the loop
-            await asyncio.sleep(ADOPTED_POLL_S)
+        await probe.until_gone(pid, ctime)
         self._post("exited", gen, None)
 
-    async def _await_ready(self, gen: int, pid: int, ctime: float | None) -> None:
-        url = self.spec.ready_url
-        if not url:
-            await asyncio.sleep(self.spec.startsecs)
-            self._post("ready", gen)
-            return
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.spec.start_timeout_s
-        delay = READY_POLL_FIRST_S
-        while True:
-            remaining = deadline - loop.time()
-            if remaining <= 0:
-                self._post("start_timeout", gen)
-                return
-            if await http_ready(url, min(PROBE_TIMEOUT_S, remaining)):
-                # Whoever answered must be the server we started: another user may have bound the port between
-                # our spawn and our child's bind, and would then be sent every prompt (issue 43, N9).
-                owner = await asyncio.to_thread(adopt.serves_from_tree, url, pid, ctime)
-                self._post("ready" if owner.ok else "impostor", gen, owner.reason)
-                return
-            await asyncio.sleep(max(0.0, min(delay, deadline - loop.time())))
-            delay = min(delay * 2, READY_POLL_MAX_S)
+    async def _watch_ready(self, gen: int, pid: int, ctime: float | None) -> None:
+        owner = await probe.until_ready(self.spec, pid, ctime)
+        if owner is None:
+            self._post("start_timeout", gen)
+        else:
+            self._post("ready" if owner.ok else "impostor", gen, owner.reason)
 
     async def _backoff_timer(self, gen: int, delay: float) -> None:
         await asyncio.sleep(delay)
@@ -537,8 +492,9 @@ class ManagedProcess:
         pid, ctime = self.pid, self._ctime
         self.last_exit_code = code
         self.last_stop_reason = "crash"
-        if self._served_long_enough():
-            self._restart_times.clear()
+        # Ready for the healthy period before this exit: the crash is news, not part of a crash loop.
+        if self._restarts.proved(self._ready_mono if self.state is ProcessState.READY else None):
+            self._restarts.clear()
         self._invalidate()
         self._clear_instance()
         desc = describe_exit(code)
@@ -559,13 +515,12 @@ class ManagedProcess:
         """Move to BACKOFF, or to FATAL past the restart limit, at once; returns what then says so and (in
         BACKOFF) starts the timer for the next start."""
         now = self._clock()
-        recent = self._recent_restarts(now)
-        if recent >= self.spec.max_restarts:
+        recent = self._restarts.recent(now)
+        delay = self._restarts.take(now)
+        if delay is None:
             fatal = f"{reason}; {recent} restarts within {self.spec.restart_window_s:g}s"
             self._enter_fatal(fatal)
             return lambda: self._announce_fatal(fatal)
-        delay = self._backoff[min(recent, len(self._backoff) - 1)]
-        self._restart_times.append(now)
         self.restarts_total += 1
         self._set_state(ProcessState.BACKOFF)
         gen = self._gen
@@ -610,15 +565,7 @@ class ManagedProcess:
         self._set_state(ProcessState.STOPPING)
         pid, ctime, proc = self.pid, self._ctime, self._proc
         if pid is not None:
-            survivors = await tree.kill_tree(pid, ctime=ctime, timeout=self.spec.stop_timeout_s)
-            if survivors:
-                log.error("%s: pids %s survived SIGKILL", self.name, survivors)
-            if proc is not None:
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(proc.wait(), 2.0)  # reaped by the child watcher promptly
-                self.last_exit_code = proc.returncode
-            else:
-                self.last_exit_code = None
+            self.last_exit_code = await instance.stop(self.spec, pid, ctime, proc)
             await asyncio.to_thread(self.log.append, f"stopped pid {pid} ({describe_exit(self.last_exit_code)})")
         self._clear_instance()
         await self._persist(None)
@@ -627,23 +574,9 @@ class ManagedProcess:
         self.pid = self._ctime = self._proc = self._started_mono = self._ready_mono = None
         self.external = self.adopted = False
 
-    def _served_long_enough(self) -> bool:
-        """Ready for the healthy period before this exit: the crash is news, not part of a crash loop."""
-        if self.state is not ProcessState.READY or self._ready_mono is None:
-            return False
-        period = self.spec.healthy_after_s
-        if period is None:
-            period = max(self._backoff)
-        return self._clock() - self._ready_mono >= period
-
     def _reset_failures(self) -> None:
-        self._restart_times.clear()
+        self._restarts.clear()
         self.fatal_reason = None
-
-    def _recent_restarts(self, now: float) -> int:
-        while self._restart_times and now - self._restart_times[0] > self.spec.restart_window_s:
-            self._restart_times.popleft()
-        return len(self._restart_times)
 
     # ---- small effects -----------------------------------------------------------------------
 
