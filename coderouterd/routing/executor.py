@@ -398,7 +398,7 @@ class Exchange:
         e.__context__ = None
         slot.done = True
         if died_under(slot.provider, e, self.committed):
-            self.starts.died.append(slot.name)
+            self.starts.dead(slot.name, slot.lease)
         self.router.report(slot.name, slot.admission, time.monotonic() - slot.started, e)
         self._record(slot, Outcome.FAILED, e.label, e.status, e.message)
 
