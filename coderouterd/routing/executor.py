@@ -399,6 +399,11 @@ class Exchange:
         slot.done = True
         if died_under(slot.provider, e, self.committed):
             self.starts.dead(slot.name, slot.lease)
+            # Its lane's saved slot file goes to whichever server serves the next attempt (another replica on
+            # this machine: kvcache/move.py), as it would had the server been down before the request came.
+            placing, ticket = self.router.placement, self.record.affinity
+            if placing is not None and ticket is not None:
+                placing.died(ticket, slot.name)
         self.router.report(slot.name, slot.admission, time.monotonic() - slot.started, e)
         self._record(slot, Outcome.FAILED, e.label, e.status, e.message)
 
