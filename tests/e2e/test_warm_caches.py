@@ -376,3 +376,46 @@ def test_a_server_that_came_back_while_a_failover_was_tried_still_gets_its_retry
                 and attempts[2] == "llama:ok", attempts
     finally:
         hung.close()
+
+
+def test_a_stream_already_open_when_its_server_is_killed_goes_on_whole_from_the_restart(tmp_path):
+    """The client has its 200 and the stream's opening (committed while the server computed the prompt) when the
+    server is killed: the retry's answer continues that same stream, with one message_start and no error, and
+    reads the lane's prefix from its saved file."""
+    port = free_port()
+    a = Session(68)
+    config = _config(tmp_path, port, idle=0.2).replace("[server]\n", "[server]\nping_interval_s = 1\n", 1)
+    with running(config, tmp_path) as d:
+        proc = _ready(d)
+        _turn(d, a)
+        _turn(d, a)
+        _wait(lambda: _bins(d), "the idle lane's background save")
+        fake = f"http://127.0.0.1:{port}/_fake"
+        httpx.post(fake + "/script", json={"behaviours": ["slow_first_byte;delay=600"]}, timeout=10)
+        opened = threading.Event()
+        out: dict = {}
+
+        def send() -> None:
+            with httpx.stream("POST", d.url + "/v1/messages", json={**a.main_body(), "stream": True}, timeout=120,
+                              headers={**a.headers, "anthropic-version": "2023-06-01"}) as r:
+                out["r"] = r
+                opened.set()
+                out["text"] = r.read().decode()
+
+        t = threading.Thread(target=send)
+        t.start()
+        _wait(opened.is_set, "the stream's 200")
+        _wait(lambda: httpx.get(fake + "/stats", timeout=10).json()["queued"] == 0, "the turn at the server")
+        os.kill(proc["pid"], signal.SIGKILL)
+        t.join(120)
+        r, text = out["r"], out["text"]
+        assert r.status_code == 200 and r.headers["x-coderouter-attempts"] == "llama:streaming", r.headers
+        events = [orjson.loads(ln[6:]) for ln in text.splitlines() if ln.startswith("data: ")]
+        kinds = [e["type"] for e in events]
+        assert kinds.count("message_start") == 1 and "error" not in kinds and kinds[-1] == "message_stop", kinds
+        record = admin_get(d.state_dir / "coderouterd.sock", "/v1/requests/" + r.headers["x-request-id"])
+        outcomes = [x["outcome"] for x in record["attempts"]]
+        assert len(outcomes) == 2 and outcomes[-1] == "ok", record["attempts"]
+        usage = record["usage"]
+        prompt = usage["input_tokens"] + usage["cache_read_input_tokens"]
+        assert usage["cache_read_input_tokens"] > 0.5 * prompt, usage
