@@ -399,10 +399,10 @@ class Exchange:
         slot.done = True
         if died_under(slot.provider, e, self.committed):
             self.starts.dead(slot.name, slot.lease)
-            # Its lane's saved slot file goes to whichever server serves the next attempt (another replica on
-            # this machine: kvcache/move.py), as it would had the server been down before the request came.
+            # balance: its lane's saved slot file goes to whichever replica serves the next attempt (on this
+            # machine: kvcache/move.py), as it would had the replica been down before the request came.
             placing, ticket = self.router.placement, self.record.affinity
-            if placing is not None and ticket is not None:
+            if placing is not None and ticket is not None and self.profile.mode == "balance":
                 placing.died(ticket, slot.name)
         self.router.report(slot.name, slot.admission, time.monotonic() - slot.started, e)
         self._record(slot, Outcome.FAILED, e.label, e.status, e.message)
