@@ -190,12 +190,19 @@ class Balancer:
         last = index.last_prompt(ticket.lane) if index is not None and ticket is not None and not new else None
         if last is not None and last[0] not in candidates:
             # Its replica is down (or skipped): the lane moves, and its saved slot state with it where it can.
-            self._moves[ticket.lane] = last[0]  # type: ignore[union-attr]
-            while len(self._moves) > MAX_MOVES:
-                del self._moves[next(iter(self._moves))]
+            self.moving(ticket, last[0])  # type: ignore[arg-type]
             words += f"; its lane moves from {last[0]}, which is not available"
         return order, [{"provider": first.name, "moved": "front" if order[0] != candidates[0] else "none",
                         "why": words}]
+
+    def moving(self, ticket: Ticket, src: str) -> None:
+        """The ticket's lane leaves `src` (down, or its server died under an attempt of this request): its saved
+        slot state is to follow it to wherever it is placed next (`follow`)."""
+        if ticket.lane_label is None:
+            return  # (no lane named: nothing of it was placed anywhere)
+        self._moves[ticket.lane] = src
+        while len(self._moves) > MAX_MOVES:
+            del self._moves[next(iter(self._moves))]
 
     def follower(self, ticket: Ticket | None, dst: str, kv: KVCache) -> Callable[[], Awaitable[dict | None]] | None:
         """For a placement on `dst`: None unless the ticket's lane is moving off an unavailable replica; else what

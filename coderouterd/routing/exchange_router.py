@@ -53,6 +53,8 @@ class Placing(Protocol):
 
     def learn_unplaced(self, ticket: Ticket, provider: Provider, *, strategy: Strategy, request_id: str) -> None: ...
 
+    def died(self, ticket: Ticket, provider: str) -> None: ...
+
 
 class ExchangeRouter(Protocol):
     """What an exchange may ask its router (routing/router.py's `Router`): eleven members."""

@@ -398,7 +398,12 @@ class Exchange:
         e.__context__ = None
         slot.done = True
         if died_under(slot.provider, e, self.committed):
-            self.starts.died.append(slot.name)
+            self.starts.dead(slot.name, slot.lease)
+            # balance: its lane's saved slot file goes to whichever replica serves the next attempt (on this
+            # machine: kvcache/move.py), as it would had the replica been down before the request came.
+            placing, ticket = self.router.placement, self.record.affinity
+            if placing is not None and ticket is not None and self.profile.mode == "balance":
+                placing.died(ticket, slot.name)
         self.router.report(slot.name, slot.admission, time.monotonic() - slot.started, e)
         self._record(slot, Outcome.FAILED, e.label, e.status, e.message)
 

@@ -420,6 +420,11 @@ class AffinityPlacement:
         """The attempt `place` placed is over: its slot is free again, and a success teaches the index."""
         self._aff.finish(ticket, placement, provider, ok=ok, strategy=strategy, request_id=request_id)
 
+    def died(self, ticket: Ticket, provider: str) -> None:
+        """`provider`'s managed server died under an attempt: the lane's saved slot file follows the request to
+        whichever server serves its next attempt (the restart of the same one: nothing moves)."""
+        self._balancer.moving(ticket, provider)
+
     def learn_unplaced(self, ticket: Ticket, provider: Provider, *, strategy: Strategy, request_id: str) -> None:
         """A success never placed (a race winner): what it cached still teaches the index."""
         aff = self._aff

@@ -52,7 +52,8 @@ class Starts:
     def __init__(self, ex: Steps) -> None:
         self.ex = ex
         self.leases: dict[str, Lease] = {}
-        self.died: list[str] = []  # providers whose managed process died under an attempt of this request
+        # provider -> its lifecycle's count of moves when its managed process died under an attempt of this request
+        self.died: dict[str, int] = {}
 
     def __bool__(self) -> bool:
         return bool(self.leases)
@@ -95,16 +96,25 @@ class Starts:
     async def restarts(self) -> None:
         """Leases on the restarts of the processes that died under this request's attempts (once per request):
         each one that is coming back (restarting, or startable on demand) within its start timeout."""
-        died, self.died = self.died, []
-        for name in dict.fromkeys(died):
+        died, self.died = self.died, {}
+        for name, moves in died.items():
             if name in self.leases:
                 continue
             lease = self.ex.router.lease(name, background=self.ex.req.is_background())
             life = lease.upstream.life
-            if life.phase is Phase.RESIDENT:
+            if life.phase is Phase.RESIDENT and life.moves == moves:
                 await life.left(Phase.RESIDENT, EXIT_NEWS_S)
-            if lease.want():
+            if life.phase is Phase.RESIDENT and life.moves != moves:
+                # Back already (it restarted while other providers were tried): a fresh server, tried at once.
+                # Without this the request waited for exit news that came long ago, and was answered the error.
+                lease.starting = EXIT_NEWS_S
                 self.leases[name] = lease
+            elif lease.want():
+                self.leases[name] = lease
+
+    def dead(self, name: str, lease: Lease) -> None:
+        """`name`'s managed process died under an attempt (`died_under`): tried once more when it is back."""
+        self.died.setdefault(name, lease.upstream.life.moves)
 
     def ahead(self, names: list[str]) -> list[str]:
         """Providers being started for us that come before the first candidate in the chain's order."""

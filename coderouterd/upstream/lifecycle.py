@@ -51,7 +51,7 @@ class Lifecycle:
     """The phase, why (for the client), the process's name, and while STARTING how long a request may wait and the
     event set when the start ends (ready or not)."""
 
-    __slots__ = ("provider", "phase", "why", "process", "wait_s", "since", "ours", "_settled", "_moved")
+    __slots__ = ("provider", "phase", "why", "process", "wait_s", "since", "ours", "moves", "_settled", "_moved")
 
     def __init__(self, provider: str) -> None:
         self.provider = provider
@@ -61,6 +61,7 @@ class Lifecycle:
         self.wait_s = 0.0
         self.since = 0.0  # clock time of the last move (a start's window ends at since + wait_s)
         self.ours = False  # DRAINING or stopped for a reason of the scheduler's (idle, room): a request restarts it
+        self.moves = 0  # changes of phase so far: RESIDENT with another count than before is not the same stay
         self._settled: asyncio.Event | None = None  # set (and dropped) when STARTING or DRAINING ends
         self._moved: asyncio.Event | None = None  # set (and dropped) at the next move, whatever it is
 
@@ -81,6 +82,8 @@ class Lifecycle:
         self.wait_s = wait_s if new is Phase.STARTING else 0.0
         self.since = now
         self.ours = ours
+        if new is not old:
+            self.moves += 1
         if old in (Phase.STARTING, Phase.DRAINING) and new is not old:
             ev, self._settled = self._settled, None
             if ev is not None:

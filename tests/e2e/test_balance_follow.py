@@ -223,3 +223,43 @@ def test_a_slot_file_never_follows_its_lane_to_a_replica_of_another_context_or_m
         assert files <= set(_slot_files(d)), (files, _slot_files(d))
         aff = (admin_get(_sock(d), f"/v1/requests/{rid}") or {})["affinity"]
         assert "moved" not in aff and aff.get("slot_restore") is None, aff
+
+
+def test_a_replica_killed_under_a_turn_sends_its_lane_s_file_along_to_the_replica_that_serves_the_retry(tmp_path):
+    """Issue 44 §2, "a killed server's lane", in a balance profile: the replica is killed -9 while it computes a
+    turn (nothing of the answer reached the client). The request goes on to the other replica at once, and its
+    lane's saved slot file (the background save made while the conversation sat idle) goes with it: the turn
+    reads its prefix from the file there instead of recomputing it."""
+    import re
+    import threading
+
+    s = Session(72)
+    config = _config(tmp_path, idle=0.2)
+    with running(config, tmp_path) as d:
+        procs = _all_ready(d)
+        src = _settle_on_one(d, s)
+        dst = next(n for n in NAMES if n != src)
+        _saved(d)
+        port = re.search(rf'\[providers\.{src}\]\nkind = "openai"\nbase_url = "http://127\.0\.0\.1:(\d+)/v1"', config)
+        assert port, config
+        fake = f"http://127.0.0.1:{port[1]}/_fake"
+        httpx.post(fake + "/script", json={"behaviours": ["slow_first_byte;delay=600"]}, timeout=10)
+        out: dict = {}
+
+        def send() -> None:
+            out["r"] = httpx.post(d.url + "/v1/messages", json=s.main_body(), timeout=120,
+                                  headers={**s.headers, "anthropic-version": "2023-06-01"})
+
+        t = threading.Thread(target=send)
+        t.start()
+        _wait(lambda: httpx.get(fake + "/stats", timeout=10).json()["queued"] == 0, f"the turn at {src}")
+        os.kill(procs[src]["pid"], signal.SIGKILL)
+        t.join(120)
+        r = out["r"]
+        assert r.status_code == 200, r.text
+        assert r.headers["x-coderouter-provider"] == dst, r.headers
+        usage = r.json()["usage"]
+        prompt = usage["input_tokens"] + usage["cache_read_input_tokens"]
+        assert usage["cache_read_input_tokens"] > 0.5 * prompt, usage
+        aff = (admin_get(_sock(d), "/v1/requests/" + r.headers["x-request-id"]) or {})["affinity"]
+        assert aff["moved"]["from"] == src and aff["slot_restore"]["outcome"] == "taken", aff

@@ -295,3 +295,127 @@ def test_a_request_to_an_unmanaged_server_that_dies_is_not_held_for_a_restart(tm
                        headers={"anthropic-version": "2023-06-01"})
     assert r.status_code >= 500, r.text
     assert r.headers["x-coderouter-attempts"] == "llama:connect_error", r.headers
+
+
+class _Hung:
+    """A provider that takes each generation request and holds it until released, then drops the connection (a
+    failover error): a slow failover tried while the killed server restarts. Anything else gets a 404."""
+
+    def __init__(self) -> None:
+        import socket
+
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.port = self.sock.getsockname()[1]
+        self.release = threading.Event()
+        self.held = threading.Event()
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._one, args=(conn,), daemon=True).start()
+
+    def _one(self, conn) -> None:
+        with conn:
+            head = b""
+            while b"\r\n\r\n" not in head:
+                got = conn.recv(65536)
+                if not got:
+                    return
+                head += got
+            if b"/chat/completions" not in head.split(b"\r\n", 1)[0]:
+                conn.sendall(b"HTTP/1.1 404 Not Found\r\ncontent-length: 0\r\nconnection: close\r\n\r\n")
+                return
+            self.held.set()
+            self.release.wait(120)
+
+    def close(self) -> None:
+        self.release.set()
+        self.sock.close()
+
+
+def test_a_server_that_came_back_while_a_failover_was_tried_still_gets_its_retry(tmp_path):
+    """The server is killed under a turn; the request fails over to the next provider, which takes longer to fail
+    than the server takes to restart. When the chain is exhausted the server is up again, a fresh instance: the
+    request is still sent to it once more (not held for exit news that came long ago, then answered with the
+    error)."""
+    port = free_port()
+    hung = _Hung()
+    config = _config(tmp_path, port, idle=0.2).replace(
+        '[profiles.default]\nproviders = ["llama"]',
+        f'[providers.cloud]\nkind = "openai"\nbase_url = "http://127.0.0.1:{hung.port}/v1"\nmodel = "coder"\n'
+        '[profiles.default]\nproviders = ["llama", "cloud"]')
+    a = Session(67)
+    try:
+        with running(config, tmp_path) as d:
+            proc = _ready(d)
+            _turn(d, a)
+            fake = f"http://127.0.0.1:{port}/_fake"
+            httpx.post(fake + "/script", json={"behaviours": ["slow_first_byte;delay=600"]}, timeout=10)
+            out: dict = {}
+
+            def send() -> None:
+                out["r"] = httpx.post(d.url + "/v1/messages", json=a.main_body(), timeout=120,
+                                      headers={**a.headers, "anthropic-version": "2023-06-01"})
+
+            t = threading.Thread(target=send)
+            t.start()
+            _wait(lambda: httpx.get(fake + "/stats", timeout=10).json()["queued"] == 0, "the turn at the server")
+            os.kill(proc["pid"], signal.SIGKILL)
+            _wait(hung.held.is_set, "the failover attempt")
+            _wait(lambda: (p := _ready(d)) and p["pid"] != proc["pid"], "the supervisor's restart")
+            hung.release.set()  # the failover fails now, with the server already back
+            t.join(120)
+            r = out["r"]
+            assert r.status_code == 200, r.text
+            attempts = r.headers["x-coderouter-attempts"].split(",")
+            assert len(attempts) == 3 and attempts[0].startswith("llama:") and attempts[1].startswith("cloud:") \
+                and attempts[2] == "llama:ok", attempts
+    finally:
+        hung.close()
+
+
+def test_a_stream_already_open_when_its_server_is_killed_goes_on_whole_from_the_restart(tmp_path):
+    """The client has its 200 and the stream's opening (committed while the server computed the prompt) when the
+    server is killed: the retry's answer continues that same stream, with one message_start and no error, and
+    reads the lane's prefix from its saved file."""
+    port = free_port()
+    a = Session(68)
+    config = _config(tmp_path, port, idle=0.2).replace("[server]\n", "[server]\nping_interval_s = 1\n", 1)
+    with running(config, tmp_path) as d:
+        proc = _ready(d)
+        _turn(d, a)
+        _turn(d, a)
+        _wait(lambda: _bins(d), "the idle lane's background save")
+        fake = f"http://127.0.0.1:{port}/_fake"
+        httpx.post(fake + "/script", json={"behaviours": ["slow_first_byte;delay=600"]}, timeout=10)
+        opened = threading.Event()
+        out: dict = {}
+
+        def send() -> None:
+            with httpx.stream("POST", d.url + "/v1/messages", json={**a.main_body(), "stream": True}, timeout=120,
+                              headers={**a.headers, "anthropic-version": "2023-06-01"}) as r:
+                out["r"] = r
+                opened.set()
+                out["text"] = r.read().decode()
+
+        t = threading.Thread(target=send)
+        t.start()
+        _wait(opened.is_set, "the stream's 200")
+        _wait(lambda: httpx.get(fake + "/stats", timeout=10).json()["queued"] == 0, "the turn at the server")
+        os.kill(proc["pid"], signal.SIGKILL)
+        t.join(120)
+        r, text = out["r"], out["text"]
+        assert r.status_code == 200 and r.headers["x-coderouter-attempts"] == "llama:streaming", r.headers
+        events = [orjson.loads(ln[6:]) for ln in text.splitlines() if ln.startswith("data: ")]
+        kinds = [e["type"] for e in events]
+        assert kinds.count("message_start") == 1 and "error" not in kinds and kinds[-1] == "message_stop", kinds
+        record = admin_get(d.state_dir / "coderouterd.sock", "/v1/requests/" + r.headers["x-request-id"])
+        outcomes = [x["outcome"] for x in record["attempts"]]
+        assert len(outcomes) == 2 and outcomes[-1] == "ok", record["attempts"]
+        usage = record["usage"]
+        prompt = usage["input_tokens"] + usage["cache_read_input_tokens"]
+        assert usage["cache_read_input_tokens"] > 0.5 * prompt, usage

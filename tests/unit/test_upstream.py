@@ -219,3 +219,15 @@ def test_a_wait_for_the_phase_to_change_ends_at_the_next_move_or_its_timeout():
         lease = ups.lease("p")
         assert lease.want() and lease.starting == 30  # what the request waits on, within the start timeout
     asyncio.run(go())
+
+
+def test_the_lifecycle_counts_changes_of_phase_not_new_words():
+    """routing/starts.py: RESIDENT with another count than at a death is a server that came back since."""
+    ups = registry()
+    up = ups.get("p")
+    before = up.life.moves
+    ups.move(["p"], up.phase, "the same phase, other words")
+    assert up.life.moves == before
+    ups.process_event("llama", E.EXITED, ["p"], "killed by SIGKILL", wait_s=30, on_demand=False)
+    ups.process_event("llama", E.READY, ["p"], "", wait_s=30, on_demand=False)
+    assert up.phase is Phase.RESIDENT and up.life.moves == before + 2
