@@ -199,8 +199,18 @@ class LlamaServer:
 # -- its command line (pure) ------------------------------------------------------------------------------------
 
 
+# A wrapper that runs the server with the rest of its own command line (`nice -n 5`, `taskset -c 0`, `env K=V`,
+# `sh -c 'sleep 2; exec "$0" "$@"'`): the server is the element that names it, and what follows is its own.
+_WRAPPED = frozenset({"llama-server", "llama-server.exe"})
+
+
 def is_llama_server(command: list[str]) -> bool:
-    return bool(command) and os.path.basename(command[0]).startswith("llama-server")
+    """The command runs llama-server itself (its program is named llama-server*) or through a wrapper that hands
+    it the rest of the command line (an element named exactly llama-server), so flags appended reach it."""
+    if not command:
+        return False
+    return os.path.basename(command[0]).startswith("llama-server") or \
+        any(os.path.basename(a) in _WRAPPED for a in command[1:])
 
 
 def flag_value(command: list[str], flags: tuple[str, ...]) -> str | None:

@@ -82,6 +82,16 @@ def test_the_command_line_helpers(tmp_path):
         "llama-server", "--slot-save-path=/mine"]
     assert not saves_to(["llama-server", "--slot-save-path=/mine"], d)
     assert with_slot_save_path(["ollama", "serve"], d) == ["ollama", "serve"]
+    # Through a wrapper that hands the server the rest of its command line: the flag reaches it.
+    for wrapper in (["nice", "-n", "5"], ["taskset", "-c", "0"], ["env", "GGML_X=1"],
+                    ["sh", "-c", 'sleep 2; exec "$0" "$@"']):
+        wrapped = [*wrapper, "/opt/bin/llama-server", "-m", "m.gguf"]
+        assert with_slot_save_path(wrapped, d) == [*wrapped, "--slot-save-path", str(d)], wrapper
+    # A string the shell parses names no element: nothing is appended (it would reach `sh`, not the server);
+    # nor for a model file or an argument that only contains the name.
+    for other in (["sh", "-c", "sleep 2; exec llama-server -m m.gguf"], ["python", "-m", "x", "llama-server.gguf"],
+                  ["runner", "--log", "/var/log/llama-server-1.log"]):
+        assert with_slot_save_path(other, d) == other, other
     assert model_file(cmd, "/w") == Path("/w/m.gguf") and model_file(["python3", "-m", "x"]) is None
     assert ctx_size(cmd) == 8192 and ctx_size(["llama-server", "--ctx-size=4096"]) == 4096
     assert ctx_size(["llama-server", "-c", "lots"]) == 0 and parallel(cmd) == 4 and parallel(["llama-server"]) == 0
