@@ -6,9 +6,8 @@ from __future__ import annotations
 
 import os
 import sys
-import time
-from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, TypeVar
+from collections.abc import Callable, Iterator, Mapping
+from typing import TYPE_CHECKING, BinaryIO, TypeVar
 
 from .api import DaemonAPI
 from .client import DEFAULT_TIMEOUT_S, CorectlError
@@ -153,48 +152,29 @@ def tail_lines(path: str, n: int, block: int = 65536) -> list[str]:
     return lines[-n:]
 
 
-def follow_file(path: str, *, poll_s: float = FOLLOW_POLL_S, stop: Callable[[], bool] | None = None):
-    """Yield lines appended to `path` from now on. Survives copy-truncate rotation (the supervisor's: the size
+def follow_file(path: str, *, poll_s: float = FOLLOW_POLL_S,
+                stop: Callable[[], bool] | None = None) -> Iterator[str]:
+    """The lines appended to `path` from this call on. Survives copy-truncate rotation (the supervisor's: the size
     drops below our offset) and rename rotation (a new inode at the path)."""
-    fh = None
-    ino = None
-    buf = b""
+    from contextlib import closing
+
+    from coderouterd.tail import follow_lines
+
+    fh: BinaryIO | None
     try:
-        try:
-            fh = open(path, "rb")
-            fh.seek(0, os.SEEK_END)
-            ino = os.fstat(fh.fileno()).st_ino
-        except FileNotFoundError:
-            fh = None
-        while True:
-            chunk = fh.read() if fh is not None else b""
-            if chunk:
-                buf += chunk
-                *lines, buf = buf.split(b"\n")
-                for line in lines:
-                    yield line.decode("utf-8", "replace")
-                continue
-            try:
-                st = os.stat(path)
-            except FileNotFoundError:
-                st = None
-            if st is not None and (fh is None or st.st_ino != ino):
-                if fh is not None:
-                    fh.close()
-                fh = open(path, "rb")
-                ino = os.fstat(fh.fileno()).st_ino
-                buf = b""
-                continue
-            if st is not None and fh is not None and st.st_size < fh.tell():
-                fh.seek(0)
-                buf = b""
-                continue
-            if stop is not None and stop():
-                return
-            time.sleep(poll_s)
-    finally:
-        if fh is not None:
-            fh.close()
+        fh = open(path, "rb")
+    except FileNotFoundError:
+        fh, ino = None, None
+    else:
+        fh.seek(0, os.SEEK_END)
+        ino = os.fstat(fh.fileno()).st_ino
+
+    def decoded() -> Iterator[str]:
+        with closing(follow_lines(path, fh, ino, poll_s=poll_s, stop=stop)) as lines:
+            for line in lines:
+                yield line.decode("utf-8", "replace")
+
+    return decoded()
 
 
 def logs(socket: str | None, name: str, n: int, follow: bool, as_json: bool) -> int:

@@ -42,6 +42,13 @@ _TOP: Fields = (("tools", ARRAY, False), ("toolConfig", OBJ, False), ("generatio
                 ("cachedContent", STR, False))
 
 
+def _object_problem(value: object, fields: Fields, where: str) -> str | None:
+    """The problem with a value that must be an object with these fields."""
+    if not isinstance(value, dict):
+        return f"{where}: expected an object, got {_type_name(value)}"
+    return check_fields(value, fields, f"{where}.")
+
+
 def _part_problem(part: object, where: str, *, nested: bool = False) -> str | None:
     if not isinstance(part, dict):
         return f"{where}: expected a part object, got {_type_name(part)}"
@@ -107,24 +114,18 @@ def validate_gemini(body: object, model: str, *, count_tokens: bool = False) -> 
     if problem:
         return problem
     for i, tool in enumerate(body.get("tools") or ()):
-        if not isinstance(tool, dict):
-            return f"tools[{i}]: expected an object, got {_type_name(tool)}"
-        problem = check_fields(tool, _TOOL, f"tools[{i}].")
+        problem = _object_problem(tool, _TOOL, f"tools[{i}]")
         if problem:
             return problem
         for k, decl in enumerate(tool.get("functionDeclarations") or ()):
-            if not isinstance(decl, dict):
-                return f"tools[{i}].functionDeclarations[{k}]: expected an object, got {_type_name(decl)}"
-            problem = check_fields(decl, _DECL, f"tools[{i}].functionDeclarations[{k}].")
+            problem = _object_problem(decl, _DECL, f"tools[{i}].functionDeclarations[{k}]")
             if problem:
                 return problem
             if not decl["name"]:
                 return f"tools[{i}].functionDeclarations[{k}].name: expected a non-empty string"
     fcc = (body.get("toolConfig") or {}).get("functionCallingConfig")
     if fcc is not None:
-        if not isinstance(fcc, dict):
-            return f"toolConfig.functionCallingConfig: expected an object, got {_type_name(fcc)}"
-        problem = check_fields(fcc, _FCC, "toolConfig.functionCallingConfig.")
+        problem = _object_problem(fcc, _FCC, "toolConfig.functionCallingConfig")
         if problem:
             return problem
         mode = fcc.get("mode")

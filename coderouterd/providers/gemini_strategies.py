@@ -24,9 +24,8 @@ from ..translate.gemini_answer import (
 )
 from ..translate.gemini_request import JSON_TOOL, GeminiRequest
 from ..translate.openai_request_to_anthropic import openai_request_to_anthropic
-from ..translate.tool_repair_wire import OpenAIStreamRepair
-from .errors import DISCONNECT, UpstreamError
 from .strategies import AnthropicUpstreamAsChat, Strategy, StrategyOptions
+from .through_chat import ThroughChatForm
 
 
 class GeminiOptions(StrategyOptions, total=False):
@@ -36,7 +35,9 @@ class GeminiOptions(StrategyOptions, total=False):
     provider_name: str
 
 
-class _GeminiStrategy(Strategy):
+class _GeminiStrategy(ThroughChatForm[ChatStreamToGemini]):
+    encode_events = staticmethod(encode_all)
+
     # `kw`: Any, as cooperative keywords are: what the next class in the MRO takes (Strategy, or
     # AnthropicUpstreamAsChat's include_usage for GeminiToAnthropic).
     def __init__(self, *, native: GeminiRequest, provider_name: str = "", **kw: Any) -> None:
@@ -69,8 +70,7 @@ class GeminiToChat(_GeminiStrategy):
         for _name, data in events:
             if data == "[DONE]":
                 self._flush_repair(out)
-                tr.finish(out)
-                self.done = True
+                self._finish(out)
                 continue
             if not data:
                 continue
@@ -78,20 +78,8 @@ class GeminiToChat(_GeminiStrategy):
         self._sync()
         return encode_all(out)
 
-    def _flush_repair(self, out: list) -> None:
-        if isinstance(self.repair, OpenAIStreamRepair):  # an OpenAI upstream
-            for chunk in self.repair.flush():
-                self.tr.feed(chunk, out)
-
     def eof(self) -> bytes:
-        if self.tr.finish_reason:  # some servers end the body without [DONE]; the answer was complete
-            out: list[dict] = []
-            self._flush_repair(out)
-            self.tr.finish(out)
-            self.done = True
-            return encode_all(out)
-        raise UpstreamError(DISCONNECT, message="upstream closed the stream before it finished",
-                            after_content=self.tr.started_content)
+        return self._chat_eof()
 
 
 class GeminiToAnthropic(_GeminiStrategy, AnthropicUpstreamAsChat):
@@ -128,21 +116,12 @@ class GeminiToAnthropic(_GeminiStrategy, AnthropicUpstreamAsChat):
         for chunk in chunks:
             self.tr.feed(chunk, out)
         if stopped:
-            self.tr.finish(out)
-            self.done = True
+            self._finish(out)
         self._sync()
         return encode_all(out)
 
     def eof(self) -> bytes:
-        if self._complete_without_stop():
-            out: list[dict] = []
-            for chunk in self.a2o.finish():
-                self.tr.feed(chunk, out)
-            self.tr.finish(out)
-            self.done = True
-            return encode_all(out)
-        raise UpstreamError(DISCONNECT, message="upstream closed the stream before message_stop",
-                            after_content=self.tr.started_content)
+        return self._messages_eof(self._complete_without_stop(), self.a2o.finish)
 
 
 def gemini_strategy_for(upstream_wire: str) -> type[Strategy]:

@@ -340,11 +340,7 @@ class ResponsesToGemini(_ResponsesStrategy, _GeminiAnswers):
     def eof(self) -> bytes:
         if not self.g2c.finish_reason:
             raise self._cut()
-        out = self._batch()
-        for chunk in self._closing_chunks():
-            self.tr.feed(chunk, out)
-        self._finish(out)
-        return encode_responses(out)
+        return self._closing(self._closing_chunks())
 
 
 def gemini_upstream_strategy(ingress: str, signatures: CallSignatures) -> type[Strategy]:

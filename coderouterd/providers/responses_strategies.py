@@ -18,7 +18,6 @@ from ..allocator import released
 from ..translate.responses_objects import chat_completion_to_response
 from ..translate.responses_request import ResponsesRequest
 from ..translate.responses_stream import ChatStreamToResponses, encode, encode_all
-from ..translate.tool_repair_wire import OpenAIStreamRepair
 from ..wire.answer_shapes import check_response, check_responses_event
 from .errors import DISCONNECT, STREAM_ERROR, TOO_LARGE, UpstreamError
 from .limits import MAX_ANSWER_BYTES, size_text
@@ -29,6 +28,7 @@ from .strategies import (
     _loads_object,
     _wrong_shape,
 )
+from .through_chat import ThroughChatForm
 
 # The closing events of an answer with this much text leave one write each, encoded only when the one before is
 # out: they repeat the text four times, and encoded and written together they took ~9x the text at once.
@@ -46,7 +46,9 @@ class ResponsesOptions(StrategyOptions, total=False):
     provider_name: str
 
 
-class _ResponsesStrategy(Strategy):
+class _ResponsesStrategy(ThroughChatForm[ChatStreamToResponses]):
+    encode_events = staticmethod(encode_all)
+
     # `kw`: Any, as cooperative keywords are: what the next class in the MRO takes (Strategy, or
     # AnthropicUpstreamAsChat's include_usage for ResponsesToAnthropic).
     def __init__(self, *, native: ResponsesRequest, provider_name: str = "", **kw: Any) -> None:
@@ -124,19 +126,8 @@ class ResponsesToChat(_ResponsesStrategy):
         self._sync()
         return encode_all(out)
 
-    def _flush_repair(self, out: list) -> None:
-        if isinstance(self.repair, OpenAIStreamRepair):  # an OpenAI upstream
-            for chunk in self.repair.flush():
-                self.tr.feed(chunk, out)
-
     def eof(self) -> bytes:
-        if self.tr.finish_reason:  # some servers end the body without [DONE]; the answer was complete
-            out = self._batch()
-            self._flush_repair(out)
-            self._finish(out)
-            return encode_all(out)
-        raise UpstreamError(DISCONNECT, message="upstream closed the stream before it finished",
-                            after_content=self.tr.started_content)
+        return self._chat_eof()
 
 
 class ResponsesToAnthropic(_ResponsesStrategy, AnthropicUpstreamAsChat):
@@ -162,14 +153,7 @@ class ResponsesToAnthropic(_ResponsesStrategy, AnthropicUpstreamAsChat):
         return encode_all(out)
 
     def eof(self) -> bytes:
-        if self._complete_without_stop():
-            out = self._batch()
-            for chunk in self.a2o.finish():
-                self.tr.feed(chunk, out)
-            self._finish(out)
-            return encode_all(out)
-        raise UpstreamError(DISCONNECT, message="upstream closed the stream before message_stop",
-                            after_content=self.tr.started_content)
+        return self._messages_eof(self._complete_without_stop(), self.a2o.finish)
 
 
 def _usage_from_responses(u: dict | None) -> dict:

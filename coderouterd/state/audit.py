@@ -11,8 +11,7 @@ import contextlib
 import logging
 import os
 import re
-import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Generator, Iterable, Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -21,6 +20,7 @@ import orjson
 
 from coderouterd import private_fs
 from coderouterd.state.events import Event, PersistenceFault
+from coderouterd.tail import follow_lines
 
 log = logging.getLogger(__name__)
 
@@ -266,10 +266,12 @@ def follow_audit(
             fh.seek(0, os.SEEK_END)
     except FileNotFoundError:
         fh = None
-    return _follow(path, fh, ino, poll_s, stop)
+    return _records(follow_lines(path, fh, ino, poll_s=poll_s, stop=stop,
+                                 rotated=lambda old: _lines_after(path.parent, old)))
 
 
-def _records_after(dir: Path, ino: int | None) -> Iterator[dict]:
+def _lines_after(dir: Path, ino: int | None) -> Iterator[bytes]:
+    """The lines of the rotated files newer than the one of inode `ino` (all of them when it fell off the end)."""
     rotated = audit_files(dir)
     if rotated and rotated[-1].name == AUDIT_FILE:
         rotated.pop()
@@ -285,53 +287,12 @@ def _records_after(dir: Path, ino: int | None) -> Iterator[dict]:
             data = p.read_bytes()
         except FileNotFoundError:
             continue
-        for line in data.splitlines():
+        yield from data.splitlines()
+
+
+def _records(lines: Generator[bytes]) -> Iterator[dict]:
+    with contextlib.closing(lines):  # closing the follower closes its file at once
+        for line in lines:
             rec = _parse(line)
             if rec is not None:
                 yield rec
-
-
-def _follow(path: Path, fh: Any, ino: int | None, poll_s: float, stop: Callable[[], bool] | None) -> Iterator[dict]:
-    buf = b""
-    try:
-        while True:
-            got = False
-            if fh is not None:
-                chunk = fh.read()
-                if chunk:
-                    got = True
-                    buf += chunk
-                    *lines, buf = buf.split(b"\n")
-                    for line in lines:
-                        rec = _parse(line)
-                        if rec is not None:
-                            yield rec
-            try:
-                st = os.stat(path)
-            except FileNotFoundError:
-                st = None
-            if st is not None and (fh is None or st.st_ino != ino):
-                if fh is not None:
-                    if fh.read(1):  # the old file still had unread lines: finish those first
-                        fh.seek(-1, os.SEEK_CUR)
-                        continue
-                    fh.close()
-                    # Several rotations may have happened since the last poll: replay the
-                    # rotated files that are newer than the one just finished.
-                    yield from _records_after(path.parent, ino)
-                fh = open(path, "rb")
-                ino = os.fstat(fh.fileno()).st_ino
-                buf = b""
-                continue
-            if st is not None and fh is not None and st.st_size < fh.tell():
-                fh.seek(0)  # truncated in place
-                buf = b""
-                continue
-            if got:
-                continue
-            if stop is not None and stop():
-                return
-            time.sleep(poll_s)
-    finally:
-        if fh is not None:
-            fh.close()

@@ -29,7 +29,7 @@ import time
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 from . import adopt, instance, memory, probe, tree
 from .logs import DEFAULT_KEEP, DEFAULT_MAX_BYTES, RotatingLog
@@ -61,6 +61,22 @@ BEFORE_STOP_TIMEOUT_S = 60.0
 # `async before_stop(process_name, reason)`: awaited before a planned stop (stop, restart, close) of a READY
 # process, never after a crash. Reasons: "manual", "restart", "shutdown", "reload", "idle", "room for X".
 BeforeStopCallback = Callable[[str, str], Awaitable[None]]
+
+
+class ProcessOptions(TypedDict, total=False):
+    """ManagedProcess's keywords beyond its spec and log directory, as the Supervisor passes them on to every
+    process it makes (`**options: Unpack[ProcessOptions]`); the defaults are ManagedProcess's."""
+
+    on_event: EventCallback | None
+    record: RecordCallback | None
+    lookup: LookupCallback | None
+    backoff: Sequence[float]
+    clock: Callable[[], float]
+    log_max_bytes: int
+    log_keep: int
+    log_check_s: float
+    before_stop: BeforeStopCallback | None
+    before_stop_timeout_s: float
 
 
 @dataclass

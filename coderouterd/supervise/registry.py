@@ -8,49 +8,23 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
+from typing import Any, Unpack
 
 from . import tree
-from .logs import DEFAULT_KEEP, DEFAULT_MAX_BYTES
-from .process import BEFORE_STOP_TIMEOUT_S, BeforeStopCallback, ManagedProcess
-from .spec import DEFAULT_BACKOFF, EventCallback, LookupCallback, ProcessSpec, RecordCallback
+from .process import ManagedProcess, ProcessOptions
+from .spec import ProcessSpec
 
 log = logging.getLogger("coderouterd.supervise")
 _MB = 1024 * 1024
 
 
 class Supervisor:
-    def __init__(
-        self,
-        *,
-        log_dir: Path,
-        on_event: EventCallback | None = None,
-        record: RecordCallback | None = None,
-        lookup: LookupCallback | None = None,
-        backoff: Sequence[float] = DEFAULT_BACKOFF,
-        clock: Callable[[], float] = time.monotonic,
-        log_max_bytes: int = DEFAULT_MAX_BYTES,
-        log_keep: int = DEFAULT_KEEP,
-        log_check_s: float = 2.0,
-        before_stop: BeforeStopCallback | None = None,
-        before_stop_timeout_s: float = BEFORE_STOP_TIMEOUT_S,
-    ) -> None:
+    def __init__(self, *, log_dir: Path, **options: Unpack[ProcessOptions]) -> None:
+        """`options`: what every process made here gets (ManagedProcess's keywords, and its defaults)."""
         self._log_dir = Path(log_dir)
-        self._options: dict[str, Any] = {
-            "on_event": on_event,
-            "record": record,
-            "lookup": lookup,
-            "backoff": backoff,
-            "clock": clock,
-            "log_max_bytes": log_max_bytes,
-            "log_keep": log_keep,
-            "log_check_s": log_check_s,
-            "before_stop": before_stop,
-            "before_stop_timeout_s": before_stop_timeout_s,
-        }
+        self._options = options
         self._processes: dict[str, ManagedProcess] = {}
         self._providers: dict[str, str] = {}
 
