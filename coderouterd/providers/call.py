@@ -28,7 +28,7 @@ from .provider import Provider
 
 if TYPE_CHECKING:
     from .pool import Pool
-    from .strategies import Strategy
+    from .strategy import Strategy
 
 _CONNECT_ERRORS = (aiohttp.ClientConnectorError, aiohttp.ServerDisconnectedError, aiohttp.ClientOSError,
                    ConnectionError, OSError)

@@ -24,7 +24,8 @@ from ..translate.gemini_answer import (
 )
 from ..translate.gemini_request import JSON_TOOL, GeminiRequest
 from ..translate.openai_request_to_anthropic import openai_request_to_anthropic
-from .strategies import AnthropicUpstreamAsChat, Strategy, StrategyOptions
+from .anthropic_as_chat import AnthropicUpstreamAsChat
+from .strategy import Strategy, StrategyOptions
 from .through_chat import ThroughChatForm
 
 

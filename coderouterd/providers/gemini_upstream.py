@@ -37,16 +37,11 @@ from ..translate.responses_stream import encode_all as encode_responses
 from ..translate.tool_repair_wire import OpenAIStreamRepair
 from ..translate.unsigned_thinking import UpstreamSignatures
 from ..wire.sse import DONE, encode_data
+from .anthropic_strategies import AnthropicToOpenAIUpstream
 from .errors import DISCONNECT, UpstreamError, stream_error_reason
 from .responses_strategies import _ResponsesStrategy
-from .strategies import (
-    AnthropicToOpenAIUpstream,
-    Strategy,
-    StrategyOptions,
-    _loads_object,
-    _not_an_answer,
-    _wrong_shape,
-)
+from .strategy import Strategy, StrategyOptions
+from .upstream_answer import loads_object, not_an_answer, wrong_shape
 
 _EVENT_END = b"\r\n\r\n"  # Gemini's own SSE framing (and the Gemini ingress's)
 
@@ -63,7 +58,7 @@ def _in_band_error(obj: dict, *, after_content: bool) -> UpstreamError | None:
 def _response_object(obj: object, raw: str | bytes, *, after_content: bool) -> dict:
     """A parsed GenerateContentResponse of the shape its readers need, else the upstream's failure."""
     if not isinstance(obj, dict):
-        raise _not_an_answer("no GenerateContentResponse", raw)
+        raise not_an_answer("no GenerateContentResponse", raw)
     err = _in_band_error(obj, after_content=after_content)
     if err is not None:
         raise err
@@ -71,12 +66,12 @@ def _response_object(obj: object, raw: str | bytes, *, after_content: bool) -> d
     if cands is None:
         if "usageMetadata" in obj or blocked(obj):
             return obj
-        raise _wrong_shape("a GenerateContentResponse without candidates", after_content=after_content)
+        raise wrong_shape("a GenerateContentResponse without candidates", after_content=after_content)
     if not isinstance(cands, list) or not all(isinstance(c, dict) for c in cands):
-        raise _wrong_shape("candidates that are not a list of objects", after_content=after_content)
+        raise wrong_shape("candidates that are not a list of objects", after_content=after_content)
     content = cands[0].get("content") if cands else None
     if content is not None and not (isinstance(content, dict) and isinstance(content.get("parts", []), list)):
-        raise _wrong_shape("a candidate whose content has no parts list", after_content=after_content)
+        raise wrong_shape("a candidate whose content has no parts list", after_content=after_content)
     return obj
 
 
@@ -164,7 +159,7 @@ class _GeminiAnswers(Strategy):
 
     def _completion(self, body: bytes) -> dict:
         """A whole Gemini answer as a chat completion (tool calls written as text repaired)."""
-        resp = _response_object(_loads_object(body, "GenerateContentResponse"), body, after_content=False)
+        resp = _response_object(loads_object(body, "GenerateContentResponse"), body, after_content=False)
         completion = gemini_response_to_chat(resp, self.answer_model, self.call_signatures)
         self.usage = usage_as_anthropic(resp.get("usageMetadata"))
         self.raw_usage = completion.get("usage")
@@ -208,7 +203,7 @@ class GeminiPassthrough(_GeminiAnswers):
         return orjson.dumps(obj)
 
     def response(self, body: bytes) -> bytes:
-        resp = _response_object(_loads_object(body, "GenerateContentResponse"), body, after_content=False)
+        resp = _response_object(loads_object(body, "GenerateContentResponse"), body, after_content=False)
         self.g2c.feed(resp)
         self._note_usage()
         if self.answer is not None:

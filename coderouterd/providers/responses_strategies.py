@@ -19,16 +19,12 @@ from ..translate.responses_objects import chat_completion_to_response
 from ..translate.responses_request import ResponsesRequest
 from ..translate.responses_stream import ChatStreamToResponses, encode, encode_all
 from ..wire.answer_shapes import check_response, check_responses_event
+from .anthropic_as_chat import AnthropicUpstreamAsChat
 from .errors import DISCONNECT, STREAM_ERROR, TOO_LARGE, UpstreamError
 from .limits import MAX_ANSWER_BYTES, size_text
-from .strategies import (
-    AnthropicUpstreamAsChat,
-    Strategy,
-    StrategyOptions,
-    _loads_object,
-    _wrong_shape,
-)
+from .strategy import Strategy, StrategyOptions
 from .through_chat import ThroughChatForm
+from .upstream_answer import loads_object, wrong_shape
 
 # The closing events of an answer with this much text leave one write each, encoded only when the one before is
 # out: they repeat the text four times, and encoded and written together they took ~9x the text at once.
@@ -212,10 +208,10 @@ class ResponsesPassthrough(_ResponsesStrategy):
         return orjson.dumps(body)
 
     def response(self, body: bytes) -> bytes:
-        resp = _loads_object(body, "response")
+        resp = loads_object(body, "response")
         problem = check_response(resp)
         if problem:
-            raise _wrong_shape(problem)
+            raise wrong_shape(problem)
         self.usage = _usage_from_responses(resp.get("usage"))
         if b'"encrypted_content"' in body:
             _retag(resp, self.provider_name)
@@ -231,7 +227,7 @@ class ResponsesPassthrough(_ResponsesStrategy):
             obj = orjson.loads(data)
             problem = check_responses_event(name, obj)
             if problem:
-                raise _wrong_shape(problem, after_content=self.delivered)
+                raise wrong_shape(problem, after_content=self.delivered)
             etype = name or obj.get("type")
             if etype in ("response.created", "response.in_progress") and self.skip_prologue:
                 continue

@@ -17,7 +17,7 @@ from ..errors import UpstreamError
 if TYPE_CHECKING:
     from ...config.schema import ProviderConfig
     from ..provider import Provider
-    from ..strategies import Strategy
+    from ..strategy import Strategy
 
 # The Messages API version sent to an Anthropic-wire upstream when the client did not name one.
 ANTHROPIC_VERSION = "2023-06-01"

@@ -21,7 +21,7 @@ from .base import CountedRequest, UpstreamAdapter, error_message
 if TYPE_CHECKING:
     from ...translate.chat_request_to_gemini import CallSignatures
     from ..provider import Provider
-    from ..strategies import Strategy
+    from ..strategy import Strategy
 
 _DELAY = re.compile(r"^\s*(\d+(?:\.\d+)?)s\s*$")  # google.protobuf.Duration in JSON: "22s", "1.5s"
 
