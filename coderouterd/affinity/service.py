@@ -184,7 +184,7 @@ class RequestView(Protocol):
 
 class AnswerView(Protocol):
     """What affinity learns from an answer: the strategy's usage and, where the wire has them, the upstream's
-    own usage and timings (providers/strategies.py)."""
+    own usage and timings (providers/strategy.py)."""
 
     @property
     def usage(self) -> dict | None: ...

@@ -4,7 +4,7 @@ as a whole and for each event of its stream (the language is in wire/shapes.py).
 What is described is what a client relies on (issue 34, item 4): the fields it reads, with their types, and
 which of them must be there. Everything else passes, so servers that add fields (llama.cpp's `timings`,
 Ollama's `reasoning`, Anthropic's `cache_creation`) keep working. A same-wire answer that does not fit is no
-answer: it counts as the upstream's failure and the request fails over (providers/strategies.py). The property
+answer: it counts as the upstream's failure and the request fails over (providers/upstream_answer.py). The property
 test (tests/unit/test_answer_shapes.py) generates wrong shapes from these same descriptions.
 """
 
