@@ -165,11 +165,13 @@ class Daemon:
         once and counted as a failure. Nothing is spawned here (start_background does, once self-healing, which
         receives the supervisor's events after the upstreams registry, exists)."""
         from .kvcache.disk import ensure_slot_dir
-        from .supervise.from_config import Processes, slot_budget_notes
+        from .supervise.from_config import Processes, ambiguous_hosts, slot_budget_notes
 
         if cfg.affinity.enabled and cfg.affinity.manage_slot_save:
             await asyncio.to_thread(ensure_slot_dir, state_dir(cfg))
             self.affinity.kvcache.tell_budget(await asyncio.to_thread(slot_budget_notes, cfg))
+        for note in await asyncio.to_thread(ambiguous_hosts, cfg):  # once, at start (resolves names: off the loop)
+            log.warning("%s", note)
         processes = self.processes = Processes(state_dir(cfg) / "logs", self.telemetry.store,
                                                on_event=self._process_event,
                                                before_stop=self.affinity.warm.before_stop,

@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import aiohttp
+import orjson
 import pytest
 
 from coderouterd.providers.pinning import NOT_READY, Verified, covers, is_local, pin
@@ -169,3 +170,61 @@ def test_each_connection_reads_the_current_verification(two_listeners):
 
     asyncio.run(scenario())
     assert other.paths == ["/a"] and ours.paths == ["/b"]
+
+
+# -- the warning of `corectl config check` ------------------------------------------------------------------------
+
+MANAGED = """
+[providers.llama]
+base_url = "http://@HOST@:8080/v1"
+[providers.llama.process]
+command = ["/bin/sh", "-c", "exec llama-server --host 127.0.0.1 --port 8080"]
+ready_url = "http://127.0.0.1:8080/health"
+[providers.far]
+base_url = "http://localhost:9090/v1"
+[profiles.default]
+providers = ["llama", "far"]
+"""
+
+
+@pytest.fixture
+def localhost_is(monkeypatch, tmp_path):
+    """`localhost` resolves to the addresses given (this machine's own resolver may give one or both)."""
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "xdg-config"))
+    monkeypatch.delenv("CODEROUTER_CONFIG", raising=False)
+    real = socket.getaddrinfo
+
+    def use(*addrs: str) -> None:
+        def fake(host, *args, **kwargs):
+            if host != "localhost":
+                return real(host, *args, **kwargs)
+            return [(socket.AF_INET6, socket.SOCK_STREAM, 6, "", (a, 0, 0, 0)) if ":" in a
+                    else (socket.AF_INET, socket.SOCK_STREAM, 6, "", (a, 0)) for a in addrs]
+
+        monkeypatch.setattr(socket, "getaddrinfo", fake)
+
+    return use
+
+
+def test_config_check_warns_of_a_managed_base_url_naming_several_local_addresses(capsys, tmp_path, localhost_is):
+    from corectl.__main__ import main
+
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(MANAGED.replace("@HOST@", "localhost"))
+    localhost_is("::1", "127.0.0.1")
+    assert main(["config", "check", str(cfg)]) == 0  # a warning, not an error
+    out = " ".join(capsys.readouterr().out.split())
+    assert ('provider llama: base_url http://localhost:8080/v1 names localhost, which is 2 addresses of this machine '
+            '(127.0.0.1, ::1): another local user could listen on one its server leaves free. coderouterd sends '
+            'requests only where the server listened when it became ready; to leave nothing to chance, write '
+            'base_url = "http://127.0.0.1:8080/v1" (and --host 127.0.0.1 in the server\'s command, 127.0.0.1 in '
+            'ready_url)') in out, out
+    assert "provider far" not in out  # not managed: not pinned, not warned about
+    # One address for the name, or an address written out: nothing to say.
+    localhost_is("127.0.0.1")
+    assert main(["config", "check", str(cfg)]) == 0
+    assert "addresses of this machine" not in capsys.readouterr().out
+    localhost_is("::1", "127.0.0.1")
+    cfg.write_text(MANAGED.replace("@HOST@", "127.0.0.1"))
+    assert main(["config", "check", str(cfg), "--json"]) == 0
+    assert orjson.loads(capsys.readouterr().out)["unused"] == []
