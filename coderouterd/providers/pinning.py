@@ -82,7 +82,7 @@ def pin(host: str, port: int, addrs: Sequence[str], verified: Verified | None, p
     kept = [a for a in addrs if covers(verified.sockets, a, port)]
     if kept:
         return kept
-    if not verified.sockets:
+    if verified is NOT_READY:
         why = "its managed server is not ready: no listener of it has been verified"
     else:
         held = ", ".join(sorted(f"{a}:{p}" for a, p in verified.sockets if p == port)) or f"no address of port {port}"
