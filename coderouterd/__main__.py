@@ -66,9 +66,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"coderouterd: {note}", file=sys.stderr)
         for note in uncounted_processes(loaded.model):
             print(f"coderouterd: {note}", file=sys.stderr)
-        from .supervise.from_config import slot_budget_notes
+        from .supervise.from_config import ambiguous_hosts, slot_budget_notes
 
-        for note in slot_budget_notes(loaded.model).values():
+        for note in [*slot_budget_notes(loaded.model).values(), *ambiguous_hosts(loaded.model)]:
             print(f"coderouterd: {note}", file=sys.stderr)
         unstartable = unstartable_processes(loaded.model)
         for name, problems in unstartable.items():

@@ -26,6 +26,7 @@ from .observe.metrics_http import LazyMetrics
 from .observe.request_record import RequestRecorder
 from .observe.traces import RecentTraces
 from .persisted import PersistedState
+from .providers.pinning import NOT_READY, Verified
 from .providers.server_info import ServerDirectory
 from .quality.drift_actions import DriftManager
 from .reload import changed_sections, listener_change_refused, shared_state_change_refused, warn_reload_risks
@@ -68,7 +69,8 @@ class Daemon:
         # Built whole here, started in startup(): the constructors do no I/O. Only what is imported and built
         # once the proxy listens (the health monitor and self-healer, _start_background) and what the config
         # may not have (managed processes) is None, typed so.
-        self.runtime: Runtime = build_runtime(loaded)
+        # A managed provider's pool connects only where its server's READY check saw it listen (issue 43, N9).
+        self.runtime: Runtime = build_runtime(loaded, pins=self._verified_listeners)
         self.telemetry = t = Telemetry(state_dir(cfg), cfg, unusable=state_unusable)
         self.persisted = persisted = PersistedState(t.store, t.publish)
         self.routing = RoutingState(cfg, on_breaker=persisted.breaker_moved, on_health=persisted.health_moved)
@@ -163,11 +165,13 @@ class Daemon:
         once and counted as a failure. Nothing is spawned here (start_background does, once self-healing, which
         receives the supervisor's events after the upstreams registry, exists)."""
         from .kvcache.disk import ensure_slot_dir
-        from .supervise.from_config import Processes, slot_budget_notes
+        from .supervise.from_config import Processes, ambiguous_hosts, slot_budget_notes
 
         if cfg.affinity.enabled and cfg.affinity.manage_slot_save:
             await asyncio.to_thread(ensure_slot_dir, state_dir(cfg))
             self.affinity.kvcache.tell_budget(await asyncio.to_thread(slot_budget_notes, cfg))
+        for note in await asyncio.to_thread(ambiguous_hosts, cfg):  # once, at start (resolves names: off the loop)
+            log.warning("%s", note)
         processes = self.processes = Processes(state_dir(cfg) / "logs", self.telemetry.store,
                                                on_event=self._process_event,
                                                before_stop=self.affinity.warm.before_stop,
@@ -227,6 +231,12 @@ class Daemon:
     def _supervisor(self) -> Supervisor | None:
         return self.processes.supervisor if self.processes is not None else None
 
+    def _verified_listeners(self, provider: str) -> Verified | None:
+        """What the last READY of a managed provider's server verified it holds (providers/pinning.py); nothing
+        while its process is not known yet."""
+        mp = self.processes.supervisor.for_provider(provider) if self.processes is not None else None
+        return mp.verified() if mp is not None else NOT_READY
+
     # -- control (called by the admin API) -------------------------------------------------------------------
 
     @property
@@ -278,7 +288,7 @@ class Daemon:
             return self._reject_reload(f"{self._loaded.path}: {refused}")
         old = self.runtime
         changed = changed_sections(old.config, loaded.model)
-        self.runtime = build_runtime(loaded, previous=old)
+        self.runtime = build_runtime(loaded, previous=old, pins=self._verified_listeners)
         warn_reload_risks(loaded.model)
         self._loaded = loaded
         self.router.reconfigure(loaded.model)

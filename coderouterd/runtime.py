@@ -10,6 +10,7 @@ import fnmatch
 
 from .config import LoadedConfig
 from .ids import clip
+from .providers.pinning import PinLookup
 from .providers.pool import Pool
 from .providers.provider import Provider
 from .routing.router import Router
@@ -51,12 +52,13 @@ class Runtime:
         return self.config.server.default_profile
 
 
-def build_runtime(loaded: LoadedConfig, previous: Runtime | None = None) -> Runtime:
+def build_runtime(loaded: LoadedConfig, previous: Runtime | None = None, *, pins: PinLookup | None = None) -> Runtime:
+    """`pins`: what each managed server's last READY verified, for its providers' pools (providers/pinning.py)."""
     providers: dict[str, Provider] = {}
     kept: set[int] = set()
     for name, cfg in loaded.model.providers.items():
         old = previous.providers.get(name) if previous else None
-        p = Provider(name, cfg, previous=old)
+        p = Provider(name, cfg, previous=old, pins=pins)
         if old is not None and p.pool is old.pool:
             kept.add(id(old.pool))
         providers[name] = p

@@ -146,7 +146,7 @@ def config_check(path: str | None, as_json: bool, socket: str | None = None) -> 
     m = loaded.model
     environ = _daemon_environment()
     from coderouterd.cluster.backend import start_problem
-    from coderouterd.supervise.from_config import slot_budget_notes
+    from coderouterd.supervise.from_config import ambiguous_hosts, slot_budget_notes
     from coderouterd.supervise.memory import uncounted_processes, unstartable_processes
 
     # What the daemon refuses to start with (a malformed DSN, the driver missing) fails the check too.
@@ -155,7 +155,8 @@ def config_check(path: str | None, as_json: bool, socket: str | None = None) -> 
         report_error(f"{loaded.path}: {shared}", as_json, {"path": loaded.path, "from": found.source})
         return 1
     no_key = missing_keys(m.providers, environ)
-    unused = m.unused_settings() + uncounted_processes(m) + list(slot_budget_notes(m).values())
+    unused = (m.unused_settings() + uncounted_processes(m) + list(slot_budget_notes(m).values())
+              + ambiguous_hosts(m))
     unstartable = unstartable_processes(m)
     data = {"ok": not unstartable, "path": loaded.path, "from": found.source, "providers": sorted(m.providers),
             "profiles": sorted(m.profiles), "default_profile": m.server.default_profile, "no_key": no_key,

@@ -10,15 +10,21 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 
+from .pinning import Verified
 from .upstream_session import UpstreamSession
 
 log = logging.getLogger("coderouterd")
 
 
 class Pool:
-    def __init__(self, connect_timeout: float) -> None:
+    def __init__(self, connect_timeout: float, *,
+                 pinned: tuple[str, Callable[[], Verified | None]] | None = None) -> None:
+        """`pinned`: a managed provider's (name, what its server's last READY verified): its connections go only to
+        the addresses its server held then (pinning.py). None: connections go wherever the host name resolves."""
         self.connect_timeout = connect_timeout
+        self.pinned = pinned
         self._session: UpstreamSession | None = None  # made on first use (aiohttp is imported late)
         self.leases = 0
         self.retired = False
@@ -31,7 +37,13 @@ class Pool:
         if s is None or s.closed:
             import aiohttp
 
-            connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=60, ttl_dns_cache=300)
+            connector: aiohttp.TCPConnector
+            if self.pinned is None:
+                connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=60, ttl_dns_cache=300)
+            else:
+                from .pinned_connector import PinnedConnector
+
+                connector = PinnedConnector(*self.pinned, limit=0, keepalive_timeout=60, ttl_dns_cache=300)
             timeout = aiohttp.ClientTimeout(total=None, sock_connect=self.connect_timeout)
             s = self._session = UpstreamSession(aiohttp.ClientSession(
                 connector=connector, timeout=timeout, auto_decompress=True, skip_auto_headers=("User-Agent",)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 
 import orjson
@@ -11,6 +12,7 @@ from ..config.schema import ProviderConfig
 from .adapters import adapter_for
 from .errors import CONNECT, MODEL_DISCOVERY, UpstreamError, redirect_error
 from .limits import MAX_AUX_BYTES, BodyTooLarge, read_capped
+from .pinning import PinLookup
 from .pool import Pool
 from .upstream_session import UpstreamSession
 
@@ -22,9 +24,10 @@ class Provider:
     reload that leaves them unchanged hands the same Pool (and its warm connections) to the new Provider."""
 
     def __init__(self, name: str, cfg: ProviderConfig, pool: Pool | None = None, *,
-                 previous: Provider | None = None) -> None:
+                 previous: Provider | None = None, pins: PinLookup | None = None) -> None:
         """`previous`: this provider in the configuration a reload replaces; when its endpoint settings are
-        unchanged, its pool and what was learnt about the backend carry over."""
+        unchanged, its pool and what was learnt about the backend carry over. `pins`: what each managed server's
+        last READY verified (the daemon's supervisor); a managed provider's pool connects only there."""
         self.name = name
         self.cfg = cfg
         self.adapter = adapter_for(cfg)  # what this provider's kind means for URLs, headers and errors
@@ -43,11 +46,16 @@ class Provider:
             self.ratio_learned = previous.ratio_learned
             self.tokenize_supported = previous.tokenize_supported
             self.template_count_supported = previous.template_count_supported
-        self.pool: Pool = pool if pool is not None else Pool(cfg.timeouts.connect)
+        if pool is None:
+            managed = pins is not None and cfg.process is not None
+            pool = Pool(cfg.timeouts.connect, pinned=(name, functools.partial(pins, name)) if managed and pins else None)
+        self.pool: Pool = pool
 
     def pool_key(self) -> tuple:
         c = self.cfg
-        return (c.kind, c.base_url, c.timeouts.connect, c.api_key_env, tuple(sorted(c.headers.items())))
+        # Managed or not decides whether the pool's connections are pinned (pinning.py).
+        return (c.kind, c.base_url, c.timeouts.connect, c.api_key_env, tuple(sorted(c.headers.items())),
+                c.process is not None)
 
     def session(self) -> UpstreamSession:
         return self.pool.session()

@@ -23,6 +23,7 @@ from urllib.parse import urlsplit
 
 import psutil
 
+from ..providers.pinning import Verified, is_local, plain
 from . import tree
 
 ADOPT_MODES = ("verify", "never")
@@ -50,6 +51,9 @@ class Owner:
 class Verdict:
     ok: bool
     reason: str  # for ok: what matched; else why not, naming the port's owner
+    # For ok after the listener check: the verified tree's listening sockets, where its providers' connections
+    # are pinned (providers/pinning.py). None: no check ran (no ready_url).
+    verified: Verified | None = None
 
 
 def _user_name(uid: int) -> str:
@@ -171,7 +175,8 @@ def verify(url: str, command: list[str], cwd: str | None = None) -> Verdict:
                 whole = serves_from_tree(url, proc.pid, None, "the configured command")
                 if not whole.ok:
                     return Verdict(False, whole.reason)
-                return Verdict(True, f"pid {proc.pid} runs the configured command as {_user_name(me)}")
+                return Verdict(True, f"pid {proc.pid} runs the configured command as {_user_name(me)}",
+                               whole.verified)
             proc = proc.parent()
     except (psutil.NoSuchProcess, psutil.AccessDenied):
         pass
@@ -197,32 +202,35 @@ def judge(url: str, command: list[str], cwd: str | None, mode: str) -> Verdict:
 _WILDCARDS = frozenset({"0.0.0.0", "::", ""})
 
 
-def _local_addresses(host: str) -> set[str] | None:
-    """The addresses `host` names, when one of them is this machine's; None when none is (a server on another
-    host: no local user can bind its port, and no local socket would show it)."""
+def machine_addresses() -> frozenset[str]:
+    return frozenset(plain(str(a.address)) for nics in psutil.net_if_addrs().values() for a in nics)
+
+
+def resolve(host: str) -> set[str]:
+    """The addresses `host` names (empty when it cannot be resolved)."""
     try:
         infos = socket.getaddrinfo(host, None, proto=socket.IPPROTO_TCP)
     except (OSError, UnicodeError):
+        return set()
+    return {plain(str(info[4][0])) for info in infos}
+
+
+def _local_addresses(host: str, mine: frozenset[str]) -> set[str] | None:
+    """The addresses `host` names, when one of them is this machine's; None when none is (a server on another
+    host: no local user can bind its port, and no local socket would show it)."""
+    addrs = resolve(host)
+    if not addrs:
         return set()  # unresolvable: nothing can have answered there; checked as local, so refused
     # A mapped address (::ffff:127.0.0.1) is its IPv4 one; the wildcard (0.0.0.0, ::) names this machine too:
     # connect() to it reaches a local listener, so it is never "another host" whose port nobody here can bind.
-    addrs = {_unmapped(str(info[4][0]).split("%", 1)[0]) for info in infos}
-    mine = {str(a.address).split("%", 1)[0] for nics in psutil.net_if_addrs().values() for a in nics}
-    if any(a in mine or a in _WILDCARDS or a.startswith("127.") or a == "::1" for a in addrs):
+    if any(is_local(a, mine) for a in addrs):
         return addrs
     return None
 
 
-def _unmapped(ip: str) -> str:
-    return ip[7:] if ip.startswith("::ffff:") else ip
-
-
-def _port_listeners(port: int, addrs: set[str]) -> list[tuple[int | None, str]]:
-    """(pid, address) of each listening TCP socket on `port` that would take a connection to one of `addrs`
-    (bound to one of them, or to a wildcard). On Linux every socket is listed, another user's with pid None; on
-    macOS without root only this user's are seen."""
-    wanted = {_unmapped(a) for a in addrs}
-    anywhere = bool(wanted & _WILDCARDS)  # a connection to the wildcard address may reach any local listener
+def _listening() -> list[tuple[int | None, str, int]]:
+    """(pid, address, port) of each listening TCP socket. On Linux every socket is listed, another user's with pid
+    None; on macOS without root only this user's are seen."""
     found: list[tuple[int | None, str, Any]] = []  # (pid, status, laddr)
     try:
         found = [(c.pid, c.status, c.laddr) for c in psutil.net_connections(kind="tcp")]
@@ -232,14 +240,18 @@ def _port_listeners(port: int, addrs: set[str]) -> list[tuple[int | None, str]]:
                 found += [(proc.pid, c.status, c.laddr) for c in proc.net_connections(kind="tcp")]
             except (psutil.NoSuchProcess, psutil.AccessDenied):
                 continue
-    out = []
-    for holder, status, laddr in found:
-        if status != psutil.CONN_LISTEN or not laddr or laddr.port != port:
-            continue
-        ip = _unmapped(str(laddr.ip))
-        if anywhere or ip in _WILDCARDS or ip in wanted:
-            out.append((holder, ip))
-    return out
+    return [(holder, plain(str(laddr.ip)), laddr.port) for holder, status, laddr in found
+            if status == psutil.CONN_LISTEN and laddr]
+
+
+def _port_listeners(port: int, addrs: set[str], listening: list[tuple[int | None, str, int]]
+                    ) -> list[tuple[int | None, str]]:
+    """(pid, address) of each listening TCP socket on `port` that would take a connection to one of `addrs`
+    (bound to one of them, or to a wildcard)."""
+    wanted = {plain(a) for a in addrs}
+    anywhere = bool(wanted & _WILDCARDS)  # a connection to the wildcard address may reach any local listener
+    return [(holder, ip) for holder, ip, p in listening
+            if p == port and (anywhere or ip in _WILDCARDS or ip in wanted)]
 
 
 def _owner_of(port: int, pid: int | None) -> Owner:
@@ -262,17 +274,22 @@ def serves_from_tree(url: str, pid: int, ctime: float | None, who: str = "the se
     host = urlsplit(url).hostname
     if port is None or not host:
         return Verdict(False, f"ready_url {url!r} names no usable host and port")
-    addrs = _local_addresses(host)
-    if addrs is None:
-        return Verdict(True, f"{host} is not this machine: no local listener to check")
+    mine = machine_addresses()
+    addrs = _local_addresses(host, mine)
+    listening = _listening()
     ours = tree.members(pid, ctime)
+    # Where the providers of this server may connect from now on (providers/pinning.py): its tree's sockets. Taken
+    # with the same listing the check reads, so nothing bound between the two can slip in.
+    verified = Verified(frozenset((ip, p) for holder, ip, p in listening if holder in ours), mine)
+    if addrs is None:
+        return Verdict(True, f"{host} is not this machine: no local listener to check", verified)
     if not ours:
         return Verdict(False, f"port {port} answers, but {who} (pid {pid}) is gone")
-    listeners = _port_listeners(port, addrs)
+    listeners = _port_listeners(port, addrs, listening)
     for holder, _ip in listeners:
         if holder not in ours:
             return Verdict(False, f"{_owner_of(port, holder).describe()}, not by {who} (pid {pid})")
     if not listeners:
         return Verdict(False, f"port {port} answers, but no listener on it belongs to {who} "
                               f"(pid {pid})")
-    return Verdict(True, f"port {port} is held by {who} (pid {pid})")
+    return Verdict(True, f"port {port} is held by {who} (pid {pid})", verified)

@@ -4,20 +4,23 @@ a crash, applying config reloads, and the start/stop/restart actions corectl ask
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import logging
 import time
 from collections.abc import Collection
 from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit, urlunsplit
 
 from ..config import state_dir
 from ..kvcache.budget import too_small
 from ..kvcache.disk import slot_dir
+from ..providers.pinning import is_local
 from ..servers.llamacpp import saves_to, with_slot_save_path
 from ..state.events import ProcessEventName
 from ..tasks import TaskSet
 from ..upstream.lifecycle import Phase
 from ..upstream.upstream import Upstreams
-from . import memory
+from . import adopt, memory
 from .ondemand import OnDemand, Rules, Settings, StartFailed
 from .registry import Supervisor
 from .residency import Resident
@@ -76,6 +79,43 @@ def slot_budget_notes(cfg: ConfigModel) -> dict[str, str]:
             if note is not None:
                 out[name] = note
     return out
+
+
+def ambiguous_hosts(cfg: ConfigModel) -> list[str]:
+    """Managed providers whose base_url names a host that is several addresses of this machine (`localhost`:
+    127.0.0.1 and ::1): the server listens on one, and any local user may listen on another of the same port. Their
+    connections are held to what the server was verified to hold (providers/pinning.py); the note says how to name
+    one address and leave nothing to choose. For --check, `config check` and the start-up log; resolves names and
+    lists this machine's addresses (blocking: in a thread on the daemon's loop)."""
+    mine = adopt.machine_addresses()
+    notes = []
+    for name, pcfg in cfg.providers.items():
+        if cfg.process_for(name) is None:
+            continue
+        parts = urlsplit(pcfg.base_url)
+        host = parts.hostname
+        if not host or _is_address(host):
+            continue
+        local = sorted(a for a in adopt.resolve(host) if is_local(a, mine))
+        if len(local) < 2:
+            continue
+        one = "127.0.0.1" if "127.0.0.1" in local else next((a for a in local if ":" not in a), local[0])
+        netloc = (f"[{one}]" if ":" in one else one) + (f":{parts.port}" if parts.port else "")
+        suggested = urlunsplit(parts._replace(netloc=netloc))
+        notes.append(f"provider {name}: base_url {pcfg.base_url} names {host}, which is {len(local)} addresses of "
+                     f"this machine ({', '.join(local)}): another local user could listen on one its server leaves "
+                     f"free. coderouterd sends requests only where the server listened when it became ready; to "
+                     f"leave nothing to chance, write base_url = \"{suggested}\" (and --host {one} in the server's "
+                     f"command, {one} in ready_url)")
+    return notes
+
+
+def _is_address(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return True
 
 
 def residents_from_config(cfg: ConfigModel, estimates: dict[str, float]) -> dict[str, tuple[Resident, Settings]]:

@@ -13,7 +13,8 @@ its generation number and dropped.
     STOPPING is held while a tree is being terminated.
 
 READY is reached only when the listener on ready_url's port belongs to the tree we started: anyone else there
-(another user who bound the port before our child did) is refused as an impostor, and the start ends FATAL.
+(another user who bound the port before our child did) is refused as an impostor, and the start ends FATAL. The
+sockets that check saw the tree hold are kept while READY (`verified()`): the providers' connections go there only.
 
 This module is the state machine and nothing else: what it does to the operating system is instance.py's, what it
 watches for is probe.py's, and how many restarts a crash loop gets is restarts.py's.
@@ -31,6 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypedDict
 
+from ..providers.pinning import NOT_READY, Verified
 from . import adopt, instance, memory, probe, tree
 from .logs import DEFAULT_KEEP, DEFAULT_MAX_BYTES, RotatingLog
 from .restarts import RestartBudget
@@ -131,6 +133,7 @@ class ManagedProcess:
 
         self._ctime: float | None = None
         self._proc: asyncio.subprocess.Process | None = None
+        self._verified = NOT_READY  # what the current instance's READY check saw it hold; reset on leaving READY
         self._started_mono: float | None = None
         self._ready_mono: float | None = None  # when the current instance became READY (spawned or adopted)
         self._gen = 0
@@ -215,6 +218,12 @@ class ManagedProcess:
             assert self._changed is not None
             await self._changed.wait()
         return not self._closed
+
+    def verified(self) -> Verified | None:
+        """Where its providers may connect: the listening sockets the READY check of the running instance saw its
+        tree hold (NOT_READY when it is not ready: nowhere). None without a ready_url: nothing was checked, and
+        connections are not pinned."""
+        return self._verified if self.spec.ready_url else None
 
     def snapshot(self) -> dict[str, Any]:
         rss, cpu = self._meter.measure(self.pid, self._ctime)
@@ -312,13 +321,13 @@ class ManagedProcess:
         if msg.gen != self._gen:
             return None  # news about a process instance that has already been replaced
         if msg.kind == "ready" and self.state is ProcessState.STARTING:
-            self._set_state(ProcessState.READY)
+            self._set_state(ProcessState.READY, msg.value.verified)
             self._emit(ProcessEventName.READY, self.pid, f"after {self._clock() - (self._started_mono or 0):.1f}s")
         elif msg.kind == "impostor" and self.state is ProcessState.STARTING:
             await self._terminate()
             # Not a crash to retry: the port is someone else's, and a restart would race them again. FATAL until
             # the operator frees it (corectl start); the reason is audited with the fatal event.
-            await self._go_fatal(f"refused as an impostor: {msg.value}; ours was stopped")
+            await self._go_fatal(f"refused as an impostor: {msg.value.reason}; ours was stopped")
         elif msg.kind == "exited" and self.state in (ProcessState.STARTING, ProcessState.READY):
             await self._on_exit(msg.value)
         elif msg.kind == "start_timeout" and self.state is ProcessState.STARTING:
@@ -405,7 +414,7 @@ class ManagedProcess:
             self.external = True
             self._started_mono = self._clock()
             self.started_at = time.time()
-            self._set_state(ProcessState.READY)
+            self._set_state(ProcessState.READY, verdict.verified)
             self._emit(ProcessEventName.ADOPTED, None, f"{url} already answers; not started by coderouterd; {verdict.reason}")
             return
         await self._spawn()
@@ -432,7 +441,7 @@ class ManagedProcess:
                 self.adopted, self.external = True, False
                 self._started_mono = self._clock()
                 self.started_at = float(ctime)
-                self._set_state(ProcessState.READY)
+                self._set_state(ProcessState.READY, verdict.verified)
                 self._emit(ProcessEventName.ADOPTED, pid, "left running by a previous coderouterd; ready_url answers")
                 self._helper(self._watch_pid(gen, pid, float(ctime)))
                 return True
@@ -485,7 +494,7 @@ class ManagedProcess:
         if owner is None:
             self._post("start_timeout", gen)
         else:
-            self._post("ready" if owner.ok else "impostor", gen, owner.reason)
+            self._post("ready" if owner.ok else "impostor", gen, owner)
 
     async def _backoff_timer(self, gen: int, delay: float) -> None:
         await asyncio.sleep(delay)
@@ -596,12 +605,16 @@ class ManagedProcess:
 
     # ---- small effects -----------------------------------------------------------------------
 
-    def _set_state(self, state: ProcessState) -> None:
+    def _set_state(self, state: ProcessState, verified: Verified | None = None) -> None:
+        """`verified`: for READY, what the check that made it ready saw the tree hold (None: no check ran, which
+        only happens without a ready_url). Any other state verifies nothing."""
         if state not in TRANSITIONS[self.state]:
             raise IllegalTransition(f"{self.name}: {self.state.value} -> {state.value} is not a move the supervisor "
                                     f"makes")
         if state is ProcessState.READY and self.state is not ProcessState.READY:
             self._ready_mono = self._clock()
+        # Set before the state: whoever the READY wakes connects to what this instance was verified to hold.
+        self._verified = (verified or NOT_READY) if state is ProcessState.READY else NOT_READY
         self.state = state
         self._wake_waiters()
 
