@@ -391,11 +391,14 @@ def copilot_cache(tmp_path_factory):
     return tmp_path_factory.mktemp("copilot-cache")
 
 
-COPILOT_CAP = 24
+COPILOT_CAP = 12
 
 
 @pytest.mark.parametrize("wire", ["chat", "anthropic", "responses"])
 def test_copilot_cli_says_hi_through_the_real_model(env, tmp_path, copilot_cache, wire):
+    """Copilot CLI (BYOK, headless) answers through coderouterd from the real model on each of its three wires.
+    No tool round trip: SmolLM2's chat template renders no tool schemas and has no tool-call format, so asked to
+    read a file with `view` the model answers in text (tried: it suggested a shell command)."""
     from tests.e2e.test_copilot_cli import COPILOT, _skip_reason, provider_env
 
     reason = _skip_reason()
