@@ -385,6 +385,79 @@ def test_corectl_init_finds_the_real_server_and_its_config_serves(env, tmp_path)
         d.stop()
 
 
+@pytest.fixture(scope="module")
+def copilot_cache(tmp_path_factory):
+    # Copilot CLI unpacks its bundled package (~235 MB) here on first start: once for the module.
+    return tmp_path_factory.mktemp("copilot-cache")
+
+
+COPILOT_CAP = 12
+
+
+@pytest.mark.parametrize("wire", ["chat", "anthropic", "responses"])
+def test_copilot_cli_says_hi_through_the_real_model(env, tmp_path, copilot_cache, wire):
+    """Copilot CLI (BYOK, headless) answers through coderouterd from the real model on each of its three wires.
+    No tool round trip: SmolLM2's chat template renders no tool schemas and has no tool-call format, so asked to
+    read a file with `view` the model answers in text (tried: it suggested a shell command)."""
+    from tests.e2e.test_copilot_cli import COPILOT, _skip_reason, provider_env
+
+    reason = _skip_reason()
+    if reason:
+        pytest.skip(reason)
+    home = tmp_path / "home"
+    home.mkdir()
+    usage = tmp_path / "usage.json"
+    # Copilot's system prompt and its 17 tools run to ~48 KB, three times a slot of this model; with `view` the
+    # only tool, the prompt drops the others' guidance: ~9 KB, about 1,900 tokens, which fits. It names no output
+    # limit on the chat and Responses wires (8,192 on Anthropic's): its own cap stops the 135M model, which at
+    # temperature 0 (Copilot's own) repeats a sentence until the slot is full. An answer cut at the cap is asked to
+    # go on twice ("Please continue from where you left off."): a small cap keeps those three calls short.
+    child = {"PATH": os.environ.get("PATH", ""), "HOME": str(home), "TMPDIR": str(tmp_path),
+             "XDG_CACHE_HOME": str(copilot_cache), "NO_COLOR": "1", **provider_env(env.d.url, wire),
+             # Not a short key: the CLI masks the key's value wherever it occurs in what it prints.
+             "COPILOT_MODEL": MODEL, "COPILOT_PROVIDER_API_KEY": "local-key",
+             "COPILOT_PROVIDER_MAX_OUTPUT_TOKENS": str(COPILOT_CAP),
+             "COPILOT_OFFLINE": "true", "COPILOT_AUTO_UPDATE": "false"}
+    start = time.time()
+    r = subprocess.run([str(COPILOT), "-p", "say hi", "--allow-all-tools", "--available-tools", "view",
+                        "--output-format", "json", "--no-auto-update", "--usage-output-file", str(usage)],
+                       env=child, cwd=tmp_path, capture_output=True, text=True, timeout=300,
+                       stdin=subprocess.DEVNULL)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+    events = [json.loads(line) for line in r.stdout.splitlines() if line.startswith("{")]
+    said = [e["data"]["content"] for e in events if e["type"] == "assistant.message" and e["data"].get("content")]
+    assert said and said[-1].strip(), r.stdout[-2000:]
+    assert events[-1]["type"] == "result" and events[-1]["exitCode"] == 0
+    seen = json.loads(usage.read_text())["modelMetrics"][MODEL]
+    calls = seen["requests"]["count"]
+    # Each call was served by the real server: the journal holds the server's own counts (not estimates), and
+    # Copilot's usage report adds up to the same numbers.
+    ingress = {"chat": "openai", "anthropic": "anthropic", "responses": "responses"}[wire]
+    rows: list[dict] = []
+
+    def journaled() -> bool:
+        rows[:] = journal_rows(env.d.state_dir / "state.db", since=start)
+        return len(rows) >= calls
+
+    assert wait_for(journaled, 30)  # a ceiling: the journal's writer flushes every 250 ms
+    print(f"\n{wire}: {said[-1][:80]!r} in {len(rows)} calls, usage {seen['usage']}")
+    assert 1 <= len(rows) == calls <= 3, "\n".join(json.dumps(x) for x in rows)
+    for row in rows:
+        assert (row["ingress"], row["provider"], row["status"], row["usage_estimated"]) == \
+            (ingress, "llama", 200, False), row
+        assert 0 < row["output_tokens"] <= COPILOT_CAP, row
+    prompt = [row["input_tokens"] + (row["cache_read_tokens"] or 0) for row in rows]
+    assert 1000 < prompt[0] < CTX, rows
+    assert seen["usage"]["outputTokens"] == sum(row["output_tokens"] for row in rows), (seen, rows)
+    assert seen["usage"]["inputTokens"] == sum(prompt), (seen, rows)
+    assert seen["usage"]["cacheReadTokens"] == sum(row["cache_read_tokens"] or 0 for row in rows), (seen, rows)
+    # The server's own record: the slot that served the last call holds its prompt and all but the last token.
+    with httpx.Client(base_url=env.llama_url) as http:
+        slots = [s for s in http.get("/slots").json() if "id_task" in s]
+    last = max(slots, key=lambda s: s["id_task"])
+    assert last["n_prompt_tokens"] == prompt[-1] + rows[-1]["output_tokens"] - 1, (last, rows[-1])
+
+
 def test_zz_kill_9_mid_stream_is_a_well_formed_error_then_the_restarted_server_serves(env):
     """Last in the module: it kills the server. The stream in flight ends with an error event in its own
     protocol; the supervisor restarts the server; a request sent 0.3 s after a second kill waits for the
