@@ -10,6 +10,12 @@ tools, then each message (docs/decisions.md, "Lanes by prefix"). Each segment's
 digest chains the previous one, so two prompts share their first k segments exactly when their k-th
 digests are equal; no tokenizer is needed. `cache_control` markers are dropped before hashing: Claude Code
 moves them every turn and no backend caches on them.
+
+A segment longer than CHUNK_BYTES is cut into sub-segments of that size (the last one shorter), each with its
+own chained digest and end, labelled as the whole segment: agents put per-session text at the end of a long
+system block (Claude Code's environment section, Copilot CLI's session folder), and two sessions then still
+share most of that block, which is what a new lane is seeded from (affinity/slots.py). Lanes name conversations
+by whole segments (`Prompt.whole`): part of a first message shared with another session names nothing.
 """
 
 from __future__ import annotations
@@ -25,12 +31,17 @@ DEFAULT_STRIP_PATTERNS = (r"^x-anthropic-billing-header:.*$",)
 # after another key (the usual place), then one left as the first key.
 _CACHE_CONTROL_AFTER = re.compile(rb',"cache_control":\{[^{}]*\}')
 _CACHE_CONTROL_FIRST = re.compile(rb'"cache_control":\{[^{}]*\},?')
+# Sub-segment size. A copy of the running hash costs ~0.4 µs: ~25 more boundaries on a 200 KB Claude Code body.
+# A seeded lane gets the donor's whole slot, so the server reuses every shared token whatever the size; the size
+# only bounds how much of a shared prefix goes unseen when choosing (< 1k tokens).
+CHUNK_BYTES = 4096
 
 
 @dataclass(frozen=True, slots=True)
 class Prompt:
     """A request's canonical segments: labels ("tools", "system[0]", "message 3"), chained digests, and the
-    cumulative size in bytes at the end of each segment (the unit the index predicts in)."""
+    cumulative size in bytes at the end of each segment (the unit the index predicts in). A long segment is
+    several entries (sub-segments, CHUNK_BYTES each), all with its label."""
 
     labels: tuple[str, ...]
     digests: tuple[bytes, ...]
@@ -41,6 +52,14 @@ class Prompt:
     # Leading segments that are system prompt or tools: what every conversation of one client shares, so a
     # prefix no longer than this names no conversation (affinity/lanes.py).
     lead: int = 0
+    # The same prompt at whole segments, when some segment was cut (None: it is this one). Its digests are
+    # those of this prompt at segment ends (one running hash), so either granularity matches the other there.
+    coarse: Prompt | None = None
+
+    @property
+    def whole(self) -> Prompt:
+        """One entry per segment: what names a lane (affinity/lanes.py)."""
+        return self.coarse if self.coarse is not None else self
 
     @property
     def size(self) -> int:
@@ -172,19 +191,58 @@ def segments(body: dict, ingress: str, head: str | None = None) -> Prompt:
         labels.insert(lead, "tools")
         parts.insert(lead, _dump(tools))
         lead += 1
-    digests: list[bytes] = []
-    ends: list[int] = []
-    total = 0
+    head = head if head is not None else first_message_head(body, ingress)
+    if any(len(p) > CHUNK_BYTES for p in parts):
+        return _cut(labels, parts, lead, head)
     # One running hash over the concatenated segments; a copy at each boundary is the digest of the whole
     # prefix so far (SHA-256 is hardware-accelerated on current CPUs: ~3x blake2b's speed here).
     h = hashlib.sha256()
+    digests: list[bytes] = []
+    ends: list[int] = []
+    total = 0
     for p in parts:
         h.update(p)
         digests.append(h.copy().digest()[:16])
         total += len(p)
         ends.append(total)
-    return Prompt(tuple(labels), tuple(digests), tuple(ends),
-                  head if head is not None else first_message_head(body, ingress), lead)
+    return Prompt(tuple(labels), tuple(digests), tuple(ends), head, lead)
+
+
+def _cut(labels: list[str], parts: list[bytes], lead: int, head: str) -> Prompt:
+    """`segments` with its long segments cut into CHUNK_BYTES sub-segments, and the whole-segment view."""
+    h = hashlib.sha256()
+    fine_labels: list[str] = []
+    digests = []
+    ends = []
+    whole_digests = []
+    whole_ends = []
+    fine_lead = 0
+    total = 0
+    for i, (label, p) in enumerate(zip(labels, parts, strict=True)):
+        n = len(p)
+        if n > CHUNK_BYTES:
+            mv = memoryview(p)
+            off = CHUNK_BYTES
+            while off < n:
+                h.update(mv[off - CHUNK_BYTES:off])
+                digests.append(h.copy().digest()[:16])
+                ends.append(total + off)
+                fine_labels.append(label)
+                off += CHUNK_BYTES
+            h.update(mv[off - CHUNK_BYTES:])
+        else:
+            h.update(p)
+        d = h.copy().digest()[:16]
+        total += n
+        digests.append(d)
+        ends.append(total)
+        fine_labels.append(label)
+        whole_digests.append(d)
+        whole_ends.append(total)
+        if i + 1 == lead:
+            fine_lead = len(digests)
+    coarse = Prompt(tuple(labels), tuple(whole_digests), tuple(whole_ends), head, lead)
+    return Prompt(tuple(fine_labels), tuple(digests), tuple(ends), head, fine_lead, coarse)
 
 
 def first_message_head(body: dict, ingress: str) -> str:

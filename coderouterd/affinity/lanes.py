@@ -22,6 +22,8 @@ call. So the prompt decides:
   first (`spare`);
 - anything else starts a lane: a new session, a subagent, a session's first title call.
 
+Lanes hold whole-segment digests (`Prompt.whole`); one adopted from a restored slot table holds its slot's,
+cut finer, until its next turn: both are the same running hash at segment ends, so the search still finds it.
 The lookup costs a binary search over the request's prefix digests (chained: prefix k is shared exactly when
 the k-th digests are equal) in a map from prefix digest to the lanes holding it, bounded in lanes and entries.
 Pure: no I/O, no clock.
@@ -72,7 +74,9 @@ class LaneIndex:
     def resolve(self, prompt: Prompt, *, session: str, named: bool, tools: bool, model: str | None) -> \
             tuple[str, str, bool]:
         """(lane, why, whether the request continues the lane's history) for this request; the lane now ends
-        with `prompt`. Only a continuation can be a cache bust: a side lane's next call is not one."""
+        with `prompt`. Only a continuation can be a cache bust: a side lane's next call is not one. Whole
+        segments only (`Prompt.whole`): a long first message that begins like another session's names nothing."""
+        prompt = prompt.whole
         lane, why, continues = self._match(prompt, session, named, tools, model)
         if lane is None:
             lane = self._new_name(session, prompt)

@@ -107,7 +107,9 @@ def test_segments_ignore_cache_control_and_chain():
     b1 = Canonicaliser().anthropic(s.main_body())
     p1 = segments(b1, "anthropic")
     # The order a chat template renders them in: the system prompt, the tools, the messages.
-    assert p1.labels[:4] == ("system[0]", "system[1]", "tools", "message 0") and p1.lead == 3
+    assert p1.whole.labels[:4] == ("system[0]", "system[1]", "tools", "message 0") and p1.whole.lead == 3
+    # Long segments are cut finer, each piece named as its segment: system[1] (6 KB) is two, the tools many.
+    assert p1.labels[:4] == ("system[0]", "system[1]", "system[1]", "tools") and p1.lead == p1.labels.index("message 0")
     s.advance()
     p2 = segments(Canonicaliser().anthropic(s.main_body()), "anthropic")
     # cache_control moved from message 0's last block to the new last message: the old prefix still matches.
