@@ -340,9 +340,15 @@ def test_screenshots_and_no_serious_accessibility_violations(browser, night, siz
                 overflow = page.evaluate("() => document.documentElement.scrollWidth - window.innerWidth")
                 assert overflow <= 0, f"{width}px: the page is {overflow}px wider than the viewport"
                 if width < 500:  # every provider column is there on a phone, labelled
-                    labels = page.locator(ROW.format("capped")).locator("td").evaluate_all(
+                    # The providers table fills from its own answer, after the attention list: wait for the row
+                    # (a read right after the list found it not yet drawn: no cells at all).
+                    row = ROW.format("capped")
+                    page.wait_for_function(
+                        "sel => [...document.querySelectorAll(sel + ' td')].some(td => td.offsetWidth > 0)", arg=row,
+                        timeout=LONG)
+                    labels = page.locator(row).locator("td").evaluate_all(
                         "tds => tds.filter(td => td.offsetWidth > 0).map(td => td.dataset.label)")
-                    assert "Spent / cap" in labels and "State" in labels
+                    assert "Spent / cap" in labels and "State" in labels, labels
             name = f"scene-{view}-{width}x{height}-{scheme}"
             save(name + ".png", page.screenshot())
             if view == "page":  # the whole page too (the trace is a dialog: the viewport is all of it)
