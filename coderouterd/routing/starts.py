@@ -104,12 +104,9 @@ class Starts:
             life = lease.upstream.life
             if life.phase is Phase.RESIDENT and life.moves == moves:
                 await life.left(Phase.RESIDENT, EXIT_NEWS_S)
-            if life.phase is Phase.RESIDENT and life.moves != moves:
-                # Back already (it restarted while other providers were tried): a fresh server, tried at once.
-                # Without this the request waited for exit news that came long ago, and was answered the error.
-                lease.starting = EXIT_NEWS_S
-                self.leases[name] = lease
-            elif lease.want():
+            # Back already (it restarted while other providers were tried): a fresh server, tried at once. Without
+            # this the request waited for exit news that came long ago, and was answered the error.
+            if lease.back(moves) or lease.want():
                 self.leases[name] = lease
 
     def dead(self, name: str, lease: Lease) -> None:

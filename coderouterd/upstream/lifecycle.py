@@ -48,10 +48,10 @@ NOT_COMING = frozenset({P.STOPPED, P.CANNOT_START, P.FATAL})
 
 
 class Lifecycle:
-    """The phase, why (for the client), the process's name, and while STARTING how long a request may wait and the
-    event set when the start ends (ready or not)."""
+    """The phase, why (for the client), the process's name, while STARTING how long a request may wait, and how
+    many moves it has made (a wait for the next one is `left`; a start or stop ending is `settled`)."""
 
-    __slots__ = ("provider", "phase", "why", "process", "wait_s", "since", "ours", "moves", "_settled", "_moved")
+    __slots__ = ("provider", "phase", "why", "process", "wait_s", "since", "ours", "moves", "_moved")
 
     def __init__(self, provider: str) -> None:
         self.provider = provider
@@ -62,7 +62,6 @@ class Lifecycle:
         self.since = 0.0  # clock time of the last move (a start's window ends at since + wait_s)
         self.ours = False  # DRAINING or stopped for a reason of the scheduler's (idle, room): a request restarts it
         self.moves = 0  # changes of phase so far: RESIDENT with another count than before is not the same stay
-        self._settled: asyncio.Event | None = None  # set (and dropped) when STARTING or DRAINING ends
         self._moved: asyncio.Event | None = None  # set (and dropped) at the next move, whatever it is
 
     @property
@@ -84,10 +83,6 @@ class Lifecycle:
         self.ours = ours
         if new is not old:
             self.moves += 1
-        if old in (Phase.STARTING, Phase.DRAINING) and new is not old:
-            ev, self._settled = self._settled, None
-            if ev is not None:
-                ev.set()
         moved, self._moved = self._moved, None
         if moved is not None:
             moved.set()
@@ -97,15 +92,7 @@ class Lifecycle:
         """Wait (at most `timeout`) until the current start or stop has ended. True when it has."""
         if self.phase not in (Phase.STARTING, Phase.DRAINING):
             return True
-        if self._settled is None:
-            self._settled = asyncio.Event()
-        ev = self._settled
-        try:
-            async with asyncio.timeout(max(0.0, timeout)):
-                await ev.wait()
-        except TimeoutError:
-            return False
-        return True
+        return await self.left(self.phase, timeout)
 
     async def left(self, phase: Phase, timeout: float) -> bool:
         """Wait (at most `timeout`) until the phase is no longer `phase`. True when it is not."""

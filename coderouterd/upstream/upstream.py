@@ -37,6 +37,15 @@ class Turn(Protocol):
     @property
     def ready(self) -> asyncio.Future[bool]: ...
 
+    def back(self, since: int) -> bool:
+        """The process has moved since the lifecycle's count `since` and is up again (restarted while the request
+        tried elsewhere): True, and `admitted` holds at once (the wait for it is over before it began)."""
+        up = self.upstream
+        if up.phase is not Phase.RESIDENT or up.life.moves == since:
+            return False
+        self.starting = 1.0  # any window: it is up
+        return True
+
     def waiting(self) -> bool: ...
 
     def admitted(self) -> bool: ...
