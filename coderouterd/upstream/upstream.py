@@ -37,15 +37,6 @@ class Turn(Protocol):
     @property
     def ready(self) -> asyncio.Future[bool]: ...
 
-    def back(self, since: int) -> bool:
-        """The process has moved since the lifecycle's count `since` and is up again (restarted while the request
-        tried elsewhere): True, and `admitted` holds at once (the wait for it is over before it began)."""
-        up = self.upstream
-        if up.phase is not Phase.RESIDENT or up.life.moves == since:
-            return False
-        self.starting = 1.0  # any window: it is up
-        return True
-
     def waiting(self) -> bool: ...
 
     def admitted(self) -> bool: ...
@@ -145,6 +136,15 @@ class Lease:
             self.starting = up.life.wait_s
             return True
         return False
+
+    def back(self, since: int) -> bool:
+        """The process has moved since the lifecycle's count `since` and is up again (restarted while the request
+        tried elsewhere): True, and `admitted` holds at once (the wait for it is over before it began)."""
+        up = self.upstream
+        if up.phase is not Phase.RESIDENT or up.life.moves == since:
+            return False
+        self.starting = 1.0  # any window: it is up
+        return True
 
     def waiting(self) -> bool:
         if self.turn is not None:
