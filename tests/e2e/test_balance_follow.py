@@ -21,6 +21,7 @@ import pytest
 from tests.support import cli
 from tests.support.claude_sessions import Session
 from tests.support.daemon import ROOT, DaemonProcess, admin_get, free_port, running
+from tests.support.held import held_turn
 from tests.support.wait import wait_for
 
 NAMES = ("gpu1", "gpu2")
@@ -231,7 +232,6 @@ def test_a_replica_killed_under_a_turn_sends_its_lane_s_file_along_to_the_replic
     lane's saved slot file (the background save made while the conversation sat idle) goes with it: the turn
     reads its prefix from the file there instead of recomputing it."""
     import re
-    import threading
 
     s = Session(72)
     config = _config(tmp_path, idle=0.2)
@@ -242,20 +242,9 @@ def test_a_replica_killed_under_a_turn_sends_its_lane_s_file_along_to_the_replic
         _saved(d)
         port = re.search(rf'\[providers\.{src}\]\nkind = "openai"\nbase_url = "http://127\.0\.0\.1:(\d+)/v1"', config)
         assert port, config
-        fake = f"http://127.0.0.1:{port[1]}/_fake"
-        httpx.post(fake + "/script", json={"behaviours": ["slow_first_byte;delay=600"]}, timeout=10)
-        out: dict = {}
-
-        def send() -> None:
-            out["r"] = httpx.post(d.url + "/v1/messages", json=s.main_body(), timeout=120,
-                                  headers={**s.headers, "anthropic-version": "2023-06-01"})
-
-        t = threading.Thread(target=send)
-        t.start()
-        _wait(lambda: httpx.get(fake + "/stats", timeout=10).json()["queued"] == 0, f"the turn at {src}")
+        answer = held_turn(d, port[1], s, at=src)
         os.kill(procs[src]["pid"], signal.SIGKILL)
-        t.join(120)
-        r = out["r"]
+        r = answer()
         assert r.status_code == 200, r.text
         assert r.headers["x-coderouter-provider"] == dst, r.headers
         usage = r.json()["usage"]

@@ -19,6 +19,7 @@ import pytest
 from tests.support import cli
 from tests.support.claude_sessions import Session
 from tests.support.daemon import ROOT, DaemonProcess, admin_get, free_port, running
+from tests.support.held import held_turn
 from tests.support.metrics import scrape, series, total
 from tests.support.wait import wait_for
 
@@ -251,21 +252,10 @@ def test_a_request_under_which_the_server_is_killed_is_sent_again_to_its_restart
         _turn(d, a)
         _turn(d, a)
         _wait(lambda: _bins(d), "the idle lane's background save")
-        fake = f"http://127.0.0.1:{port}/_fake"
-        # The next generation request takes its time (the server computing a long prompt): it is killed in it.
-        httpx.post(fake + "/script", json={"behaviours": ["slow_first_byte;delay=600"]}, timeout=10)
-        out: dict = {}
-
-        def send() -> None:
-            out["r"] = httpx.post(d.url + "/v1/messages", json={**a.main_body(), "stream": stream}, timeout=120,
-                                  headers={**a.headers, "anthropic-version": "2023-06-01"})
-
-        t = threading.Thread(target=send)
-        t.start()
-        _wait(lambda: httpx.get(fake + "/stats", timeout=10).json()["queued"] == 0, "the turn at the server")
+        # The next turn takes its time (the server computing a long prompt): the server is killed in it.
+        answer = held_turn(d, port, a, stream=stream)
         os.kill(proc["pid"], signal.SIGKILL)
-        t.join(120)
-        r = out["r"]
+        r = answer()
         assert r.status_code == 200, r.text
         attempts = r.headers["x-coderouter-attempts"].split(",")
         assert len(attempts) == 2 and attempts[0].startswith("llama:") and attempts[1] in ("llama:ok", "llama:streaming"), attempts
@@ -353,23 +343,12 @@ def test_a_server_that_came_back_while_a_failover_was_tried_still_gets_its_retry
         with running(config, tmp_path) as d:
             proc = _ready(d)
             _turn(d, a)
-            fake = f"http://127.0.0.1:{port}/_fake"
-            httpx.post(fake + "/script", json={"behaviours": ["slow_first_byte;delay=600"]}, timeout=10)
-            out: dict = {}
-
-            def send() -> None:
-                out["r"] = httpx.post(d.url + "/v1/messages", json=a.main_body(), timeout=120,
-                                      headers={**a.headers, "anthropic-version": "2023-06-01"})
-
-            t = threading.Thread(target=send)
-            t.start()
-            _wait(lambda: httpx.get(fake + "/stats", timeout=10).json()["queued"] == 0, "the turn at the server")
+            answer = held_turn(d, port, a)
             os.kill(proc["pid"], signal.SIGKILL)
             _wait(hung.held.is_set, "the failover attempt")
             _wait(lambda: (p := _ready(d)) and p["pid"] != proc["pid"], "the supervisor's restart")
             hung.release.set()  # the failover fails now, with the server already back
-            t.join(120)
-            r = out["r"]
+            r = answer()
             assert r.status_code == 200, r.text
             attempts = r.headers["x-coderouter-attempts"].split(",")
             assert len(attempts) == 3 and attempts[0].startswith("llama:") and attempts[1].startswith("cloud:") \
