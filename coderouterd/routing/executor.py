@@ -164,8 +164,6 @@ class Exchange:
     def _panic_order(self) -> list[str]:
         return self.router.panic_order([s.provider for s in self._panicked])
 
-    # -- a managed backend that is (re)starting --------------------------------------------------------------
-
     # -- one attempt ----------------------------------------------------------------------------------------
 
     async def open_slot(self, name: str) -> Slot | None:
