@@ -73,6 +73,7 @@ class Scenario:
     background_every: int = 1  # a background call every this many turns (100: only at the second turn)
     tools: bool = True  # False: the sessions' turns carry no tools (Claude Code run with --tools "")
     background_turns: int | None = None  # background calls only in the first turns (None: every turn)
+    env: bool = False  # each session's system block ends in its own environment section, as Claude Code's does
 
 
 # 3 lanes on 3 slots: session 0's main and background lanes, session 1's main lane.
@@ -124,7 +125,14 @@ SHARED = Scenario("shared", slots=4, ctx=2048, sessions=6, turns=3, background_s
                   clone_min_tokens=None)
 SHARED_SUITE = Scenario("shared-suite", slots=4, ctx=1024, sessions=4, turns=2, background_sessions=0,
                         shape=LONG_SUITE, clone_min_tokens=None)
-SCENARIOS.update({"shared": [SHARED], "shared-suite": [SHARED_SUITE]})
+# The same with a static system block longer than the affinity digests' 4 KB pieces, each session's ending in its
+# own environment section (working directory, date, branch), as Claude Code's main system block does: no two
+# sessions share the whole block, only its static part.
+LONG_ENV_SUITE = Shape(TINY.tools, "Follow the instructions carefully and use the tools well. " * 90, TINY.agents, 3,
+                       2, 2)
+SHARED_ENV_SUITE = Scenario("shared-env-suite", slots=4, ctx=2048, sessions=4, turns=2, background_sessions=0,
+                            shape=LONG_ENV_SUITE, clone_min_tokens=None, env=True)
+SCENARIOS.update({"shared": [SHARED], "shared-suite": [SHARED_SUITE], "shared-env-suite": [SHARED_ENV_SUITE]})
 NO_SEEDING = 100_000_000  # clone_min_tokens out of reach: no slot is ever copied
 
 
@@ -137,8 +145,13 @@ SCENARIOS["replicas"] = [REPLICAS]
 
 
 def order(sc: Scenario) -> list[tuple[Session, str]]:
-    return workload(sc.sessions, sc.turns, background_every=sc.background_every, shape=sc.shape,
-                    background_sessions=sc.background_sessions, tools=sc.tools, background_turns=sc.background_turns)
+    turns = workload(sc.sessions, sc.turns, background_every=sc.background_every, shape=sc.shape,
+                     background_sessions=sc.background_sessions, tools=sc.tools, background_turns=sc.background_turns)
+    if sc.env:
+        for s in {id(s): s for s, _ in turns}.values():
+            s.system_extra = (f"\n<env>\nWorking directory: /home/dev/project-{s.n}\nPlatform: linux\n"
+                              f"Today's date: 2026-12-0{s.n % 9 + 1}\n</env>\ngitStatus: On branch feature-{s.n}")
+    return turns
 
 
 def openai_body(body: dict, *, stream: bool) -> dict:
